@@ -1,0 +1,309 @@
+"""`CompGraph`: a training-step computation graph held as arrays.
+
+Nodes are numbered 0..V-1 in insertion order (the order of the file), edges 0..E-1 in edge insertion
+order. Successor and predecessor lists are CSR arrays of *edge indices*, each node's slice in edge order,
+so every walk over the graph can reproduce the deterministic tie-breaks of DESIGN.md sections 4 and 6.
+The graph is immutable after construction; build one with `CompGraph.build` or `load_graph`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from devplace.errors import GraphError
+from devplace.graph.jsonio import dump_number
+
+FORMAT = "devplace.graph/1"
+
+# Node keys with a meaning for devplace; every other key is kept verbatim in `node_extra`.
+NODE_NUMERIC = ("compute_s", "output_bytes", "param_bytes", "temp_bytes")
+NODE_TEXT = ("op", "group", "kind")
+EDGE_KEYS = ("src", "dst", "bytes", "tensor")
+
+
+def _number(value: Any, where: str) -> float:
+    """A finite, non-negative number, or a GraphError naming `where`."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise GraphError(f"{where} must be a number, got {value!r}")
+    x = float(value)
+    if math.isnan(x) or math.isinf(x):
+        raise GraphError(f"{where} is {value!r}; it must be a finite number")
+    if x < 0:
+        raise GraphError(f"{where} is {value!r}; it must be >= 0")
+    return x
+
+
+@dataclass(frozen=True, eq=False)
+class CompGraph:
+    """A DAG of ops. Arrays are indexed by node index (insertion order) or edge index (edge order)."""
+
+    name: str
+    ids: tuple[str, ...]
+    op: tuple[str, ...]
+    kind: tuple[str, ...]
+    group: tuple[str, ...]
+    compute_s: np.ndarray  # float64[V], time on a device of speed 1.0
+    output_bytes: np.ndarray  # float64[V]
+    param_bytes: np.ndarray  # float64[V]
+    temp_bytes: np.ndarray  # float64[V]
+    edge_src: np.ndarray  # int64[E]
+    edge_dst: np.ndarray  # int64[E]
+    edge_bytes: np.ndarray  # float64[E]
+    edge_tensor: np.ndarray  # int64[E]
+    succ_ptr: np.ndarray  # int64[V+1]; out-edges of v are succ_edges[succ_ptr[v]:succ_ptr[v+1]]
+    succ_edges: np.ndarray  # int64[E], edge indices in edge order
+    pred_ptr: np.ndarray  # int64[V+1]
+    pred_edges: np.ndarray  # int64[E]
+    node_extra: tuple[dict[str, Any], ...] = ()
+    edge_extra: tuple[dict[str, Any], ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict)
+    index: dict[str, int] = field(default_factory=dict)
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        nodes: Sequence[Mapping[str, Any]],
+        edges: Sequence[Mapping[str, Any]],
+        meta: Mapping[str, Any] | None = None,
+    ) -> CompGraph:
+        """Validate node and edge records (the JSON shapes of DESIGN.md section 3) and build the graph.
+
+        Raises GraphError for a duplicate id, an edge to an unknown node, a negative/NaN/inf number, a
+        duplicate edge, edges of one (src, tensor) with different bytes, or a cycle (naming its nodes).
+        """
+        ids: list[str] = []
+        index: dict[str, int] = {}
+        text: dict[str, list[str]] = {k: [] for k in NODE_TEXT}
+        numeric = np.zeros((len(NODE_NUMERIC), len(nodes)), dtype=np.float64)
+        node_extra: list[dict[str, Any]] = []
+        for i, rec in enumerate(nodes):
+            if not isinstance(rec, Mapping):
+                raise GraphError(f"node #{i} must be a JSON object, got {rec!r}")
+            nid = rec.get("id")
+            if not isinstance(nid, str) or not nid:
+                raise GraphError(f"node #{i} needs a non-empty string \"id\", got {nid!r}")
+            if nid in index:
+                raise GraphError(f"duplicate node id {nid!r} (nodes #{index[nid]} and #{i}); ids must be unique")
+            index[nid] = i
+            ids.append(nid)
+            for k in NODE_TEXT:
+                v = rec.get(k, "")
+                if not isinstance(v, str):
+                    raise GraphError(f"node {nid!r}: \"{k}\" must be a string, got {v!r}")
+                text[k].append(v)
+            for j, k in enumerate(NODE_NUMERIC):
+                if k in rec:
+                    numeric[j, i] = _number(rec[k], f"node {nid!r}: \"{k}\"")
+            node_extra.append({k: v for k, v in rec.items() if k != "id" and k not in NODE_TEXT
+                               and k not in NODE_NUMERIC})
+
+        n_e = len(edges)
+        src = np.empty(n_e, dtype=np.int64)
+        dst = np.empty(n_e, dtype=np.int64)
+        ebytes = np.zeros(n_e, dtype=np.float64)
+        tensor = np.zeros(n_e, dtype=np.int64)
+        edge_extra: list[dict[str, Any]] = []
+        seen_edge: dict[tuple[int, int, int], int] = {}
+        tensor_bytes: dict[tuple[int, int], int] = {}
+        for e, rec in enumerate(edges):
+            if not isinstance(rec, Mapping):
+                raise GraphError(f"edge #{e} must be a JSON object, got {rec!r}")
+            ends = []
+            for k in ("src", "dst"):
+                nid = rec.get(k)
+                if nid not in index:
+                    what = "missing" if nid is None else f"unknown node {nid!r}"
+                    raise GraphError(f"edge #{e} ({rec.get('src')!r} -> {rec.get('dst')!r}): \"{k}\" is {what}; "
+                                     "every edge must join two nodes listed in \"nodes\"")
+                ends.append(index[nid])
+            u, v = ends
+            label = f"edge #{e} ({ids[u]!r} -> {ids[v]!r})"
+            if u == v:
+                raise GraphError(f"{label} is a self-loop, a cycle of one node; a graph must be acyclic")
+            b = _number(rec.get("bytes", 0), f"{label}: \"bytes\"")
+            t = rec.get("tensor", 0)
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise GraphError(f"{label}: \"tensor\" must be an integer >= 0 (an output index), got {t!r}")
+            key = (u, v, t)
+            if key in seen_edge:
+                raise GraphError(f"{label}: duplicate of edge #{seen_edge[key]} (same src, dst and tensor {t}); "
+                                 "list each tensor a node consumes once")
+            seen_edge[key] = e
+            first = tensor_bytes.setdefault((u, t), e)
+            if ebytes[first] != b and first != e:
+                raise GraphError(
+                    f"{label}: tensor {t} of {ids[u]!r} has {rec.get('bytes', 0)!r} bytes here but "
+                    f"{dump_number(ebytes[first])} on edge #{first}; one output has one size"
+                )
+            src[e], dst[e], ebytes[e], tensor[e] = u, v, b, t
+            edge_extra.append({k: val for k, val in rec.items() if k not in EDGE_KEYS})
+
+        n = len(ids)
+        succ_ptr, succ_edges = _csr(src, n)
+        pred_ptr, pred_edges = _csr(dst, n)
+        graph = cls(
+            name=name, ids=tuple(ids), op=tuple(text["op"]), kind=tuple(text["kind"]),
+            group=tuple(text["group"]),
+            compute_s=numeric[0].copy(), output_bytes=numeric[1].copy(), param_bytes=numeric[2].copy(),
+            temp_bytes=numeric[3].copy(),
+            edge_src=src, edge_dst=dst, edge_bytes=ebytes, edge_tensor=tensor,
+            succ_ptr=succ_ptr, succ_edges=succ_edges, pred_ptr=pred_ptr, pred_edges=pred_edges,
+            node_extra=tuple(node_extra), edge_extra=tuple(edge_extra), meta=dict(meta or {}), index=index,
+        )
+        for arr in (graph.compute_s, graph.output_bytes, graph.param_bytes, graph.temp_bytes, src, dst, ebytes,
+                    tensor, succ_ptr, succ_edges, pred_ptr, pred_edges):
+            arr.setflags(write=False)
+        topo = canonical_topo_order(graph)
+        if len(topo) < n:
+            raise GraphError(f"graph {name!r} has a cycle: {' -> '.join(find_cycle(graph, topo))}; "
+                             "a training step must be a DAG")
+        object.__setattr__(graph, "_topo", topo)
+        return graph
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def num_nodes(self) -> int:
+        return len(self.ids)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edge_src.shape[0])
+
+    def out_edges(self, v: int) -> np.ndarray:
+        """Edge indices leaving node v, in edge insertion order."""
+        return self.succ_edges[self.succ_ptr[v]:self.succ_ptr[v + 1]]
+
+    def in_edges(self, v: int) -> np.ndarray:
+        """Edge indices entering node v, in edge insertion order."""
+        return self.pred_edges[self.pred_ptr[v]:self.pred_ptr[v + 1]]
+
+    def successors(self, v: int) -> list[int]:
+        """Distinct successors of v, each at the position of its first edge (parallel edges count once)."""
+        return list(dict.fromkeys(self.edge_dst[self.out_edges(v)].tolist()))
+
+    def predecessors(self, v: int) -> list[int]:
+        """Distinct predecessors of v, each at the position of its first edge."""
+        return list(dict.fromkeys(self.edge_src[self.in_edges(v)].tolist()))
+
+    @property
+    def topo_order(self) -> np.ndarray:
+        """The canonical topological order (DESIGN.md section 4 rule 5), computed once at build time."""
+        return self._topo  # type: ignore[attr-defined,no-any-return]
+
+    @property
+    def topo_rank(self) -> np.ndarray:
+        """rank[v] = position of v in the canonical topological order."""
+        rank = getattr(self, "_rank", None)
+        if rank is None:
+            rank = np.empty(self.num_nodes, dtype=np.int64)
+            rank[self.topo_order] = np.arange(self.num_nodes, dtype=np.int64)
+            rank.setflags(write=False)
+            object.__setattr__(self, "_rank", rank)
+        return rank
+
+    def node_record(self, v: int) -> dict[str, Any]:
+        """Node v as its `devplace.graph/1` JSON object (extra keys included, zero numbers omitted)."""
+        rec: dict[str, Any] = {"id": self.ids[v]}
+        for k in NODE_TEXT:
+            val = getattr(self, k)[v]
+            if val:
+                rec[k] = val
+        for k in NODE_NUMERIC:
+            x = float(getattr(self, k)[v])
+            if x:
+                rec[k] = dump_number(x)
+        rec.update(self.node_extra[v] if self.node_extra else {})
+        return rec
+
+    def edge_record(self, e: int) -> dict[str, Any]:
+        """Edge e as its `devplace.graph/1` JSON object."""
+        rec: dict[str, Any] = {"src": self.ids[self.edge_src[e]], "dst": self.ids[self.edge_dst[e]],
+                               "bytes": dump_number(float(self.edge_bytes[e]))}
+        if self.edge_tensor[e]:
+            rec["tensor"] = int(self.edge_tensor[e])
+        rec.update(self.edge_extra[e] if self.edge_extra else {})
+        return rec
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole graph as a `devplace.graph/1` document."""
+        doc: dict[str, Any] = {"format": FORMAT, "name": self.name}
+        doc.update(self.meta)
+        doc["nodes"] = [self.node_record(v) for v in range(self.num_nodes)]
+        doc["edges"] = [self.edge_record(e) for e in range(self.num_edges)]
+        return doc
+
+    def to_networkx(self) -> Any:
+        """A networkx MultiDiGraph keyed by node id, with every node and edge attribute (key = tensor)."""
+        import networkx as nx
+
+        g = nx.MultiDiGraph(name=self.name)
+        for v in range(self.num_nodes):
+            rec = self.node_record(v)
+            g.add_node(rec.pop("id"), **rec)
+        for e in range(self.num_edges):
+            rec = self.edge_record(e)
+            g.add_edge(rec.pop("src"), rec.pop("dst"), key=int(self.edge_tensor[e]), **rec)
+        return g
+
+    def __repr__(self) -> str:
+        return f"CompGraph({self.name!r}, {self.num_nodes} nodes, {self.num_edges} edges)"
+
+
+def _csr(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR grouping of edge indices by `keys` (src or dst), stable so each slice keeps edge order."""
+    order = np.argsort(keys, kind="stable").astype(np.int64)
+    counts = np.bincount(keys, minlength=n) if keys.size else np.zeros(n, dtype=np.int64)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    return ptr, order
+
+
+def canonical_topo_order(graph: CompGraph) -> np.ndarray:
+    """Kahn's algorithm with a FIFO queue, sources in insertion order, successors in edge order.
+
+    Returns fewer than V nodes when the graph has a cycle (the nodes on or after a cycle are missing).
+    """
+    n = graph.num_nodes
+    indeg = np.bincount(graph.edge_dst, minlength=n).astype(np.int64) if graph.num_edges else np.zeros(n, np.int64)
+    order = np.empty(n, dtype=np.int64)
+    head = tail = 0
+    for v in np.flatnonzero(indeg == 0).tolist():
+        order[tail] = v
+        tail += 1
+    dst = graph.edge_dst.tolist()
+    succ_edges = graph.succ_edges.tolist()
+    ptr = graph.succ_ptr.tolist()
+    deg = indeg.tolist()
+    while head < tail:
+        u = int(order[head])
+        head += 1
+        for k in range(ptr[u], ptr[u + 1]):
+            w = dst[succ_edges[k]]
+            deg[w] -= 1
+            if deg[w] == 0:
+                order[tail] = w
+                tail += 1
+    return order[:tail]
+
+
+def find_cycle(graph: CompGraph, partial_topo: Iterable[int]) -> list[str]:
+    """Ids of one cycle (first node repeated at the end), given Kahn's output that stopped short of V."""
+    done = np.zeros(graph.num_nodes, dtype=bool)
+    done[np.fromiter(partial_topo, dtype=np.int64)] = True
+    # Every node Kahn left behind has a left-behind predecessor: walk predecessors until one repeats.
+    v = int(np.flatnonzero(~done)[0])
+    seen: dict[int, int] = {}
+    path: list[int] = []
+    while v not in seen:
+        seen[v] = len(path)
+        path.append(v)
+        v = next(int(graph.edge_src[e]) for e in graph.in_edges(v) if not done[graph.edge_src[e]])
+    cycle = path[seen[v]:][::-1]  # walked backwards; reverse to follow the edges
+    return [graph.ids[x] for x in [*cycle, cycle[0]]]

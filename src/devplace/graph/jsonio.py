@@ -1,0 +1,61 @@
+"""Reading and writing devplace's versioned JSON documents (shared by every `format`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from devplace.errors import FormatError
+
+
+def read_json(path: str | Path, expected_format: str) -> dict[str, Any]:
+    """Parse `path` and check that its `format` key is `expected_format` (same family, same version).
+
+    Malformed JSON is reported with the file, line and column; a missing or unknown `format` with the
+    versions this devplace reads.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FormatError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{path}: cannot read: {exc}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON: {exc.msg}") from None
+    check_format(doc, expected_format, str(path))
+    return doc
+
+
+def check_format(doc: Any, expected_format: str, where: str) -> None:
+    """Raise FormatError unless `doc` is an object whose `format` equals `expected_format`."""
+    if not isinstance(doc, dict):
+        raise FormatError(f"{where}: expected a JSON object with \"format\": \"{expected_format}\"")
+    fmt = doc.get("format")
+    if fmt == expected_format:
+        return
+    family = expected_format.rsplit("/", 1)[0]
+    if fmt is None:
+        raise FormatError(f"{where}: missing \"format\" key; this file should say \"format\": \"{expected_format}\"")
+    if isinstance(fmt, str) and fmt.rsplit("/", 1)[0] == family:
+        raise FormatError(
+            f"{where}: unknown version {fmt!r}; this devplace reads {expected_format!r} (upgrade devplace "
+            "or convert the file)"
+        )
+    raise FormatError(f"{where}: \"format\" is {fmt!r}, expected {expected_format!r}")
+
+
+def dump_number(x: float) -> int | float:
+    """Write integral values as JSON integers so that byte counts stay readable and exact."""
+    if math.isfinite(x) and x == int(x) and abs(x) < 2**63:
+        return int(x)
+    return x
+
+
+def write_json(path: str | Path, doc: dict[str, Any]) -> None:
+    """Write `doc` as indented JSON with a trailing newline (stable bytes for equal input)."""
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")

@@ -1,0 +1,194 @@
+"""Devices, links and clusters, and the `devplace.cluster/1` format."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from devplace.errors import ClusterError
+from devplace.graph.jsonio import check_format, dump_number, read_json, write_json
+
+FORMAT = "devplace.cluster/1"
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator. `speed` scales every op's `compute_s`; `peak_flops` (dense FLOP/s at the precision
+    the cost model assumes) and `mem_bandwidth_Bps` feed the analytic cost model."""
+
+    name: str
+    memory_bytes: float
+    speed: float = 1.0
+    peak_flops: float = 0.0
+    mem_bandwidth_Bps: float = 0.0
+    kind: str = ""
+
+
+@dataclass(frozen=True)
+class Link:
+    """A directed device-to-device channel: a transfer of b bytes takes latency_s + b / bandwidth_Bps."""
+
+    bandwidth_Bps: float
+    latency_s: float = 0.0
+
+    def transfer_s(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+
+@dataclass(frozen=True, eq=False)
+class Cluster:
+    """Devices plus a default link for every ordered pair and per-pair overrides (`links`)."""
+
+    name: str
+    devices: tuple[Device, ...]
+    link: Link
+    links: dict[tuple[int, int], Link] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.devices)
+        if n == 0:
+            raise ClusterError(f"cluster {self.name!r} has no devices; list at least one under \"devices\"")
+        bw = np.full((n, n), self.link.bandwidth_Bps, dtype=np.float64)
+        lat = np.full((n, n), self.link.latency_s, dtype=np.float64)
+        for (a, b), lk in self.links.items():
+            bw[a, b], lat[a, b] = lk.bandwidth_Bps, lk.latency_s
+        np.fill_diagonal(bw, np.inf)
+        np.fill_diagonal(lat, 0.0)
+        for arr in (bw, lat):
+            arr.setflags(write=False)
+        object.__setattr__(self, "bandwidth", bw)
+        object.__setattr__(self, "latency", lat)
+
+    bandwidth: np.ndarray = field(init=False, repr=False)  # [D, D] bytes/s, inf on the diagonal
+    latency: np.ndarray = field(init=False, repr=False)  # [D, D] seconds, 0 on the diagonal
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def speeds(self) -> np.ndarray:
+        return np.array([d.speed for d in self.devices], dtype=np.float64)
+
+    @property
+    def memory(self) -> np.ndarray:
+        return np.array([d.memory_bytes for d in self.devices], dtype=np.float64)
+
+    def pair(self, a: int, b: int) -> Link:
+        """The link used for transfers from device a to device b (a != b)."""
+        return self.links.get((a, b), self.link)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The cluster as a `devplace.cluster/1` document."""
+        devs = []
+        for d in self.devices:
+            rec: dict[str, Any] = {"name": d.name, "memory_bytes": dump_number(d.memory_bytes),
+                                   "speed": dump_number(d.speed)}
+            for k in ("peak_flops", "mem_bandwidth_Bps"):
+                if getattr(d, k):
+                    rec[k] = dump_number(getattr(d, k))
+            if d.kind:
+                rec["kind"] = d.kind
+            devs.append(rec)
+        doc: dict[str, Any] = {"format": FORMAT, "name": self.name, **self.meta, "devices": devs,
+                               "link": _link_dict(self.link)}
+        if self.links:
+            doc["links"] = [{"src": a, "dst": b, **_link_dict(lk)} for (a, b), lk in sorted(self.links.items())]
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], where: str = "cluster") -> Cluster:
+        """Validate and build a cluster from a `devplace.cluster/1` document."""
+        check_format(doc, FORMAT, where)
+        name = doc.get("name", "")
+        if not isinstance(name, str):
+            raise ClusterError(f"{where}: \"name\" must be a string")
+        raw_devs = doc.get("devices")
+        if not isinstance(raw_devs, list) or not raw_devs:
+            raise ClusterError(f"{where}: \"devices\" must be a non-empty list of devices")
+        devices = []
+        for i, rec in enumerate(raw_devs):
+            at = f"{where}: device #{i}"
+            if not isinstance(rec, Mapping):
+                raise ClusterError(f"{at} must be an object")
+            if "memory_bytes" not in rec:
+                raise ClusterError(f"{at} needs \"memory_bytes\"")
+            kind = rec.get("kind", "")
+            if not isinstance(kind, str):
+                raise ClusterError(f"{at}: \"kind\" must be a string")
+            devices.append(Device(
+                name=str(rec.get("name", f"gpu{i}")),
+                memory_bytes=_positive(rec["memory_bytes"], f"{at}: \"memory_bytes\""),
+                speed=_positive(rec.get("speed", 1.0), f"{at}: \"speed\""),
+                peak_flops=_positive(rec.get("peak_flops", 0.0), f"{at}: \"peak_flops\"", allow_zero=True),
+                mem_bandwidth_Bps=_positive(rec.get("mem_bandwidth_Bps", 0.0), f"{at}: \"mem_bandwidth_Bps\"",
+                                            allow_zero=True),
+                kind=kind,
+            ))
+        if "link" not in doc:
+            raise ClusterError(f"{where}: needs a default \"link\" with bandwidth_Bps and latency_s")
+        link = _parse_link(doc["link"], f"{where}: \"link\"")
+        links: dict[tuple[int, int], Link] = {}
+        raw_links = doc.get("links", [])
+        if not isinstance(raw_links, list):
+            raise ClusterError(f"{where}: \"links\" must be a list")
+        for j, rec in enumerate(raw_links):
+            at = f"{where}: links[{j}]"
+            if not isinstance(rec, Mapping):
+                raise ClusterError(f"{at} must be an object")
+            a, b = rec.get("src"), rec.get("dst")
+            for end in (a, b):
+                if isinstance(end, bool) or not isinstance(end, int) or not 0 <= end < len(devices):
+                    raise ClusterError(f"{at}: src and dst must be device indices 0..{len(devices) - 1}, got "
+                                       f"{a!r} -> {b!r}")
+            if a == b:
+                raise ClusterError(f"{at}: src and dst are both {a}; links join two different devices")
+            if (a, b) in links:
+                raise ClusterError(f"{at}: second entry for link {a} -> {b}; give each directed pair once")
+            links[(a, b)] = _parse_link(rec, at)
+        meta = {k: v for k, v in doc.items() if k not in ("format", "name", "devices", "link", "links")}
+        return cls(name=name, devices=tuple(devices), link=link, links=links, meta=meta)
+
+
+def _positive(value: Any, where: str, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ClusterError(f"{where} must be a finite number, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ClusterError(f"{where} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return float(value)
+
+
+def _parse_link(rec: Any, where: str) -> Link:
+    if not isinstance(rec, Mapping) or "bandwidth_Bps" not in rec:
+        raise ClusterError(f"{where} needs \"bandwidth_Bps\" (and optionally \"latency_s\")")
+    return Link(bandwidth_Bps=_positive(rec["bandwidth_Bps"], f"{where}: \"bandwidth_Bps\""),
+                latency_s=_positive(rec.get("latency_s", 0.0), f"{where}: \"latency_s\"", allow_zero=True))
+
+
+def _link_dict(lk: Link) -> dict[str, Any]:
+    return {"bandwidth_Bps": dump_number(lk.bandwidth_Bps), "latency_s": dump_number(lk.latency_s)}
+
+
+def load_cluster(name_or_path: str | Path) -> Cluster:
+    """A preset by name (see `devplace clusters`) or a `devplace.cluster/1` file."""
+    from devplace.hardware.presets import PRESETS
+
+    key = str(name_or_path)
+    if key in PRESETS:
+        return PRESETS[key]()
+    path = Path(key)
+    if not path.exists():
+        raise ClusterError(f"{key!r} is neither a cluster preset nor a file; presets: {', '.join(PRESETS)}")
+    doc = read_json(path, FORMAT)
+    return Cluster.from_dict(doc, str(path))
+
+
+def save_cluster(cluster: Cluster, path: str | Path) -> None:
+    """Write `cluster` as `devplace.cluster/1`."""
+    write_json(path, cluster.to_dict())

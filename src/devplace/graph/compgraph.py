@@ -140,7 +140,8 @@ class CompGraph:
             if ebytes[first] != b and first != e:
                 raise GraphError(
                     f"{label}: tensor {t} of {ids[u]!r} has {rec.get('bytes', 0)!r} bytes here but "
-                    f"{dump_number(ebytes[first])} on edge #{first}; one output has one size"
+                    f"{dump_number(ebytes[first])} on edge #{first}; one output has one size (give a 0-byte "
+                    "control edge a tensor index of its own)"
                 )
             src[e], dst[e], ebytes[e], tensor[e] = u, v, b, t
             edge_extra.append({k: val for k, val in rec.items() if k not in EDGE_KEYS})

@@ -1,0 +1,57 @@
+"""Simulation of one training step under a placement: the `devplace` reference model (DESIGN.md section 4),
+the `placeto` model (section 5), the lower bound (section 8) and timelines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from devplace.errors import DevplaceError
+from devplace.graph.compgraph import CompGraph
+from devplace.graph.placement import Placement
+from devplace.hardware.cluster import Cluster
+from devplace.sim.bounds import LowerBound, lower_bound
+from devplace.sim.devplace_model import DevplaceModel
+from devplace.sim.result import SimResult, Transfers
+
+MODELS = ("devplace", "placeto")
+
+
+PlacementLike = Placement | np.ndarray | Sequence[int]
+
+
+def placement_array(graph: CompGraph, cluster: Cluster, placement: PlacementLike) -> np.ndarray:
+    """Device index per node (node order) from a Placement or an array, checked against graph and cluster."""
+    if isinstance(placement, Placement):
+        return placement.to_array(graph, cluster.num_devices)
+    return Placement.from_array(graph, placement).to_array(graph, cluster.num_devices)
+
+
+def simulate(
+    graph: CompGraph, cluster: Cluster, placement: PlacementLike, *, model: str = "devplace", **params: Any
+) -> SimResult:
+    """Simulate one training step of `graph` on `cluster` under `placement`.
+
+    `model` is "devplace" (the reference model, DESIGN.md section 4) or "placeto" (section 5, which takes
+    `delta1_s`, `delta2_s` and `bus_Bps`).
+    """
+    devices = placement_array(graph, cluster, placement)
+    if model == "devplace":
+        if params:
+            raise DevplaceError(f"the devplace model takes no parameters, got {', '.join(params)}")
+        return DevplaceModel(graph, cluster).run(devices)
+    if model == "placeto":
+        from devplace.sim.placeto import simulate_placeto
+
+        allowed = {"delta1_s", "delta2_s", "bus_Bps"}
+        if set(params) - allowed:
+            raise DevplaceError(f"the placeto model takes {', '.join(sorted(allowed))}; got "
+                                f"{', '.join(sorted(set(params) - allowed))}")
+        return simulate_placeto(graph, cluster, devices, **params)
+    raise DevplaceError(f"unknown simulation model {model!r}; choose one of: {', '.join(MODELS)}")
+
+
+__all__ = ["MODELS", "DevplaceModel", "LowerBound", "SimResult", "Transfers", "lower_bound", "placement_array",
+           "simulate"]

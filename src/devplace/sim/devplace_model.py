@@ -1,0 +1,309 @@
+"""The reference simulation model (`--model devplace`), DESIGN.md section 4, compiled with numba.
+
+One event loop over op finishes and transfer arrivals. At each time t it runs a cascade until nothing
+more happens at t: process every event at t; let each idle device (in index order) start its ready op with
+the smallest (ready time, rank) -- an op of zero duration finishes at t and its finish joins the cascade;
+when no device event is left at t, enqueue the transfers of every op that finished at t, ordered by
+(rank of the op, tensor, destination device), each on the FIFO channel of its (source, destination) pair.
+A transfer that takes zero time (zero latency and zero bytes) arrives at t and restarts the cascade.
+Memory is computed afterwards from the schedule as half-open intervals (rule 7).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from devplace.graph.compgraph import CompGraph
+from devplace.hardware.cluster import Cluster
+from devplace.sim.result import SimResult, Transfers
+
+# --------------------------------------------------------------------------- binary heaps on flat arrays
+# A heap is a slice [base, base + size) of parallel key arrays (kt: float time, kr: int tie-break);
+# the smallest (kt, kr) is on top. Several heaps (one per device) share one pair of arrays.
+
+
+@njit(cache=True, inline="always")
+def _less(kt: np.ndarray, kr: np.ndarray, i: int, j: int) -> bool:
+    return kt[i] < kt[j] or (kt[i] == kt[j] and kr[i] < kr[j])
+
+
+@njit(cache=True)
+def _heap_push(kt: np.ndarray, kr: np.ndarray, base: int, size: int, t: float, r: int) -> int:
+    i = base + size
+    kt[i] = t
+    kr[i] = r
+    while i > base:
+        parent = base + (i - base - 1) // 2
+        if _less(kt, kr, i, parent):
+            kt[i], kt[parent] = kt[parent], kt[i]
+            kr[i], kr[parent] = kr[parent], kr[i]
+            i = parent
+        else:
+            break
+    return size + 1
+
+
+@njit(cache=True)
+def _heap_pop(kt: np.ndarray, kr: np.ndarray, base: int, size: int) -> int:
+    """Remove the top (read it from kt[base], kr[base] before calling); returns the new size."""
+    size -= 1
+    last = base + size
+    kt[base] = kt[last]
+    kr[base] = kr[last]
+    i = base
+    while True:
+        left = base + 2 * (i - base) + 1
+        if left >= last:
+            break
+        child = left
+        if left + 1 < last and _less(kt, kr, left + 1, left):
+            child = left + 1
+        if _less(kt, kr, child, i):
+            kt[i], kt[child] = kt[child], kt[i]
+            kr[i], kr[child] = kr[child], kr[i]
+            i = child
+        else:
+            break
+    return size
+
+
+# --------------------------------------------------------------------------- the event loop
+
+
+@njit(cache=True)
+def _schedule(dev, dur, rank, num_devices, succ_ptr, tsorted_edges, edge_dst, edge_tensor, edge_bytes,
+              indeg, bandwidth, latency):  # pragma: no cover - compiled
+    n = dev.shape[0]
+    n_e = edge_dst.shape[0]
+    start = np.zeros(n, dtype=np.float64)
+    finish = np.zeros(n, dtype=np.float64)
+    deps = indeg.copy()
+    # transfers, at most one per edge
+    t_node = np.empty(n_e, dtype=np.int64)
+    t_tensor = np.empty(n_e, dtype=np.int64)
+    t_dst = np.empty(n_e, dtype=np.int64)
+    t_lo = np.empty(n_e, dtype=np.int64)  # tensor group of the producer's out-edges (tsorted_edges slice)
+    t_hi = np.empty(n_e, dtype=np.int64)
+    t_bytes = np.empty(n_e, dtype=np.float64)
+    t_start = np.empty(n_e, dtype=np.float64)
+    t_finish = np.empty(n_e, dtype=np.float64)
+    edge_transfer = np.full(n_e, -1, dtype=np.int64)
+    n_t = 0
+
+    # per-device ready heaps keyed by (ready time, rank)
+    count = np.zeros(num_devices, dtype=np.int64)
+    for v in range(n):
+        count[dev[v]] += 1
+    hbase = np.zeros(num_devices, dtype=np.int64)
+    for d in range(1, num_devices):
+        hbase[d] = hbase[d - 1] + count[d - 1]
+    hsize = np.zeros(num_devices, dtype=np.int64)
+    rkt = np.empty(n, dtype=np.float64)
+    rkr = np.empty(n, dtype=np.int64)
+    rank_node = np.empty(n, dtype=np.int64)
+    for v in range(n):
+        rank_node[rank[v]] = v
+    # event heap: key (time, id); id < n is an op finish, id >= n the arrival of transfer id - n
+    ekt = np.empty(n + n_e, dtype=np.float64)
+    ekr = np.empty(n + n_e, dtype=np.int64)
+    esize = 0
+    busy = np.zeros(num_devices, dtype=np.bool_)
+    chan_free = np.zeros((num_devices, num_devices), dtype=np.float64)
+    finished_now = np.empty(n, dtype=np.int64)  # ranks of ops finished at the current time
+    n_fin = 0
+    mark = np.full(num_devices, False)
+
+    for v in range(n):
+        if deps[v] == 0:
+            d = dev[v]
+            hsize[d] = _heap_push(rkt, rkr, hbase[d], hsize[d], 0.0, rank[v])
+
+    t = 0.0
+    while True:
+        # ---- cascade at time t
+        while True:
+            while esize > 0 and ekt[0] == t:
+                eid = ekr[0]
+                esize = _heap_pop(ekt, ekr, 0, esize)
+                if eid < n:
+                    u = eid
+                    a = dev[u]
+                    busy[a] = False
+                    finished_now[n_fin] = rank[u]
+                    n_fin += 1
+                    for k in range(succ_ptr[u], succ_ptr[u + 1]):
+                        w = edge_dst[tsorted_edges[k]]
+                        if dev[w] == a:
+                            deps[w] -= 1
+                            if deps[w] == 0:
+                                hsize[a] = _heap_push(rkt, rkr, hbase[a], hsize[a], t, rank[w])
+                else:
+                    x = eid - n
+                    b = t_dst[x]
+                    for k in range(t_lo[x], t_hi[x]):
+                        w = edge_dst[tsorted_edges[k]]
+                        if dev[w] == b:
+                            deps[w] -= 1
+                            if deps[w] == 0:
+                                hsize[b] = _heap_push(rkt, rkr, hbase[b], hsize[b], t, rank[w])
+            for d in range(num_devices):
+                if not busy[d] and hsize[d] > 0:
+                    v = rank_node[rkr[hbase[d]]]
+                    hsize[d] = _heap_pop(rkt, rkr, hbase[d], hsize[d])
+                    busy[d] = True
+                    start[v] = t
+                    finish[v] = t + dur[v]
+                    esize = _heap_push(ekt, ekr, 0, esize, finish[v], v)
+            if esize > 0 and ekt[0] == t:
+                continue
+            if n_fin == 0:
+                break
+            # transfers of every op that finished at t, in (rank, tensor, destination) order
+            fin = np.sort(finished_now[:n_fin])
+            n_fin = 0
+            for i in range(fin.shape[0]):
+                u = rank_node[fin[i]]
+                a = dev[u]
+                k = succ_ptr[u]
+                while k < succ_ptr[u + 1]:
+                    tensor = edge_tensor[tsorted_edges[k]]
+                    lo = k
+                    while k < succ_ptr[u + 1] and edge_tensor[tsorted_edges[k]] == tensor:
+                        w = edge_dst[tsorted_edges[k]]
+                        if dev[w] != a:
+                            mark[dev[w]] = True
+                        k += 1
+                    nbytes = edge_bytes[tsorted_edges[lo]]
+                    for b in range(num_devices):
+                        if mark[b]:
+                            mark[b] = False
+                            s = max(t, chan_free[a, b])
+                            f = s + latency[a, b] + nbytes / bandwidth[a, b]
+                            chan_free[a, b] = f
+                            t_node[n_t] = u
+                            t_tensor[n_t] = tensor
+                            t_dst[n_t] = b
+                            t_bytes[n_t] = nbytes
+                            t_lo[n_t] = lo
+                            t_hi[n_t] = k
+                            t_start[n_t] = s
+                            t_finish[n_t] = f
+                            for j in range(lo, k):
+                                if dev[edge_dst[tsorted_edges[j]]] == b:
+                                    edge_transfer[tsorted_edges[j]] = n_t
+                            esize = _heap_push(ekt, ekr, 0, esize, f, n + n_t)
+                            n_t += 1
+            if esize > 0 and ekt[0] == t:
+                continue
+            break
+        if esize == 0:
+            break
+        t = ekt[0]
+
+    return (start, finish, t_node[:n_t], t_tensor[:n_t], t_dst[:n_t], t_bytes[:n_t], t_start[:n_t],
+            t_finish[:n_t], edge_transfer)
+
+
+@njit(cache=True)
+def _peak_memory(dev, start, finish, num_devices, output_bytes, temp_bytes, param_bytes, edge_src, edge_dst,
+                 edge_transfer, t_node, t_dst, t_bytes, t_start, t_finish):  # pragma: no cover - compiled
+    n = dev.shape[0]
+    n_t = t_node.shape[0]
+    # free times (rule 7): an output when its local consumers are done and its transfers have arrived,
+    # a received tensor when its consumers on the receiving device are done
+    out_free = finish.copy()
+    recv_free = t_start.copy()
+    for e in range(edge_src.shape[0]):
+        v = edge_dst[e]
+        x = edge_transfer[e]
+        if x < 0:
+            u = edge_src[e]
+            out_free[u] = max(out_free[u], finish[v])
+        else:
+            recv_free[x] = max(recv_free[x], finish[v])
+    for x in range(n_t):
+        u = t_node[x]
+        out_free[u] = max(out_free[u], t_finish[x])
+    # every nonempty interval [alloc, free) as two events; frees are written first so that a stable sort
+    # by time applies frees before allocations at equal times (zero-length intervals are skipped)
+    m = 2 * n + n_t
+    times = np.empty(2 * m, dtype=np.float64)
+    delta = np.empty(2 * m, dtype=np.float64)
+    where = np.empty(2 * m, dtype=np.int64)
+    c = 0
+    for phase in range(2):  # 0: frees, 1: allocations
+        sign = -1.0 if phase == 0 else 1.0
+        for v in range(n):
+            if output_bytes[v] > 0 and out_free[v] > start[v]:
+                times[c] = out_free[v] if phase == 0 else start[v]
+                delta[c] = sign * output_bytes[v]
+                where[c] = dev[v]
+                c += 1
+            if temp_bytes[v] > 0 and finish[v] > start[v]:
+                times[c] = finish[v] if phase == 0 else start[v]
+                delta[c] = sign * temp_bytes[v]
+                where[c] = dev[v]
+                c += 1
+        for x in range(n_t):
+            if t_bytes[x] > 0 and recv_free[x] > t_start[x]:
+                times[c] = recv_free[x] if phase == 0 else t_start[x]
+                delta[c] = sign * t_bytes[x]
+                where[c] = t_dst[x]
+                c += 1
+    persistent = np.zeros(num_devices, dtype=np.float64)
+    for v in range(n):
+        persistent[dev[v]] += param_bytes[v]
+    live = np.zeros(num_devices, dtype=np.float64)
+    peak_live = np.zeros(num_devices, dtype=np.float64)
+    for i in np.argsort(times[:c], kind="mergesort"):
+        d = where[i]
+        live[d] += delta[i]
+        if live[d] > peak_live[d]:
+            peak_live[d] = live[d]
+    return persistent + peak_live
+
+
+# --------------------------------------------------------------------------- Python entry points
+
+
+class DevplaceModel:
+    """The graph- and cluster-derived arrays of the `devplace` model, prepared once; `run(devices)` then
+    simulates one placement. Placers that simulate many placements of one graph keep one of these."""
+
+    name = "devplace"
+
+    def __init__(self, graph: CompGraph, cluster: Cluster) -> None:
+        self.graph = graph
+        self.cluster = cluster
+        src, tensor = graph.edge_src, graph.edge_tensor
+        # out-edges grouped by producer (same slices as succ_ptr), then by tensor, then edge order
+        self.tsorted_edges = np.lexsort((np.arange(graph.num_edges), tensor, src)).astype(np.int64)
+        self.indeg = np.bincount(graph.edge_dst, minlength=graph.num_nodes).astype(np.int64)
+        self.speeds = cluster.speeds
+        self.memory = cluster.memory
+        self.bandwidth = np.ascontiguousarray(cluster.bandwidth)
+        self.latency = np.ascontiguousarray(cluster.latency)
+
+    def run(self, devices: np.ndarray) -> SimResult:
+        """Simulate one step with `devices[v]` the device index of node v (already validated)."""
+        g = self.graph
+        dev = np.ascontiguousarray(devices, dtype=np.int64)
+        dur = g.compute_s / self.speeds[dev]
+        nd = self.cluster.num_devices
+        start, finish, t_node, t_tensor, t_dst, t_bytes, t_start, t_finish, edge_transfer = _schedule(
+            dev, dur, g.topo_rank, nd, g.succ_ptr, self.tsorted_edges, g.edge_dst, g.edge_tensor,
+            g.edge_bytes, self.indeg, self.bandwidth, self.latency)
+        peak = _peak_memory(dev, start, finish, nd, g.output_bytes, g.temp_bytes, g.param_bytes, g.edge_src,
+                            g.edge_dst, edge_transfer, t_node, t_dst, t_bytes, t_start, t_finish)
+        transfers = Transfers(node=t_node, tensor=t_tensor, src_dev=dev[t_node], dst_dev=t_dst, nbytes=t_bytes,
+                              start_s=t_start, finish_s=t_finish)
+        return SimResult(
+            model=self.name,
+            step_time_s=float(finish.max()) if finish.size else 0.0,
+            device=dev, start_s=start, finish_s=finish,
+            peak_memory_bytes=peak, memory_bytes=self.memory,
+            device_busy_s=np.bincount(dev, weights=dur, minlength=nd).astype(np.float64),
+            comm_bytes=float(t_bytes.sum()),
+            transfers=transfers,
+        )

@@ -1,0 +1,44 @@
+"""Shared test helpers: small graphs and clusters written inline."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from devplace.graph import CompGraph
+from devplace.hardware.cluster import Cluster, Device, Link
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def graph(nodes: list, edges: list, name: str = "t") -> CompGraph:
+    """Nodes as dicts or (id, compute_s) pairs; edges as dicts or (src, dst, bytes[, tensor]) tuples."""
+    recs = [n if isinstance(n, dict) else {"id": n[0], "compute_s": n[1]} for n in nodes]
+    erecs = []
+    for e in edges:
+        if isinstance(e, dict):
+            erecs.append(e)
+        else:
+            rec = {"src": e[0], "dst": e[1], "bytes": e[2]}
+            if len(e) > 3:
+                rec["tensor"] = e[3]
+            erecs.append(rec)
+    return CompGraph.build(name, recs, erecs)
+
+
+def cluster(n: int = 2, *, bw: float = 10.0, lat: float = 0.0, speeds: list[float] | None = None,
+            mem: float = 1e12, links: dict | None = None) -> Cluster:
+    speeds = speeds or [1.0] * n
+    devs = tuple(Device(f"gpu{i}", mem, speeds[i]) for i in range(n))
+    return Cluster("test", devs, Link(bw, lat), {k: Link(*v) for k, v in (links or {}).items()})
+
+
+@pytest.fixture
+def tmp_json(tmp_path):
+    """Write a string to a file and return its path."""
+    def write(text: str, name: str = "f.json"):
+        p = tmp_path / name
+        p.write_text(text)
+        return p
+    return write

@@ -35,17 +35,18 @@ def reference_simulate(nodes: list[dict], edges: list[dict], speeds: list[float]
         out[e["src"]].append(e)
         inc[e["dst"]].append(e)
 
-    # canonical rank: Kahn with a FIFO queue
-    indeg = {i: len(inc[i]) for i in ids}
+    # canonical rank: Kahn with a FIFO queue over distinct successors in first-edge order
+    succ = {i: list(dict.fromkeys(e["dst"] for e in out[i])) for i in ids}
+    indeg = {i: len({e["src"] for e in inc[i]}) for i in ids}
     queue = deque(i for i in ids if indeg[i] == 0)
     rank: dict[str, int] = {}
     while queue:
         u = queue.popleft()
         rank[u] = len(rank)
-        for e in out[u]:
-            indeg[e["dst"]] -= 1
-            if indeg[e["dst"]] == 0:
-                queue.append(e["dst"])
+        for w in succ[u]:
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                queue.append(w)
 
     dev = placement
     ndev = len(speeds)

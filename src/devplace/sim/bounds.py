@@ -37,7 +37,7 @@ def lower_bound(graph: CompGraph, cluster: Cluster) -> LowerBound:
         best, arg = 0.0, -1
         for k in range(ptr[v], ptr[v + 1]):
             u = src[in_edges[k]]
-            if dist[u] > best:
+            if arg < 0 or dist[u] > best:
                 best, arg = dist[u], u
         dist[v] = best + t[v]
         via[v] = arg

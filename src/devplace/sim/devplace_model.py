@@ -160,10 +160,18 @@ def _schedule(dev, dur, rank, num_devices, succ_ptr, tsorted_edges, edge_dst, ed
             if n_fin == 0:
                 break
             # transfers of every op that finished at t, in (rank, tensor, destination) order
-            fin = np.sort(finished_now[:n_fin])
+            # insertion sort by rank: the batch of ops finishing at one time is small
+            for i in range(1, n_fin):
+                r = finished_now[i]
+                j = i - 1
+                while j >= 0 and finished_now[j] > r:
+                    finished_now[j + 1] = finished_now[j]
+                    j -= 1
+                finished_now[j + 1] = r
+            batch = n_fin
             n_fin = 0
-            for i in range(fin.shape[0]):
-                u = rank_node[fin[i]]
+            for i in range(batch):
+                u = rank_node[finished_now[i]]
                 a = dev[u]
                 k = succ_ptr[u]
                 while k < succ_ptr[u + 1]:
@@ -205,6 +213,13 @@ def _schedule(dev, dur, rank, num_devices, succ_ptr, tsorted_edges, edge_dst, ed
             t_finish[:n_t], edge_transfer)
 
 
+@njit(cache=True, inline="always")
+def _interval(times, delta, where, c, alloc, free, nbytes, device):  # pragma: no cover - compiled
+    times[c], delta[c], where[c] = alloc, nbytes, device
+    times[c + 1], delta[c + 1], where[c + 1] = free, -nbytes, device
+    return c + 2
+
+
 @njit(cache=True)
 def _peak_memory(dev, start, finish, num_devices, output_bytes, temp_bytes, param_bytes, edge_src, edge_dst,
                  edge_transfer, t_node, t_dst, t_bytes, t_start, t_finish):  # pragma: no cover - compiled
@@ -225,42 +240,40 @@ def _peak_memory(dev, start, finish, num_devices, output_bytes, temp_bytes, para
     for x in range(n_t):
         u = t_node[x]
         out_free[u] = max(out_free[u], t_finish[x])
-    # every nonempty interval [alloc, free) as two events; frees are written first so that a stable sort
-    # by time applies frees before allocations at equal times (zero-length intervals are skipped)
+    # every nonempty interval [alloc, free) as two events (zero-length intervals hold nothing)
     m = 2 * n + n_t
     times = np.empty(2 * m, dtype=np.float64)
     delta = np.empty(2 * m, dtype=np.float64)
     where = np.empty(2 * m, dtype=np.int64)
     c = 0
-    for phase in range(2):  # 0: frees, 1: allocations
-        sign = -1.0 if phase == 0 else 1.0
-        for v in range(n):
-            if output_bytes[v] > 0 and out_free[v] > start[v]:
-                times[c] = out_free[v] if phase == 0 else start[v]
-                delta[c] = sign * output_bytes[v]
-                where[c] = dev[v]
-                c += 1
-            if temp_bytes[v] > 0 and finish[v] > start[v]:
-                times[c] = finish[v] if phase == 0 else start[v]
-                delta[c] = sign * temp_bytes[v]
-                where[c] = dev[v]
-                c += 1
-        for x in range(n_t):
-            if t_bytes[x] > 0 and recv_free[x] > t_start[x]:
-                times[c] = recv_free[x] if phase == 0 else t_start[x]
-                delta[c] = sign * t_bytes[x]
-                where[c] = t_dst[x]
-                c += 1
+    for v in range(n):
+        if output_bytes[v] > 0 and out_free[v] > start[v]:
+            c = _interval(times, delta, where, c, start[v], out_free[v], output_bytes[v], dev[v])
+        if temp_bytes[v] > 0 and finish[v] > start[v]:
+            c = _interval(times, delta, where, c, start[v], finish[v], temp_bytes[v], dev[v])
+    for x in range(n_t):
+        if t_bytes[x] > 0 and recv_free[x] > t_start[x]:
+            c = _interval(times, delta, where, c, t_start[x], recv_free[x], t_bytes[x], t_dst[x])
     persistent = np.zeros(num_devices, dtype=np.float64)
     for v in range(n):
         persistent[dev[v]] += param_bytes[v]
+    # sweep in time order; all changes at one time are applied (frees and allocations alike) before the
+    # peak is read, which is the same as applying frees before allocations
     live = np.zeros(num_devices, dtype=np.float64)
     peak_live = np.zeros(num_devices, dtype=np.float64)
-    for i in np.argsort(times[:c], kind="mergesort"):
-        d = where[i]
-        live[d] += delta[i]
-        if live[d] > peak_live[d]:
-            peak_live[d] = live[d]
+    order = np.argsort(times[:c])
+    i = 0
+    while i < c:
+        j = i
+        t = times[order[i]]
+        while j < c and times[order[j]] == t:
+            live[where[order[j]]] += delta[order[j]]
+            j += 1
+        for k in range(i, j):
+            d = where[order[k]]
+            if live[d] > peak_live[d]:
+                peak_live[d] = live[d]
+        i = j
     return persistent + peak_live
 
 

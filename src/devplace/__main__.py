@@ -1,0 +1,3 @@
+from devplace.cli import main
+
+main()

@@ -1,0 +1,159 @@
+"""The `devplace` command. User errors print one line and exit 2; `--json` gives machine-readable output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from devplace.errors import DevplaceError
+from devplace.graph import load_graph, load_placement
+from devplace.graph.info import graph_info
+from devplace.hardware.cluster import load_cluster
+from devplace.sim import MODELS, lower_bound, simulate
+from devplace.sim.summary import fmt_bytes, fmt_time, result_view
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Device placement for model-parallel training.")
+console = Console()
+
+GraphArg = Annotated[Path, typer.Argument(help="graph file (devplace.graph/1 JSON)")]
+ClusterArg = Annotated[str, typer.Argument(help="cluster preset name (see `devplace clusters`) or cluster JSON file")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object instead of tables")]
+
+
+def _print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+
+
+def _simulate_and_report(graph_path: Path, cluster_name: str, placement_path: Path, model: str, as_json: bool,
+                         trace: Path | None, plot: Path | None, per_op: bool) -> None:
+    graph = load_graph(graph_path)
+    cluster = load_cluster(cluster_name)
+    placement = load_placement(placement_path)
+    result = simulate(graph, cluster, placement, model=model)
+    bound = lower_bound(graph, cluster)
+    if trace is not None or plot is not None:
+        from devplace.sim.timeline import plot_timeline, write_trace
+
+        if trace is not None:
+            write_trace(graph, cluster, result, trace)
+        if plot is not None:
+            plot_timeline(graph, cluster, result, plot, lower_bound_s=bound.value_s)
+    if as_json:
+        doc = result.to_dict(graph.ids, per_op=per_op)
+        doc.update(graph=graph.name, cluster=cluster.name, lower_bound_s=bound.value_s,
+                   step_over_lower_bound=result.step_time_s / bound.value_s if bound.value_s else None)
+        _print_json(doc)
+        return
+    console.print(result_view(graph, cluster, result, bound))
+    for what, path in (("trace", trace), ("timeline", plot)):
+        if path is not None:
+            console.print(f"wrote {what} to {path}")
+
+
+@app.command("simulate")
+def simulate_cmd(
+    graph: GraphArg,
+    cluster: ClusterArg,
+    placement: Annotated[Path, typer.Argument(help="placement file (devplace.placement/1 JSON)")],
+    model: Annotated[str, typer.Option(help=f"simulation model: {' or '.join(MODELS)}")] = "devplace",
+    as_json: JsonOpt = False,
+    trace: Annotated[Path | None, typer.Option(help="write a Chrome trace-event JSON (Perfetto)")] = None,
+    plot: Annotated[Path | None, typer.Option(help="write a Gantt chart PNG")] = None,
+    per_op: Annotated[bool, typer.Option("--per-op", help="with --json: each op's device, start, finish")] = False,
+) -> None:
+    """Simulate one training step of GRAPH on CLUSTER under PLACEMENT."""
+    _simulate_and_report(graph, cluster, placement, model, as_json, trace, plot, per_op)
+
+
+@app.command("bound")
+def bound_cmd(graph: GraphArg, cluster: ClusterArg, as_json: JsonOpt = False) -> None:
+    """Lower bound on the step time of GRAPH on CLUSTER, valid for every placement and schedule."""
+    g = load_graph(graph)
+    c = load_cluster(cluster)
+    lb = lower_bound(g, c)
+    if as_json:
+        _print_json({"graph": g.name, "cluster": c.name, "lower_bound_s": lb.value_s, "work_s": lb.work_s,
+                     "critical_path_s": lb.critical_path_s, "limited_by": lb.limited_by,
+                     "critical_path": [g.ids[v] for v in lb.critical_path]})
+        return
+    console.print(f"[bold]{g.name}[/] on [bold]{c.name}[/]: lower bound [bold]{fmt_time(lb.value_s)}[/] "
+                  f"({lb.limited_by})")
+    console.print(f"  total work / total speed : {fmt_time(lb.work_s)}")
+    console.print(f"  critical path (fastest device, no communication): {fmt_time(lb.critical_path_s)}, "
+                  f"{len(lb.critical_path)} ops")
+
+
+@app.command("info")
+def info_cmd(graph: GraphArg, as_json: JsonOpt = False) -> None:
+    """Size and shape of GRAPH: counts, total compute and bytes, depth."""
+    info = graph_info(load_graph(graph))
+    if as_json:
+        _print_json(info)
+        return
+    table = Table(show_header=False, show_edge=False)
+    for key, value in info.items():
+        if key.endswith("_bytes"):
+            value = fmt_bytes(value)
+        elif key.endswith("_s"):
+            value = fmt_time(value)
+        elif isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items())
+        table.add_row(key, str(value))
+    console.print(table)
+
+
+@app.command("clusters")
+def clusters_cmd(as_json: JsonOpt = False) -> None:
+    """List the built-in cluster presets."""
+    from devplace.hardware.presets import PRESETS
+
+    clusters = [factory() for factory in PRESETS.values()]
+    if as_json:
+        _print_json([c.to_dict() for c in clusters])
+        return
+    table = Table(header_style="bold", show_edge=False)
+    table.add_column("name", no_wrap=True)
+    for col in ("devices", "memory each", "speed", "default link", "per-pair links"):
+        table.add_column(col)
+    for c in clusters:
+        kinds = sorted({d.kind or d.name for d in c.devices})
+        table.add_row(c.name, f"{c.num_devices} x {'/'.join(kinds)}",
+                      "/".join(sorted({fmt_bytes(d.memory_bytes) for d in c.devices})),
+                      "/".join(sorted({f"{d.speed:g}" for d in c.devices})),
+                      f"{c.link.bandwidth_Bps / 1e9:g} GB/s, {c.link.latency_s * 1e6:g} µs",
+                      str(len(c.links)))
+    console.print(table)
+
+
+@app.command("demo")
+def demo_cmd(
+    out: Annotated[Path, typer.Option(help="folder for the trace and timeline")] = Path("out"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Simulate the bundled example, a 16-layer MLP too big for one 16 GB GPU, split 4 ways by hand on 4xV100-16GB.
+
+    Prints the result table and writes the trace and timeline into OUT.
+    """
+    data = resources.files("devplace") / "data"
+    out.mkdir(parents=True, exist_ok=True)
+    with resources.as_file(data / "example_mlp.json") as g, \
+            resources.as_file(data / "example_mlp.placement.json") as p:
+        _simulate_and_report(g, "4xV100-16GB", p, "devplace", as_json, out / "demo-trace.json",
+                             out / "demo-timeline.png", False)
+
+
+def main() -> None:
+    """Entry point of the console script: DevplaceError -> one line on stderr, exit status 2."""
+    try:
+        app()
+    except DevplaceError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)

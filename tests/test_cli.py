@@ -1,0 +1,124 @@
+"""The `devplace` command: real runs in-process, JSON output, and one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from conftest import graph
+from devplace import save_graph, save_placement
+from devplace.cli import main
+from devplace.graph import Placement
+from devplace.hardware import save_cluster
+from devplace.hardware.cluster import Cluster, Device, Link
+
+
+def run(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["devplace", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def files(tmp_path):
+    g = graph([("a", 1.0), ("b", 2.0), ("c", 0.5)], [("a", "b", 10), ("a", "c", 10)])
+    c = Cluster("two", (Device("g0", 100.0), Device("g1", 100.0)), Link(10.0, 0.5))
+    paths = {"graph": tmp_path / "g.json", "cluster": tmp_path / "c.json", "placement": tmp_path / "p.json"}
+    save_graph(g, paths["graph"])
+    save_cluster(c, paths["cluster"])
+    save_placement(Placement({"a": 0, "b": 1, "c": 0}), paths["placement"])
+    return {k: str(v) for k, v in paths.items()}
+
+
+def test_simulate_json(files, capsys, monkeypatch):
+    code, out, _ = run(["simulate", files["graph"], files["cluster"], files["placement"], "--json", "--per-op"],
+                       capsys, monkeypatch)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["step_time_s"] == 4.5  # a [0,1], transfer [1,2.5], b [2.5,4.5]; c [1,1.5]
+    assert doc["feasible"] is True
+    assert doc["peak_memory_bytes"] == [0.0, 10.0]
+    assert doc["comm_bytes"] == 10.0
+    assert doc["device_busy_s"] == [1.5, 2.0]
+    assert doc["ops"]["b"] == {"device": 1, "start_s": 2.5, "finish_s": 4.5}
+    assert doc["lower_bound_s"] == 3.0
+
+
+def test_simulate_table_trace_and_plot(files, capsys, monkeypatch, tmp_path):
+    trace, plot = tmp_path / "t.json", tmp_path / "t.png"
+    code, out, _ = run(["simulate", files["graph"], files["cluster"], files["placement"], "--trace", str(trace),
+                        "--plot", str(plot)], capsys, monkeypatch)
+    assert code == 0
+    assert "step time" in out and "feasible" in out
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_placeto_model(files, capsys, monkeypatch):
+    code, out, _ = run(["simulate", files["graph"], files["cluster"], files["placement"], "--model", "placeto",
+                        "--json"], capsys, monkeypatch)
+    assert code == 0
+    assert json.loads(out)["model"] == "placeto"
+
+
+def test_bound_info_clusters(files, capsys, monkeypatch):
+    code, out, _ = run(["bound", files["graph"], files["cluster"], "--json"], capsys, monkeypatch)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["lower_bound_s"] == 3.0 and doc["critical_path"] == ["a", "b"]
+    code, out, _ = run(["info", files["graph"], "--json"], capsys, monkeypatch)
+    assert code == 0
+    info = json.loads(out)
+    assert (info["nodes"], info["edges"], info["depth_hops"], info["total_compute_s"]) == (3, 2, 1, 3.5)
+    code, out, _ = run(["clusters", "--json"], capsys, monkeypatch)
+    assert code == 0
+    names = [c["name"] for c in json.loads(out)]
+    assert "4xV100-16GB" in names and "2xK80" in names
+    code, out, _ = run(["clusters"], capsys, monkeypatch)
+    assert code == 0 and "8xV100-32GB-NVLink" in out
+
+
+def test_demo_runs_on_the_bundled_example(capsys, monkeypatch, tmp_path):
+    code, out, _ = run(["demo", "--out", str(tmp_path), "--json"], capsys, monkeypatch)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["graph"] == "mlp16-w8192-b2048" and doc["cluster"] == "4xV100-16GB"
+    assert doc["feasible"] and doc["step_over_lower_bound"] >= 1.0
+    assert (tmp_path / "demo-timeline.png").exists() and (tmp_path / "demo-trace.json").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["info", "missing.json"], "no such file"),
+    (["simulate", "{graph}", "nonexistent-preset", "{placement}"], "neither a cluster preset nor a file"),
+    (["simulate", "{graph}", "{cluster}", "{placement}", "--model", "tf"], "unknown simulation model"),
+    (["simulate", "{graph}", "{cluster}", "{bad_placement}"], "devices 0..1"),
+    (["info", "{cyclic}"], "has a cycle: "),
+    (["info", "{malformed}"], ":3:"),
+    (["info", "{future}"], "unknown version"),
+])
+def test_user_errors_print_one_line_and_exit_2(args, message, files, capsys, monkeypatch, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "devplace.placement/1", "assignment": {"a": 0, "b": 5, "c": 0}}))
+    cyclic = tmp_path / "cyc.json"
+    cyclic.write_text(json.dumps({"format": "devplace.graph/1", "nodes": [{"id": "x"}, {"id": "y"}],
+                                  "edges": [{"src": "x", "dst": "y"}, {"src": "y", "dst": "x"}]}))
+    malformed = tmp_path / "mal.json"
+    malformed.write_text('{"format": "devplace.graph/1",\n "nodes": [],\n "edges": [,]}\n')
+    future = tmp_path / "future.json"
+    future.write_text(json.dumps({"format": "devplace.graph/9", "nodes": [], "edges": []}))
+    paths = {**files, "bad_placement": str(bad), "cyclic": str(cyclic), "malformed": str(malformed),
+             "future": str(future)}
+    code, out, err = run([a.format(**paths) for a in args], capsys, monkeypatch)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and message in lines[0]
+    assert "Traceback" not in err

@@ -25,8 +25,10 @@ class RefResult:
 
 
 def reference_simulate(nodes: list[dict], edges: list[dict], speeds: list[float],
-                       link: dict[tuple[int, int], tuple[float, float]], placement: dict[str, int]) -> RefResult:
-    """`nodes`/`edges` in the JSON shapes of devplace.graph/1; `link[(a, b)] = (bandwidth, latency)`."""
+                       link: dict[tuple[int, int], tuple[float, float]], placement: dict[str, int],
+                       rank: dict[str, int] | None = None) -> RefResult:
+    """`nodes`/`edges` in the JSON shapes of devplace.graph/1; `link[(a, b)] = (bandwidth, latency)`.
+    `rank` overrides the canonical rank (used to check a masked run against its subgraph)."""
     ids = [n["id"] for n in nodes]
     node = {n["id"]: n for n in nodes}
     out: dict[str, list[dict]] = {i: [] for i in ids}
@@ -39,14 +41,15 @@ def reference_simulate(nodes: list[dict], edges: list[dict], speeds: list[float]
     succ = {i: list(dict.fromkeys(e["dst"] for e in out[i])) for i in ids}
     indeg = {i: len({e["src"] for e in inc[i]}) for i in ids}
     queue = deque(i for i in ids if indeg[i] == 0)
-    rank: dict[str, int] = {}
+    canonical: dict[str, int] = {}
     while queue:
         u = queue.popleft()
-        rank[u] = len(rank)
+        canonical[u] = len(canonical)
         for w in succ[u]:
             indeg[w] -= 1
             if indeg[w] == 0:
                 queue.append(w)
+    rank = canonical if rank is None else rank
 
     dev = placement
     ndev = len(speeds)

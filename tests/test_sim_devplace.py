@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from conftest import cluster, graph
 from devplace.errors import DevplaceError, PlacementError
 from devplace.graph import Placement
-from devplace.sim import lower_bound, simulate
+from devplace.sim import DevplaceModel, lower_bound, simulate
 from reference_sim import reference_simulate
 
 
@@ -246,3 +246,23 @@ def test_lower_bound_parts():
     assert lb.critical_path_s == pytest.approx(2.5)
     assert [g.ids[v] for v in lb.critical_path] == ["a", "b"]
     assert lb.value_s == 2.5 and lb.limited_by == "critical path"
+
+
+@settings(max_examples=100, deadline=None)
+@given(cases(), st.randoms(use_true_random=False))
+def test_active_mask_simulates_the_induced_subgraph(case, rnd):
+    # the masked run keeps the full graph's ranks, so the reference gets them explicitly
+    _, _, speeds, bw, lat, _ = case
+    g, c, devs = build(case)
+    keep = [rnd.random() < 0.6 for _ in range(g.num_nodes)]
+    kept = {g.ids[v] for v in range(g.num_nodes) if keep[v]}
+    sub_nodes = [g.node_record(v) for v in range(g.num_nodes) if keep[v]]
+    sub_edges = [g.edge_record(e) for e in range(g.num_edges)
+                 if g.ids[g.edge_src[e]] in kept and g.ids[g.edge_dst[e]] in kept]
+    masked = DevplaceModel(g, c).run(devs, active=np.array(keep))
+    ref = reference_simulate(sub_nodes, sub_edges, speeds, {k: (bw[k], lat[k]) for k in bw},
+                             {nid: int(devs[g.index[nid]]) for nid in kept},
+                             rank={nid: int(g.topo_rank[g.index[nid]]) for nid in kept})
+    assert masked.step_time_s == ref.step_time_s
+    assert masked.peak_memory_bytes.tolist() == ref.peak
+    assert {nid: masked.start_s[g.index[nid]] for nid in kept} == ref.start

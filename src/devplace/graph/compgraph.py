@@ -9,6 +9,7 @@ The graph is immutable after construction; build one with `CompGraph.build` or `
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,13 +25,17 @@ FORMAT = "devplace.graph/1"
 NODE_NUMERIC = ("compute_s", "output_bytes", "param_bytes", "temp_bytes")
 NODE_TEXT = ("op", "group", "kind")
 EDGE_KEYS = ("src", "dst", "bytes", "tensor")
+DOC_KEYS = ("format", "name", "nodes", "edges")  # graph-level keys with a meaning; every other one is `meta`
 
 
 def _number(value: Any, where: str) -> float:
     """A finite, non-negative number, or a GraphError naming `where`."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         raise GraphError(f"{where} must be a number, got {value!r}")
-    x = float(value)
+    try:
+        x = float(value)
+    except OverflowError:
+        raise GraphError(f"{where} is {value!r}; it is too large for a float") from None
     if math.isnan(x) or math.isinf(x):
         raise GraphError(f"{where} is {value!r}; it must be a finite number")
     if x < 0:
@@ -78,6 +83,9 @@ class CompGraph:
         Raises GraphError for a duplicate id, an edge to an unknown node, a negative/NaN/inf number, a
         duplicate edge, edges of one (src, tensor) with different bytes, or a cycle (naming its nodes).
         """
+        reserved = [k for k in (meta or {}) if k in DOC_KEYS]
+        if reserved:
+            raise GraphError(f"graph {name!r}: meta may not contain the document key(s) {reserved}")
         ids: list[str] = []
         index: dict[str, int] = {}
         text: dict[str, list[str]] = {k: [] for k in NODE_TEXT}
@@ -118,8 +126,9 @@ class CompGraph:
             ends = []
             for k in ("src", "dst"):
                 nid = rec.get(k)
-                if nid not in index:
-                    what = "missing" if nid is None else f"unknown node {nid!r}"
+                if not isinstance(nid, str) or nid not in index:
+                    what = ("missing" if nid is None else f"unknown node {nid!r}" if isinstance(nid, str)
+                            else f"{nid!r}, not a node id string")
                     raise GraphError(f"edge #{e} ({rec.get('src')!r} -> {rec.get('dst')!r}): \"{k}\" is {what}; "
                                      "every edge must join two nodes listed in \"nodes\"")
                 ends.append(index[nid])
@@ -129,8 +138,9 @@ class CompGraph:
                 raise GraphError(f"{label} is a self-loop, a cycle of one node; a graph must be acyclic")
             b = _number(rec.get("bytes", 0), f"{label}: \"bytes\"")
             t = rec.get("tensor", 0)
-            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            if isinstance(t, bool | np.bool_) or not isinstance(t, numbers.Integral) or not 0 <= t < 2**63:
                 raise GraphError(f"{label}: \"tensor\" must be an integer >= 0 (an output index), got {t!r}")
+            t = int(t)
             key = (u, v, t)
             if key in seen_edge:
                 raise GraphError(f"{label}: duplicate of edge #{seen_edge[key]} (same src, dst and tensor {t}); "
@@ -241,16 +251,24 @@ class CompGraph:
         return doc
 
     def to_networkx(self) -> Any:
-        """A networkx MultiDiGraph keyed by node id, with every node and edge attribute (key = tensor)."""
+        """A networkx MultiDiGraph keyed by node id, with every node and edge attribute (key = tensor).
+
+        Unlike the JSON records, every node carries all of `op`, `kind`, `group` and the numeric fields, and
+        every edge `bytes` and `tensor`, even when empty or zero; extra keys are kept; graph-level `meta` goes
+        into `g.graph`.
+        """
         import networkx as nx
 
-        g = nx.MultiDiGraph(name=self.name)
+        g = nx.MultiDiGraph(name=self.name, **self.meta)
         for v in range(self.num_nodes):
-            rec = self.node_record(v)
-            g.add_node(rec.pop("id"), **rec)
+            attrs: dict[str, Any] = {k: getattr(self, k)[v] for k in NODE_TEXT}
+            attrs.update({k: dump_number(float(getattr(self, k)[v])) for k in NODE_NUMERIC})
+            attrs.update(self.node_extra[v] if self.node_extra else {})
+            g.add_node(self.ids[v], **attrs)
         for e in range(self.num_edges):
             rec = self.edge_record(e)
-            g.add_edge(rec.pop("src"), rec.pop("dst"), key=int(self.edge_tensor[e]), **rec)
+            rec["tensor"] = int(self.edge_tensor[e])
+            g.add_edge(rec.pop("src"), rec.pop("dst"), key=rec["tensor"], **rec)
         return g
 
     def __repr__(self) -> str:
@@ -267,31 +285,50 @@ def _csr(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def canonical_topo_order(graph: CompGraph) -> np.ndarray:
-    """Kahn's algorithm with a FIFO queue, sources in insertion order, successors in edge order.
+    """Kahn's algorithm with a FIFO queue, sources in insertion order, successors in edge order; parallel
+    edges count once, so a successor is released at the position of its first edge (DESIGN.md section 6).
 
     Returns fewer than V nodes when the graph has a cycle (the nodes on or after a cycle are missing).
     """
     n = graph.num_nodes
-    indeg = np.bincount(graph.edge_dst, minlength=n).astype(np.int64) if graph.num_edges else np.zeros(n, np.int64)
-    order = np.empty(n, dtype=np.int64)
-    head = tail = 0
-    for v in np.flatnonzero(indeg == 0).tolist():
-        order[tail] = v
-        tail += 1
     dst = graph.edge_dst.tolist()
     succ_edges = graph.succ_edges.tolist()
     ptr = graph.succ_ptr.tolist()
-    deg = indeg.tolist()
+    # distinct predecessors per node: an edge counts unless an earlier edge joined the same pair
+    first = _first_of_parallel(graph)
+    deg = [0] * n
+    for e in range(len(dst)):
+        if first[e]:
+            deg[dst[e]] += 1
+    order = np.empty(n, dtype=np.int64)
+    head = tail = 0
+    for v in range(n):
+        if deg[v] == 0:
+            order[tail] = v
+            tail += 1
     while head < tail:
         u = int(order[head])
         head += 1
         for k in range(ptr[u], ptr[u + 1]):
-            w = dst[succ_edges[k]]
+            e = succ_edges[k]
+            if not first[e]:
+                continue
+            w = dst[e]
             deg[w] -= 1
             if deg[w] == 0:
                 order[tail] = w
                 tail += 1
     return order[:tail]
+
+
+def _first_of_parallel(graph: CompGraph) -> list[bool]:
+    """first[e] is False when an earlier edge has the same (src, dst): parallel edges count once."""
+    seen: set[tuple[int, int]] = set()
+    first = []
+    for pair in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), strict=True):
+        first.append(pair not in seen)
+        seen.add(pair)
+    return first
 
 
 def find_cycle(graph: CompGraph, partial_topo: Iterable[int]) -> list[str]:

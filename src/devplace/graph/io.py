@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from devplace.errors import GraphError
-from devplace.graph.compgraph import FORMAT, CompGraph
+from devplace.graph.compgraph import DOC_KEYS, FORMAT, CompGraph
 from devplace.graph.jsonio import read_json, write_json
 
 
@@ -13,12 +13,14 @@ def load_graph(path: str | Path) -> CompGraph:
     """Read and validate a `devplace.graph/1` file; errors name the file and what is wrong."""
     doc = read_json(path, FORMAT)
     nodes, edges = doc.get("nodes"), doc.get("edges", [])
-    if not isinstance(nodes, list) or not isinstance(edges, list):
-        raise GraphError(f"{path}: \"nodes\" and \"edges\" must be JSON lists")
+    for key, val in (("nodes", nodes), ("edges", edges)):
+        if not isinstance(val, list):
+            got = "missing" if val is None and key not in doc else f"got {val!r}"[:80]
+            raise GraphError(f"{path}: \"{key}\" must be a JSON list of objects ({got})")
     name = doc.get("name", Path(path).stem)
     if not isinstance(name, str):
         raise GraphError(f"{path}: \"name\" must be a string, got {name!r}")
-    meta = {k: v for k, v in doc.items() if k not in ("format", "name", "nodes", "edges")}
+    meta = {k: v for k, v in doc.items() if k not in DOC_KEYS}
     try:
         return CompGraph.build(name, nodes, edges, meta=meta)
     except GraphError as exc:

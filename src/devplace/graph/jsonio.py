@@ -24,10 +24,29 @@ def read_json(path: str | Path, expected_format: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise FormatError(f"{path}: cannot read: {exc}") from None
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise FormatError(f"{path}:{exc.lineno}:{exc.colno}: malformed JSON: {exc.msg}") from None
+    except _DuplicateKey as exc:
+        raise FormatError(f"{path}: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # an integer of more than 4300 digits; nesting too deep
+        raise FormatError(f"{path}: malformed JSON: {str(exc) or type(exc).__name__}") from None
     check_format(doc, expected_format, str(path))
+    return doc
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict, refusing a key given twice (json would silently keep the last value)."""
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        where = f" (in the object with \"id\": {doc['id']!r})" if isinstance(doc.get("id"), str) else ""
+        raise _DuplicateKey(f"key {dup!r} appears twice in one JSON object{where}; give each key once")
     return doc
 
 

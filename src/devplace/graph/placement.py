@@ -26,9 +26,17 @@ class Placement:
     @classmethod
     def from_array(cls, graph: CompGraph, devices: np.ndarray | list[int], cluster: str = "") -> Placement:
         """Placement of `graph` from a device index per node (node index order)."""
-        devs = np.asarray(devices, dtype=np.int64)
-        if devs.shape != (graph.num_nodes,):
-            raise PlacementError(f"expected {graph.num_nodes} device indices, got shape {devs.shape}")
+        arr = np.asarray(devices)
+        if arr.shape != (graph.num_nodes,):
+            raise PlacementError(f"expected {graph.num_nodes} device indices, got shape {arr.shape}")
+        if arr.size and arr.dtype.kind not in "iu":  # no silent float truncation or bool -> int
+            vals = arr.tolist()
+            bad = next((x for x in vals if isinstance(x, bool) or not isinstance(x, int)), None)
+            if bad is not None:
+                raise PlacementError(f"device indices must be integers, got {bad!r} (dtype {arr.dtype})")
+            if any(not -(2**63) <= x < 2**63 for x in vals):
+                raise PlacementError(f"device index out of range in {vals!r}"[:200])
+        devs = arr.astype(np.int64)
         return cls(dict(zip(graph.ids, devs.tolist(), strict=True)), graph=graph.name, cluster=cluster)
 
     def to_array(self, graph: CompGraph, num_devices: int) -> np.ndarray:

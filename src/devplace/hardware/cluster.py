@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from devplace.errors import ClusterError
 from devplace.graph.jsonio import check_format, dump_number, read_json, write_json
 
 FORMAT = "devplace.cluster/1"
+DEVICE_KEYS = ("name", "memory_bytes", "speed", "peak_flops", "mem_bandwidth_Bps", "kind")
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,14 @@ class Cluster:
         n = len(self.devices)
         if n == 0:
             raise ClusterError(f"cluster {self.name!r} has no devices; list at least one under \"devices\"")
+        for a, b in self.links:  # from_dict checks these too; this guards clusters built in Python
+            for end in (a, b):
+                if isinstance(end, bool) or not isinstance(end, int | np.integer) or not 0 <= end < n:
+                    raise ClusterError(f"cluster {self.name!r}: link {a!r} -> {b!r} names no device; device "
+                                       f"indices are 0..{n - 1}")
+            if a == b:
+                raise ClusterError(f"cluster {self.name!r}: link {a} -> {b} joins a device to itself; links "
+                                   "join two different devices")
         bw = np.full((n, n), self.link.bandwidth_Bps, dtype=np.float64)
         lat = np.full((n, n), self.link.latency_s, dtype=np.float64)
         for (a, b), lk in self.links.items():
@@ -117,6 +127,7 @@ class Cluster:
             at = f"{where}: device #{i}"
             if not isinstance(rec, Mapping):
                 raise ClusterError(f"{at} must be an object")
+            _known_keys(rec, DEVICE_KEYS, at)
             if "memory_bytes" not in rec:
                 raise ClusterError(f"{at} needs \"memory_bytes\"")
             kind = rec.get("kind", "")
@@ -151,22 +162,36 @@ class Cluster:
                 raise ClusterError(f"{at}: src and dst are both {a}; links join two different devices")
             if (a, b) in links:
                 raise ClusterError(f"{at}: second entry for link {a} -> {b}; give each directed pair once")
-            links[(a, b)] = _parse_link(rec, at)
+            links[(a, b)] = _parse_link(rec, at, ("src", "dst", "bandwidth_Bps", "latency_s"))
         meta = {k: v for k, v in doc.items() if k not in ("format", "name", "devices", "link", "links")}
         return cls(name=name, devices=tuple(devices), link=link, links=links, meta=meta)
 
 
 def _positive(value: Any, where: str, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    try:
+        finite = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        finite = False
+    if not finite:
         raise ClusterError(f"{where} must be a finite number, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
         raise ClusterError(f"{where} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
     return float(value)
 
 
-def _parse_link(rec: Any, where: str) -> Link:
+def _known_keys(rec: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
+    """Refuse unknown keys: a typo such as "sped" would otherwise silently leave a default in place."""
+    for key in rec:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ClusterError(f"{where}: unknown key {key!r}; {hint}known keys: {', '.join(known)}")
+
+
+def _parse_link(rec: Any, where: str, known: tuple[str, ...] = ("bandwidth_Bps", "latency_s")) -> Link:
     if not isinstance(rec, Mapping) or "bandwidth_Bps" not in rec:
         raise ClusterError(f"{where} needs \"bandwidth_Bps\" (and optionally \"latency_s\")")
+    _known_keys(rec, known, where)
     return Link(bandwidth_Bps=_positive(rec["bandwidth_Bps"], f"{where}: \"bandwidth_Bps\""),
                 latency_s=_positive(rec.get("latency_s", 0.0), f"{where}: \"latency_s\"", allow_zero=True))
 

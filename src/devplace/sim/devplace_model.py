@@ -72,7 +72,7 @@ def _heap_pop(kt: np.ndarray, kr: np.ndarray, base: int, size: int) -> int:
 
 
 @njit(cache=True)
-def _schedule(dev, dur, rank, num_devices, succ_ptr, tsorted_edges, edge_dst, edge_tensor, edge_bytes,
+def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge_dst, edge_tensor, edge_bytes,
               indeg, bandwidth, latency):  # pragma: no cover - compiled
     n = dev.shape[0]
     n_e = edge_dst.shape[0]
@@ -94,7 +94,8 @@ def _schedule(dev, dur, rank, num_devices, succ_ptr, tsorted_edges, edge_dst, ed
     # per-device ready heaps keyed by (ready time, rank)
     count = np.zeros(num_devices, dtype=np.int64)
     for v in range(n):
-        count[dev[v]] += 1
+        if active[v]:
+            count[dev[v]] += 1
     hbase = np.zeros(num_devices, dtype=np.int64)
     for d in range(1, num_devices):
         hbase[d] = hbase[d - 1] + count[d - 1]
@@ -115,7 +116,7 @@ def _schedule(dev, dur, rank, num_devices, succ_ptr, tsorted_edges, edge_dst, ed
     mark = np.full(num_devices, False)
 
     for v in range(n):
-        if deps[v] == 0:
+        if active[v] and deps[v] == 0:
             d = dev[v]
             hsize[d] = _heap_push(rkt, rkr, hbase[d], hsize[d], 0.0, rank[v])
 
@@ -134,7 +135,7 @@ def _schedule(dev, dur, rank, num_devices, succ_ptr, tsorted_edges, edge_dst, ed
                     n_fin += 1
                     for k in range(succ_ptr[u], succ_ptr[u + 1]):
                         w = edge_dst[tsorted_edges[k]]
-                        if dev[w] == a:
+                        if dev[w] == a and active[w]:
                             deps[w] -= 1
                             if deps[w] == 0:
                                 hsize[a] = _heap_push(rkt, rkr, hbase[a], hsize[a], t, rank[w])
@@ -143,7 +144,7 @@ def _schedule(dev, dur, rank, num_devices, succ_ptr, tsorted_edges, edge_dst, ed
                     b = t_dst[x]
                     for k in range(t_lo[x], t_hi[x]):
                         w = edge_dst[tsorted_edges[k]]
-                        if dev[w] == b:
+                        if dev[w] == b and active[w]:
                             deps[w] -= 1
                             if deps[w] == 0:
                                 hsize[b] = _heap_push(rkt, rkr, hbase[b], hsize[b], t, rank[w])
@@ -179,7 +180,7 @@ def _schedule(dev, dur, rank, num_devices, succ_ptr, tsorted_edges, edge_dst, ed
                     lo = k
                     while k < succ_ptr[u + 1] and edge_tensor[tsorted_edges[k]] == tensor:
                         w = edge_dst[tsorted_edges[k]]
-                        if dev[w] != a:
+                        if dev[w] != a and active[w]:
                             mark[dev[w]] = True
                         k += 1
                     nbytes = edge_bytes[tsorted_edges[lo]]
@@ -198,7 +199,8 @@ def _schedule(dev, dur, rank, num_devices, succ_ptr, tsorted_edges, edge_dst, ed
                             t_start[n_t] = s
                             t_finish[n_t] = f
                             for j in range(lo, k):
-                                if dev[edge_dst[tsorted_edges[j]]] == b:
+                                w = edge_dst[tsorted_edges[j]]
+                                if dev[w] == b and active[w]:
                                     edge_transfer[tsorted_edges[j]] = n_t
                             esize = _heap_push(ekt, ekr, 0, esize, f, n + n_t)
                             n_t += 1
@@ -221,7 +223,7 @@ def _interval(times, delta, where, c, alloc, free, nbytes, device):  # pragma: n
 
 
 @njit(cache=True)
-def _peak_memory(dev, start, finish, num_devices, output_bytes, temp_bytes, param_bytes, edge_src, edge_dst,
+def _peak_memory(dev, active, start, finish, num_devices, output_bytes, temp_bytes, param_bytes, edge_src, edge_dst,
                  edge_transfer, t_node, t_dst, t_bytes, t_start, t_finish):  # pragma: no cover - compiled
     n = dev.shape[0]
     n_t = t_node.shape[0]
@@ -231,6 +233,8 @@ def _peak_memory(dev, start, finish, num_devices, output_bytes, temp_bytes, para
     recv_free = t_start.copy()
     for e in range(edge_src.shape[0]):
         v = edge_dst[e]
+        if not (active[v] and active[edge_src[e]]):
+            continue
         x = edge_transfer[e]
         if x < 0:
             u = edge_src[e]
@@ -247,6 +251,8 @@ def _peak_memory(dev, start, finish, num_devices, output_bytes, temp_bytes, para
     where = np.empty(2 * m, dtype=np.int64)
     c = 0
     for v in range(n):
+        if not active[v]:
+            continue
         if output_bytes[v] > 0 and out_free[v] > start[v]:
             c = _interval(times, delta, where, c, start[v], out_free[v], output_bytes[v], dev[v])
         if temp_bytes[v] > 0 and finish[v] > start[v]:
@@ -256,7 +262,8 @@ def _peak_memory(dev, start, finish, num_devices, output_bytes, temp_bytes, para
             c = _interval(times, delta, where, c, t_start[x], recv_free[x], t_bytes[x], t_dst[x])
     persistent = np.zeros(num_devices, dtype=np.float64)
     for v in range(n):
-        persistent[dev[v]] += param_bytes[v]
+        if active[v]:
+            persistent[dev[v]] += param_bytes[v]
     # sweep in time order; all changes at one time are applied (frees and allocations alike) before the
     # peak is read, which is the same as applying frees before allocations
     live = np.zeros(num_devices, dtype=np.float64)
@@ -293,22 +300,33 @@ class DevplaceModel:
         # out-edges grouped by producer (same slices as succ_ptr), then by tensor, then edge order
         self.tsorted_edges = np.lexsort((np.arange(graph.num_edges), tensor, src)).astype(np.int64)
         self.indeg = np.bincount(graph.edge_dst, minlength=graph.num_nodes).astype(np.int64)
+        self.all_active = np.ones(graph.num_nodes, dtype=np.bool_)
         self.speeds = cluster.speeds
         self.memory = cluster.memory
         self.bandwidth = np.ascontiguousarray(cluster.bandwidth)
         self.latency = np.ascontiguousarray(cluster.latency)
 
-    def run(self, devices: np.ndarray) -> SimResult:
-        """Simulate one step with `devices[v]` the device index of node v (already validated)."""
+    def run(self, devices: np.ndarray, active: np.ndarray | None = None) -> SimResult:
+        """Simulate one step with `devices[v]` the device index of node v (already validated).
+
+        With `active` (bool per node), only the subgraph induced by the active nodes is simulated: inactive
+        nodes and every edge touching one are ignored (a sequential placer's partial placement).
+        """
         g = self.graph
         dev = np.ascontiguousarray(devices, dtype=np.int64)
-        dur = g.compute_s / self.speeds[dev]
+        if active is None:
+            active, indeg = self.all_active, self.indeg
+        else:
+            active = np.ascontiguousarray(active, dtype=np.bool_)
+            live = active[g.edge_src] & active[g.edge_dst]
+            indeg = np.bincount(g.edge_dst[live], minlength=g.num_nodes).astype(np.int64)
+        dur = np.where(active, g.compute_s / self.speeds[dev], 0.0)
         nd = self.cluster.num_devices
         start, finish, t_node, t_tensor, t_dst, t_bytes, t_start, t_finish, edge_transfer = _schedule(
-            dev, dur, g.topo_rank, nd, g.succ_ptr, self.tsorted_edges, g.edge_dst, g.edge_tensor,
-            g.edge_bytes, self.indeg, self.bandwidth, self.latency)
-        peak = _peak_memory(dev, start, finish, nd, g.output_bytes, g.temp_bytes, g.param_bytes, g.edge_src,
-                            g.edge_dst, edge_transfer, t_node, t_dst, t_bytes, t_start, t_finish)
+            dev, dur, active, g.topo_rank, nd, g.succ_ptr, self.tsorted_edges, g.edge_dst, g.edge_tensor,
+            g.edge_bytes, indeg, self.bandwidth, self.latency)
+        peak = _peak_memory(dev, active, start, finish, nd, g.output_bytes, g.temp_bytes, g.param_bytes,
+                            g.edge_src, g.edge_dst, edge_transfer, t_node, t_dst, t_bytes, t_start, t_finish)
         transfers = Transfers(node=t_node, tensor=t_tensor, src_dev=dev[t_node], dst_dev=t_dst, nbytes=t_bytes,
                               start_s=t_start, finish_s=t_finish)
         return SimResult(

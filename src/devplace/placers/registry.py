@@ -1,0 +1,123 @@
+"""The placer registry and `place()`, the one interface every placer shares.
+
+A placer is a function `(graph, cluster, *, order, seed, **settings) -> np.ndarray` (a device index per
+node) registered with `@register(name, uses_order=...)`; `order` is the traversal as node indices. A new
+placer is one module in `devplace/placers/`: it is found and imported by `placer_names()`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from devplace.errors import DevplaceError
+from devplace.graph.compgraph import CompGraph
+from devplace.graph.placement import Placement
+from devplace.hardware.cluster import Cluster
+from devplace.orders import check_order_name, traversal_indices
+from devplace.placers.memory import no_fit_error
+from devplace.sim.devplace_model import DevplaceModel
+
+PlacerFn = Callable[..., np.ndarray]
+
+
+class PlacerError(DevplaceError):
+    """An unknown placer or an unknown or invalid setting."""
+
+
+@dataclass(frozen=True)
+class PlacerSpec:
+    """A registered placer: its function, whether it walks the graph in `order`, and its settings."""
+
+    name: str
+    func: PlacerFn
+    uses_order: bool
+
+    @property
+    def summary(self) -> str:
+        return (inspect.getdoc(self.func) or "").split("\n\n")[0].replace("\n", " ")
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """Keyword settings beyond order and seed, with their defaults."""
+        params = inspect.signature(self.func).parameters.values()
+        return {p.name: p.default for p in params
+                if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("order", "seed")}
+
+
+_REGISTRY: dict[str, PlacerSpec] = {}
+_LOADED = False
+
+
+def register(name: str, *, uses_order: bool) -> Callable[[PlacerFn], PlacerFn]:
+    """Class the decorated function as placer `name`."""
+    def deco(func: PlacerFn) -> PlacerFn:
+        if name in _REGISTRY and _REGISTRY[name].func is not func:
+            raise RuntimeError(f"placer {name!r} registered twice")
+        _REGISTRY[name] = PlacerSpec(name, func, uses_order)
+        return func
+    return deco
+
+
+def _load_all() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    import devplace.placers as pkg
+
+    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
+        if mod not in ("registry", "memory", "common"):
+            importlib.import_module(f"devplace.placers.{mod}")
+    _LOADED = True
+
+
+def placer_names() -> list[str]:
+    """Names of all registered placers, sorted."""
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def get_placer(name: str) -> PlacerSpec:
+    """The registered placer `name`, or a PlacerError listing the valid names."""
+    _load_all()
+    if name not in _REGISTRY:
+        raise PlacerError(f"unknown placer {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: str = "topo", seed: int = 0,
+          **settings: Any) -> Placement:
+    """Place every node of `graph` on a device of `cluster` with `placer`, walking the graph in `order`.
+
+    Settings are the placer's keyword arguments (see `devplace placers`). The result is always
+    memory-feasible under the `devplace` simulation model; when the placer finds nothing that fits, a
+    NoFitError says how much memory the step needs and what would hold it.
+    """
+    spec = get_placer(placer)
+    check_order_name(order)
+    accepted = spec.settings
+    unknown = sorted(set(settings) - set(accepted))
+    if unknown:
+        listed = ", ".join(f"{k}={v!r}" for k, v in accepted.items()) or "none"
+        raise PlacerError(f"placer {placer!r} has no setting {', '.join(map(repr, unknown))}; its settings: {listed}")
+    if float(graph.param_bytes.sum()) > float(cluster.memory.sum()):
+        raise no_fit_error(graph, cluster, placer, "the parameters alone exceed the cluster's memory")
+    visit = traversal_indices(graph, order, seed, cluster=cluster)
+    devices = np.asarray(spec.func(graph, cluster, order=visit, seed=seed, **settings), dtype=np.int64)
+    if devices.shape != (graph.num_nodes,) or (graph.num_nodes and not
+                                               (devices.min() >= 0 and devices.max() < cluster.num_devices)):
+        raise RuntimeError(f"placer {placer!r} returned an invalid device array")  # a bug, not a user error
+    result = DevplaceModel(graph, cluster).run(devices)
+    if not result.feasible:
+        over = ", ".join(f"device {d} by {b:.3g} bytes" for d, b in result.oom.items())
+        raise no_fit_error(graph, cluster, placer, f"its best placement is over memory on {over}")
+    placement = Placement.from_array(graph, devices, cluster=cluster.name)
+    meta = {"placer": placer, "order": order if spec.uses_order else None, "seed": seed,
+            "settings": dict(settings), "step_time_s": result.step_time_s}
+    return Placement(placement.assignment, graph=graph.name, cluster=cluster.name, meta=meta)

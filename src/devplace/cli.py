@@ -32,6 +32,18 @@ def _print_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=1) + "\n")
 
 
+def _write_timelines(graph: Any, cluster: Any, result: Any, bound_s: float, trace: Path | None,
+                     plot: Path | None) -> None:
+    if trace is None and plot is None:
+        return
+    from devplace.sim.timeline import plot_timeline, write_trace
+
+    if trace is not None:
+        write_trace(graph, cluster, result, trace)
+    if plot is not None:
+        plot_timeline(graph, cluster, result, plot, lower_bound_s=bound_s)
+
+
 def _simulate_and_report(graph_path: Path, cluster_name: str, placement_path: Path, model: str, as_json: bool,
                          trace: Path | None, plot: Path | None, per_op: bool) -> None:
     graph = load_graph(graph_path)
@@ -39,13 +51,7 @@ def _simulate_and_report(graph_path: Path, cluster_name: str, placement_path: Pa
     placement = load_placement(placement_path)
     result = simulate(graph, cluster, placement, model=model)
     bound = lower_bound(graph, cluster)
-    if trace is not None or plot is not None:
-        from devplace.sim.timeline import plot_timeline, write_trace
-
-        if trace is not None:
-            write_trace(graph, cluster, result, trace)
-        if plot is not None:
-            plot_timeline(graph, cluster, result, plot, lower_bound_s=bound.value_s)
+    _write_timelines(graph, cluster, result, bound.value_s, trace, plot)
     if as_json:
         doc = result.to_dict(graph.ids, per_op=per_op)
         doc.update(graph=graph.name, cluster=cluster.name, lower_bound_s=bound.value_s,
@@ -130,6 +136,146 @@ def clusters_cmd(as_json: JsonOpt = False) -> None:
                       "/".join(sorted({f"{d.speed:g}" for d in c.devices})),
                       f"{c.link.bandwidth_Bps / 1e9:g} GB/s, {c.link.latency_s * 1e6:g} µs",
                       str(len(c.links)))
+    console.print(table)
+
+
+def _parse_settings(pairs: list[str]) -> dict[str, Any]:
+    """`key=value` pairs; values are read as JSON when they parse (numbers, true/false, null), else text."""
+    settings: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise DevplaceError(f"--set expects key=value, got {pair!r} (e.g. --set steps=2000)")
+        try:
+            settings[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            settings[key] = raw
+    return settings
+
+
+@app.command("place")
+def place_cmd(
+    graph: GraphArg,
+    cluster: Annotated[str, typer.Option("--cluster", "-c", help="cluster preset name or cluster JSON file")],
+    placer: Annotated[str, typer.Option(help="placer name (see `devplace placers`)")] = "m-etf",
+    order: Annotated[str, typer.Option(help="traversal order for sequential placers (see `devplace orders`)")] = "topo",
+    seed: Annotated[int, typer.Option(help="seed for every random choice")] = 0,
+    setting: Annotated[list[str] | None, typer.Option("--set", help="placer setting key=value (repeatable)")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the placement JSON here")] = None,
+    as_json: JsonOpt = False,
+    trace: Annotated[Path | None, typer.Option(help="write a Chrome trace-event JSON (Perfetto)")] = None,
+    plot: Annotated[Path | None, typer.Option(help="write a Gantt chart PNG")] = None,
+) -> None:
+    """Place GRAPH on a cluster with a placer and print the predicted step time and memory per device."""
+    import time
+
+    from devplace.graph import save_placement
+    from devplace.placers import place
+    from devplace.sim import DevplaceModel
+
+    g = load_graph(graph)
+    c = load_cluster(cluster)
+    settings = _parse_settings(setting or [])
+    t0 = time.perf_counter()
+    with console.status(f"placing {g.name} with {placer}", disable=as_json):
+        placement = place(g, c, placer=placer, order=order, seed=seed, **settings)
+    elapsed = time.perf_counter() - t0
+    if output is not None:
+        save_placement(placement, output)
+    model = DevplaceModel(g, c)
+    result = simulate(g, c, placement)
+    bound = lower_bound(g, c)
+    single = single_device_baseline(model)
+    _write_timelines(g, c, result, bound.value_s, trace, plot)
+    speedup = single[1] / result.step_time_s if result.step_time_s > 0 else float("nan")
+    if as_json:
+        doc = result.to_dict()
+        doc.update(graph=g.name, cluster=c.name, placer=placer, order=placement.meta.get("order"), seed=seed,
+                   settings=settings, placement_time_s=elapsed, lower_bound_s=bound.value_s,
+                   step_over_lower_bound=result.step_time_s / bound.value_s if bound.value_s else None,
+                   best_single_device={"device": single[0], "step_time_s": single[1], "fits": single[2]},
+                   speedup_over_single_device=speedup, assignment=placement.assignment)
+        _print_json(doc)
+        return
+    console.print(result_view(g, c, result, bound))
+    fits = "" if single[2] else ", which does not fit in its memory"
+    console.print(f"placer {placer}" + (f", order {order}" if placement.meta.get("order") else " (no order)")
+                  + f", seed {seed}: placed in {elapsed:.2f} s; best single device ({c.devices[single[0]].name}"
+                  f"{fits}) {fmt_time(single[1])}, speed-up {speedup:.2f}x")
+    for what, path in (("placement", output), ("trace", trace), ("timeline", plot)):
+        if path is not None:
+            console.print(f"wrote {what} to {path}")
+
+
+def single_device_baseline(model: Any) -> tuple[int, float, bool]:
+    """(device, step time, fits) of the best single device: the fastest one whose memory holds the step,
+    or the fastest overall when none does."""
+    import numpy as np
+
+    runs = []
+    for d in range(model.cluster.num_devices):
+        r = model.run(np.full(model.graph.num_nodes, d, dtype=np.int64))
+        runs.append((not r.feasible, r.step_time_s, d))
+    infeasible, step, d = min(runs)
+    return d, step, not infeasible
+
+
+@app.command("placers")
+def placers_cmd(as_json: JsonOpt = False) -> None:
+    """List the placers, whether they walk the graph in the traversal order, and their settings."""
+    from devplace.placers import get_placer, placer_names
+
+    specs = [get_placer(n) for n in placer_names()]
+    if as_json:
+        _print_json({s.name: {"uses_order": s.uses_order, "summary": s.summary,
+                              "settings": {k: repr(v) for k, v in s.settings.items()}} for s in specs})
+        return
+    table = Table(header_style="bold", show_edge=False)
+    table.add_column("placer", no_wrap=True)
+    table.add_column("order")
+    table.add_column("settings")
+    table.add_column("what it does")
+    for s in specs:
+        table.add_row(s.name, "uses order" if s.uses_order else "ignores order",
+                      ", ".join(f"{k}={v!r}" for k, v in s.settings.items()), s.summary)
+    console.print(table)
+
+
+@app.command("order")
+def order_cmd(
+    graph: GraphArg,
+    order: Annotated[str, typer.Option("--order", help="traversal order name (see `devplace orders`)")] = "topo",
+    seed: Annotated[int, typer.Option(help="seed of the `random` order")] = 0,
+    cluster: Annotated[str | None, typer.Option(help="cluster for `critical-path` costs")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print the traversal ORDER of GRAPH, one node id per line."""
+    from devplace.orders import check_order_name, traversal_order
+
+    check_order_name(order)
+    g = load_graph(graph)
+    ids = traversal_order(g, order, seed, cluster=load_cluster(cluster) if cluster else None)
+    if as_json:
+        _print_json({"graph": g.name, "order": order, "seed": seed, "nodes": ids})
+    else:
+        sys.stdout.write("".join(f"{nid}\n" for nid in ids))
+
+
+@app.command("orders")
+def orders_cmd(as_json: JsonOpt = False) -> None:
+    """List the traversal orders and their definitions."""
+    from devplace.orders import ORDER_DEFINITIONS, TOPOLOGICAL_ORDERS
+
+    if as_json:
+        _print_json({name: {"definition": d, "topological": name in TOPOLOGICAL_ORDERS}
+                     for name, d in ORDER_DEFINITIONS.items()})
+        return
+    table = Table(header_style="bold", show_edge=False)
+    table.add_column("order", no_wrap=True)
+    table.add_column("topological")
+    table.add_column("definition")
+    for name, definition in ORDER_DEFINITIONS.items():
+        table.add_row(name, "yes" if name in TOPOLOGICAL_ORDERS else "", definition)
     console.print(table)
 
 

@@ -122,3 +122,20 @@ def test_user_errors_print_one_line_and_exit_2(args, message, files, capsys, mon
     assert len(lines) == 1, err
     assert lines[0].startswith("error: ") and message in lines[0]
     assert "Traceback" not in err
+
+
+def test_order_orders_and_features(files, capsys, monkeypatch):
+    code, out, _ = run(["order", files["graph"], "--order", "reversed-topo"], capsys, monkeypatch)
+    assert code == 0 and out.split() == ["c", "b", "a"]
+    code, out, _ = run(["order", files["graph"], "--order", "dfs-preorder", "--json"], capsys, monkeypatch)
+    assert json.loads(out)["nodes"] == ["a", "b", "c"]
+    code, out, err = run(["order", files["graph"], "--order", "sideways"], capsys, monkeypatch)
+    assert code == 2 and "valid orders: topo" in err
+    code, out, _ = run(["orders", "--json"], capsys, monkeypatch)
+    assert json.loads(out)["topo"]["topological"] is True
+    code, out, _ = run(["features", files["graph"], "--json"], capsys, monkeypatch)
+    feats = json.loads(out)
+    assert (feats["nodes"], feats["depth"], feats["width"], feats["comm_to_compute"]) == (3, 1, 2, None)
+    code, out, _ = run(["features", files["graph"], "--cluster", files["cluster"], "--json"], capsys, monkeypatch)
+    # two 10-byte edges at 10 B/s + 0.5 s latency each = 3 s of transfers over 3.5 s of compute
+    assert json.loads(out)["comm_to_compute"] == pytest.approx(3.0 / 3.5)

@@ -261,6 +261,31 @@ def order_cmd(
         sys.stdout.write("".join(f"{nid}\n" for nid in ids))
 
 
+@app.command("features")
+def features_cmd(
+    graph: GraphArg,
+    cluster: Annotated[str | None, typer.Option(help="cluster for the communication-to-computation ratio")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Graph features (docs/features.md): the inputs of the traversal-order recommendation."""
+    import math
+
+    from devplace.graph.features import FEATURE_DESCRIPTIONS
+    from devplace.hardware.features import graph_features
+
+    feats = graph_features(load_graph(graph), load_cluster(cluster) if cluster else None)
+    if as_json:  # JSON has no NaN: undefined features are null; counts are integers
+        _print_json({k: None if math.isnan(v) else int(v) if v == int(v) and abs(v) < 2**53 else v
+                     for k, v in feats.items()})
+        return
+    table = Table(header_style="bold", show_edge=False)
+    for col in ("feature", "value", "definition"):
+        table.add_column(col)
+    for key, value in feats.items():
+        table.add_row(key, f"{value:.6g}", FEATURE_DESCRIPTIONS[key])
+    console.print(table)
+
+
 @app.command("orders")
 def orders_cmd(as_json: JsonOpt = False) -> None:
     """List the traversal orders and their definitions."""

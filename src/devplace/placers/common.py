@@ -1,0 +1,31 @@
+"""Small helpers shared by several placers (functions only; each placer module stays readable on its own)."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from devplace.graph.compgraph import CompGraph
+from devplace.placers.registry import PlacerError
+from devplace.sim.result import SimResult
+from devplace.sim.summary import fmt_bytes
+
+
+def op_memory(graph: CompGraph) -> np.ndarray:
+    """Baechi's memory of one op: `param_bytes + output_bytes + temp_bytes` (float64[V])."""
+    return graph.param_bytes + graph.output_bytes + graph.temp_bytes
+
+
+def describe_oom(result: SimResult) -> str:
+    """The devices a simulated placement overfills, for an error message: "device 1 (peak 17.20 GB of
+    16.00 GB), ..."; empty when the placement is feasible."""
+    return ", ".join(f"device {d} (peak {fmt_bytes(float(result.peak_memory_bytes[d]))} of "
+                     f"{fmt_bytes(float(result.memory_bytes[d]))})" for d in result.oom)
+
+
+def positive_int(value: object, setting: str, placer: str) -> int:
+    """`value` as an int >= 1, or a PlacerError naming the placer's setting."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise PlacerError(f"placer {placer!r}: setting {setting!r} must be an integer >= 1, got {value!r}")
+    return int(value)

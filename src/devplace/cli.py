@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import nullcontext
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -165,6 +166,7 @@ def place_cmd(
     as_json: JsonOpt = False,
     trace: Annotated[Path | None, typer.Option(help="write a Chrome trace-event JSON (Perfetto)")] = None,
     plot: Annotated[Path | None, typer.Option(help="write a Gantt chart PNG")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no spinner while placing")] = False,
 ) -> None:
     """Place GRAPH on a cluster with a placer and print the predicted step time and memory per device."""
     import time
@@ -177,7 +179,8 @@ def place_cmd(
     c = load_cluster(cluster)
     settings = _parse_settings(setting or [])
     t0 = time.perf_counter()
-    with console.status(f"placing {g.name} with {placer}", disable=as_json):
+    busy = nullcontext() if quiet or as_json else console.status(f"placing {g.name} with {placer}")
+    with busy:
         placement = place(g, c, placer=placer, order=order, seed=seed, **settings)
     elapsed = time.perf_counter() - t0
     if output is not None:

@@ -56,11 +56,13 @@ def no_fit_error(graph: CompGraph, cluster: Cluster, placer: str, why: str = "")
            f"(parameters and optimizer state {fmt_bytes(needs.params_bytes)} + peak activations "
            f"{fmt_bytes(needs.activations_bytes)} on one device); the cluster has {fmt_bytes(have)} in "
            f"{cluster.num_devices} devices (largest {fmt_bytes(largest)}).")
-    fits = []
+    fits = []  # presets with more memory than this cluster that hold the step with 20% headroom
     for name, factory in PRESETS.items():
         c = factory()
-        if float(c.memory.sum()) >= 1.2 * needs.total_bytes and float(c.memory.max()) >= needs.largest_op_bytes:
-            fits.append((float(c.memory.sum()), c.num_devices, name))
+        total = float(c.memory.sum())
+        if (name != cluster.name and total > have and total >= 1.2 * needs.total_bytes
+                and float(c.memory.max()) >= needs.largest_op_bytes):
+            fits.append((total, c.num_devices, name))
     if needs.largest_op_bytes > largest:
         msg += f" One op alone holds {fmt_bytes(needs.largest_op_bytes)}, more than the largest device."
     else:

@@ -6,7 +6,8 @@ the smallest (ready time, rank) -- an op of zero duration finishes at t and its 
 when no device event is left at t, enqueue the transfers of every op that finished at t, ordered by
 (rank of the op, tensor, destination device), each on the FIFO channel of its (source, destination) pair.
 A transfer that takes zero time (zero latency and zero bytes) arrives at t and restarts the cascade.
-Memory is computed afterwards from the schedule as half-open intervals (rule 7).
+Memory is computed afterwards from the schedule as half-open intervals (rule 7), with each instant the loop
+visited numbered in time order so that the intervals are ordered by a counting sort, not a comparison sort.
 """
 
 from __future__ import annotations
@@ -90,6 +91,14 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
     t_finish = np.empty(n_e, dtype=np.float64)
     edge_transfer = np.full(n_e, -1, dtype=np.int64)
     n_t = 0
+    # every instant the loop visits gets an index in time order; memory intervals are bucketed by these
+    # indices afterwards, which orders them without a sort
+    start_i = np.zeros(n, dtype=np.int64)
+    finish_i = np.zeros(n, dtype=np.int64)
+    t_start_i = np.empty(n_e, dtype=np.int64)  # -1 - x: starts when transfer x (same channel) arrives
+    t_finish_i = np.empty(n_e, dtype=np.int64)
+    chan_last = np.full((num_devices, num_devices), -1, dtype=np.int64)
+    ti = 0
 
     # per-device ready heaps keyed by (ready time, rank)
     count = np.zeros(num_devices, dtype=np.int64)
@@ -131,6 +140,7 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
                     u = eid
                     a = dev[u]
                     busy[a] = False
+                    finish_i[u] = ti
                     finished_now[n_fin] = rank[u]
                     n_fin += 1
                     for k in range(succ_ptr[u], succ_ptr[u + 1]):
@@ -141,6 +151,7 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
                                 hsize[a] = _heap_push(rkt, rkr, hbase[a], hsize[a], t, rank[w])
                 else:
                     x = eid - n
+                    t_finish_i[x] = ti
                     b = t_dst[x]
                     for k in range(t_lo[x], t_hi[x]):
                         w = edge_dst[tsorted_edges[k]]
@@ -154,6 +165,7 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
                     hsize[d] = _heap_pop(rkt, rkr, hbase[d], hsize[d])
                     busy[d] = True
                     start[v] = t
+                    start_i[v] = ti
                     finish[v] = t + dur[v]
                     esize = _heap_push(ekt, ekr, 0, esize, finish[v], v)
             if esize > 0 and ekt[0] == t:
@@ -187,9 +199,15 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
                     for b in range(num_devices):
                         if mark[b]:
                             mark[b] = False
-                            s = max(t, chan_free[a, b])
+                            if chan_free[a, b] > t:
+                                s = chan_free[a, b]
+                                t_start_i[n_t] = -1 - chan_last[a, b]
+                            else:
+                                s = t
+                                t_start_i[n_t] = ti
                             f = s + latency[a, b] + nbytes / bandwidth[a, b]
                             chan_free[a, b] = f
+                            chan_last[a, b] = n_t
                             t_node[n_t] = u
                             t_tensor[n_t] = tensor
                             t_dst[n_t] = b
@@ -210,27 +228,26 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
         if esize == 0:
             break
         t = ekt[0]
+        ti += 1
 
-    return (start, finish, t_node[:n_t], t_tensor[:n_t], t_dst[:n_t], t_bytes[:n_t], t_start[:n_t],
-            t_finish[:n_t], edge_transfer)
-
-
-@njit(cache=True, inline="always")
-def _interval(times, delta, where, c, alloc, free, nbytes, device):  # pragma: no cover - compiled
-    times[c], delta[c], where[c] = alloc, nbytes, device
-    times[c + 1], delta[c + 1], where[c + 1] = free, -nbytes, device
-    return c + 2
+    for x in range(n_t):  # transfers that waited on their channel start when the one before arrives
+        if t_start_i[x] < 0:
+            t_start_i[x] = t_finish_i[-1 - t_start_i[x]]
+    return (start, finish, start_i, finish_i, ti + 1, t_node[:n_t], t_tensor[:n_t], t_dst[:n_t], t_bytes[:n_t],
+            t_start[:n_t], t_finish[:n_t], t_start_i[:n_t], t_finish_i[:n_t], edge_transfer)
 
 
 @njit(cache=True)
-def _peak_memory(dev, active, start, finish, num_devices, output_bytes, temp_bytes, param_bytes, edge_src, edge_dst,
-                 edge_transfer, t_node, t_dst, t_bytes, t_start, t_finish):  # pragma: no cover - compiled
+def _peak_memory(dev, active, start_i, finish_i, n_times, num_devices, output_bytes, temp_bytes, param_bytes,
+                 edge_src, edge_dst, edge_transfer, t_node, t_dst, t_bytes, t_start_i,
+                 t_finish_i):  # pragma: no cover - compiled
+    """Peak memory per device (rule 7), from the schedule in time indices (same order as times)."""
     n = dev.shape[0]
     n_t = t_node.shape[0]
-    # free times (rule 7): an output when its local consumers are done and its transfers have arrived,
-    # a received tensor when its consumers on the receiving device are done
-    out_free = finish.copy()
-    recv_free = t_start.copy()
+    # free instants: an output when its local consumers are done and its transfers have arrived, a received
+    # tensor when its consumers on the receiving device are done
+    out_free = finish_i.copy()
+    recv_free = t_start_i.copy()
     for e in range(edge_src.shape[0]):
         v = edge_dst[e]
         if not (active[v] and active[edge_src[e]]):
@@ -238,50 +255,61 @@ def _peak_memory(dev, active, start, finish, num_devices, output_bytes, temp_byt
         x = edge_transfer[e]
         if x < 0:
             u = edge_src[e]
-            out_free[u] = max(out_free[u], finish[v])
+            out_free[u] = max(out_free[u], finish_i[v])
         else:
-            recv_free[x] = max(recv_free[x], finish[v])
+            recv_free[x] = max(recv_free[x], finish_i[v])
     for x in range(n_t):
         u = t_node[x]
-        out_free[u] = max(out_free[u], t_finish[x])
-    # every nonempty interval [alloc, free) as two events (zero-length intervals hold nothing)
-    m = 2 * n + n_t
-    times = np.empty(2 * m, dtype=np.float64)
-    delta = np.empty(2 * m, dtype=np.float64)
-    where = np.empty(2 * m, dtype=np.int64)
+        out_free[u] = max(out_free[u], t_finish_i[x])
+    # every nonempty interval [alloc, free) as two changes, bucketed by instant (a counting sort);
+    # a zero-length interval (alloc == free) holds nothing and is skipped
+    m = 2 * (2 * n + n_t)
+    when = np.empty(m, dtype=np.int64)
+    delta = np.empty(m, dtype=np.float64)
+    where = np.empty(m, dtype=np.int64)
     c = 0
     for v in range(n):
         if not active[v]:
             continue
-        if output_bytes[v] > 0 and out_free[v] > start[v]:
-            c = _interval(times, delta, where, c, start[v], out_free[v], output_bytes[v], dev[v])
-        if temp_bytes[v] > 0 and finish[v] > start[v]:
-            c = _interval(times, delta, where, c, start[v], finish[v], temp_bytes[v], dev[v])
+        if output_bytes[v] > 0 and out_free[v] > start_i[v]:
+            c = _interval(when, delta, where, c, start_i[v], out_free[v], output_bytes[v], dev[v])
+        if temp_bytes[v] > 0 and finish_i[v] > start_i[v]:
+            c = _interval(when, delta, where, c, start_i[v], finish_i[v], temp_bytes[v], dev[v])
     for x in range(n_t):
-        if t_bytes[x] > 0 and recv_free[x] > t_start[x]:
-            c = _interval(times, delta, where, c, t_start[x], recv_free[x], t_bytes[x], t_dst[x])
+        if t_bytes[x] > 0 and recv_free[x] > t_start_i[x]:
+            c = _interval(when, delta, where, c, t_start_i[x], recv_free[x], t_bytes[x], t_dst[x])
+    bucket = np.zeros(n_times + 1, dtype=np.int64)
+    for i in range(c):
+        bucket[when[i] + 1] += 1
+    for i in range(n_times):
+        bucket[i + 1] += bucket[i]
+    fill = bucket[:n_times].copy()
+    order = np.empty(c, dtype=np.int64)
+    for i in range(c):
+        order[fill[when[i]]] = i
+        fill[when[i]] += 1
     persistent = np.zeros(num_devices, dtype=np.float64)
     for v in range(n):
         if active[v]:
             persistent[dev[v]] += param_bytes[v]
-    # sweep in time order; all changes at one time are applied (frees and allocations alike) before the
-    # peak is read, which is the same as applying frees before allocations
+    # all changes at one instant are applied before the peak is read: the same as frees before allocations
     live = np.zeros(num_devices, dtype=np.float64)
     peak_live = np.zeros(num_devices, dtype=np.float64)
-    order = np.argsort(times[:c])
-    i = 0
-    while i < c:
-        j = i
-        t = times[order[i]]
-        while j < c and times[order[j]] == t:
-            live[where[order[j]]] += delta[order[j]]
-            j += 1
-        for k in range(i, j):
+    for b in range(n_times):
+        for k in range(bucket[b], bucket[b + 1]):
+            live[where[order[k]]] += delta[order[k]]
+        for k in range(bucket[b], bucket[b + 1]):
             d = where[order[k]]
             if live[d] > peak_live[d]:
                 peak_live[d] = live[d]
-        i = j
     return persistent + peak_live
+
+
+@njit(cache=True, inline="always")
+def _interval(when, delta, where, c, alloc, free, nbytes, device):  # pragma: no cover - compiled
+    when[c], delta[c], where[c] = alloc, nbytes, device
+    when[c + 1], delta[c + 1], where[c + 1] = free, -nbytes, device
+    return c + 2
 
 
 # --------------------------------------------------------------------------- Python entry points
@@ -322,11 +350,13 @@ class DevplaceModel:
             indeg = np.bincount(g.edge_dst[live], minlength=g.num_nodes).astype(np.int64)
         dur = np.where(active, g.compute_s / self.speeds[dev], 0.0)
         nd = self.cluster.num_devices
-        start, finish, t_node, t_tensor, t_dst, t_bytes, t_start, t_finish, edge_transfer = _schedule(
-            dev, dur, active, g.topo_rank, nd, g.succ_ptr, self.tsorted_edges, g.edge_dst, g.edge_tensor,
-            g.edge_bytes, indeg, self.bandwidth, self.latency)
-        peak = _peak_memory(dev, active, start, finish, nd, g.output_bytes, g.temp_bytes, g.param_bytes,
-                            g.edge_src, g.edge_dst, edge_transfer, t_node, t_dst, t_bytes, t_start, t_finish)
+        (start, finish, start_i, finish_i, n_times, t_node, t_tensor, t_dst, t_bytes, t_start, t_finish, t_start_i,
+         t_finish_i, edge_transfer) = _schedule(dev, dur, active, g.topo_rank, nd, g.succ_ptr, self.tsorted_edges,
+                                                g.edge_dst, g.edge_tensor, g.edge_bytes, indeg, self.bandwidth,
+                                                self.latency)
+        peak = _peak_memory(dev, active, start_i, finish_i, n_times, nd, g.output_bytes, g.temp_bytes,
+                            g.param_bytes, g.edge_src, g.edge_dst, edge_transfer, t_node, t_dst, t_bytes, t_start_i,
+                            t_finish_i)
         transfers = Transfers(node=t_node, tensor=t_tensor, src_dev=dev[t_node], dst_dev=t_dst, nbytes=t_bytes,
                               start_s=t_start, finish_s=t_finish)
         return SimResult(

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import numbers
+import os
+import sys
+from typing import Any
 
 import numpy as np
 
@@ -29,3 +32,26 @@ def positive_int(value: object, setting: str, placer: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise PlacerError(f"placer {placer!r}: setting {setting!r} must be an integer >= 1, got {value!r}")
     return int(value)
+
+
+def silent_highs() -> Any:
+    """A HiGHS instance that prints nothing and uses one thread.
+
+    The first instance in a process writes a banner to stdout from C++; it goes to /dev/null so that
+    `--json` output stays clean. HiGHS has one global thread pool, sized by the first run in the process,
+    and a later run asking for another size fails: so every devplace user of HiGHS asks for one thread.
+    """
+    import highspy
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            h = highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    return h

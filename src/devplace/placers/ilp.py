@@ -55,7 +55,6 @@ Does not use the traversal order.
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 
@@ -63,6 +62,7 @@ import numpy as np
 
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
+from devplace.placers.common import silent_highs
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import PlacerError, register
 from devplace.sim.devplace_model import DevplaceModel
@@ -90,29 +90,6 @@ class IlpResult:
 
     # When `optimal`, objective_s (= bound_s within 1e-6) is a lower bound on the simulated step time of
     # every placement that fits: the simulator's schedule of any placement is a solution of the program.
-
-
-def _new_highs():  # type: ignore[no-untyped-def]
-    """A silent HiGHS instance. The first one in a process prints a banner on stdout from C++; it is
-    sent to /dev/null so that `--json` output stays clean."""
-    import sys
-
-    import highspy
-
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            h = highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-    h.setOptionValue("output_flag", False)
-    # HiGHS has one global thread pool, sized by the first run in the process; a later run asking for
-    # another size fails. Every devplace user of HiGHS asks for one thread (m-sct does too).
-    h.setOptionValue("threads", 1)
-    return h
 
 
 class _Rows:
@@ -235,7 +212,7 @@ def solve_ilp(graph: CompGraph, cluster: Cluster, *, seed: int = 0, time_limit_s
     def x(v: int, d: int) -> int:
         return v * nd + d
 
-    h = _new_highs()
+    h = silent_highs()
     h.setOptionValue("random_seed", int(seed) % (2**31 - 1))
     h.setOptionValue("mip_rel_gap", MIP_REL_GAP)
     h.setOptionValue("mip_abs_gap", 1e-9)

@@ -72,7 +72,7 @@ def _load_all() -> None:
     import devplace.placers as pkg
 
     for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
-        if mod not in ("registry", "memory", "common"):
+        if mod not in ("registry", "memory", "common", "list_scheduling"):
             importlib.import_module(f"devplace.placers.{mod}")
     _LOADED = True
 

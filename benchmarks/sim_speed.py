@@ -15,11 +15,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from reference_sim import reference_simulate  # noqa: E402
-
-from devplace.hardware.cluster import load_cluster  # noqa: E402
-from devplace.sim import DevplaceModel, simulate  # noqa: E402
-from devplace.zoo import layered_graph  # noqa: E402
+from devplace.hardware.cluster import load_cluster
+from devplace.sim import DevplaceModel, simulate
+from devplace.zoo import layered_graph
+from reference_sim import reference_simulate
 
 
 def median_time(fn, repeats: int) -> float:
@@ -54,8 +53,8 @@ def main() -> None:
             placement = {g.ids[v]: int(devs[v]) for v in range(n)}
             ref = reference_simulate(nodes, edges, cluster.speeds.tolist(), links, placement)
             assert abs(ref.step_time_s - model.run(devs).step_time_s) < 1e-12, "reference and compiled disagree"
-            ref_1k = median_time(lambda: reference_simulate(nodes, edges, cluster.speeds.tolist(), links,  # noqa: B023
-                                                            placement), 15)
+            speeds = cluster.speeds.tolist()
+            ref_1k = median_time(lambda: reference_simulate(nodes, edges, speeds, links, placement), 15)  # noqa: B023
             row["reference_ms"] = ref_1k * 1e3
         rows.append(row)
     print("| ops | edges | DevplaceModel.run (ms, median) | simulate() incl. set-up (ms) | ops/s | "

@@ -85,13 +85,32 @@ def test_bound_info_clusters(files, capsys, monkeypatch):
     assert code == 0 and "8xV100-32GB-NVLink" in out
 
 
-def test_demo_runs_on_the_bundled_example(capsys, monkeypatch, tmp_path):
-    code, out, _ = run(["demo", "--out", str(tmp_path), "--json"], capsys, monkeypatch)
+def test_demo_places_the_bundled_example(capsys, monkeypatch, tmp_path):
+    code, out, _ = run(["demo", "--out", str(tmp_path)], capsys, monkeypatch)
+    assert code == 0
+    assert "mlp16-w8192-b2048 on 4xV100-16GB" in out and "hand-written split" in out
+    placement = json.loads((tmp_path / "example.placement.json").read_text())
+    assert placement["format"] == "devplace.placement/1" and placement["placer"] == "m-etf"
+    assert (tmp_path / "example-timeline.png").exists() and (tmp_path / "example-trace.json").exists()
+
+
+def test_place_json_and_example_graph(capsys, monkeypatch, tmp_path):
+    out_file = tmp_path / "p.json"
+    code, out, _ = run(["place", "example", "-c", "4xV100-16GB", "--placer", "greedy", "--order", "bfs", "--json",
+                        "-o", str(out_file)], capsys, monkeypatch)
     assert code == 0
     doc = json.loads(out)
-    assert doc["graph"] == "mlp16-w8192-b2048" and doc["cluster"] == "4xV100-16GB"
-    assert doc["feasible"] and doc["step_over_lower_bound"] >= 1.0
-    assert (tmp_path / "demo-timeline.png").exists() and (tmp_path / "demo-trace.json").exists()
+    assert doc["feasible"] and doc["order"] == "bfs" and doc["placer"] == "greedy"
+    assert doc["step_over_lower_bound"] >= 1.0
+    assert doc["best_single_device"]["fits"] is False  # the example is too big for one 16 GB GPU
+    assert json.loads(out_file.read_text())["assignment"] == doc["assignment"]
+    code, out, err = run(["place", "example", "-c", "2xK80", "--placer", "m-topo"], capsys, monkeypatch)
+    assert code == 2 and "needs about" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run(["place", "example", "-c", "4xV100-16GB", "--set", "bogus"], capsys, monkeypatch)
+    assert code == 2 and "key=value" in err
+    code, out, _ = run(["placers", "--json"], capsys, monkeypatch)
+    specs = json.loads(out)
+    assert specs["greedy"]["uses_order"] is True and specs["heft"]["uses_order"] is False
 
 
 @pytest.mark.parametrize(("args", "message"), [

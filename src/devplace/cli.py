@@ -24,7 +24,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
                   help="Device placement for model-parallel training.")
 console = Console()
 
-GraphArg = Annotated[Path, typer.Argument(help="graph file (devplace.graph/1 JSON)")]
+GraphArg = Annotated[Path, typer.Argument(help="graph file (devplace.graph/1 JSON), or `example` for the bundled one")]
 ClusterArg = Annotated[str, typer.Argument(help="cluster preset name (see `devplace clusters`) or cluster JSON file")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object instead of tables")]
 
@@ -47,7 +47,7 @@ def _write_timelines(graph: Any, cluster: Any, result: Any, bound_s: float, trac
 
 def _simulate_and_report(graph_path: Path, cluster_name: str, placement_path: Path, model: str, as_json: bool,
                          trace: Path | None, plot: Path | None, per_op: bool) -> None:
-    graph = load_graph(graph_path)
+    graph = load_graph(_graph_path(graph_path))
     cluster = load_cluster(cluster_name)
     placement = load_placement(placement_path)
     result = simulate(graph, cluster, placement, model=model)
@@ -83,7 +83,7 @@ def simulate_cmd(
 @app.command("bound")
 def bound_cmd(graph: GraphArg, cluster: ClusterArg, as_json: JsonOpt = False) -> None:
     """Lower bound on the step time of GRAPH on CLUSTER, valid for every placement and schedule."""
-    g = load_graph(graph)
+    g = load_graph(_graph_path(graph))
     c = load_cluster(cluster)
     lb = lower_bound(g, c)
     if as_json:
@@ -101,7 +101,7 @@ def bound_cmd(graph: GraphArg, cluster: ClusterArg, as_json: JsonOpt = False) ->
 @app.command("info")
 def info_cmd(graph: GraphArg, as_json: JsonOpt = False) -> None:
     """Size and shape of GRAPH: counts, total compute and bytes, depth."""
-    info = graph_info(load_graph(graph))
+    info = graph_info(load_graph(_graph_path(graph)))
     if as_json:
         _print_json(info)
         return
@@ -168,16 +168,24 @@ def place_cmd(
     plot: Annotated[Path | None, typer.Option(help="write a Gantt chart PNG")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no spinner while placing")] = False,
 ) -> None:
-    """Place GRAPH on a cluster with a placer and print the predicted step time and memory per device."""
+    """Place GRAPH on a cluster with a placer and print the predicted step time and memory per device.
+
+    GRAPH `example` is the bundled 16-layer MLP training step (too big for one 16 GB GPU).
+    """
+    _place_and_report(load_graph(_graph_path(graph)), load_cluster(cluster), placer, order, seed,
+                      _parse_settings(setting or []), output, as_json, trace, plot, quiet)
+
+
+def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settings: dict[str, Any],
+                      output: Path | None, as_json: bool, trace: Path | None, plot: Path | None,
+                      quiet: bool) -> Any:
+    """Place, simulate, print the table (or JSON), write the files asked for; returns the SimResult."""
     import time
 
     from devplace.graph import save_placement
     from devplace.placers import place
     from devplace.sim import DevplaceModel
 
-    g = load_graph(graph)
-    c = load_cluster(cluster)
-    settings = _parse_settings(setting or [])
     t0 = time.perf_counter()
     busy = nullcontext() if quiet or as_json else console.status(f"placing {g.name} with {placer}")
     with busy:
@@ -199,7 +207,7 @@ def place_cmd(
                    best_single_device={"device": single[0], "step_time_s": single[1], "fits": single[2]},
                    speedup_over_single_device=speedup, assignment=placement.assignment)
         _print_json(doc)
-        return
+        return result
     console.print(result_view(g, c, result, bound))
     fits = "" if single[2] else ", which does not fit in its memory"
     console.print(f"placer {placer}" + (f", order {order}" if placement.meta.get("order") else " (no order)")
@@ -208,6 +216,7 @@ def place_cmd(
     for what, path in (("placement", output), ("trace", trace), ("timeline", plot)):
         if path is not None:
             console.print(f"wrote {what} to {path}")
+    return result
 
 
 def single_device_baseline(model: Any) -> tuple[int, float, bool]:
@@ -256,7 +265,7 @@ def order_cmd(
     from devplace.orders import check_order_name, traversal_order
 
     check_order_name(order)
-    g = load_graph(graph)
+    g = load_graph(_graph_path(graph))
     ids = traversal_order(g, order, seed, cluster=load_cluster(cluster) if cluster else None)
     if as_json:
         _print_json({"graph": g.name, "order": order, "seed": seed, "nodes": ids})
@@ -276,7 +285,7 @@ def features_cmd(
     from devplace.graph.features import FEATURE_DESCRIPTIONS
     from devplace.hardware.features import graph_features
 
-    feats = graph_features(load_graph(graph), load_cluster(cluster) if cluster else None)
+    feats = graph_features(load_graph(_graph_path(graph)), load_cluster(cluster) if cluster else None)
     if as_json:  # JSON has no NaN: undefined features are null; counts are integers
         _print_json({k: None if math.isnan(v) else int(v) if v == int(v) and abs(v) < 2**53 else v
                      for k, v in feats.items()})
@@ -307,21 +316,33 @@ def orders_cmd(as_json: JsonOpt = False) -> None:
     console.print(table)
 
 
+def _graph_path(path: Path) -> Path:
+    """`example` names the bundled example graph (unless a file of that name exists)."""
+    if str(path) == "example" and not path.exists():
+        return Path(str(resources.files("devplace") / "data" / "example_mlp.json"))
+    return path
+
+
 @app.command("demo")
 def demo_cmd(
-    out: Annotated[Path, typer.Option(help="folder for the trace and timeline")] = Path("out"),
-    as_json: JsonOpt = False,
+    out: Annotated[Path, typer.Option(help="folder for the placement, trace and timeline")] = Path("out"),
+    placer: Annotated[str, typer.Option(help="placer name (see `devplace placers`)")] = "m-etf",
 ) -> None:
-    """Simulate the bundled example, a 16-layer MLP too big for one 16 GB GPU, split 4 ways by hand on 4xV100-16GB.
+    """Place the bundled example (a 16-layer MLP too big for one 16 GB GPU) on 4xV100-16GB.
 
-    Prints the result table and writes the trace and timeline into OUT.
+    Prints the placement's table, compares it with a hand-written 4-way pipeline split of the same model,
+    and writes the placement, trace and timeline into OUT.
     """
-    data = resources.files("devplace") / "data"
     out.mkdir(parents=True, exist_ok=True)
-    with resources.as_file(data / "example_mlp.json") as g, \
-            resources.as_file(data / "example_mlp.placement.json") as p:
-        _simulate_and_report(g, "4xV100-16GB", p, "devplace", as_json, out / "demo-trace.json",
-                             out / "demo-timeline.png", False)
+    g = load_graph(_graph_path(Path("example")))
+    c = load_cluster("4xV100-16GB")
+    placed = _place_and_report(g, c, placer, "topo", 0, {}, out / "example.placement.json", False,
+                               out / "example-trace.json", out / "example-timeline.png", False)
+    hand_file = resources.files("devplace") / "data" / "example_mlp.placement.json"
+    with resources.as_file(hand_file) as hand_path:
+        hand = simulate(g, c, load_placement(hand_path))
+    console.print(f"hand-written split (4 consecutive layers per GPU, {hand_file.name}): "
+                  f"{fmt_time(hand.step_time_s)}; {placer} is {hand.step_time_s / placed.step_time_s:.2f}x faster")
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
-"""Simulator speed: the compiled `devplace` model on layered DAGs of 1k, 10k and 100k ops under random
-placements on 4 devices, and, side by side in the same run, the plain-Python heapq reference of the same
-model (tests/reference_sim.py) on the 1k graph.
+"""Simulator speed: the compiled `devplace` model (and the `placeto` model) on layered DAGs of 1k, 10k
+and 100k ops under random placements on 4 devices, and, side by side in the same run, the plain-Python
+heapq reference of the same model (tests/reference_sim.py) on the 1k graph.
 
 Run: `.venv/bin/python benchmarks/sim_speed.py` (or `make bench`). Prints a Markdown table.
 """
@@ -17,6 +17,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from devplace.hardware.cluster import load_cluster
 from devplace.sim import DevplaceModel, simulate
+from devplace.sim.placeto import PlacetoModel
 from devplace.zoo import layered_graph
 from reference_sim import reference_simulate
 
@@ -43,8 +44,11 @@ def main() -> None:
         repeats = {1_000: 200, 10_000: 30, 100_000: 7}[n]
         t_run = median_time(lambda: model.run(devs), repeats)  # noqa: B023
         t_simulate = median_time(lambda: simulate(g, cluster, devs), max(3, repeats // 4))  # noqa: B023
+        placeto = PlacetoModel(g, cluster)
+        placeto.run(devs)
+        t_placeto = median_time(lambda: placeto.run(devs), repeats)  # noqa: B023
         row = {"ops": n, "edges": g.num_edges, "run_ms": t_run * 1e3, "simulate_ms": t_simulate * 1e3,
-               "ops_per_s": n / t_run}
+               "ops_per_s": n / t_run, "placeto_ms": t_placeto * 1e3}
         if n == 1_000:
             nodes = [g.node_record(v) for v in range(n)]
             edges = [g.edge_record(e) for e in range(g.num_edges)]
@@ -58,13 +62,13 @@ def main() -> None:
             row["reference_ms"] = ref_1k * 1e3
         rows.append(row)
     print("| ops | edges | DevplaceModel.run (ms, median) | simulate() incl. set-up (ms) | ops/s | "
-          "plain-Python reference (ms) | speed-up |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+          "PlacetoModel.run (ms) | plain-Python reference (ms) | speed-up |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         ref = f"{r['reference_ms']:.1f}" if "reference_ms" in r else ""
         up = f"{r['reference_ms'] / r['run_ms']:.0f}x" if "reference_ms" in r else ""
         print(f"| {r['ops']:,} | {r['edges']:,} | {r['run_ms']:.3f} | {r['simulate_ms']:.3f} | "
-              f"{r['ops_per_s']:,.0f} | {ref} | {up} |")
+              f"{r['ops_per_s']:,.0f} | {r['placeto_ms']:.3f} | {ref} | {up} |")
 
 
 if __name__ == "__main__":

@@ -65,6 +65,9 @@ def no_fit_error(graph: CompGraph, cluster: Cluster, placer: str, why: str = "")
             fits.append((total, c.num_devices, name))
     if needs.largest_op_bytes > largest:
         msg += f" One op alone holds {fmt_bytes(needs.largest_op_bytes)}, more than the largest device."
+    elif have >= 1.2 * needs.total_bytes:
+        msg += (" The cluster holds that in total: another placer (e.g. m-etf or m-sct) or another traversal"
+                " order may find a placement that fits.")
     else:
         # the same devices, enough of them to hold the step with 20% headroom for transfers
         count = max(cluster.num_devices + 1, math.ceil(1.2 * needs.total_bytes / float(cluster.memory.min())))

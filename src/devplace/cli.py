@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import nullcontext
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -166,7 +165,7 @@ def place_cmd(
     as_json: JsonOpt = False,
     trace: Annotated[Path | None, typer.Option(help="write a Chrome trace-event JSON (Perfetto)")] = None,
     plot: Annotated[Path | None, typer.Option(help="write a Gantt chart PNG")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no spinner while placing")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar while placing")] = False,
 ) -> None:
     """Place GRAPH on a cluster with a placer and print the predicted step time and memory per device.
 
@@ -187,9 +186,18 @@ def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settin
     from devplace.sim import DevplaceModel
 
     t0 = time.perf_counter()
-    busy = nullcontext() if quiet or as_json else console.status(f"placing {g.name} with {placer}")
-    with busy:
+    if quiet or as_json:
         placement = place(g, c, placer=placer, order=order, seed=seed, **settings)
+    else:
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+
+        columns = (TextColumn("placing {task.description}"), BarColumn(), TaskProgressColumn(),
+                   TimeRemainingColumn())
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task(f"{g.name} with {placer}", total=None)
+            placement = place(g, c, placer=placer, order=order, seed=seed,
+                              progress=lambda done, total: bar.update(task, completed=done, total=total),
+                              **settings)
     elapsed = time.perf_counter() - t0
     if output is not None:
         save_placement(placement, output)

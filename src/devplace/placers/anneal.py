@@ -34,7 +34,7 @@ import numpy as np
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.placers.memory import no_fit_error
-from devplace.placers.registry import PlacerError, get_placer, register
+from devplace.placers.registry import PlacerError, Progress, get_placer, register
 from devplace.sim.bounds import lower_bound
 from devplace.sim.devplace_model import DevplaceModel
 
@@ -69,7 +69,7 @@ def _overflow(result_peak: np.ndarray, memory: np.ndarray) -> float:
 @register("anneal", uses_order=True)
 def anneal(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0, start: str = "m-topo",
            steps: int = DEFAULT_STEPS, time_limit_s: float | None = None, initial_temp: float = 0.05,
-           final_temp: float = 1e-4, swap_prob: float = 0.25) -> np.ndarray:
+           final_temp: float = 1e-4, swap_prob: float = 0.25, progress: Progress | None = None) -> np.ndarray:
     """Simulated annealing on the simulated step time, from `start`'s placement; moves visit ops in the order.
 
     `start` names another placer (run with the same order and seed). One step = one move of the current op
@@ -108,13 +108,15 @@ def anneal(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int =
     rng = np.random.Generator(np.random.PCG64(seed))
 
     for k in range(steps):
-        progress = k / steps
+        if progress is not None and k % 100 == 0:
+            progress(k, steps)
+        done = k / steps
         if time_limit_s is not None:
             elapsed = time.perf_counter() - began
             if elapsed >= time_limit_s:
                 break
-            progress = max(progress, elapsed / time_limit_s)
-        temp = temp0 * math.exp(cooling * progress)
+            done = max(done, elapsed / time_limit_s)
+        temp = temp0 * math.exp(cooling * done)
         u_move, u_pick, u_accept = rng.random(3).tolist()
         v = visit[k % n]
         dv = int(cur[v])

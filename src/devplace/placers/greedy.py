@@ -20,13 +20,14 @@ import numpy as np
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.placers.memory import no_fit_error
-from devplace.placers.registry import register
+from devplace.placers.registry import Progress, register
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.summary import fmt_bytes
 
 
 @register("greedy", uses_order=True)
-def greedy(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0) -> np.ndarray:
+def greedy(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0,
+           progress: Progress | None = None) -> np.ndarray:
     """Visit ops in the order; put each on the device giving the shortest simulated step time of the partial placement.
 
     The partial placement is the subgraph induced by the ops visited so far, simulated with the `devplace`
@@ -40,7 +41,9 @@ def greedy(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int =
         return devices
     model = DevplaceModel(graph, cluster)
     active = np.zeros(n, dtype=np.bool_)
-    for v in np.asarray(order, dtype=np.int64).tolist():
+    for i, v in enumerate(np.asarray(order, dtype=np.int64).tolist()):
+        if progress is not None:
+            progress(i, n)
         active[v] = True
         best_d, best_t = -1, np.inf
         least_over, least_d = np.inf, 0

@@ -25,6 +25,8 @@ from devplace.placers.memory import no_fit_error
 from devplace.sim.devplace_model import DevplaceModel
 
 PlacerFn = Callable[..., np.ndarray]
+# progress(done, total): placers with long loops accept a `progress` keyword and call it now and then
+Progress = Callable[[int, int], None]
 
 
 class PlacerError(DevplaceError):
@@ -48,7 +50,11 @@ class PlacerSpec:
         """Keyword settings beyond order and seed, with their defaults."""
         params = inspect.signature(self.func).parameters.values()
         return {p.name: p.default for p in params
-                if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("order", "seed")}
+                if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("order", "seed", "progress")}
+
+    @property
+    def reports_progress(self) -> bool:
+        return "progress" in inspect.signature(self.func).parameters
 
 
 _REGISTRY: dict[str, PlacerSpec] = {}
@@ -92,12 +98,13 @@ def get_placer(name: str) -> PlacerSpec:
 
 
 def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: str = "topo", seed: int = 0,
-          **settings: Any) -> Placement:
+          progress: Progress | None = None, **settings: Any) -> Placement:
     """Place every node of `graph` on a device of `cluster` with `placer`, walking the graph in `order`.
 
     Settings are the placer's keyword arguments (see `devplace placers`). The result is always
     memory-feasible under the `devplace` simulation model; when the placer finds nothing that fits, a
-    NoFitError says how much memory the step needs and what would hold it.
+    NoFitError says how much memory the step needs and what would hold it. `progress(done, total)` is
+    called now and then by placers with long loops (greedy, anneal).
     """
     spec = get_placer(placer)
     check_order_name(order)
@@ -109,7 +116,10 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: s
     if float(graph.param_bytes.sum()) > float(cluster.memory.sum()):
         raise no_fit_error(graph, cluster, placer, "the parameters alone exceed the cluster's memory")
     visit = traversal_indices(graph, order, seed, cluster=cluster)
+    if progress is not None and spec.reports_progress:
+        settings = {**settings, "progress": progress}
     devices = np.asarray(spec.func(graph, cluster, order=visit, seed=seed, **settings), dtype=np.int64)
+    settings.pop("progress", None)
     if devices.shape != (graph.num_nodes,) or (graph.num_nodes and not
                                                (devices.min() >= 0 and devices.max() < cluster.num_devices)):
         raise RuntimeError(f"placer {placer!r} returned an invalid device array")  # a bug, not a user error

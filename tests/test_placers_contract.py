@@ -75,3 +75,10 @@ def test_order_of_a_sequential_placer_is_recorded():
             p = place(medium_graph(), cluster(2, bw=12e9, mem=1e12), placer=name, order="bfs")
             assert p.meta["order"] == "bfs"
             assert np.isfinite(p.meta["step_time_s"])
+
+
+def test_long_placers_report_progress():
+    calls: list[tuple[int, int]] = []
+    place(medium_graph(), cluster(2, bw=12e9, mem=1e12), placer="greedy", progress=lambda d, t: calls.append((d, t)))
+    assert calls and calls[0] == (0, 120) and calls[-1] == (119, 120)
+    assert "progress" not in get_placer("greedy").settings and get_placer("greedy").reports_progress

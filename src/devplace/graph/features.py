@@ -39,7 +39,7 @@ import numpy as np
 
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph, _first_of_parallel
-from devplace.graph.info import asap_levels
+from devplace.graph.info import asap_levels, longest_path
 
 KINDS = ("forward", "backward", "optimizer")
 
@@ -90,31 +90,6 @@ def _check(value: float, name: str, *, positive: bool, allow_inf: bool = False) 
     return x
 
 
-def _critical_path(graph: CompGraph, w: list[float]) -> list[int]:
-    """Nodes of one longest path by the sum of w over its nodes (no edge weights), ties to the earliest
-    predecessor in edge order and the earliest end in insertion order; [] for an empty graph."""
-    src = graph.edge_src.tolist()
-    ptr, in_edges = graph.pred_ptr.tolist(), graph.pred_edges.tolist()
-    dist = [0.0] * graph.num_nodes
-    via = [-1] * graph.num_nodes
-    for v in graph.topo_order.tolist():
-        best, arg = 0.0, -1
-        for k in range(ptr[v], ptr[v + 1]):
-            u = src[in_edges[k]]
-            if arg < 0 or dist[u] > best:
-                best, arg = dist[u], u
-        dist[v] = best + w[v]
-        via[v] = arg
-    if not dist:
-        return []
-    end = max(range(len(dist)), key=dist.__getitem__)
-    path = []
-    while end >= 0:
-        path.append(end)
-        end = via[end]
-    return path[::-1]
-
-
 def graph_features(graph: CompGraph, *, bandwidth_Bps: float | None = None, latency_s: float = 0.0,
                    speed: float = 1.0) -> dict[str, float]:
     """The features of `graph`, keyed and ordered as `FEATURE_NAMES`; every value a float, NaN if undefined.
@@ -147,7 +122,7 @@ def graph_features(graph: CompGraph, *, bandwidth_Bps: float | None = None, late
     total = math.fsum(compute)
     unit = total == 0
     w = [1.0] * n if unit else compute
-    path = _critical_path(graph, w)
+    path = longest_path(graph, w)
     cp_s = 0.0 if unit else math.fsum(compute[v] for v in path)
     w_total = float(n) if unit else total
     w_cp = float(len(path)) if unit else cp_s

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,31 @@ def asap_levels(graph: CompGraph) -> np.ndarray:
         for k in range(ptr[v], ptr[v + 1]):
             lv[v] = max(lv[v], lv[src[in_edges[k]]] + 1)
     return np.asarray(lv, dtype=np.int64)
+
+
+def longest_path(graph: CompGraph, weights: Sequence[float]) -> list[int]:
+    """Nodes of one longest path by the sum of `weights` over its nodes (no edge weights), in path order;
+    ties go to the earliest predecessor in edge order and the earliest end in insertion order."""
+    src = graph.edge_src.tolist()
+    ptr, in_edges = graph.pred_ptr.tolist(), graph.pred_edges.tolist()
+    dist = [0.0] * graph.num_nodes  # longest path ending at v, v included
+    via = [-1] * graph.num_nodes
+    for v in graph.topo_order.tolist():
+        best, arg = 0.0, -1
+        for k in range(ptr[v], ptr[v + 1]):
+            u = src[in_edges[k]]
+            if arg < 0 or dist[u] > best:
+                best, arg = dist[u], u
+        dist[v] = best + weights[v]
+        via[v] = arg
+    if not dist:
+        return []
+    end = max(range(len(dist)), key=dist.__getitem__)
+    path = []
+    while end >= 0:
+        path.append(end)
+        end = via[end]
+    return path[::-1]
 
 
 def graph_info(graph: CompGraph) -> dict[str, Any]:

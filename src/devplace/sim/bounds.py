@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.info import longest_path
 from devplace.hardware.cluster import Cluster
 
 
@@ -29,24 +28,6 @@ def lower_bound(graph: CompGraph, cluster: Cluster) -> LowerBound:
     speeds = cluster.speeds
     work = float(graph.compute_s.sum() / speeds.sum())
     t = (graph.compute_s / speeds.max()).tolist()
-    src = graph.edge_src.tolist()
-    ptr, in_edges = graph.pred_ptr.tolist(), graph.pred_edges.tolist()
-    dist = [0.0] * graph.num_nodes  # longest path ending at v, v included
-    via = [-1] * graph.num_nodes
-    for v in graph.topo_order.tolist():
-        best, arg = 0.0, -1
-        for k in range(ptr[v], ptr[v + 1]):
-            u = src[in_edges[k]]
-            if arg < 0 or dist[u] > best:
-                best, arg = dist[u], u
-        dist[v] = best + t[v]
-        via[v] = arg
-    if not dist:
-        return LowerBound(0.0, 0.0, 0.0, ())
-    end = int(np.argmax(dist))
-    path = []
-    while end >= 0:
-        path.append(end)
-        end = via[end]
-    cp = max(dist)
-    return LowerBound(value_s=max(work, cp), work_s=work, critical_path_s=cp, critical_path=tuple(path[::-1]))
+    path = longest_path(graph, t)
+    cp = sum(t[v] for v in path)
+    return LowerBound(value_s=max(work, cp), work_s=work, critical_path_s=cp, critical_path=tuple(path))

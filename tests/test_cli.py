@@ -85,13 +85,35 @@ def test_bound_info_clusters(files, capsys, monkeypatch):
     assert code == 0 and "8xV100-32GB-NVLink" in out
 
 
-def test_demo_places_the_bundled_example(capsys, monkeypatch, tmp_path):
+def test_demo_captures_and_places_a_zoo_model(capsys, monkeypatch, tmp_path):
     code, out, _ = run(["demo", "--out", str(tmp_path)], capsys, monkeypatch)
     assert code == 0
-    assert "mlp16-w8192-b2048 on 4xV100-16GB" in out and "hand-written split" in out
-    placement = json.loads((tmp_path / "example.placement.json").read_text())
+    assert "captured inception_v3-b32" in out and "inception_v3-b32 on 4xV100-16GB" in out
+    placement = json.loads((tmp_path / "inception_v3.placement.json").read_text())
     assert placement["format"] == "devplace.placement/1" and placement["placer"] == "m-etf"
-    assert (tmp_path / "example-timeline.png").exists() and (tmp_path / "example-trace.json").exists()
+    assert len(placement["assignment"]) == 3214  # every op of the full graph, not the 300 groups
+    assert (tmp_path / "inception_v3-timeline.png").exists() and (tmp_path / "inception_v3-trace.json").exists()
+
+
+def test_capture_place_model_zoo_commands(capsys, monkeypatch, tmp_path):
+    g = tmp_path / "g.json"
+    code, out, _ = run(["capture", "--model", "resnet50", "--batch", "2", "--max-nodes", "50", "-o", str(g)],
+                       capsys, monkeypatch)
+    assert code == 0 and "1751 ops -> 50 groups" in out
+    doc = json.loads(g.read_text())
+    assert doc["format"] == "devplace.graph/1" and len(doc["nodes"]) == 50
+    code, out, _ = run(["place", str(g), "-c", "4xV100-16GB", "--json"], capsys, monkeypatch)
+    assert code == 0 and json.loads(out)["feasible"]
+    code, out, _ = run(["place", "--model", "resnet50", "--batch", "2", "--max-nodes", "40", "-c", "2xK80",
+                        "--placer", "greedy", "--json"], capsys, monkeypatch)
+    doc = json.loads(out)
+    assert code == 0 and doc["placed_groups"] == 40 and len(doc["assignment"]) == 1751
+    code, out, _ = run(["zoo", "list", "--json"], capsys, monkeypatch)
+    assert "gpt2-xl" in json.loads(out)["models"]
+    code, out, err = run(["place", "-c", "2xK80"], capsys, monkeypatch)
+    assert code == 2 and "--model" in err
+    code, out, err = run(["capture", "--model", "resnet-9000", "-o", str(g)], capsys, monkeypatch)
+    assert code == 2 and "resnet50" in err
 
 
 def test_place_json_and_example_graph(capsys, monkeypatch, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import nullcontext
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -153,10 +154,22 @@ def _parse_settings(pairs: list[str]) -> dict[str, Any]:
     return settings
 
 
+ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="zoo model to capture (see `devplace zoo list`)")]
+BatchOpt = Annotated[int | None, typer.Option(help="batch size (default: the model's)")]
+SeqOpt = Annotated[int | None, typer.Option("--seq-len", help="sequence length (default: the model's)")]
+MaxNodesOpt = Annotated[int | None, typer.Option("--max-nodes", help="coarsen to at most this many groups")]
+OptimizerOpt = Annotated[str, typer.Option(help="optimizer of the captured step: adam, sgd or none")]
+
+
 @app.command("place")
 def place_cmd(
-    graph: GraphArg,
-    cluster: Annotated[str, typer.Option("--cluster", "-c", help="cluster preset name or cluster JSON file")],
+    graph: Annotated[Path | None, typer.Argument(help="graph file, or `example`; or use --model")] = None,
+    cluster: Annotated[str, typer.Option("--cluster", "-c", help="cluster preset name or cluster JSON file")] = "",
+    model: ModelOpt = None,
+    batch: BatchOpt = None,
+    seq_len: SeqOpt = None,
+    max_nodes: MaxNodesOpt = None,
+    optimizer: OptimizerOpt = "adam",
     placer: Annotated[str, typer.Option(help="placer name (see `devplace placers`)")] = "m-etf",
     order: Annotated[str, typer.Option(help="traversal order for sequential placers (see `devplace orders`)")] = "topo",
     seed: Annotated[int, typer.Option(help="seed for every random choice")] = 0,
@@ -167,18 +180,46 @@ def place_cmd(
     plot: Annotated[Path | None, typer.Option(help="write a Gantt chart PNG")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar while placing")] = False,
 ) -> None:
-    """Place GRAPH on a cluster with a placer and print the predicted step time and memory per device.
+    """Place GRAPH (or a zoo --model, captured on the fly) on a cluster and print the predicted step time and
+    memory per device.
 
-    GRAPH `example` is the bundled 16-layer MLP training step (too big for one 16 GB GPU).
+    GRAPH `example` is the bundled 16-layer MLP training step (too big for one 16 GB GPU). With --model, the
+    training step is captured, costed for the cluster's first device, colocated (and coarsened to
+    --max-nodes); the placement of the groups is expanded to every op, and the table reports that full graph.
     """
-    _place_and_report(load_graph(_graph_path(graph)), load_cluster(cluster), placer, order, seed,
-                      _parse_settings(setting or []), output, as_json, trace, plot, quiet)
+    if not cluster:
+        raise DevplaceError("--cluster is required (a preset from `devplace clusters` or a cluster JSON file)")
+    c = load_cluster(cluster)
+    settings = _parse_settings(setting or [])
+    if (graph is None) == (model is None):
+        raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`)")
+    if model is not None:
+        prepared = _prepare_model(model, batch, seq_len, max_nodes, optimizer, c.devices[0], quiet or as_json)
+        _place_and_report(prepared.graph, c, placer, order, seed, settings, output, as_json, trace, plot, quiet,
+                          prepared=prepared)
+        return
+    assert graph is not None
+    _place_and_report(load_graph(_graph_path(graph)), c, placer, order, seed, settings, output, as_json, trace, plot,
+                      quiet)
+
+
+def _prepare_model(model: str, batch: int | None, seq_len: int | None, max_nodes: int | None, optimizer: str,
+                   device: Any, quiet: bool) -> Any:
+    from devplace.capture.pipeline import zoo_prepared
+
+    busy = nullcontext() if quiet else console.status(f"capturing the training step of {model}")
+    with busy:
+        return zoo_prepared(model, batch=batch, seq_len=seq_len, optimizer=optimizer, max_nodes=max_nodes,
+                            device=device)
 
 
 def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settings: dict[str, Any],
                       output: Path | None, as_json: bool, trace: Path | None, plot: Path | None,
-                      quiet: bool) -> Any:
-    """Place, simulate, print the table (or JSON), write the files asked for; returns the SimResult."""
+                      quiet: bool, prepared: Any = None) -> Any:
+    """Place, simulate, print the table (or JSON), write the files asked for; returns the SimResult.
+
+    With `prepared` (a captured model), `g` is its coarse graph: the placement is expanded to every op of
+    `prepared.full`, which is what is simulated and reported."""
     import time
 
     from devplace.graph import save_placement
@@ -199,6 +240,13 @@ def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settin
                               progress=lambda done, total: bar.update(task, completed=done, total=total),
                               **settings)
     elapsed = time.perf_counter() - t0
+    groups = g.num_nodes
+    if prepared is not None:
+        from devplace.graph import Placement
+
+        expanded = prepared.coarsening.expand(placement)
+        placement = Placement(expanded.assignment, graph=prepared.full.name, cluster=c.name, meta=placement.meta)
+        g = prepared.full
     if output is not None:
         save_placement(placement, output)
     model = DevplaceModel(g, c)
@@ -213,14 +261,15 @@ def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settin
                    settings=settings, placement_time_s=elapsed, lower_bound_s=bound.value_s,
                    step_over_lower_bound=result.step_time_s / bound.value_s if bound.value_s else None,
                    best_single_device={"device": single[0], "step_time_s": single[1], "fits": single[2]},
-                   speedup_over_single_device=speedup, assignment=placement.assignment)
+                   speedup_over_single_device=speedup, placed_groups=groups, assignment=placement.assignment)
         _print_json(doc)
         return result
     console.print(result_view(g, c, result, bound))
     fits = "" if single[2] else ", which does not fit in its memory"
+    placed = f" ({groups} groups of {g.num_nodes} ops)" if groups != g.num_nodes else ""
     console.print(f"placer {placer}" + (f", order {order}" if placement.meta.get("order") else " (no order)")
-                  + f", seed {seed}: placed in {elapsed:.2f} s; best single device ({c.devices[single[0]].name}"
-                  f"{fits}) {fmt_time(single[1])}, speed-up {speedup:.2f}x")
+                  + f", seed {seed}: placed{placed} in {elapsed:.2f} s; best single device "
+                  f"({c.devices[single[0]].name}{fits}) {fmt_time(single[1])}, speed-up {speedup:.2f}x")
     for what, path in (("placement", output), ("trace", trace), ("timeline", plot)):
         if path is not None:
             console.print(f"wrote {what} to {path}")
@@ -259,6 +308,160 @@ def placers_cmd(as_json: JsonOpt = False) -> None:
         table.add_row(s.name, "uses order" if s.uses_order else "ignores order",
                       ", ".join(f"{k}={v!r}" for k, v in s.settings.items()), s.summary)
     console.print(table)
+
+
+zoo_app = typer.Typer(no_args_is_help=True, help="Named models and the seed study's graph families.")
+app.add_typer(zoo_app, name="zoo")
+
+
+@zoo_app.command("list")
+def zoo_list_cmd(as_json: JsonOpt = False) -> None:
+    """The zoo's named models and the study's families."""
+    from devplace.zoo.families import FAMILIES, FAMILY_SIZE
+    from devplace.zoo.models import MODELS
+
+    if as_json:
+        _print_json({"models": {n: {"batch": m.batch, "seq_len": m.seq_len, "params": m.params,
+                                    "description": m.description} for n, m in MODELS.items()},
+                     "families": {f: FAMILY_SIZE for f in FAMILIES}})
+        return
+    table = Table(header_style="bold", show_edge=False)
+    for col in ("model", "parameters", "batch", "seq len", "what"):
+        table.add_column(col)
+    for n, m in MODELS.items():
+        table.add_row(n, f"{m.params / 1e6:,.1f} M", str(m.batch), str(m.seq_len or "-"), m.description)
+    console.print(table)
+    console.print(f"families (devplace zoo family NAME --index I): {', '.join(FAMILIES)}, {FAMILY_SIZE} graphs each")
+
+
+@zoo_app.command("family")
+def zoo_family_cmd(
+    name: Annotated[str, typer.Argument(help="cifar10, ptb or nmt")],
+    index: Annotated[int, typer.Option(help="graph index, 0-31")] = 0,
+    max_nodes: Annotated[int | None, typer.Option("--max-nodes", help="coarsen to at most this many groups")] = 300,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the graph JSON here")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Capture graph INDEX of a study family, coarsened to --max-nodes, and print its size (or save it)."""
+    from devplace.capture.pipeline import family_graph
+
+    g = family_graph(name, index, max_nodes=max_nodes)
+    if output is not None:
+        from devplace.graph import save_graph
+
+        save_graph(g, output)
+    info = graph_info(g)
+    if as_json:
+        _print_json(info)
+    else:
+        console.print(f"{g.name}: {info['nodes']} groups, {info['edges']} edges, "
+                      f"{fmt_time(info['total_compute_s'])} of compute" + (f"; wrote {output}" if output else ""))
+
+
+DEVICE_KIND_HELP = "device to cost for: K80, V100, V100-PCIe, A100, H100, or cpu (this machine's, measured)"
+
+
+@app.command("capture")
+def capture_cmd(
+    output: Annotated[Path, typer.Option("-o", "--output", help="write the graph JSON here")],
+    model: ModelOpt = None,
+    onnx: Annotated[Path | None, typer.Option("--onnx", help="an ONNX forward graph to import instead")] = None,
+    batch: BatchOpt = None,
+    seq_len: SeqOpt = None,
+    max_nodes: MaxNodesOpt = None,
+    optimizer: OptimizerOpt = "adam",
+    costs: Annotated[Path | None, typer.Option("--costs", help="cost table from `devplace profile`")] = None,
+    device_kind: Annotated[str, typer.Option("--device-kind", help=DEVICE_KIND_HELP)] = "V100",
+    full: Annotated[Path | None, typer.Option("--full", help="also write the uncoarsened graph here")] = None,
+) -> None:
+    """Capture a training step (forward + backward + optimizer) and write its costed, colocated graph.
+
+    The written graph's nodes are colocation groups (coarsened to --max-nodes if given); its meta holds the
+    members of every group. Op times: the analytic roofline for --device-kind, or a --costs table.
+    """
+    from devplace.capture.pipeline import prepare, zoo_prepared
+    from devplace.graph import save_graph
+    from devplace.hardware.cost import CostTable
+    from devplace.hardware.presets import device_kind as kind_device
+
+    if (model is None) == (onnx is None):
+        raise DevplaceError("give either --model NAME (see `devplace zoo list`) or --onnx FILE")
+    if device_kind == "cpu":
+        from devplace.capture.profile import local_cpu_device
+
+        device = local_cpu_device()
+    else:
+        device = kind_device(device_kind)
+    table = CostTable.load(costs) if costs is not None else None
+    with console.status("capturing"):
+        if model is not None:
+            prepared = zoo_prepared(model, batch=batch, seq_len=seq_len, optimizer=optimizer, max_nodes=max_nodes,
+                                    device=device, costs=table)
+        else:
+            from devplace.capture.onnx_import import load_onnx
+
+            dims = {"seq": seq_len} if seq_len else None
+            prepared = prepare(load_onnx(onnx, optimizer=optimizer, batch=batch, dims=dims), device=device,
+                               costs=table, max_nodes=max_nodes)
+    save_graph(prepared.graph, output)
+    if full is not None:
+        save_graph(prepared.full, full)
+    console.print(prepared.report.format())
+    console.print(f"{prepared.full.name}: {prepared.full.num_nodes} ops -> {prepared.graph.num_nodes} groups; "
+                  f"wrote {output}" + (f" and {full}" if full else ""))
+
+
+@app.command("profile")
+def profile_cmd(
+    output: Annotated[Path, typer.Option("-o", "--output", help="write the cost table JSON here")],
+    model: ModelOpt = None,
+    batch: BatchOpt = None,
+    seq_len: SeqOpt = None,
+    device: Annotated[str, typer.Option(help="where to run the ops: cpu or cuda[:i]")] = "cpu",
+    repeats: Annotated[int, typer.Option(help="timed runs per op (after 3 warm-up runs)")] = 10,
+    max_ops: Annotated[int | None, typer.Option("--max-ops", help="profile at most this many distinct ops")] = None,
+) -> None:
+    """Run every distinct op of a zoo model's training step for real and write their times as a cost table."""
+    from devplace.capture.pipeline import capture_zoo_model
+    from devplace.capture.profile import profile_graph
+
+    if model is None:
+        raise DevplaceError("--model NAME is required (see `devplace zoo list`)")
+    graph = capture_zoo_model(model, batch=batch, seq_len=seq_len)
+    from rich.progress import Progress
+
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"profiling {graph.name} on {device}", total=None)
+        table = profile_graph(graph, device, repeats=repeats, max_ops=max_ops,
+                              progress=lambda done, total, _t: bar.update(task, completed=done, total=total))
+    table.save(output)
+    console.print(f"{graph.name}: {len(table)} distinct ops timed on {device}"
+                  f"{f', {len(table.skipped)} skipped (listed in the table)' if table.skipped else ''}; wrote {output}")
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    costs: Annotated[Path, typer.Option("--costs", help="cost table from `devplace profile`")],
+    model: ModelOpt = None,
+    batch: BatchOpt = None,
+    seq_len: SeqOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare the analytic cost model with a profiled cost table, per op class."""
+    from devplace.capture.pipeline import capture_zoo_model
+    from devplace.capture.profile import calibrate, format_calibration, local_cpu_roofline
+    from devplace.hardware.cost import CostTable
+
+    if model is None:
+        raise DevplaceError("--model NAME is required: the model whose ops the table timed")
+    table = CostTable.load(costs)
+    graph = capture_zoo_model(model, batch=batch, seq_len=seq_len)
+    roofline = local_cpu_roofline() if table.device is not None and table.device.name.startswith("cpu") else None
+    cal = calibrate(graph, table, roofline=roofline)
+    if as_json:
+        _print_json(cal)
+    else:
+        console.print(format_calibration(cal), highlight=False)
 
 
 @app.command("order")
@@ -334,23 +537,22 @@ def _graph_path(path: Path) -> Path:
 @app.command("demo")
 def demo_cmd(
     out: Annotated[Path, typer.Option(help="folder for the placement, trace and timeline")] = Path("out"),
+    model: Annotated[str, typer.Option(help="zoo model")] = "inception_v3",
+    cluster: Annotated[str, typer.Option(help="cluster preset")] = "4xV100-16GB",
     placer: Annotated[str, typer.Option(help="placer name (see `devplace placers`)")] = "m-etf",
+    max_nodes: Annotated[int, typer.Option("--max-nodes", help="coarsen to at most this many groups")] = 300,
 ) -> None:
-    """Place the bundled example (a 16-layer MLP too big for one 16 GB GPU) on 4xV100-16GB.
+    """Capture a real model's training step (Inception-v3, batch 32), place it on 4xV100-16GB and report.
 
-    Prints the placement's table, compares it with a hand-written 4-way pipeline split of the same model,
-    and writes the placement, trace and timeline into OUT.
+    Writes the placement, a Perfetto trace and a timeline PNG into OUT.
     """
     out.mkdir(parents=True, exist_ok=True)
-    g = load_graph(_graph_path(Path("example")))
-    c = load_cluster("4xV100-16GB")
-    placed = _place_and_report(g, c, placer, "topo", 0, {}, out / "example.placement.json", False,
-                               out / "example-trace.json", out / "example-timeline.png", False)
-    hand_file = resources.files("devplace") / "data" / "example_mlp.placement.json"
-    with resources.as_file(hand_file) as hand_path:
-        hand = simulate(g, c, load_placement(hand_path))
-    console.print(f"hand-written split (4 consecutive layers per GPU, {hand_file.name}): "
-                  f"{fmt_time(hand.step_time_s)}; {placer} is {hand.step_time_s / placed.step_time_s:.2f}x faster")
+    c = load_cluster(cluster)
+    prepared = _prepare_model(model, None, None, max_nodes, "adam", c.devices[0], False)
+    console.print(f"captured {prepared.full.name}: {prepared.full.num_nodes} ops, colocated and coarsened to "
+                  f"{prepared.graph.num_nodes} groups; op times analytic for {c.devices[0].kind}")
+    _place_and_report(prepared.graph, c, placer, "topo", 0, {}, out / f"{model}.placement.json", False,
+                      out / f"{model}-trace.json", out / f"{model}-timeline.png", False, prepared=prepared)
 
 
 def main() -> None:

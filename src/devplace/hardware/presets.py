@@ -170,3 +170,17 @@ PRESETS: dict[str, Callable[[], Cluster]] = {
     "8xH100-80GB-NVLink": h100x8_dgx,
     "2x8xA100-IB": a100x16_two_dgx,
 }
+
+
+# Device kinds by short name, for costing a graph without a whole cluster (`devplace capture --device-kind`).
+DEVICE_KINDS: dict[str, GpuSpec] = {"K80": K80_GK210, "V100": V100_SXM2_32GB, "V100-PCIe": V100_PCIE_16GB,
+                                    "A100": A100_SXM4_40GB, "H100": H100_SXM5_80GB}
+
+
+def device_kind(name: str) -> Device:
+    """One device of kind `name` (see DEVICE_KINDS), with the presets' speed convention."""
+    from devplace.errors import ClusterError
+
+    if name not in DEVICE_KINDS:
+        raise ClusterError(f"unknown device kind {name!r}; choose one of: {', '.join(DEVICE_KINDS)}")
+    return gpus(DEVICE_KINDS[name], 1)[0]

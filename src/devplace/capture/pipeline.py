@@ -1,0 +1,96 @@
+"""From a model to a graph a placer can use: capture the training step, cost it for a device, coarsen it.
+
+DESIGN.md section 2's first three stages in one call, for the zoo's named models, its families and ONNX
+files. (These live in `capture/`, which may import `zoo/`, `hardware/` and `graph/`; the zoo itself only
+defines models.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from devplace.capture.torch_capture import capture
+from devplace.graph.coarsen import Coarsening, coarsen, colocate
+from devplace.graph.compgraph import CompGraph
+from devplace.hardware.cluster import Device
+from devplace.hardware.cost import CostReport, CostTable, apply_costs
+from devplace.hardware.presets import device_kind
+
+# The seed study's graphs had a few hundred groups after Placeto's grouping; families are coarsened to
+# this many nodes unless told otherwise.
+FAMILY_MAX_NODES = 300
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A captured graph costed for a device (`full`), its coarsening (`coarsening.graph` is what placers
+    get; `coarsening.expand(...)` maps a coarse placement back to `full`), and the cost report."""
+
+    full: CompGraph
+    coarsening: Coarsening
+    report: CostReport
+
+    @property
+    def graph(self) -> CompGraph:
+        return self.coarsening.graph
+
+
+def prepare(graph: CompGraph, *, device: Device | None = None, costs: CostTable | None = None,
+            max_nodes: int | None = None) -> Prepared:
+    """Cost `graph` for `device` (a V100 by default; from `costs` where the table has an op, analytic
+    otherwise), then colocate it and, with `max_nodes`, coarsen it to at most that many groups."""
+    costed, report = apply_costs(graph, device or device_kind("V100"), costs if costs is not None else "analytic")
+    return Prepared(costed, coarsen(costed, max_nodes) if max_nodes is not None else colocate(costed), report)
+
+
+def zoo_prepared(name: str, *, batch: int | None = None, seq_len: int | None = None, optimizer: str = "adam",
+                 max_nodes: int | None = None, device: Device | None = None, costs: CostTable | None = None,
+                 ) -> Prepared:
+    """Capture zoo model `name` and prepare it (see `prepare`)."""
+    graph = capture_zoo_model(name, batch=batch, seq_len=seq_len, optimizer=optimizer)
+    return prepare(graph, device=device, costs=costs, max_nodes=max_nodes)
+
+
+def capture_zoo_model(name: str, *, batch: int | None = None, seq_len: int | None = None,
+                      optimizer: str = "adam") -> CompGraph:
+    """The captured (uncosted, uncoarsened) training step of zoo model `name`."""
+    from devplace.zoo.models import build_model, get_spec
+
+    spec = get_spec(name)
+    module, inputs, loss_fn = build_model(name, batch, seq_len)
+    b = spec.batch if batch is None else batch
+    s = spec.seq_len if seq_len is None else seq_len
+    label = f"{name}-b{b}" + (f"-s{s}" if s else "")
+    return capture(module, inputs, loss_fn=loss_fn, optimizer=optimizer, name=label)
+
+
+def zoo_graph(name: str, **options: Any) -> CompGraph:
+    """The costed, colocated (and, with `max_nodes`, coarsened) training graph of zoo model `name`; options as
+    `zoo_prepared`."""
+    return zoo_prepared(name, **options).graph
+
+
+def family_graph(family: str, index: int, *, max_nodes: int | None = FAMILY_MAX_NODES, optimizer: str = "adam",
+                 batch: int | None = None, seq_len: int | None = None, device: Device | None = None,
+                 costs: CostTable | None = None) -> CompGraph:
+    """Graph `index` (0-31) of the study family `family` (cifar10, ptb, nmt), coarsened to `max_nodes`."""
+    from devplace.zoo.families import family_arch, family_model
+
+    module, inputs, loss_fn = family_model(family, index, batch=batch, seq_len=seq_len)
+    graph = capture(module, inputs, loss_fn=loss_fn, optimizer=optimizer, name=f"{family}-{index}")
+    out = prepare(graph, device=device, costs=costs, max_nodes=max_nodes).graph
+    return CompGraph.build(out.name, [out.node_record(v) for v in range(out.num_nodes)],
+                           [out.edge_record(e) for e in range(out.num_edges)],
+                           meta={**out.meta, "family": {"name": family, "index": index,
+                                                        "arch": family_arch(family, index)}})
+
+
+def onnx_graph(path: str | Path, *, batch: int | None = None, optimizer: str = "adam",
+               max_nodes: int | None = None, device: Device | None = None, **dims: Any) -> CompGraph:
+    """The costed, colocated (and coarsened) training graph mirrored from an ONNX forward graph."""
+    from devplace.capture.onnx_import import load_onnx
+
+    graph = load_onnx(path, optimizer=optimizer, batch=batch, dims=dims or None)
+    return prepare(graph, device=device, max_nodes=max_nodes).graph

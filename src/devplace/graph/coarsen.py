@@ -1,0 +1,934 @@
+"""Colocation and coarsening: merge the ops of a training graph into fewer groups, keeping a DAG.
+
+`colocate(graph)` merges every op into its colocation `group` (an op with an empty group is the group named
+by its own id, so backward ops that name a forward op's id join that op). Where merging a whole group would
+make the quotient graph cyclic -- always the case for a forward op and its backward ops, since the gradient
+flows through the later layers and the loss -- the group is split, greedily and deterministically:
+
+    ops are visited in the canonical topological order; an op joins the newest part of its group that it
+    can join without creating a cycle, else the next newest, ...; if none accepts it, it opens a new part.
+
+`coarsen(graph, max_nodes)` colocates, then merges further, stage by stage, stopping as soon as at most
+`max_nodes` groups remain (with `max_nodes=None`: stages 2 and 3 until nothing changes, no stage 4 or 5):
+
+    2. chains: u -> v where u has one distinct successor and v one distinct predecessor;
+    3. single consumer (Baechi): u -> v where u has one distinct successor, repeated until stable;
+    4. pairwise: any edge u -> v with no other path from u to v;
+    5. components: once no edge can be merged every group is an isolated node; merge those.
+
+Within a stage, merges go smallest first by (combined compute_s, combined op count, first member, ...).
+Every merge keeps the coarse graph acyclic: merging a and b is safe iff no path joins them through a third
+group. The test and the upkeep of a topological order of the coarse graph follow Pearce & Kelly's dynamic
+topological sort: a search bounded to the region between a and b in the current order, and a reorder of the
+nodes found there. See docs/coarsen.md for the rules, the coarse attributes and the complexity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from devplace.errors import GraphError, PlacementError
+from devplace.graph.compgraph import CompGraph
+from devplace.graph.io import load_graph, save_graph
+from devplace.graph.jsonio import dump_number
+from devplace.graph.placement import Placement
+
+META_KEY = "coarsening"
+GROUP_OP = "group"  # the `op` of a coarse node with more than one member
+SUMMED_EXTRAS = ("flops", "mem_access_bytes")  # numeric extra keys summed over a group's members
+
+STAGES = ("colocate", "chains", "single_consumer", "pairwise", "components")
+
+# --------------------------------------------------------------------------- the merge engine (numba)
+# State of the coarse graph: an int64 matrix N[node, field] (indexed by original node; only the rows of roots
+# -- a group's smallest member index -- are meaningful; one row per node keeps a node's fields in one cache
+# line), an int64 matrix Ed[edge, field], and scratch rows S[list, i] (stack, neighbours, dF, dB).
+# A group's out-edges (in-edges) are a linked list of original edge indices; merging two groups splices their
+# lists in O(1); walking a list drops the edges that became internal or that duplicate an earlier edge to the
+# same neighbour group, for good (groups never split). A union-find maps an op to its group's root.
+
+_PARENT, _OHEAD, _OTAIL, _IHEAD, _ITAIL, _POS, _CNT, _VER, _ALIVE, _MADJ, _MVIS, _MTGT = range(12)
+_NFIELDS = 12
+_STACK, _NBR, _DF, _DB = range(4)
+_SRC, _DST, _ONEXT, _INEXT = range(4)
+
+_CHAINS, _SINGLE, _PAIRWISE = 1, 2, 3
+
+
+@njit(cache=True)
+def _find(N, x):  # pragma: no cover - compiled
+    root = x
+    while N[root, _PARENT] != root:
+        root = N[root, _PARENT]
+    while N[x, _PARENT] != root:
+        nxt = N[x, _PARENT]
+        N[x, _PARENT] = root
+        x = nxt
+    return root
+
+
+@njit(cache=True)
+def _scan(N, S, Ed, stamp, x, out):  # pragma: no cover - compiled
+    """Distinct neighbour groups of root x (successors if `out`, else predecessors) into S[_NBR, :k], in
+    list order; internal and duplicate edges are unlinked from x's list. Returns k."""
+    stamp[0] += 1
+    s = stamp[0]
+    if out:
+        head, tail, nxt_row, end_row = _OHEAD, _OTAIL, _ONEXT, _DST
+    else:
+        head, tail, nxt_row, end_row = _IHEAD, _ITAIL, _INEXT, _SRC
+    k = 0
+    prev = -1
+    e = N[x, head]
+    while e >= 0:
+        stamp[2] += 1
+        nxt = Ed[e, nxt_row]
+        y = _find(N, Ed[e, end_row])
+        if y == x or N[y, _MADJ] == s:
+            if prev < 0:
+                N[x, head] = nxt
+            else:
+                Ed[prev, nxt_row] = nxt
+        else:
+            N[y, _MADJ] = s
+            S[_NBR, k] = y
+            k += 1
+            prev = e
+        e = nxt
+    N[x, tail] = prev
+    return k
+
+
+@njit(cache=True)
+def _union(N, S, Ed, comp, a, b, newpos):  # pragma: no cover - compiled
+    """Merge roots a and b; the survivor is the smaller index (= the group's first member in insertion order)."""
+    if b < a:
+        a, b = b, a
+    N[b, _PARENT] = a
+    for head, tail, nxt_row in ((_OHEAD, _OTAIL, _ONEXT), (_IHEAD, _ITAIL, _INEXT)):
+        if N[b, head] >= 0:
+            if N[a, head] < 0:
+                N[a, head] = N[b, head]
+            else:
+                Ed[N[a, tail], nxt_row] = N[b, head]
+            N[a, tail] = N[b, tail]
+    N[a, _CNT] += N[b, _CNT]
+    comp[a] += comp[b]
+    N[a, _VER] += 1
+    N[b, _VER] += 1
+    N[b, _ALIVE] = 0
+    N[a, _POS] = newpos
+    return a
+
+
+@njit(cache=True)
+def _try_merge(N, S, Ed, comp, stamp, a, b):  # pragma: no cover - compiled
+    """Merge roots a != b unless a path joins them through a third group (that would close a cycle).
+
+    With pos(a) < pos(b) in the maintained topological order: the targets are b's predecessors placed after
+    a; the merge is unsafe iff a reaches a target, found by a search from a's other successors that never
+    leaves the positions up to the last target. If safe, the nodes found (descendants of a in that region,
+    dF) and the ancestors of b placed after a (dB) are reordered in their own pool of positions: dB, the
+    merged group, dF (Pearce & Kelly). Returns the survivor, or -1 if unsafe (nothing changed).
+    """
+    stamp[3] += 1
+    if N[a, _POS] > N[b, _POS]:
+        a, b = b, a
+    pa = N[a, _POS]
+    n_pos = N.shape[0]
+    k = _scan(N, S, Ed, stamp, b, False)
+    stamp[0] += 1
+    t = stamp[0]
+    maxpred = -1
+    nb = 0
+    for i in range(k):
+        y = S[_NBR, i]
+        if y != a and N[y, _POS] > pa:
+            N[y, _MTGT] = t
+            S[_DB, nb] = y
+            nb += 1
+            if N[y, _POS] > maxpred:
+                maxpred = N[y, _POS]
+    nf = 0
+    if nb > 0:
+        stamp[0] += 1
+        vis = stamp[0]
+        sp = 0
+        minsucc = n_pos
+        k = _scan(N, S, Ed, stamp, a, True)
+        for i in range(k):
+            y = S[_NBR, i]
+            if y == b:
+                continue
+            minsucc = min(minsucc, N[y, _POS])
+            if N[y, _MTGT] == t:
+                return -1
+            if N[y, _POS] < maxpred and N[y, _MVIS] != vis:
+                N[y, _MVIS] = vis
+                S[_STACK, sp] = y
+                sp += 1
+        while sp > 0:
+            sp -= 1
+            x = S[_STACK, sp]
+            stamp[1] += 1
+            S[_DF, nf] = x
+            nf += 1
+            k = _scan(N, S, Ed, stamp, x, True)
+            sp0 = sp
+            for i in range(k):
+                y = S[_NBR, i]
+                if N[y, _MTGT] == t:
+                    return -1
+                if N[y, _POS] < maxpred and N[y, _MVIS] != vis:
+                    N[y, _MVIS] = vis
+                    # insertion by position: the latest-placed successor is explored first (it is the
+                    # closest to the targets, so an unsafe merge is usually found after few steps)
+                    j = sp
+                    while j > sp0 and N[S[_STACK, j - 1], _POS] > N[y, _POS]:
+                        S[_STACK, j] = S[_STACK, j - 1]
+                        j -= 1
+                    S[_STACK, j] = y
+                    sp += 1
+        if minsucc > N[b, _POS]:  # no other successor of a lies before b: the merged group takes b's place
+            return _union(N, S, Ed, comp, a, b, N[b, _POS])
+        # safe: dB = the targets and their ancestors placed after a
+        stamp[0] += 1
+        vb = stamp[0]
+        for i in range(nb):
+            y = S[_DB, i]
+            N[y, _MVIS] = vb
+            S[_STACK, i] = y
+        sp = nb
+        nb = 0
+        while sp > 0:
+            sp -= 1
+            x = S[_STACK, sp]
+            stamp[4] += 1
+            S[_DB, nb] = x
+            nb += 1
+            k = _scan(N, S, Ed, stamp, x, False)
+            for i in range(k):
+                y = S[_NBR, i]
+                if N[y, _POS] > pa and N[y, _MVIS] != vb:
+                    N[y, _MVIS] = vb
+                    S[_STACK, sp] = y
+                    sp += 1
+    if nb == 0 and nf == 0:
+        return _union(N, S, Ed, comp, a, b, pa)
+    slots = np.empty(nb + nf + 1, dtype=np.int64)
+    slots[0] = pa
+    db_pos = np.empty(nb, dtype=np.int64)
+    df_pos = np.empty(nf, dtype=np.int64)
+    for i in range(nb):
+        db_pos[i] = N[S[_DB, i], _POS]
+        slots[1 + i] = db_pos[i]
+    for i in range(nf):
+        df_pos[i] = N[S[_DF, i], _POS]
+        slots[1 + nb + i] = df_pos[i]
+    slots.sort()
+    db_order = np.argsort(db_pos)
+    df_order = np.argsort(df_pos)
+    db_nodes = S[_DB, :nb].copy()
+    df_nodes = S[_DF, :nf].copy()
+    for i in range(nb):
+        N[db_nodes[db_order[i]], _POS] = slots[i]
+    for i in range(nf):
+        N[df_nodes[df_order[i]], _POS] = slots[nb + 1 + i]
+    return _union(N, S, Ed, comp, a, b, slots[nb])
+
+
+@njit(cache=True)
+def _colocate(N, S, Ed, comp, stamp, topo, label, n_labels):  # pragma: no cover - compiled
+    """Stage 1: each op, in topological order, joins the newest part of its label that accepts it.
+    Returns (first member of each part, label of each part), parts in creation order."""
+    n = topo.shape[0]
+    lab_head = np.full(n_labels, -1, dtype=np.int64)
+    part_node = np.empty(n, dtype=np.int64)
+    part_label = np.empty(n, dtype=np.int64)
+    part_next = np.empty(n, dtype=np.int64)
+    n_parts = 0
+    for i in range(n):
+        v = topo[i]
+        g = label[v]
+        p = lab_head[g]
+        joined = False
+        while p >= 0:
+            if _try_merge(N, S, Ed, comp, stamp, _find(N, part_node[p]), v) >= 0:
+                joined = True
+                break
+            p = part_next[p]
+        if not joined:
+            part_node[n_parts] = v
+            part_label[n_parts] = g
+            part_next[n_parts] = lab_head[g]
+            lab_head[g] = n_parts
+            n_parts += 1
+    return part_node[:n_parts].copy(), part_label[:n_parts].copy()
+
+
+# A binary min-heap stored in place: row i holds key (hk[i], hi[i, 0], hi[i, 1], hi[i, 2]) and payload
+# hi[i, 3:7] = (a, b, version of a, version of b). Keys are distinct for distinct (a, b), so the order of pops
+# does not depend on the order of pushes.
+
+
+@njit(cache=True)
+def _hless(hk, hi, i, j):  # pragma: no cover - compiled
+    if hk[i] != hk[j]:
+        return hk[i] < hk[j]
+    for c in range(3):
+        if hi[i, c] != hi[j, c]:
+            return hi[i, c] < hi[j, c]
+    return False
+
+
+@njit(cache=True)
+def _hswap(hk, hi, i, j):  # pragma: no cover - compiled
+    hk[i], hk[j] = hk[j], hk[i]
+    for c in range(7):
+        hi[i, c], hi[j, c] = hi[j, c], hi[i, c]
+
+
+@njit(cache=True)
+def _hpush(hk, hi, hs, key, c0, c1, c2, a, b, va, vb):  # pragma: no cover - compiled
+    if hs == hk.shape[0]:
+        cap = 2 * hs + 16
+        hk2 = np.empty(cap, dtype=np.float64)
+        hi2 = np.empty((cap, 7), dtype=np.int64)
+        hk2[:hs] = hk[:hs]
+        hi2[:hs] = hi[:hs]
+        hk, hi = hk2, hi2
+    hk[hs] = key
+    hi[hs, 0], hi[hs, 1], hi[hs, 2], hi[hs, 3], hi[hs, 4], hi[hs, 5], hi[hs, 6] = c0, c1, c2, a, b, va, vb
+    i = hs
+    while i > 0:
+        parent = (i - 1) // 2
+        if not _hless(hk, hi, i, parent):
+            break
+        _hswap(hk, hi, i, parent)
+        i = parent
+    return hk, hi, hs + 1
+
+
+@njit(cache=True)
+def _hpop(hk, hi, hs):  # pragma: no cover - compiled
+    """Remove the top row (read row 0 first); returns the new size."""
+    hs -= 1
+    hk[0] = hk[hs]
+    hi[0] = hi[hs]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= hs:
+            break
+        if child + 1 < hs and _hless(hk, hi, child + 1, child):
+            child += 1
+        if not _hless(hk, hi, child, i):
+            break
+        _hswap(hk, hi, i, child)
+        i = child
+    return hs
+
+
+@njit(cache=True)
+def _eligible(N, S, Ed, comp, stamp, rule, cap, a, b, outdeg_a):  # pragma: no cover - compiled
+    """May edge a -> b be merged under `rule`? (outdeg_a: a's distinct out-degree, or -1 to count it)."""
+    if rule == _PAIRWISE:
+        return True
+    if comp[a] + comp[b] > cap:
+        return False
+    if outdeg_a < 0:
+        outdeg_a = _scan(N, S, Ed, stamp, a, True)
+    if outdeg_a != 1:
+        return False
+    if rule == _CHAINS:
+        return _scan(N, S, Ed, stamp, b, False) == 1
+    return True
+
+
+@njit(cache=True)
+def _push_pair(hk, hi, hs, N, comp, a, b):  # pragma: no cover - compiled
+    return _hpush(hk, hi, hs, comp[a] + comp[b], N[a, _CNT] + N[b, _CNT], min(a, b), max(a, b), a, b,
+                  N[a, _VER], N[b, _VER])
+
+
+@njit(cache=True)
+def _merge_edges(N, S, Ed, comp, stamp, rule, cap, count, target):  # pragma: no cover - compiled
+    """Stages 2-4: merge edges a -> b eligible under `rule`, smallest first, while count > target.
+    Returns the new count."""
+    n = N.shape[0]
+    hk = np.empty(16, dtype=np.float64)
+    hi = np.empty((16, 7), dtype=np.int64)
+    hs = 0
+    for x in range(n):
+        if N[x, _ALIVE] == 0:
+            continue
+        k = _scan(N, S, Ed, stamp, x, True)
+        succ = S[_NBR, :k].copy()
+        for y in succ:
+            if _eligible(N, S, Ed, comp, stamp, rule, cap, x, y, k):
+                hk, hi, hs = _push_pair(hk, hi, hs, N, comp, x, y)
+    while count > target and hs > 0:
+        a, b, va, vb = hi[0, 3], hi[0, 4], hi[0, 5], hi[0, 6]
+        hs = _hpop(hk, hi, hs)
+        if N[a, _VER] != va or N[b, _VER] != vb:
+            continue  # an end was merged since: its new edges were pushed then
+        if not _eligible(N, S, Ed, comp, stamp, rule, cap, a, b, -1):
+            continue
+        m = _try_merge(N, S, Ed, comp, stamp, a, b)
+        if m < 0:
+            continue  # stays unsafe until an end is merged (contraction keeps every path)
+        count -= 1
+        k = _scan(N, S, Ed, stamp, m, False)
+        preds = S[_NBR, :k].copy()
+        k = _scan(N, S, Ed, stamp, m, True)
+        succs = S[_NBR, :k].copy()
+        for p in preds:
+            if _eligible(N, S, Ed, comp, stamp, rule, cap, p, m, -1):
+                hk, hi, hs = _push_pair(hk, hi, hs, N, comp, p, m)
+        for s in succs:
+            if _eligible(N, S, Ed, comp, stamp, rule, cap, m, s, succs.shape[0]):
+                hk, hi, hs = _push_pair(hk, hi, hs, N, comp, m, s)
+    return count
+
+
+@njit(cache=True, inline="always")
+def _nless(hk, hc, hx, i, key, c, x):  # pragma: no cover - compiled
+    return hk[i] < key or (hk[i] == key and (hc[i] < c or (hc[i] == c and hx[i] < x)))
+
+
+@njit(cache=True)
+def _npush(hk, hc, hx, hv, hs, key, c, x, ver):  # pragma: no cover - compiled
+    """Push onto a 4-ary min-heap of groups keyed by (weight, member count, root)."""
+    i = hs
+    while i > 0:
+        p = (i - 1) >> 2
+        if _nless(hk, hc, hx, p, key, c, x):
+            break
+        hk[i], hc[i], hx[i], hv[i] = hk[p], hc[p], hx[p], hv[p]
+        i = p
+    hk[i], hc[i], hx[i], hv[i] = key, c, x, ver
+    return hs + 1
+
+
+@njit(cache=True)
+def _npop(hk, hc, hx, hv, hs):  # pragma: no cover - compiled
+    """Remove the top (read index 0 first); returns the new size."""
+    hs -= 1
+    key, c, x, ver = hk[hs], hc[hs], hx[hs], hv[hs]
+    i = 0
+    while True:
+        first = 4 * i + 1
+        if first >= hs:
+            break
+        best = first
+        for j in range(first + 1, min(first + 4, hs)):
+            if _nless(hk, hc, hx, j, hk[best], hc[best], hx[best]):
+                best = j
+        if not _nless(hk, hc, hx, best, key, c, x):
+            break
+        hk[i], hc[i], hx[i], hv[i] = hk[best], hc[best], hx[best], hv[best]
+        i = best
+    hk[i], hc[i], hx[i], hv[i] = key, c, x, ver
+    return hs
+
+
+@njit(cache=True)
+def _merge_lightest(N, S, Ed, comp, stamp, count, target):  # pragma: no cover - compiled
+    """Stage 4: take the lightest group (weight, member count, root) and merge it with its lightest neighbour
+    (predecessor or successor) that can be merged without a cycle, while count > target. A group with a
+    neighbour always has one: its successor placed first, or its predecessor placed last, in any topological
+    order. Returns the new count."""
+    n = N.shape[0]
+    cap = 2 * n + 1  # each group enters the heap once per version: n at the start, one per merge
+    hk = np.empty(cap, dtype=np.float64)
+    hc = np.empty(cap, dtype=np.int64)
+    hx = np.empty(cap, dtype=np.int64)
+    hv = np.empty(cap, dtype=np.int64)
+    hs = 0
+    for x in range(n):
+        if N[x, _ALIVE] == 1 and (_scan(N, S, Ed, stamp, x, True) > 0 or _scan(N, S, Ed, stamp, x, False) > 0):
+            hs = _npush(hk, hc, hx, hv, hs, comp[x], N[x, _CNT], x, N[x, _VER])
+    while count > target and hs > 0:
+        x, ver = hx[0], hv[0]
+        hs = _npop(hk, hc, hx, hv, hs)
+        if N[x, _ALIVE] == 0 or N[x, _VER] != ver:
+            continue
+        k = _scan(N, S, Ed, stamp, x, False)
+        kin = k
+        cand = np.empty(k, dtype=np.int64)
+        cand[:k] = S[_NBR, :k]
+        k = _scan(N, S, Ed, stamp, x, True)
+        cand = np.concatenate((cand, S[_NBR, :k]))
+        if cand.shape[0] == 0:
+            continue
+        kin += 0
+        # lightest first: stable sorts by root, then member count, then weight
+        order = np.argsort(cand, kind="mergesort")
+        cnt = np.empty(cand.shape[0], dtype=np.int64)
+        for i in range(cand.shape[0]):
+            cnt[i] = N[cand[order[i]], _CNT]
+        order = order[np.argsort(cnt, kind="mergesort")]
+        w = np.empty(cand.shape[0], dtype=np.float64)
+        for i in range(cand.shape[0]):
+            w[i] = comp[cand[order[i]]]
+        order = order[np.argsort(w, kind="mergesort")]
+        m = -1
+        for i in range(cand.shape[0]):
+            m = _try_merge(N, S, Ed, comp, stamp, x, cand[order[i]])
+            if m >= 0:
+                break
+        if m < 0:
+            continue
+        count -= 1
+        hs = _npush(hk, hc, hx, hv, hs, comp[m], N[m, _CNT], m, N[m, _VER])
+    return count
+
+
+@njit(cache=True)
+def _merge_isolated(N, S, Ed, comp, stamp, count, target):  # pragma: no cover - compiled
+    """Stage 5: merge isolated groups, the two smallest first, while count > target. Returns the count."""
+    n = N.shape[0]
+    hk = np.empty(16, dtype=np.float64)
+    hi = np.empty((16, 7), dtype=np.int64)
+    hs = 0
+    for x in range(n):
+        if N[x, _ALIVE] == 1 and _scan(N, S, Ed, stamp, x, True) == 0 and _scan(N, S, Ed, stamp, x, False) == 0:
+            hk, hi, hs = _hpush(hk, hi, hs, comp[x], N[x, _CNT], x, 0, x, x, 0, 0)
+    while count > target and hs >= 2:
+        a = hi[0, 3]
+        hs = _hpop(hk, hi, hs)
+        b = hi[0, 3]
+        hs = _hpop(hk, hi, hs)
+        m = _try_merge(N, S, Ed, comp, stamp, a, b)
+        count -= 1
+        hk, hi, hs = _hpush(hk, hi, hs, comp[m], N[m, _CNT], m, 0, m, m, 0, 0)
+    return count
+
+
+@njit(cache=True)
+def _dfs_order(succ_ptr, succ_edges, edge_dst, indeg):  # pragma: no cover - compiled
+    """Reverse postorder of a depth-first walk from the sources (insertion order, successors in edge order):
+    a topological order that keeps chains and nested paths close together, so the regions searched and
+    reordered by `_try_merge` stay small (Kahn's breadth-first order interleaves a backward pass badly)."""
+    n = succ_ptr.shape[0] - 1
+    seen = np.zeros(n, dtype=np.bool_)
+    post = np.empty(n, dtype=np.int64)
+    stack = np.empty(n, dtype=np.int64)
+    it = np.empty(n, dtype=np.int64)
+    npost = 0
+    for s in range(n):
+        if indeg[s] != 0:
+            continue
+        seen[s] = True
+        stack[0] = s
+        it[0] = succ_ptr[s]
+        sp = 1
+        while sp > 0:
+            x = stack[sp - 1]
+            if it[sp - 1] < succ_ptr[x + 1]:
+                y = edge_dst[succ_edges[it[sp - 1]]]
+                it[sp - 1] += 1
+                if not seen[y]:
+                    seen[y] = True
+                    stack[sp] = y
+                    it[sp] = succ_ptr[y]
+                    sp += 1
+            else:
+                post[npost] = x
+                npost += 1
+                sp -= 1
+    pos = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        pos[post[i]] = n - 1 - i
+    return pos
+
+
+@njit(cache=True)
+def _roots(N):  # pragma: no cover - compiled
+    n = N.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    for v in range(n):
+        out[v] = _find(N, v)
+    return out
+
+
+@njit(cache=True)
+def _working_set(topo, cidx, external, output_bytes, temp_bytes, pred_ptr, pred_edges, edge_src, n_groups,
+                 internal_uses):  # pragma: no cover - compiled
+    """Peak memory of running each group's members one at a time in topological order: the running
+    member's temp_bytes plus the outputs of members consumed only inside the group, each live from its
+    producer's start until its last consumer in the group has finished."""
+    live = np.zeros(n_groups, dtype=np.float64)
+    peak = np.zeros(n_groups, dtype=np.float64)
+    rem = internal_uses.copy()
+    for i in range(topo.shape[0]):
+        v = topo[i]
+        g = cidx[v]
+        if not external[v]:
+            live[g] += output_bytes[v]
+        if live[g] + temp_bytes[v] > peak[g]:
+            peak[g] = live[g] + temp_bytes[v]
+        for k in range(pred_ptr[v], pred_ptr[v + 1]):
+            u = edge_src[pred_edges[k]]
+            if cidx[u] == g:
+                rem[u] -= 1
+                if rem[u] == 0 and not external[u]:
+                    live[g] -= output_bytes[u]
+    return peak
+
+
+# --------------------------------------------------------------------------- Python side
+
+
+@dataclass(frozen=True, eq=False)
+class Coarsening:
+    """A coarse graph and the mapping of its nodes (groups) back to the ops of the graph it came from.
+
+    `graph` is the coarse `CompGraph` (its meta carries the mapping under "coarsening", so it survives
+    `save`/`load`); `members[coarse id]` lists the original op ids of that group in insertion order.
+    """
+
+    graph: CompGraph
+    original: str
+    members: dict[str, tuple[str, ...]]
+    max_nodes: int | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_groups(self) -> int:
+        return self.graph.num_nodes
+
+    @property
+    def num_original_nodes(self) -> int:
+        return sum(len(m) for m in self.members.values())
+
+    @property
+    def reached(self) -> bool:
+        """True unless `max_nodes` was given and more groups than that remain."""
+        return self.max_nodes is None or self.num_groups <= self.max_nodes
+
+    @property
+    def group_of(self) -> dict[str, str]:
+        """Original op id -> coarse node id."""
+        return {op: gid for gid, ops in self.members.items() for op in ops}
+
+    def expand(self, placement: Placement | np.ndarray | Sequence[int] | Mapping[str, int],
+               cluster: str | None = None) -> Placement:
+        """The placement of the original graph that puts every op on its group's device.
+
+        `placement` is a `Placement` of the coarse graph, a device index per coarse node (coarse node order),
+        or a mapping coarse id -> device index.
+        """
+        if isinstance(placement, Placement):
+            assignment: Mapping[str, int] = placement.assignment
+            cluster = placement.cluster if cluster is None else cluster
+        elif isinstance(placement, Mapping):
+            assignment = placement
+        else:
+            assignment = Placement.from_array(self.graph, placement).assignment
+        unknown = [k for k in assignment if k not in self.members]
+        if unknown:
+            raise PlacementError(f"placement names {len(unknown)} node(s) not in coarse graph {self.graph.name!r}, "
+                                 f"e.g. {unknown[0]!r}; expand a placement of the coarse graph")
+        out: dict[str, int] = {}
+        for gid, ops in self.members.items():
+            d = assignment.get(gid)
+            if d is None:
+                missing = sum(1 for g in self.members if g not in assignment)
+                raise PlacementError(f"placement gives no device for {missing} group(s) of coarse graph "
+                                     f"{self.graph.name!r}, e.g. {gid!r}; every group needs one")
+            if isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0:
+                raise PlacementError(f"group {gid!r} is placed on {d!r}; device indices are integers >= 0")
+            for op in ops:
+                out[op] = int(d)
+        return Placement(out, graph=self.original, cluster=cluster or "")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The mapping as stored in the coarse graph's meta under "coarsening"."""
+        return {"from": self.original, "max_nodes": self.max_nodes, "stats": dict(self.stats),
+                "groups": {gid: list(ops) for gid, ops in self.members.items()}}
+
+    def save(self, path: str | Path) -> None:
+        """Write the coarse graph (`devplace.graph/1`, mapping in its meta)."""
+        save_graph(self.graph, path)
+
+    @classmethod
+    def from_graph(cls, coarse: CompGraph) -> Coarsening:
+        """Rebuild the Coarsening from a coarse graph whose meta holds "coarsening" (e.g. after `load_graph`)."""
+        doc = coarse.meta.get(META_KEY)
+        where = f"graph {coarse.name!r}"
+        if not isinstance(doc, Mapping):
+            raise GraphError(f"{where} has no \"{META_KEY}\" mapping; it is not the output of devplace coarsen")
+        groups = doc.get("groups")
+        if not isinstance(groups, Mapping) or set(groups) != set(coarse.ids):
+            raise GraphError(f"{where}: \"{META_KEY}\".\"groups\" must map every coarse node id to its member ids")
+        members: dict[str, tuple[str, ...]] = {}
+        seen: set[str] = set()
+        for gid in coarse.ids:
+            ops = groups[gid]
+            if not isinstance(ops, list) or not ops or not all(isinstance(o, str) for o in ops):
+                raise GraphError(f"{where}: group {gid!r} must list its member op ids (a non-empty list of strings)")
+            dup = next((o for o in ops if o in seen), None)
+            if dup is not None or len(set(ops)) != len(ops):
+                raise GraphError(f"{where}: op {dup or ops[0]!r} is listed in two groups; every op is in one group")
+            seen.update(ops)
+            members[gid] = tuple(ops)
+        max_nodes = doc.get("max_nodes")
+        if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int)):
+            raise GraphError(f"{where}: \"{META_KEY}\".\"max_nodes\" must be an integer or null, got {max_nodes!r}")
+        return cls(coarse, str(doc.get("from", "")), members, max_nodes, dict(doc.get("stats") or {}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Coarsening:
+        return cls.from_graph(load_graph(path))
+
+    def summary(self) -> str:
+        """One line: how many ops became how many groups, and what each stage did."""
+        s = self.stats
+        text = (f"{self.num_original_nodes} ops -> {self.num_groups} groups (colocation: "
+                f"{s.get('colocate', self.num_groups)} groups, {s.get('groups_split', 0)} of "
+                f"{s.get('labels', 0)} colocation groups split to keep a DAG)")
+        if self.max_nodes is not None and not self.reached:
+            text += f"; max_nodes={self.max_nodes} not reached: no safe merge left"
+        return text
+
+    def __repr__(self) -> str:
+        return f"Coarsening({self.original!r}: {self.num_original_nodes} ops -> {self.num_groups} groups)"
+
+
+def colocate(graph: CompGraph) -> Coarsening:
+    """Merge every op into its colocation group (an empty `group` means the op's own id), splitting a group
+    where merging it whole would create a cycle. See the module docstring for the rule."""
+    return _run(graph, max_nodes=None, merge=False)
+
+
+def coarsen(graph: CompGraph, max_nodes: int | None = None) -> Coarsening:
+    """Colocate, then fuse chains, merge single-consumer ops into their consumer, merge adjacent groups
+    (smallest combined compute first, never creating a cycle) and finally isolated groups, stopping as soon
+    as at most `max_nodes` groups remain. With `max_nodes=None`: colocation, chains and single-consumer merges
+    until nothing changes."""
+    if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int | np.integer)
+                                  or max_nodes < 1):
+        raise GraphError(f"max_nodes must be a positive integer (or None for no target), got {max_nodes!r}")
+    return _run(graph, max_nodes=None if max_nodes is None else int(max_nodes), merge=True)
+
+
+def _init_state(graph: CompGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    n, n_e = graph.num_nodes, graph.num_edges
+    N = np.zeros((n, _NFIELDS), dtype=np.int64)
+    N[:, _PARENT] = np.arange(n)
+    N[:, _POS] = _dfs_order(graph.succ_ptr, graph.succ_edges, graph.edge_dst,
+                            np.bincount(graph.edge_dst, minlength=n)) if n else 0
+    N[:, _CNT] = 1
+    N[:, _ALIVE] = 1
+    Ed = np.empty((n_e, 4), dtype=np.int64)
+    Ed[:, _SRC] = graph.edge_src
+    Ed[:, _DST] = graph.edge_dst
+    for ptr, lst, head, tail, nxt in ((graph.succ_ptr, graph.succ_edges, _OHEAD, _OTAIL, _ONEXT),
+                                      (graph.pred_ptr, graph.pred_edges, _IHEAD, _ITAIL, _INEXT)):
+        deg = np.diff(ptr)
+        has = deg > 0
+        N[:, head] = np.where(has, lst[np.minimum(ptr[:-1], max(n_e - 1, 0))] if n_e else -1, -1)
+        N[:, tail] = np.where(has, lst[np.maximum(ptr[1:] - 1, 0)] if n_e else -1, -1)
+        link = np.full(n_e, -1, dtype=np.int64)
+        if n_e:
+            link[lst[:-1]] = lst[1:]
+            link[lst[ptr[1:][has] - 1]] = -1
+        Ed[:, nxt] = link
+    S = np.empty((4, n), dtype=np.int64)
+    return N, S, Ed, merge_weight(graph), np.zeros(8, dtype=np.int64)
+
+
+def merge_weight(graph: CompGraph) -> np.ndarray:
+    """Per op: its share of the graph's total compute_s plus its share of the total memory it holds
+    (param_bytes + output_bytes); a term is left out when its total is 0. Merges take the smallest combined
+    weight first, so groups grow evenly in time and in memory."""
+    w = np.zeros(graph.num_nodes, dtype=np.float64)
+    mem = graph.param_bytes + graph.output_bytes
+    for x in (graph.compute_s, mem):
+        total = float(x.sum())
+        if total > 0:
+            w += x / total
+    return w
+
+
+def _run(graph: CompGraph, max_nodes: int | None, merge: bool) -> Coarsening:
+    n = graph.num_nodes
+    labels: dict[str, int] = {}
+    label = np.empty(n, dtype=np.int64)
+    for v in range(n):
+        label[v] = labels.setdefault(graph.group[v] or graph.ids[v], len(labels))
+    label_names = list(labels)
+    N, S, Ed, comp, stamp = _init_state(graph)
+    stats: dict[str, Any] = {"labels": len(labels)}
+    if n:
+        part_node, part_label = _colocate(N, S, Ed, comp, stamp, graph.topo_order, label, len(labels))
+    else:
+        part_node = part_label = np.zeros(0, dtype=np.int64)
+    count = int(part_node.shape[0])
+    parts_per_label = np.bincount(part_label, minlength=len(labels))
+    stats["groups_split"] = int((parts_per_label > 1).sum())
+    stats["colocate"] = count
+    stage1_root = _roots(N) if n else np.zeros(0, dtype=np.int64)
+    if merge:
+        target = 0 if max_nodes is None else max_nodes
+        cap = math.inf if max_nodes is None else float(comp.sum()) / max_nodes
+        for name, rule in (("chains", _CHAINS), ("single_consumer", _SINGLE)):
+            if rule != _CHAINS and max_nodes is None:
+                break
+            if count > target:
+                count = int(_merge_edges(N, S, Ed, comp, stamp, rule, cap, count, target))
+            stats[name] = count
+        if max_nodes is not None:
+            if count > target:
+                count = int(_merge_lightest(N, S, Ed, comp, stamp, count, target))
+            stats["pairwise"] = count
+        if max_nodes is not None:
+            if count > target:
+                count = int(_merge_isolated(N, S, Ed, comp, stamp, count, target))
+            stats["components"] = count
+    root = _roots(N) if n else np.zeros(0, dtype=np.int64)
+    names = _part_names(part_node, part_label, label_names, stage1_root)
+    coarse, members = _build(graph, root, stage1_root, names, max_nodes, stats, merge)
+    return Coarsening(coarse, graph.name, members, max_nodes, stats)
+
+
+def _part_names(part_node: np.ndarray, part_label: np.ndarray, label_names: list[str],
+                stage1_root: np.ndarray) -> dict[int, str]:
+    """Stage-1 root -> readable unique name: a group's first part is named by the group, later parts
+    (created by splits, in creation order) `<group>#1`, `<group>#2`, ..."""
+    used = set(label_names)
+    seen: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for p, g in zip(part_node.tolist(), part_label.tolist(), strict=True):
+        k = seen.get(g, 0)
+        seen[g] = k + 1
+        name = label_names[g]
+        if k:
+            j = k
+            while f"{name}#{j}" in used:
+                j += 1
+            name = f"{name}#{j}"
+            used.add(name)
+        names[int(stage1_root[p])] = name
+    return names
+
+
+def _build(graph: CompGraph, root: np.ndarray, stage1_root: np.ndarray, names: dict[int, str],
+           max_nodes: int | None, stats: dict[str, Any], merged: bool) -> tuple[CompGraph, dict[str, tuple[str, ...]]]:
+    """The coarse CompGraph from the final group of each op (root = the group's first member index)."""
+    n = graph.num_nodes
+    uniq = np.unique(root)
+    cidx = np.searchsorted(uniq, root)
+    n_g = int(uniq.shape[0])
+    order = np.argsort(cidx, kind="stable")
+    bounds = np.searchsorted(cidx[order], np.arange(n_g + 1))
+    group_members = [order[bounds[g]:bounds[g + 1]].tolist() for g in range(n_g)]
+    gids = [names[int(stage1_root[r])] for r in uniq.tolist()]
+
+    src, dst = graph.edge_src, graph.edge_dst
+    cross = cidx[src] != cidx[dst]
+    outdeg = np.bincount(src, minlength=n)
+    external = (outdeg == 0) | (np.bincount(src[cross], minlength=n) > 0)
+    internal_uses = np.bincount(src[~cross], minlength=n).astype(np.int64)
+    temp = _working_set(graph.topo_order, cidx.astype(np.int64), external, graph.output_bytes, graph.temp_bytes,
+                        graph.pred_ptr, graph.pred_edges, src, n_g, internal_uses) if n else np.zeros(0)
+    out_bytes = np.bincount(cidx, weights=np.where(external, graph.output_bytes, 0.0), minlength=n_g)
+
+    nodes: list[dict[str, Any]] = []
+    members: dict[str, tuple[str, ...]] = {}
+    for g, mem in enumerate(group_members):
+        gid = gids[g]
+        members[gid] = tuple(graph.ids[v] for v in mem)
+        if len(mem) == 1:
+            rec = graph.node_record(mem[0])
+            rec["id"] = gid
+            nodes.append(rec)
+            continue
+        kinds = {graph.kind[v] for v in mem}
+        kind = next((k for k in ("forward", "backward", "optimizer") if k in kinds), graph.kind[mem[0]])
+        groups = {graph.group[v] for v in mem}
+        rec = {"id": gid, "op": GROUP_OP, "kind": kind, "group": groups.pop() if len(groups) == 1 else "",
+               "compute_s": dump_number(math.fsum(graph.compute_s[mem].tolist())),
+               "output_bytes": dump_number(float(out_bytes[g])),
+               "param_bytes": dump_number(math.fsum(graph.param_bytes[mem].tolist())),
+               "temp_bytes": dump_number(float(temp[g]))}
+        for key in SUMMED_EXTRAS:
+            vals = [graph.node_extra[v].get(key) for v in mem] if graph.node_extra else []
+            nums = [x for x in vals if isinstance(x, int | float) and not isinstance(x, bool)]
+            if nums:
+                rec[key] = sum(nums) if all(isinstance(x, int) for x in nums) else math.fsum(nums)
+        nodes.append({k: v for k, v in rec.items() if v or k == "id"})
+
+    edges = _coarse_edges(graph, cidx, cross, gids)
+    meta = {k: v for k, v in graph.meta.items() if k != META_KEY}
+    stats_out = dict(stats)
+    doc = {"from": graph.name, "max_nodes": max_nodes, "stats": stats_out,
+           "groups": {gid: list(ops) for gid, ops in members.items()}}
+    meta[META_KEY] = doc
+    suffix = "coarse" if merged else "colocated"
+    coarse = CompGraph.build(f"{graph.name}.{suffix}{n_g}", nodes, edges, meta=meta)
+    return coarse, members
+
+
+def _coarse_edges(graph: CompGraph, cidx: np.ndarray, cross: np.ndarray, gids: list[str]) -> list[dict[str, Any]]:
+    """One edge per distinct (coarse src, coarse dst, original tensor (producer, output index)), in the order of
+    its first original edge, with that tensor's bytes. Tensors are renumbered per coarse producer in order of
+    (producer insertion index, output index); a coarse producer whose crossing tensors all come from one op
+    keeps that op's output indices."""
+    e_idx = np.flatnonzero(cross)
+    if not e_idx.size:
+        return []
+    u = graph.edge_src[e_idx]
+    t = graph.edge_tensor[e_idx]
+    y = cidx[graph.edge_dst[e_idx]]
+    # first edge of each (u, t, coarse dst)
+    key_order = np.lexsort((e_idx, y, t, u))
+    ku, kt, ky = u[key_order], t[key_order], y[key_order]
+    new = np.ones(key_order.size, dtype=bool)
+    new[1:] = (ku[1:] != ku[:-1]) | (kt[1:] != kt[:-1]) | (ky[1:] != ky[:-1])
+    firsts = e_idx[key_order[new]]
+    # renumber tensors per coarse producer: distinct (u, t) ranked by (u, t) inside each producer
+    fu, ft = graph.edge_src[firsts], graph.edge_tensor[firsts]
+    fx = cidx[fu]
+    ord2 = np.lexsort((ft, fu, fx))
+    sx, su, st = fx[ord2], fu[ord2], ft[ord2]
+    start_x = np.ones(ord2.size, dtype=bool)
+    start_x[1:] = sx[1:] != sx[:-1]
+    new_t = np.ones(ord2.size, dtype=bool)
+    new_t[1:] = (su[1:] != su[:-1]) | (st[1:] != st[:-1]) | start_x[1:]
+    run = np.cumsum(new_t) - 1  # global tensor counter
+    x_base = np.maximum.accumulate(np.where(start_x, run, 0))
+    rank = run - x_base
+    # producers whose crossing tensors all come from one op keep the original indices
+    x_first_u = np.maximum.accumulate(np.where(start_x, np.arange(ord2.size), 0))
+    one_op = np.ones(ord2.size, dtype=bool)
+    diff_u = su != su[x_first_u]
+    if diff_u.any():
+        bad_x = np.unique(sx[diff_u])
+        one_op = ~np.isin(sx, bad_x)
+    tensor_new = np.empty(ord2.size, dtype=np.int64)
+    tensor_new[ord2] = np.where(one_op, st, rank)
+    out = []
+    for k in np.argsort(firsts, kind="stable").tolist():
+        e = int(firsts[k])
+        rec = graph.edge_record(e)
+        rec["src"] = gids[int(fx[k])]
+        rec["dst"] = gids[int(cidx[graph.edge_dst[e]])]
+        tn = int(tensor_new[k])
+        if tn:
+            rec["tensor"] = tn
+        else:
+            rec.pop("tensor", None)
+        out.append(rec)
+    return out
+
+
+__all__ = ["Coarsening", "coarsen", "colocate"]

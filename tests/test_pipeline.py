@@ -1,0 +1,55 @@
+"""Model -> captured, costed, coarsened graph (devplace.capture.pipeline), and back: a placement of the
+groups expands to every op."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from devplace.capture.pipeline import family_graph, prepare, zoo_prepared
+from devplace.errors import DevplaceError
+from devplace.hardware.cluster import load_cluster
+from devplace.hardware.presets import device_kind
+from devplace.placers import place
+from devplace.sim import simulate
+
+
+def test_zoo_model_to_placement_of_every_op():
+    prepared = zoo_prepared("resnet50", batch=2, max_nodes=60)
+    full, coarse = prepared.full, prepared.graph
+    assert coarse.num_nodes <= 60 < full.num_nodes
+    # costing and coarsening keep the work and the persistent memory
+    assert coarse.compute_s.sum() == pytest.approx(full.compute_s.sum(), rel=1e-12)
+    assert coarse.param_bytes.sum() == full.param_bytes.sum()
+    assert full.compute_s.sum() > 0
+    c = load_cluster("4xV100-16GB")
+    p = place(coarse, c, placer="m-etf")
+    expanded = prepared.coarsening.expand(p)
+    assert set(expanded.assignment) == set(full.ids)
+    assert simulate(full, c, expanded).feasible
+
+
+def test_costs_follow_the_device_speed():
+    from devplace.capture.pipeline import capture_zoo_model
+
+    graph = capture_zoo_model("resnet50", batch=2)
+    v100 = prepare(graph, device=device_kind("V100")).full
+    a100 = prepare(graph, device=device_kind("A100")).full
+    # compute_s is in speed-1.0 (V100) units; an A100 estimate differs only through its own roofline
+    assert v100.compute_s.sum() > 0 and a100.compute_s.sum() > 0
+    assert v100.num_nodes == a100.num_nodes
+
+
+def test_family_graphs_are_seeded_and_coarsened():
+    a = family_graph("cifar10", 3, max_nodes=120)
+    b = family_graph("cifar10", 3, max_nodes=120)
+    assert a.num_nodes <= 120
+    assert a.ids == b.ids and np.array_equal(a.compute_s, b.compute_s)
+    assert a.meta["family"]["name"] == "cifar10" and a.meta["family"]["index"] == 3
+    other = family_graph("cifar10", 4, max_nodes=120)
+    assert other.meta["family"]["arch"] != a.meta["family"]["arch"]
+
+
+def test_unknown_model_is_a_clear_error():
+    with pytest.raises(DevplaceError, match="resnet50"):
+        zoo_prepared("resnet-9000")

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from devplace.capture.torch_capture import capture
 from devplace.graph.coarsen import Coarsening, coarsen, colocate
 from devplace.graph.compgraph import CompGraph
@@ -59,7 +61,10 @@ def capture_zoo_model(name: str, *, batch: int | None = None, seq_len: int | Non
     from devplace.zoo.models import build_model, get_spec
 
     spec = get_spec(name)
-    module, inputs, loss_fn = build_model(name, batch, seq_len)
+    # built on the meta device: parameters and inputs have shapes but no storage, so a 1.5B-parameter model
+    # captures in a few GB of RAM (capture runs it on fake tensors anyway)
+    with torch.device("meta"):
+        module, inputs, loss_fn = build_model(name, batch, seq_len)
     b = spec.batch if batch is None else batch
     s = spec.seq_len if seq_len is None else seq_len
     label = f"{name}-b{b}" + (f"-s{s}" if s else "")

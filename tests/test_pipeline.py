@@ -53,3 +53,18 @@ def test_family_graphs_are_seeded_and_coarsened():
 def test_unknown_model_is_a_clear_error():
     with pytest.raises(DevplaceError, match="resnet50"):
         zoo_prepared("resnet-9000")
+
+
+@pytest.mark.parametrize("name", ["inception_v3", "resnet50", "vgg16", "mobilenet_v3_large", "bert-base", "gpt2",
+                                  "gpt2-xl", "t5-small", "llama-1b", "gnmt"])
+def test_every_zoo_model_captures(name):
+    from devplace.zoo.models import get_spec
+
+    seq = 8 if get_spec(name).seq_len else None
+    # batch 2: batch norm in training mode needs more than one value per channel
+    prepared = zoo_prepared(name, batch=2, seq_len=seq, max_nodes=80)
+    full = prepared.full
+    assert {"forward", "backward", "optimizer"} <= set(full.kind)
+    assert prepared.graph.num_nodes <= 80
+    # Adam: weights + gradients + 2 states, float32, for every parameter
+    assert full.meta["capture"]["param_bytes"] == full.meta["capture"]["params"] * 4 * 4

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from devplace.capture import capture
 from devplace.errors import DevplaceError
 from devplace.zoo.families import FAMILIES, FAMILY_SIZE, family_arch, family_model
 from devplace.zoo.models import GNMT, MODELS, build_model, get_spec, model_names
@@ -159,16 +160,8 @@ def test_family_overrides():
 
 # ------------------------------------------------------------------------------------------------ capture
 
-def _capture():
-    mod = pytest.importorskip("devplace.capture")
-    if not hasattr(mod, "capture"):
-        pytest.skip("devplace.capture.capture not available yet")
-    return mod.capture
-
-
 @pytest.mark.parametrize("fam", FAMILIES)
 def test_capture_one_family_member(fam):
-    capture = _capture()
     module, inputs, loss_fn = family_model(fam, 0, batch=2, seq_len=None if fam == "cifar10" else 4)
     graph = capture(module, inputs, loss_fn=loss_fn)
     assert graph.num_nodes > 0
@@ -176,7 +169,6 @@ def test_capture_one_family_member(fam):
 
 
 def test_capture_small_gpt2():
-    capture = _capture()
     module, inputs, loss_fn = build_model("gpt2", batch=1, seq_len=16)
     graph = capture(module, inputs, loss_fn=loss_fn)
     assert {"forward", "backward"} <= set(graph.kind)

@@ -1,0 +1,275 @@
+"""`seq2seq`: the ColocRL one-shot RL placer (Mirhoseini et al., ICML 2017), read as the paper.
+
+Model (all sizes in `Seq2SeqConfig`, the one place the hyperparameters live):
+- Per-node features, read **in the given traversal order**: a hashed op-type embedding (crc32 of the op
+  name into `op_buckets` buckets), the op's compute time, output bytes and parameter bytes (each divided by
+  its largest value in the graph), and in-/out-degree (divided by the largest degree).
+- Encoder: a bidirectional LSTM over that sequence (the paper's "groups in graph order"; here every node
+  is one group -- coarsen the graph first for large models).
+- Decoder: an LSTM that emits one device per node, step t for node order[t]. Its input at step t is the
+  trainable embedding of the device it sampled at step t-1 (a start embedding at t = 0) together with the
+  encoder state of node t; content-based attention over all encoder states (Luong's "general" score,
+  (W_d h_t) . (W_e e_s), chosen over Bahdanau's additive score because the latter keeps a [K, V, A]
+  tensor per step for the backward pass) gives a context vector, and a linear layer on
+  [decoder state; context] gives the device logits. Autoregressive.
+- REINFORCE: each iteration samples a batch of `samples` placements; cost = sqrt(simulated step time)
+  (the paper's, divided by sqrt of the serial time on the fastest device so it is about 1 for any graph);
+  an infeasible sample's cost grows by `memory_penalty` x its relative overflow (sum over devices of
+  bytes over memory / memory). Loss = mean((cost - b) x log p(placement)) - entropy_coef x entropy, with b a
+  moving average of the batch mean cost (decay 0.9); gradients clipped by norm; Adam.
+- Result: the best memory-feasible placement sampled; when no sample fits, m-etf's placement (which raises
+  NoFitError itself when nothing fits).
+
+Deterministic for a seed: numpy's Generator(PCG64(seed)) draws two seeds; parameters are initialised
+under torch.manual_seed(first) (inside fork_rng, so the caller's torch RNG is untouched) and placements
+are sampled from a torch.Generator seeded with the second. `train_seq2seq` returns the
+per-iteration learning curve with the placement.
+
+Cost: the decoder is a Python loop of V LSTM steps each attending over V encoder states, so an iteration
+is V sequential steps forward and backward and O(V^2 x hidden) of attention. Measured (torch on one
+thread, 8 samples, hidden 64, 3 devices, layered_graph(V, width=12), a shared 2-core machine):
+V = 300: 0.28-0.37 s per iteration (15-19 s for the default 50); V = 1,000: 1.0-1.1 s; V = 3,000:
+5.1-5.3 s (the V^2 attention and the autograd tape start to dominate). A graph of many thousand nodes
+should be coarsened (devplace.graph.coarsen) to a few hundred groups first, as the paper grouped ops.
+
+Learning: 50 iterations x 8 samples is a small budget for REINFORCE on a one-shot V-long action (the
+paper trained for hours). The policy clearly learns coarse structure (e.g. to leave a 10x slower device
+empty, within about 20 iterations), but on a 300-node graph the mean sampled step time barely moves in 50
+iterations, and the best sample is typically 20-30% above m-etf's.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from devplace.graph.compgraph import CompGraph
+from devplace.hardware.cluster import Cluster
+from devplace.placers.memory import no_fit_error
+from devplace.placers.registry import PlacerError, Progress, get_placer, register
+from devplace.sim.devplace_model import DevplaceModel
+
+
+@dataclass(frozen=True)
+class Seq2SeqConfig:
+    """Every hyperparameter of the ColocRL placer."""
+
+    episodes: int = 50  # REINFORCE iterations
+    samples: int = 8  # placements sampled per iteration (the batch)
+    hidden: int = 64  # LSTM hidden size (encoder per direction, decoder)
+    op_buckets: int = 64  # hashed op-type vocabulary
+    op_embed: int = 16  # op-type embedding size
+    device_embed: int = 16  # device embedding size (decoder input)
+    attention: int = 64  # attention projection size
+    lr: float = 3e-3  # Adam learning rate
+    baseline_decay: float = 0.9  # moving-average baseline: b <- decay b + (1 - decay) mean cost
+    entropy_coef: float = 1e-3  # weight of the entropy bonus (entropy summed over nodes)
+    grad_clip: float = 1.0  # gradient norm clipping
+    memory_penalty: float = 1.0  # cost += memory_penalty x relative overflow for infeasible samples
+    scale_advantage: bool = False  # divide (cost - baseline) by the batch's cost std (not in the paper)
+
+
+NUM_NUMERIC = 5  # compute, output bytes, param bytes, in-degree, out-degree
+
+
+def _scaled(x: np.ndarray) -> np.ndarray:
+    top = float(x.max()) if x.size else 0.0
+    return x / top if top > 0 else np.zeros_like(x)
+
+
+def node_features(graph: CompGraph, op_buckets: int = Seq2SeqConfig.op_buckets) -> tuple[np.ndarray, np.ndarray]:
+    """Per node (graph index order): the op-type bucket (int64[V]) and the numeric features (float32[V, 5]):
+    compute time, output bytes, param bytes, in-degree, out-degree, each divided by its graph maximum."""
+    n = graph.num_nodes
+    buckets = np.array([zlib.crc32(op.encode()) % op_buckets for op in graph.op], dtype=np.int64)
+    indeg = np.bincount(graph.edge_dst, minlength=n).astype(np.float64)
+    outdeg = np.bincount(graph.edge_src, minlength=n).astype(np.float64)
+    numeric = np.stack([_scaled(graph.compute_s), _scaled(graph.output_bytes), _scaled(graph.param_bytes),
+                        _scaled(indeg), _scaled(outdeg)], axis=1) if n else np.zeros((0, NUM_NUMERIC))
+    return buckets, numeric.astype(np.float32)
+
+
+def encode_order(graph: CompGraph, order: np.ndarray,
+                 op_buckets: int = Seq2SeqConfig.op_buckets) -> tuple[np.ndarray, np.ndarray]:
+    """The encoder's input sequence: the features of `order[0]`, `order[1]`, ... (row t is node order[t])."""
+    order = np.asarray(order, dtype=np.int64)
+    buckets, numeric = node_features(graph, op_buckets)
+    return buckets[order], numeric[order]
+
+
+class ColocPolicy(nn.Module):
+    """Bidirectional LSTM encoder + attentional LSTM decoder emitting one device per input node.
+    The parameter count depends on the config and the number of devices only, not on the graph."""
+
+    def __init__(self, cfg: Seq2SeqConfig, num_devices: int) -> None:
+        super().__init__()
+        h = cfg.hidden
+        self.num_devices = num_devices
+        self.op_embedding = nn.Embedding(cfg.op_buckets, cfg.op_embed)
+        self.encoder = nn.LSTM(cfg.op_embed + NUM_NUMERIC, h, batch_first=True, bidirectional=True)
+        self.device_embedding = nn.Embedding(num_devices + 1, cfg.device_embed)  # last row: start token
+        self.decoder = nn.LSTMCell(cfg.device_embed + 2 * h, h)
+        self.att_enc = nn.Linear(2 * h, cfg.attention, bias=False)
+        self.att_dec = nn.Linear(h, cfg.attention)
+        self.out = nn.Linear(h + 2 * h, num_devices)
+
+    def encode(self, buckets: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
+        """[V] buckets, [V, 5] features (in traversal order) -> encoder states [V, 2h]."""
+        x = torch.cat([self.op_embedding(buckets), numeric], dim=1).unsqueeze(0)
+        states, _ = self.encoder(x)
+        return states[0]
+
+    def forward(self, buckets: torch.Tensor, numeric: torch.Tensor, samples: int,
+                generator: torch.Generator | None,
+                greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample `samples` placements. Returns devices [K, V] (position t = node order[t]), the summed
+        log-probability [K] and the summed entropy [K] of each."""
+        enc = self.encode(buckets, numeric)  # [V, 2h]
+        v = enc.shape[0]
+        keys = self.att_enc(enc)  # [V, A], computed once
+        h = enc.new_zeros(samples, self.decoder.hidden_size)
+        c = torch.zeros_like(h)
+        prev = torch.full((samples,), self.num_devices, dtype=torch.long)
+        devices, logp, ent = [], enc.new_zeros(samples), enc.new_zeros(samples)
+        for t in range(v):
+            x = torch.cat([self.device_embedding(prev), enc[t].expand(samples, -1)], dim=1)
+            h, c = self.decoder(x, (h, c))
+            scores = self.att_dec(h) @ keys.T  # [K, V]
+            context = torch.softmax(scores, dim=1) @ enc  # [K, 2h]
+            log_probs = torch.log_softmax(self.out(torch.cat([h, context], dim=1)), dim=1)
+            probs = log_probs.exp()
+            if greedy:
+                pick = log_probs.argmax(dim=1)
+            else:
+                pick = torch.multinomial(probs.detach(), 1, generator=generator).squeeze(1)
+            logp = logp + log_probs.gather(1, pick.unsqueeze(1)).squeeze(1)
+            ent = ent - (probs * log_probs).sum(dim=1)
+            devices.append(pick)
+            prev = pick
+        return torch.stack(devices, dim=1), logp, ent
+
+
+@dataclass
+class Seq2SeqResult:
+    """The best feasible placement (device per node, graph index order) and the learning curve: per
+    iteration the mean sampled step time, the best feasible step time so far (inf until one fits), the
+    batch's mean cost, the baseline and the mean entropy per node."""
+
+    devices: np.ndarray
+    best_step_time_s: float
+    fallback: bool  # True when no sample fit and m-etf's placement was returned
+    curve: list[dict[str, float]] = field(default_factory=list)
+    num_parameters: int = 0
+
+
+def _sample_cost(result, serial_s: float, penalty: float) -> float:
+    cost = math.sqrt(result.step_time_s / serial_s)
+    if not result.feasible:
+        over = np.maximum(result.peak_memory_bytes - result.memory_bytes, 0.0) / result.memory_bytes
+        cost += penalty * float(over.sum())
+    return cost
+
+
+def train_seq2seq(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, seed: int = 0,
+                  config: Seq2SeqConfig | None = None, progress: Progress | None = None) -> Seq2SeqResult:
+    """Train the ColocRL policy on one graph with REINFORCE; the best feasible sampled placement and the curve.
+
+    Runs torch single-threaded (restored afterwards): the model's ops are small, so threads only add
+    overhead, and oversubscribe a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train(graph, cluster, order, seed, config or Seq2SeqConfig(), progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg: Seq2SeqConfig,
+           progress: Progress | None) -> Seq2SeqResult:
+    n, nd = graph.num_nodes, cluster.num_devices
+    order = np.asarray(order, dtype=np.int64)
+    if sorted(order.tolist()) != list(range(n)):
+        raise PlacerError("seq2seq: order must be a permutation of the node indices")
+    rng = np.random.Generator(np.random.PCG64(seed))  # the seed's streams: one for the weights, one for sampling
+    init_seed, sample_seed = (int(s) for s in rng.integers(0, 2**62, size=2))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(init_seed)
+        policy = ColocPolicy(cfg, nd)
+    nparams = sum(p.numel() for p in policy.parameters())
+    if n == 0 or nd == 1:
+        return Seq2SeqResult(np.zeros(n, dtype=np.int64), math.nan, False, [], nparams)
+    generator = torch.Generator().manual_seed(sample_seed)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    model = DevplaceModel(graph, cluster)
+    serial_s = max(float(graph.compute_s.sum()) / float(cluster.speeds.max()), 1e-30)
+    b_np, x_np = encode_order(graph, order, cfg.op_buckets)
+    buckets, numeric = torch.from_numpy(b_np), torch.from_numpy(x_np)
+    best, best_t = None, math.inf
+    baseline: float | None = None
+    curve: list[dict[str, float]] = []
+    for it in range(cfg.episodes):
+        if progress is not None:
+            progress(it, cfg.episodes)
+        seq, logp, ent = policy(buckets, numeric, cfg.samples, generator)
+        seq_np = seq.numpy()
+        costs, times = [], []
+        for k in range(cfg.samples):
+            devices = np.empty(n, dtype=np.int64)
+            devices[order] = seq_np[k]
+            res = model.run(devices)
+            costs.append(_sample_cost(res, serial_s, cfg.memory_penalty))
+            times.append(res.step_time_s)
+            if res.feasible and res.step_time_s < best_t:
+                best, best_t = devices, res.step_time_s
+        cost = torch.tensor(costs, dtype=torch.float32)
+        mean_cost = float(cost.mean())
+        if baseline is None:
+            baseline = mean_cost
+        advantage = cost - baseline
+        if cfg.scale_advantage:
+            advantage = advantage / (float(cost.std()) + 1e-3 * abs(baseline) + 1e-12)
+        loss = (advantage * logp).mean() - cfg.entropy_coef * ent.mean()
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+        optimizer.step()
+        curve.append({"iteration": float(it), "mean_step_time_s": float(np.mean(times)), "best_step_time_s": best_t,
+                      "mean_cost": mean_cost, "baseline": baseline, "entropy": float(ent.detach().mean()) / n})
+        baseline = cfg.baseline_decay * baseline + (1.0 - cfg.baseline_decay) * mean_cost
+    if progress is not None:
+        progress(cfg.episodes, cfg.episodes)
+    if best is None:
+        return Seq2SeqResult(np.full(n, -1, dtype=np.int64), math.inf, True, curve, nparams)
+    return Seq2SeqResult(best, best_t, False, curve, nparams)
+
+
+@register("seq2seq", uses_order=True)
+def seq2seq(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0, episodes: int = 50,
+            samples: int = 8, hidden: int = 64, memory_penalty: float = 1.0,
+            progress: Progress | None = None) -> np.ndarray:
+    """ColocRL one-shot RL: a bidirectional LSTM reads the nodes in the order, an LSTM decoder emits their devices.
+
+    REINFORCE on sqrt(simulated step time) with a moving-average baseline, `samples` placements per
+    iteration for `episodes` iterations; infeasible samples pay `memory_penalty` x their relative memory
+    overflow. Returns the best feasible sampled placement (m-etf's when none fits). Deterministic for a seed.
+    About 0.3 s per iteration for 300 nodes on 2 CPU cores; coarsen graphs of thousands of nodes first.
+    """
+    for name, value, low in (("episodes", episodes, 0), ("samples", samples, 1), ("hidden", hidden, 1)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+            raise PlacerError(f"seq2seq: {name} must be an integer >= {low}, got {value!r}")
+    if not (isinstance(memory_penalty, int | float) and memory_penalty >= 0 and math.isfinite(memory_penalty)):
+        raise PlacerError(f"seq2seq: memory_penalty must be a number >= 0, got {memory_penalty!r}")
+    cfg = Seq2SeqConfig(episodes=int(episodes), samples=int(samples), hidden=int(hidden),
+                        memory_penalty=float(memory_penalty))
+    result = train_seq2seq(graph, cluster, order, seed=seed, config=cfg, progress=progress)
+    if not result.fallback:
+        return result.devices
+    fallback = np.asarray(get_placer("m-etf").func(graph, cluster, order=order, seed=seed), dtype=np.int64)
+    if not DevplaceModel(graph, cluster).run(fallback).feasible:
+        raise no_fit_error(graph, cluster, "seq2seq", "no sampled placement and not m-etf's fits in memory")
+    return fallback

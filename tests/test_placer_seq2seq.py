@@ -1,0 +1,90 @@
+"""The ColocRL `seq2seq` placer: size-independent policy, traversal-order encoding, determinism, learning on
+a toy graph with a known optimum, and the memory penalty."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conftest import cluster, graph
+from devplace.placers import place
+from devplace.placers.seq2seq import ColocPolicy, Seq2SeqConfig, encode_order, node_features, train_seq2seq
+from devplace.sim.devplace_model import DevplaceModel
+from devplace.zoo import layered_graph
+
+
+def two_chains(compute: float = 1.0, nbytes: float = 1.0) -> object:
+    """Two independent chains a0..a3 and b0..b3 of heavy ops; the best 2-device placement puts one chain
+    on each device (step time 4 x compute); any split chain pays a transfer or serialises."""
+    nodes = [(f"{c}{i}", compute) for c in "ab" for i in range(4)]
+    edges = [(f"{c}{i}", f"{c}{i + 1}", nbytes) for c in "ab" for i in range(3)]
+    return graph(nodes, edges, name="two-chains")
+
+
+def test_parameter_count_does_not_depend_on_the_graph():
+    cfg = Seq2SeqConfig()
+    small = train_seq2seq(layered_graph(20, width=4), cluster(3), np.arange(20), config=Seq2SeqConfig(episodes=1))
+    big = train_seq2seq(layered_graph(80, width=8), cluster(3), np.arange(80), config=Seq2SeqConfig(episodes=1))
+    assert small.num_parameters == big.num_parameters == sum(p.numel() for p in ColocPolicy(cfg, 3).parameters())
+
+
+def test_encoder_reads_the_nodes_in_the_traversal_order():
+    g = layered_graph(30, width=5, seed=1)
+    order = np.random.default_rng(0).permutation(30)
+    buckets, numeric = node_features(g)
+    b, x = encode_order(g, order)
+    assert np.array_equal(b, buckets[order]) and np.array_equal(x, numeric[order])
+    assert not np.array_equal(x, numeric)
+    # the same seed, a different order: the policy sees a different sequence, so it places differently
+    c = cluster(3, bw=1e9, mem=1e12)
+    p_fwd = place(g, c, placer="seq2seq", order="topo", seed=0, episodes=2)
+    p_rev = place(g, c, placer="seq2seq", order="dfs-preorder", seed=0, episodes=2)
+    assert p_fwd.assignment != p_rev.assignment
+    assert p_fwd.meta["order"] == "topo"
+
+
+def test_same_seed_same_placement_and_curve():
+    g = layered_graph(40, width=6, seed=2)
+    c = cluster(2, bw=1e9, mem=1e12)
+    cfg = Seq2SeqConfig(episodes=5)
+    r1 = train_seq2seq(g, c, np.arange(40), seed=3, config=cfg)
+    r2 = train_seq2seq(g, c, np.arange(40), seed=3, config=cfg)
+    assert np.array_equal(r1.devices, r2.devices)
+    assert r1.curve == r2.curve and len(r1.curve) == 5
+    r3 = train_seq2seq(g, c, np.arange(40), seed=4, config=cfg)
+    assert r3.curve != r1.curve
+
+
+def test_learns_the_optimum_of_two_heavy_chains():
+    g = two_chains()
+    c = cluster(2, bw=10.0, lat=0.0)  # cheap links: 1 byte costs 0.1 s against 1 s of compute
+    r = train_seq2seq(g, c, np.arange(8), seed=0, config=Seq2SeqConfig(episodes=50))
+    assert r.best_step_time_s == 4.0
+    a, b = r.devices[:4], r.devices[4:]
+    assert len(set(a.tolist())) == 1 and len(set(b.tolist())) == 1 and a[0] != b[0]
+    first = next(row["iteration"] for row in r.curve if row["best_step_time_s"] == 4.0)
+    assert first < 50
+
+
+def test_memory_penalty_gives_a_balanced_feasible_placement():
+    # a chain with expensive links wants one device, but each device holds only 3 of the 6 parameter blocks
+    p = 1e6
+    nodes = [{"id": f"n{i}", "compute_s": 1e-3, "param_bytes": p, "output_bytes": 10.0} for i in range(6)]
+    edges = [(f"n{i}", f"n{i + 1}", 10.0) for i in range(5)]
+    g = graph(nodes, edges)
+    c = cluster(2, bw=1e3, mem=3.5 * p)
+    r = train_seq2seq(g, c, np.arange(6), seed=0, config=Seq2SeqConfig(episodes=30))
+    assert not r.fallback
+    res = DevplaceModel(g, c).run(r.devices)
+    assert res.feasible and np.bincount(r.devices, minlength=2).tolist() == [3, 3]
+    assert place(g, c, placer="seq2seq", seed=0, episodes=30).meta["step_time_s"] == res.step_time_s
+
+
+def test_policy_learns_to_avoid_a_slow_device():
+    # 20 independent ops, the third device 10x slower: the sampled placements must move off it
+    g = graph([(f"n{i}", 1.0) for i in range(20)], [])
+    c = cluster(3, speeds=[1.0, 1.0, 0.1])
+    r = train_seq2seq(g, c, np.arange(20), seed=0, config=Seq2SeqConfig(episodes=40))
+    first = np.mean([row["mean_step_time_s"] for row in r.curve[:3]])
+    last = np.mean([row["mean_step_time_s"] for row in r.curve[-5:]])
+    assert last < 0.5 * first
+    assert r.best_step_time_s == 10.0

@@ -1,0 +1,1 @@
+"""Learned placers (reinforcement learning): `placeto`."""

@@ -1,0 +1,479 @@
+"""`placeto` ✱: Placeto-style reinforcement learning (Addanki et al., NeurIPS 2019), visiting nodes in `order`.
+
+Read it as the paper (REFERENCES.md, "Placeto"); every hyperparameter is in `PlacetoHyper` below.
+
+State (per node, one row each; every column divided by its largest absolute value over the graph, a column
+of zeros left as is): compute time, output bytes, parameter bytes, the node's current device (one-hot),
+its simulated start time under the current placement minus the current node's start time, a "done" bit
+(visited in this episode) and a "current" bit.
+
+Embedding: an MLP lifts the features to d (`hidden`); then k (`rounds`) rounds of
+`x <- relu(g(A . relu(f(x)))) + h0` with sum aggregation, weights shared across rounds and a residual to the
+lifted features h0, once forward along the edges (a node sums its parents) and once, with its own f and g,
+backward (a node sums its children); the node embedding is the two concatenated (2d). Parallel edges
+between one pair of nodes count once: the aggregation follows the graph's structure, not its tensors.
+The message passing is plain torch (`index_select` + `index_add_` over the edge list) rather than a torch_geometric
+`MessagePassing` subclass: the same sum, but it runs unchanged on a batch of states of one graph
+(`[steps, V, d]`), which the learning step needs (it re-embeds all the states of an episode at once), and it
+avoids torch_geometric's per-call dispatch, which dominates at this size (one embedding per step, V per
+episode). `index_add_` on CPU is deterministic.
+
+Policy: for the current node v, three pooled summaries -- over v's ancestors, its descendants and the nodes
+parallel to it (no path either way) -- each `relu(g(sum(relu(f(x)))))` with its own f and g, concatenated
+with v's embedding, then an MLP gives one logit per device. No weight depends on the graph (only the last
+layer on the number of devices). Reachability is computed once per graph as bitsets (one row of V bits per
+node, ancestors in topological order, descendants in reverse): O(E * V / 8) byte operations and V^2 / 8 bytes
+of memory (12.5 MB at 10,000 nodes). On graphs with more than `pool_exact_max_nodes` nodes each of the three
+sets is cut to its `pool_nearest` members closest to v in simulated start time (the paper's option).
+
+Episode (iterative improvement): start from the best feasible placement so far -- first all on device 0 when
+that fits, else m-etf's placement; visit every node once, in the traversal `order`; for each, sample its
+device from the policy (the argmax in the final evaluation episode), re-simulate the whole placement (`devplace`
+model; skipped when the device did not change) and reward the decrease of the log step time; a state over
+memory also costs `memory_penalty x` its relative overflow (the largest over devices of bytes over / bytes
+available, capped at `overflow_cap`). V actions and at most V + 1 simulations per episode.
+
+Learning: REINFORCE, discount 1; the baseline for step t is the mean return at step t over the last
+`baseline_window` episodes (this one included); loss = -mean_t(advantage_t log pi(a_t)) - entropy_weight
+mean_t(entropy_t) (a mean over steps, not a sum, so the gradient does not grow with the graph); gradient
+clipped to global norm 1.25; Adam (lr 1e-3), one update per episode. After `episodes` training episodes one
+argmax episode is run. The answer is the best feasible placement seen in any state of any episode, so it is
+never worse than the start.
+
+Encoders: only `encoder="placeto"` (above) is implemented; "sage" and "gat" are not implemented yet and
+raise a PlacerError. Not done either: training over a family of graphs and zero-shot reuse of a policy,
+checkpoints, Ray workers (issue 5 items 3-5).
+
+Cost: per step one embedding of the graph without gradients (k rounds of two [2V, d] x [d, d] products and
+one sparse product) and one simulation; per episode one batched re-embedding of its V states with
+gradients, O(V (V + E) d k) -- quadratic in V, about 6 GFLOP forward for 300 nodes at d = 32, k = 8. The
+embedding is recomputed from scratch at every step: every node's relative start time changes with each
+re-simulation, so there is no cheap incremental update. See `train_placeto` for measured episode times.
+Memory per episode: the V states (V x V x features float32) and pooling masks (V x 3 x V bytes).
+
+Determinism: weights are initialised under `torch.manual_seed(seed)` (inside `torch.random.fork_rng`, so
+the caller's global generator is left alone) and actions are sampled with a `torch.Generator` seeded from
+`seed`; the same seed, order and inputs give the same placement and the same learning curve on one machine
+and thread count.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+from torch import nn
+
+from devplace.graph.compgraph import CompGraph
+from devplace.hardware.cluster import Cluster
+from devplace.placers.registry import PlacerError, Progress, get_placer, register
+from devplace.sim.devplace_model import DevplaceModel
+from devplace.sim.result import SimResult
+
+ENCODERS = ("placeto", "sage", "gat")
+
+
+@dataclass(frozen=True)
+class PlacetoHyper:
+    """Every hyperparameter of the placer; the placer's settings override the first five."""
+
+    episodes: int = 50  # training episodes (then one argmax episode)
+    memory_penalty: float = 1.0  # reward -= memory_penalty * relative overflow of an over-memory state
+    rounds: int = 8  # k: rounds of message passing per direction
+    hidden: int = 32  # d: embedding width (node embeddings are 2d: forward ++ backward)
+    encoder: str = "placeto"
+    lr: float = 1e-3  # Adam
+    entropy_weight: float = 0.01  # entropy bonus, per step (mean over steps)
+    grad_clip: float = 1.25  # global gradient norm
+    baseline_window: int = 10  # episodes averaged by the per-step baseline (this one included)
+    overflow_cap: float = 4.0  # cap on the relative overflow in the memory penalty
+    pool_exact_max_nodes: int = 2000  # above this, pool only the `pool_nearest` closest in start time
+    pool_nearest: int = 256
+    update_chunk_floats: int = 1_000_000  # states re-embedded at once in the update: chunk * E * d <= this
+
+
+# --------------------------------------------------------------------------- the network
+
+
+class _SumAggregate(torch.autograd.Function):
+    """`adj @ m` for a fixed sparse CSR `adj`, with the gradient `adj_t @ grad` from a transpose built once
+    (torch's own CSR backward transposes `adj` on every call, about 4x slower here)."""
+
+    @staticmethod
+    def forward(ctx, adj: torch.Tensor, adj_t: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        ctx.adj_t = adj_t
+        return adj @ m
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, None, torch.Tensor]:
+        return None, None, ctx.adj_t @ grad
+
+
+def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
+
+
+class PlacetoPolicy(nn.Module):
+    """Node features -> node embeddings (k rounds forward and backward) -> device logits for the current node."""
+
+    def __init__(self, num_features: int, num_devices: int, hidden: int = 32, rounds: int = 8) -> None:
+        super().__init__()
+        d = hidden
+        self.rounds = rounds
+        self.lift = _mlp(num_features, d, d)
+        self.f_fwd, self.g_fwd = nn.Linear(d, d), nn.Linear(d, d)
+        self.f_bwd, self.g_bwd = nn.Linear(d, d), nn.Linear(d, d)
+        # pooled summaries of ancestors, descendants, parallel nodes: relu(g(sum(relu(f(x)))))
+        self.pool_f = nn.ModuleList(nn.Linear(2 * d, d) for _ in range(3))
+        self.pool_g = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
+        self.head = _mlp(2 * d + 3 * d, d, num_devices)
+
+    def embed(self, x: torch.Tensor, adj: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x [batch, V, features] -> node-major embeddings [V, batch, 2d] (forward ++ backward).
+
+        `adj` is the block-diagonal [2V, 2V] sum-aggregation matrix and its transpose (`_GraphContext.adj`):
+        rows 0..V-1 sum a node's parents, rows V..2V-1 its children. Both directions run as one batched product
+        per layer, with their own weights stacked: `x <- relu(g(A . relu(f(x)))) + h0`, `rounds` times.
+        Node-major (node, state) rows keep every reshape a view: the sparse product reads [2V, batch * d].
+        """
+        b, n, _ = x.shape
+        d = self.f_fwd.out_features
+        h0 = self.lift(x.transpose(0, 1).reshape(n * b, -1))  # [(node, state), d]
+        wf = torch.stack([self.f_fwd.weight.T, self.f_bwd.weight.T])
+        bf = torch.stack([self.f_fwd.bias, self.f_bwd.bias])[:, None]
+        wg = torch.stack([self.g_fwd.weight.T, self.g_bwd.weight.T])
+        bg = torch.stack([self.g_fwd.bias, self.g_bwd.bias])[:, None]
+        h = h0.expand(2, n * b, d)  # direction, (node, state), feature
+        for _ in range(self.rounds):
+            m = torch.relu(torch.baddbmm(bf, h, wf))
+            agg = _SumAggregate.apply(adj[0], adj[1], m.reshape(2 * n, b * d)).reshape(2, n * b, d)
+            h = torch.relu(torch.baddbmm(bg, agg, wg)) + h0
+        return torch.cat([h[0], h[1]], dim=-1).reshape(n, b, 2 * d)
+
+    def forward(self, x: torch.Tensor, adj: tuple[torch.Tensor, torch.Tensor], current: torch.Tensor,
+                pools: torch.Tensor) -> torch.Tensor:
+        """Device logits [batch, devices]; `current` [batch] node indices, `pools` [batch, 3, V] 0/1 masks."""
+        emb = self.embed(x, adj)  # [V, batch, 2d]
+        own = emb[current, torch.arange(emb.shape[1])]
+        summaries = []
+        for s in range(3):
+            z = torch.relu(self.pool_f[s](emb))  # [V, batch, d]
+            summed = torch.einsum("bv,vbd->bd", pools[:, s], z)
+            summaries.append(torch.relu(self.pool_g[s](summed)))
+        return self.head(torch.cat([own, *summaries], dim=-1))
+
+
+def num_parameters(policy: nn.Module) -> int:
+    return sum(p.numel() for p in policy.parameters())
+
+
+# --------------------------------------------------------------------------- the graph's fixed data
+
+
+def _reachability(graph: CompGraph) -> tuple[np.ndarray, np.ndarray]:
+    """Ancestor and descendant bitsets: uint8[V, ceil(V / 8)], bit u of row v (little bit order) set when
+    u is an ancestor (descendant) of v. Built in (reverse) topological order, one OR per edge."""
+    n = graph.num_nodes
+    width = (n + 7) // 8
+    anc = np.zeros((n, width), dtype=np.uint8)
+    desc = np.zeros((n, width), dtype=np.uint8)
+    topo = graph.topo_order.tolist()
+    for v in topo:
+        for u in graph.predecessors(v):
+            anc[v] |= anc[u]
+            anc[v, u >> 3] |= np.uint8(1 << (u & 7))
+    for v in reversed(topo):
+        for w in graph.successors(v):
+            desc[v] |= desc[w]
+            desc[v, w >> 3] |= np.uint8(1 << (w & 7))
+    return anc, desc
+
+
+class _GraphContext:
+    """What an episode needs of one graph and cluster, computed once: edges, static features, reachability."""
+
+    def __init__(self, graph: CompGraph, cluster: Cluster, hyper: PlacetoHyper) -> None:
+        self.graph, self.cluster, self.hyper = graph, cluster, hyper
+        self.n, self.nd = graph.num_nodes, cluster.num_devices
+        self.model = DevplaceModel(graph, cluster)
+        pairs = np.unique(np.stack([graph.edge_src, graph.edge_dst], axis=1), axis=0) if graph.num_edges else \
+            np.zeros((0, 2), dtype=np.int64)
+        self.num_edges = len(pairs)
+        n = self.n
+        # block-diagonal sum aggregation: row w (< V) sums w's parents, row V + u sums u's children
+        rows = np.concatenate([pairs[:, 1], n + pairs[:, 0]])
+        cols = np.concatenate([pairs[:, 0], n + pairs[:, 1]])
+        self.adj = (_csr(rows, cols, 2 * n), _csr(cols, rows, 2 * n))
+        self.num_features = 3 + self.nd + 3
+        static = np.stack([graph.compute_s, graph.output_bytes, graph.param_bytes], axis=1)
+        self.static = (static / _col_scale(static)).astype(np.float32)
+        self.anc, self.desc = _reachability(graph)
+        self.memory = cluster.memory.astype(np.float64)
+
+    def features(self, devices: np.ndarray, start_s: np.ndarray, done: np.ndarray, v: int) -> np.ndarray:
+        """The state with v the current node: float32[V, features], each column scaled by its max |value|."""
+        x = np.zeros((self.n, self.num_features), dtype=np.float32)
+        x[:, :3] = self.static
+        x[np.arange(self.n), 3 + devices] = 1.0
+        rel = start_s - start_s[v]
+        scale = float(np.abs(rel).max())
+        x[:, 3 + self.nd] = rel / scale if scale > 0 else rel
+        x[:, 4 + self.nd] = done
+        x[v, 5 + self.nd] = 1.0
+        return x
+
+    def pools(self, v: int, start_s: np.ndarray) -> np.ndarray:
+        """bool[3, V]: v's ancestors, descendants and parallel nodes (cut to the nearest in start time on big
+        graphs)."""
+        a = np.unpackbits(self.anc[v], bitorder="little")[: self.n].astype(bool)
+        d = np.unpackbits(self.desc[v], bitorder="little")[: self.n].astype(bool)
+        p = ~(a | d)
+        p[v] = False
+        masks = np.stack([a, d, p])
+        if self.n > self.hyper.pool_exact_max_nodes:
+            k = self.hyper.pool_nearest
+            dist = np.abs(start_s - start_s[v])
+            for s in range(3):
+                members = np.flatnonzero(masks[s])
+                if members.size > k:
+                    keep = members[np.argsort(dist[members], kind="stable")[:k]]
+                    masks[s] = False
+                    masks[s, keep] = True
+        return masks
+
+    def overflow(self, result: SimResult) -> float:
+        """Largest relative overflow over devices (bytes over / bytes available), capped."""
+        over = np.maximum(result.peak_memory_bytes - self.memory, 0.0)
+        rel = np.where(np.isfinite(self.memory) & (self.memory > 0), over / np.maximum(self.memory, 1e-300),
+                       np.where(over > 0, np.inf, 0.0))
+        return float(min(rel.max(), self.hyper.overflow_cap)) if rel.size else 0.0
+
+
+def _csr(rows: np.ndarray, cols: np.ndarray, n: int) -> torch.Tensor:
+    """A 0/1 sparse CSR matrix [n, n] with ones at (rows, cols) (pairs distinct)."""
+    order = np.lexsort((cols, rows))
+    crow = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=n), out=crow[1:])
+    with warnings.catch_warnings():  # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(torch.as_tensor(crow), torch.as_tensor(cols[order], dtype=torch.long),
+                                       torch.ones(len(rows)), (n, n), check_invariants=True)
+
+
+def _col_scale(a: np.ndarray) -> np.ndarray:
+    m = np.abs(a).max(axis=0) if a.shape[0] else np.ones(a.shape[1])
+    return np.where(m > 0, m, 1.0)
+
+
+def _log_time(t: float) -> float:
+    return math.log(max(t, 1e-15))
+
+
+# --------------------------------------------------------------------------- episodes and learning
+
+
+@dataclass
+class EpisodeLog:
+    """One episode: the nodes in the order they were visited, actions, rewards, and the stored states."""
+
+    visited: list[int]
+    actions: list[int]
+    rewards: list[float]
+    final_step_time_s: float
+    states: np.ndarray | None = None  # float32[V, V, features] (training episodes only)
+    pool_masks: np.ndarray | None = None  # bool[V, 3, V]
+
+
+@dataclass
+class PlacetoRun:
+    """`train_placeto`'s result: the best feasible placement, and the learning curve."""
+
+    devices: np.ndarray
+    step_time_s: float
+    start_step_time_s: float
+    curve: list[float] = field(default_factory=list)  # step time at the end of each training episode
+    best_curve: list[float] = field(default_factory=list)  # best feasible step time after each episode
+    eval_step_time_s: float = math.nan  # the final argmax episode's end state
+    visits: list[list[int]] = field(default_factory=list)  # nodes in visiting order, per episode
+    num_parameters: int = 0
+
+
+class _Best:
+    def __init__(self, devices: np.ndarray, step_time_s: float) -> None:
+        self.devices, self.step_time_s = devices.copy(), step_time_s
+
+    def offer(self, devices: np.ndarray, result: SimResult) -> None:
+        if result.feasible and result.step_time_s < self.step_time_s:
+            self.devices, self.step_time_s = devices.copy(), result.step_time_s
+
+
+def run_episode(policy: PlacetoPolicy, ctx: _GraphContext, start: np.ndarray, start_result: SimResult,
+                order: np.ndarray, best: _Best, gen: torch.Generator | None, *, memory_penalty: float,
+                keep_states: bool) -> EpisodeLog:
+    """One pass over `order` from placement `start`: sample (gen given) or argmax (gen None) each node's device."""
+    n = ctx.n
+    devices = start.copy()
+    result = start_result
+    done = np.zeros(n, dtype=np.float32)
+    log = EpisodeLog([], [], [], start_result.step_time_s)
+    if keep_states:
+        log.states = np.empty((n, n, ctx.num_features), dtype=np.float32)
+        log.pool_masks = np.empty((n, 3, n), dtype=np.bool_)
+    for t, v in enumerate(np.asarray(order, dtype=np.int64).tolist()):
+        x = ctx.features(devices, result.start_s, done, v)
+        masks = ctx.pools(v, result.start_s)
+        if keep_states:
+            log.states[t], log.pool_masks[t] = x, masks
+        with torch.inference_mode():
+            logits = policy(torch.from_numpy(x)[None], ctx.adj, torch.tensor([v]),
+                            torch.from_numpy(masks[None].astype(np.float32)))[0]
+        if gen is None:
+            a = int(torch.argmax(logits))
+        else:
+            a = int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen))
+        prev_t = result.step_time_s
+        if a != devices[v]:
+            devices[v] = a
+            result = ctx.model.run(devices)
+            best.offer(devices, result)
+        reward = _log_time(prev_t) - _log_time(result.step_time_s)
+        if not result.feasible:
+            reward -= memory_penalty * ctx.overflow(result)
+        done[v] = 1.0
+        log.visited.append(v)
+        log.actions.append(a)
+        log.rewards.append(reward)
+    log.final_step_time_s = result.step_time_s
+    return log
+
+
+def _update(policy: PlacetoPolicy, opt: torch.optim.Optimizer, ctx: _GraphContext, log: EpisodeLog,
+            advantage: np.ndarray, hyper: PlacetoHyper) -> None:
+    """One REINFORCE step on the episode's states, re-embedded in chunks (weights are those of the rollout)."""
+    steps = len(log.actions)
+    opt.zero_grad()
+    chunk = max(1, hyper.update_chunk_floats // max(1, (ctx.num_edges + ctx.n) * 2 * hyper.hidden))
+    visited = torch.as_tensor(log.visited, dtype=torch.long)
+    actions = torch.as_tensor(log.actions, dtype=torch.long)
+    adv = torch.as_tensor(advantage, dtype=torch.float32)
+    for lo in range(0, steps, chunk):
+        hi = min(steps, lo + chunk)
+        logits = policy(torch.from_numpy(log.states[lo:hi]), ctx.adj, visited[lo:hi],
+                        torch.from_numpy(log.pool_masks[lo:hi].astype(np.float32)))
+        logp = torch.log_softmax(logits, dim=-1)
+        chosen = logp.gather(1, actions[lo:hi, None]).squeeze(1)
+        entropy = -(logp.exp() * logp).sum(dim=-1)
+        loss = -(adv[lo:hi] * chosen).sum() / steps - hyper.entropy_weight * entropy.sum() / steps
+        loss.backward()
+    nn.utils.clip_grad_norm_(policy.parameters(), hyper.grad_clip)
+    opt.step()
+
+
+def _start_placement(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int,
+                     model: DevplaceModel) -> tuple[np.ndarray, SimResult]:
+    """All on device 0 when that fits, else m-etf's placement (which fits, or m-etf raises NoFitError)."""
+    devices = np.zeros(graph.num_nodes, dtype=np.int64)
+    result = model.run(devices)
+    if not result.feasible:
+        devices = np.asarray(get_placer("m-etf").func(graph, cluster, order=order, seed=seed), dtype=np.int64)
+        result = model.run(devices)
+    return devices, result
+
+
+def check_settings(hyper: PlacetoHyper) -> None:
+    if hyper.encoder not in ENCODERS:
+        raise PlacerError(f"placeto: unknown encoder {hyper.encoder!r}; choose one of: {', '.join(ENCODERS)}")
+    if hyper.encoder != "placeto":
+        raise PlacerError("placeto: encoder not implemented yet: sage, gat; use encoder='placeto'")
+    for name in ("episodes", "rounds", "hidden"):
+        value = getattr(hyper, name)
+        low = 0 if name == "episodes" else 1
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+            raise PlacerError(f"placeto: {name} must be an integer >= {low}, got {value!r}")
+    if not (isinstance(hyper.memory_penalty, int | float) and 0 <= hyper.memory_penalty < math.inf):
+        raise PlacerError(f"placeto: memory_penalty must be a number >= 0, got {hyper.memory_penalty!r}")
+
+
+def train_placeto(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int = 0,
+                  hyper: PlacetoHyper | None = None, progress: Progress | None = None) -> PlacetoRun:
+    """Train a fresh policy on `graph` for `hyper.episodes` episodes, then one argmax episode; the best
+    feasible placement seen and the learning curve.
+
+    Measured (a shared 2-core CPU, torch 2.14, defaults, `layered_graph(300, width=12)`, 3 devices): about
+    1.0-1.3 s of CPU per training episode -- 0.35 s for the rollout (300 embeddings without gradients, about
+    1 ms each, and the simulations, 0.1-0.2 ms each) and the rest for the learning step -- and 0.35 s for
+    the argmax episode; on the contract tests' 120-node graph the default 50 episodes take 8-12 s.
+    torch runs single-threaded in here (the caller's thread count is restored after): with 2 threads on a
+    busy 2-core machine the small per-step products were 10-100x slower, the learning step 2-3x.
+    """
+    hyper = hyper or PlacetoHyper()
+    check_settings(hyper)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: threads only add contention; and one thread keeps sums in one order
+    try:
+        return _train(graph, cluster, order, seed, hyper, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, hyper: PlacetoHyper,
+           progress: Progress | None) -> PlacetoRun:
+    n = graph.num_nodes
+    order = np.asarray(order, dtype=np.int64)
+    ctx = _GraphContext(graph, cluster, hyper)
+    start, start_result = _start_placement(graph, cluster, order, seed, ctx.model)
+    run = PlacetoRun(devices=start.copy(), step_time_s=start_result.step_time_s,
+                     start_step_time_s=start_result.step_time_s)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        policy = PlacetoPolicy(ctx.num_features, ctx.nd, hyper.hidden, hyper.rounds)
+    run.num_parameters = num_parameters(policy)
+    if n == 0 or ctx.nd == 1:
+        return run
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(policy.parameters(), lr=hyper.lr)
+    best = _Best(start, start_result.step_time_s)
+    recent: deque[np.ndarray] = deque(maxlen=hyper.baseline_window)
+    for ep in range(hyper.episodes + 1):
+        if progress is not None:
+            progress(ep, hyper.episodes + 1)
+        training = ep < hyper.episodes
+        begin = best.devices
+        begin_result = ctx.model.run(begin)
+        log = run_episode(policy, ctx, begin, begin_result, order, best, gen if training else None,
+                          memory_penalty=hyper.memory_penalty, keep_states=training)
+        run.visits.append(log.visited)
+        if training:
+            returns = np.cumsum(np.asarray(log.rewards)[::-1])[::-1].copy()  # discount 1
+            recent.append(returns)
+            baseline = np.mean(np.stack(recent), axis=0)
+            _update(policy, opt, ctx, log, returns - baseline, hyper)
+            run.curve.append(log.final_step_time_s)
+            run.best_curve.append(best.step_time_s)
+        else:
+            run.eval_step_time_s = log.final_step_time_s
+    run.devices, run.step_time_s = best.devices.copy(), best.step_time_s
+    return run
+
+
+@register("placeto", uses_order=True)
+def placeto(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0, episodes: int = 50,
+            memory_penalty: float = 1.0, rounds: int = 8, hidden: int = 32, encoder: str = "placeto",
+            progress: Progress | None = None) -> np.ndarray:
+    """Placeto-style RL: a GNN policy improves the best placement node by node, visiting nodes in the order.
+
+    Each episode starts from the best feasible placement so far (first: all on device 0, or m-etf's when that
+    does not fit), visits every node once in the traversal order and samples its device; the reward is the
+    decrease of the simulated log step time, minus `memory_penalty` x relative overflow when over memory.
+    REINFORCE with a per-step baseline; `episodes` training episodes, then one argmax episode. The graph
+    embedding is `rounds` rounds of message passing forward and backward, width `hidden`. Only
+    `encoder="placeto"` is implemented ("sage" and "gat" raise). Returns the best feasible placement seen.
+    Deterministic for a seed. See `devplace.placers.rl.placeto` for the full description and costs.
+    """
+    hyper = replace(PlacetoHyper(), episodes=episodes, memory_penalty=memory_penalty, rounds=rounds, hidden=hidden,
+                    encoder=encoder)
+    return train_placeto(graph, cluster, order, seed, hyper, progress).devices

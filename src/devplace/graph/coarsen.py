@@ -1,31 +1,37 @@
 """Colocation and coarsening: merge the ops of a training graph into fewer groups, keeping a DAG.
 
-`colocate(graph)` merges every op into its colocation `group` (an op with an empty group is the group named
-by its own id, so backward ops that name a forward op's id join that op). Where merging a whole group would
-make the quotient graph cyclic -- always the case for a forward op and its backward ops, since the gradient
-flows through the later layers and the loss -- the group is split, greedily and deterministically:
+`colocate(graph)` merges every op into its colocation `group` (an empty group means the op's own id, so ops
+that name a forward op's id join that op). Where merging a whole group would make the quotient graph cyclic
+-- always the case for a forward op and its backward ops: the gradient reaches the backward op through the
+later layers and the loss -- the group is split, greedily and deterministically:
 
-    ops are visited in the canonical topological order; an op joins the newest part of its group that it
-    can join without creating a cycle, else the next newest, ...; if none accepts it, it opens a new part.
+    ops are visited in the canonical topological order; an op joins the newest part of its group that it can
+    join without creating a cycle, else the next newest, ...; if none accepts it, it opens a new part.
 
 `coarsen(graph, max_nodes)` colocates, then merges further, stage by stage, stopping as soon as at most
-`max_nodes` groups remain (with `max_nodes=None`: stages 2 and 3 until nothing changes, no stage 4 or 5):
+`max_nodes` groups remain:
 
-    2. chains: u -> v where u has one distinct successor and v one distinct predecessor;
-    3. single consumer (Baechi): u -> v where u has one distinct successor, repeated until stable;
-    4. pairwise: any edge u -> v with no other path from u to v;
-    5. components: once no edge can be merged every group is an isolated node; merge those.
+    2. chains: a -> b where a has one distinct successor and b one distinct predecessor;
+    3. single consumer (Baechi): a -> b where a has one distinct successor, repeated until stable;
+    4. pairwise: the lightest group merges with a neighbour, the one that keeps the group's span of
+       earliest start times smallest (then the lightest) among those that keep the graph acyclic; a group
+       without neighbours (an isolated op, a separate component) merges with the next lightest group.
 
-Within a stage, merges go smallest first by (combined compute_s, combined op count, first member, ...).
-Every merge keeps the coarse graph acyclic: merging a and b is safe iff no path joins them through a third
-group. The test and the upkeep of a topological order of the coarse graph follow Pearce & Kelly's dynamic
-topological sort: a search bounded to the region between a and b in the current order, and a reorder of the
-nodes found there. See docs/coarsen.md for the rules, the coarse attributes and the complexity.
+Weights are shares of the total compute plus shares of the total memory (`merge_weight`). Stages 2 and 3 only
+merge while the merged group weighs at most total / max_nodes, so they never build one giant group; stage 4
+always finds a merge, so `max_nodes` (>= 1) is always reached. With
+`max_nodes=None`, coarsen is colocation plus chain fusion (which costs no parallelism).
+
+Merging groups a and b is safe iff no path joins them through a third group. The test and the upkeep of a
+topological order of the coarse graph follow Pearce & Kelly's dynamic topological sort: searches bounded to
+the region between a and b in the current order, and a reorder of the nodes found there. See
+docs/coarsen.md for the rules, the coarse attributes and the complexity.
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,22 +50,21 @@ META_KEY = "coarsening"
 GROUP_OP = "group"  # the `op` of a coarse node with more than one member
 SUMMED_EXTRAS = ("flops", "mem_access_bytes")  # numeric extra keys summed over a group's members
 
-STAGES = ("colocate", "chains", "single_consumer", "pairwise", "components")
-
 # --------------------------------------------------------------------------- the merge engine (numba)
 # State of the coarse graph: an int64 matrix N[node, field] (indexed by original node; only the rows of roots
 # -- a group's smallest member index -- are meaningful; one row per node keeps a node's fields in one cache
-# line), an int64 matrix Ed[edge, field], and scratch rows S[list, i] (stack, neighbours, dF, dB).
+# line), an int64 matrix Ed[edge, field], and scratch rows S[list, i] (two stacks, neighbours, dF, dB).
 # A group's out-edges (in-edges) are a linked list of original edge indices; merging two groups splices their
 # lists in O(1); walking a list drops the edges that became internal or that duplicate an earlier edge to the
 # same neighbour group, for good (groups never split). A union-find maps an op to its group's root.
 
 _PARENT, _OHEAD, _OTAIL, _IHEAD, _ITAIL, _POS, _CNT, _VER, _ALIVE, _MADJ, _MVIS, _MTGT = range(12)
+_W, _LO, _HI = range(3)  # float fields F[node, field]: merge weight, earliest and latest start level
 _NFIELDS = 12
-_STACK, _NBR, _DF, _DB = range(4)
+_STACK, _BSTACK, _NBR, _DF, _DB = range(5)
 _SRC, _DST, _ONEXT, _INEXT = range(4)
 
-_CHAINS, _SINGLE, _PAIRWISE = 1, 2, 3
+_CHAINS, _SINGLE = 1, 2
 
 
 @njit(cache=True)
@@ -88,7 +93,6 @@ def _scan(N, S, Ed, stamp, x, out):  # pragma: no cover - compiled
     prev = -1
     e = N[x, head]
     while e >= 0:
-        stamp[2] += 1
         nxt = Ed[e, nxt_row]
         y = _find(N, Ed[e, end_row])
         if y == x or N[y, _MADJ] == s:
@@ -107,7 +111,7 @@ def _scan(N, S, Ed, stamp, x, out):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _union(N, S, Ed, comp, a, b, newpos):  # pragma: no cover - compiled
+def _union(N, Ed, F, a, b, newpos):  # pragma: no cover - compiled
     """Merge roots a and b; the survivor is the smaller index (= the group's first member in insertion order)."""
     if b < a:
         a, b = b, a
@@ -120,7 +124,9 @@ def _union(N, S, Ed, comp, a, b, newpos):  # pragma: no cover - compiled
                 Ed[N[a, tail], nxt_row] = N[b, head]
             N[a, tail] = N[b, tail]
     N[a, _CNT] += N[b, _CNT]
-    comp[a] += comp[b]
+    F[a, _W] += F[b, _W]
+    F[a, _LO] = min(F[a, _LO], F[b, _LO])
+    F[a, _HI] = max(F[a, _HI], F[b, _HI])
     N[a, _VER] += 1
     N[b, _VER] += 1
     N[b, _ALIVE] = 0
@@ -129,123 +135,140 @@ def _union(N, S, Ed, comp, a, b, newpos):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _try_merge(N, S, Ed, comp, stamp, a, b):  # pragma: no cover - compiled
+def _fwd_step(N, S, Ed, stamp, sp, t, vis, maxpred):  # pragma: no cover - compiled
+    """Expand the top of the forward stack. Returns the new stack size, or -1 if it reached a node marked t."""
+    sp -= 1
+    x = S[_STACK, sp]
+    k = _scan(N, S, Ed, stamp, x, True)
+    sp0 = sp
+    for i in range(k):
+        y = S[_NBR, i]
+        if N[y, _MTGT] == t:
+            return -1
+        if N[y, _POS] < maxpred and N[y, _MVIS] != vis:
+            N[y, _MVIS] = vis
+            j = sp  # keep the latest-placed successor on top: it is usually the nearest to a target
+            while j > sp0 and N[S[_STACK, j - 1], _POS] > N[y, _POS]:
+                S[_STACK, j] = S[_STACK, j - 1]
+                j -= 1
+            S[_STACK, j] = y
+            sp += 1
+    return sp
+
+
+@njit(cache=True)
+def _bwd_step(N, S, Ed, stamp, sp, t, vis, a, pa):  # pragma: no cover - compiled
+    """Expand the top of the backward stack. Returns the new stack size, or -1 if it reached a or a node
+    marked vis."""
+    sp -= 1
+    x = S[_BSTACK, sp]
+    k = _scan(N, S, Ed, stamp, x, False)
+    for i in range(k):
+        y = S[_NBR, i]
+        if y == a or N[y, _MVIS] == vis:
+            return -1
+        if N[y, _POS] > pa and N[y, _MTGT] != t:
+            N[y, _MTGT] = t
+            S[_BSTACK, sp] = y
+            sp += 1
+    return sp
+
+
+@njit(cache=True)
+def _try_merge(N, S, Ed, F, stamp, a, b):  # pragma: no cover - compiled
     """Merge roots a != b unless a path joins them through a third group (that would close a cycle).
 
-    With pos(a) < pos(b) in the maintained topological order: the targets are b's predecessors placed after
-    a; the merge is unsafe iff a reaches a target, found by a search from a's other successors that never
-    leaves the positions up to the last target. If safe, the nodes found (descendants of a in that region,
-    dF) and the ancestors of b placed after a (dB) are reordered in their own pool of positions: dB, the
-    merged group, dF (Pearce & Kelly). Returns the survivor, or -1 if unsafe (nothing changed).
+    With pos(a) < pos(b) in the maintained topological order, the targets are b's predecessors placed after
+    a, and the merge is unsafe iff a reaches a target. A bidirectional search decides it: forward from a's
+    other successors (never past the last target's position, marked vis) and backward from the targets
+    (never before a, marked t), one node at a time from the side that has visited fewer; the merge is unsafe
+    iff they meet, safe as soon as one side runs out. If safe, the merged group takes a's position when there
+    is no target, b's when no other successor of a lies before b, and otherwise both searches are completed --
+    dF: a's descendants up to the last target, dB: b's ancestors after a -- and these nodes are reordered
+    within their own pool of positions: dB, the merged group, dF (as in Pearce & Kelly's dynamic topological
+    sort). Returns the survivor, or -1 if unsafe (then nothing but scratch marks changed).
     """
-    stamp[3] += 1
     if N[a, _POS] > N[b, _POS]:
         a, b = b, a
     pa = N[a, _POS]
-    n_pos = N.shape[0]
+    pb = N[b, _POS]
     k = _scan(N, S, Ed, stamp, b, False)
     stamp[0] += 1
     t = stamp[0]
     maxpred = -1
-    nb = 0
+    sb = 0
     for i in range(k):
         y = S[_NBR, i]
         if y != a and N[y, _POS] > pa:
             N[y, _MTGT] = t
-            S[_DB, nb] = y
-            nb += 1
-            if N[y, _POS] > maxpred:
-                maxpred = N[y, _POS]
+            S[_BSTACK, sb] = y
+            sb += 1
+            maxpred = max(maxpred, N[y, _POS])
+    if sb == 0:
+        return _union(N, Ed, F, a, b, pa)
+    stamp[0] += 1
+    vis = stamp[0]
+    minsucc = N.shape[0]
+    S[_STACK, 0] = a
+    sf = _fwd_step(N, S, Ed, stamp, 1, t, vis, maxpred)
+    if sf < 0:
+        return -1
+    k = _scan(N, S, Ed, stamp, a, True)
+    for i in range(k):
+        if S[_NBR, i] != b:
+            minsucc = min(minsucc, N[S[_NBR, i], _POS])
     nf = 0
-    if nb > 0:
-        stamp[0] += 1
-        vis = stamp[0]
-        sp = 0
-        minsucc = n_pos
-        k = _scan(N, S, Ed, stamp, a, True)
-        for i in range(k):
-            y = S[_NBR, i]
-            if y == b:
-                continue
-            minsucc = min(minsucc, N[y, _POS])
-            if N[y, _MTGT] == t:
-                return -1
-            if N[y, _POS] < maxpred and N[y, _MVIS] != vis:
-                N[y, _MVIS] = vis
-                S[_STACK, sp] = y
-                sp += 1
-        while sp > 0:
-            sp -= 1
-            x = S[_STACK, sp]
-            stamp[1] += 1
-            S[_DF, nf] = x
+    nb = 0
+    while sf > 0 and sb > 0:
+        if nf <= nb:
+            S[_DF, nf] = S[_STACK, sf - 1]
             nf += 1
-            k = _scan(N, S, Ed, stamp, x, True)
-            sp0 = sp
-            for i in range(k):
-                y = S[_NBR, i]
-                if N[y, _MTGT] == t:
-                    return -1
-                if N[y, _POS] < maxpred and N[y, _MVIS] != vis:
-                    N[y, _MVIS] = vis
-                    # insertion by position: the latest-placed successor is explored first (it is the
-                    # closest to the targets, so an unsafe merge is usually found after few steps)
-                    j = sp
-                    while j > sp0 and N[S[_STACK, j - 1], _POS] > N[y, _POS]:
-                        S[_STACK, j] = S[_STACK, j - 1]
-                        j -= 1
-                    S[_STACK, j] = y
-                    sp += 1
-        if minsucc > N[b, _POS]:  # no other successor of a lies before b: the merged group takes b's place
-            return _union(N, S, Ed, comp, a, b, N[b, _POS])
-        # safe: dB = the targets and their ancestors placed after a
-        stamp[0] += 1
-        vb = stamp[0]
-        for i in range(nb):
-            y = S[_DB, i]
-            N[y, _MVIS] = vb
-            S[_STACK, i] = y
-        sp = nb
-        nb = 0
-        while sp > 0:
-            sp -= 1
-            x = S[_STACK, sp]
-            stamp[4] += 1
-            S[_DB, nb] = x
+            sf = _fwd_step(N, S, Ed, stamp, sf, t, vis, maxpred)
+            if sf < 0:
+                return -1
+        else:
+            S[_DB, nb] = S[_BSTACK, sb - 1]
             nb += 1
-            k = _scan(N, S, Ed, stamp, x, False)
-            for i in range(k):
-                y = S[_NBR, i]
-                if N[y, _POS] > pa and N[y, _MVIS] != vb:
-                    N[y, _MVIS] = vb
-                    S[_STACK, sp] = y
-                    sp += 1
-    if nb == 0 and nf == 0:
-        return _union(N, S, Ed, comp, a, b, pa)
-    slots = np.empty(nb + nf + 1, dtype=np.int64)
-    slots[0] = pa
-    db_pos = np.empty(nb, dtype=np.int64)
-    df_pos = np.empty(nf, dtype=np.int64)
-    for i in range(nb):
-        db_pos[i] = N[S[_DB, i], _POS]
-        slots[1 + i] = db_pos[i]
-    for i in range(nf):
-        df_pos[i] = N[S[_DF, i], _POS]
-        slots[1 + nb + i] = df_pos[i]
-    slots.sort()
-    db_order = np.argsort(db_pos)
-    df_order = np.argsort(df_pos)
-    db_nodes = S[_DB, :nb].copy()
-    df_nodes = S[_DF, :nf].copy()
-    for i in range(nb):
-        N[db_nodes[db_order[i]], _POS] = slots[i]
-    for i in range(nf):
-        N[df_nodes[df_order[i]], _POS] = slots[nb + 1 + i]
-    return _union(N, S, Ed, comp, a, b, slots[nb])
+            sb = _bwd_step(N, S, Ed, stamp, sb, t, vis, a, pa)
+            if sb < 0:
+                return -1
+    # safe (one side ran out without meeting the other)
+    if minsucc > pb:
+        return _union(N, Ed, F, a, b, pb)
+    while sf > 0:
+        S[_DF, nf] = S[_STACK, sf - 1]
+        nf += 1
+        sf = _fwd_step(N, S, Ed, stamp, sf, t, vis, maxpred)
+    while sb > 0:
+        S[_DB, nb] = S[_BSTACK, sb - 1]
+        nb += 1
+        sb = _bwd_step(N, S, Ed, stamp, sb, t, vis, a, pa)
+    # reorder within the pool of positions of {a} + dB + dF: dB (in order), merged group, dF (in order)
+    tot = nb + nf + 1
+    nodes = np.empty(tot, dtype=np.int64)
+    nodes[0] = a
+    nodes[1:nb + 1] = S[_DB, :nb]
+    nodes[nb + 1:] = S[_DF, :nf]
+    poss = np.empty(tot, dtype=np.int64)
+    for i in range(tot):
+        poss[i] = N[nodes[i], _POS]
+    order = np.argsort(poss)
+    j = 0
+    for i in order:
+        if 1 <= i <= nb:
+            N[nodes[i], _POS] = poss[order[j]]
+            j += 1
+    newpos = poss[order[j]]
+    j += 1
+    for i in order:
+        if i > nb:
+            N[nodes[i], _POS] = poss[order[j]]
+            j += 1
+    return _union(N, Ed, F, a, b, newpos)
 
 
 @njit(cache=True)
-def _colocate(N, S, Ed, comp, stamp, topo, label, n_labels):  # pragma: no cover - compiled
+def _colocate(N, S, Ed, F, stamp, topo, label, n_labels):  # pragma: no cover - compiled
     """Stage 1: each op, in topological order, joins the newest part of its label that accepts it.
     Returns (first member of each part, label of each part), parts in creation order."""
     n = topo.shape[0]
@@ -258,13 +281,11 @@ def _colocate(N, S, Ed, comp, stamp, topo, label, n_labels):  # pragma: no cover
         v = topo[i]
         g = label[v]
         p = lab_head[g]
-        joined = False
         while p >= 0:
-            if _try_merge(N, S, Ed, comp, stamp, _find(N, part_node[p]), v) >= 0:
-                joined = True
+            if _try_merge(N, S, Ed, F, stamp, _find(N, part_node[p]), v) >= 0:
                 break
             p = part_next[p]
-        if not joined:
+        if p < 0:
             part_node[n_parts] = v
             part_label[n_parts] = g
             part_next[n_parts] = lab_head[g]
@@ -273,143 +294,61 @@ def _colocate(N, S, Ed, comp, stamp, topo, label, n_labels):  # pragma: no cover
     return part_node[:n_parts].copy(), part_label[:n_parts].copy()
 
 
-# A binary min-heap stored in place: row i holds key (hk[i], hi[i, 0], hi[i, 1], hi[i, 2]) and payload
-# hi[i, 3:7] = (a, b, version of a, version of b). Keys are distinct for distinct (a, b), so the order of pops
-# does not depend on the order of pushes.
-
-
 @njit(cache=True)
-def _hless(hk, hi, i, j):  # pragma: no cover - compiled
-    if hk[i] != hk[j]:
-        return hk[i] < hk[j]
-    for c in range(3):
-        if hi[i, c] != hi[j, c]:
-            return hi[i, c] < hi[j, c]
-    return False
-
-
-@njit(cache=True)
-def _hswap(hk, hi, i, j):  # pragma: no cover - compiled
-    hk[i], hk[j] = hk[j], hk[i]
-    for c in range(7):
-        hi[i, c], hi[j, c] = hi[j, c], hi[i, c]
-
-
-@njit(cache=True)
-def _hpush(hk, hi, hs, key, c0, c1, c2, a, b, va, vb):  # pragma: no cover - compiled
-    if hs == hk.shape[0]:
-        cap = 2 * hs + 16
-        hk2 = np.empty(cap, dtype=np.float64)
-        hi2 = np.empty((cap, 7), dtype=np.int64)
-        hk2[:hs] = hk[:hs]
-        hi2[:hs] = hi[:hs]
-        hk, hi = hk2, hi2
-    hk[hs] = key
-    hi[hs, 0], hi[hs, 1], hi[hs, 2], hi[hs, 3], hi[hs, 4], hi[hs, 5], hi[hs, 6] = c0, c1, c2, a, b, va, vb
-    i = hs
-    while i > 0:
-        parent = (i - 1) // 2
-        if not _hless(hk, hi, i, parent):
-            break
-        _hswap(hk, hi, i, parent)
-        i = parent
-    return hk, hi, hs + 1
-
-
-@njit(cache=True)
-def _hpop(hk, hi, hs):  # pragma: no cover - compiled
-    """Remove the top row (read row 0 first); returns the new size."""
-    hs -= 1
-    hk[0] = hk[hs]
-    hi[0] = hi[hs]
-    i = 0
-    while True:
-        child = 2 * i + 1
-        if child >= hs:
-            break
-        if child + 1 < hs and _hless(hk, hi, child + 1, child):
-            child += 1
-        if not _hless(hk, hi, child, i):
-            break
-        _hswap(hk, hi, i, child)
-        i = child
-    return hs
-
-
-@njit(cache=True)
-def _eligible(N, S, Ed, comp, stamp, rule, cap, a, b, outdeg_a):  # pragma: no cover - compiled
-    """May edge a -> b be merged under `rule`? (outdeg_a: a's distinct out-degree, or -1 to count it)."""
-    if rule == _PAIRWISE:
-        return True
-    if comp[a] + comp[b] > cap:
-        return False
-    if outdeg_a < 0:
-        outdeg_a = _scan(N, S, Ed, stamp, a, True)
-    if outdeg_a != 1:
-        return False
-    if rule == _CHAINS:
-        return _scan(N, S, Ed, stamp, b, False) == 1
-    return True
-
-
-@njit(cache=True)
-def _push_pair(hk, hi, hs, N, comp, a, b):  # pragma: no cover - compiled
-    return _hpush(hk, hi, hs, comp[a] + comp[b], N[a, _CNT] + N[b, _CNT], min(a, b), max(a, b), a, b,
-                  N[a, _VER], N[b, _VER])
-
-
-@njit(cache=True)
-def _merge_edges(N, S, Ed, comp, stamp, rule, cap, count, target):  # pragma: no cover - compiled
-    """Stages 2-4: merge edges a -> b eligible under `rule`, smallest first, while count > target.
-    Returns the new count."""
+def _candidates(N, S, Ed, F, stamp, rule, cap):  # pragma: no cover - compiled
+    """Stages 2 and 3: the edges a -> b that may be merged now: a has one distinct successor b, the merged
+    weight is at most `cap`, and (chains) b has one distinct predecessor. At most one per group a."""
     n = N.shape[0]
-    hk = np.empty(16, dtype=np.float64)
-    hi = np.empty((16, 7), dtype=np.int64)
-    hs = 0
+    ca = np.empty(n, dtype=np.int64)
+    cb = np.empty(n, dtype=np.int64)
+    k = 0
     for x in range(n):
-        if N[x, _ALIVE] == 0:
+        if N[x, _ALIVE] == 0 or _scan(N, S, Ed, stamp, x, True) != 1:
             continue
-        k = _scan(N, S, Ed, stamp, x, True)
-        succ = S[_NBR, :k].copy()
-        for y in succ:
-            if _eligible(N, S, Ed, comp, stamp, rule, cap, x, y, k):
-                hk, hi, hs = _push_pair(hk, hi, hs, N, comp, x, y)
-    while count > target and hs > 0:
-        a, b, va, vb = hi[0, 3], hi[0, 4], hi[0, 5], hi[0, 6]
-        hs = _hpop(hk, hi, hs)
-        if N[a, _VER] != va or N[b, _VER] != vb:
-            continue  # an end was merged since: its new edges were pushed then
-        if not _eligible(N, S, Ed, comp, stamp, rule, cap, a, b, -1):
+        y = S[_NBR, 0]
+        if F[x, _W] + F[y, _W] <= cap and (rule == _SINGLE or _scan(N, S, Ed, stamp, y, False) == 1):
+            ca[k] = x
+            cb[k] = y
+            k += 1
+    return ca[:k].copy(), cb[:k].copy()
+
+
+@njit(cache=True)
+def _merge_listed(N, S, Ed, F, stamp, rule, cap, ca, cb, count, target):  # pragma: no cover - compiled
+    """Merge the listed edges in order, each between the current groups of its ends if still eligible (so a
+    chain fuses in one pass), while count > target. Returns (count, merges)."""
+    merges = 0
+    for i in range(ca.shape[0]):
+        if count <= target:
+            break
+        a = _find(N, ca[i])
+        b = _find(N, cb[i])
+        if a == b or F[a, _W] + F[b, _W] > cap:
             continue
-        m = _try_merge(N, S, Ed, comp, stamp, a, b)
-        if m < 0:
-            continue  # stays unsafe until an end is merged (contraction keeps every path)
-        count -= 1
-        k = _scan(N, S, Ed, stamp, m, False)
-        preds = S[_NBR, :k].copy()
-        k = _scan(N, S, Ed, stamp, m, True)
-        succs = S[_NBR, :k].copy()
-        for p in preds:
-            if _eligible(N, S, Ed, comp, stamp, rule, cap, p, m, -1):
-                hk, hi, hs = _push_pair(hk, hi, hs, N, comp, p, m)
-        for s in succs:
-            if _eligible(N, S, Ed, comp, stamp, rule, cap, m, s, succs.shape[0]):
-                hk, hi, hs = _push_pair(hk, hi, hs, N, comp, m, s)
-    return count
+        if _scan(N, S, Ed, stamp, a, True) != 1 or S[_NBR, 0] != b:
+            continue
+        if rule == _CHAINS and _scan(N, S, Ed, stamp, b, False) != 1:
+            continue
+        if _try_merge(N, S, Ed, F, stamp, a, b) >= 0:  # always safe: every path from a passes b
+            count -= 1
+            merges += 1
+    return count, merges
+
+
+# A 4-ary min-heap of groups keyed by (weight, member count, root), with the group's version as payload.
 
 
 @njit(cache=True, inline="always")
-def _nless(hk, hc, hx, i, key, c, x):  # pragma: no cover - compiled
+def _hless(hk, hc, hx, i, key, c, x):  # pragma: no cover - compiled
     return hk[i] < key or (hk[i] == key and (hc[i] < c or (hc[i] == c and hx[i] < x)))
 
 
 @njit(cache=True)
-def _npush(hk, hc, hx, hv, hs, key, c, x, ver):  # pragma: no cover - compiled
-    """Push onto a 4-ary min-heap of groups keyed by (weight, member count, root)."""
+def _hpush(hk, hc, hx, hv, hs, key, c, x, ver):  # pragma: no cover - compiled
     i = hs
     while i > 0:
         p = (i - 1) >> 2
-        if _nless(hk, hc, hx, p, key, c, x):
+        if _hless(hk, hc, hx, p, key, c, x):
             break
         hk[i], hc[i], hx[i], hv[i] = hk[p], hc[p], hx[p], hv[p]
         i = p
@@ -418,7 +357,7 @@ def _npush(hk, hc, hx, hv, hs, key, c, x, ver):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _npop(hk, hc, hx, hv, hs):  # pragma: no cover - compiled
+def _hpop(hk, hc, hx, hv, hs):  # pragma: no cover - compiled
     """Remove the top (read index 0 first); returns the new size."""
     hs -= 1
     key, c, x, ver = hk[hs], hc[hs], hx[hs], hv[hs]
@@ -429,9 +368,9 @@ def _npop(hk, hc, hx, hv, hs):  # pragma: no cover - compiled
             break
         best = first
         for j in range(first + 1, min(first + 4, hs)):
-            if _nless(hk, hc, hx, j, hk[best], hc[best], hx[best]):
+            if _hless(hk, hc, hx, j, hk[best], hc[best], hx[best]):
                 best = j
-        if not _nless(hk, hc, hx, best, key, c, x):
+        if not _hless(hk, hc, hx, best, key, c, x):
             break
         hk[i], hc[i], hx[i], hv[i] = hk[best], hc[best], hx[best], hv[best]
         i = best
@@ -440,76 +379,69 @@ def _npop(hk, hc, hx, hv, hs):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _merge_lightest(N, S, Ed, comp, stamp, count, target):  # pragma: no cover - compiled
-    """Stage 4: take the lightest group (weight, member count, root) and merge it with its lightest neighbour
-    (predecessor or successor) that can be merged without a cycle, while count > target. A group with a
-    neighbour always has one: its successor placed first, or its predecessor placed last, in any topological
-    order. Returns the new count."""
+def _merge_lightest(N, S, Ed, F, stamp, count, target):  # pragma: no cover - compiled
+    """Stage 4: take the lightest group (weight, member count, root) and merge it with the best neighbour
+    (`_better`) that can be merged without a cycle -- a group with a neighbour always has one: its successor
+    placed first, or its predecessor placed last, in a topological order -- or, if it has no neighbour, with
+    the next lightest group (always safe). Repeats while count > target; returns the new count."""
     n = N.shape[0]
-    cap = 2 * n + 1  # each group enters the heap once per version: n at the start, one per merge
+    cap = 2 * n + 1  # each group enters the heap once per version: at most n at the start, one per merge
     hk = np.empty(cap, dtype=np.float64)
     hc = np.empty(cap, dtype=np.int64)
     hx = np.empty(cap, dtype=np.int64)
     hv = np.empty(cap, dtype=np.int64)
     hs = 0
     for x in range(n):
-        if N[x, _ALIVE] == 1 and (_scan(N, S, Ed, stamp, x, True) > 0 or _scan(N, S, Ed, stamp, x, False) > 0):
-            hs = _npush(hk, hc, hx, hv, hs, comp[x], N[x, _CNT], x, N[x, _VER])
+        if N[x, _ALIVE] == 1:
+            hs = _hpush(hk, hc, hx, hv, hs, F[x, _W], N[x, _CNT], x, N[x, _VER])
     while count > target and hs > 0:
         x, ver = hx[0], hv[0]
-        hs = _npop(hk, hc, hx, hv, hs)
+        hs = _hpop(hk, hc, hx, hv, hs)
         if N[x, _ALIVE] == 0 or N[x, _VER] != ver:
             continue
         k = _scan(N, S, Ed, stamp, x, False)
-        kin = k
-        cand = np.empty(k, dtype=np.int64)
-        cand[:k] = S[_NBR, :k]
+        cand = S[_NBR, :k].copy()
         k = _scan(N, S, Ed, stamp, x, True)
         cand = np.concatenate((cand, S[_NBR, :k]))
-        if cand.shape[0] == 0:
-            continue
-        kin += 0
-        # lightest first: stable sorts by root, then member count, then weight
-        order = np.argsort(cand, kind="mergesort")
-        cnt = np.empty(cand.shape[0], dtype=np.int64)
-        for i in range(cand.shape[0]):
-            cnt[i] = N[cand[order[i]], _CNT]
-        order = order[np.argsort(cnt, kind="mergesort")]
-        w = np.empty(cand.shape[0], dtype=np.float64)
-        for i in range(cand.shape[0]):
-            w[i] = comp[cand[order[i]]]
-        order = order[np.argsort(w, kind="mergesort")]
         m = -1
-        for i in range(cand.shape[0]):
-            m = _try_merge(N, S, Ed, comp, stamp, x, cand[order[i]])
+        if cand.shape[0] == 0:  # no neighbour: the next lightest group
+            while hs > 0 and (N[hx[0], _ALIVE] == 0 or N[hx[0], _VER] != hv[0]):
+                hs = _hpop(hk, hc, hx, hv, hs)
+            if hs == 0:
+                break
+            y = hx[0]
+            hs = _hpop(hk, hc, hx, hv, hs)
+            m = _try_merge(N, S, Ed, F, stamp, x, y)
+        tried = np.zeros(cand.shape[0], dtype=np.bool_)
+        for _ in range(cand.shape[0]):
+            best = -1
+            for i in range(cand.shape[0]):
+                if not tried[i] and (best < 0 or _better(N, F, x, cand[i], cand[best])):
+                    best = i
+            tried[best] = True
+            m = _try_merge(N, S, Ed, F, stamp, x, cand[best])
             if m >= 0:
                 break
         if m < 0:
             continue
         count -= 1
-        hs = _npush(hk, hc, hx, hv, hs, comp[m], N[m, _CNT], m, N[m, _VER])
+        hs = _hpush(hk, hc, hx, hv, hs, F[m, _W], N[m, _CNT], m, N[m, _VER])
     return count
 
 
-@njit(cache=True)
-def _merge_isolated(N, S, Ed, comp, stamp, count, target):  # pragma: no cover - compiled
-    """Stage 5: merge isolated groups, the two smallest first, while count > target. Returns the count."""
-    n = N.shape[0]
-    hk = np.empty(16, dtype=np.float64)
-    hi = np.empty((16, 7), dtype=np.int64)
-    hs = 0
-    for x in range(n):
-        if N[x, _ALIVE] == 1 and _scan(N, S, Ed, stamp, x, True) == 0 and _scan(N, S, Ed, stamp, x, False) == 0:
-            hk, hi, hs = _hpush(hk, hi, hs, comp[x], N[x, _CNT], x, 0, x, x, 0, 0)
-    while count > target and hs >= 2:
-        a = hi[0, 3]
-        hs = _hpop(hk, hi, hs)
-        b = hi[0, 3]
-        hs = _hpop(hk, hi, hs)
-        m = _try_merge(N, S, Ed, comp, stamp, a, b)
-        count -= 1
-        hk, hi, hs = _hpush(hk, hi, hs, comp[m], N[m, _CNT], m, 0, m, m, 0, 0)
-    return count
+@njit(cache=True, inline="always")
+def _better(N, F, x, y, z):  # pragma: no cover - compiled
+    """Is y a better partner for x than z? Smaller time span of the merged group first (its members' earliest
+    start times stay close, so running it as one op delays little), then lighter, fewer members, smaller root."""
+    sy = max(F[x, _HI], F[y, _HI]) - min(F[x, _LO], F[y, _LO])
+    sz = max(F[x, _HI], F[z, _HI]) - min(F[x, _LO], F[z, _LO])
+    if sy != sz:
+        return sy < sz
+    if F[y, _W] != F[z, _W]:
+        return F[y, _W] < F[z, _W]
+    if N[y, _CNT] != N[z, _CNT]:
+        return N[y, _CNT] < N[z, _CNT]
+    return y < z
 
 
 @njit(cache=True)
@@ -548,6 +480,24 @@ def _dfs_order(succ_ptr, succ_edges, edge_dst, indeg):  # pragma: no cover - com
     for i in range(n):
         pos[post[i]] = n - 1 - i
     return pos
+
+
+@njit(cache=True)
+def _start_levels(topo, pred_ptr, pred_edges, edge_src, compute_s):  # pragma: no cover - compiled
+    """Earliest start of each op with unlimited devices and free communication (its top level), in units
+    of the mean op time; each op counts at least 1/1000 of the mean so that zero-cost ops still have an order
+    (with no compute at all this is the plain level, the longest path in edges)."""
+    n = topo.shape[0]
+    mean = compute_s.sum() / n
+    if mean == 0:
+        mean = 1.0
+    start = np.zeros(n, dtype=np.float64)
+    for i in range(n):
+        v = topo[i]
+        for k in range(pred_ptr[v], pred_ptr[v + 1]):
+            u = edge_src[pred_edges[k]]
+            start[v] = max(start[v], start[u] + max(compute_s[u] / mean, 1e-3))
+    return start
 
 
 @njit(cache=True)
@@ -600,6 +550,7 @@ class Coarsening:
     members: dict[str, tuple[str, ...]]
     max_nodes: int | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    bundle_tensors: bool = False
 
     @property
     def num_groups(self) -> int:
@@ -652,7 +603,8 @@ class Coarsening:
 
     def to_dict(self) -> dict[str, Any]:
         """The mapping as stored in the coarse graph's meta under "coarsening"."""
-        return {"from": self.original, "max_nodes": self.max_nodes, "stats": dict(self.stats),
+        return {"from": self.original, "max_nodes": self.max_nodes, "bundle_tensors": self.bundle_tensors,
+                "stats": dict(self.stats),
                 "groups": {gid: list(ops) for gid, ops in self.members.items()}}
 
     def save(self, path: str | Path) -> None:
@@ -683,7 +635,8 @@ class Coarsening:
         max_nodes = doc.get("max_nodes")
         if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int)):
             raise GraphError(f"{where}: \"{META_KEY}\".\"max_nodes\" must be an integer or null, got {max_nodes!r}")
-        return cls(coarse, str(doc.get("from", "")), members, max_nodes, dict(doc.get("stats") or {}))
+        return cls(coarse, str(doc.get("from", "")), members, max_nodes, dict(doc.get("stats") or {}),
+                   bool(doc.get("bundle_tensors", False)))
 
     @classmethod
     def load(cls, path: str | Path) -> Coarsening:
@@ -703,21 +656,29 @@ class Coarsening:
         return f"Coarsening({self.original!r}: {self.num_original_nodes} ops -> {self.num_groups} groups)"
 
 
-def colocate(graph: CompGraph) -> Coarsening:
+def colocate(graph: CompGraph, *, bundle_tensors: bool = False) -> Coarsening:
     """Merge every op into its colocation group (an empty `group` means the op's own id), splitting a group
-    where merging it whole would create a cycle. See the module docstring for the rule."""
-    return _run(graph, max_nodes=None, merge=False)
+    where merging it whole would create a cycle. See the module docstring for the rule, and `coarsen` for
+    `bundle_tensors`."""
+    return _run(graph, max_nodes=None, merge=False, bundle=bundle_tensors)
 
 
-def coarsen(graph: CompGraph, max_nodes: int | None = None) -> Coarsening:
-    """Colocate, then fuse chains, merge single-consumer ops into their consumer, merge adjacent groups
-    (smallest combined compute first, never creating a cycle) and finally isolated groups, stopping as soon
-    as at most `max_nodes` groups remain. With `max_nodes=None`: colocation, chains and single-consumer merges
-    until nothing changes."""
+def coarsen(graph: CompGraph, max_nodes: int | None = None, *, bundle_tensors: bool = False) -> Coarsening:
+    """Colocate, then fuse chains, merge single-consumer ops into their consumer (both only into groups of at
+    most total weight / max_nodes), then repeatedly merge the lightest group with a neighbour that keeps the
+    graph acyclic (or, without neighbours, with the next lightest group), stopping as soon as at most
+    `max_nodes` groups remain (always possible for max_nodes >= 1). With `max_nodes=None`: colocation and
+    chain fusion only.
+
+    The coarse graph has one edge per (coarse producer, coarse consumer, original tensor), with the tensor's
+    exact bytes. With `bundle_tensors`, the tensors of a coarse producer that go to the same set of coarse
+    consumers become one tensor (summed bytes): the same bytes move between the same devices under every
+    placement, with one latency per bundle instead of one per tensor, and far fewer edges (4-6x fewer at
+    100 groups of a 100k-op graph)."""
     if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int | np.integer)
                                   or max_nodes < 1):
         raise GraphError(f"max_nodes must be a positive integer (or None for no target), got {max_nodes!r}")
-    return _run(graph, max_nodes=None if max_nodes is None else int(max_nodes), merge=True)
+    return _run(graph, max_nodes=None if max_nodes is None else int(max_nodes), merge=True, bundle=bundle_tensors)
 
 
 def _init_state(graph: CompGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -742,8 +703,12 @@ def _init_state(graph: CompGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
             link[lst[:-1]] = lst[1:]
             link[lst[ptr[1:][has] - 1]] = -1
         Ed[:, nxt] = link
-    S = np.empty((4, n), dtype=np.int64)
-    return N, S, Ed, merge_weight(graph), np.zeros(8, dtype=np.int64)
+    S = np.empty((5, n), dtype=np.int64)
+    F = np.empty((n, 3), dtype=np.float64)
+    F[:, _W] = merge_weight(graph)
+    F[:, _LO] = F[:, _HI] = _start_levels(graph.topo_order, graph.pred_ptr, graph.pred_edges, graph.edge_src,
+                                          graph.compute_s) if n else 0.0
+    return N, S, Ed, F, np.zeros(1, dtype=np.int64)
 
 
 def merge_weight(graph: CompGraph) -> np.ndarray:
@@ -759,45 +724,48 @@ def merge_weight(graph: CompGraph) -> np.ndarray:
     return w
 
 
-def _run(graph: CompGraph, max_nodes: int | None, merge: bool) -> Coarsening:
+def _run(graph: CompGraph, max_nodes: int | None, merge: bool, bundle: bool) -> Coarsening:
     n = graph.num_nodes
     labels: dict[str, int] = {}
     label = np.empty(n, dtype=np.int64)
     for v in range(n):
         label[v] = labels.setdefault(graph.group[v] or graph.ids[v], len(labels))
     label_names = list(labels)
-    N, S, Ed, comp, stamp = _init_state(graph)
+    N, S, Ed, F, stamp = _init_state(graph)
     stats: dict[str, Any] = {"labels": len(labels)}
     if n:
-        part_node, part_label = _colocate(N, S, Ed, comp, stamp, graph.topo_order, label, len(labels))
+        part_node, part_label = _colocate(N, S, Ed, F, stamp, graph.topo_order, label, len(labels))
     else:
         part_node = part_label = np.zeros(0, dtype=np.int64)
-    count = int(part_node.shape[0])
+    count: int = int(part_node.shape[0])
     parts_per_label = np.bincount(part_label, minlength=len(labels))
     stats["groups_split"] = int((parts_per_label > 1).sum())
     stats["colocate"] = count
     stage1_root = _roots(N) if n else np.zeros(0, dtype=np.int64)
     if merge:
         target = 0 if max_nodes is None else max_nodes
-        cap = math.inf if max_nodes is None else float(comp.sum()) / max_nodes
+        cap = math.inf if max_nodes is None else float(F[:, _W].sum()) / max_nodes
         for name, rule in (("chains", _CHAINS), ("single_consumer", _SINGLE)):
-            if rule != _CHAINS and max_nodes is None:
+            if rule == _SINGLE and max_nodes is None:
                 break
-            if count > target:
-                count = int(_merge_edges(N, S, Ed, comp, stamp, rule, cap, count, target))
-            stats[name] = count
+            while count > target:  # rounds: candidates sorted by weight at the start of the round
+                ca, cb = _candidates(N, S, Ed, F, stamp, rule, cap)
+                if not ca.size:
+                    break
+                order = np.lexsort((np.maximum(ca, cb), np.minimum(ca, cb), N[ca, _CNT] + N[cb, _CNT],
+                                    F[ca, _W] + F[cb, _W]))
+                count, merges = _merge_listed(N, S, Ed, F, stamp, rule, cap, ca[order], cb[order], count, target)
+                if not merges:
+                    break
+            stats[name] = int(count)
         if max_nodes is not None:
             if count > target:
-                count = int(_merge_lightest(N, S, Ed, comp, stamp, count, target))
-            stats["pairwise"] = count
-        if max_nodes is not None:
-            if count > target:
-                count = int(_merge_isolated(N, S, Ed, comp, stamp, count, target))
-            stats["components"] = count
+                count = _merge_lightest(N, S, Ed, F, stamp, count, target)
+            stats["pairwise"] = int(count)
     root = _roots(N) if n else np.zeros(0, dtype=np.int64)
     names = _part_names(part_node, part_label, label_names, stage1_root)
-    coarse, members = _build(graph, root, stage1_root, names, max_nodes, stats, merge)
-    return Coarsening(coarse, graph.name, members, max_nodes, stats)
+    coarse, members = _build(graph, root, stage1_root, names, max_nodes, stats, merge, bundle)
+    return Coarsening(coarse, graph.name, members, max_nodes, stats, bundle)
 
 
 def _part_names(part_node: np.ndarray, part_label: np.ndarray, label_names: list[str],
@@ -822,7 +790,8 @@ def _part_names(part_node: np.ndarray, part_label: np.ndarray, label_names: list
 
 
 def _build(graph: CompGraph, root: np.ndarray, stage1_root: np.ndarray, names: dict[int, str],
-           max_nodes: int | None, stats: dict[str, Any], merged: bool) -> tuple[CompGraph, dict[str, tuple[str, ...]]]:
+           max_nodes: int | None, stats: dict[str, Any], merged: bool,
+           bundle: bool) -> tuple[CompGraph, dict[str, tuple[str, ...]]]:
     """The coarse CompGraph from the final group of each op (root = the group's first member index)."""
     n = graph.num_nodes
     uniq = np.unique(root)
@@ -854,7 +823,7 @@ def _build(graph: CompGraph, root: np.ndarray, stage1_root: np.ndarray, names: d
             continue
         kinds = {graph.kind[v] for v in mem}
         kind = next((k for k in ("forward", "backward", "optimizer") if k in kinds), graph.kind[mem[0]])
-        groups = {graph.group[v] for v in mem}
+        groups = {graph.group[v] or graph.ids[v] for v in mem}  # colocation labels (empty = own id)
         rec = {"id": gid, "op": GROUP_OP, "kind": kind, "group": groups.pop() if len(groups) == 1 else "",
                "compute_s": dump_number(math.fsum(graph.compute_s[mem].tolist())),
                "output_bytes": dump_number(float(out_bytes[g])),
@@ -868,9 +837,10 @@ def _build(graph: CompGraph, root: np.ndarray, stage1_root: np.ndarray, names: d
         nodes.append({k: v for k, v in rec.items() if v or k == "id"})
 
     edges = _coarse_edges(graph, cidx, cross, gids)
+    if bundle:
+        edges = _bundle_tensors(edges)
     meta = {k: v for k, v in graph.meta.items() if k != META_KEY}
-    stats_out = dict(stats)
-    doc = {"from": graph.name, "max_nodes": max_nodes, "stats": stats_out,
+    doc = {"from": graph.name, "max_nodes": max_nodes, "bundle_tensors": bundle, "stats": dict(stats),
            "groups": {gid: list(ops) for gid, ops in members.items()}}
     meta[META_KEY] = doc
     suffix = "coarse" if merged else "colocated"
@@ -916,18 +886,62 @@ def _coarse_edges(graph: CompGraph, cidx: np.ndarray, cross: np.ndarray, gids: l
         one_op = ~np.isin(sx, bad_x)
     tensor_new = np.empty(ord2.size, dtype=np.int64)
     tensor_new[ord2] = np.where(one_op, st, rank)
-    out = []
-    for k in np.argsort(firsts, kind="stable").tolist():
-        e = int(firsts[k])
-        rec = graph.edge_record(e)
-        rec["src"] = gids[int(fx[k])]
-        rec["dst"] = gids[int(cidx[graph.edge_dst[e]])]
-        tn = int(tensor_new[k])
-        if tn:
-            rec["tensor"] = tn
-        else:
-            rec.pop("tensor", None)
+    ks = np.argsort(firsts, kind="stable")
+    es = firsts[ks]
+    nbytes = graph.edge_bytes[es]
+    integral = (nbytes == np.floor(nbytes)) & (nbytes < 2.0**63)
+    out: list[dict[str, Any]] = []
+    for x, y, b, whole, t, e in zip(fx[ks].tolist(), cidx[graph.edge_dst[es]].tolist(), nbytes.tolist(),
+                                    integral.tolist(), tensor_new[ks].tolist(), es.tolist(), strict=True):
+        rec: dict[str, Any] = {"src": gids[x], "dst": gids[y], "bytes": int(b) if whole else b}
+        if t:
+            rec["tensor"] = t
+        if graph.edge_extra and graph.edge_extra[e]:
+            rec.update(graph.edge_extra[e])
         out.append(rec)
+    return out
+
+
+def _bundle_tensors(edges: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Bundle the tensors of each coarse producer that go to the same set of coarse consumers into one tensor
+    whose bytes are their sum: every placement then moves exactly the same bytes between the same devices,
+    in one transfer (one latency) per bundle instead of one per tensor. One edge per (bundle, consumer), in
+    the order of the bundle's first edge to that consumer; bundles numbered per producer in order of their
+    first edge."""
+    consumers: dict[tuple[str, int], list[str]] = defaultdict(list)
+    nbytes: dict[tuple[str, int], float] = {}
+    extra: dict[tuple[str, int], dict[str, Any]] = {}
+    for rec in edges:
+        key = (rec["src"], rec.get("tensor", 0))
+        consumers[key].append(rec["dst"])
+        nbytes[key] = rec["bytes"]
+        extra.setdefault(key, {k: v for k, v in rec.items() if k not in ("src", "dst", "bytes", "tensor")})
+    bundle_of: dict[tuple[str, int], tuple[str, frozenset[str]]] = {}
+    members: dict[tuple[str, frozenset[str]], list[tuple[str, int]]] = defaultdict(list)
+    for key, dsts in consumers.items():
+        b = (key[0], frozenset(dsts))
+        bundle_of[key] = b
+        members[b].append(key)
+    index: dict[tuple[str, frozenset[str]], int] = {}
+    per_src: dict[str, int] = defaultdict(int)
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[tuple[str, frozenset[str]], str]] = set()
+    for rec in edges:
+        b = bundle_of[rec["src"], rec.get("tensor", 0)]
+        if (b, rec["dst"]) in seen:
+            continue
+        seen.add((b, rec["dst"]))
+        if b not in index:
+            index[b] = per_src[b[0]]
+            per_src[b[0]] += 1
+        keys = members[b]
+        total = math.fsum(nbytes[k] for k in keys)
+        new: dict[str, Any] = {"src": b[0], "dst": rec["dst"], "bytes": dump_number(total)}
+        if index[b]:
+            new["tensor"] = index[b]
+        if len(keys) == 1:
+            new.update(extra[keys[0]])
+        out.append(new)
     return out
 
 

@@ -39,12 +39,6 @@ def suite(quick: bool):
     return graphs, [load_cluster(c) for c in clusters]
 
 
-def best_single(model: DevplaceModel) -> float:
-    steps = [(not r.feasible, r.step_time_s) for r in
-             (model.run(np.full(model.graph.num_nodes, d, dtype=np.int64)) for d in range(model.cluster.num_devices))]
-    return min(steps)[1]
-
-
 def quality(quick: bool) -> None:
     graphs, clusters = suite(quick)
     names = [n for n in placer_names() if n not in SKIP]
@@ -56,7 +50,7 @@ def quality(quick: bool) -> None:
         for c in clusters:
             model = DevplaceModel(g, c)
             lb = lower_bound(g, c).value_s
-            single = best_single(model)
+            single = model.best_single_device()[1]
             for name in names:
                 orders = ORDERS if get_placer(name).uses_order else ("-",)
                 ratios = {}

@@ -252,7 +252,7 @@ def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settin
     model = DevplaceModel(g, c)
     result = simulate(g, c, placement)
     bound = lower_bound(g, c)
-    single = single_device_baseline(model)
+    single = model.best_single_device()
     _write_timelines(g, c, result, bound.value_s, trace, plot)
     speedup = single[1] / result.step_time_s if result.step_time_s > 0 else float("nan")
     if as_json:
@@ -274,19 +274,6 @@ def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settin
         if path is not None:
             console.print(f"wrote {what} to {path}")
     return result
-
-
-def single_device_baseline(model: Any) -> tuple[int, float, bool]:
-    """(device, step time, fits) of the best single device: the fastest one whose memory holds the step,
-    or the fastest overall when none does."""
-    import numpy as np
-
-    runs = []
-    for d in range(model.cluster.num_devices):
-        r = model.run(np.full(model.graph.num_nodes, d, dtype=np.int64))
-        runs.append((not r.feasible, r.step_time_s, d))
-    infeasible, step, d = min(runs)
-    return d, step, not infeasible
 
 
 @app.command("placers")

@@ -368,3 +368,13 @@ class DevplaceModel:
             comm_bytes=float(t_bytes.sum()),
             transfers=transfers,
         )
+
+    def best_single_device(self) -> tuple[int, float, bool]:
+        """(device, step time, fits) of the best single device: the fastest one whose memory holds the
+        whole step, or the fastest overall when none does (ties: lowest index)."""
+        runs = []
+        for d in range(self.cluster.num_devices):
+            r = self.run(np.full(self.graph.num_nodes, d, dtype=np.int64))
+            runs.append((not r.feasible, r.step_time_s, d))
+        infeasible, step, d = min(runs)
+        return d, step, not infeasible

@@ -409,3 +409,17 @@ def test_unknown_device_or_link_key_is_an_error_with_a_suggestion(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(ClusterError, match="did you mean 'latency_s'"):
         load(path)
+
+
+def test_links_and_meta_are_read_only_and_the_cluster_pickles() -> None:
+    import pickle
+
+    c = load_cluster("8xV100-32GB-NVLink")
+    pair = next(iter(c.links))
+    with pytest.raises(TypeError):
+        c.links[pair] = Link(1.0)  # type: ignore[index]
+    with pytest.raises(TypeError):
+        c.meta["description"] = "x"  # type: ignore[index]
+    back = pickle.loads(pickle.dumps(c))
+    assert dict(back.links) == dict(c.links) and dict(back.meta) == dict(c.meta)
+    assert np.array_equal(back.bandwidth, c.bandwidth) and np.array_equal(back.latency, c.latency)

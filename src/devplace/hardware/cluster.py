@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -49,10 +50,13 @@ class Cluster:
     name: str
     devices: tuple[Device, ...]
     link: Link
-    links: dict[tuple[int, int], Link] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
+    links: Mapping[tuple[int, int], Link] = field(default_factory=dict)
+    meta: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # read-only copies: the bandwidth/latency matrices below are derived once, so `links` must not change after
+        object.__setattr__(self, "links", MappingProxyType(dict(self.links)))
+        object.__setattr__(self, "meta", MappingProxyType(dict(self.meta)))
         n = len(self.devices)
         if n == 0:
             raise ClusterError(f"cluster {self.name!r} has no devices; list at least one under \"devices\"")
@@ -77,6 +81,10 @@ class Cluster:
 
     bandwidth: np.ndarray = field(init=False, repr=False)  # [D, D] bytes/s, inf on the diagonal
     latency: np.ndarray = field(init=False, repr=False)  # [D, D] seconds, 0 on the diagonal
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt through the constructor: mapping proxies do not pickle (process pools and Ray send clusters)
+        return (Cluster, (self.name, self.devices, self.link, dict(self.links), dict(self.meta)))
 
     @property
     def num_devices(self) -> int:

@@ -1,0 +1,166 @@
+"""Where a study's tasks run: `local` (a process pool on this machine) or `ray` (Ray tasks, on a local Ray
+cluster devplace starts, or on an existing cluster at `address`).
+
+A backend runs `fn(*args)` for every argument tuple and yields `(tag, result)` pairs as tasks finish, in
+whatever order they finish; the driver writes the results. `share(obj)` hands the backend an object that
+many tasks take (a graph): the local pool pickles it per task (graphs are tens of kB), Ray stores it once in
+its object store. Task functions must return normally: they catch their own errors.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from devplace.errors import DevplaceError
+
+BACKENDS = ("local", "ray")
+_DIED = ("a worker process died while running a cell (out of memory?); the finished cells are saved: run the "
+         "same command again to resume, with fewer --workers if memory is short")
+
+
+class BackendError(DevplaceError):
+    """An unknown backend, a bad worker count, or a Ray cluster that cannot be reached."""
+
+
+def worker_init() -> None:
+    """Per-process setup of a study worker: one torch thread (cells run side by side, one per core; the
+    placers' tensors are small, so more threads only contend), and no downloads."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+
+
+class LocalBackend:
+    """A pool of `workers` processes started with forkserver (spawn where unavailable): a fresh interpreter,
+    not a fork of a driver that may hold threads and open SQLite handles."""
+
+    name = "local"
+
+    def __init__(self, workers: int = 1) -> None:
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        self.workers = workers
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=worker_init)
+
+    def share(self, obj: Any) -> Any:
+        return obj
+
+    def run(self, fn: Callable[..., Any], tasks: Iterable[tuple[Any, tuple[Any, ...]]]) -> Iterator[tuple[Any, Any]]:
+        """Run fn(*args) for each (tag, args); yield (tag, result) as each finishes. A few tasks per worker are
+        in flight at a time, so a study of thousands of cells does not pickle them all up front."""
+        pending: dict[Future[Any], Any] = {}
+        it = iter(tasks)
+        window = 4 * self.workers
+        exhausted = False
+        while pending or not exhausted:
+            while not exhausted and len(pending) < window:
+                try:
+                    tag, args = next(it)
+                except StopIteration:
+                    exhausted = True
+                    break
+                pending[self._pool.submit(fn, *args)] = tag
+            if not pending:
+                break
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                tag = pending.pop(fut)
+                try:
+                    result = fut.result()
+                except BrokenProcessPool:
+                    raise BackendError(_DIED) from None
+                yield tag, result
+
+    def close(self) -> None:
+        # cancel_futures: on Ctrl-C the queued cells are dropped at once (they simply stay unfinished)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class RayBackend:
+    """Ray tasks of one CPU each. Without `address`, starts a local Ray cluster of `workers` CPUs (no
+    dashboard) and stops it at close; with one, connects to that cluster (`ray://host:10001` or `auto`)."""
+
+    name = "ray"
+
+    def __init__(self, workers: int = 1, address: str | None = None) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise BackendError("the ray backend needs the `ray` package; pip install 'ray[default]', "
+                               "or use --backend local") from None
+        self._ray = ray
+        self._started = False
+        try:
+            if not ray.is_initialized():
+                # no runtime_env: it would start Ray's runtime-env agent and delay every worker's start;
+                # worker_init sets the thread count and offline mode inside each task instead
+                if address is None:
+                    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                             configure_logging=False)
+                else:
+                    ray.init(address=address, log_to_driver=False)
+                self._started = True
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise BackendError(f"cannot start or reach the Ray cluster{f' at {address}' if address else ''}: "
+                               f"{exc}") from None
+        self.workers = workers if address is None else max(1, int(ray.cluster_resources().get("CPU", workers)))
+        self._remote = ray.remote(num_cpus=1, max_retries=0)(_ray_call)
+
+    def share(self, obj: Any) -> Any:
+        return self._ray.put(obj)
+
+    def run(self, fn: Callable[..., Any], tasks: Iterable[tuple[Any, tuple[Any, ...]]]) -> Iterator[tuple[Any, Any]]:
+        """As LocalBackend.run: at most a few tasks per CPU are submitted ahead of the results."""
+        ray = self._ray
+        pending: dict[Any, Any] = {}
+        it = iter(tasks)
+        window = 4 * self.workers
+        exhausted = False
+        while pending or not exhausted:
+            while not exhausted and len(pending) < window:
+                try:
+                    tag, args = next(it)
+                except StopIteration:
+                    exhausted = True
+                    break
+                pending[self._remote.remote(fn, *args)] = tag
+            if not pending:
+                break
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                tag = pending.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayError as exc:  # a worker or node died: the task function never raises
+                    raise BackendError(f"{_DIED} ({type(exc).__name__})") from None
+                yield tag, result
+
+    def close(self) -> None:
+        if self._started:
+            self._ray.shutdown()
+
+
+def _ray_call(fn: Callable[..., Any], *args: Any) -> Any:
+    # Ray resolves ObjectRefs passed as top-level arguments, so shared graphs arrive as objects here
+    worker_init()
+    return fn(*args)
+
+
+def make_backend(name: str, workers: int, address: str | None = None) -> LocalBackend | RayBackend:
+    """The backend called `name` ("local" or "ray") with `workers` parallel tasks."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise BackendError(f"workers must be an integer >= 1, got {workers!r}")
+    if name == "local":
+        if address is not None:
+            raise BackendError("--address is for the ray backend; add --backend ray")
+        return LocalBackend(workers)
+    if name == "ray":
+        return RayBackend(workers, address)
+    raise BackendError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")

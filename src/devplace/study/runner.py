@@ -1,0 +1,325 @@
+"""Run a study: prepare its graphs once (cached next to the database), then run every unfinished cell on a
+backend and write one row per cell as it ends.
+
+Resuming: a cell's row is written in one SQLite transaction when the cell ends, and nothing else is
+written, so after a crash (kill -9 included) the database holds exactly the cells that finished; running
+the same study again skips them. Failed cells are recorded (status "failed", the error) and skipped too,
+unless `retry_failed`. A cell never stops the study: its errors become its row.
+
+Graphs: zoo models and family members are captured, costed and coarsened once per study (2-5 s each) in
+the backend's workers and saved as graph JSON under `<db>.graphs/`; cells load them from there (the driver
+passes the loaded graph to the workers), so a rerun or a second study on the same database captures nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import platform
+import socket
+import time
+import traceback
+from dataclasses import dataclass, fields, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from devplace.graph.compgraph import CompGraph
+from devplace.hardware.cluster import Cluster
+from devplace.study.grid import Cell, expand
+from devplace.study.spec import NO_ORDER, GraphRef, StudySpec, load_study
+
+RL_PLACERS = ("placeto", "seq2seq")
+ERROR_MAX_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """What `run_study` did: cells in the grid, skipped (already in the database), run, failed among those."""
+
+    study: str
+    cells: int
+    skipped: int
+    ran: int
+    failed: int
+    wall_s: float
+    db: str
+
+
+# ---------------------------------------------------------------------------------------------- worker side
+def prepare_graph(ref: GraphRef, max_nodes: int | None) -> CompGraph | str:
+    """The prepared graph of a zoo model or family member, or the error text when it cannot be built."""
+    try:
+        from devplace.capture.pipeline import family_graph, zoo_graph
+
+        if ref.family == "zoo":
+            return zoo_graph(ref.name, max_nodes=max_nodes)
+        return family_graph(ref.family, ref.index, max_nodes=max_nodes)
+    except Exception as exc:  # recorded in the rows of this graph's cells
+        return _error_text(exc)
+
+
+def _error_text(exc: BaseException) -> str:
+    from devplace.errors import DevplaceError
+
+    text = f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, DevplaceError):  # a bug or a library failure: keep where it happened
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])
+        text += "\n" + tb
+    return text[:ERROR_MAX_CHARS]
+
+
+def _versions() -> dict[str, str]:
+    import torch
+
+    import devplace
+
+    return {"devplace": devplace.__version__, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None  # JSON has no NaN or inf
+
+
+def run_cell(cell: Cell, graph: CompGraph | str, cluster: Cluster) -> dict[str, Any]:
+    """Run one cell and return its row (table `cells`); never raises: errors make a "failed" row."""
+    t0 = time.perf_counter()
+    row: dict[str, Any] = {
+        "key": cell.key, "study": cell.study, "graph": cell.graph.spec, "family": cell.graph.family,
+        "cluster": cell.cluster.spec, "sim_model": cell.sim_model, "placer": cell.placer,
+        "settings": cell.settings_json, "order_name": cell.order_name, "seed": cell.seed,
+        "worker": f"{socket.gethostname()}:{os.getpid()}", "versions": _versions(),
+    }
+    try:
+        if isinstance(graph, str):
+            raise GraphPreparationError(graph)
+        from devplace.hardware.features import graph_features
+        from devplace.sim import lower_bound, simulate
+
+        row.update(graph_name=graph.name, num_nodes=graph.num_nodes)
+        row["features"] = {k: _finite(v) for k, v in graph_features(graph, cluster).items()}
+        row["lower_bound_s"] = lower_bound(graph, cluster).value_s
+        t = time.perf_counter()
+        devices, curve, episodes = _place(cell, graph, cluster)
+        row["placement_time_s"] = time.perf_counter() - t
+        result = simulate(graph, cluster, devices, model=cell.sim_model)
+        row.update(status="ok", step_time_s=float(result.step_time_s), feasible=int(result.feasible),
+                   peak_memory_bytes=[float(b) for b in result.peak_memory_bytes], episodes=episodes,
+                   curve=[float(x) for x in curve] if curve is not None else None)
+    except Exception as exc:  # a failing cell is recorded and does not stop the study
+        row.update(status="failed", step_time_s=None, error=_error_text(exc))
+    row["wall_s"] = time.perf_counter() - t0
+    row["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    return row
+
+
+class GraphPreparationError(Exception):
+    """The cell's graph could not be captured or loaded (the message is the original error)."""
+
+
+def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[np.ndarray, list[float] | None, int | None]:
+    """The placement (device per node), the learning curve of RL placers, and their episode count."""
+    import tempfile
+
+    from devplace.placers import place
+    from devplace.placers.registry import get_placer
+
+    settings = cell.settings
+    accepted = get_placer(cell.placer).settings
+    if "sim_model" in accepted and "sim_model" not in settings:
+        settings["sim_model"] = cell.sim_model  # RL placers learn under the study's simulation model
+    order = "topo" if cell.order_name == NO_ORDER else cell.order_name  # ignored by such placers
+    episodes = int(settings.get("episodes", accepted.get("episodes"))) if cell.placer in RL_PLACERS else None
+    trained = _train_seq2seq(cell.placer, graph, cluster, order, cell.seed, settings)
+    if trained is not None:
+        return trained[0], trained[1], episodes
+    if "log" in accepted and "log" not in settings:
+        # placeto writes its learning curve when given a `log` file: read it back, one step time per episode
+        from devplace.placers.rl.curve import read_curve
+
+        with tempfile.TemporaryDirectory(prefix="devplace-cell-") as tmp:
+            log = Path(tmp) / "curve.csv"
+            placement = place(graph, cluster, placer=cell.placer, order=order, seed=cell.seed, log=str(log),
+                              **settings)
+            rows = read_curve(log) if log.is_file() else []
+        curve = [float(r["step_time_s"]) for r in rows if not r.get("greedy")]
+        return placement.to_array(graph, cluster.num_devices), curve, episodes
+    placement = place(graph, cluster, placer=cell.placer, order=order, seed=cell.seed, **settings)
+    return placement.to_array(graph, cluster.num_devices), None, episodes
+
+
+def _train_seq2seq(placer: str, graph: CompGraph, cluster: Cluster, order: str, seed: int,
+                   settings: dict[str, Any]) -> tuple[np.ndarray, list[float]] | None:
+    """For seq2seq, the placement `place()` gives plus the learning curve (mean sampled step time per
+    iteration), by calling its trainer directly: the placer returns the placement only. None where that is
+    not possible -- other placers, settings the trainer's config lacks, the m-etf fallback -- and the caller
+    uses place()."""
+    if placer != "seq2seq":
+        return None
+    from devplace.orders import traversal_indices
+    from devplace.placers.memory import no_fit_error
+    from devplace.placers.seq2seq import Seq2SeqConfig, train_seq2seq
+    from devplace.sim.devplace_model import DevplaceModel
+
+    if not set(settings) <= {f.name for f in fields(Seq2SeqConfig)}:
+        return None
+    config = replace(Seq2SeqConfig(), **settings)
+    # the same checks, order and trainer call as place() and the registered seq2seq function
+    if float(graph.param_bytes.sum()) > float(cluster.memory.sum()):
+        raise no_fit_error(graph, cluster, placer, "the parameters alone exceed the cluster's memory")
+    visit = traversal_indices(graph, order, seed, cluster=cluster)
+    res = train_seq2seq(graph, cluster, visit, seed=seed, config=config)
+    if res.fallback:
+        return None
+    devices = np.asarray(res.devices, dtype=np.int64)
+    if not DevplaceModel(graph, cluster).run(devices).feasible:
+        raise no_fit_error(graph, cluster, placer, "its best placement is over memory")
+    return devices, [float(c["mean_step_time_s"]) for c in res.curve]
+
+
+# ---------------------------------------------------------------------------------------------- driver side
+def graph_cache_dir(db: str | Path) -> Path:
+    """Where a database's prepared graphs are cached: `<db>.graphs/` beside it."""
+    p = Path(db)
+    return p.parent / f"{p.name}.graphs"
+
+
+def _cache_file(cache: Path, ref: GraphRef, max_nodes: int | None) -> Path:
+    tag = hashlib.sha256(f"{ref.identity()}|{max_nodes}".encode()).hexdigest()[:12]
+    safe = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in ref.spec)
+    return cache / f"{safe}-{tag}.json"
+
+
+def _load_graphs(refs: list[GraphRef], max_nodes: int | None, cache: Path, backend: Any,
+                 bar: Any) -> dict[str, CompGraph | str]:
+    """spec -> prepared graph (or error text), capturing the ones not cached yet on the backend."""
+    from devplace.graph import load_graph, save_graph
+
+    out: dict[str, CompGraph | str] = {}
+    missing: list[GraphRef] = []
+    for ref in refs:
+        try:
+            if ref.path is not None:
+                out[ref.spec] = load_graph(ref.path)
+                continue
+            f = _cache_file(cache, ref, max_nodes)
+            if f.is_file():
+                out[ref.spec] = load_graph(f)
+            else:
+                missing.append(ref)
+        except Exception as exc:  # a bad graph file fails its cells, not the study
+            out[ref.spec] = _error_text(exc)
+    if not missing:
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    bar.start("graphs", len(missing))
+    for spec, result in backend.run(prepare_graph, ((r.spec, (r, max_nodes)) for r in missing)):
+        ref = next(r for r in missing if r.spec == spec)
+        if isinstance(result, CompGraph):
+            f = _cache_file(cache, ref, max_nodes)
+            tmp = f.with_suffix(f".tmp{os.getpid()}")
+            save_graph(result, tmp)
+            os.replace(tmp, f)  # atomic: a crash never leaves half a graph in the cache
+            result = load_graph(f)  # cells see the graph exactly as a resumed run will load it
+        out[spec] = result
+        bar.advance(failed=isinstance(result, str))
+    return out
+
+
+def run_study(spec_or_path: StudySpec | str | Path, db: str | Path, *, backend: str = "local", workers: int = 1,
+              address: str | None = None, retry_failed: bool = False, progress: bool = False,
+              cache_dir: str | Path | None = None) -> StudySummary:
+    """Run every cell of the study not yet in `db` and write one row per cell; return what was done.
+
+    `spec_or_path` is a StudySpec, a TOML file, or a preset name ("quick", "paper", "extended"). `backend`
+    is "local" (a process pool of `workers`) or "ray" (a local Ray cluster of `workers` CPUs, or the one at
+    `address`). `retry_failed` reruns cells recorded as failed. `progress` shows a live progress bar.
+    Prepared graphs are cached under `cache_dir` (default `<db>.graphs/`).
+    """
+    from devplace.hardware.cluster import load_cluster
+    from devplace.study.backends import make_backend
+    from devplace.study.spec import PRESETS
+    from devplace.study.store import connect, finished_keys, write_cell
+
+    t0 = time.perf_counter()
+    if isinstance(spec_or_path, StudySpec):
+        spec = spec_or_path
+    else:
+        is_preset = str(spec_or_path) in PRESETS and not Path(spec_or_path).exists()
+        spec = load_study(spec_or_path, preset=is_preset)
+    cells = expand(spec)
+    con = connect(db)
+    try:
+        done = finished_keys(con)
+        todo = [c for c in cells if c.key not in done or (retry_failed and done[c.key] == "failed")]
+        summary = StudySummary(spec.name, len(cells), len(cells) - len(todo), 0, 0, 0.0, str(db))
+        if not todo:
+            return replace(summary, wall_s=time.perf_counter() - t0)
+        be = make_backend(backend, workers, address)
+        bar = _Bar(progress)
+        failed = 0
+        try:
+            with bar:
+                refs = list({c.graph.spec: c.graph for c in todo}.values())
+                cache = Path(cache_dir) if cache_dir is not None else graph_cache_dir(db)
+                graphs = _load_graphs(refs, spec.max_nodes, cache, be, bar)
+                clusters = {c.spec: load_cluster(c.source) for c in spec.clusters}
+                shared_graphs = {k: be.share(g) for k, g in graphs.items()}
+                shared_clusters = {k: be.share(c) for k, c in clusters.items()}
+                bar.start(f"{spec.name}", len(todo), skipped=summary.skipped)
+                tasks = ((c.key, (c, shared_graphs[c.graph.spec], shared_clusters[c.cluster.spec])) for c in todo)
+                for _key, row in be.run(run_cell, tasks):
+                    write_cell(con, row)
+                    failed += row["status"] == "failed"
+                    bar.advance(failed=row["status"] == "failed")
+        finally:
+            be.close()
+        return replace(summary, ran=len(todo), failed=failed, wall_s=time.perf_counter() - t0)
+    finally:
+        con.close()
+
+
+class _Bar:
+    """A rich live progress bar (done / failed / remaining, ETA), or nothing when disabled."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._progress: Any = None
+        self._task: Any = None
+        self._failed = 0
+        self._done = 0
+        self._total = 0
+
+    def __enter__(self) -> _Bar:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(),
+                TextColumn("{task.completed}/{task.total} done, {task.fields[failed]} failed, "
+                           "{task.fields[left]} left{task.fields[skipped]}"),
+                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                console=Console(stderr=True), transient=False)
+            self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    def start(self, what: str, total: int, skipped: int = 0) -> None:
+        self._failed, self._done, self._total = 0, 0, total
+        if self._progress is not None:
+            note = f" ({skipped} skipped: already in the database)" if skipped else ""
+            self._task = self._progress.add_task(what, total=total, failed=0, left=total, skipped=note)
+
+    def advance(self, failed: bool = False) -> None:
+        self._done += 1
+        self._failed += failed
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1, failed=self._failed, left=self._total - self._done)
+

@@ -1,0 +1,289 @@
+"""Study definitions: a TOML file (or a built-in preset) naming graphs, clusters, the simulation model,
+placers with their settings, orders and seeds. docs/study-format.md has a commented example.
+
+Every key is checked when the file is read: unknown keys, unknown placers, settings, orders, clusters,
+families and zoo models are errors that say what is wrong and what is allowed, before any cell runs.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from devplace.errors import DevplaceError
+
+PRESETS: tuple[str, ...] = ("quick", "paper", "extended")
+NO_ORDER = "-"  # order_name of cells whose placer ignores the traversal order
+DEFAULT_MAX_NODES = 300  # coarsening limit for captured graphs (the seed study's graphs had a few hundred groups)
+
+_TOP_KEYS = ("name", "description", "graphs", "max_nodes", "clusters", "sim_model", "placers", "orders", "seeds")
+_PLACER_KEYS = ("name", "settings", "orders", "seeds")
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+class StudyError(DevplaceError):
+    """A study definition that cannot be run: bad TOML, unknown key, placer, order, cluster or graph."""
+
+
+@dataclass(frozen=True)
+class GraphRef:
+    """One graph of the study. `spec` is what the rows' `graph` column holds ("cifar10/3", "zoo:resnet50",
+    or a file path as written); `path` is the resolved file for family "file"."""
+
+    spec: str
+    family: str  # "cifar10" | "ptb" | "nmt" | "zoo" | "file"
+    name: str = ""  # zoo model name
+    index: int = -1  # family member
+    path: Path | None = None
+
+    def identity(self) -> str:
+        """What a cell key hashes for this graph: the spec, plus the file's content hash for files."""
+        if self.path is None:
+            return self.spec
+        return f"{self.spec}#{_file_sha(self.path)}"
+
+
+@dataclass(frozen=True)
+class ClusterRef:
+    """One cluster: a preset name or a cluster file (`spec` as written, `source` what load_cluster takes)."""
+
+    spec: str
+    source: str
+
+    def identity(self) -> str:
+        path = Path(self.source)
+        return self.spec if self.source == self.spec and not path.is_file() else f"{self.spec}#{_file_sha(path)}"
+
+
+@dataclass(frozen=True)
+class PlacerEntry:
+    """A placer with its settings; `orders` and `seeds` override the study's when given."""
+
+    name: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    orders: tuple[str, ...] | None = None
+    seeds: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """A parsed, checked study definition."""
+
+    name: str
+    graphs: tuple[GraphRef, ...]
+    clusters: tuple[ClusterRef, ...]
+    placers: tuple[PlacerEntry, ...]
+    orders: tuple[str, ...]
+    seeds: tuple[int, ...]
+    sim_model: str = "devplace"
+    max_nodes: int | None = DEFAULT_MAX_NODES
+    description: str = ""
+    source: str = ""  # the file or preset it came from
+
+
+def _file_sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def load_study(path_or_name: str | Path, *, preset: bool = False) -> StudySpec:
+    """Read a study TOML file, or with `preset` the built-in study of that name (quick, paper, extended)."""
+    if preset:
+        name = str(path_or_name)
+        if name not in PRESETS:
+            raise StudyError(f"unknown study preset {name!r}; presets: {', '.join(PRESETS)}")
+        text = (resources.files("devplace.study") / "presets" / f"{name}.toml").read_text(encoding="utf-8")
+        return parse_study(text, base_dir=Path.cwd(), source=f"preset:{name}")
+    path = Path(path_or_name)
+    if not path.is_file():
+        raise StudyError(f"{path}: no such study file; give a TOML study definition or --preset "
+                         f"({', '.join(PRESETS)})")
+    return parse_study(path.read_text(encoding="utf-8"), base_dir=path.resolve().parent, source=str(path))
+
+
+def parse_study(text: str, *, base_dir: Path, source: str = "<string>") -> StudySpec:
+    """Parse and check a study definition given as TOML text; relative file paths resolve against base_dir."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise StudyError(f"{source}: not valid TOML: {exc}") from None
+    where = source
+    _known(doc, _TOP_KEYS, where)
+    for required in ("graphs", "clusters", "placers"):
+        if required not in doc:
+            raise StudyError(f"{where}: missing key {required!r} (a study needs graphs, clusters and placers)")
+    name = doc.get("name", Path(source).stem if not source.startswith("preset:") else source[7:])
+    if not isinstance(name, str) or not name:
+        raise StudyError(f"{where}: 'name' must be a non-empty string, got {name!r}")
+    description = doc.get("description", "")
+    if not isinstance(description, str):
+        raise StudyError(f"{where}: 'description' must be a string")
+    sim_model = doc.get("sim_model", "devplace")
+    from devplace.sim import MODELS
+
+    if sim_model not in MODELS:
+        raise StudyError(f"{where}: sim_model {sim_model!r} is unknown; choose one of: {', '.join(MODELS)}")
+    max_nodes = doc.get("max_nodes", DEFAULT_MAX_NODES)
+    if max_nodes == 0:
+        max_nodes = None  # 0: no coarsening beyond colocation
+    if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 2):
+        raise StudyError(f"{where}: max_nodes must be an integer >= 2 (or 0 for no coarsening), got {max_nodes!r}")
+    graphs = _graphs(doc["graphs"], base_dir, where)
+    clusters = _clusters(doc["clusters"], base_dir, where)
+    orders = _orders(doc.get("orders", ["topo"]), f"{where}: orders")
+    seeds = _seeds(doc.get("seeds", [0]), f"{where}: seeds")
+    placers = _placers(doc["placers"], where)
+    return StudySpec(name=name, graphs=graphs, clusters=clusters, placers=placers, orders=orders, seeds=seeds,
+                     sim_model=sim_model, max_nodes=max_nodes, description=description, source=source)
+
+
+def _known(doc: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+    unknown = sorted(set(doc) - set(known))
+    if unknown:
+        raise StudyError(f"{where}: unknown key {', '.join(map(repr, unknown))}; allowed keys: {', '.join(known)}")
+
+
+def _str_list(value: Any, what: str) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise StudyError(f"{what} must be a non-empty list of strings, got {value!r}"[:300])
+    return value
+
+
+def _graphs(value: Any, base_dir: Path, where: str) -> tuple[GraphRef, ...]:
+    from devplace.zoo.families import FAMILIES, FAMILY_SIZE
+
+    out: list[GraphRef] = []
+    for item in _str_list(value, f"{where}: graphs"):
+        if item.startswith("zoo:"):
+            from devplace.zoo.models import MODELS
+
+            model = item[4:]
+            if model not in MODELS:
+                raise StudyError(f"{where}: graphs: unknown zoo model {model!r}; zoo models: {', '.join(MODELS)}")
+            out.append(GraphRef(spec=item, family="zoo", name=model))
+            continue
+        fam, slash, members = item.partition("/")
+        if slash and fam in FAMILIES and not (base_dir / item).exists():
+            for i in _members(members, FAMILY_SIZE, f"{where}: graphs: {item!r}"):
+                out.append(GraphRef(spec=f"{fam}/{i}", family=fam, index=i))
+            continue
+        matches = sorted(glob.glob(str(base_dir / item))) if glob.has_magic(item) else [str(base_dir / item)]
+        files = [Path(m) for m in matches if Path(m).is_file()]
+        if not files:
+            raise StudyError(f"{where}: graphs: {item!r} is not a zoo model (zoo:NAME), a family member "
+                             f"({'|'.join(FAMILIES)}/0-{FAMILY_SIZE - 1}) or an existing graph file")
+        for f in files:
+            spec = item if not glob.has_magic(item) else (str(f.relative_to(base_dir)) if f.is_relative_to(base_dir)
+                                                          else str(f))
+            out.append(GraphRef(spec=spec, family="file", path=f))
+    seen: set[str] = set()
+    for g in out:
+        if g.spec in seen:
+            raise StudyError(f"{where}: graphs: {g.spec!r} is listed twice")
+        seen.add(g.spec)
+    return tuple(out)
+
+
+def _members(text: str, size: int, what: str) -> list[int]:
+    """'3' -> [3]; '0-7' -> 0..7; '0,4,9-11' -> [0, 4, 9, 10, 11]."""
+    out: list[int] = []
+    for part in text.split(","):
+        m = _RANGE.match(part.strip())
+        if not m:
+            raise StudyError(f"{what}: members must be like 3, 0-31 or 0,4,9-11")
+        lo, hi = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
+        if hi < lo or hi >= size:
+            raise StudyError(f"{what}: member range {part!r} is outside 0-{size - 1}")
+        out.extend(range(lo, hi + 1))
+    return sorted(set(out))
+
+
+def _clusters(value: Any, base_dir: Path, where: str) -> tuple[ClusterRef, ...]:
+    from devplace.hardware.cluster import load_cluster
+    from devplace.hardware.presets import PRESETS as CLUSTER_PRESETS
+
+    out = []
+    for item in _str_list(value, f"{where}: clusters"):
+        source = item if item in CLUSTER_PRESETS else str(base_dir / item)
+        if item not in CLUSTER_PRESETS and not Path(source).is_file():
+            raise StudyError(f"{where}: clusters: {item!r} is neither a cluster preset nor a file; presets: "
+                             f"{', '.join(CLUSTER_PRESETS)}")
+        try:
+            load_cluster(source)
+        except DevplaceError as exc:
+            raise StudyError(f"{where}: clusters: {exc}") from None
+        out.append(ClusterRef(spec=item, source=source))
+    if len({c.spec for c in out}) != len(out):
+        raise StudyError(f"{where}: clusters: a cluster is listed twice")
+    return tuple(out)
+
+
+def _orders(value: Any, what: str) -> tuple[str, ...]:
+    from devplace.orders import ORDERS
+
+    if value == "all":
+        return ORDERS
+    names = _str_list(value, what)
+    bad = [n for n in names if n not in ORDERS]
+    if bad:
+        raise StudyError(f"{what}: unknown order {', '.join(map(repr, bad))}; orders: {', '.join(ORDERS)} "
+                         f"(or \"all\")")
+    if len(set(names)) != len(names):
+        raise StudyError(f"{what}: an order is listed twice")
+    return tuple(names)
+
+
+def _seeds(value: Any, what: str) -> tuple[int, ...]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise StudyError(f"{what}: a seed count must be >= 1, got {value}")
+        return tuple(range(value))
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)):
+        raise StudyError(f"{what} must be a count N (seeds 0..N-1) or a list of integers >= 0, got {value!r}"[:300])
+    if len(set(value)) != len(value):
+        raise StudyError(f"{what}: a seed is listed twice")
+    return tuple(value)
+
+
+def _placers(value: Any, where: str) -> tuple[PlacerEntry, ...]:
+    from devplace.placers.registry import get_placer
+
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise StudyError(f"{where}: placers must be a list of names or of [[placers]] tables")
+    out = []
+    for i, item in enumerate(value):
+        what = f"{where}: placers[{i}]"
+        if isinstance(item, str):
+            item = {"name": item}
+        if not isinstance(item, dict):
+            raise StudyError(f"{what} must be a placer name or a table with name and settings")
+        _known(item, _PLACER_KEYS, what)
+        name = item.get("name")
+        if not isinstance(name, str):
+            raise StudyError(f"{what}: 'name' (the placer) is missing")
+        try:
+            accepted = get_placer(name).settings
+        except DevplaceError as exc:
+            raise StudyError(f"{what}: {exc}") from None
+        settings = item.get("settings", {})
+        if not isinstance(settings, dict):
+            raise StudyError(f"{what}: settings must be a table, got {settings!r}")
+        unknown = sorted(set(settings) - set(accepted))
+        if unknown:
+            listed = ", ".join(f"{k}={v!r}" for k, v in accepted.items()) or "none"
+            raise StudyError(f"{what}: placer {name!r} has no setting {', '.join(map(repr, unknown))}; "
+                             f"its settings: {listed}")
+        orders = _orders(item["orders"], f"{what}: orders") if "orders" in item else None
+        seeds = _seeds(item["seeds"], f"{what}: seeds") if "seeds" in item else None
+        out.append(PlacerEntry(name=name, settings=dict(settings), orders=orders, seeds=seeds))
+    return tuple(out)

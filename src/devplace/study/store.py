@@ -1,0 +1,157 @@
+"""The study's results store: one SQLite file, one row per finished (or failed) cell in table `cells`.
+
+The driver is the only writer. Each row is written in one transaction (`INSERT OR REPLACE` keyed on the
+cell's stable key) when its cell ends, and the database runs in WAL mode, so a study killed at any moment
+(kill -9 included) leaves only whole rows behind: rerunning skips them, and no row is lost or duplicated.
+The schema is documented in docs/study-format.md; readers use `read_cells`.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from devplace.errors import DevplaceError
+
+SCHEMA_VERSION = 1
+
+# (column, SQL type); the order is the table's column order. `key` is the primary key.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("key", "TEXT PRIMARY KEY"),  # stable hash of the cell's definition (devplace.study.grid.cell_key)
+    ("study", "TEXT"),  # the study's name
+    ("graph", "TEXT"),  # the graph spec as written: "cifar10/3", "zoo:resnet50", a file path
+    ("family", "TEXT"),  # "cifar10" | "ptb" | "nmt" | "zoo" | "file"
+    ("graph_name", "TEXT"),  # CompGraph.name of the prepared graph (NULL when preparation failed)
+    ("num_nodes", "INTEGER"),  # nodes of the prepared (coarsened) graph the placer saw
+    ("cluster", "TEXT"),  # cluster spec as written (preset name or file path)
+    ("sim_model", "TEXT"),  # "devplace" | "placeto": the model step_time_s is measured under
+    ("placer", "TEXT"),
+    ("settings", "TEXT"),  # JSON object, sorted keys: the placer settings as the study gave them
+    ("order_name", "TEXT"),  # traversal order; "-" for placers that ignore the order
+    ("seed", "INTEGER"),
+    ("status", "TEXT"),  # "ok" | "failed"
+    ("step_time_s", "REAL"),  # step time of the placement under sim_model; NULL when failed
+    ("feasible", "INTEGER"),  # 1 when every device's peak memory fits under sim_model, else 0
+    ("lower_bound_s", "REAL"),  # devplace.sim.lower_bound of the graph on the cluster
+    ("peak_memory_bytes", "TEXT"),  # JSON list, one per device, under sim_model
+    ("placement_time_s", "REAL"),  # wall time of the placer call
+    ("episodes", "INTEGER"),  # training episodes of RL placers (placeto, seq2seq); NULL otherwise
+    ("curve", "TEXT"),  # JSON list: step time after each training episode (RL placers), else NULL
+    ("features", "TEXT"),  # JSON object: devplace.hardware.features.graph_features(graph, cluster)
+    ("error", "TEXT"),  # "ErrorClass: message" of a failed cell, else NULL
+    ("versions", "TEXT"),  # JSON object: devplace, torch, python versions of the process that ran the cell
+    ("finished_at", "TEXT"),  # ISO 8601 UTC time the cell ended
+    ("wall_s", "REAL"),  # whole cell wall time in its worker (placement + simulations + features)
+    ("worker", "TEXT"),  # host:pid of the process that ran the cell
+)
+COLUMN_NAMES: tuple[str, ...] = tuple(c for c, _ in COLUMNS)
+JSON_COLUMNS: frozenset[str] = frozenset({"settings", "peak_memory_bytes", "curve", "features", "versions"})
+
+
+class StoreError(DevplaceError):
+    """A results file that is not a devplace study database."""
+
+
+def connect(db_path: str | Path, *, create: bool = True) -> sqlite3.Connection:
+    """Open (and with `create`, make) the results database in WAL mode with the `cells` table."""
+    path = Path(db_path)
+    if not create and not path.is_file():
+        raise StoreError(f"{path}: no such results database; run `devplace study run ... --db {path}` first")
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        con = sqlite3.connect(str(path), timeout=30.0)
+        con.execute("PRAGMA journal_mode=WAL")
+        # NORMAL is durable against a killed process in WAL mode (only a power cut can lose the last commits)
+        con.execute("PRAGMA synchronous=NORMAL")
+        if create:
+            cols = ", ".join(f"{c} {t}" for c, t in COLUMNS)
+            with con:
+                con.execute(f"CREATE TABLE IF NOT EXISTS cells ({cols})")
+                con.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT)")
+                con.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            _add_missing_columns(con)
+        else:
+            con.execute("SELECT key FROM cells LIMIT 1")
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path}: not a devplace study database ({exc}); give another --db file") from None
+    return con
+
+
+def _add_missing_columns(con: sqlite3.Connection) -> None:
+    # a database written by an older devplace gains the newer (nullable) columns, so it still resumes
+    have = {row[1] for row in con.execute("PRAGMA table_info(cells)")}
+    with con:
+        for name, sql_type in COLUMNS:
+            if name not in have:
+                con.execute(f"ALTER TABLE cells ADD COLUMN {name} {sql_type.replace(' PRIMARY KEY', '')}")
+
+
+def encode_row(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The row as a tuple in column order, JSON columns encoded (sorted keys); unknown keys are an error."""
+    unknown = set(row) - set(COLUMN_NAMES)
+    if unknown:
+        raise ValueError(f"unknown result columns: {sorted(unknown)}")  # a bug in the runner, not a user error
+    out = []
+    for name in COLUMN_NAMES:
+        value = row.get(name)
+        if name in JSON_COLUMNS and value is not None and not isinstance(value, str):
+            value = json.dumps(value, sort_keys=True)
+        out.append(value)
+    return tuple(out)
+
+
+def write_cell(con: sqlite3.Connection, row: Mapping[str, Any]) -> None:
+    """Write one cell's row in one transaction (replacing a failed row of the same key)."""
+    marks = ", ".join("?" for _ in COLUMN_NAMES)
+    with con:
+        con.execute(f"INSERT OR REPLACE INTO cells ({', '.join(COLUMN_NAMES)}) VALUES ({marks})", encode_row(row))
+
+
+def finished_keys(con: sqlite3.Connection) -> dict[str, str]:
+    """key -> status of every row already in the database."""
+    return dict(con.execute("SELECT key, status FROM cells"))
+
+
+def decode_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row with its JSON columns decoded to Python lists and dicts."""
+    out = dict(row)
+    for name in JSON_COLUMNS:
+        if isinstance(out.get(name), str):
+            out[name] = json.loads(out[name])
+    return out
+
+
+def read_cells(db_path: str | Path, *, decode: bool = True, study: str | None = None) -> list[dict[str, Any]]:
+    """Every row of table `cells` as a dict (column -> value), ordered by key.
+
+    With `decode` (the default) the JSON columns (settings, peak_memory_bytes, curve, features, versions)
+    are decoded to Python objects; without it they stay JSON text as stored. `study` keeps one study's rows.
+    """
+    con = connect(db_path, create=False)
+    try:
+        con.row_factory = sqlite3.Row
+        sql, args = "SELECT * FROM cells", ()
+        if study is not None:
+            sql, args = sql + " WHERE study = ?", (study,)
+        rows = [dict(r) for r in con.execute(sql + " ORDER BY key", args)]
+    finally:
+        con.close()
+    return [decode_row(r) for r in rows] if decode else rows
+
+
+def count_rows(db_path: str | Path) -> int:
+    """Number of rows in `cells` (0 when the file does not exist yet)."""
+    if not Path(db_path).is_file():
+        return 0
+    con = sqlite3.connect(str(db_path), timeout=30.0)
+    try:
+        return int(con.execute("SELECT COUNT(*) FROM cells").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
+    finally:
+        con.close()
+

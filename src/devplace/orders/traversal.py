@@ -311,9 +311,11 @@ TOPOLOGICAL_ORDERS: frozenset[str] = frozenset(
 """Orders that are always topological (every node after all its predecessors)."""
 
 
-def check_order_name(name: str) -> str:
-    """Return `name` if it is a valid order, else raise OrderError listing the valid names."""
-    if name in ORDERS:
+def check_order_name(name: str, *, allow_auto: bool = False) -> str:
+    """Return `name` if it is a valid order, else raise OrderError listing the valid names.
+
+    `allow_auto=True` also accepts "auto", where a placer front end (`devplace.place`) resolves it."""
+    if name in ORDERS or (allow_auto and name == "auto"):
         return name
     valid = ", ".join(ORDERS)
     if name == "auto":

@@ -98,16 +98,25 @@ def get_placer(name: str) -> PlacerSpec:
 
 
 def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: str = "topo", seed: int = 0,
-          progress: Progress | None = None, **settings: Any) -> Placement:
+          progress: Progress | None = None, try_orders: int | None = None, **settings: Any) -> Placement:
     """Place every node of `graph` on a device of `cluster` with `placer`, walking the graph in `order`.
 
     Settings are the placer's keyword arguments (see `devplace placers`). The result is always
     memory-feasible under the `devplace` simulation model; when the placer finds nothing that fits, a
     NoFitError says how much memory the step needs and what would hold it. `progress(done, total)` is
     called now and then by placers with long loops (greedy, anneal).
+
+    `order="auto"` picks the order from the graph's features with the shipped recommendation model
+    (`devplace.orders.auto`); with `try_orders=K` it instead runs the placer with each of the model's K most
+    promising orders and keeps the placement with the smallest simulated step time (K times the placement
+    time). The Placement's meta["order_auto"] records the chosen order and why.
     """
     spec = get_placer(placer)
-    check_order_name(order)
+    check_order_name(order, allow_auto=True)
+    if try_orders is not None and order != "auto":
+        raise PlacerError(f"try_orders (--try) needs order='auto' (--order auto), got order {order!r}")
+    if order == "auto":
+        return _place_auto(graph, cluster, spec, seed, progress, try_orders, settings)
     accepted = spec.settings
     unknown = sorted(set(settings) - set(accepted))
     if unknown:
@@ -131,3 +140,43 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: s
     meta = {"placer": placer, "order": order if spec.uses_order else None, "seed": seed,
             "settings": dict(settings), "step_time_s": result.step_time_s}
     return Placement(placement.assignment, graph=graph.name, cluster=cluster.name, meta=meta)
+
+
+def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int, progress: Progress | None,
+                try_orders: int | None, settings: dict[str, Any]) -> Placement:
+    """`order="auto"`: the recommended order, or the best of the K most promising ones (see `place`)."""
+    from devplace.orders.auto import recommend_order
+
+    if try_orders is not None and (isinstance(try_orders, bool) or not isinstance(try_orders, int)
+                                   or try_orders < 1):
+        raise PlacerError(f"try_orders (--try) must be an integer >= 1, got {try_orders!r}")
+    rec = recommend_order(graph, cluster, placer=spec.name, uses_order=spec.uses_order)
+    if try_orders is None or not spec.uses_order:
+        placement = place(graph, cluster, placer=spec.name, order=rec.order, seed=seed, progress=progress,
+                          **settings)
+        why = {"order": rec.order, "mode": "model", "rule": rec.rule, "expected_gain": rec.expected_gain,
+               "source": rec.source}
+        return Placement(placement.assignment, graph=placement.graph, cluster=placement.cluster,
+                         meta={**placement.meta, "order_auto": why})
+    candidates = list(rec.ranking[:try_orders])
+    tried: dict[str, Any] = {}
+    best: Placement | None = None
+    first_error: DevplaceError | None = None
+    for name in candidates:
+        try:
+            p = place(graph, cluster, placer=spec.name, order=name, seed=seed, progress=progress, **settings)
+        except DevplaceError as exc:  # an order whose placement does not fit: record it, try the next
+            tried[name] = f"{type(exc).__name__}: {exc}"
+            first_error = first_error or exc
+            continue
+        tried[name] = p.meta["step_time_s"]
+        # strictly smaller only: ties keep the model's higher-ranked order
+        if best is None or p.meta["step_time_s"] < best.meta["step_time_s"]:
+            best = p
+    if best is None:
+        assert first_error is not None
+        raise first_error
+    why = {"order": best.meta["order"], "mode": f"try {len(candidates)}", "tried": tried,
+           "rule": rec.rule, "model_order": rec.order, "expected_gain": rec.expected_gain,
+           "why": f"smallest simulated step time of the model's {len(candidates)} most promising orders"}
+    return Placement(best.assignment, graph=best.graph, cluster=best.cluster, meta={**best.meta, "order_auto": why})

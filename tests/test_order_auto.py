@@ -1,0 +1,145 @@
+"""`order="auto"`: the shipped order model on any graph, place(..., order="auto"), --try K, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import cluster, graph
+from devplace.cli import main
+from devplace.graph import CompGraph
+from devplace.orders import ORDERS, OrderError, check_order_name, traversal_indices, traversal_order
+from devplace.orders.auto import DEFAULT_ORDER, OrderModel, recommend_order, shipped_model
+from devplace.placers import PlacerError, place
+from study_fixture import fixture_rows
+
+
+@st.composite
+def small_dags(draw: st.DrawFn) -> CompGraph:
+    """A random DAG (edges from lower to higher index, shuffled insertion order), compute may be all zero."""
+    n = draw(st.integers(1, 12))
+    perm = draw(st.permutations(range(n)))
+    pairs = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=2 * n))
+    out_bytes = draw(st.lists(st.sampled_from([0.0, 8.0, 1e6]), min_size=n, max_size=n))  # one size per output
+    links = dict.fromkeys((min(a, b), max(a, b)) for a, b in pairs if a != b)
+    edges = [{"src": f"v{u}", "dst": f"v{v}", "bytes": out_bytes[u]} for u, v in links]
+    compute = draw(st.lists(st.sampled_from([0.0, 1e-3, 2.0]), min_size=n, max_size=n))
+    return CompGraph.build("dag", [{"id": f"v{i}", "compute_s": compute[i]} for i in perm], edges)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_dags(), st.sampled_from(["greedy", "m-topo", "contiguous", "anneal", "round-robin"]),
+       st.booleans())
+def test_auto_gives_a_valid_order_for_any_graph(g: CompGraph, placer: str, with_cluster: bool) -> None:
+    rec = recommend_order(g, cluster(3) if with_cluster else None, placer=placer)
+    assert rec.order in ORDERS and rec.order != "random"
+    assert rec.ranking[0] == rec.order and set(rec.ranking) <= set(ORDERS)
+    assert rec.rule.endswith(rec.order) or rec.order in rec.rule
+    assert sorted(traversal_indices(g, rec.order).tolist()) == list(range(g.num_nodes))
+
+
+def test_shipped_model_records_its_study() -> None:
+    m = shipped_model()
+    assert m.doc["fitted_on"]["database"] and m.doc["fitted_on"]["graphs"] > 0
+    assert m.placers and "*" in m.doc["placers"]
+    for p in m.placers:
+        assert m.rules(p)
+
+
+def test_fallbacks_for_placers_without_rules() -> None:
+    g = graph([("a", 1.0), ("b", 2.0)], [("a", "b", 8)])
+    doc = OrderModel(json.loads(json.dumps(shipped_model().doc))).doc
+    doc["placers"] = {"greedy": doc["placers"]["greedy"]}  # no pooled tree
+    m = OrderModel(doc)
+    rec = recommend_order(g, cluster(2), placer="seq2seq", model=m)
+    assert (rec.order, rec.source) == (DEFAULT_ORDER, "default") and "no rule" in rec.rule
+    assert rec.ranking[0] == "topo" and "random" not in rec.ranking and len(rec.ranking) == len(ORDERS) - 1
+    assert recommend_order(g, cluster(2), placer="m-etf", model=m, uses_order=False).rule.endswith(
+        "does not walk the graph in an order")
+    assert recommend_order(g, cluster(2), placer="seq2seq").source == "pooled"  # the shipped model has "*"
+
+
+def test_auto_is_accepted_only_where_a_placer_takes_an_order() -> None:
+    assert check_order_name("auto", allow_auto=True) == "auto"
+    with pytest.raises(OrderError, match="not an order"):
+        traversal_order(graph([("a", 1.0)], []), "auto")
+
+
+@pytest.fixture
+def chain_fork():
+    nodes = [("x", 1.0), ("a", 2.0), ("b", 2.0), ("c", 1.0), ("d", 3.0), ("y", 1.0)]
+    edges = [("x", "a", 1e3), ("x", "b", 1e3), ("a", "c", 1e3), ("b", "d", 1e3), ("c", "y", 1e3), ("d", "y", 1e3)]
+    return graph(nodes, edges, name="fork")
+
+
+@pytest.mark.parametrize("placer", ["greedy", "m-topo", "contiguous", "m-etf", "heft"])
+def test_place_auto_for_several_placers(chain_fork, placer: str) -> None:
+    c = cluster(2, bw=1e5)
+    p = place(chain_fork, c, placer=placer, order="auto")
+    auto = p.meta["order_auto"]
+    expected = recommend_order(chain_fork, c, placer=placer, uses_order=placer != "heft")
+    assert auto["order"] == expected.order and auto["rule"] == expected.rule
+    if placer == "heft":
+        assert p.meta["order"] is None and "does not walk" in auto["rule"]  # heft ignores the order
+    else:
+        assert p.meta["order"] == expected.order
+        assert p.assignment == place(chain_fork, c, placer=placer, order=expected.order).assignment
+
+
+def test_try_k_keeps_the_best_of_the_k_most_promising(chain_fork) -> None:
+    c = cluster(2, bw=1e5)
+    p = place(chain_fork, c, placer="greedy", order="auto", try_orders=3)
+    auto = p.meta["order_auto"]
+    ranking = recommend_order(chain_fork, c, placer="greedy").ranking
+    assert list(auto["tried"]) == list(ranking[:3])
+    assert p.meta["step_time_s"] == min(auto["tried"].values())
+    assert auto["order"] == p.meta["order"] in ranking[:3]
+    with pytest.raises(PlacerError, match="needs order='auto'"):
+        place(chain_fork, c, placer="greedy", order="topo", try_orders=2)
+    with pytest.raises(PlacerError, match=">= 1"):
+        place(chain_fork, c, placer="greedy", order="auto", try_orders=0)
+
+
+def run(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["devplace", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_recommend(tmp_path, capsys, monkeypatch) -> None:
+    code, out, _ = run(["recommend", "example", "--placer", "m-topo", "--json"], capsys, monkeypatch)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["order"] in ORDERS and doc["rule"] and "expected_gain" in doc
+    assert doc["cluster"] == shipped_model().cluster  # no --cluster: the one the model was fitted on
+    code, out, _ = run(["recommend", "example", "--placer", "greedy", "-c", "4xV100-16GB"], capsys, monkeypatch)
+    assert code == 0 and "rule:" in out and "expected gain over topo" in out
+    # another order model, given as a file
+    from devplace.study.recommend import fit_order_model
+
+    fit_order_model(fixture_rows()).save(tmp_path / "m.json")
+    code, out, _ = run(["recommend", "example", "--order-model", str(tmp_path / "m.json"), "--json"], capsys,
+                       monkeypatch)
+    assert code == 0 and json.loads(out)["model"] == str(tmp_path / "m.json")
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "devplace.order-model/9"}))
+    code, _, err = run(["recommend", "example", "--order-model", str(tmp_path / "bad.json")], capsys, monkeypatch)
+    assert code == 2 and "order-model/9" in err
+
+
+def test_cli_place_order_auto_with_try(capsys, monkeypatch) -> None:
+    code, out, _ = run(["place", "example", "-c", "4xV100-16GB", "--placer", "m-topo", "--order", "auto",
+                        "--try", "2", "--json"], capsys, monkeypatch)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["order"] == doc["order_auto"]["order"] and len(doc["order_auto"]["tried"]) == 2
+    code, _, err = run(["place", "example", "-c", "4xV100-16GB", "--try", "2"], capsys, monkeypatch)
+    assert code == 2 and "--order auto" in err

@@ -324,3 +324,73 @@ def format_calibration(cal: Mapping[str, Any]) -> str:
                      f"{r['analytic_s'] * 1e3:>12.3f} {r['ratio']:>7.2f} {r['median_rel_error']:>+8.0%} "
                      f"{r['median_abs_rel_error']:>9.0%}")
     return "\n".join(lines)
+
+
+# ==================================================================================== measured training steps
+RUN_FORMAT = "devplace.run/1"  # the records `devplace run` appends (written by devplace.runtime.run)
+
+
+def fold_runs(records: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Fold `devplace.run/1` records (measured vs simulated step times) into step-time ratios.
+
+    Per cluster device kind (the set of kinds the plan was costed for) and per graph: how many runs, the median
+    measured/simulated ratio, and its spread. The ratio is the factor by which the simulation should scale
+    its op times for that device kind (>1: the cost model is too fast) -- a coarse, whole-step calibration
+    that complements `calibrate`'s per-op one. Records of other formats are ignored and counted.
+    """
+    by_kind: dict[str, list[float]] = {}
+    by_graph: dict[str, list[float]] = {}
+    ignored = 0
+    for rec in records:
+        ratio = rec.get("ratio") if rec.get("format") == RUN_FORMAT else None
+        if not isinstance(ratio, int | float) or not math.isfinite(ratio) or ratio <= 0:
+            ignored += 1
+            continue
+        kinds = rec.get("device_kinds") or ["?"]
+        by_kind.setdefault(" + ".join(sorted({str(k) for k in kinds})), []).append(float(ratio))
+        where = f"{rec.get('graph', '?')} on {rec.get('cluster', '?')} ({','.join(rec.get('devices', []))})"
+        by_graph.setdefault(where, []).append(float(ratio))
+
+    def row(values: list[float]) -> dict[str, Any]:
+        return {"runs": len(values), "median_ratio": statistics.median(values), "min_ratio": min(values),
+                "max_ratio": max(values)}
+
+    return {"runs": sum(len(v) for v in by_kind.values()), "ignored": ignored,
+            "device_kinds": {k: row(v) for k, v in sorted(by_kind.items())},
+            "graphs": {k: row(v) for k, v in sorted(by_graph.items())}}
+
+
+def read_runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The JSON-lines records of a `devplace run --record` file (blank lines skipped)."""
+    import json
+
+    from devplace.errors import FormatError
+
+    out: list[dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read: {exc}") from None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise FormatError(f"{path}:{i}: not a JSON record ({exc.msg}); expected one devplace.run/1 object a line"
+                              ) from None
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def format_runs(folded: Mapping[str, Any]) -> str:
+    """`fold_runs`'s result as a plain-text table."""
+    lines = [f"{folded['runs']} measured runs ({folded['ignored']} records ignored): measured / simulated step time"]
+    for title, key in (("device kinds", "device_kinds"), ("graph on cluster (devices)", "graphs")):
+        lines.append(f"{title:<48} {'runs':>5} {'median':>8} {'min':>8} {'max':>8}")
+        for name, r in folded[key].items():
+            lines.append(f"{name[:48]:<48} {r['runs']:>5} {r['median_ratio']:>8.3f} {r['min_ratio']:>8.3f} "
+                         f"{r['max_ratio']:>8.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,198 @@
+"""`devplace.plan(...)`: capture, cost, coarsen, place and simulate a module's training step in one call, and the
+`devplace.plan/1` file that keeps the result (docs/runtime.md)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from devplace.errors import FormatError
+from devplace.graph.coarsen import Coarsening
+from devplace.graph.compgraph import CompGraph
+from devplace.graph.jsonio import read_json, write_json
+from devplace.graph.placement import Placement
+from devplace.hardware.cluster import Cluster, load_cluster
+from devplace.sim import SimResult, lower_bound, simulate
+
+__all__ = ["FORMAT", "Plan", "load_plan", "plan", "plan_from_prepared", "rebuild_zoo_model", "zoo_plan"]
+
+FORMAT = "devplace.plan/1"
+
+
+@dataclass(eq=False)
+class Plan:
+    """A placement of a model's full training graph on a cluster, with its simulated result.
+
+    `graph` is the captured, costed graph (every op); `placement` places each of its ops; `result` is the
+    `devplace`-model simulation of that placement; `settings` records how it was made (placer, order, seed,
+    optimizer, max_nodes, model source). `coarse` (the coarsening the placer saw) and `example_inputs` are
+    kept in memory only.
+    """
+
+    graph: CompGraph
+    cluster: Cluster
+    placement: Placement
+    result: SimResult
+    settings: dict[str, Any] = field(default_factory=dict)
+    coarse: Coarsening | None = None
+    example_inputs: Any = None
+    _runtime: tuple[Placement, SimResult] | None = field(default=None, repr=False)
+
+    @property
+    def runtime_placement(self) -> Placement:
+        """The placement as `apply` runs it: backward and optimizer ops with their forward op (see
+        `devplace.runtime.apply.runtime_placement`); equal to `placement` when the placer kept them together."""
+        if self._runtime is None:
+            from devplace.runtime.apply import runtime_placement
+
+            rp = runtime_placement(self.graph, self.placement)
+            same = rp.assignment == self.placement.assignment
+            self._runtime = (rp, self.result if same else simulate(self.graph, self.cluster, rp))
+        return self._runtime[0]
+
+    @property
+    def runtime_result(self) -> SimResult:
+        """The simulation of `runtime_placement`: the step time to compare with a measured run."""
+        _ = self.runtime_placement
+        assert self._runtime is not None
+        return self._runtime[1]
+
+    @property
+    def num_devices_used(self) -> int:
+        """How many logical devices (0..n-1) the placement needs."""
+        return max(self.placement.assignment.values(), default=0) + 1
+
+    def summary(self, text: bool = False) -> Any:
+        """The table `devplace place` prints (a rich renderable), or with `text=True` the same as plain text."""
+        from rich.console import Console, Group
+        from rich.text import Text
+
+        from devplace.sim.summary import fmt_time, result_view
+
+        s = self.settings
+        rt = self.runtime_result
+        moved = sum(1 for k, d in self.runtime_placement.assignment.items() if self.placement.assignment[k] != d)
+        line = Text(f"placer {s.get('placer')}, order {s.get('order')}, seed {s.get('seed')}"
+                    + (f"; {self.coarse.num_groups} groups of {self.graph.num_nodes} ops" if self.coarse else "")
+                    + (f"; as run by devplace.runtime ({moved} backward/optimizer ops follow their forward op): "
+                       f"step time {fmt_time(rt.step_time_s)}, {'feasible' if rt.feasible else 'INFEASIBLE'}"
+                       if moved else "; devplace.runtime runs this placement as simulated"))
+        view = Group(result_view(self.graph, self.cluster, self.result, lower_bound(self.graph, self.cluster)), line)
+        if not text:
+            return view
+        console = Console(width=120, record=True, file=io.StringIO())
+        console.print(view)
+        return console.export_text()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `devplace.plan/1` document."""
+        return {"format": FORMAT, "settings": dict(self.settings), "cluster": self.cluster.to_dict(),
+                "result": self.result.to_dict(), "placement": self.placement.to_dict(), "graph": self.graph.to_dict()}
+
+    def save(self, path: str | Path) -> None:
+        """Write the plan as `devplace.plan/1` JSON (graph, cluster, placement, settings, simulated result)."""
+        write_json(path, self.to_dict())
+
+    def apply(self, model: nn.Module, devices: Sequence[str | torch.device] | str, example_inputs: Any = None) -> Any:
+        """`model` placed on `devices` (real device per logical index): a `devplace.runtime.PlacedModule`."""
+        from devplace.runtime.apply import apply_placement
+
+        inputs = example_inputs if example_inputs is not None else self.example_inputs
+        return apply_placement(model, self.graph, self.placement, devices, inputs)
+
+
+def plan_from_prepared(prepared: Any, cluster: Cluster, *, placer: str = "m-etf", order: str = "topo", seed: int = 0,
+                       settings: Mapping[str, Any] | None = None, source: Mapping[str, Any] | None = None,
+                       **placer_settings: Any) -> Plan:
+    """Place a `capture.pipeline.Prepared` model on `cluster` and simulate the expanded placement."""
+    from devplace.placers import place
+
+    coarse = place(prepared.graph, cluster, placer=placer, order=order, seed=seed, **placer_settings)
+    expanded = prepared.coarsening.expand(coarse)
+    placement = Placement(expanded.assignment, graph=prepared.full.name, cluster=cluster.name, meta=coarse.meta)
+    result = simulate(prepared.full, cluster, placement)
+    s = {"placer": placer, "order": coarse.meta.get("order", order), "seed": seed,
+         "placer_settings": dict(placer_settings), **(settings or {}), "source": dict(source or {})}
+    return Plan(prepared.full, cluster, placement, result, s, prepared.coarsening)
+
+
+def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, placer: str = "m-etf",
+         order: str = "topo", optimizer: str = "adam", max_nodes: int | None = None, seed: int = 0,
+         loss_fn: Callable[[Any], torch.Tensor] | None = None, **placer_settings: Any) -> Plan:
+    """Capture `model`'s training step on `example_inputs`, cost it for the cluster's first device, coarsen it
+    (to `max_nodes` groups if given), place it with `placer` walking `order`, and simulate the placement.
+
+    `cluster` is a `Cluster`, a preset name or a cluster JSON file. `order` is any order `devplace.place`
+    accepts (when `"auto"` lands there, it works here unchanged). `loss_fn` and `optimizer` as for
+    `devplace.capture.capture`. Extra keyword arguments are placer settings.
+    """
+    from devplace.capture.pipeline import prepare
+    from devplace.capture.torch_capture import capture
+
+    c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
+    graph = capture(model, example_inputs, loss_fn=loss_fn, optimizer=optimizer)
+    prepared = prepare(graph, device=c.devices[0], max_nodes=max_nodes)
+    p = plan_from_prepared(prepared, c, placer=placer, order=order, seed=seed,
+                           settings={"optimizer": optimizer, "max_nodes": max_nodes},
+                           source={"module": type(model).__name__}, **placer_settings)
+    p.example_inputs = example_inputs
+    return p
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a `devplace.plan/1` file (unknown versions are rejected) and re-simulate its placement."""
+    doc = read_json(path, FORMAT)
+    for key in ("graph", "cluster", "placement"):
+        if not isinstance(doc.get(key), Mapping):
+            raise FormatError(f"{path}: \"{key}\" must be a JSON object; is this a devplace plan file?")
+    gdoc = doc["graph"]
+    meta = {k: v for k, v in gdoc.items() if k not in ("format", "name", "nodes", "edges")}
+    graph = CompGraph.build(str(gdoc.get("name", "")), gdoc.get("nodes", []), gdoc.get("edges", []), meta=meta)
+    cluster = Cluster.from_dict(doc["cluster"], where=f"{path}: cluster")
+    pdoc = doc["placement"]
+    assignment = pdoc.get("assignment")
+    if not isinstance(assignment, Mapping):
+        raise FormatError(f"{path}: placement.\"assignment\" must map op ids to device indices")
+    extra = {k: v for k, v in pdoc.items() if k not in ("format", "graph", "cluster", "assignment")}
+    placement = Placement(dict(assignment), graph=str(pdoc.get("graph", "")), cluster=str(pdoc.get("cluster", "")),
+                          meta=extra)
+    result = simulate(graph, cluster, placement)
+    return Plan(graph, cluster, placement, result, dict(doc.get("settings") or {}))
+
+
+def zoo_plan(name: str, cluster: Cluster | str, *, batch: int | None = None, seq_len: int | None = None,
+             placer: str = "m-etf", order: str = "topo", optimizer: str = "adam", max_nodes: int | None = None,
+             seed: int = 0, **placer_settings: Any) -> tuple[Plan, nn.Module, tuple[torch.Tensor, ...]]:
+    """Build zoo model `name` for real (seeded, on the CPU) and plan it; returns (plan, module, inputs).
+
+    The plan records the zoo name, batch and sequence length, so `rebuild_zoo_model(plan)` makes the same
+    module and inputs again (what `devplace run --plan` does)."""
+    from devplace.zoo.models import build_model, get_spec
+
+    spec = get_spec(name)
+    module, inputs, loss_fn = build_model(name, batch, seq_len, seed=seed)
+    p = plan(module, inputs, cluster, placer=placer, order=order, optimizer=optimizer, max_nodes=max_nodes,
+             seed=seed, loss_fn=loss_fn, **placer_settings)
+    p.settings["source"] = {"zoo": name, "batch": spec.batch if batch is None else batch,
+                            "seq_len": spec.seq_len if seq_len is None else seq_len, "build_seed": seed}
+    return p, module, inputs
+
+
+def rebuild_zoo_model(p: Plan) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The zoo module and inputs a plan made by `zoo_plan` was made for; an error for other plans."""
+    from devplace.errors import DevplaceError
+    from devplace.zoo.models import build_model
+
+    src = p.settings.get("source") or {}
+    if not isinstance(src, Mapping) or "zoo" not in src:
+        raise DevplaceError("this plan was made from a Python module, not a zoo model, so the command line cannot "
+                            "rebuild it; in Python, use plan.apply(model, devices) and devplace.runtime.run_steps")
+    module, inputs, _ = build_model(str(src["zoo"]), src.get("batch"), src.get("seq_len"),
+                                    seed=int(src.get("build_seed", 0)))
+    return module, inputs

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
+import torch
 
 from conftest import cluster, graph
 from devplace.orders import traversal_indices, traversal_order
 from devplace.placers import PlacerError, get_placer, place
+from devplace.placers.rl.curve import read_curve
 from devplace.placers.rl.placeto import PlacetoHyper, PlacetoPolicy, _GraphContext, num_parameters, train_placeto
 from devplace.sim import simulate
 from devplace.sim.devplace_model import DevplaceModel
+from devplace.sim.placeto import PlacetoModel
 from devplace.zoo import layered_graph
 
 FAST = PlacetoHyper(episodes=3, rounds=2, hidden=8)
@@ -30,16 +35,19 @@ def two_chains(params: float = 0.0):
 def test_registered_as_a_sequential_placer_with_its_settings():
     spec = get_placer("placeto")
     assert spec.uses_order and spec.reports_progress
-    assert spec.settings == {"episodes": 50, "memory_penalty": 1.0, "rounds": 8, "hidden": 32, "encoder": "placeto"}
+    assert spec.settings == {"episodes": 50, "memory_penalty": 1.0, "rounds": 8, "hidden": 32, "encoder": "placeto",
+                             "sim_model": "devplace", "lr": 1e-3, "policy": None, "log": None}
 
 
-def test_parameter_count_does_not_depend_on_the_graph():
+@pytest.mark.parametrize("encoder", ["placeto", "sage", "gat"])
+def test_parameter_count_does_not_depend_on_the_graph(encoder):
     c = cluster(3, bw=12e9, mem=1e12)
     small, big = layered_graph(20, width=4, seed=1), layered_graph(150, width=10, seed=2)
-    counts = [train_placeto(g, c, traversal_indices(g, "topo"), 0, PlacetoHyper(episodes=0)).num_parameters
-              for g in (small, big)]
+    hyper = PlacetoHyper(episodes=0, encoder=encoder)
+    counts = [train_placeto(g, c, traversal_indices(g, "topo"), 0, hyper).num_parameters for g in (small, big)]
     assert counts[0] == counts[1] > 0
-    assert num_parameters(PlacetoPolicy(_GraphContext(small, c, PlacetoHyper()).num_features, 3)) == counts[0]
+    nf = _GraphContext(small, c, hyper).num_features
+    assert num_parameters(PlacetoPolicy(nf, 3, encoder=encoder)) == counts[0]
 
 
 @pytest.mark.parametrize("order", ["topo", "dfs-preorder", "lexicographic"])
@@ -100,11 +108,10 @@ def test_place_reports_progress_per_episode():
     assert calls == [(0, 3), (1, 3), (2, 3)]
 
 
-def test_unimplemented_encoders_and_bad_settings_say_so():
+def test_bad_settings_say_so():
     g = layered_graph(10, width=3, seed=1)
-    for enc in ("sage", "gat"):
-        with pytest.raises(PlacerError, match="not implemented yet: sage, gat"):
-            place(g, cluster(2), placer="placeto", encoder=enc)
+    with pytest.raises(PlacerError, match="unknown sim_model 'tf'"):
+        place(g, cluster(2), placer="placeto", sim_model="tf")
     with pytest.raises(PlacerError, match="unknown encoder 'gcn'"):
         place(g, cluster(2), placer="placeto", encoder="gcn")
     with pytest.raises(PlacerError, match="episodes must be an integer"):
@@ -123,3 +130,72 @@ def test_pooling_sets_ancestors_descendants_parallel():
     start = np.array([0.0, 1.0, 5.0, 3.0, 1.5])
     masks = ctx.pools(g.index["b"], start)
     assert [{g.ids[v] for v in np.flatnonzero(m)} for m in masks] == [{"a"}, {"d"}, {"e"}]
+
+
+@pytest.mark.parametrize("encoder", ["sage", "gat"])
+def test_sage_and_gat_encoders_learn_the_two_chains(encoder):
+    g = two_chains()
+    c = cluster(2, bw=1e3, lat=0.0)
+    o = traversal_indices(g, "topo")
+    run = train_placeto(g, c, o, 0, PlacetoHyper(episodes=20, encoder=encoder, rounds=3, hidden=16))
+    assert run.step_time_s <= 4.02 + 0.004
+    assert [g.ids[v] for v in run.visits[0]] == traversal_order(g, "topo")
+    # the encoders really differ: the same seed gives different first-episode logits, so different curves
+    other = train_placeto(g, c, o, 0, PlacetoHyper(episodes=3, encoder="placeto", rounds=3, hidden=16))
+    mine = train_placeto(g, c, o, 0, PlacetoHyper(episodes=3, encoder=encoder, rounds=3, hidden=16))
+    assert [r["entropy"] for r in other.rows] != [r["entropy"] for r in mine.rows]
+
+
+def test_encoders_embed_a_batch_of_states_like_one_state_at_a_time():
+    g = layered_graph(25, width=4, seed=3)
+    c = cluster(3)
+    for encoder in ("placeto", "sage", "gat"):
+        hyper = PlacetoHyper(encoder=encoder, rounds=2, hidden=8)
+        ctx = _GraphContext(g, c, hyper)
+        policy = PlacetoPolicy(ctx.num_features, 3, 8, 2, encoder)
+        x = torch.rand(4, g.num_nodes, ctx.num_features, generator=torch.Generator().manual_seed(0))
+        batched = policy.embed(x, ctx.adj)
+        single = torch.cat([policy.embed(x[b:b + 1], ctx.adj) for b in range(4)], dim=1)
+        assert torch.allclose(batched, single, atol=1e-5)
+        assert batched.shape == (g.num_nodes, 4, 16)
+        with torch.inference_mode():  # the rollout's in-place path computes the same embedding and logits
+            assert torch.allclose(policy.embed(x, ctx.adj), batched, atol=1e-5)
+            masks = torch.ones(4, 3, g.num_nodes)
+            fast = policy(x, ctx.adj, torch.arange(4), masks)
+        assert torch.allclose(fast, policy(x, ctx.adj, torch.arange(4), masks), atol=1e-5)
+
+
+def test_placeto_sim_model_optimises_the_placeto_simulator():
+    g = layered_graph(40, width=5, seed=7)
+    c = cluster(3, bw=7.6e9, mem=1e12)
+    o = traversal_indices(g, "topo")
+    hyper = PlacetoHyper(episodes=3, rounds=2, hidden=8, sim_model="placeto")
+    run = train_placeto(g, c, o, 0, hyper)
+    pm = PlacetoModel(g, c)
+    # step times in the curve are the placeto model's, and the answer is its best
+    assert run.start_step_time_s == pm.run(np.zeros(g.num_nodes, dtype=np.int64)).step_time_s
+    assert pm.run(run.devices).step_time_s == pytest.approx(run.step_time_s)
+    assert run.step_time_s <= run.start_step_time_s
+    assert run.curve != train_placeto(g, c, o, 0, replace(hyper, sim_model="devplace")).curve
+    p = place(g, c, placer="placeto", seed=0, episodes=2, rounds=2, hidden=8, sim_model="placeto")
+    assert simulate(g, c, p).feasible and p.meta["settings"]["sim_model"] == "placeto"
+
+
+def test_placeto_sim_model_answer_still_fits_the_devplace_memory_model():
+    # the placeto model counts no parameters: all on one device "fits" there, but not under devplace
+    g = two_chains(params=100.0)
+    c = cluster(2, bw=1e3, mem=450.0)
+    run = train_placeto(g, c, traversal_indices(g, "topo"), 1, PlacetoHyper(episodes=4, sim_model="placeto",
+                                                                          memory_penalty=0.0))
+    assert DevplaceModel(g, c).run(run.devices).feasible
+
+
+def test_log_setting_writes_the_learning_curve(tmp_path):
+    g = layered_graph(20, width=4, seed=2)
+    path = tmp_path / "run.csv"
+    place(g, cluster(2, bw=12e9), placer="placeto", episodes=2, rounds=2, hidden=8, log=str(path))
+    rows = read_curve(path)
+    assert [r["episode"] for r in rows] == [0, 1, 2] and [r["greedy"] for r in rows] == [0, 0, 1]
+    assert all(r["graph"] == g.name for r in rows)
+    assert all(r["best_step_time_s"] <= r["step_time_s"] + 1e-15 for r in rows if not r["greedy"])
+    assert rows[0]["entropy"] > 0 and rows[-1]["wall_s"] >= rows[0]["wall_s"]

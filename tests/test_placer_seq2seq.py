@@ -3,12 +3,16 @@ a toy graph with a known optimum, and the memory penalty."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import pytest
 
 from conftest import cluster, graph
-from devplace.placers import place
+from devplace.placers import PlacerError, place
 from devplace.placers.seq2seq import ColocPolicy, Seq2SeqConfig, encode_order, node_features, train_seq2seq
 from devplace.sim.devplace_model import DevplaceModel
+from devplace.sim.placeto import PlacetoModel
 from devplace.zoo import layered_graph
 
 
@@ -88,3 +92,17 @@ def test_policy_learns_to_avoid_a_slow_device():
     last = np.mean([row["mean_step_time_s"] for row in r.curve[-5:]])
     assert last < 0.5 * first
     assert r.best_step_time_s == 10.0
+
+
+def test_sim_model_placeto_rewards_come_from_the_placeto_simulator():
+    g = layered_graph(30, width=5, seed=3)
+    c = cluster(3, bw=7.6e9, mem=1e12)
+    cfg = Seq2SeqConfig(episodes=3, samples=4)
+    r_p = train_seq2seq(g, c, np.arange(30), seed=0, config=replace(cfg, sim_model="placeto"))
+    r_d = train_seq2seq(g, c, np.arange(30), seed=0, config=cfg)
+    assert r_p.best_step_time_s == PlacetoModel(g, c).run(r_p.devices).step_time_s
+    assert r_p.curve[0]["mean_step_time_s"] != r_d.curve[0]["mean_step_time_s"]  # same samples, other simulator
+    p = place(g, c, placer="seq2seq", seed=0, episodes=2, samples=4, sim_model="placeto")
+    assert p.meta["settings"]["sim_model"] == "placeto"
+    with pytest.raises(PlacerError, match="unknown sim_model"):
+        place(g, c, placer="seq2seq", sim_model="tf")

@@ -53,6 +53,7 @@ from devplace.hardware.cluster import Cluster
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import PlacerError, Progress, get_placer, register
 from devplace.sim.devplace_model import DevplaceModel
+from devplace.sim.placeto import PlacetoModel
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Seq2SeqConfig:
     grad_clip: float = 1.0  # gradient norm clipping
     memory_penalty: float = 1.0  # cost += memory_penalty x relative overflow for infeasible samples
     scale_advantage: bool = False  # divide (cost - baseline) by the batch's cost std (not in the paper)
+    sim_model: str = "devplace"  # simulator of the reward: "devplace" or "placeto" (the seed study's)
 
 
 NUM_NUMERIC = 5  # compute, output bytes, param bytes, in-degree, out-degree
@@ -205,7 +207,9 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
         return Seq2SeqResult(np.zeros(n, dtype=np.int64), math.nan, False, [], nparams)
     generator = torch.Generator().manual_seed(sample_seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
-    model = DevplaceModel(graph, cluster)
+    # rewards from the chosen model; a sample becomes the answer only if it also fits under devplace (`place`'s check)
+    ref = DevplaceModel(graph, cluster)
+    model = ref if cfg.sim_model == "devplace" else PlacetoModel(graph, cluster)
     serial_s = max(float(graph.compute_s.sum()) / float(cluster.speeds.max()), 1e-30)
     b_np, x_np = encode_order(graph, order, cfg.op_buckets)
     buckets, numeric = torch.from_numpy(b_np), torch.from_numpy(x_np)
@@ -224,7 +228,7 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
             res = model.run(devices)
             costs.append(_sample_cost(res, serial_s, cfg.memory_penalty))
             times.append(res.step_time_s)
-            if res.feasible and res.step_time_s < best_t:
+            if res.step_time_s < best_t and (res.feasible if model is ref else ref.run(devices).feasible):
                 best, best_t = devices, res.step_time_s
         cost = torch.tensor(costs, dtype=torch.float32)
         mean_cost = float(cost.mean())
@@ -250,13 +254,15 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
 
 @register("seq2seq", uses_order=True)
 def seq2seq(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0, episodes: int = 50,
-            samples: int = 8, hidden: int = 64, memory_penalty: float = 1.0,
+            samples: int = 8, hidden: int = 64, memory_penalty: float = 1.0, sim_model: str = "devplace",
             progress: Progress | None = None) -> np.ndarray:
     """ColocRL one-shot RL: a bidirectional LSTM reads the nodes in the order, an LSTM decoder emits their devices.
 
     REINFORCE on sqrt(simulated step time) with a moving-average baseline, `samples` placements per
     iteration for `episodes` iterations; infeasible samples pay `memory_penalty` x their relative memory
-    overflow. Returns the best feasible sampled placement (m-etf's when none fits). Deterministic for a seed.
+    overflow. `sim_model` ("devplace" or "placeto") is the simulator of the reward; the answer always fits
+    under the devplace model. Returns the best feasible sampled placement (m-etf's when none fits).
+    Deterministic for a seed. Trains on one graph only (`devplace train` is placeto-only).
     About 0.3 s per iteration for 300 nodes on 2 CPU cores; coarsen graphs of thousands of nodes first.
     """
     for name, value, low in (("episodes", episodes, 0), ("samples", samples, 1), ("hidden", hidden, 1)):
@@ -264,8 +270,10 @@ def seq2seq(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
             raise PlacerError(f"seq2seq: {name} must be an integer >= {low}, got {value!r}")
     if not (isinstance(memory_penalty, int | float) and memory_penalty >= 0 and math.isfinite(memory_penalty)):
         raise PlacerError(f"seq2seq: memory_penalty must be a number >= 0, got {memory_penalty!r}")
+    if sim_model not in ("devplace", "placeto"):
+        raise PlacerError(f"seq2seq: unknown sim_model {sim_model!r}; choose one of: devplace, placeto")
     cfg = Seq2SeqConfig(episodes=int(episodes), samples=int(samples), hidden=int(hidden),
-                        memory_penalty=float(memory_penalty))
+                        memory_penalty=float(memory_penalty), sim_model=sim_model)
     result = train_seq2seq(graph, cluster, order, seed=seed, config=cfg, progress=progress)
     if not result.fallback:
         return result.devices

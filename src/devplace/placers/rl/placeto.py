@@ -12,11 +12,11 @@ Embedding: an MLP lifts the features to d (`hidden`); then k (`rounds`) rounds o
 lifted features h0, once forward along the edges (a node sums its parents) and once, with its own f and g,
 backward (a node sums its children); the node embedding is the two concatenated (2d). Parallel edges
 between one pair of nodes count once: the aggregation follows the graph's structure, not its tensors.
-The message passing is plain torch (`index_select` + `index_add_` over the edge list) rather than a torch_geometric
-`MessagePassing` subclass: the same sum, but it runs unchanged on a batch of states of one graph
-(`[steps, V, d]`), which the learning step needs (it re-embeds all the states of an episode at once), and it
-avoids torch_geometric's per-call dispatch, which dominates at this size (one embedding per step, V per
-episode). `index_add_` on CPU is deterministic.
+The message passing is plain torch (one sparse CSR product per round for both directions) rather than a
+torch_geometric `MessagePassing` subclass: the same sum, but it runs unchanged on a batch of states of one
+graph (`[steps, V, d]`), which the learning step needs (it re-embeds all the states of an episode at once),
+and it avoids torch_geometric's per-call dispatch, which dominates at this size (one embedding per step, V per
+episode). The sparse product on CPU is deterministic.
 
 Policy: for the current node v, three pooled summaries -- over v's ancestors, its descendants and the nodes
 parallel to it (no path either way) -- each `relu(g(sum(relu(f(x)))))` with its own f and g, concatenated
@@ -40,15 +40,29 @@ clipped to global norm 1.25; Adam (lr 1e-3), one update per episode. After `epis
 argmax episode is run. The answer is the best feasible placement seen in any state of any episode, so it is
 never worse than the start.
 
-Encoders: only `encoder="placeto"` (above) is implemented; "sage" and "gat" are not implemented yet and
-raise a PlacerError. Not done either: training over a family of graphs and zero-shot reuse of a policy,
-checkpoints, Ray workers (issue 5 items 3-5).
+Encoders (`encoder`): "placeto" (above); "sage" -- GraphSAGE (torch_geometric's `SAGEConv`, mean aggregation,
+separate root and neighbour weights) and "gat" -- one-head graph attention (GATConv's form, with self loops,
+written with torch_geometric's segment softmax so it runs on a batch of states). Both replace the f/g round
+by `x <- relu(conv(x)) + h0` with one conv per direction shared across rounds; lift, pooling and head are the
+same, so the parameter count depends on `hidden` and the device count only (weights are shared across rounds).
+Measured on a 300-node graph (rollout + learning step, one thread): placeto 0.63 + 0.94 s, sage 1.37 + 1.04 s,
+gat 2.46 + 1.52 s per episode.
+
+Simulation model (`sim_model`): "devplace" (the reference model) or "placeto" (sim/placeto.py, the seed
+study's simulator). Rewards, states and the memory penalty use that model; the answer must also fit under
+the devplace model (checked when a state improves on the best), because that is what `place` checks.
+
+Training over a family of graphs and rollout workers live in `devplace.placers.rl.trainer`, checkpoints in
+`devplace.placers.rl.checkpoint`.
 
 Cost: per step one embedding of the graph without gradients (k rounds of two [2V, d] x [d, d] products and
 one sparse product) and one simulation; per episode one batched re-embedding of its V states with
 gradients, O(V (V + E) d k) -- quadratic in V, about 6 GFLOP forward for 300 nodes at d = 32, k = 8. The
 embedding is recomputed from scratch at every step: every node's relative start time changes with each
 re-simulation, so there is no cheap incremental update. See `train_placeto` for measured episode times.
+Without gradients (the rollout) the rounds run in place and the three pools' layers as one product each:
+0.82 -> 0.70 ms per step on a 300-node graph (measured side by side, one thread); the learning step is
+unchanged (larger update chunks were slower: 0.94 s at 1e6 floats, 1.07 s at 4e6, 1.98 s at 16e6).
 Memory per episode: the V states (V x V x features float32) and pooling masks (V x 3 x V bytes).
 
 Determinism: weights are initialised under `torch.manual_seed(seed)` (inside `torch.random.fork_rng`, so
@@ -60,9 +74,11 @@ and thread count.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections import deque
 from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -72,20 +88,23 @@ from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.placers.registry import PlacerError, Progress, get_placer, register
 from devplace.sim.devplace_model import DevplaceModel
+from devplace.sim.placeto import PlacetoModel
 from devplace.sim.result import SimResult
 
 ENCODERS = ("placeto", "sage", "gat")
+SIM_MODELS = ("devplace", "placeto")
 
 
 @dataclass(frozen=True)
 class PlacetoHyper:
-    """Every hyperparameter of the placer; the placer's settings override the first five."""
+    """Every hyperparameter of the placer; the placer's settings override the first six and `lr`."""
 
     episodes: int = 50  # training episodes (then one argmax episode)
     memory_penalty: float = 1.0  # reward -= memory_penalty * relative overflow of an over-memory state
     rounds: int = 8  # k: rounds of message passing per direction
     hidden: int = 32  # d: embedding width (node embeddings are 2d: forward ++ backward)
     encoder: str = "placeto"
+    sim_model: str = "devplace"  # the simulator that gives rewards and states: "devplace" or "placeto"
     lr: float = 1e-3  # Adam
     entropy_weight: float = 0.01  # entropy bonus, per step (mean over steps)
     grad_clip: float = 1.25  # global gradient norm
@@ -117,57 +136,134 @@ def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
 
 
-class PlacetoPolicy(nn.Module):
-    """Node features -> node embeddings (k rounds forward and backward) -> device logits for the current node."""
+class Structure(NamedTuple):
+    """A graph's edges as the encoders need them (parallel edges merged): the block-diagonal [2V, 2V] CSR sum
+    matrix and its transpose (placeto encoder), and edge indices [2, E] parent -> child and child -> parent."""
 
-    def __init__(self, num_features: int, num_devices: int, hidden: int = 32, rounds: int = 8) -> None:
+    adj: torch.Tensor
+    adj_t: torch.Tensor
+    fwd: torch.Tensor
+    bwd: torch.Tensor
+
+
+class _GATLayer(nn.Module):
+    """One-head graph attention (GATConv's form: shared linear map, additive attention with LeakyReLU 0.2,
+    softmax over each node's in-edges and a self loop) on node-major features [V, batch, d]. torch_geometric's
+    GATConv flattens its input to [N, heads, d] and so cannot take a batch of states of one graph; the
+    segment softmax is torch_geometric's."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, d, bias=False)
+        self.att_src = nn.Parameter(torch.empty(1, d))
+        self.att_dst = nn.Parameter(torch.empty(1, d))
+        self.bias = nn.Parameter(torch.zeros(d))
+        nn.init.xavier_uniform_(self.att_src)
+        nn.init.xavier_uniform_(self.att_dst)
+
+    def forward(self, h: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """h [V, batch, d] -> [V, batch, d]: each node's attention-weighted sum over its in-neighbours and itself."""
+        with warnings.catch_warnings():  # torch_geometric's import warns about torch.jit.script
+            warnings.simplefilter("ignore", FutureWarning)
+            from torch_geometric.utils import softmax
+
+        n = h.shape[0]
+        loops = torch.arange(n)
+        src = torch.cat([edge_index[0], loops])
+        dst = torch.cat([edge_index[1], loops])
+        wh = self.lin(h)  # [V, batch, d]
+        score = torch.nn.functional.leaky_relu((wh * self.att_src).sum(-1)[src] + (wh * self.att_dst).sum(-1)[dst],
+                                               0.2)  # [E + V, batch]
+        alpha = softmax(score, dst, num_nodes=n, dim=0)
+        return torch.zeros_like(wh).index_add(0, dst, alpha.unsqueeze(-1) * wh[src]) + self.bias
+
+
+class PlacetoPolicy(nn.Module):
+    """Node features -> node embeddings (k rounds forward and backward) -> device logits for the current node.
+
+    `encoder` picks the message passing: "placeto" (f/g sums), "sage" (SAGEConv) or "gat" (graph attention).
+    No weight depends on the graph; only the head's last layer on the number of devices."""
+
+    def __init__(self, num_features: int, num_devices: int, hidden: int = 32, rounds: int = 8,
+                 encoder: str = "placeto") -> None:
         super().__init__()
         d = hidden
-        self.rounds = rounds
+        self.rounds, self.encoder, self.hidden = rounds, encoder, hidden
+        self.num_features, self.num_devices = num_features, num_devices
         self.lift = _mlp(num_features, d, d)
-        self.f_fwd, self.g_fwd = nn.Linear(d, d), nn.Linear(d, d)
-        self.f_bwd, self.g_bwd = nn.Linear(d, d), nn.Linear(d, d)
+        if encoder == "placeto":
+            self.f_fwd, self.g_fwd = nn.Linear(d, d), nn.Linear(d, d)
+            self.f_bwd, self.g_bwd = nn.Linear(d, d), nn.Linear(d, d)
+        elif encoder == "sage":
+            with warnings.catch_warnings():  # torch_geometric's import warns about torch.jit.script
+                warnings.simplefilter("ignore", FutureWarning)
+                from torch_geometric.nn import SAGEConv
+
+            # node_dim=0: node-major [V, batch, d] input, so one call embeds a batch of states of one graph
+            self.convs = nn.ModuleList(SAGEConv(d, d, node_dim=0) for _ in range(2))
+        elif encoder == "gat":
+            self.convs = nn.ModuleList(_GATLayer(d) for _ in range(2))
+        else:
+            raise PlacerError(f"placeto: unknown encoder {encoder!r}; choose one of: {', '.join(ENCODERS)}")
         # pooled summaries of ancestors, descendants, parallel nodes: relu(g(sum(relu(f(x)))))
         self.pool_f = nn.ModuleList(nn.Linear(2 * d, d) for _ in range(3))
         self.pool_g = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
         self.head = _mlp(2 * d + 3 * d, d, num_devices)
 
-    def embed(self, x: torch.Tensor, adj: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def embed(self, x: torch.Tensor, adj: Structure) -> torch.Tensor:
         """x [batch, V, features] -> node-major embeddings [V, batch, 2d] (forward ++ backward).
 
-        `adj` is the block-diagonal [2V, 2V] sum-aggregation matrix and its transpose (`_GraphContext.adj`):
-        rows 0..V-1 sum a node's parents, rows V..2V-1 its children. Both directions run as one batched product
-        per layer, with their own weights stacked: `x <- relu(g(A . relu(f(x)))) + h0`, `rounds` times.
-        Node-major (node, state) rows keep every reshape a view: the sparse product reads [2V, batch * d].
+        placeto encoder: `adj.adj` is the block-diagonal [2V, 2V] sum-aggregation matrix (rows 0..V-1 sum a
+        node's parents, rows V..2V-1 its children). Both directions run as one batched product per layer, with
+        their own weights stacked: `x <- relu(g(A . relu(f(x)))) + h0`, `rounds` times. Node-major (node, state)
+        rows keep every reshape a view: the sparse product reads [2V, batch * d].
         """
         b, n, _ = x.shape
-        d = self.f_fwd.out_features
+        d = self.hidden
         h0 = self.lift(x.transpose(0, 1).reshape(n * b, -1))  # [(node, state), d]
+        if self.encoder != "placeto":
+            h0 = h0.reshape(n, b, d)
+            hf = hb = h0
+            for _ in range(self.rounds):
+                hf = torch.relu(self.convs[0](hf, adj.fwd)) + h0
+                hb = torch.relu(self.convs[1](hb, adj.bwd)) + h0
+            return torch.cat([hf, hb], dim=-1)
         wf = torch.stack([self.f_fwd.weight.T, self.f_bwd.weight.T])
         bf = torch.stack([self.f_fwd.bias, self.f_bwd.bias])[:, None]
         wg = torch.stack([self.g_fwd.weight.T, self.g_bwd.weight.T])
         bg = torch.stack([self.g_fwd.bias, self.g_bwd.bias])[:, None]
         h = h0.expand(2, n * b, d)  # direction, (node, state), feature
+        if not torch.is_grad_enabled():  # rollout: the same sums, in place (saves an allocation per op)
+            for _ in range(self.rounds):
+                m = torch.baddbmm(bf, h, wf).relu_()
+                agg = torch.matmul(adj.adj, m.reshape(2 * n, b * d)).reshape(2, n * b, d)
+                h = torch.baddbmm(bg, agg, wg).relu_().add_(h0)
+            return torch.cat([h[0], h[1]], dim=-1).reshape(n, b, 2 * d)
         for _ in range(self.rounds):
             m = torch.relu(torch.baddbmm(bf, h, wf))
-            agg = _SumAggregate.apply(adj[0], adj[1], m.reshape(2 * n, b * d)).reshape(2, n * b, d)
+            agg = _SumAggregate.apply(adj.adj, adj.adj_t, m.reshape(2 * n, b * d)).reshape(2, n * b, d)
             h = torch.relu(torch.baddbmm(bg, agg, wg)) + h0
         return torch.cat([h[0], h[1]], dim=-1).reshape(n, b, 2 * d)
 
-    def forward(self, x: torch.Tensor, adj: tuple[torch.Tensor, torch.Tensor], current: torch.Tensor,
-                pools: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, adj: Structure, current: torch.Tensor, pools: torch.Tensor) -> torch.Tensor:
         """Device logits [batch, devices]; `current` [batch] node indices, `pools` [batch, 3, V] 0/1 masks."""
         emb = self.embed(x, adj)  # [V, batch, 2d]
-        own = emb[current, torch.arange(emb.shape[1])]
-        summaries = []
-        for s in range(3):
-            z = torch.relu(self.pool_f[s](emb))  # [V, batch, d]
-            summed = torch.einsum("bv,vbd->bd", pools[:, s], z)
-            summaries.append(torch.relu(self.pool_g[s](summed)))
-        return self.head(torch.cat([own, *summaries], dim=-1))
+        v, b, _ = emb.shape
+        d = self.hidden
+        own = emb[current, torch.arange(b)]
+        # the three pools' f layers as one product, their g layers as one batched product (same sums as three
+        # separate Linear calls, a third of the calls)
+        wf = torch.cat([f.weight for f in self.pool_f])  # [3d, 2d]
+        z = torch.relu(nn.functional.linear(emb, wf, torch.cat([f.bias for f in self.pool_f])))  # [V, batch, 3d]
+        summed = torch.einsum("bsv,vbsd->sbd", pools, z.reshape(v, b, 3, d))  # [3, batch, d]
+        wg = torch.stack([g.weight.T for g in self.pool_g])  # [3, d, d]
+        bg = torch.stack([g.bias for g in self.pool_g])[:, None]
+        summaries = torch.relu(torch.baddbmm(bg, summed, wg))  # [3, batch, d]
+        return self.head(torch.cat([own, summaries.transpose(0, 1).reshape(b, 3 * d)], dim=-1))
 
 
 def num_parameters(policy: nn.Module) -> int:
+    """The number of trainable numbers in `policy`."""
     return sum(p.numel() for p in policy.parameters())
 
 
@@ -199,7 +295,10 @@ class _GraphContext:
     def __init__(self, graph: CompGraph, cluster: Cluster, hyper: PlacetoHyper) -> None:
         self.graph, self.cluster, self.hyper = graph, cluster, hyper
         self.n, self.nd = graph.num_nodes, cluster.num_devices
-        self.model = DevplaceModel(graph, cluster)
+        # `ref` decides feasibility of the answer (what `place` checks); `model` gives rewards and states
+        self.ref = DevplaceModel(graph, cluster)
+        self.model: DevplaceModel | PlacetoModel = self.ref if hyper.sim_model == "devplace" else \
+            PlacetoModel(graph, cluster)
         pairs = np.unique(np.stack([graph.edge_src, graph.edge_dst], axis=1), axis=0) if graph.num_edges else \
             np.zeros((0, 2), dtype=np.int64)
         self.num_edges = len(pairs)
@@ -207,7 +306,8 @@ class _GraphContext:
         # block-diagonal sum aggregation: row w (< V) sums w's parents, row V + u sums u's children
         rows = np.concatenate([pairs[:, 1], n + pairs[:, 0]])
         cols = np.concatenate([pairs[:, 0], n + pairs[:, 1]])
-        self.adj = (_csr(rows, cols, 2 * n), _csr(cols, rows, 2 * n))
+        edge_index = torch.as_tensor(pairs.T.copy(), dtype=torch.long)
+        self.adj = Structure(_csr(rows, cols, 2 * n), _csr(cols, rows, 2 * n), edge_index, edge_index.flip(0))
         self.num_features = 3 + self.nd + 3
         static = np.stack([graph.compute_s, graph.output_bytes, graph.param_bytes], axis=1)
         self.static = (static / _col_scale(static)).astype(np.float32)
@@ -284,6 +384,7 @@ class EpisodeLog:
     actions: list[int]
     rewards: list[float]
     final_step_time_s: float
+    entropies: list[float] = field(default_factory=list)  # policy entropy (nats) at each step
     states: np.ndarray | None = None  # float32[V, V, features] (training episodes only)
     pool_masks: np.ndarray | None = None  # bool[V, 3, V]
 
@@ -300,14 +401,20 @@ class PlacetoRun:
     eval_step_time_s: float = math.nan  # the final argmax episode's end state
     visits: list[list[int]] = field(default_factory=list)  # nodes in visiting order, per episode
     num_parameters: int = 0
+    rows: list[dict[str, Any]] = field(default_factory=list)  # the learning curve (devplace.placers.rl.curve)
+    policy: PlacetoPolicy | None = None  # the trained policy
 
 
 class _Best:
-    def __init__(self, devices: np.ndarray, step_time_s: float) -> None:
+    """The best placement seen that fits under the devplace model; step times in the context's sim model."""
+
+    def __init__(self, devices: np.ndarray, step_time_s: float, ref: DevplaceModel | None = None) -> None:
         self.devices, self.step_time_s = devices.copy(), step_time_s
+        self.ref = ref  # set when rewards come from another model: feasibility is re-checked under this one
 
     def offer(self, devices: np.ndarray, result: SimResult) -> None:
-        if result.feasible and result.step_time_s < self.step_time_s:
+        if result.step_time_s < self.step_time_s and (result.feasible if self.ref is None else
+                                                      self.ref.run(devices).feasible):
             self.devices, self.step_time_s = devices.copy(), result.step_time_s
 
 
@@ -331,10 +438,10 @@ def run_episode(policy: PlacetoPolicy, ctx: _GraphContext, start: np.ndarray, st
         with torch.inference_mode():
             logits = policy(torch.from_numpy(x)[None], ctx.adj, torch.tensor([v]),
                             torch.from_numpy(masks[None].astype(np.float32)))[0]
-        if gen is None:
-            a = int(torch.argmax(logits))
-        else:
-            a = int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen))
+        logp = torch.log_softmax(logits, dim=-1)
+        log.entropies.append(float(-(logp.exp() * logp).sum()))
+        # argmax in evaluation (gen None), else a sample
+        a = int(torch.argmax(logits)) if gen is None else int(torch.multinomial(logp.exp(), 1, generator=gen))
         prev_t = result.step_time_s
         if a != devices[v]:
             devices[v] = a
@@ -354,8 +461,21 @@ def run_episode(policy: PlacetoPolicy, ctx: _GraphContext, start: np.ndarray, st
 def _update(policy: PlacetoPolicy, opt: torch.optim.Optimizer, ctx: _GraphContext, log: EpisodeLog,
             advantage: np.ndarray, hyper: PlacetoHyper) -> None:
     """One REINFORCE step on the episode's states, re-embedded in chunks (weights are those of the rollout)."""
-    steps = len(log.actions)
     opt.zero_grad()
+    accumulate_gradient(policy, ctx, log, advantage, hyper)
+    apply_gradient(policy, opt, hyper)
+
+
+def apply_gradient(policy: PlacetoPolicy, opt: torch.optim.Optimizer, hyper: PlacetoHyper) -> None:
+    """Clip the accumulated gradient to `grad_clip` (global norm) and take one Adam step."""
+    nn.utils.clip_grad_norm_(policy.parameters(), hyper.grad_clip)
+    opt.step()
+
+
+def accumulate_gradient(policy: PlacetoPolicy, ctx: _GraphContext, log: EpisodeLog, advantage: np.ndarray,
+                        hyper: PlacetoHyper, weight: float = 1.0) -> None:
+    """Add `weight` x the REINFORCE gradient of one episode to the policy's .grad (states re-embedded in chunks)."""
+    steps = len(log.actions)
     chunk = max(1, hyper.update_chunk_floats // max(1, (ctx.num_edges + ctx.n) * 2 * hyper.hidden))
     visited = torch.as_tensor(log.visited, dtype=torch.long)
     actions = torch.as_tensor(log.actions, dtype=torch.long)
@@ -368,27 +488,42 @@ def _update(policy: PlacetoPolicy, opt: torch.optim.Optimizer, ctx: _GraphContex
         chosen = logp.gather(1, actions[lo:hi, None]).squeeze(1)
         entropy = -(logp.exp() * logp).sum(dim=-1)
         loss = -(adv[lo:hi] * chosen).sum() / steps - hyper.entropy_weight * entropy.sum() / steps
-        loss.backward()
-    nn.utils.clip_grad_norm_(policy.parameters(), hyper.grad_clip)
-    opt.step()
+        (loss * weight).backward()
 
 
-def _start_placement(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int,
-                     model: DevplaceModel) -> tuple[np.ndarray, SimResult]:
-    """All on device 0 when that fits, else m-etf's placement (which fits, or m-etf raises NoFitError)."""
-    devices = np.zeros(graph.num_nodes, dtype=np.int64)
-    result = model.run(devices)
-    if not result.feasible:
-        devices = np.asarray(get_placer("m-etf").func(graph, cluster, order=order, seed=seed), dtype=np.int64)
-        result = model.run(devices)
-    return devices, result
+def start_placement(ctx: _GraphContext, order: np.ndarray, seed: int) -> tuple[np.ndarray, SimResult]:
+    """All on device 0 when that fits (devplace model), else m-etf's placement (which fits, or m-etf raises
+    NoFitError); with its result under the context's sim model."""
+    devices = np.zeros(ctx.n, dtype=np.int64)
+    if not ctx.ref.run(devices).feasible:
+        devices = np.asarray(get_placer("m-etf").func(ctx.graph, ctx.cluster, order=order, seed=seed),
+                             dtype=np.int64)
+    return devices, ctx.model.run(devices)
+
+
+def new_best(ctx: _GraphContext, devices: np.ndarray, step_time_s: float) -> _Best:
+    """A best-so-far tracker for the context (re-checking feasibility under devplace when rewards use placeto)."""
+    return _Best(devices, step_time_s, None if ctx.model is ctx.ref else ctx.ref)
+
+
+def returns_of(log: EpisodeLog) -> np.ndarray:
+    """The return at every step (discount 1): the sum of this and later rewards."""
+    return np.cumsum(np.asarray(log.rewards, dtype=np.float64)[::-1])[::-1].copy()
+
+
+def new_policy(num_features: int, num_devices: int, hyper: PlacetoHyper, seed: int) -> PlacetoPolicy:
+    """A fresh policy, initialised under `torch.manual_seed(seed)` without touching the caller's generator."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return PlacetoPolicy(num_features, num_devices, hyper.hidden, hyper.rounds, hyper.encoder)
 
 
 def check_settings(hyper: PlacetoHyper) -> None:
+    """Raise a PlacerError naming the first bad setting."""
     if hyper.encoder not in ENCODERS:
         raise PlacerError(f"placeto: unknown encoder {hyper.encoder!r}; choose one of: {', '.join(ENCODERS)}")
-    if hyper.encoder != "placeto":
-        raise PlacerError("placeto: encoder not implemented yet: sage, gat; use encoder='placeto'")
+    if hyper.sim_model not in SIM_MODELS:
+        raise PlacerError(f"placeto: unknown sim_model {hyper.sim_model!r}; choose one of: {', '.join(SIM_MODELS)}")
     for name in ("episodes", "rounds", "hidden"):
         value = getattr(hyper, name)
         low = 0 if name == "episodes" else 1
@@ -396,12 +531,16 @@ def check_settings(hyper: PlacetoHyper) -> None:
             raise PlacerError(f"placeto: {name} must be an integer >= {low}, got {value!r}")
     if not (isinstance(hyper.memory_penalty, int | float) and 0 <= hyper.memory_penalty < math.inf):
         raise PlacerError(f"placeto: memory_penalty must be a number >= 0, got {hyper.memory_penalty!r}")
+    if not (isinstance(hyper.lr, int | float) and 0 < hyper.lr < math.inf):
+        raise PlacerError(f"placeto: lr must be a number > 0, got {hyper.lr!r}")
 
 
 def train_placeto(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int = 0,
-                  hyper: PlacetoHyper | None = None, progress: Progress | None = None) -> PlacetoRun:
-    """Train a fresh policy on `graph` for `hyper.episodes` episodes, then one argmax episode; the best
-    feasible placement seen and the learning curve.
+                  hyper: PlacetoHyper | None = None, progress: Progress | None = None,
+                  policy: PlacetoPolicy | None = None) -> PlacetoRun:
+    """Train a policy on `graph` for `hyper.episodes` episodes, then one argmax episode; the best feasible
+    placement seen and the learning curve. `policy` (e.g. loaded from a checkpoint) is trained further in place
+    (with a fresh Adam); without it a fresh one is made from `seed`.
 
     Measured (a shared 2-core CPU, torch 2.14, defaults, `layered_graph(300, width=12)`, 3 devices): about
     1.0-1.3 s of CPU per training episode -- 0.35 s for the rollout (300 embeddings without gradients, about
@@ -412,31 +551,42 @@ def train_placeto(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: i
     """
     hyper = hyper or PlacetoHyper()
     check_settings(hyper)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny ops: threads only add contention; and one thread keeps sums in one order
-    try:
-        return _train(graph, cluster, order, seed, hyper, progress)
-    finally:
-        torch.set_num_threads(threads)
+    with single_thread():
+        return _train(graph, cluster, order, seed, hyper, progress, policy)
+
+
+class single_thread:
+    """Run torch on one thread inside the block, restoring the caller's thread count after (why: see
+    `train_placeto`)."""
+
+    def __enter__(self) -> None:
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_num_threads(self.threads)
 
 
 def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, hyper: PlacetoHyper,
-           progress: Progress | None) -> PlacetoRun:
+           progress: Progress | None, policy: PlacetoPolicy | None) -> PlacetoRun:
+    t0 = time.perf_counter()
     n = graph.num_nodes
     order = np.asarray(order, dtype=np.int64)
     ctx = _GraphContext(graph, cluster, hyper)
-    start, start_result = _start_placement(graph, cluster, order, seed, ctx.model)
+    start, start_result = start_placement(ctx, order, seed)
     run = PlacetoRun(devices=start.copy(), step_time_s=start_result.step_time_s,
                      start_step_time_s=start_result.step_time_s)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        policy = PlacetoPolicy(ctx.num_features, ctx.nd, hyper.hidden, hyper.rounds)
+    if policy is None:
+        policy = new_policy(ctx.num_features, ctx.nd, hyper, seed)
+    elif (policy.num_features, policy.num_devices) != (ctx.num_features, ctx.nd):
+        raise PlacerError(f"placeto: the policy was made for {policy.num_devices} devices; the cluster has {ctx.nd}")
     run.num_parameters = num_parameters(policy)
+    run.policy = policy
     if n == 0 or ctx.nd == 1:
         return run
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(policy.parameters(), lr=hyper.lr)
-    best = _Best(start, start_result.step_time_s)
+    best = new_best(ctx, start, start_result.step_time_s)
     recent: deque[np.ndarray] = deque(maxlen=hyper.baseline_window)
     for ep in range(hyper.episodes + 1):
         if progress is not None:
@@ -448,7 +598,7 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, hyp
                           memory_penalty=hyper.memory_penalty, keep_states=training)
         run.visits.append(log.visited)
         if training:
-            returns = np.cumsum(np.asarray(log.rewards)[::-1])[::-1].copy()  # discount 1
+            returns = returns_of(log)
             recent.append(returns)
             baseline = np.mean(np.stack(recent), axis=0)
             _update(policy, opt, ctx, log, returns - baseline, hyper)
@@ -456,6 +606,9 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, hyp
             run.best_curve.append(best.step_time_s)
         else:
             run.eval_step_time_s = log.final_step_time_s
+        run.rows.append({"episode": ep, "graph": graph.name, "step_time_s": log.final_step_time_s,
+                         "best_step_time_s": best.step_time_s, "entropy": float(np.mean(log.entropies)),
+                         "wall_s": time.perf_counter() - t0, "greedy": int(not training)})
     run.devices, run.step_time_s = best.devices.copy(), best.step_time_s
     return run
 
@@ -463,17 +616,31 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, hyp
 @register("placeto", uses_order=True)
 def placeto(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0, episodes: int = 50,
             memory_penalty: float = 1.0, rounds: int = 8, hidden: int = 32, encoder: str = "placeto",
+            sim_model: str = "devplace", lr: float = 1e-3, policy: str | None = None, log: str | None = None,
             progress: Progress | None = None) -> np.ndarray:
     """Placeto-style RL: a GNN policy improves the best placement node by node, visiting nodes in the order.
 
     Each episode starts from the best feasible placement so far (first: all on device 0, or m-etf's when that
     does not fit), visits every node once in the traversal order and samples its device; the reward is the
-    decrease of the simulated log step time, minus `memory_penalty` x relative overflow when over memory.
-    REINFORCE with a per-step baseline; `episodes` training episodes, then one argmax episode. The graph
-    embedding is `rounds` rounds of message passing forward and backward, width `hidden`. Only
-    `encoder="placeto"` is implemented ("sage" and "gat" raise). Returns the best feasible placement seen.
+    decrease of the simulated log step time (`sim_model` "devplace" or "placeto"), minus `memory_penalty` x
+    relative overflow when over memory. REINFORCE with a per-step baseline, Adam (`lr`); `episodes` training
+    episodes, then one argmax episode. The graph embedding is `rounds` rounds of message passing forward and
+    backward, width `hidden`, `encoder` "placeto", "sage" (GraphSAGE) or "gat" (graph attention). `policy`: a
+    checkpoint from `devplace train` to start from (its encoder, hidden and rounds win; `episodes=0` applies it
+    zero-shot). `log`: write the learning curve CSV there. Returns the best feasible placement seen.
     Deterministic for a seed. See `devplace.placers.rl.placeto` for the full description and costs.
     """
     hyper = replace(PlacetoHyper(), episodes=episodes, memory_penalty=memory_penalty, rounds=rounds, hidden=hidden,
-                    encoder=encoder)
-    return train_placeto(graph, cluster, order, seed, hyper, progress).devices
+                    encoder=encoder, sim_model=sim_model, lr=lr)
+    net = None
+    if policy is not None:
+        from devplace.placers.rl.checkpoint import load_policy
+
+        net, _ = load_policy(policy, num_devices=cluster.num_devices)
+        hyper = replace(hyper, encoder=net.encoder, hidden=net.hidden, rounds=net.rounds)
+    run = train_placeto(graph, cluster, order, seed, hyper, progress, policy=net)
+    if log is not None:
+        from devplace.placers.rl.curve import write_curve
+
+        write_curve(log, run.rows)
+    return run.devices

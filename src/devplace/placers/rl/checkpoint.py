@@ -1,0 +1,76 @@
+"""Policy checkpoints: a trained placeto policy as tensors and plain settings, loadable with
+`torch.load(weights_only=True)` (no arbitrary unpickling).
+
+Format `devplace.policy/1`, a dict: `format`, `placer` ("placeto"), `encoder`, `hidden`, `rounds`,
+`num_features`, `num_devices`, `state_dict` (the policy's tensors) and, for resuming a training run,
+`training` (optional): a dict of tensors, numbers and strings written by `devplace.placers.rl.trainer`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from devplace.placers.registry import PlacerError
+from devplace.placers.rl.placeto import ENCODERS, PlacetoPolicy
+
+FORMAT = "devplace.policy/1"
+
+
+class PolicyFileError(PlacerError):
+    """A policy checkpoint that cannot be read or does not fit the graph and cluster."""
+
+
+def save_policy(path: str | Path, policy: PlacetoPolicy, training: dict[str, Any] | None = None) -> Path:
+    """Write `policy` (and, to resume a run, the `training` state) to `path`; returns the path."""
+    doc: dict[str, Any] = {"format": FORMAT, "placer": "placeto", "encoder": policy.encoder, "hidden": policy.hidden,
+                           "rounds": policy.rounds, "num_features": policy.num_features,
+                           "num_devices": policy.num_devices,
+                           "state_dict": {k: v.detach().clone() for k, v in policy.state_dict().items()}}
+    if training is not None:
+        doc["training"] = training
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        raise PolicyFileError(f"cannot write the policy to {path}: folder {path.parent} does not exist")
+    torch.save(doc, path)
+    return path
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The checkpoint dict at `path`, checked for its format; PolicyFileError when it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise PolicyFileError(f"no policy file {path}; train one with `devplace train ... -o {path}`")
+    try:
+        doc = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch.load raises many kinds of error on a file that is not a checkpoint
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PolicyFileError(f"{path} is not a devplace policy checkpoint (torch.load with weights_only=True "
+                              f"failed: {first})") from None
+    if not isinstance(doc, dict) or "format" not in doc:
+        raise PolicyFileError(f"{path} is not a devplace policy checkpoint (no 'format' key)")
+    if doc["format"] != FORMAT:
+        raise PolicyFileError(f"{path}: unknown policy format {doc['format']!r}; this devplace reads {FORMAT!r}")
+    missing = [k for k in ("encoder", "hidden", "rounds", "num_features", "num_devices", "state_dict") if k not in doc]
+    if missing or doc.get("encoder") not in ENCODERS:
+        raise PolicyFileError(f"{path}: damaged policy checkpoint (missing or bad: {', '.join(missing) or 'encoder'})")
+    return doc
+
+
+def load_policy(path: str | Path, *, num_devices: int | None = None) -> tuple[PlacetoPolicy, dict[str, Any]]:
+    """The policy saved at `path` and its checkpoint dict. With `num_devices`, a policy trained for another
+    number of devices is refused (its output layer has one logit per device)."""
+    doc = read_checkpoint(path)
+    if num_devices is not None and int(doc["num_devices"]) != num_devices:
+        raise PolicyFileError(f"{path}: the policy was trained for {doc['num_devices']} devices, the cluster has "
+                              f"{num_devices}; train one for this cluster (`devplace train --cluster ...`)")
+    policy = PlacetoPolicy(int(doc["num_features"]), int(doc["num_devices"]), int(doc["hidden"]), int(doc["rounds"]),
+                           str(doc["encoder"]))
+    try:
+        policy.load_state_dict(doc["state_dict"])
+    except RuntimeError as exc:
+        raise PolicyFileError(f"{path}: the tensors do not match the policy's settings ({str(exc).splitlines()[0]})") \
+            from None
+    return policy, doc

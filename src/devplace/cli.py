@@ -171,7 +171,11 @@ def place_cmd(
     max_nodes: MaxNodesOpt = None,
     optimizer: OptimizerOpt = "adam",
     placer: Annotated[str, typer.Option(help="placer name (see `devplace placers`)")] = "m-etf",
-    order: Annotated[str, typer.Option(help="traversal order for sequential placers (see `devplace orders`)")] = "topo",
+    order: Annotated[str, typer.Option(help="traversal order for sequential placers (see `devplace orders`), or "
+                                            "`auto`: picked from the graph's features (see `devplace recommend`)")
+                     ] = "topo",
+    try_k: Annotated[int | None, typer.Option("--try", help="with --order auto: run the K most promising orders and "
+                                                            "keep the best (K times the placement time)")] = None,
     seed: Annotated[int, typer.Option(help="seed for every random choice")] = 0,
     setting: Annotated[list[str] | None, typer.Option("--set", help="placer setting key=value (repeatable)")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the placement JSON here")] = None,
@@ -196,11 +200,11 @@ def place_cmd(
     if model is not None:
         prepared = _prepare_model(model, batch, seq_len, max_nodes, optimizer, c.devices[0], quiet or as_json)
         _place_and_report(prepared.graph, c, placer, order, seed, settings, output, as_json, trace, plot, quiet,
-                          prepared=prepared)
+                          prepared=prepared, try_orders=try_k)
         return
     assert graph is not None
     _place_and_report(load_graph(_graph_path(graph)), c, placer, order, seed, settings, output, as_json, trace, plot,
-                      quiet)
+                      quiet, try_orders=try_k)
 
 
 def _prepare_model(model: str, batch: int | None, seq_len: int | None, max_nodes: int | None, optimizer: str,
@@ -215,7 +219,7 @@ def _prepare_model(model: str, batch: int | None, seq_len: int | None, max_nodes
 
 def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settings: dict[str, Any],
                       output: Path | None, as_json: bool, trace: Path | None, plot: Path | None,
-                      quiet: bool, prepared: Any = None) -> Any:
+                      quiet: bool, prepared: Any = None, try_orders: int | None = None) -> Any:
     """Place, simulate, print the table (or JSON), write the files asked for; returns the SimResult.
 
     With `prepared` (a captured model), `g` is its coarse graph: the placement is expanded to every op of
@@ -228,7 +232,7 @@ def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settin
 
     t0 = time.perf_counter()
     if quiet or as_json:
-        placement = place(g, c, placer=placer, order=order, seed=seed, **settings)
+        placement = place(g, c, placer=placer, order=order, seed=seed, try_orders=try_orders, **settings)
     else:
         from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
@@ -236,7 +240,7 @@ def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settin
                    TimeRemainingColumn())
         with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task(f"{g.name} with {placer}", total=None)
-            placement = place(g, c, placer=placer, order=order, seed=seed,
+            placement = place(g, c, placer=placer, order=order, seed=seed, try_orders=try_orders,
                               progress=lambda done, total: bar.update(task, completed=done, total=total),
                               **settings)
     elapsed = time.perf_counter() - t0
@@ -262,12 +266,18 @@ def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settin
                    step_over_lower_bound=result.step_time_s / bound.value_s if bound.value_s else None,
                    best_single_device={"device": single[0], "step_time_s": single[1], "fits": single[2]},
                    speedup_over_single_device=speedup, placed_groups=groups, assignment=placement.assignment)
+        if "order_auto" in placement.meta:
+            doc["order_auto"] = placement.meta["order_auto"]
         _print_json(doc)
         return result
     console.print(result_view(g, c, result, bound))
     fits = "" if single[2] else ", which does not fit in its memory"
     placed = f" ({groups} groups of {g.num_nodes} ops)" if groups != g.num_nodes else ""
-    console.print(f"placer {placer}" + (f", order {order}" if placement.meta.get("order") else " (no order)")
+    auto = placement.meta.get("order_auto")
+    if isinstance(auto, dict):
+        console.print(f"order auto -> {auto['order']} ({auto.get('why') or auto['rule']})", highlight=False)
+    console.print(f"placer {placer}" + (f", order {placement.meta['order']}" if placement.meta.get("order")
+                                        else " (no order)")
                   + f", seed {seed}: placed{placed} in {elapsed:.2f} s; best single device "
                   f"({c.devices[single[0]].name}{fits}) {fmt_time(single[1])}, speed-up {speedup:.2f}x")
     for what, path in (("placement", output), ("trace", trace), ("timeline", plot)):
@@ -428,17 +438,33 @@ def profile_cmd(
 
 @app.command("calibrate")
 def calibrate_cmd(
-    costs: Annotated[Path, typer.Option("--costs", help="cost table from `devplace profile`")],
+    costs: Annotated[Path | None, typer.Option("--costs", help="cost table from `devplace profile`")] = None,
     model: ModelOpt = None,
     batch: BatchOpt = None,
     seq_len: SeqOpt = None,
+    runs: Annotated[Path | None, typer.Option("--runs", help="records of `devplace run` (JSON lines) to fold: "
+                                              "measured / simulated step time per device kind")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Compare the analytic cost model with a profiled cost table, per op class."""
+    """Compare the analytic cost model with a profiled cost table, per op class (--costs), and/or fold the
+    measured step times of `devplace run` into measured/simulated ratios (--runs)."""
     from devplace.capture.pipeline import capture_zoo_model
     from devplace.capture.profile import calibrate, format_calibration, local_cpu_roofline
     from devplace.hardware.cost import CostTable
 
+    if runs is not None:
+        from devplace.capture.profile import fold_runs, format_runs, read_runs
+
+        folded = fold_runs(read_runs(runs))
+        if costs is None:
+            if as_json:
+                _print_json(folded)
+            else:
+                console.print(format_runs(folded), highlight=False, soft_wrap=True)
+            return
+        console.print(format_runs(folded), highlight=False)
+    if costs is None:
+        raise DevplaceError("give --costs TABLE (from `devplace profile`) and/or --runs FILE (from `devplace run`)")
     if model is None:
         raise DevplaceError("--model NAME is required: the model whose ops the table timed")
     table = CostTable.load(costs)
@@ -540,6 +566,290 @@ def demo_cmd(
                   f"{prepared.graph.num_nodes} groups; op times analytic for {c.devices[0].kind}")
     _place_and_report(prepared.graph, c, placer, "topo", 0, {}, out / f"{model}.placement.json", False,
                       out / f"{model}-trace.json", out / f"{model}-timeline.png", False, prepared=prepared)
+
+
+study_app = typer.Typer(no_args_is_help=True, help="The traversal-order study: run a grid of cells, report on it.")
+app.add_typer(study_app, name="study")
+
+
+@study_app.command("run")
+def study_run_cmd(
+    study: Annotated[Path | None, typer.Argument(help="study definition (TOML); or use --preset")] = None,
+    preset: Annotated[str | None, typer.Option("--preset", help="built-in study: quick, paper or extended")] = None,
+    db: Annotated[Path, typer.Option("--db", help="SQLite results file (created; finished cells are skipped)")] = Path(
+        "study.sqlite"),
+    backend: Annotated[str, typer.Option("--backend", help="local (process pool) or ray")] = "local",
+    workers: Annotated[int, typer.Option("--workers", help="parallel cells (processes or Ray CPUs)")] = 1,
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (ray backend only)")] = None,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="rerun cells recorded as failed")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress bar")] = False,
+) -> None:
+    """Run every unfinished cell of a study and write one row per cell to --db; rerun to resume."""
+    from devplace.study.runner import run_study
+    from devplace.study.spec import StudyError, load_study
+
+    if (study is None) == (preset is None):
+        raise StudyError("give a study TOML file or --preset NAME (one of the two)")
+    spec = load_study(study if study is not None else preset, preset=preset is not None)
+    summary = run_study(spec, db, backend=backend, workers=workers, address=address, retry_failed=retry_failed,
+                        progress=not quiet)
+    console.print(f"{spec.name}: {summary.ran} cells run ({summary.failed} failed), {summary.skipped} already done; "
+                  f"{summary.wall_s:.1f} s; results in {db}"
+                  + ("; see the error column, rerun failed cells with --retry-failed" if summary.failed else ""))
+
+
+@study_app.command("report")
+def study_report_cmd(
+    db: Annotated[Path, typer.Argument(help="results database written by `devplace study run`")],
+    out: Annotated[Path, typer.Option("-o", "--output", help="folder for report.md, results.csv, plots")] = Path(
+        "study-report"),
+) -> None:
+    """Write a study's report: report.md (results section), results.csv, PNG plots and the fitted order model."""
+    from devplace.study.report import write_report
+
+    written = write_report(db, out, command=f"devplace study report {db} -o {out}")
+    console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
+
+
+@app.command("recommend")
+def recommend_cmd(
+    graph: Annotated[Path | None, typer.Argument(help="graph file, or `example`; or use --model")] = None,
+    model: ModelOpt = None,
+    batch: BatchOpt = None,
+    seq_len: SeqOpt = None,
+    max_nodes: MaxNodesOpt = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", "-c", help="cluster preset or JSON (default: the one "
+                                                                        "the order model was fitted on)")] = None,
+    placer: Annotated[str, typer.Option(help="the placer the order is for (see `devplace placers`)")] = "greedy",
+    order_model: Annotated[Path | None, typer.Option("--order-model", help="order model JSON (default: shipped)")
+                           ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Recommend a traversal order for GRAPH (or a zoo --model) and PLACER: the order, the rule that fired and
+    the expected gain over `topo` (what `devplace place --order auto` uses)."""
+    from devplace.orders.auto import load_order_model, recommend_order
+    from devplace.placers import get_placer
+
+    spec = get_placer(placer)
+    om = load_order_model(order_model)
+    c = load_cluster(cluster) if cluster else (load_cluster(om.cluster) if om.cluster else None)
+    if (graph is None) == (model is None):
+        raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`)")
+    if model is not None:
+        device = c.devices[0] if c is not None else None
+        g = _prepare_model(model, batch, seq_len, max_nodes, "adam", device, as_json).graph
+    else:
+        assert graph is not None
+        g = load_graph(_graph_path(graph))
+    rec = recommend_order(g, c, placer=placer, model=om, uses_order=spec.uses_order)
+    if as_json:
+        _print_json({"graph": g.name, "cluster": c.name if c else None, **rec.to_dict(),
+                     "model": om.source, "fitted_on": om.doc.get("fitted_on")})
+        return
+    console.print(f"[bold]{g.name}[/] with {placer} on {c.name if c else 'no cluster'}: order "
+                  f"[bold]{rec.order}[/]", highlight=False)
+    console.print(f"  rule: {rec.rule}", highlight=False)
+    console.print(f"  expected gain over topo: {rec.expected_gain:+.2%} (mean over {rec.graphs} study graphs "
+                  f"the rule covers); next best: {', '.join(rec.ranking[1:4]) or '-'}", highlight=False)
+
+
+@app.command("train")
+def train_cmd(
+    graphs: Annotated[list[Path] | None, typer.Argument(help="graph files to train on (or use --family)")] = None,
+    cluster: Annotated[str, typer.Option("--cluster", "-c", help="cluster preset name or cluster JSON file")] = "",
+    placer: Annotated[str, typer.Option(help="the learned placer to train (placeto only)")] = "placeto",
+    family: Annotated[str | None, typer.Option(help="train on a study family: cifar10, ptb or nmt")] = None,
+    indices: Annotated[str, typer.Option("--graphs", help="family graph indices, e.g. 0-23 or 0,3,5-7")] = "0-23",
+    max_nodes: Annotated[int, typer.Option("--max-nodes", help="coarsen family graphs to this many groups")] = 300,
+    order: Annotated[str, typer.Option(help="traversal order of the episodes (see `devplace orders`)")] = "topo",
+    episodes: Annotated[int, typer.Option(help="rounds: one sampling episode per graph each")] = 50,
+    seed: Annotated[int, typer.Option(help="seed for every random choice")] = 0,
+    encoder: Annotated[str, typer.Option(help="graph encoder: placeto, sage or gat")] = "placeto",
+    hidden: Annotated[int, typer.Option(help="embedding width")] = 32,
+    rounds: Annotated[int, typer.Option(help="message-passing rounds per direction")] = 8,
+    memory_penalty: Annotated[float, typer.Option("--memory-penalty", help="reward penalty per relative overflow")]
+    = 1.0,
+    sim_model: Annotated[str, typer.Option("--sim-model", help="simulator of the reward: devplace or placeto")]
+    = "devplace",
+    lr: Annotated[float, typer.Option(help="Adam learning rate")] = 1e-3,
+    output: Annotated[Path, typer.Option("-o", "--output", help="write the policy checkpoint here")] \
+    = Path("policy.pt"),
+    resume: Annotated[Path | None, typer.Option(help="continue training this checkpoint")] = None,
+    log: Annotated[Path | None, typer.Option(help="write the learning curve CSV here")] = None,
+    backend: Annotated[str, typer.Option(help="rollout workers: local (processes) or ray")] = "local",
+    address: Annotated[str | None, typer.Option(help="Ray cluster address (default: start Ray locally)")] = None,
+    workers: Annotated[int, typer.Option(help="rollout workers (local: 1 runs in this process)")] = 1,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+) -> None:
+    """Train one placeto policy over several graphs (a family's, or GRAPHS files) and save it for
+    `devplace place --placer placeto --set policy=policy.pt` on graphs it never saw."""
+    if placer != "placeto":
+        raise DevplaceError(f"devplace train trains placeto only (got --placer {placer}); seq2seq trains per graph "
+                            "inside `devplace place --placer seq2seq`")
+    if not cluster:
+        raise DevplaceError("--cluster is required (a preset from `devplace clusters` or a cluster JSON file)")
+    if (family is None) == (not graphs):
+        raise DevplaceError("give either GRAPH files or --family NAME (cifar10, ptb, nmt)")
+    from devplace.placers.rl.trainer import mean_best_ratio, parse_indices, train
+
+    c = load_cluster(cluster)
+    if family is not None:
+        from devplace.capture.pipeline import family_graph
+        from devplace.zoo.families import FAMILY_SIZE
+
+        picked = parse_indices(indices, FAMILY_SIZE)
+        busy = nullcontext() if quiet else console.status(f"capturing {len(picked)} {family} graphs")
+        with busy:
+            gs = [family_graph(family, i, max_nodes=max_nodes) for i in picked]
+    else:
+        gs = [load_graph(_graph_path(p)) for p in graphs or []]
+    settings = dict(order=order, episodes=episodes, seed=seed, encoder=encoder, hidden=hidden, rounds=rounds,
+                    memory_penalty=memory_penalty, sim_model=sim_model, lr=lr, workers=workers, backend=backend,
+                    address=address, resume=resume, output=output, log=log)
+    if quiet:
+        result = train(gs, c, **settings)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=console, transient=True) as bar:
+            task = bar.add_task(f"training on {len(gs)} graphs", total=episodes)
+
+            def report(done: int, total: int, rows: list[dict[str, Any]]) -> None:
+                best = sum(r["best_step_time_s"] for r in rows) / max(1, len(rows))
+                bar.update(task, completed=done, description=f"training on {len(gs)} graphs, mean best "
+                           f"{fmt_time(best)}")
+
+            result = train(gs, c, progress=report, **settings)
+    console.print(f"trained placeto ({result.num_parameters} parameters) for {result.episodes_done} rounds on "
+                  f"{len(gs)} graphs; best / start step time (geometric mean) {mean_best_ratio(result):.3f}; "
+                  f"wrote {result.output}" + (f" and {log}" if log else ""))
+
+
+@app.command("plot-curve")
+def plot_curve_cmd(
+    curve: Annotated[Path, typer.Argument(help="learning curve CSV from `devplace train --log` or --set log=...")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="write the PNG here")] = Path("curve.png"),
+) -> None:
+    """Draw a learning curve: step time per episode and best so far (per graph), and the policy's entropy."""
+    from devplace.placers.rl.curve import plot_curve, read_curve
+
+    rows = read_curve(curve)
+    plot_curve(rows, output, title=curve.stem)
+    console.print(f"wrote {output} ({len(rows)} rows)")
+
+
+@app.command("run")
+def run_cmd(
+    model: ModelOpt = None,
+    plan_file: Annotated[Path | None, typer.Option("--plan", help="a plan file (devplace.plan/1), zoo model")] = None,
+    devices: Annotated[str, typer.Option(help="real device per logical device, e.g. cuda:0,cuda:1 or cpu,cpu")] = "cpu",
+    cluster: Annotated[str | None, typer.Option("--cluster", "-c", help="cluster to plan for (default: these "
+                                                "devices, speeds measured)")] = None,
+    steps: Annotated[int, typer.Option(help="timed training steps")] = 5,
+    warmup: Annotated[int, typer.Option(help="untimed warm-up steps")] = 2,
+    batch: BatchOpt = None,
+    seq_len: SeqOpt = None,
+    max_nodes: MaxNodesOpt = None,
+    placer: Annotated[str, typer.Option(help="placer name (see `devplace placers`)")] = "m-etf",
+    order: Annotated[str, typer.Option(help="traversal order (see `devplace orders`)")] = "topo",
+    seed: Annotated[int, typer.Option(help="seed for every random choice")] = 0,
+    record: Annotated[Path | None, typer.Option(help="append the calibration record (JSON lines) here")] = Path(
+        "devplace-runs.jsonl"),
+    save_plan: Annotated[Path | None, typer.Option("--save-plan", help="write the plan made for --model here")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run real training steps of a placed zoo model and compare measured with simulated step time and memory.
+
+    With --model the step is captured and placed on --cluster (default: a cluster of the --devices, speeds
+    measured on this machine); with --plan a saved plan is used. Logical device i runs on the i-th of --devices
+    (a real device may repeat). Steps are timed with CUDA events where a GPU is used, wall clock otherwise.
+    """
+    from devplace.runtime.apply import normalize_devices
+    from devplace.runtime.plan import load_plan, rebuild_zoo_model, zoo_plan
+    from devplace.runtime.run import append_record, local_cluster, measure_plan
+
+    if (model is None) == (plan_file is None):
+        raise DevplaceError("give either --model NAME (see `devplace zoo list`) or --plan FILE")
+    real = normalize_devices(devices)
+    if plan_file is not None:
+        p = load_plan(plan_file)
+        module, inputs = rebuild_zoo_model(p)
+    else:
+        assert model is not None
+        c = load_cluster(cluster) if cluster else local_cluster(real)
+        with nullcontext() if as_json else console.status(f"capturing and placing {model}"):
+            p, module, inputs = zoo_plan(model, c, batch=batch, seq_len=seq_len, placer=placer, order=order,
+                                         max_nodes=max_nodes, seed=seed)
+        if save_plan is not None:
+            p.save(save_plan)
+    with nullcontext() if as_json else console.status(f"running {steps} timed steps on {devices}"):
+        placed, run, rec = measure_plan(p, module, inputs, real, steps=steps, warmup=warmup)
+    if record is not None:
+        append_record(record, rec)
+    if as_json:
+        _print_json(rec)
+        return
+    console.print(p.summary())
+    ratio = rec["ratio"]
+    console.print(f"measured step {fmt_time(run.step_time_s)} (median of {steps}, {run.timer}) vs simulated "
+                  f"{fmt_time(p.runtime_result.step_time_s)} as run: measured/simulated = {ratio:.2f}; placed at "
+                  f"{placed.granularity} granularity, {placed.crossings} device crossings per forward")
+    table = Table(header_style="bold", show_edge=False)
+    for col in ("real device", "logical devices", "simulated peak", "measured peak"):
+        table.add_column(col)
+    for dev in dict.fromkeys(placed.devices):
+        logical = [i for i, d in enumerate(placed.devices) if d == dev and i < p.cluster.num_devices]
+        sim = sum(float(p.runtime_result.peak_memory_bytes[i]) for i in logical)
+        meas = run.peak_memory_bytes.get(str(dev))
+        table.add_row(str(dev), ",".join(map(str, logical)), fmt_bytes(sim),
+                      fmt_bytes(meas) if meas is not None else "not measured (CPU)")
+    console.print(table)
+    if record is not None:
+        console.print(f"appended the calibration record to {record} (fold it with `devplace calibrate --runs`)")
+
+
+@app.command("export")
+def export_cmd(
+    plan_file: Annotated[Path, typer.Argument(help="a plan file (devplace.plan/1)")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="pipeline, device-map or json")] = "json",
+    devices: Annotated[str | None, typer.Option(help="real device names for the logical indices, e.g. "
+                                                "cuda:0,cuda:1")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the JSON here (default: stdout)")] = None,
+) -> None:
+    """Export a plan's placement: torch.distributed.pipelining split points (when the placement is contiguous
+    along the program), a Hugging Face style device_map (module -> device, with the simulated step-time
+    loss of that coarser mapping), or plain JSON."""
+    from devplace.runtime.export import device_map, export_json, pipeline_split
+    from devplace.runtime.plan import load_plan
+
+    p = load_plan(plan_file)
+    names = [d.strip() for d in devices.split(",")] if devices else None
+    note = ""
+    if fmt == "pipeline":
+        split = pipeline_split(p.graph, p.placement)
+        doc = split.to_dict()
+        if names is not None:
+            doc["stage_device_names"] = [names[d] for d in split.devices]
+        note = f"{len(split.devices)} pipeline stage(s), split at {', '.join(split.split_points) or 'nothing'}"
+    elif fmt == "device-map":
+        dm = device_map(p.graph, p.placement, p.cluster)
+        doc = {"format": "devplace.device_map/1", "device_map": dm.named(names),
+               "step_time_s": dm.step_time_s, "op_level_step_time_s": dm.op_level_step_time_s,
+               "slowdown": dm.slowdown}
+        note = (f"{len(dm.mapping)} modules mapped; simulated step {fmt_time(dm.step_time_s)} vs "
+                f"{fmt_time(dm.op_level_step_time_s)} at op granularity ({dm.slowdown:.3f}x)")
+    elif fmt == "json":
+        doc = export_json(p.graph, p.placement, names)
+        note = f"{len(p.placement.assignment)} ops placed"
+    else:
+        raise DevplaceError(f"unknown export format {fmt!r}; choose pipeline, device-map or json")
+    if output is None:
+        _print_json(doc)
+        Console(stderr=True).print(note, highlight=False)
+    else:
+        output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        console.print(f"{note}; wrote {output}")
 
 
 def main() -> None:

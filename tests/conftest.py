@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -42,3 +43,17 @@ def tmp_json(tmp_path):
         p.write_text(text)
         return p
     return write
+
+
+def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
+    """Run `devplace ARGS` in-process through the console entry point; (exit status, stdout, stderr)."""
+    from devplace.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["devplace", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err

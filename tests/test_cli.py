@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
 from conftest import graph
+from conftest import run_cli as run
 from devplace import save_graph, save_placement
-from devplace.cli import main
 from devplace.graph import Placement
 from devplace.hardware import save_cluster
 from devplace.hardware.cluster import Cluster, Device, Link
-
-
-def run(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["devplace", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

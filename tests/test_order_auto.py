@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import cluster, graph
-from devplace.cli import main
+from conftest import run_cli as run
 from devplace.graph import CompGraph
 from devplace.orders import ORDERS, OrderError, check_order_name, traversal_indices, traversal_order
 from devplace.orders.auto import DEFAULT_ORDER, OrderModel, recommend_order, shipped_model
@@ -104,15 +103,6 @@ def test_try_k_keeps_the_best_of_the_k_most_promising(chain_fork) -> None:
         place(chain_fork, c, placer="greedy", order="auto", try_orders=0)
 
 
-def run(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["devplace", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 0
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_cli_recommend(tmp_path, capsys, monkeypatch) -> None:

@@ -6,14 +6,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from devplace.cli import main
+from conftest import run_cli as _cli
 from devplace.runtime import plan
 from devplace.runtime.export import (
     ExportError,
@@ -122,15 +121,6 @@ def test_runtime_placement_keeps_backward_with_forward():
     assert "devplace.runtime" in p.summary(text=True)
 
 
-def _cli(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["devplace", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
 """devplace: device placement for model-parallel training, with the graph traversal order as a parameter.
 
-The public API: load graphs, clusters and placements, simulate a placement, compute the lower bound.
+The public API: load graphs, clusters and placements, place (`order="auto"` picks the order), simulate a
+placement, compute the lower bound; `plan` a module's training step and `apply` it (devplace.runtime); `train` a
+learned placer's policy over many graphs. Studies: `devplace.study.run_study`.
 """
 
 from typing import Any
@@ -16,28 +18,19 @@ from devplace.sim import SimResult, lower_bound, simulate
 __version__ = "0.1.0"
 
 
-def train(*args: Any, **kwargs: Any) -> Any:
-    """Train one placeto policy over several graphs; see `devplace.placers.rl.trainer.train` (imported on first
-    use: it needs torch)."""
-    from devplace.placers.rl.trainer import train as _train
-
-    return _train(*args, **kwargs)
+# Imported on first use (PEP 562), so that `import devplace` does not load torch: name -> module.
+_LAZY = {"train": "devplace.placers.rl.trainer", "plan": "devplace.runtime.plan",
+         "load_plan": "devplace.runtime.plan"}
 
 
-def plan(*args: Any, **kwargs: Any) -> Any:
-    """Capture, cost, coarsen, place and simulate a module's training step: `plan(model, example_inputs, cluster,
-    *, placer="m-etf", order="topo", optimizer="adam", max_nodes=None, seed=0)`; see `devplace.runtime.plan.plan`
-    (imported on first use: it needs torch)."""
-    from devplace.runtime.plan import plan as _plan
+def __getattr__(name: str) -> Any:
+    """`devplace.train` (one placeto policy over many graphs), `devplace.plan` (capture, cost, coarsen, place and
+    simulate a module's training step) and `devplace.load_plan`, imported when first used."""
+    if name in _LAZY:
+        import importlib
 
-    return _plan(*args, **kwargs)
-
-
-def load_plan(path: Any) -> Any:
-    """Read a `devplace.plan/1` file; see `devplace.runtime.plan.load_plan`."""
-    from devplace.runtime.plan import load_plan as _load_plan
-
-    return _load_plan(path)
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'devplace' has no attribute {name!r}")
 
 
 __all__ = ["Cluster", "CompGraph", "DevplaceError", "Placement", "SimResult", "graph_features", "load_cluster",

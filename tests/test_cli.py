@@ -96,6 +96,10 @@ def test_capture_place_model_zoo_commands(capsys, monkeypatch, tmp_path):
                         "--placer", "greedy", "--json"], capsys, monkeypatch)
     doc = json.loads(out)
     assert code == 0 and doc["placed_groups"] == 40 and len(doc["assignment"]) == 1751
+    # the placement as autograd runs it: every backward/optimizer op with its forward op
+    assert doc["as_run"]["ops_moved"] >= 0 and doc["as_run"]["step_time_s"] > 0
+    if doc["as_run"]["ops_moved"] == 0:
+        assert doc["as_run"]["step_time_s"] == doc["step_time_s"]
     code, out, _ = run(["zoo", "list", "--json"], capsys, monkeypatch)
     assert "gpt2-xl" in json.loads(out)["models"]
     code, out, err = run(["place", "-c", "2xK80"], capsys, monkeypatch)

@@ -754,3 +754,22 @@ def test_load_placement_format_errors(tmp_path: Path) -> None:
         load_placement(path)
     with pytest.raises(FormatError, match="no such file"):
         load_placement(tmp_path / "missing.json")
+
+
+def test_runtime_placement_moves_backward_and_optimizer_ops_to_their_forward_op() -> None:
+    from devplace.graph.placement import Placement, runtime_placement
+
+    nodes = [{"id": "x", "op": "input", "kind": "forward"},
+             {"id": "f", "compute_s": 1.0, "group": "f", "kind": "forward"},
+             {"id": "loss", "compute_s": 1.0, "group": "loss", "kind": "forward"},
+             {"id": "f.bwd", "compute_s": 1.0, "group": "f", "kind": "backward"},
+             {"id": "f.adam", "compute_s": 1.0, "group": "f", "kind": "optimizer"},
+             {"id": "free", "compute_s": 1.0, "kind": "backward"}]
+    edges = [{"src": "x", "dst": "f", "bytes": 4}, {"src": "f", "dst": "loss", "bytes": 4},
+             {"src": "loss", "dst": "f.bwd", "bytes": 4}, {"src": "f.bwd", "dst": "f.adam", "bytes": 4},
+             {"src": "f.adam", "dst": "free", "bytes": 4}]
+    g = CompGraph.build("rt", nodes, edges)
+    p = Placement({"x": 0, "f": 1, "loss": 0, "f.bwd": 2, "f.adam": 0, "free": 2}, graph="rt")
+    rp = runtime_placement(g, p)
+    # backward/optimizer follow their group's forward op; the input goes with its consumer; no group: unchanged
+    assert rp.assignment == {"x": 1, "f": 1, "loss": 0, "f.bwd": 1, "f.adam": 1, "free": 2}

@@ -259,6 +259,7 @@ def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settin
     single = model.best_single_device()
     _write_timelines(g, c, result, bound.value_s, trace, plot)
     speedup = single[1] / result.step_time_s if result.step_time_s > 0 else float("nan")
+    runtime = _runtime_view(g, c, placement, result) if prepared is not None else None
     if as_json:
         doc = result.to_dict()
         doc.update(graph=g.name, cluster=c.name, placer=placer, order=placement.meta.get("order"), seed=seed,
@@ -268,6 +269,9 @@ def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settin
                    speedup_over_single_device=speedup, placed_groups=groups, assignment=placement.assignment)
         if "order_auto" in placement.meta:
             doc["order_auto"] = placement.meta["order_auto"]
+        if runtime is not None:
+            doc["as_run"] = {"ops_moved": runtime[0], "step_time_s": runtime[1].step_time_s,
+                             "feasible": runtime[1].feasible}
         _print_json(doc)
         return result
     console.print(result_view(g, c, result, bound))
@@ -280,10 +284,25 @@ def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settin
                                         else " (no order)")
                   + f", seed {seed}: placed{placed} in {elapsed:.2f} s; best single device "
                   f"({c.devices[single[0]].name}{fits}) {fmt_time(single[1])}, speed-up {speedup:.2f}x")
+    if runtime is not None and runtime[0]:
+        moved, rt = runtime
+        console.print(f"as devplace.runtime runs it ({moved} backward/optimizer ops with their forward op, as "
+                      f"autograd does): step time {fmt_time(rt.step_time_s)}, "
+                      f"{'feasible' if rt.feasible else 'OVER MEMORY'}", highlight=False)
     for what, path in (("placement", output), ("trace", trace), ("timeline", plot)):
         if path is not None:
             console.print(f"wrote {what} to {path}")
     return result
+
+
+def _runtime_view(g: Any, c: Any, placement: Any, result: Any) -> tuple[int, Any]:
+    """(ops that autograd would run elsewhere, the simulation of the placement as it runs): a placer may put a
+    backward op on another device than its forward op; devplace.runtime cannot run it there."""
+    from devplace.graph.placement import runtime_placement
+
+    rp = runtime_placement(g, placement)
+    moved = sum(1 for k, d in rp.assignment.items() if placement.assignment[k] != d)
+    return moved, (simulate(g, c, rp) if moved else result)
 
 
 @app.command("placers")

@@ -81,3 +81,31 @@ def load_placement(path: str | Path) -> Placement:
 def save_placement(placement: Placement, path: str | Path) -> None:
     """Write `placement` as `devplace.placement/1`."""
     write_json(path, placement.to_dict())
+
+
+def runtime_placement(graph: CompGraph, placement: Placement) -> Placement:
+    """The placement as the runtime realises it: forward ops where placed; every backward and optimizer op on
+    the device of its colocation group's forward op (autograd runs a backward op where its forward op's
+    tensors are; a parameter, and so its update, lives with its first consumer, which is the group the
+    capture gives optimizer ops); an input with its first consumer.
+
+    Colocation splits a forward op's group from its backward ops whenever joining them would make the coarse
+    graph cyclic, so a placer may put backward ops elsewhere than their forward op; the simulator can run that,
+    plain autograd cannot, and this placement is what `devplace.runtime` actually runs. Graphs without colocation
+    groups (no `group`/`kind`) come back unchanged.
+    """
+    devs = placement.to_array(graph, max(placement.assignment.values(), default=0) + 1).copy()
+    index = graph.index
+    for v in range(graph.num_nodes):
+        if graph.kind[v] != "forward":
+            g = graph.group[v]
+            u = index.get(g) if g else None
+            if u is not None and graph.kind[u] == "forward":
+                devs[v] = devs[u]
+    for v in range(graph.num_nodes):
+        if graph.op[v] == "input":
+            succ = graph.successors(v)
+            if succ:
+                devs[v] = devs[succ[0]]
+    return Placement(dict(zip(graph.ids, devs.tolist(), strict=True)), graph=placement.graph or graph.name,
+                     cluster=placement.cluster, meta=dict(placement.meta))

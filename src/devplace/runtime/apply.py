@@ -41,7 +41,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from devplace.capture.torch_capture import FORWARD, _module_hooks, _Recorder
 from devplace.errors import PlacementError
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.placement import Placement
+from devplace.graph.placement import Placement, runtime_placement
 
 __all__ = ["ApplyError", "PlacedModule", "apply_placement", "forward_devices", "normalize_devices",
            "runtime_placement"]
@@ -166,33 +166,6 @@ def forward_devices(graph: CompGraph, placement: Placement) -> dict[str, int]:
     devs = placement.to_array(graph, max(placement.assignment.values(), default=0) + 1)
     return {graph.ids[v]: int(devs[v]) for v in range(graph.num_nodes)
             if graph.kind[v] == FORWARD and graph.op[v] != "input"}
-
-
-def runtime_placement(graph: CompGraph, placement: Placement) -> Placement:
-    """The placement as the runtime realises it: forward ops where placed; every backward and optimizer op on
-    the device of its colocation group's forward op (autograd runs a backward op where its forward op's
-    tensors are; a parameter, and so its update, lives with its first consumer, which is the group the
-    capture gives optimizer ops); an input with its first consumer.
-
-    Colocation splits a forward op's group from its backward ops whenever joining them would make the coarse
-    graph cyclic, so a placer may put backward ops elsewhere than their forward op; the simulator can run that,
-    plain autograd cannot, and this placement is what `PlacedModule` actually runs.
-    """
-    devs = placement.to_array(graph, max(placement.assignment.values(), default=0) + 1).copy()
-    index = graph.index
-    for v in range(graph.num_nodes):
-        if graph.kind[v] != FORWARD:
-            g = graph.group[v]
-            u = index.get(g) if g else None
-            if u is not None and graph.kind[u] == FORWARD:
-                devs[v] = devs[u]
-    for v in range(graph.num_nodes):
-        if graph.op[v] == "input":
-            succ = graph.successors(v)
-            if succ:
-                devs[v] = devs[succ[0]]
-    return Placement(dict(zip(graph.ids, devs.tolist(), strict=True)), graph=placement.graph or graph.name,
-                     cluster=placement.cluster, meta=dict(placement.meta))
 
 
 def _exact_mapping(trace: _Trace, graph: CompGraph) -> bool:

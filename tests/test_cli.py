@@ -172,3 +172,18 @@ def test_order_orders_and_features(files, capsys, monkeypatch):
     code, out, _ = run(["features", files["graph"], "--cluster", files["cluster"], "--json"], capsys, monkeypatch)
     # two 10-byte edges at 10 B/s + 0.5 s latency each = 3 s of transfers over 3.5 s of compute
     assert json.loads(out)["comm_to_compute"] == pytest.approx(3.0 / 3.5)
+
+
+def test_place_learned_placer_flags(files, tmp_path, capsys, monkeypatch):
+    log = tmp_path / "run.csv"
+    code, out, err = run(["place", files["graph"], "-c", files["cluster"], "--placer", "placeto", "--episodes", "2",
+                          "--log", str(log), "--set", "rounds=1", "--set", "hidden=4", "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads(out)["settings"]["episodes"] == 2
+    assert len(log.read_text().strip().splitlines()) >= 3  # header + one line per training episode
+    code, _, err = run(["place", files["graph"], "-c", files["cluster"], "--placer", "placeto", "--episodes", "2",
+                        "--set", "episodes=3"], capsys, monkeypatch)
+    assert code == 2 and "--episodes and --set episodes" in err
+    code, _, err = run(["place", files["graph"], "-c", files["cluster"], "--placer", "m-etf", "--policy", "p.pt"],
+                       capsys, monkeypatch)
+    assert code == 2 and "no setting 'policy'" in err

@@ -178,6 +178,12 @@ def place_cmd(
                                                             "keep the best (K times the placement time)")] = None,
     seed: Annotated[int, typer.Option(help="seed for every random choice")] = 0,
     setting: Annotated[list[str] | None, typer.Option("--set", help="placer setting key=value (repeatable)")] = None,
+    episodes: Annotated[int | None, typer.Option(help="learned placers: training episodes (0 with --policy: apply "
+                                                      "it zero-shot); same as --set episodes=N")] = None,
+    policy: Annotated[Path | None, typer.Option(help="learned placers: start from this trained policy (`devplace "
+                                                     "train -o`); same as --set policy=FILE")] = None,
+    log: Annotated[Path | None, typer.Option(help="learned placers: write the learning curve CSV here (see "
+                                                  "`devplace plot-curve`); same as --set log=FILE")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the placement JSON here")] = None,
     as_json: JsonOpt = False,
     trace: Annotated[Path | None, typer.Option(help="write a Chrome trace-event JSON (Perfetto)")] = None,
@@ -195,6 +201,11 @@ def place_cmd(
         raise DevplaceError("--cluster is required (a preset from `devplace clusters` or a cluster JSON file)")
     c = load_cluster(cluster)
     settings = _parse_settings(setting or [])
+    for key, value in (("episodes", episodes), ("policy", policy), ("log", log)):
+        if value is not None:
+            if key in settings:
+                raise DevplaceError(f"--{key} and --set {key}=... both given; keep one")
+            settings[key] = value if key == "episodes" else str(value)
     if (graph is None) == (model is None):
         raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`)")
     if model is not None:

@@ -212,8 +212,8 @@ def test_sct_keeps_the_device_for_the_favourite_child():
     g = graph([("a", 1), ("y", 3), ("x", 2), ("b", 10)], [("a", "b", 50.0)])
     c = cluster(2, bw=10.0)
     assert favourite_children(g, c, 0.5).tolist() == [3, -1, -1, -1]
-    etf = place(g, c, placer="m-etf")
-    sct = place(g, c, placer="m-sct")
+    etf = place(g, c, placer="m-etf", order="topo")
+    sct = place(g, c, placer="m-sct", order="topo")
     assert devices_of(etf) == {"a": 0, "y": 1, "x": 0, "b": 0}
     assert devices_of(sct) == {"a": 0, "y": 1, "x": 1, "b": 0}
     assert etf.meta["step_time_s"] == pytest.approx(13.0)
@@ -223,8 +223,8 @@ def test_sct_keeps_the_device_for_the_favourite_child():
 def test_sct_without_the_lp_is_etf():
     g = layered_graph(200, width=8, seed=4)
     c = cluster(3, bw=1e9, lat=1e-5)
-    etf = place(g, c, placer="m-etf")
-    assert place(g, c, placer="m-sct", max_lp_nodes=0).assignment == etf.assignment
+    etf = place(g, c, placer="m-etf", order="topo")
+    assert place(g, c, placer="m-sct", order="topo", max_lp_nodes=0).assignment == etf.assignment
 
 
 def test_sct_settings_are_checked():

@@ -173,7 +173,7 @@ def place_cmd(
     placer: Annotated[str, typer.Option(help="placer name (see `devplace placers`)")] = "m-etf",
     order: Annotated[str, typer.Option(help="traversal order for sequential placers (see `devplace orders`), or "
                                             "`auto`: picked from the graph's features (see `devplace recommend`)")
-                     ] = "topo",
+                     ] = "auto",
     try_k: Annotated[int | None, typer.Option("--try", help="with --order auto: run the K most promising orders and "
                                                             "keep the best (K times the placement time)")] = None,
     seed: Annotated[int, typer.Option(help="seed for every random choice")] = 0,
@@ -568,6 +568,9 @@ def orders_cmd(as_json: JsonOpt = False) -> None:
     for name, definition in ORDER_DEFINITIONS.items():
         table.add_row(name, "yes" if name in TOPOLOGICAL_ORDERS else "", definition)
     console.print(table)
+    console.print("`auto` (the default of `devplace place`) is not an order but a decision: the order the shipped "
+                  "recommendation model picks from the graph's features (`devplace recommend`), or with --try K the "
+                  "best of its K most promising orders.", highlight=False)
 
 
 def _graph_path(path: Path) -> Path:
@@ -594,7 +597,7 @@ def demo_cmd(
     prepared = _prepare_model(model, None, None, max_nodes, "adam", c.devices[0], False)
     console.print(f"captured {prepared.full.name}: {prepared.full.num_nodes} ops, colocated and coarsened to "
                   f"{prepared.graph.num_nodes} groups; op times analytic for {c.devices[0].kind}")
-    _place_and_report(prepared.graph, c, placer, "topo", 0, {}, out / f"{model}.placement.json", False,
+    _place_and_report(prepared.graph, c, placer, "auto", 0, {}, out / f"{model}.placement.json", False,
                       out / f"{model}-trace.json", out / f"{model}-timeline.png", False, prepared=prepared)
 
 
@@ -782,7 +785,7 @@ def run_cmd(
     seq_len: SeqOpt = None,
     max_nodes: MaxNodesOpt = None,
     placer: Annotated[str, typer.Option(help="placer name (see `devplace placers`)")] = "m-etf",
-    order: Annotated[str, typer.Option(help="traversal order (see `devplace orders`)")] = "topo",
+    order: Annotated[str, typer.Option(help="traversal order (see `devplace orders`), or auto")] = "auto",
     seed: Annotated[int, typer.Option(help="seed for every random choice")] = 0,
     record: Annotated[Path | None, typer.Option(help="append the calibration record (JSON lines) here")] = Path(
         "devplace-runs.jsonl"),

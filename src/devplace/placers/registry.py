@@ -97,7 +97,7 @@ def get_placer(name: str) -> PlacerSpec:
     return _REGISTRY[name]
 
 
-def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: str = "topo", seed: int = 0,
+def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: str = "auto", seed: int = 0,
           progress: Progress | None = None, try_orders: int | None = None, **settings: Any) -> Placement:
     """Place every node of `graph` on a device of `cluster` with `placer`, walking the graph in `order`.
 

@@ -107,7 +107,7 @@ class Plan:
         return apply_placement(model, self.graph, self.placement, devices, inputs)
 
 
-def plan_from_prepared(prepared: Any, cluster: Cluster, *, placer: str = "m-etf", order: str = "topo", seed: int = 0,
+def plan_from_prepared(prepared: Any, cluster: Cluster, *, placer: str = "m-etf", order: str = "auto", seed: int = 0,
                        settings: Mapping[str, Any] | None = None, source: Mapping[str, Any] | None = None,
                        **placer_settings: Any) -> Plan:
     """Place a `capture.pipeline.Prepared` model on `cluster` and simulate the expanded placement."""
@@ -123,7 +123,7 @@ def plan_from_prepared(prepared: Any, cluster: Cluster, *, placer: str = "m-etf"
 
 
 def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, placer: str = "m-etf",
-         order: str = "topo", optimizer: str = "adam", max_nodes: int | None = None, seed: int = 0,
+         order: str = "auto", optimizer: str = "adam", max_nodes: int | None = None, seed: int = 0,
          loss_fn: Callable[[Any], torch.Tensor] | None = None, **placer_settings: Any) -> Plan:
     """Capture `model`'s training step on `example_inputs`, cost it for the cluster's first device, coarsen it
     (to `max_nodes` groups if given), place it with `placer` walking `order`, and simulate the placement.
@@ -167,7 +167,7 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def zoo_plan(name: str, cluster: Cluster | str, *, batch: int | None = None, seq_len: int | None = None,
-             placer: str = "m-etf", order: str = "topo", optimizer: str = "adam", max_nodes: int | None = None,
+             placer: str = "m-etf", order: str = "auto", optimizer: str = "adam", max_nodes: int | None = None,
              seed: int = 0, **placer_settings: Any) -> tuple[Plan, nn.Module, tuple[torch.Tensor, ...]]:
     """Build zoo model `name` for real (seeded, on the CPU) and plan it; returns (plan, module, inputs).
 

@@ -3,8 +3,9 @@
 The loop is synchronous, one *round* per episode index: the learner sends the current weights to the
 workers; graph i is handled by worker i mod W (round-robin); each worker runs one sampling episode per graph
 it holds (starting from that graph's best feasible placement so far) and returns the episode log (states,
-actions, rewards, entropies) and the best placement it saw. The learner then computes each episode's returns,
-subtracts that graph's per-step baseline (mean over its last `baseline_window` episodes), sums the REINFORCE
+actions, rewards, entropies) and the best placement it saw. The learner then computes each episode's
+discounted returns, subtracts that graph's per-step baseline (mean over its last `baseline_window` episodes),
+divides by the advantages' std over the episode (`PlacetoHyper.discount`, `normalize_advantage`), sums the REINFORCE
 gradients of all the round's episodes (each weighted 1 / #graphs), clips and takes one Adam step.
 
 Determinism: the sampling seed of (round r, graph i) is derived from (seed, r, i) only, and the learner
@@ -41,6 +42,7 @@ from devplace.placers.rl.placeto import (
     PlacetoPolicy,
     _GraphContext,
     accumulate_gradient,
+    advantages_of,
     apply_gradient,
     check_settings,
     new_best,
@@ -273,10 +275,8 @@ def _train(graphs: list[CompGraph], cluster: Cluster, order: str, seed: int, hyp
                 ctx = ctxs[i]
                 if ro.best_step_time_s < best[i].step_time_s:
                     best[i].devices, best[i].step_time_s = ro.best_devices.copy(), ro.best_step_time_s
-                returns = returns_of(ro.log)
-                recent[i].append(returns)
-                baseline = np.mean(np.stack(recent[i]), axis=0)
-                accumulate_gradient(policy, ctx, ro.log, returns - baseline, hyper, weight=1.0 / len(trainable))
+                adv = advantages_of(returns_of(ro.log, hyper.discount), recent[i], hyper)
+                accumulate_gradient(policy, ctx, ro.log, adv, hyper, weight=1.0 / len(trainable))
                 rows.append({"episode": r, "graph": graphs[i].name, "step_time_s": ro.log.final_step_time_s,
                              "best_step_time_s": best[i].step_time_s, "entropy": float(np.mean(ro.log.entropies)),
                              "wall_s": time.perf_counter() - t0, "greedy": 0})

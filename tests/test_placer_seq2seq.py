@@ -7,10 +7,19 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import cluster, graph
 from devplace.placers import PlacerError, place
-from devplace.placers.seq2seq import ColocPolicy, Seq2SeqConfig, encode_order, node_features, train_seq2seq
+from devplace.placers.seq2seq import (
+    ColocPolicy,
+    Seq2SeqConfig,
+    earlier_links,
+    encode_order,
+    node_features,
+    reinforce_step,
+    train_seq2seq,
+)
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.placeto import PlacetoModel
 from devplace.zoo import layered_graph
@@ -106,3 +115,59 @@ def test_sim_model_placeto_rewards_come_from_the_placeto_simulator():
     assert p.meta["settings"]["sim_model"] == "placeto"
     with pytest.raises(PlacerError, match="unknown sim_model"):
         place(g, c, placer="seq2seq", sim_model="tf")
+
+
+def test_earlier_links_are_the_placed_neighbours_weighted_by_bytes():
+    # a -> b (3 bytes), a -> c (1 byte), b -> c (1 byte); order c, a, b
+    g = graph([("a", 1.0), ("b", 1.0), ("c", 1.0)], [("a", "b", 3.0, 0), ("a", "c", 1.0, 1), ("b", "c", 1.0)])
+    order = np.array([2, 0, 1])
+    links = earlier_links(g, order)
+    assert links[0][0].numel() == 0  # c is first: nothing placed yet
+    assert links[1][0].tolist() == [0] and links[1][1].tolist() == [1.0]  # a: its edge to c (position 0)
+    idx, w = links[2]  # b: a (position 1, 3 bytes) and c (position 0, 1 byte)
+    assert dict(zip(idx.tolist(), w.tolist(), strict=True)) == {1: 0.75, 0: 0.25}
+
+
+def test_stay_bias_zero_is_the_plain_decoder_and_the_bias_keeps_neighbours_together():
+    plain = ColocPolicy(Seq2SeqConfig(stay_bias=0.0), 3)
+    assert "stay" not in dict(plain.named_parameters())
+    assert sum(p.numel() for p in ColocPolicy(Seq2SeqConfig(), 3).parameters()) == \
+        sum(p.numel() for p in plain.parameters()) + 1
+    # the untrained policy's samples (lr 0: the first batch repeated) cut fewer edges with the bias on
+    g = layered_graph(60, width=4, seed=5)
+    c = cluster(3, bw=1e9, mem=1e12)
+
+    def cut_fraction(cfg: Seq2SeqConfig) -> float:
+        d = train_seq2seq(g, c, np.arange(60), seed=0, config=replace(cfg, episodes=1, lr=0.0)).devices
+        return float(np.mean(d[g.edge_src] != d[g.edge_dst]))
+
+    assert cut_fraction(Seq2SeqConfig()) < 0.5 * cut_fraction(Seq2SeqConfig(stay_bias=0.0))
+
+
+def test_answer_is_feasible_and_never_worse_than_any_sample():
+    g = layered_graph(40, width=5, seed=6)
+    c = cluster(3, bw=1e9, mem=1e12)
+    r = train_seq2seq(g, c, np.arange(40), seed=1, config=Seq2SeqConfig(episodes=6))
+    assert DevplaceModel(g, c).run(r.devices).step_time_s == r.best_step_time_s
+    assert r.best_step_time_s <= min(row["mean_step_time_s"] for row in r.curve)
+    assert [row["best_step_time_s"] for row in r.curve] == sorted((row["best_step_time_s"] for row in r.curve),
+                                                                  reverse=True)
+
+
+def test_one_update_makes_the_cheapest_sample_likelier_and_the_dearest_less_likely():
+    # the sign check of REINFORCE: teacher-force the same 4 placements before and after one step
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(entropy_coef=0.0)
+    policy = ColocPolicy(cfg, 3)
+    g = layered_graph(20, width=4, seed=7)
+    b, x = (torch.from_numpy(a) for a in encode_order(g, np.arange(20)))
+    seq, logp, ent = policy(b, x, 4, torch.Generator().manual_seed(1))
+    cost = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    before = logp.detach().clone()
+    with torch.no_grad():  # the log-probability summed in training is that of exactly the sampled devices
+        assert torch.allclose(policy(b, x, 4, None, actions=seq)[1], before)
+    reinforce_step(policy, torch.optim.Adam(policy.parameters(), lr=cfg.lr), cfg, cost, 2.5, logp, ent)
+    with torch.no_grad():
+        _, after, _ = policy(b, x, 4, None, actions=seq)
+    delta = (after - before).tolist()
+    assert delta[0] > 0 > delta[3]

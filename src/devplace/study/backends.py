@@ -55,28 +55,17 @@ class LocalBackend:
     def run(self, fn: Callable[..., Any], tasks: Iterable[tuple[Any, tuple[Any, ...]]]) -> Iterator[tuple[Any, Any]]:
         """Run fn(*args) for each (tag, args); yield (tag, result) as each finishes. A few tasks per worker are
         in flight at a time, so a study of thousands of cells does not pickle them all up front."""
-        pending: dict[Future[Any], Any] = {}
-        it = iter(tasks)
-        window = 4 * self.workers
-        exhausted = False
-        while pending or not exhausted:
-            while not exhausted and len(pending) < window:
-                try:
-                    tag, args = next(it)
-                except StopIteration:
-                    exhausted = True
-                    break
-                pending[self._pool.submit(fn, *args)] = tag
-            if not pending:
-                break
+        def finished(pending: list[Future[Any]]) -> list[tuple[Future[Any], Any]]:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            out = []
             for fut in done:
-                tag = pending.pop(fut)
                 try:
-                    result = fut.result()
+                    out.append((fut, fut.result()))
                 except BrokenProcessPool:
                     raise BackendError(_DIED) from None
-                yield tag, result
+            return out
+
+        yield from _windowed(tasks, 4 * self.workers, lambda args: self._pool.submit(fn, *args), finished)
 
     def close(self) -> None:
         # cancel_futures: on Ctrl-C the queued cells are dropped at once (they simply stay unfinished)
@@ -119,32 +108,40 @@ class RayBackend:
     def run(self, fn: Callable[..., Any], tasks: Iterable[tuple[Any, tuple[Any, ...]]]) -> Iterator[tuple[Any, Any]]:
         """As LocalBackend.run: at most a few tasks per CPU are submitted ahead of the results."""
         ray = self._ray
-        pending: dict[Any, Any] = {}
-        it = iter(tasks)
-        window = 4 * self.workers
-        exhausted = False
-        while pending or not exhausted:
-            while not exhausted and len(pending) < window:
-                try:
-                    tag, args = next(it)
-                except StopIteration:
-                    exhausted = True
-                    break
-                pending[self._remote.remote(fn, *args)] = tag
-            if not pending:
-                break
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                tag = pending.pop(ref)
-                try:
-                    result = ray.get(ref)
-                except ray.exceptions.RayError as exc:  # a worker or node died: the task function never raises
-                    raise BackendError(f"{_DIED} ({type(exc).__name__})") from None
-                yield tag, result
+
+        def finished(pending: list[Any]) -> list[tuple[Any, Any]]:
+            (ref,), _ = ray.wait(pending, num_returns=1)
+            try:
+                return [(ref, ray.get(ref))]
+            except ray.exceptions.RayError as exc:  # a worker or node died: the task function never raises
+                raise BackendError(f"{_DIED} ({type(exc).__name__})") from None
+
+        yield from _windowed(tasks, 4 * self.workers, lambda args: self._remote.remote(fn, *args), finished)
 
     def close(self) -> None:
         if self._started:
             self._ray.shutdown()
+
+
+def _windowed(tasks: Iterable[tuple[Any, tuple[Any, ...]]], window: int, submit: Callable[[tuple[Any, ...]], Any],
+              finished: Callable[[list[Any]], list[tuple[Any, Any]]]) -> Iterator[tuple[Any, Any]]:
+    """Keep at most `window` tasks submitted; yield (tag, result) as `finished(handles)` reports them (it waits
+    for at least one and returns (handle, result) pairs)."""
+    pending: dict[Any, Any] = {}
+    it = iter(tasks)
+    exhausted = False
+    while pending or not exhausted:
+        while not exhausted and len(pending) < window:
+            try:
+                tag, args = next(it)
+            except StopIteration:
+                exhausted = True
+                break
+            pending[submit(args)] = tag
+        if not pending:
+            break
+        for handle, result in finished(list(pending)):
+            yield pending.pop(handle), result
 
 
 def _ray_call(fn: Callable[..., Any], *args: Any) -> Any:

@@ -171,3 +171,15 @@ def test_one_update_makes_the_cheapest_sample_likelier_and_the_dearest_less_like
         _, after, _ = policy(b, x, 4, None, actions=seq)
     delta = (after - before).tolist()
     assert delta[0] > 0 > delta[3]
+
+
+def test_log_setting_writes_the_learning_curve(tmp_path):
+    from devplace.placers.rl.curve import read_curve
+
+    g = layered_graph(20, width=4, seed=2)
+    path = tmp_path / "run.csv"
+    p = place(g, cluster(2, bw=12e9), placer="seq2seq", order="topo", episodes=3, samples=2, hidden=8,
+              log=str(path))
+    rows = read_curve(path)
+    assert [r["episode"] for r in rows] == [0, 1, 2] and all(r["graph"] == g.name for r in rows)
+    assert rows[-1]["best_step_time_s"] == p.meta["step_time_s"]  # the answer is the best sample

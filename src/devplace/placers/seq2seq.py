@@ -54,6 +54,7 @@ uniform.
 from __future__ import annotations
 
 import math
+import time
 import zlib
 from dataclasses import dataclass, field
 
@@ -65,6 +66,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import PlacerError, Progress, get_placer, register
+from devplace.placers.rl.curve import write_curve
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.placeto import PlacetoModel
 
@@ -207,13 +209,15 @@ class ColocPolicy(nn.Module):
 class Seq2SeqResult:
     """The best feasible placement (device per node, graph index order) and the learning curve: per
     iteration the mean sampled step time, the best feasible step time so far (inf until one fits), the
-    batch's mean cost, the baseline and the mean entropy per node."""
+    batch's mean cost, the baseline and the mean entropy per node; and the wall time at the end of each
+    iteration (kept apart: the curve is deterministic for a seed, wall times are not)."""
 
     devices: np.ndarray
     best_step_time_s: float
     fallback: bool  # True when no sample fit and m-etf's placement was returned
     curve: list[dict[str, float]] = field(default_factory=list)
     num_parameters: int = 0
+    wall_s: list[float] = field(default_factory=list)
 
 
 def _sample_cost(result, serial_s: float, penalty: float, kind: str = "sqrt") -> float:
@@ -302,6 +306,8 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
     best, best_t = None, math.inf
     baseline: float | None = None
     curve: list[dict[str, float]] = []
+    wall: list[float] = []
+    t_start = time.perf_counter()
     for it in range(cfg.episodes):
         if progress is not None:
             progress(it, cfg.episodes)
@@ -323,25 +329,28 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
         reinforce_step(policy, optimizer, cfg, cost, baseline, logp, ent)
         curve.append({"iteration": float(it), "mean_step_time_s": float(np.mean(times)), "best_step_time_s": best_t,
                       "mean_cost": mean_cost, "baseline": baseline, "entropy": float(ent.detach().mean()) / n})
+        wall.append(time.perf_counter() - t_start)
         baseline = cfg.baseline_decay * baseline + (1.0 - cfg.baseline_decay) * mean_cost
     if progress is not None:
         progress(cfg.episodes, cfg.episodes)
     if best is None:
-        return Seq2SeqResult(np.full(n, -1, dtype=np.int64), math.inf, True, curve, nparams)
-    return Seq2SeqResult(best, best_t, False, curve, nparams)
+        return Seq2SeqResult(np.full(n, -1, dtype=np.int64), math.inf, True, curve, nparams, wall)
+    return Seq2SeqResult(best, best_t, False, curve, nparams, wall)
 
 
 @register("seq2seq", uses_order=True)
 def seq2seq(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0, episodes: int = 50,
             samples: int = 8, hidden: int = 64, memory_penalty: float = 1.0, sim_model: str = "devplace",
-            progress: Progress | None = None) -> np.ndarray:
+            log: str | None = None, progress: Progress | None = None) -> np.ndarray:
     """ColocRL one-shot RL: a bidirectional LSTM reads the nodes in the order, an LSTM decoder emits their devices.
 
     REINFORCE on sqrt(simulated step time) with a moving-average baseline, `samples` placements per
     iteration for `episodes` iterations, the decoder starting biased to keep graph neighbours together;
     infeasible samples pay `memory_penalty` x their relative memory overflow. `sim_model` ("devplace" or
     "placeto") is the simulator of the reward; the answer always fits under the devplace model. Returns the
-    best feasible sampled placement (m-etf's when none fits). Deterministic for a seed. Trains on one graph
+    best feasible sampled placement (m-etf's when none fits). `log`: write the learning curve there (CSV, one
+    row per iteration: mean sampled step time, best so far, entropy; `devplace plot-curve`). Deterministic for a
+    seed (the curve's wall times aside). Trains on one graph
     only (`devplace train` is placeto-only). About 0.25 s per iteration for 300 nodes on 2 CPU cores;
     coarsen graphs of thousands of nodes first.
     """
@@ -355,6 +364,10 @@ def seq2seq(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
     cfg = Seq2SeqConfig(episodes=int(episodes), samples=int(samples), hidden=int(hidden),
                         memory_penalty=float(memory_penalty), sim_model=sim_model)
     result = train_seq2seq(graph, cluster, order, seed=seed, config=cfg, progress=progress)
+    if log is not None:
+        write_curve(log, ({"episode": int(c["iteration"]), "graph": graph.name, "step_time_s": c["mean_step_time_s"],
+                           "best_step_time_s": c["best_step_time_s"], "entropy": c["entropy"], "wall_s": w,
+                           "greedy": 0} for c, w in zip(result.curve, result.wall_s, strict=True)))
     if not result.fallback:
         return result.devices
     fallback = np.asarray(get_placer("m-etf").func(graph, cluster, order=order, seed=seed), dtype=np.int64)

@@ -20,7 +20,7 @@ import platform
 import socket
 import time
 import traceback
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -133,11 +133,9 @@ def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[np.ndarray, 
         settings["sim_model"] = cell.sim_model  # RL placers learn under the study's simulation model
     order = "topo" if cell.order_name == NO_ORDER else cell.order_name  # ignored by such placers
     episodes = int(settings.get("episodes", accepted.get("episodes"))) if cell.placer in RL_PLACERS else None
-    trained = _train_seq2seq(cell.placer, graph, cluster, order, cell.seed, settings)
-    if trained is not None:
-        return trained[0], trained[1], episodes
     if "log" in accepted and "log" not in settings:
-        # placeto writes its learning curve when given a `log` file: read it back, one step time per episode
+        # the RL placers write their learning curve to a `log` file: read it back, one step time per episode
+        # (placeto: the episode's final step time; seq2seq: the iteration's mean sampled step time)
         from devplace.placers.rl.curve import read_curve
 
         with tempfile.TemporaryDirectory(prefix="devplace-cell-") as tmp:
@@ -149,35 +147,6 @@ def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[np.ndarray, 
         return placement.to_array(graph, cluster.num_devices), curve, episodes
     placement = place(graph, cluster, placer=cell.placer, order=order, seed=cell.seed, **settings)
     return placement.to_array(graph, cluster.num_devices), None, episodes
-
-
-def _train_seq2seq(placer: str, graph: CompGraph, cluster: Cluster, order: str, seed: int,
-                   settings: dict[str, Any]) -> tuple[np.ndarray, list[float]] | None:
-    """For seq2seq, the placement `place()` gives plus the learning curve (mean sampled step time per
-    iteration), by calling its trainer directly: the placer returns the placement only. None where that is
-    not possible -- other placers, settings the trainer's config lacks, the m-etf fallback -- and the caller
-    uses place()."""
-    if placer != "seq2seq":
-        return None
-    from devplace.orders import traversal_indices
-    from devplace.placers.memory import no_fit_error
-    from devplace.placers.seq2seq import Seq2SeqConfig, train_seq2seq
-    from devplace.sim.devplace_model import DevplaceModel
-
-    if not set(settings) <= {f.name for f in fields(Seq2SeqConfig)}:
-        return None
-    config = replace(Seq2SeqConfig(), **settings)
-    # the same checks, order and trainer call as place() and the registered seq2seq function
-    if float(graph.param_bytes.sum()) > float(cluster.memory.sum()):
-        raise no_fit_error(graph, cluster, placer, "the parameters alone exceed the cluster's memory")
-    visit = traversal_indices(graph, order, seed, cluster=cluster)
-    res = train_seq2seq(graph, cluster, visit, seed=seed, config=config)
-    if res.fallback:
-        return None
-    devices = np.asarray(res.devices, dtype=np.int64)
-    if not DevplaceModel(graph, cluster).run(devices).feasible:
-        raise no_fit_error(graph, cluster, placer, "its best placement is over memory")
-    return devices, [float(c["mean_step_time_s"]) for c in res.curve]
 
 
 # ---------------------------------------------------------------------------------------------- driver side

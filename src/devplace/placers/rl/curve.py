@@ -1,5 +1,5 @@
-"""Learning curves: one CSV row per episode (and graph), written by `devplace train` and the placeto placer's
-`log` setting, drawn by `devplace plot-curve`."""
+"""Learning curves: one CSV row per episode (and graph), written by `devplace train` and the learned placers'
+`log` setting (`devplace place --log`), drawn by `devplace plot-curve`."""
 
 from __future__ import annotations
 

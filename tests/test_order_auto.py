@@ -106,6 +106,22 @@ def test_try_k_keeps_the_best_of_the_k_most_promising(chain_fork) -> None:
         place(chain_fork, c, placer="greedy", order="auto", try_orders=0)
 
 
+def test_try_with_a_cheap_placer_runs_the_requested_placer_once(chain_fork) -> None:
+    c = cluster(2, bw=1e5)
+    p = place(chain_fork, c, placer="contiguous", order="auto", try_orders=3, try_with="greedy")
+    auto = p.meta["order_auto"]
+    ranking = recommend_order(chain_fork, c, placer="contiguous").ranking
+    # the orders are tried with greedy (their step times are greedy's), the answer is contiguous's
+    assert list(auto["tried"]) == list(ranking[:3]) and auto["tried_with"] == "greedy"
+    greedy_times = {o: place(chain_fork, c, placer="greedy", order=o).meta["step_time_s"] for o in ranking[:3]}
+    assert auto["tried"] == greedy_times
+    best = min(ranking[:3], key=lambda o: (greedy_times[o], ranking.index(o)))
+    assert p.meta["placer"] == "contiguous" and p.meta["order"] == best
+    assert p.assignment == place(chain_fork, c, placer="contiguous", order=best).assignment
+    with pytest.raises(PlacerError, match="give both"):
+        place(chain_fork, c, placer="contiguous", order="auto", try_with="greedy")
+
+
 
 
 def test_cli_recommend(tmp_path, capsys, monkeypatch) -> None:

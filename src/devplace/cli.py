@@ -176,6 +176,8 @@ def place_cmd(
                      ] = "auto",
     try_k: Annotated[int | None, typer.Option("--try", help="with --order auto: run the K most promising orders and "
                                                             "keep the best (K times the placement time)")] = None,
+    try_with: Annotated[str | None, typer.Option("--try-with", help="with --try K: try the orders with this cheap "
+                                                                   "placer, then run --placer once")] = None,
     seed: Annotated[int, typer.Option(help="seed for every random choice")] = 0,
     setting: Annotated[list[str] | None, typer.Option("--set", help="placer setting key=value (repeatable)")] = None,
     episodes: Annotated[int | None, typer.Option(help="learned placers: training episodes (0 with --policy: apply "
@@ -211,11 +213,11 @@ def place_cmd(
     if model is not None:
         prepared = _prepare_model(model, batch, seq_len, max_nodes, optimizer, c.devices[0], quiet or as_json)
         _place_and_report(prepared.graph, c, placer, order, seed, settings, output, as_json, trace, plot, quiet,
-                          prepared=prepared, try_orders=try_k)
+                          prepared=prepared, try_orders=try_k, try_with=try_with)
         return
     assert graph is not None
     _place_and_report(load_graph(_graph_path(graph)), c, placer, order, seed, settings, output, as_json, trace, plot,
-                      quiet, try_orders=try_k)
+                      quiet, try_orders=try_k, try_with=try_with)
 
 
 def _prepare_model(model: str, batch: int | None, seq_len: int | None, max_nodes: int | None, optimizer: str,
@@ -230,7 +232,8 @@ def _prepare_model(model: str, batch: int | None, seq_len: int | None, max_nodes
 
 def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settings: dict[str, Any],
                       output: Path | None, as_json: bool, trace: Path | None, plot: Path | None,
-                      quiet: bool, prepared: Any = None, try_orders: int | None = None) -> Any:
+                      quiet: bool, prepared: Any = None, try_orders: int | None = None,
+                      try_with: str | None = None) -> Any:
     """Place, simulate, print the table (or JSON), write the files asked for; returns the SimResult.
 
     With `prepared` (a captured model), `g` is its coarse graph: the placement is expanded to every op of
@@ -243,7 +246,8 @@ def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settin
 
     t0 = time.perf_counter()
     if quiet or as_json:
-        placement = place(g, c, placer=placer, order=order, seed=seed, try_orders=try_orders, **settings)
+        placement = place(g, c, placer=placer, order=order, seed=seed, try_orders=try_orders, try_with=try_with,
+                          **settings)
     else:
         from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
@@ -251,7 +255,7 @@ def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settin
                    TimeRemainingColumn())
         with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task(f"{g.name} with {placer}", total=None)
-            placement = place(g, c, placer=placer, order=order, seed=seed, try_orders=try_orders,
+            placement = place(g, c, placer=placer, order=order, seed=seed, try_orders=try_orders, try_with=try_with,
                               progress=lambda done, total: bar.update(task, completed=done, total=total),
                               **settings)
     elapsed = time.perf_counter() - t0

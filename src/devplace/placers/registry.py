@@ -98,7 +98,8 @@ def get_placer(name: str) -> PlacerSpec:
 
 
 def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: str = "auto", seed: int = 0,
-          progress: Progress | None = None, try_orders: int | None = None, **settings: Any) -> Placement:
+          progress: Progress | None = None, try_orders: int | None = None, try_with: str | None = None,
+          **settings: Any) -> Placement:
     """Place every node of `graph` on a device of `cluster` with `placer`, walking the graph in `order`.
 
     Settings are the placer's keyword arguments (see `devplace placers`). The result is always
@@ -109,14 +110,20 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: s
     `order="auto"` picks the order from the graph's features with the shipped recommendation model
     (`devplace.orders.auto`); with `try_orders=K` it instead runs the placer with each of the model's K most
     promising orders and keeps the placement with the smallest simulated step time (K times the placement
-    time). The Placement's meta["order_auto"] records the chosen order and why.
+    time); with `try_with=CHEAP` as well, the K orders are tried with the placer CHEAP (at its default
+    settings) and `placer` runs once, with the order that did best there: for expensive placers (placeto,
+    seq2seq), at the risk that the cheap placer's best order is not theirs. The Placement's
+    meta["order_auto"] records the chosen order and why.
     """
     spec = get_placer(placer)
     check_order_name(order, allow_auto=True)
     if try_orders is not None and order != "auto":
         raise PlacerError(f"try_orders (--try) needs order='auto' (--order auto), got order {order!r}")
+    if try_with is not None and try_orders is None:
+        raise PlacerError("try_with (--try-with) names the placer that tries the orders of try_orders (--try K); "
+                          "give both")
     if order == "auto":
-        return _place_auto(graph, cluster, spec, seed, progress, try_orders, settings)
+        return _place_auto(graph, cluster, spec, seed, progress, try_orders, try_with, settings)
     accepted = spec.settings
     unknown = sorted(set(settings) - set(accepted))
     if unknown:
@@ -143,7 +150,7 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: s
 
 
 def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int, progress: Progress | None,
-                try_orders: int | None, settings: dict[str, Any]) -> Placement:
+                try_orders: int | None, try_with: str | None, settings: dict[str, Any]) -> Placement:
     """`order="auto"`: the recommended order, or the best of the K most promising ones (see `place`)."""
     from devplace.orders.auto import recommend_order
 
@@ -159,12 +166,15 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
         return Placement(placement.assignment, graph=placement.graph, cluster=placement.cluster,
                          meta={**placement.meta, "order_auto": why})
     candidates = list(rec.ranking[:try_orders])
+    trial = get_placer(try_with) if try_with is not None else spec
+    trial_settings = settings if trial is spec else {}
     tried: dict[str, Any] = {}
     best: Placement | None = None
     first_error: DevplaceError | None = None
     for name in candidates:
         try:
-            p = place(graph, cluster, placer=spec.name, order=name, seed=seed, progress=progress, **settings)
+            p = place(graph, cluster, placer=trial.name, order=name, seed=seed,
+                      progress=progress if trial is spec else None, **trial_settings)
         except DevplaceError as exc:  # an order whose placement does not fit: record it, try the next
             tried[name] = f"{type(exc).__name__}: {exc}"
             first_error = first_error or exc
@@ -179,4 +189,10 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
     why = {"order": best.meta["order"], "mode": f"try {len(candidates)}", "tried": tried,
            "rule": rec.rule, "model_order": rec.order, "expected_gain": rec.expected_gain,
            "why": f"smallest simulated step time of the model's {len(candidates)} most promising orders"}
+    if trial is not spec:
+        why.update(mode=f"try {len(candidates)} with {trial.name}", tried_with=trial.name,
+                   why=f"smallest simulated step time of the model's {len(candidates)} most promising orders "
+                       f"when placed by {trial.name}")
+        best = place(graph, cluster, placer=spec.name, order=best.meta["order"], seed=seed, progress=progress,
+                     **settings)
     return Placement(best.assignment, graph=best.graph, cluster=best.cluster, meta={**best.meta, "order_auto": why})

@@ -127,7 +127,7 @@ class _Node:
 
 
 # ------------------------------------------------------------------------------------------ recorder
-class _Recorder(TorchDispatchMode):
+class Recorder(TorchDispatchMode):
     """Records the ATen ops of a training step (module docstring). `phase` None means: run, record nothing."""
 
     def __init__(self, persistent: Mapping[int, str]) -> None:
@@ -337,7 +337,9 @@ class _Recorder(TorchDispatchMode):
 
 
 @contextmanager
-def _module_hooks(model: nn.Module, rec: _Recorder) -> Iterator[None]:
+def module_hooks(model: nn.Module, rec: Recorder) -> Iterator[None]:
+    """Tell `rec` which module is running: its path is pushed before each module's forward and popped after
+    (the `module` of recorded ops). devplace.runtime traces with the same hooks, so its op ids match."""
     handles = []
     try:
         for name, mod in model.named_modules():
@@ -513,7 +515,7 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
         params = [(n, memo[id(p)]) for n, p in named_params]
         buffers = [(n, memo[id(b)]) for n, b in named_buffers]
         persistent = {_key(t): n for n, t in [*params, *buffers]}
-        rec = _Recorder(persistent)
+        rec = Recorder(persistent)
         rec.param_module = {n: n.rpartition(".")[0] for n, _ in [*params, *buffers]}
         args, kwargs, named_inputs = _split_inputs(model, example_inputs)
         args = _convert_tree(args, mode)
@@ -526,7 +528,7 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
             with ExitStack() as stack:
                 if mode not in _get_current_dispatch_mode_stack():
                     stack.enter_context(mode)
-                stack.enter_context(_module_hooks(model, rec))
+                stack.enter_context(module_hooks(model, rec))
                 stack.enter_context(rec)
                 for n, t in named_leaves:
                     rec.add_input(n, t)

@@ -3,7 +3,7 @@
 How a placement of the captured training graph becomes a running module:
 
 1. **Trace.** The module's forward is traced to ATen ops with `make_fx` on fake CPU tensors, under the very
-   recorder that `devplace.capture` uses (`_Recorder`, same module hooks, same decomposition of
+   recorder that `devplace.capture` uses (`Recorder`, same module hooks, same decomposition of
    CompositeImplicitAutograd ops, same view folding). Every ATen op the recorder turns into a graph node
    gets that node's id (``module/op#n``) on the fx node it created, so the mapping from traced ops to
    captured ops is *by construction* the capture's own naming, not a heuristic. The tagged ids are then
@@ -38,7 +38,7 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from devplace.capture.torch_capture import FORWARD, _module_hooks, _Recorder
+from devplace.capture.torch_capture import FORWARD, Recorder, module_hooks
 from devplace.errors import PlacementError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement, runtime_placement
@@ -52,7 +52,7 @@ class ApplyError(PlacementError):
 
 
 # ------------------------------------------------------------------------------------------ tracing
-class _IdRecorder(_Recorder):
+class _IdRecorder(Recorder):
     """The capture's recorder, also naming the fx node each recorded op became (under `make_fx`)."""
 
     def __init__(self) -> None:
@@ -114,7 +114,7 @@ def trace_forward(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, An
         it = iter(tensor_leaves)
         full = [next(it) if t else x for x, t in zip(leaves, is_tensor, strict=True)]
         a, kw = tree_unflatten(full, in_spec)
-        with _module_hooks(model, rec), rec:
+        with module_hooks(model, rec), rec:
             rec.phase = FORWARD
             try:
                 out = functional_call(model, dict(zip(names, state_t, strict=True)), tuple(a), kw)

@@ -126,22 +126,26 @@ def test_cli_bad_toml_exits_2_with_one_line(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "r.sqlite").exists()
 
 
-def test_rl_cell_gives_place_s_placement_and_a_curve(tmp_path):
-    # run_cell asks placeto for its learning curve: the placement must still be place()'s
+@pytest.mark.parametrize(("placer", "sim_model", "order", "settings"), [
+    ("placeto", "placeto", "dfs-preorder", {"episodes": 2}),
+    ("seq2seq", "devplace", "bfs", {"episodes": 2, "samples": 2, "hidden": 8}),
+])
+def test_rl_cell_gives_place_s_placement_and_a_curve(tmp_path, placer, sim_model, order, settings):
+    # run_cell reads the RL placer's learning curve from its log: the placement must still be place()'s
     _graphs(tmp_path, 1)
-    spec = parse_study('graphs = ["g0.json"]\nclusters = ["3xGPU-placeto"]\nsim_model = "placeto"\n'
-                       'orders = ["dfs-preorder"]\n[[placers]]\nname = "placeto"\nsettings = {episodes = 2}',
+    toml_settings = ", ".join(f"{k} = {v}" for k, v in settings.items())
+    spec = parse_study(f'graphs = ["g0.json"]\nclusters = ["3xGPU-placeto"]\nsim_model = "{sim_model}"\n'
+                       f'orders = ["{order}"]\n[[placers]]\nname = "{placer}"\nsettings = {{{toml_settings}}}',
                        base_dir=tmp_path)
     (cell,) = expand(spec)
     g, c = layered_graph(30, width=5, seed=0), load_cluster("3xGPU-placeto")
     row = run_cell(cell, g, c)
     assert row["status"] == "ok", row["error"]
     assert row["episodes"] == 2 and len(row["curve"]) == 2
-    ref = place(g, c, placer="placeto", order="dfs-preorder", seed=0, episodes=2,
-                sim_model="placeto").to_array(g, c.num_devices)
+    ref = place(g, c, placer=placer, order=order, seed=0, sim_model=sim_model, **settings).to_array(g, c.num_devices)
     from devplace.sim import simulate
 
-    assert row["step_time_s"] == simulate(g, c, ref, model="placeto").step_time_s
+    assert row["step_time_s"] == simulate(g, c, ref, model=sim_model).step_time_s
     assert set(CONTRACT_COLUMNS) <= set(COLUMN_NAMES) and set(row) <= set(COLUMN_NAMES)
 
 
@@ -228,22 +232,6 @@ def test_cell_dataclass_roundtrips_settings():
     (cell,) = cells
     assert isinstance(cell, Cell) and cell.settings == {"start": "m-topo", "steps": 10}
     assert cell.settings_json == '{"start":"m-topo","steps":10}' and cell.graph.family == "cifar10"
-
-
-def test_seq2seq_cell_gives_place_s_placement_and_a_curve(tmp_path):
-    _graphs(tmp_path, 1)
-    spec = parse_study('graphs = ["g0.json"]\nclusters = ["3xGPU-placeto"]\norders = ["bfs"]\n'
-                       '[[placers]]\nname = "seq2seq"\nsettings = {episodes = 2, samples = 2, hidden = 8}',
-                       base_dir=tmp_path)
-    (cell,) = expand(spec)
-    g, c = layered_graph(30, width=5, seed=0), load_cluster("3xGPU-placeto")
-    row = run_cell(cell, g, c)
-    assert row["status"] == "ok", row["error"]
-    assert row["episodes"] == 2 and len(row["curve"]) == 2
-    ref = place(g, c, placer="seq2seq", order="bfs", seed=0, episodes=2, samples=2, hidden=8)
-    from devplace.sim import simulate
-
-    assert row["step_time_s"] == simulate(g, c, ref.to_array(g, c.num_devices), model="devplace").step_time_s
 
 
 class _InlineBackend:

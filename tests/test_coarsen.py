@@ -19,6 +19,7 @@ from conftest import cluster, graph
 from devplace.errors import GraphError, PlacementError
 from devplace.graph import CompGraph, Placement, canonical_topo_order, load_graph, save_graph
 from devplace.graph.coarsen import Coarsening, coarsen, colocate
+from devplace.graph.ties import tie_classes
 from devplace.sim import simulate
 from devplace.zoo import layered_graph
 
@@ -99,6 +100,20 @@ def check_coarsening(g: CompGraph, c: Coarsening, *, exact: bool = True) -> None
     cg = c.graph
     assert len(canonical_topo_order(cg)) == cg.num_nodes  # acyclic (CompGraph.build checked it too)
     assert c.original == g.name and list(c.members) == list(cg.ids)
+    # tie classes: ops that autograd runs together stay together, and coarse nodes are tied only through them
+    full_ties, coarse_ties = tie_classes(g), tie_classes(cg)
+    gof_index = {op: cg.index[gid] for gid, ops in c.members.items() for op in ops}
+    linked = nx.Graph()
+    linked.add_nodes_from(range(cg.num_nodes))
+    by_class: dict[int, int] = {}
+    for v, op in enumerate(g.ids):
+        first = by_class.setdefault(int(full_ties[v]), gof_index[op])
+        linked.add_edge(first, gof_index[op])
+    expected = {frozenset(comp) for comp in nx.connected_components(linked)}
+    got: dict[int, set[int]] = defaultdict(set)
+    for x in range(cg.num_nodes):
+        got[int(coarse_ties[x])].add(x)
+    assert {frozenset(xs) for xs in got.values()} == expected
     # every original op in exactly one group; members listed in insertion order
     flat = [op for ops in c.members.values() for op in ops]
     assert sorted(flat) == sorted(g.ids) and len(flat) == len(set(flat))
@@ -119,7 +134,9 @@ def check_coarsening(g: CompGraph, c: Coarsening, *, exact: bool = True) -> None
         ops = c.members[gid]
         idx = [g.index[o] for o in ops]
         if len(ops) == 1:
-            assert cg.node_record(x) == {**g.node_record(idx[0]), "id": gid}
+            rec = cg.node_record(x)
+            rec.pop("tie", None)  # checked below, with the tie classes
+            assert rec == {**g.node_record(idx[0]), "id": gid}
             continue
         ext = [v for v, o in zip(idx, ops, strict=True) if not consumers[o] or consumers[o] - {gid}]
         assert cg.output_bytes[x] == sum(g.output_bytes[v] for v in ext)

@@ -45,6 +45,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.io import load_graph, save_graph
 from devplace.graph.jsonio import dump_number
 from devplace.graph.placement import Placement
+from devplace.graph.ties import TIE_KEY, tie_classes
 
 META_KEY = "coarsening"
 GROUP_OP = "group"  # the `op` of a coarse node with more than one member
@@ -836,6 +837,7 @@ def _build(graph: CompGraph, root: np.ndarray, stage1_root: np.ndarray, names: d
                 rec[key] = sum(nums) if all(isinstance(x, int) for x in nums) else math.fsum(nums)
         nodes.append({k: v for k, v in rec.items() if v or k == "id"})
 
+    _label_ties(graph, cidx, nodes)
     edges = _coarse_edges(graph, cidx, cross, gids)
     if bundle:
         edges = _bundle_tensors(edges)
@@ -846,6 +848,33 @@ def _build(graph: CompGraph, root: np.ndarray, stage1_root: np.ndarray, names: d
     suffix = "coarse" if merged else "colocated"
     coarse = CompGraph.build(f"{graph.name}.{suffix}{n_g}", nodes, edges, meta=meta)
     return coarse, members
+
+
+def _label_ties(graph: CompGraph, cidx: np.ndarray, nodes: list[dict[str, Any]]) -> None:
+    """Give coarse nodes that hold ops of one tie class (`devplace.graph.ties`) a common "tie" label (the id of
+    the class's first coarse node), so a placer of the coarse graph keeps a backward op with its forward op."""
+    classes = tie_classes(graph)
+    parent = list(range(len(nodes)))
+    owner: dict[int, int] = {}
+    for v in range(graph.num_nodes):
+        g = int(cidx[v])
+        first = owner.setdefault(int(classes[v]), g)
+        ra, rb = _root(parent, first), _root(parent, g)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    roots = [_root(parent, g) for g in range(len(nodes))]
+    size = np.bincount(np.asarray(roots, dtype=np.int64), minlength=len(nodes)) if nodes else np.zeros(0)
+    for g, rec in enumerate(nodes):
+        rec.pop(TIE_KEY, None)
+        if size[roots[g]] > 1:
+            rec[TIE_KEY] = nodes[roots[g]]["id"]
+
+
+def _root(parent: list[int], x: int) -> int:
+    while parent[x] != x:
+        parent[x] = parent[parent[x]]
+        x = parent[x]
+    return x
 
 
 def _coarse_edges(graph: CompGraph, cidx: np.ndarray, cross: np.ndarray, gids: list[str]) -> list[dict[str, Any]]:

@@ -153,3 +153,19 @@ def test_cli_place_order_auto_with_try(capsys, monkeypatch) -> None:
     code, _, err = run(["place", "example", "-c", "4xV100-16GB", "--order", "topo", "--try", "2"], capsys,
                        monkeypatch)
     assert code == 2 and "--order auto" in err
+
+
+@pytest.mark.parametrize("placer", ["m-topo", "contiguous", "greedy"])
+def test_place_takes_an_explicit_or_callable_order(placer: str) -> None:
+    g = graph([("a", 1.0), ("b", 2.0), ("c", 1.0), ("d", 3.0)],
+              [("a", "b", 8.0), ("a", "c", 8.0), ("b", "d", 8.0), ("c", "d", 8.0)])
+    named = place(g, cluster(2), placer=placer, order="dfs-postorder")
+    ids = traversal_order(g, "dfs-postorder")
+    for custom in (ids, tuple(ids), lambda graph: traversal_order(graph, "dfs-postorder")):
+        p = place(g, cluster(2), placer=placer, order=custom)
+        assert p.assignment == named.assignment
+        assert p.meta["order"] == "custom"
+    with pytest.raises(OrderError, match="missing 'd'"):
+        place(g, cluster(2), placer=placer, order=["a", "b", "c"])
+    with pytest.raises(PlacerError, match=r"needs order='auto'.*'custom'"):
+        place(g, cluster(2), placer=placer, order=ids, try_orders=2)

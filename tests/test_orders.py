@@ -16,10 +16,15 @@ from devplace.orders import (
     ORDERS,
     TOPOLOGICAL_ORDERS,
     OrderError,
+    OrderInput,
     bottom_levels,
+    check_order,
+    order_label,
+    register_order,
     traversal_indices,
     traversal_order,
 )
+from devplace.orders import traversal as traversal
 
 # ----------------------------------------------------------------------------- hand graphs
 
@@ -388,3 +393,71 @@ def test_critical_path_is_descending_bottom_level_ties_by_topo(g: CompGraph, wit
 def test_topo_is_the_graphs_canonical_order_without_parallel_edges(g: CompGraph) -> None:
     if len(set(zip(g.edge_src.tolist(), g.edge_dst.tolist(), strict=True))) == g.num_edges:
         assert traversal_indices(g, "topo").tolist() == g.topo_order.tolist()
+
+
+# ----------------------------------------------------------------------------- the registry and custom orders
+
+
+def test_registry_views_agree() -> None:
+    specs = traversal._REGISTRY
+    assert tuple(specs) == ORDERS
+    assert {n: s.definition for n, s in specs.items()} == ORDER_DEFINITIONS
+    assert {n for n, s in specs.items() if s.topological} == TOPOLOGICAL_ORDERS
+    assert len({s.func for s in specs.values()}) == len(ORDERS)  # one function per order
+
+
+def test_registering_an_order_is_one_decorated_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(traversal, "_REGISTRY", dict(traversal._REGISTRY))
+
+    @register_order("reversed-bfs", "bfs reversed")
+    def _reversed_bfs(inp: OrderInput) -> list[int]:
+        return traversal_indices(inp.graph, "bfs").tolist()[::-1]
+
+    assert traversal_order(diamond_graph(), "reversed-bfs") == DIAMOND_EXPECTED["bfs"][::-1]
+    with pytest.raises(RuntimeError, match="registered twice"):
+        register_order("bfs", "again")(_reversed_bfs)
+
+
+@settings(max_examples=100, deadline=None)
+@given(dags(), st.randoms(use_true_random=False))
+def test_explicit_and_callable_orders_are_taken_as_given(g: CompGraph, rnd: object) -> None:
+    ids = list(g.ids)
+    rnd.shuffle(ids)  # type: ignore[attr-defined]
+    assert traversal_order(g, ids) == ids
+    assert traversal_order(g, iter(ids)) == ids  # any iterable, read once
+    assert traversal_order(g, lambda graph: ids[:]) == ids
+    assert traversal_indices(g, tuple(ids)).tolist() == [g.index[i] for i in ids]
+
+
+def test_explicit_order_errors_name_the_bad_ids() -> None:
+    g = diamond_graph()
+    ids = traversal_order(g, "topo")
+    with pytest.raises(OrderError, match=rf"missing {ids[-1]!r}"):
+        traversal_order(g, ids[:-1])
+    with pytest.raises(OrderError, match=rf"repeated {ids[0]!r}"):
+        traversal_order(g, [*ids, ids[0]])
+    with pytest.raises(OrderError, match=r"unknown 'nope'"):
+        traversal_order(g, [*ids, "nope"])
+    with pytest.raises(OrderError, match="not node indices"):
+        traversal_order(g, list(range(g.num_nodes)))
+    with pytest.raises(OrderError, match=r"returned by my_order\(\)"):
+        traversal_order(g, lambda_named("my_order", ids[1:]))
+    with pytest.raises(OrderError, match="must be a sequence of node ids, got str"):
+        traversal_order(g, lambda graph: "topo")
+    for bad in (3, {"a"}, b"ab"):
+        with pytest.raises(OrderError, match="an order is an order name"):
+            traversal_order(g, bad)  # type: ignore[arg-type]
+
+
+def lambda_named(name: str, result: list[str]):  # type: ignore[no-untyped-def]
+    def f(graph: CompGraph) -> list[str]:
+        return result
+    f.__name__ = name
+    return f
+
+
+def test_order_label_records_names_and_custom() -> None:
+    assert order_label("bfs") == "bfs"
+    assert order_label(("a", "b")) == order_label(lambda graph: []) == "custom"
+    assert check_order(iter(["a"])) == ("a",)
+    assert check_order("auto", allow_auto=True) == "auto"

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import difflib
 import heapq
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -60,20 +62,76 @@ class _Adjacency:
         self.sources = [v for v in range(n) if indeg[v] == 0]
 
 
+# ----------------------------------------------------------------------------- the registry
+@dataclass
+class OrderInput:
+    """What an order function may read: the graph, the seed (only `random` uses it), the cluster (only
+    `critical-path`), and the distinct-successor adjacency, built on first use (`topo` and `random` skip it)."""
+
+    graph: CompGraph
+    seed: int = 0
+    cluster: Cluster | None = None
+
+    @cached_property
+    def adj(self) -> _Adjacency:
+        """The graph's distinct successors, in-degrees and sources (see `_Adjacency`)."""
+        return _Adjacency(self.graph)
+
+
+#: An order function: node indices (a permutation of 0..V-1) from an `OrderInput`.
+OrderFn = Callable[[OrderInput], Sequence[int] | np.ndarray]
+#: A caller's own order: graph -> every node id once.
+CustomOrderFn = Callable[[CompGraph], Iterable[str]]
+#: What `traversal_indices` and `devplace.place(order=)` take: a registered order name, a sequence listing every
+#: node id once, or a `CustomOrderFn`.
+Order = str | Sequence[str] | CustomOrderFn
+
+
+@dataclass(frozen=True)
+class OrderSpec:
+    """A registered order: its function, its one-line definition, and whether it is always topological."""
+
+    name: str
+    func: OrderFn
+    definition: str
+    topological: bool
+
+
+_REGISTRY: dict[str, OrderSpec] = {}
+
+
+def register_order(name: str, definition: str, *, topological: bool = False) -> Callable[[OrderFn], OrderFn]:
+    """Register the decorated function as order `name`: adding an order is one function with this decorator
+    in this module (`ORDERS`, `ORDER_DEFINITIONS` and `TOPOLOGICAL_ORDERS` are read from the registry at the
+    end of the module; the order of registration is the order of DESIGN.md section 6's table).
+    `tests/test_orders.py` checks every registered order is a permutation of the node indices."""
+    def deco(func: OrderFn) -> OrderFn:
+        if name in _REGISTRY:
+            raise RuntimeError(f"order {name!r} registered twice")
+        _REGISTRY[name] = OrderSpec(name, func, definition, topological)
+        return func
+    return deco
+
+
 # ----------------------------------------------------------------------------- the orders
-def _topo(graph: CompGraph, adj: _Adjacency) -> list[int]:
+@register_order("topo", "Kahn, FIFO queue, sources in insertion order, successors in edge order (the canonical "
+                "order)", topological=True)
+def _topo(inp: OrderInput) -> list[int]:
     """`topo`: Kahn's algorithm with a FIFO queue, seeded with the sources in insertion order; a popped
     node's distinct successors are visited in first-edge order and each one whose last remaining
     predecessor this was joins the back of the queue. The canonical order of DESIGN.md, which the graph
     computes once when it is built (`CompGraph.topo_order`, also the simulator's rank)."""
-    return graph.topo_order.tolist()
+    return inp.graph.topo_order.tolist()
 
 
-def _topo_lifo(graph: CompGraph, adj: _Adjacency) -> list[int]:
+@register_order("topo-lifo", "Kahn with a LIFO stack (networkx <= 2.3 behaviour, what Placeto's released code "
+                "visited)", topological=True)
+def _topo_lifo(inp: OrderInput) -> list[int]:
     """`topo-lifo`: Kahn's algorithm with a LIFO stack (networkx <= 2.3's `topological_sort`, which
     Placeto's released code visited). The stack starts as the sources pushed in insertion order (so the
     *last* source is popped first); a popped node is emitted and its distinct successors, in first-edge
     order, are pushed as they become ready (so the last one to become ready is popped next)."""
+    adj = inp.adj
     ptr, succ = adj.ptr, adj.succ
     deg = adj.indeg.copy()
     stack = adj.sources.copy()
@@ -89,9 +147,10 @@ def _topo_lifo(graph: CompGraph, adj: _Adjacency) -> list[int]:
     return order
 
 
-def _reversed_topo(graph: CompGraph, adj: _Adjacency) -> list[int]:
+@register_order("reversed-topo", "topo reversed")
+def _reversed_topo(inp: OrderInput) -> list[int]:
     """`reversed-topo`: `topo` reversed (every node after all its successors)."""
-    return _topo(graph, adj)[::-1]
+    return _topo(inp)[::-1]
 
 
 def _dfs(adj: _Adjacency) -> tuple[list[int], list[int]]:
@@ -128,27 +187,33 @@ def _dfs(adj: _Adjacency) -> tuple[list[int], list[int]]:
     return pre, post
 
 
-def _dfs_preorder(graph: CompGraph, adj: _Adjacency) -> list[int]:
+@register_order("dfs-preorder", "depth-first from each not-yet-visited source in insertion order, successors in edge "
+                    "order; node emitted when first reached")
+def _dfs_preorder(inp: OrderInput) -> list[int]:
     """`dfs-preorder`: depth-first from each not-yet-visited source in insertion order, successors in
     first-edge order; a node is emitted when it is first reached."""
-    return _dfs(adj)[0]
+    return _dfs(inp.adj)[0]
 
 
-def _dfs_postorder(graph: CompGraph, adj: _Adjacency) -> list[int]:
+@register_order("dfs-postorder", "same walk as dfs-preorder, node emitted when all its successors are done")
+def _dfs_postorder(inp: OrderInput) -> list[int]:
     """`dfs-postorder`: the `dfs-preorder` walk; a node is emitted when all its successors are done."""
-    return _dfs(adj)[1]
+    return _dfs(inp.adj)[1]
 
 
-def _reversed_dfs_postorder(graph: CompGraph, adj: _Adjacency) -> list[int]:
+@register_order("reversed-dfs-postorder", "dfs-postorder reversed (a topological order)", topological=True)
+def _reversed_dfs_postorder(inp: OrderInput) -> list[int]:
     """`reversed-dfs-postorder`: `dfs-postorder` reversed (a topological order)."""
-    return _dfs(adj)[1][::-1]
+    return _dfs(inp.adj)[1][::-1]
 
 
-def _bfs(graph: CompGraph, adj: _Adjacency) -> list[int]:
+@register_order("bfs", "breadth-first from all sources (insertion order), each node at its first discovery")
+def _bfs(inp: OrderInput) -> list[int]:
     """`bfs`: one breadth-first walk from all sources at once: a FIFO queue seeded with every source in
     insertion order; a popped node's distinct successors, in first-edge order, join the back of the queue
     when first discovered. Nodes are emitted at their first discovery (= queue order). Not always
     topological: a node can be discovered before all its predecessors are."""
+    adj = inp.adj
     ptr, succ = adj.ptr, adj.succ
     seen = bytearray(adj.n)
     order = adj.sources.copy()
@@ -166,17 +231,19 @@ def _bfs(graph: CompGraph, adj: _Adjacency) -> list[int]:
     return order
 
 
-def _lexicographic(graph: CompGraph, adj: _Adjacency) -> list[int]:
+@register_order("lexicographic", "sort by node id (the seed study's `alpha`)")
+def _lexicographic(inp: OrderInput) -> list[int]:
     """`lexicographic`: nodes sorted by id, comparing Python strings (Unicode code points, so "n10" comes
     before "n2"). What the seed study's code calls `alpha`. Ids are unique, so there are no ties."""
-    ids = graph.ids
-    return sorted(range(adj.n), key=ids.__getitem__)
+    ids = inp.graph.ids
+    return sorted(range(len(ids)), key=ids.__getitem__)
 
 
-def _lexico_topo(graph: CompGraph, adj: _Adjacency) -> list[int]:
+@register_order("lexico-topo", "Kahn choosing the smallest id among the ready nodes", topological=True)
+def _lexico_topo(inp: OrderInput) -> list[int]:
     """`lexico-topo`: Kahn's algorithm that always takes the ready node with the smallest id (string
     order as in `lexicographic`); networkx's `lexicographical_topological_sort`."""
-    ids = graph.ids
+    ids, adj = inp.graph.ids, inp.adj
     ptr, succ = adj.ptr, adj.succ
     deg = adj.indeg.copy()
     heap = [(ids[v], v) for v in adj.sources]
@@ -230,7 +297,7 @@ def bottom_levels(graph: CompGraph, cluster: Cluster | None = None) -> np.ndarra
     bl = [0.0] * n
     acc = [0.0] * n
     mark = [-1] * n
-    for v in reversed(_topo(graph, _Adjacency(graph))):
+    for v in reversed(graph.topo_order.tolist()):
         lo, hi = ptr[v], ptr[v + 1]
         for k in range(lo, hi):  # c(v, w): sum over parallel edges, in edge order
             w = dst[k]
@@ -249,65 +316,41 @@ def bottom_levels(graph: CompGraph, cluster: Cluster | None = None) -> np.ndarra
     return np.array(bl, dtype=np.float64)
 
 
-def _critical_path(graph: CompGraph, adj: _Adjacency, cluster: Cluster | None = None) -> list[int]:
+@register_order("critical-path", "descending bottom level (longest compute+comm path to a sink, HEFT's upward "
+                "rank), ties by topo", topological=True)
+def _critical_path(inp: OrderInput) -> list[int]:
     """`critical-path`: nodes by descending bottom level (see `bottom_levels`: longest compute + comm path
     to a sink, HEFT's upward rank), ties by position in `topo`. A topological order, since every time and
     communication cost is >= 0 (a node's bottom level is >= its successors', and equal ones go by `topo`)."""
-    topo = _topo(graph, adj)
-    rank = np.empty(adj.n, dtype=np.int64)
-    rank[np.asarray(topo, dtype=np.int64)] = np.arange(adj.n, dtype=np.int64)
-    bl = bottom_levels(graph, cluster)
+    graph = inp.graph
+    n = graph.num_nodes
+    rank = np.empty(n, dtype=np.int64)
+    rank[graph.topo_order] = np.arange(n, dtype=np.int64)
+    bl = bottom_levels(graph, inp.cluster)
     return np.lexsort((rank, -bl)).tolist()  # type: ignore[no-any-return]
 
 
-def _random(n: int, seed: int) -> np.ndarray:
+@register_order("random", "seeded permutation: numpy Generator(PCG64(seed)).permutation(V)")
+def _random(inp: OrderInput) -> np.ndarray:
     """`random`: `numpy.random.Generator(PCG64(seed)).permutation(V)` of the node indices: the same for the
     same seed and V on every platform and numpy version with the PCG64 stream; `seed` an integer >= 0."""
+    seed = inp.seed
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise OrderError(f"the seed of the random order must be an integer >= 0, got {seed!r}")
     rng = np.random.Generator(np.random.PCG64(int(seed)))
-    return rng.permutation(n).astype(np.int64)
+    return rng.permutation(inp.graph.num_nodes).astype(np.int64)
 
 
-_OrderFn = Callable[[CompGraph, _Adjacency], list[int]]
-
-_FUNCS: dict[str, _OrderFn] = {
-    "topo": _topo,
-    "topo-lifo": _topo_lifo,
-    "reversed-topo": _reversed_topo,
-    "dfs-preorder": _dfs_preorder,
-    "dfs-postorder": _dfs_postorder,
-    "reversed-dfs-postorder": _reversed_dfs_postorder,
-    "bfs": _bfs,
-    "lexicographic": _lexicographic,
-    "lexico-topo": _lexico_topo,
-}
+# ----------------------------------------------------------------------------- views of the registry
+# Read once the orders above are registered, so they list exactly the registered orders, in DESIGN.md's table order.
 
 #: Valid order names, in the order of DESIGN.md section 6's table.
-ORDERS: tuple[str, ...] = (
-    "topo", "topo-lifo", "reversed-topo", "dfs-preorder", "dfs-postorder", "reversed-dfs-postorder",
-    "bfs", "lexicographic", "lexico-topo", "critical-path", "random",
-)
+ORDERS: tuple[str, ...] = tuple(_REGISTRY)
 
 #: One-line definition of every order (for `devplace order --help` and listings).
-ORDER_DEFINITIONS: dict[str, str] = {
-    "topo": "Kahn, FIFO queue, sources in insertion order, successors in edge order (the canonical order)",
-    "topo-lifo": "Kahn with a LIFO stack (networkx <= 2.3 behaviour, what Placeto's released code visited)",
-    "reversed-topo": "topo reversed",
-    "dfs-preorder": "depth-first from each not-yet-visited source in insertion order, successors in edge "
-                    "order; node emitted when first reached",
-    "dfs-postorder": "same walk as dfs-preorder, node emitted when all its successors are done",
-    "reversed-dfs-postorder": "dfs-postorder reversed (a topological order)",
-    "bfs": "breadth-first from all sources (insertion order), each node at its first discovery",
-    "lexicographic": "sort by node id (the seed study's `alpha`)",
-    "lexico-topo": "Kahn choosing the smallest id among the ready nodes",
-    "critical-path": "descending bottom level (longest compute+comm path to a sink, HEFT's upward rank), "
-                     "ties by topo",
-    "random": "seeded permutation: numpy Generator(PCG64(seed)).permutation(V)",
-}
+ORDER_DEFINITIONS: dict[str, str] = {name: spec.definition for name, spec in _REGISTRY.items()}
 
-TOPOLOGICAL_ORDERS: frozenset[str] = frozenset(
-    {"topo", "topo-lifo", "reversed-dfs-postorder", "lexico-topo", "critical-path"})
+TOPOLOGICAL_ORDERS: frozenset[str] = frozenset(name for name, spec in _REGISTRY.items() if spec.topological)
 """Orders that are always topological (every node after all its predecessors)."""
 
 
@@ -315,7 +358,7 @@ def check_order_name(name: str, *, allow_auto: bool = False) -> str:
     """Return `name` if it is a valid order, else raise OrderError listing the valid names.
 
     `allow_auto=True` also accepts "auto", where a placer front end (`devplace.place`) resolves it."""
-    if name in ORDERS or (allow_auto and name == "auto"):
+    if name in _REGISTRY or (allow_auto and name == "auto"):
         return name
     valid = ", ".join(ORDERS)
     if name == "auto":
@@ -326,31 +369,90 @@ def check_order_name(name: str, *, allow_auto: bool = False) -> str:
     raise OrderError(f"unknown traversal order {name!r}{hint}; valid orders: {valid}")
 
 
-def traversal_indices(graph: CompGraph, name: str, seed: int = 0, *,
-                      cluster: Cluster | None = None) -> np.ndarray:
-    """The traversal order `name` of `graph` as node indices (int64[V], a permutation of 0..V-1).
+def check_order(order: Order, *, allow_auto: bool = False) -> str | tuple[str, ...] | CustomOrderFn:
+    """`order` checked as far as it can be without a graph: a valid name (see `check_order_name`), a callable
+    (returned as is), or an explicit sequence of node ids (returned as a tuple, so a generator is read once and
+    `== "auto"` compares plainly). Raises OrderError for anything else. Whether a sequence lists every node of
+    a graph once is checked by `traversal_indices`."""
+    if isinstance(order, str):
+        return check_order_name(order, allow_auto=allow_auto)
+    if callable(order):
+        return order
+    if isinstance(order, bytes | dict | set | frozenset) or not isinstance(order, Iterable):
+        raise OrderError(f"an order is an order name ({', '.join(ORDERS)}), a sequence listing every node id "
+                         f"once, or a function graph -> such a sequence; got {type(order).__name__}")
+    return tuple(order)
 
-    `seed` is used only by `random`; `cluster` only by `critical-path` (average device speed and link
-    costs; without it the bottom level is pure compute). Raises OrderError for an unknown name or a
-    bad seed.
-    """
-    check_order_name(name)
+
+def order_label(order: Order) -> str:
+    """How a placement's metadata records `order`: its name, or "custom" for a sequence or a callable."""
+    return order if isinstance(order, str) else "custom"
+
+
+def _few(items: list[Any], k: int = 5) -> str:
+    shown = ", ".join(repr(x) for x in items[:k])
+    return shown + (f" and {len(items) - k} more" if len(items) > k else "")
+
+
+def _custom_indices(graph: CompGraph, ids: Any, what: str) -> np.ndarray:
+    """The node indices of a custom order `ids` (node ids), or an OrderError naming the unknown, repeated and
+    missing ids: a custom order must be a permutation of all node ids, like every named order."""
+    if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+        raise OrderError(f"{what} must be a sequence of node ids, got {type(ids).__name__}")
+    index = graph.index
+    idx: list[int] = []
+    unknown: list[Any] = []
+    for x in ids:
+        v = index.get(x) if isinstance(x, str) else None
+        if v is None:
+            unknown.append(x)
+        else:
+            idx.append(v)
     n = graph.num_nodes
-    if name == "random":
-        return _random(n, seed)
-    adj = _Adjacency(graph)
-    order = _critical_path(graph, adj, cluster) if name == "critical-path" else _FUNCS[name](graph, adj)
-    return np.asarray(order, dtype=np.int64).reshape(n)
+    counts = np.bincount(np.asarray(idx, dtype=np.int64), minlength=n)
+    repeated = [graph.ids[v] for v in np.flatnonzero(counts > 1).tolist()]
+    missing = [graph.ids[v] for v in np.flatnonzero(counts == 0).tolist()]
+    if unknown or repeated or missing:
+        problems = []
+        if unknown:
+            ints = any(isinstance(x, int | np.integer) for x in unknown)
+            problems.append(f"unknown {_few(unknown)}" + (" (list node ids, not node indices)" if ints else ""))
+        if repeated:
+            problems.append(f"repeated {_few(repeated)}")
+        if missing:
+            problems.append(f"missing {_few(missing)}")
+        raise OrderError(f"{what} must list every node id of graph {graph.name!r} exactly once ({n} ids, got "
+                         f"{len(idx) + len(unknown)}): {'; '.join(problems)}")
+    return np.asarray(idx, dtype=np.int64)
 
 
-def traversal_order(graph: CompGraph, name: str, seed: int = 0, *,
+def traversal_indices(graph: CompGraph, order: Order, seed: int = 0, *,
+                      cluster: Cluster | None = None) -> np.ndarray:
+    """The traversal `order` of `graph` as node indices (int64[V], a permutation of 0..V-1).
+
+    `order` is an order name, a sequence listing every node id once, or a callable `graph -> such a sequence`
+    (see `Order`). `seed` is used only by `random`; `cluster` only by `critical-path` (average device speed
+    and link costs; without it the bottom level is pure compute). Raises OrderError for an unknown name, a
+    bad seed, or a custom order that is not a permutation of the node ids.
+    """
+    order = check_order(order)
+    if isinstance(order, str):
+        found = _REGISTRY[order].func(OrderInput(graph, seed, cluster))
+        return np.asarray(found, dtype=np.int64).reshape(graph.num_nodes)
+    if callable(order):
+        name = getattr(order, "__name__", type(order).__name__)
+        return _custom_indices(graph, order(graph), f"the order returned by {name}()")
+    return _custom_indices(graph, order, "an explicit order")
+
+
+def traversal_order(graph: CompGraph, order: Order, seed: int = 0, *,
                     cluster: Cluster | None = None) -> list[str]:
-    """The traversal order `name` of `graph` as node ids; see `traversal_indices` and DESIGN.md section 6.
+    """The traversal `order` of `graph` as node ids; see `traversal_indices` and DESIGN.md section 6.
 
     >>> from devplace.graph import CompGraph
     >>> g = CompGraph.build("g", [{"id": "b"}, {"id": "a"}], [{"src": "b", "dst": "a"}])
-    >>> traversal_order(g, "topo"), traversal_order(g, "lexicographic")
-    (['b', 'a'], ['a', 'b'])
+    >>> traversal_order(g, "topo"), traversal_order(g, "lexicographic"), traversal_order(g, ["a", "b"])
+    (['b', 'a'], ['a', 'b'], ['a', 'b'])
     """
     ids = graph.ids
-    return [ids[v] for v in traversal_indices(graph, name, seed, cluster=cluster).tolist()]
+    return [ids[v] for v in traversal_indices(graph, order, seed, cluster=cluster).tolist()]

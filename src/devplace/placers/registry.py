@@ -20,7 +20,7 @@ from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster
-from devplace.orders import check_order_name, traversal_indices
+from devplace.orders import Order, check_order, order_label, traversal_indices
 from devplace.placers.memory import no_fit_error
 from devplace.sim.devplace_model import DevplaceModel
 
@@ -97,7 +97,7 @@ def get_placer(name: str) -> PlacerSpec:
     return _REGISTRY[name]
 
 
-def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: str = "auto", seed: int = 0,
+def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: Order = "auto", seed: int = 0,
           progress: Progress | None = None, try_orders: int | None = None, try_with: str | None = None,
           **settings: Any) -> Placement:
     """Place every node of `graph` on a device of `cluster` with `placer`, walking the graph in `order`.
@@ -105,7 +105,8 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: s
     Settings are the placer's keyword arguments (see `devplace placers`). The result is always
     memory-feasible under the `devplace` simulation model; when the placer finds nothing that fits, a
     NoFitError says how much memory the step needs and what would hold it. `progress(done, total)` is
-    called now and then by placers with long loops (greedy, anneal).
+    called now and then by placers with long loops (greedy, anneal). `order` is an order name, "auto", a
+    sequence listing every node id once, or a callable graph -> such a sequence (meta["order"] is then "custom").
 
     `order="auto"` picks the order from the graph's features with the shipped recommendation model
     (`devplace.orders.auto`); with `try_orders=K` it instead runs the placer with each of the model's K most
@@ -116,9 +117,9 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: s
     meta["order_auto"] records the chosen order and why.
     """
     spec = get_placer(placer)
-    check_order_name(order, allow_auto=True)
+    order = check_order(order, allow_auto=True)
     if try_orders is not None and order != "auto":
-        raise PlacerError(f"try_orders (--try) needs order='auto' (--order auto), got order {order!r}")
+        raise PlacerError(f"try_orders (--try) needs order='auto' (--order auto), got order {order_label(order)!r}")
     if try_with is not None and try_orders is None:
         raise PlacerError("try_with (--try-with) names the placer that tries the orders of try_orders (--try K); "
                           "give both")
@@ -144,7 +145,7 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: s
         over = ", ".join(f"device {d} by {b:.3g} bytes" for d, b in result.oom.items())
         raise no_fit_error(graph, cluster, placer, f"its best placement is over memory on {over}")
     placement = Placement.from_array(graph, devices, cluster=cluster.name)
-    meta = {"placer": placer, "order": order if spec.uses_order else None, "seed": seed,
+    meta = {"placer": placer, "order": order_label(order) if spec.uses_order else None, "seed": seed,
             "settings": dict(settings), "step_time_s": result.step_time_s}
     return Placement(placement.assignment, graph=graph.name, cluster=cluster.name, meta=meta)
 

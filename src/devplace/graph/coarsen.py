@@ -42,6 +42,7 @@ from numba import njit
 
 from devplace.errors import GraphError, PlacementError
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.heap import heap_pop, heap_push
 from devplace.graph.io import load_graph, save_graph
 from devplace.graph.jsonio import dump_number
 from devplace.graph.placement import Placement
@@ -336,49 +337,6 @@ def _merge_listed(N, S, Ed, F, stamp, rule, cap, ca, cb, count, target):  # prag
     return count, merges
 
 
-# A 4-ary min-heap of groups keyed by (weight, member count, root), with the group's version as payload.
-
-
-@njit(cache=True, inline="always")
-def _hless(hk, hc, hx, i, key, c, x):  # pragma: no cover - compiled
-    return hk[i] < key or (hk[i] == key and (hc[i] < c or (hc[i] == c and hx[i] < x)))
-
-
-@njit(cache=True)
-def _hpush(hk, hc, hx, hv, hs, key, c, x, ver):  # pragma: no cover - compiled
-    i = hs
-    while i > 0:
-        p = (i - 1) >> 2
-        if _hless(hk, hc, hx, p, key, c, x):
-            break
-        hk[i], hc[i], hx[i], hv[i] = hk[p], hc[p], hx[p], hv[p]
-        i = p
-    hk[i], hc[i], hx[i], hv[i] = key, c, x, ver
-    return hs + 1
-
-
-@njit(cache=True)
-def _hpop(hk, hc, hx, hv, hs):  # pragma: no cover - compiled
-    """Remove the top (read index 0 first); returns the new size."""
-    hs -= 1
-    key, c, x, ver = hk[hs], hc[hs], hx[hs], hv[hs]
-    i = 0
-    while True:
-        first = 4 * i + 1
-        if first >= hs:
-            break
-        best = first
-        for j in range(first + 1, min(first + 4, hs)):
-            if _hless(hk, hc, hx, j, hk[best], hc[best], hx[best]):
-                best = j
-        if not _hless(hk, hc, hx, best, key, c, x):
-            break
-        hk[i], hc[i], hx[i], hv[i] = hk[best], hc[best], hx[best], hv[best]
-        i = best
-    hk[i], hc[i], hx[i], hv[i] = key, c, x, ver
-    return hs
-
-
 @njit(cache=True)
 def _merge_lightest(N, S, Ed, F, stamp, count, target):  # pragma: no cover - compiled
     """Stage 4: take the lightest group (weight, member count, root) and merge it with the best neighbour
@@ -386,18 +344,19 @@ def _merge_lightest(N, S, Ed, F, stamp, count, target):  # pragma: no cover - co
     placed first, or its predecessor placed last, in a topological order -- or, if it has no neighbour, with
     the next lightest group (always safe). Repeats while count > target; returns the new count."""
     n = N.shape[0]
+    # groups in a heap keyed by (weight, member count * n + root), i.e. (weight, member count, root), with the
+    # group's version as payload: an entry whose group has merged since (a new version) is stale and skipped
     cap = 2 * n + 1  # each group enters the heap once per version: at most n at the start, one per merge
-    hk = np.empty(cap, dtype=np.float64)
-    hc = np.empty(cap, dtype=np.int64)
-    hx = np.empty(cap, dtype=np.int64)
+    hw = np.empty(cap, dtype=np.float64)
+    hcx = np.empty(cap, dtype=np.int64)
     hv = np.empty(cap, dtype=np.int64)
     hs = 0
     for x in range(n):
         if N[x, _ALIVE] == 1:
-            hs = _hpush(hk, hc, hx, hv, hs, F[x, _W], N[x, _CNT], x, N[x, _VER])
+            hs = heap_push(hw, hcx, hv, 0, hs, F[x, _W], N[x, _CNT] * n + x, N[x, _VER])
     while count > target and hs > 0:
-        x, ver = hx[0], hv[0]
-        hs = _hpop(hk, hc, hx, hv, hs)
+        x, ver = hcx[0] % n, hv[0]
+        hs = heap_pop(hw, hcx, hv, 0, hs)
         if N[x, _ALIVE] == 0 or N[x, _VER] != ver:
             continue
         k = _scan(N, S, Ed, stamp, x, False)
@@ -406,12 +365,12 @@ def _merge_lightest(N, S, Ed, F, stamp, count, target):  # pragma: no cover - co
         cand = np.concatenate((cand, S[_NBR, :k]))
         m = -1
         if cand.shape[0] == 0:  # no neighbour: the next lightest group
-            while hs > 0 and (N[hx[0], _ALIVE] == 0 or N[hx[0], _VER] != hv[0]):
-                hs = _hpop(hk, hc, hx, hv, hs)
+            while hs > 0 and (N[hcx[0] % n, _ALIVE] == 0 or N[hcx[0] % n, _VER] != hv[0]):
+                hs = heap_pop(hw, hcx, hv, 0, hs)
             if hs == 0:
                 break
-            y = hx[0]
-            hs = _hpop(hk, hc, hx, hv, hs)
+            y = hcx[0] % n
+            hs = heap_pop(hw, hcx, hv, 0, hs)
             m = _try_merge(N, S, Ed, F, stamp, x, y)
         tried = np.zeros(cand.shape[0], dtype=np.bool_)
         for _ in range(cand.shape[0]):
@@ -426,7 +385,7 @@ def _merge_lightest(N, S, Ed, F, stamp, count, target):  # pragma: no cover - co
         if m < 0:
             continue
         count -= 1
-        hs = _hpush(hk, hc, hx, hv, hs, F[m, _W], N[m, _CNT], m, N[m, _VER])
+        hs = heap_push(hw, hcx, hv, 0, hs, F[m, _W], N[m, _CNT] * n + m, N[m, _VER])
     return count
 
 

@@ -57,6 +57,7 @@ import numpy as np
 from numba import njit
 
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.heap import heap_pop, heap_push
 from devplace.hardware.cluster import Cluster
 from devplace.placers.common import describe_oom
 from devplace.placers.memory import no_fit_error
@@ -159,43 +160,6 @@ def _consumed(v, num_devices, pred_ptr, inputs, edge_src, gbytes, dev, arrival, 
 
 
 @njit(cache=True)
-def _heap_push(ht, hv, size, t, v):  # pragma: no cover - compiled
-    i = size
-    ht[i] = t
-    hv[i] = v
-    while i > 0:
-        p = (i - 1) // 2
-        if ht[i] < ht[p] or (ht[i] == ht[p] and hv[i] < hv[p]):
-            ht[i], ht[p] = ht[p], ht[i]
-            hv[i], hv[p] = hv[p], hv[i]
-            i = p
-        else:
-            break
-    return size + 1
-
-
-@njit(cache=True)
-def _heap_pop(ht, hv, size):  # pragma: no cover - compiled
-    size -= 1
-    ht[0] = ht[size]
-    hv[0] = hv[size]
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= size:
-            break
-        if c + 1 < size and (ht[c + 1] < ht[c] or (ht[c + 1] == ht[c] and hv[c + 1] < hv[c])):
-            c += 1
-        if ht[c] < ht[i] or (ht[c] == ht[i] and hv[c] < hv[i]):
-            ht[i], ht[c] = ht[c], ht[i]
-            hv[i], hv[c] = hv[c], hv[i]
-            i = c
-        else:
-            break
-    return size
-
-
-@njit(cache=True)
 def _event_schedule(key, favourite, use_favourite, dur, rank, pred_ptr, pred_edges, edge_src, edge_tensor, edge_gid,
                     gbytes, grp_ptr, succ_ptr, succ_edges, edge_dst, param_bytes, temp_bytes, out_bytes, cap, latency,
                     bandwidth):  # pragma: no cover - compiled
@@ -232,6 +196,7 @@ def _event_schedule(key, favourite, use_favourite, dur, rank, pred_ptr, pred_edg
     # op finishes: heap keyed by (finish, op)
     ht = np.empty(n, dtype=np.float64)
     hv = np.empty(n, dtype=np.int64)
+    hp = np.empty(n, dtype=np.int64)  # payload: unused (the op is the key)
     hsize = 0
     for v in range(n):
         if unfinished[v] == 0:
@@ -243,7 +208,7 @@ def _event_schedule(key, favourite, use_favourite, dur, rank, pred_ptr, pred_edg
     while placed < n:
         while hsize > 0 and ht[0] <= t:
             u = hv[0]
-            hsize = _heap_pop(ht, hv, hsize)
+            hsize = heap_pop(ht, hv, hp, 0, hsize)
             _consumed(u, nd, pred_ptr, inputs, edge_src, gbytes, dev, arrival, remaining, out_bytes, grp_ptr, used)
             for k in range(succ_ptr[u], succ_ptr[u + 1]):
                 w = edge_dst[succ_edges[k]]
@@ -344,7 +309,7 @@ def _event_schedule(key, favourite, use_favourite, dur, rank, pred_ptr, pred_edg
             ready[i] = ready[n_ready]
             pos[ready[i]] = i
             pos[v] = -1
-            hsize = _heap_push(ht, hv, hsize, finish[v], v)
+            hsize = heap_push(ht, hv, hp, 0, hsize, finish[v], v, 0)
             continue
         if hsize > 0:
             next_t = min(next_t, ht[0])

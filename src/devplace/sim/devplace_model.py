@@ -16,58 +16,9 @@ import numpy as np
 from numba import njit
 
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.heap import heap_pop, heap_push
 from devplace.hardware.cluster import Cluster
 from devplace.sim.result import SimResult, Transfers
-
-# --------------------------------------------------------------------------- binary heaps on flat arrays
-# A heap is a slice [base, base + size) of parallel key arrays (kt: float time, kr: int tie-break);
-# the smallest (kt, kr) is on top. Several heaps (one per device) share one pair of arrays.
-
-
-@njit(cache=True, inline="always")
-def _less(kt: np.ndarray, kr: np.ndarray, i: int, j: int) -> bool:
-    return kt[i] < kt[j] or (kt[i] == kt[j] and kr[i] < kr[j])
-
-
-@njit(cache=True)
-def _heap_push(kt: np.ndarray, kr: np.ndarray, base: int, size: int, t: float, r: int) -> int:
-    i = base + size
-    kt[i] = t
-    kr[i] = r
-    while i > base:
-        parent = base + (i - base - 1) // 2
-        if _less(kt, kr, i, parent):
-            kt[i], kt[parent] = kt[parent], kt[i]
-            kr[i], kr[parent] = kr[parent], kr[i]
-            i = parent
-        else:
-            break
-    return size + 1
-
-
-@njit(cache=True)
-def _heap_pop(kt: np.ndarray, kr: np.ndarray, base: int, size: int) -> int:
-    """Remove the top (read it from kt[base], kr[base] before calling); returns the new size."""
-    size -= 1
-    last = base + size
-    kt[base] = kt[last]
-    kr[base] = kr[last]
-    i = base
-    while True:
-        left = base + 2 * (i - base) + 1
-        if left >= last:
-            break
-        child = left
-        if left + 1 < last and _less(kt, kr, left + 1, left):
-            child = left + 1
-        if _less(kt, kr, child, i):
-            kt[i], kt[child] = kt[child], kt[i]
-            kr[i], kr[child] = kr[child], kr[i]
-            i = child
-        else:
-            break
-    return size
-
 
 # --------------------------------------------------------------------------- the event loop
 
@@ -111,12 +62,14 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
     hsize = np.zeros(num_devices, dtype=np.int64)
     rkt = np.empty(n, dtype=np.float64)
     rkr = np.empty(n, dtype=np.int64)
+    rkv = np.empty(n, dtype=np.int64)  # payload: the op
     rank_node = np.empty(n, dtype=np.int64)
     for v in range(n):
         rank_node[rank[v]] = v
     # event heap: key (time, id); id < n is an op finish, id >= n the arrival of transfer id - n
     ekt = np.empty(n + n_e, dtype=np.float64)
     ekr = np.empty(n + n_e, dtype=np.int64)
+    ekp = np.empty(n + n_e, dtype=np.int64)  # payload: unused (the id is the key)
     esize = 0
     busy = np.zeros(num_devices, dtype=np.bool_)
     chan_free = np.zeros((num_devices, num_devices), dtype=np.float64)
@@ -127,7 +80,7 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
     for v in range(n):
         if active[v] and deps[v] == 0:
             d = dev[v]
-            hsize[d] = _heap_push(rkt, rkr, hbase[d], hsize[d], 0.0, rank[v])
+            hsize[d] = heap_push(rkt, rkr, rkv, hbase[d], hsize[d], 0.0, rank[v], v)
 
     t = 0.0
     while True:
@@ -135,7 +88,7 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
         while True:
             while esize > 0 and ekt[0] == t:
                 eid = ekr[0]
-                esize = _heap_pop(ekt, ekr, 0, esize)
+                esize = heap_pop(ekt, ekr, ekp, 0, esize)
                 if eid < n:
                     u = eid
                     a = dev[u]
@@ -148,7 +101,7 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
                         if dev[w] == a and active[w]:
                             deps[w] -= 1
                             if deps[w] == 0:
-                                hsize[a] = _heap_push(rkt, rkr, hbase[a], hsize[a], t, rank[w])
+                                hsize[a] = heap_push(rkt, rkr, rkv, hbase[a], hsize[a], t, rank[w], w)
                 else:
                     x = eid - n
                     t_finish_i[x] = ti
@@ -158,16 +111,16 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
                         if dev[w] == b and active[w]:
                             deps[w] -= 1
                             if deps[w] == 0:
-                                hsize[b] = _heap_push(rkt, rkr, hbase[b], hsize[b], t, rank[w])
+                                hsize[b] = heap_push(rkt, rkr, rkv, hbase[b], hsize[b], t, rank[w], w)
             for d in range(num_devices):
                 if not busy[d] and hsize[d] > 0:
-                    v = rank_node[rkr[hbase[d]]]
-                    hsize[d] = _heap_pop(rkt, rkr, hbase[d], hsize[d])
+                    v = rkv[hbase[d]]
+                    hsize[d] = heap_pop(rkt, rkr, rkv, hbase[d], hsize[d])
                     busy[d] = True
                     start[v] = t
                     start_i[v] = ti
                     finish[v] = t + dur[v]
-                    esize = _heap_push(ekt, ekr, 0, esize, finish[v], v)
+                    esize = heap_push(ekt, ekr, ekp, 0, esize, finish[v], v, 0)
             if esize > 0 and ekt[0] == t:
                 continue
             if n_fin == 0:
@@ -220,7 +173,7 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
                                 w = edge_dst[tsorted_edges[j]]
                                 if dev[w] == b and active[w]:
                                     edge_transfer[tsorted_edges[j]] = n_t
-                            esize = _heap_push(ekt, ekr, 0, esize, f, n + n_t)
+                            esize = heap_push(ekt, ekr, ekp, 0, esize, f, n + n_t, 0)
                             n_t += 1
             if esize > 0 and ekt[0] == t:
                 continue

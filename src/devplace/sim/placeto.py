@@ -33,6 +33,7 @@ from numba import njit
 
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.heap import heap_pop, heap_push
 from devplace.hardware.cluster import Cluster
 from devplace.sim.result import SimResult, Transfers
 
@@ -40,91 +41,25 @@ MODEL = "placeto"
 DELTA1_S = 5.7e-6  # device busy after an op of nonzero time (reference: 5.7 us)
 DELTA2_S = 25e-6  # bus busy after a send, not delaying the arrival (reference: 25 us)
 
-# event kinds, in the order the reference processes them at equal times
-_REMOVE_DEP = 0
-_RUN_BUS = 1
-_RUN_DEV = 2
-
 # --------------------------------------------------------------------------- the event heap
-# Parallel arrays: time, kind, key1, key2, key3 (the order) and a, b (payload: producer and consumer of a
-# dependency removal, or the device of bus/device work). A dependency removal's keys are (name rank of the
-# producer, name rank of the consumer, output index), unique per edge; bus/device work has (device, 0, 0)
-# and at most one pending entry per bus and per device. So the order is total.
-
-
-@njit(cache=True, inline="always")
-def _before(ht, hk, h1, h2, h3, i, j):  # pragma: no cover - compiled
-    if ht[i] != ht[j]:
-        return ht[i] < ht[j]
-    if hk[i] != hk[j]:
-        return hk[i] < hk[j]
-    if h1[i] != h1[j]:
-        return h1[i] < h1[j]
-    if h2[i] != h2[j]:
-        return h2[i] < h2[j]
-    return h3[i] < h3[j]
-
-
-@njit(cache=True, inline="always")
-def _swap(ht, hk, h1, h2, h3, ha, hb, i, j):  # pragma: no cover - compiled
-    ht[i], ht[j] = ht[j], ht[i]
-    hk[i], hk[j] = hk[j], hk[i]
-    h1[i], h1[j] = h1[j], h1[i]
-    h2[i], h2[j] = h2[j], h2[i]
-    h3[i], h3[j] = h3[j], h3[i]
-    ha[i], ha[j] = ha[j], ha[i]
-    hb[i], hb[j] = hb[j], hb[i]
-
-
-@njit(cache=True)
-def _push(ht, hk, h1, h2, h3, ha, hb, size, t, kind, k1, k2, k3, a, b):  # pragma: no cover - compiled
-    i = size
-    ht[i] = t
-    hk[i] = kind
-    h1[i] = k1
-    h2[i] = k2
-    h3[i] = k3
-    ha[i] = a
-    hb[i] = b
-    while i > 0:
-        parent = (i - 1) // 2
-        if _before(ht, hk, h1, h2, h3, i, parent):
-            _swap(ht, hk, h1, h2, h3, ha, hb, i, parent)
-            i = parent
-        else:
-            break
-    return size + 1
-
-
-@njit(cache=True)
-def _pop(ht, hk, h1, h2, h3, ha, hb, size):  # pragma: no cover - compiled
-    """Remove the top entry (read it at index 0 first); returns the new size."""
-    size -= 1
-    _swap(ht, hk, h1, h2, h3, ha, hb, 0, size)
-    i = 0
-    while True:
-        left = 2 * i + 1
-        if left >= size:
-            break
-        child = left
-        if left + 1 < size and _before(ht, hk, h1, h2, h3, left + 1, left):
-            child = left + 1
-        if _before(ht, hk, h1, h2, h3, child, i):
-            _swap(ht, hk, h1, h2, h3, ha, hb, i, child)
-            i = child
-        else:
-            break
-    return size
+# Event kinds, in the order the reference processes them at equal times: dependency removal, bus work,
+# device work. Entries are keyed (time, key) with one int key that sorts as the reference's (kind, key): a dependency
+# removal of out-edge k has key dep_rank[k], the rank of its (name rank of the producer, name rank of the
+# consumer, output index) among all out-edges; bus work of device d has n_k + d, device work n_k + D + d.
+# The payload is the consumer of a dependency removal, the device of bus/device work. Two dependency
+# removals with equal keys are of the same (producer, consumer, output index), so interchangeable, and
+# there is at most one pending entry per bus and per device: pops come in the reference's order.
 
 
 # --------------------------------------------------------------------------- the event loop
 
 
 @njit(cache=True)
-def _schedule(dev, dur, pause, name_rank, num_devices, kptr, kdst, kslot, slot_tensor, slot_bytes, indeg,
+def _schedule(dev, dur, pause, dep_rank, num_devices, kptr, kdst, kslot, slot_tensor, slot_bytes, indeg,
               delta2, bus_bps):  # pragma: no cover - compiled
     """Run the event loop. Out-edges are CSR by producer, each slice ordered by (consumer index, edge
-    order); kslot[k] is the (producer, output index) slot of out-edge k; indeg[v] counts v's in-edges."""
+    order); kslot[k] is the (producer, output index) slot of out-edge k, dep_rank[k] its dependency removal's
+    key (see the event heap); indeg[v] counts v's in-edges."""
     n = dev.shape[0]
     n_k = kdst.shape[0]
     n_slots = slot_tensor.shape[0]
@@ -147,7 +82,7 @@ def _schedule(dev, dur, pause, name_rank, num_devices, kptr, kdst, kslot, slot_t
     item_cptr = np.empty(n_k, dtype=np.int64)
     item_ccount = np.zeros(n_k, dtype=np.int64)
     item_next = np.full(n_k, -1, dtype=np.int64)
-    children = np.empty(n_k, dtype=np.int64)  # consumers waiting for each item, grouped by item
+    children = np.empty(n_k, dtype=np.int64)  # out-edges to the consumers waiting for each item, grouped by item
     n_items = 0
     n_children = 0
     slot_item = np.full(n_slots, -1, dtype=np.int64)  # item of a (producer, output index); each op runs once
@@ -161,12 +96,10 @@ def _schedule(dev, dur, pause, name_rank, num_devices, kptr, kdst, kslot, slot_t
     cap = n_k + 2 * num_devices + 1
     ht = np.empty(cap, dtype=np.float64)
     hk = np.empty(cap, dtype=np.int64)
-    h1 = np.empty(cap, dtype=np.int64)
-    h2 = np.empty(cap, dtype=np.int64)
-    h3 = np.empty(cap, dtype=np.int64)
-    ha = np.empty(cap, dtype=np.int64)
-    hb = np.empty(cap, dtype=np.int64)
+    hp = np.empty(cap, dtype=np.int64)
     size = 0
+    bus_key = n_k
+    dev_key = n_k + num_devices
 
     # sources, in node order, become ready at time 0
     for v in range(n):
@@ -179,19 +112,18 @@ def _schedule(dev, dur, pause, name_rank, num_devices, kptr, kdst, kslot, slot_t
             dtail[d] = v
             if not dbusy[d]:
                 dbusy[d] = True
-                size = _push(ht, hk, h1, h2, h3, ha, hb, size, 0.0, _RUN_DEV, d, 0, 0, d, 0)
+                size = heap_push(ht, hk, hp, 0, size, 0.0, dev_key + d, d)
 
     step = 0.0
     while size > 0:
         t = ht[0]
-        kind = hk[0]
-        a = ha[0]
-        b = hb[0]
-        size = _pop(ht, hk, h1, h2, h3, ha, hb, size)
+        key = hk[0]
+        p = hp[0]
+        size = heap_pop(ht, hk, hp, 0, size)
         if t > step:
             step = t
-        if kind == _REMOVE_DEP:
-            c = b
+        if key < bus_key:  # a dependency removal
+            c = p
             remaining[c] -= 1
             if remaining[c] == 0:
                 d = dev[c]
@@ -202,15 +134,15 @@ def _schedule(dev, dur, pause, name_rank, num_devices, kptr, kdst, kslot, slot_t
                 dtail[d] = c
                 if not dbusy[d]:
                     dbusy[d] = True
-                    size = _push(ht, hk, h1, h2, h3, ha, hb, size, t, _RUN_DEV, d, 0, 0, d, 0)
-        elif kind == _RUN_BUS:
-            d = a
+                    size = heap_push(ht, hk, hp, 0, size, t, dev_key + d, d)
+        elif key < dev_key:  # bus work
+            d = p
             it = bhead[d]
             if it < 0:
                 bbusy[d] = False
                 continue
             if item_ready[it] > t:  # the next send waits for its producer to finish
-                size = _push(ht, hk, h1, h2, h3, ha, hb, size, item_ready[it], _RUN_BUS, d, 0, 0, d, 0)
+                size = heap_push(ht, hk, hp, 0, size, item_ready[it], bus_key + d, d)
                 continue
             bhead[d] = item_next[it]
             if bhead[d] < 0:
@@ -221,14 +153,12 @@ def _schedule(dev, dur, pause, name_rank, num_devices, kptr, kdst, kslot, slot_t
             item_arrive[it] = arrive
             sent[n_sent] = it
             n_sent += 1
-            u = item_node[it]
             for j in range(item_cptr[it], item_cptr[it] + item_ccount[it]):
-                c = children[j]
-                size = _push(ht, hk, h1, h2, h3, ha, hb, size, arrive, _REMOVE_DEP, name_rank[u], name_rank[c],
-                             slot_tensor[s], u, c)
-            size = _push(ht, hk, h1, h2, h3, ha, hb, size, arrive + delta2, _RUN_BUS, d, 0, 0, d, 0)
-        else:
-            d = a
+                k = children[j]
+                size = heap_push(ht, hk, hp, 0, size, arrive, dep_rank[k], kdst[k])
+            size = heap_push(ht, hk, hp, 0, size, arrive + delta2, bus_key + d, d)
+        else:  # device work
+            d = p
             u = dhead[d]
             if u < 0:
                 dbusy[d] = False
@@ -239,7 +169,7 @@ def _schedule(dev, dur, pause, name_rank, num_devices, kptr, kdst, kslot, slot_t
             f = t + dur[u]
             start[u] = t
             finish[u] = f
-            size = _push(ht, hk, h1, h2, h3, ha, hb, size, f + pause[u], _RUN_DEV, d, 0, 0, d, 0)
+            size = heap_push(ht, hk, hp, 0, size, f + pause[u], dev_key + d, d)
             # local in-edges are satisfied at u's finish; remote ones wait for one send per output index,
             # the sends created in the order of their first remote out-edge
             first_item = n_items
@@ -247,8 +177,7 @@ def _schedule(dev, dur, pause, name_rank, num_devices, kptr, kdst, kslot, slot_t
                 c = kdst[k]
                 s = kslot[k]
                 if dev[c] == d:
-                    size = _push(ht, hk, h1, h2, h3, ha, hb, size, f, _REMOVE_DEP, name_rank[u], name_rank[c],
-                                 slot_tensor[s], u, c)
+                    size = heap_push(ht, hk, hp, 0, size, f, dep_rank[k], c)
                 else:
                     if slot_item[s] < 0:
                         slot_item[s] = n_items
@@ -266,7 +195,7 @@ def _schedule(dev, dur, pause, name_rank, num_devices, kptr, kdst, kslot, slot_t
                 c = kdst[k]
                 if dev[c] != d:
                     it = slot_item[kslot[k]]
-                    children[item_cptr[it] + item_ccount[it]] = c
+                    children[item_cptr[it] + item_ccount[it]] = k
                     item_ccount[it] += 1
             for it in range(first_item, n_items):
                 if btail[d] < 0:
@@ -276,7 +205,7 @@ def _schedule(dev, dur, pause, name_rank, num_devices, kptr, kdst, kslot, slot_t
                 btail[d] = it
                 if not bbusy[d]:
                     bbusy[d] = True
-                    size = _push(ht, hk, h1, h2, h3, ha, hb, size, f, _RUN_BUS, d, 0, 0, d, 0)
+                    size = heap_push(ht, hk, hp, 0, size, f, bus_key + d, d)
 
     order = sent[:n_sent]
     t_node = item_node[order]
@@ -379,9 +308,13 @@ class PlacetoModel:
         first = np.flatnonzero(np.diff(group, prepend=-1)) if n_e else np.zeros(0, dtype=np.int64)
         self.slot_tensor = tensor[order][first].astype(np.int64)
         self.slot_bytes = graph.edge_bytes[order][first].astype(np.float64)
-        # tie-break of dependency removals at equal times: node ids compared as strings
-        self.name_rank = np.empty(n, dtype=np.int64)
-        self.name_rank[sorted(range(n), key=graph.ids.__getitem__)] = np.arange(n, dtype=np.int64)
+        # tie-break of dependency removals at equal times: (producer id, consumer id) compared as strings, then
+        # the output index, as one rank per out-edge (the event heap's key)
+        name_rank = np.empty(n, dtype=np.int64)
+        name_rank[sorted(range(n), key=graph.ids.__getitem__)] = np.arange(n, dtype=np.int64)
+        dep_order, dep_group = _groups(self.slot_tensor[self.kslot], name_rank[self.kdst], name_rank[src[out]])
+        self.dep_rank = np.empty(n_e, dtype=np.int64)
+        self.dep_rank[dep_order] = dep_group
 
     def run(self, devices: np.ndarray) -> SimResult:
         """Simulate one step with `devices[v]` the device index of node v (already validated)."""
@@ -391,7 +324,7 @@ class PlacetoModel:
         dur = g.compute_s / self.speeds[dev]
         pause = np.where(dur == 0.0, 0.0, self.delta1_s)
         start, finish, step, t_node, t_tensor, t_bytes, t_start, t_finish = _schedule(
-            dev, dur, pause, self.name_rank, nd, self.kptr, self.kdst, self.kslot, self.slot_tensor,
+            dev, dur, pause, self.dep_rank, nd, self.kptr, self.kdst, self.kslot, self.slot_tensor,
             self.slot_bytes, self.indeg, self.delta2_s, self.bus_Bps)
         persistent = np.bincount(dev, weights=g.param_bytes, minlength=nd).astype(np.float64)
         peak = persistent + _peak_live(dev, start, finish, nd, g.output_bytes, g.temp_bytes, self.kptr,

@@ -12,7 +12,7 @@ import numpy as np
 from devplace.graph.compgraph import CompGraph
 from devplace.placers.registry import PlacerError
 from devplace.sim.result import SimResult
-from devplace.sim.summary import fmt_bytes
+from devplace.units import fmt_bytes
 
 
 def op_memory(graph: CompGraph) -> np.ndarray:

@@ -22,7 +22,7 @@ from devplace.hardware.cluster import Cluster
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import Progress, register
 from devplace.sim.devplace_model import DevplaceModel
-from devplace.sim.summary import fmt_bytes
+from devplace.units import fmt_bytes
 
 
 @register("greedy", uses_order=True)

@@ -11,7 +11,7 @@ from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, Device, Link
 from devplace.sim.devplace_model import DevplaceModel
-from devplace.sim.summary import fmt_bytes
+from devplace.units import fmt_bytes
 
 
 class NoFitError(DevplaceError):

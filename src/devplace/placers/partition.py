@@ -62,7 +62,7 @@ from devplace.hardware.cluster import Cluster
 from devplace.placers.memory import NoFitError, no_fit_error
 from devplace.placers.registry import PlacerError, register
 from devplace.sim.devplace_model import DevplaceModel
-from devplace.sim.summary import fmt_bytes
+from devplace.units import fmt_bytes
 
 WEIGHT_SCALE = 10**6  # the largest METIS weight; the smallest positive one is 1
 REBALANCE_PASSES = 200

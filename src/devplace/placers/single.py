@@ -15,7 +15,7 @@ from devplace.hardware.cluster import Cluster
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import register
 from devplace.sim.devplace_model import DevplaceModel
-from devplace.sim.summary import fmt_bytes
+from devplace.units import fmt_bytes
 
 
 @register("single", uses_order=False)

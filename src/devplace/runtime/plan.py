@@ -73,7 +73,8 @@ class Plan:
         from rich.console import Console, Group
         from rich.text import Text
 
-        from devplace.sim.summary import fmt_time, result_view
+        from devplace.sim.summary import result_view
+        from devplace.units import fmt_time
 
         s = self.settings
         rt = self.runtime_result

@@ -1,4 +1,6 @@
-"""The result table that `devplace simulate`, `devplace demo` (and later `devplace place`) print."""
+"""The result table that `devplace simulate`, `devplace demo` (and later `devplace place`) print.
+
+Its number formats are `devplace.units`' (`fmt_bytes`, `fmt_time`, also importable from here)."""
 
 from __future__ import annotations
 
@@ -10,22 +12,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.sim.bounds import LowerBound
 from devplace.sim.result import SimResult
-
-
-def fmt_bytes(x: float) -> str:
-    """Bytes in decimal units (GB = 1e9), as the cluster presets state capacities."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.2f} {unit}"
-    return f"{x:.0f} B"
-
-
-def fmt_time(s: float) -> str:
-    if s >= 1.0:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3f} ms"
-    return f"{s * 1e6:.1f} µs"
+from devplace.units import fmt_bytes, fmt_time
 
 
 def result_view(graph: CompGraph, cluster: Cluster, result: SimResult, bound: LowerBound) -> Group:

@@ -58,6 +58,7 @@ from numba import njit
 
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.heap import heap_pop, heap_push
+from devplace.graph.tensors import tensor_groups
 from devplace.hardware.cluster import Cluster
 from devplace.placers.common import describe_oom
 from devplace.placers.memory import no_fit_error
@@ -422,21 +423,12 @@ class ListScheduler:
         self.graph = graph
         self.cluster = cluster
         g = graph
-        n_e = g.num_edges
         self.dur = np.ascontiguousarray(g.compute_s[:, None] / cluster.speeds[None, :])
         # tensor groups: one per (producer, tensor index), numbered in (producer, tensor) order
-        by = np.lexsort((g.edge_tensor, g.edge_src)).astype(np.int64)
-        new = np.ones(n_e, dtype=bool)
-        if n_e:
-            new[1:] = (g.edge_src[by][1:] != g.edge_src[by][:-1]) | (g.edge_tensor[by][1:] != g.edge_tensor[by][:-1])
-        gid_sorted = np.cumsum(new) - 1
-        self.edge_gid = np.empty(n_e, dtype=np.int64)
-        self.edge_gid[by] = gid_sorted
-        first = by[new]
-        self.gbytes = np.ascontiguousarray(g.edge_bytes[first], dtype=np.float64)
-        gsrc = g.edge_src[first]
-        self.grp_ptr = np.zeros(g.num_nodes + 1, dtype=np.int64)
-        np.cumsum(np.bincount(gsrc, minlength=g.num_nodes), out=self.grp_ptr[1:])
+        groups = tensor_groups(g)
+        self.edge_gid = groups.edge_group
+        self.gbytes = np.ascontiguousarray(g.edge_bytes[groups.first_edge], dtype=np.float64)
+        self.grp_ptr = groups.ptr
         self.cap = cluster.memory.astype(np.float64)
         self.latency = np.ascontiguousarray(cluster.latency)
         self.bandwidth = np.ascontiguousarray(cluster.bandwidth)

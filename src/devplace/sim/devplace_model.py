@@ -17,6 +17,7 @@ from numba import njit
 
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.heap import heap_pop, heap_push
+from devplace.graph.tensors import tensor_groups
 from devplace.hardware.cluster import Cluster
 from devplace.sim.result import SimResult, Transfers
 
@@ -277,9 +278,8 @@ class DevplaceModel:
     def __init__(self, graph: CompGraph, cluster: Cluster) -> None:
         self.graph = graph
         self.cluster = cluster
-        src, tensor = graph.edge_src, graph.edge_tensor
         # out-edges grouped by producer (same slices as succ_ptr), then by tensor, then edge order
-        self.tsorted_edges = np.lexsort((np.arange(graph.num_edges), tensor, src)).astype(np.int64)
+        self.tsorted_edges = tensor_groups(graph).edges
         self.indeg = np.bincount(graph.edge_dst, minlength=graph.num_nodes).astype(np.int64)
         self.all_active = np.ones(graph.num_nodes, dtype=np.bool_)
         self.speeds = cluster.speeds

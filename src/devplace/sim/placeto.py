@@ -34,6 +34,7 @@ from numba import njit
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.heap import heap_pop, heap_push
+from devplace.graph.tensors import tensor_groups
 from devplace.hardware.cluster import Cluster
 from devplace.sim.result import SimResult, Transfers
 
@@ -300,14 +301,11 @@ class PlacetoModel:
         self.kptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(src, minlength=n), out=self.kptr[1:])
         self.indeg = np.bincount(dst, minlength=n).astype(np.int64)
-        # one slot per (producer, output index); all its edges have the same bytes (CompGraph checks it)
-        order, group = _groups(tensor, src)
-        slot = np.empty(n_e, dtype=np.int64)
-        slot[order] = group
-        self.kslot = slot[out]
-        first = np.flatnonzero(np.diff(group, prepend=-1)) if n_e else np.zeros(0, dtype=np.int64)
-        self.slot_tensor = tensor[order][first].astype(np.int64)
-        self.slot_bytes = graph.edge_bytes[order][first].astype(np.float64)
+        # one slot per (producer, output index), its tensor group; all its edges have the same bytes
+        groups = tensor_groups(graph)
+        self.kslot = groups.edge_group[out]
+        self.slot_tensor = tensor[groups.first_edge].astype(np.int64)
+        self.slot_bytes = graph.edge_bytes[groups.first_edge].astype(np.float64)
         # tie-break of dependency removals at equal times: (producer id, consumer id) compared as strings, then
         # the output index, as one rank per out-edge (the event heap's key)
         name_rank = np.empty(n, dtype=np.int64)
@@ -372,8 +370,7 @@ def reference_form(graph: CompGraph) -> CompGraph:
     data0 = (tensor == 0) & (nbytes > 0)
     out0[src[data0]] = nbytes[data0]
     other = np.zeros(n)
-    order, group = _groups(tensor, src)
-    first = order[np.flatnonzero(np.diff(group, prepend=-1))] if n_e else np.zeros(0, dtype=np.int64)
+    first = tensor_groups(graph).first_edge
     first = first[tensor[first] != 0]
     np.add.at(other, src[first], nbytes[first])
     out0 = np.where(np.isnan(out0), np.maximum(graph.output_bytes - other, 0.0), out0)

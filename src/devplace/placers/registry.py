@@ -2,7 +2,8 @@
 
 A placer is a function `(graph, cluster, *, order, seed, **settings) -> np.ndarray` (a device index per
 node) registered with `@register(name, uses_order=...)`; `order` is the traversal as node indices. A new
-placer is one module in `devplace/placers/`: it is found and imported by `placer_names()`.
+placer is one module in `devplace/placers/` or a subpackage of it: every module there is imported by
+`placer_names()`.
 """
 
 from __future__ import annotations
@@ -71,15 +72,23 @@ def register(name: str, *, uses_order: bool) -> Callable[[PlacerFn], PlacerFn]:
     return deco
 
 
+def _raise(name: str) -> None:
+    """walk_packages' onerror: it is called inside the `except` of a failed subpackage import, which it would
+    otherwise drop silently for an ImportError; re-raise it."""
+    raise
+
+
 def _load_all() -> None:
+    """Import every module of `devplace.placers` and its subpackages, so that each `@register` runs. Helper
+    modules (this one, memory, common, list_scheduling, rl's trainer...) register nothing and are imported by
+    the placers anyway, so there is no list of modules to skip or to include."""
     global _LOADED
     if _LOADED:
         return
     import devplace.placers as pkg
 
-    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
-        if mod not in ("registry", "memory", "common", "list_scheduling"):
-            importlib.import_module(f"devplace.placers.{mod}")
+    for mod in sorted(m.name for m in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}.", onerror=_raise)):
+        importlib.import_module(mod)
     _LOADED = True
 
 

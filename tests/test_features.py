@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from devplace.errors import DevplaceError
 from devplace.graph import CompGraph
-from devplace.graph.features import FEATURE_DESCRIPTIONS, FEATURE_NAMES, graph_features
+from devplace.graph.features import FEATURE_DESCRIPTIONS, FEATURE_NAMES, graph_features_on_link
 from devplace.hardware.cluster import Cluster, Device, Link
 from devplace.sim.bounds import lower_bound
 
@@ -42,7 +42,7 @@ def check(got: dict[str, float], expected: dict[str, float]) -> None:
 def test_chain() -> None:
     """a -> b -> c -> d, compute 1 2 3 4, 10 bytes per edge, no output_bytes, no kinds."""
     g = build([("a", 1), ("b", 2), ("c", 3), ("d", 4)], [("a", "b", 10), ("b", "c", 10), ("c", "d", 10)])
-    f = graph_features(g, bandwidth_Bps=10, latency_s=0.5, speed=2)
+    f = graph_features_on_link(g, bandwidth_Bps=10, latency_s=0.5, speed=2)
     check(f, {
         "nodes": 4, "edges": 3, "distinct_edges": 3, "sources": 1, "sinks": 1, "depth": 3, "width": 1,
         "mean_width": 1, "mean_degree": 0.75, "max_in_degree": 1, "max_out_degree": 1, "branching_share": 0,
@@ -63,7 +63,7 @@ def test_diamond_with_kinds_and_bytes() -> None:
              {"id": "c", "compute_s": 3, "kind": "backward", "output_bytes": 50},
              {"id": "d", "compute_s": 1, "kind": "optimizer"}]
     g = build(nodes, [("a", "b", 100), ("a", "c", 100), ("b", "d", 50), ("c", "d", 50)])
-    f = graph_features(g, bandwidth_Bps=100)
+    f = graph_features_on_link(g, bandwidth_Bps=100)
     check(f, {
         "nodes": 4, "edges": 4, "distinct_edges": 4, "sources": 1, "sinks": 1, "depth": 2, "width": 2,
         "mean_width": 4 / 3, "mean_degree": 1, "max_in_degree": 2, "max_out_degree": 2, "branching_share": 0.25,
@@ -78,7 +78,7 @@ def test_fork_join_with_skip_edges() -> None:
     """s -> a -> b -> t, s -> c -> t, s -> t. Levels s0 a1 b2 c1 t3: c -> t spans 2 and s -> t spans 3."""
     g = build([("s", 1), ("a", 1), ("b", 1), ("c", 4), ("t", 1)],
               [("s", "a", 1), ("a", "b", 1), ("b", "t", 1), ("s", "c", 1), ("c", "t", 1), ("s", "t", 1)])
-    f = graph_features(g)
+    f = graph_features_on_link(g)
     check(f, {
         "nodes": 5, "edges": 6, "distinct_edges": 6, "sources": 1, "sinks": 1, "depth": 3, "width": 2,
         "mean_width": 5 / 4, "mean_degree": 6 / 5, "max_in_degree": 3, "max_out_degree": 3,
@@ -94,7 +94,7 @@ def test_parallel_edges_count_once() -> None:
     """u -> v twice (tensors 0 and 1), v -> w, and a 0-byte control edge u -> w (a skip edge)."""
     g = build([("u", 1), ("v", 1), ("w", 1)],
               [("u", "v", 10, 0), ("u", "v", 20, 1), ("v", "w", 5), ("u", "w", 0, 2)])
-    f = graph_features(g, bandwidth_Bps=10, latency_s=1)
+    f = graph_features_on_link(g, bandwidth_Bps=10, latency_s=1)
     check(f, {
         "nodes": 3, "edges": 4, "distinct_edges": 3, "mean_degree": 1, "sources": 1, "sinks": 1,
         "max_in_degree": 2,  # w: v and u; v has two in-edges but one predecessor
@@ -108,29 +108,29 @@ def test_parallel_edges_count_once() -> None:
 
 def test_zero_compute_uses_unit_weights() -> None:
     g = build([("a", 0), ("b", 0), ("c", 0), ("d", 0)], [("a", "b", 1), ("a", "c", 1), ("b", "d", 1), ("c", "d", 1)])
-    f = graph_features(g, bandwidth_Bps=1)
+    f = graph_features_on_link(g, bandwidth_Bps=1)
     check(f, {"total_compute_s": 0, "critical_path_s": 0, "parallelism": 4 / 3, "top10_compute_share": 1 / 4,
               "compute_cv": 0, "comm_to_compute": math.nan})
     assert f["parallelism"] == f["mean_width"]
 
 
 def test_independent_ops_and_empty_graph() -> None:
-    f = graph_features(build([(f"n{i}", i + 1) for i in range(20)], []))
+    f = graph_features_on_link(build([(f"n{i}", i + 1) for i in range(20)], []))
     check(f, {"depth": 0, "width": 20, "sources": 20, "sinks": 20, "mean_degree": 0, "skip_edge_share": 0,
               "mean_edge_span": 0, "parallelism": 210 / 20, "top10_compute_share": (20 + 19) / 210})
-    empty = graph_features(CompGraph.build("e", [], []))
+    empty = graph_features_on_link(CompGraph.build("e", [], []))
     assert list(empty) == list(FEATURE_NAMES)
     assert empty["nodes"] == 0 and empty["parallelism"] == 1.0 and math.isnan(empty["comm_to_compute"])
 
 
 def test_comm_to_compute_scales() -> None:
     g = build([("a", 2), ("b", 2)], [("a", "b", 100)])
-    base = graph_features(g, bandwidth_Bps=100)["comm_to_compute"]
+    base = graph_features_on_link(g, bandwidth_Bps=100)["comm_to_compute"]
     assert base == pytest.approx(1 / 4)
-    assert graph_features(g, bandwidth_Bps=100, speed=2)["comm_to_compute"] == pytest.approx(2 * base)
-    assert graph_features(g, bandwidth_Bps=200)["comm_to_compute"] == pytest.approx(base / 2)
-    assert graph_features(g, bandwidth_Bps=math.inf, latency_s=1)["comm_to_compute"] == pytest.approx(1 / 4)
-    assert graph_features(g, bandwidth_Bps=math.inf)["comm_to_compute"] == 0.0  # one device: no transfers
+    assert graph_features_on_link(g, bandwidth_Bps=100, speed=2)["comm_to_compute"] == pytest.approx(2 * base)
+    assert graph_features_on_link(g, bandwidth_Bps=200)["comm_to_compute"] == pytest.approx(base / 2)
+    assert graph_features_on_link(g, bandwidth_Bps=math.inf, latency_s=1)["comm_to_compute"] == pytest.approx(1 / 4)
+    assert graph_features_on_link(g, bandwidth_Bps=math.inf)["comm_to_compute"] == 0.0  # one device: no transfers
 
 
 def test_documented_cluster_averages_give_the_mean_over_the_cluster() -> None:
@@ -141,8 +141,8 @@ def test_documented_cluster_averages_give_the_mean_over_the_cluster() -> None:
                  {(0, 1): Link(40.0, 0.1), (2, 0): Link(5.0, 2.0)})
     d = cl.num_devices
     off = ~np.eye(d, dtype=bool)
-    f = graph_features(g, bandwidth_Bps=1 / np.mean(1 / cl.bandwidth[off]), latency_s=float(np.mean(cl.latency[off])),
-                       speed=1 / np.mean(1 / cl.speeds))
+    f = graph_features_on_link(g, bandwidth_Bps=1 / np.mean(1 / cl.bandwidth[off]),
+                               latency_s=float(np.mean(cl.latency[off])), speed=1 / np.mean(1 / cl.speeds))
     pairs = [(a, b) for a in range(d) for b in range(d) if a != b]
     comm = np.mean([sum(cl.pair(a, b).transfer_s(x) for x in (100, 50, 0)) for a, b in pairs])
     compute = np.mean([6 / s for s in cl.speeds])
@@ -154,8 +154,8 @@ def test_documented_cluster_averages_give_the_mean_over_the_cluster() -> None:
                                     {"speed": math.nan}, {"bandwidth_Bps": "fast"}])
 def test_bad_comm_parameters(kwargs: dict) -> None:
     g = build([("a", 1)], [])
-    with pytest.raises(DevplaceError, match="graph_features"):
-        graph_features(g, **kwargs)
+    with pytest.raises(DevplaceError, match="graph_features_on_link"):
+        graph_features_on_link(g, **kwargs)
 
 
 def test_names_and_descriptions() -> None:
@@ -194,10 +194,10 @@ def same(a: dict[str, float], b: dict[str, float]) -> bool:
 @settings(max_examples=200, deadline=None)
 @given(dags(), st.floats(1e-3, 1e12), st.floats(0, 1), st.floats(0.1, 10))
 def test_properties(g: CompGraph, bw: float, lat: float, speed: float) -> None:
-    f = graph_features(g, bandwidth_Bps=bw, latency_s=lat, speed=speed)
+    f = graph_features_on_link(g, bandwidth_Bps=bw, latency_s=lat, speed=speed)
     assert tuple(f) == FEATURE_NAMES
     assert all(type(v) is float for v in f.values())
-    assert same(f, graph_features(g, bandwidth_Bps=bw, latency_s=lat, speed=speed))  # deterministic
+    assert same(f, graph_features_on_link(g, bandwidth_Bps=bw, latency_s=lat, speed=speed))  # deterministic
     for key in SHARES:
         assert 0.0 <= f[key] <= 1.0, key
     assert f["forward_compute_share"] + f["backward_compute_share"] + f["optimizer_compute_share"] <= 1 + 1e-12
@@ -233,7 +233,8 @@ def test_insertion_order_does_not_matter(g: CompGraph, rnd) -> None:
     rnd.shuffle(nodes)
     rnd.shuffle(edges)
     h = CompGraph.build("r2", nodes, edges)
-    a, b = graph_features(g, bandwidth_Bps=1e9, latency_s=1e-5), graph_features(h, bandwidth_Bps=1e9, latency_s=1e-5)
+    a = graph_features_on_link(g, bandwidth_Bps=1e9, latency_s=1e-5)
+    b = graph_features_on_link(h, bandwidth_Bps=1e9, latency_s=1e-5)
     for key in FEATURE_NAMES:
         if math.isnan(a[key]):
             assert math.isnan(b[key]), key
@@ -245,6 +246,6 @@ def test_insertion_order_does_not_matter(g: CompGraph, rnd) -> None:
 def test_chain_parallelism_is_exactly_one(compute: list[float]) -> None:
     edges = [(f"n{i}", f"n{i + 1}", 1) for i in range(len(compute) - 1)]
     g = build([(f"n{i}", c) for i, c in enumerate(compute)], edges)
-    f = graph_features(g)
+    f = graph_features_on_link(g)
     assert f["parallelism"] == 1.0
     assert f["width"] == 1 and f["depth"] == len(compute) - 1

@@ -1,7 +1,7 @@
 """Graph features: numbers that describe a graph's shape, cost and communication, the inputs of the study's
 recommendation model (which traversal order suits which graph). Every formula is in `docs/features.md`.
 
-`graph_features(graph, bandwidth_Bps=..., latency_s=..., speed=...)` returns a dict with the keys of
+`graph_features_on_link(graph, bandwidth_Bps=..., latency_s=..., speed=...)` returns a dict with the keys of
 `FEATURE_NAMES`, always all of them, always in that order, every value a Python float (counts too), so a list
 of them is a ready feature matrix. A value that is undefined for a graph is NaN, never a missing key.
 
@@ -13,7 +13,8 @@ Conventions (see the docs for every formula):
 - The compute-weighted features (`parallelism`, `top10_compute_share`, `compute_cv`, the `*_compute_share`
   by kind) weigh op v by w(v) = compute_s(v); when the graph's total compute is 0 every op weighs 1 instead,
   so they still describe the graph's shape (e.g. `parallelism` becomes nodes / (depth + 1)).
-- The communication model is plain numbers so that `graph/` does not import `hardware/`: a transfer of b bytes
+- The communication model is plain numbers so that `graph/` does not import `hardware/` (for a `Cluster`,
+  `devplace.hardware.features.graph_features(graph, cluster)` derives them as below): a transfer of b bytes
   takes `latency_s + b / bandwidth_Bps`, an op takes `compute_s / speed`. For a `Cluster`, pass the averages
   over its ordered pairs of distinct devices and over its devices that make the totals equal the mean over
   the cluster::
@@ -43,8 +44,8 @@ from devplace.graph.info import asap_levels, longest_path
 
 KINDS = ("forward", "backward", "optimizer")
 
-# name -> one-line formula; the order is the order of `graph_features`' keys. V = nodes, D = distinct (src, dst)
-# pairs, L(v) = ASAP level, w(v) = compute_s(v) (1 for every op when the total compute is 0).
+# name -> one-line formula; the order is the order of `graph_features_on_link`'s keys. V = nodes, D = distinct
+# (src, dst) pairs, L(v) = ASAP level, w(v) = compute_s(v) (1 for every op when the total compute is 0).
 FEATURE_DESCRIPTIONS: dict[str, str] = {
     "nodes": "V, number of ops",
     "edges": "E, number of edge records (parallel edges, one per tensor, each count)",
@@ -82,16 +83,16 @@ def _check(value: float, name: str, *, positive: bool, allow_inf: bool = False) 
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise DevplaceError(f"graph_features: {name} must be a number, got {value!r}") from None
+        raise DevplaceError(f"graph_features_on_link: {name} must be a number, got {value!r}") from None
     bad = math.isnan(x) or (math.isinf(x) and not allow_inf) or (x <= 0 if positive else x < 0)
     if bad:
         need = "> 0" if positive else ">= 0"
-        raise DevplaceError(f"graph_features: {name} is {value!r}; it must be a finite number {need}")
+        raise DevplaceError(f"graph_features_on_link: {name} is {value!r}; it must be a finite number {need}")
     return x
 
 
-def graph_features(graph: CompGraph, *, bandwidth_Bps: float | None = None, latency_s: float = 0.0,
-                   speed: float = 1.0) -> dict[str, float]:
+def graph_features_on_link(graph: CompGraph, *, bandwidth_Bps: float | None = None, latency_s: float = 0.0,
+                           speed: float = 1.0) -> dict[str, float]:
     """The features of `graph`, keyed and ordered as `FEATURE_NAMES`; every value a float, NaN if undefined.
 
     `bandwidth_Bps`, `latency_s` and `speed` describe the communication model of `comm_to_compute` (a transfer of

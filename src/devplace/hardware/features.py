@@ -1,4 +1,5 @@
-"""Graph features on a cluster: `devplace.graph.features` with the cluster's averaged link and speed."""
+"""Graph features on a cluster: `devplace.graph.features.graph_features_on_link` with the cluster's averaged link
+and speed (`devplace.graph_features`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import numpy as np
 
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.features import graph_features as _features
+from devplace.graph.features import graph_features_on_link
 from devplace.hardware.cluster import Cluster
 
 
@@ -25,6 +26,6 @@ def comm_params(cluster: Cluster) -> tuple[float, float, float]:
 def graph_features(graph: CompGraph, cluster: Cluster | None = None) -> dict[str, float]:
     """Every feature of docs/features.md; `comm_to_compute` needs a cluster (NaN without one)."""
     if cluster is None:
-        return _features(graph)
+        return graph_features_on_link(graph)
     bandwidth, latency, speed = comm_params(cluster)
-    return _features(graph, bandwidth_Bps=bandwidth, latency_s=latency, speed=speed)
+    return graph_features_on_link(graph, bandwidth_Bps=bandwidth, latency_s=latency, speed=speed)

@@ -9,6 +9,10 @@ edge insertion order (edges) so that it never depends on a library's version. Co
 - in-degrees count distinct predecessors;
 - every walk is iterative (no recursion), O(V + E); `lexicographic` and `lexico-topo` are
   O(V log V + E) because they compare ids.
+
+Each order is one function registered with `@register_order` (name, definition, topological or not); the
+name lists and `traversal_indices` read the registry. `traversal_indices` also takes a caller's own order: a
+sequence of node ids or a callable graph -> node ids, checked to be a permutation of the node ids.
 """
 
 from __future__ import annotations

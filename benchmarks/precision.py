@@ -1,7 +1,8 @@
 """Precision-aware analytic costs vs the precision-blind ones: single-device step time of zoo models.
 
-For each model and precision (fp32; bf16 = parameters and inputs cast; amp = autocast to bf16, fp32
-parameters) the training step is captured once and costed twice on one device of each kind:
+For each model and precision (fp32; bf16 = parameters and inputs cast; amp-bf16 / amp-fp16 = autocast to
+that dtype with fp32 parameters) the training step is captured once and costed twice on one device of each
+kind (V100 SXM2, A100 SXM4):
 
 - blind: every op's FLOPs at the device's `peak_flops` (the BF16/FP16 tensor-core peak), which is what the
   analytic model did before it read the op's dtype (reproduced here by clearing the per-precision peaks);

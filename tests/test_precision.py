@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from devplace.capture import CaptureError, capture
@@ -181,6 +183,12 @@ def test_amp_with_low_precision_parameters_counts_fp32_master_weights() -> None:
     assert g.meta["capture"]["param_bytes"] == n * (2 + 2 + 4 + 8)
     assert g.meta["capture"]["master_weight_bytes"] == 4 * n
     assert sum(g.param_bytes) == g.meta["capture"]["param_bytes"]
+    # the recorded step is that of a master-weight optimizer: grad cast to fp32, fp32 update, cast back
+    opt = [g.node_record(v) for v in range(g.num_nodes) if g.kind[v] == "optimizer"]
+    n_tensors = len(list(model.parameters()))
+    assert sum(r["op"] == "aten._to_copy.default" for r in opt) == n_tensors
+    assert sum(r["op"] == "aten.copy_.default" for r in opt) == n_tensors
+    assert {r["dtype"] for r in opt if r["op"].startswith("aten.addcdiv_")} == {"float32"}
     sgd = capture(model, torch.randn(2, 16, dtype=torch.bfloat16), amp=True, optimizer="sgd")
     assert sgd.meta["capture"]["param_bytes"] == n * (2 + 2 + 4)  # plain SGD has no state; the master copy stays
 
@@ -234,6 +242,18 @@ def test_cluster_json_keeps_peaks_and_reads_old_files() -> None:
     assert CostTable.from_dict(json.loads(json.dumps(table.to_dict()))).device == A100
 
 
+@pytest.mark.parametrize(("dtype", "amp", "suffix"), [("bf16", False, "-bf16"), (None, True, "-amp-bf16")])
+def test_zoo_pipeline_takes_the_precision(dtype: str | None, amp: bool, suffix: str) -> None:
+    from devplace.capture.pipeline import zoo_prepared
+
+    prepared = zoo_prepared("mobilenet_v3_large", batch=2, max_nodes=40, device=A100, dtype=dtype, amp=amp)
+    full = prepared.full
+    assert full.name.endswith(suffix) and full.meta["capture"]["amp"] == ("bfloat16" if amp else None)
+    convs = [full.node_record(v) for v in range(full.num_nodes) if full.op[v] == "aten.convolution.default"]
+    assert convs and {r["dtype"] for r in convs} == {"bfloat16"}
+    assert prepared.report.rows["convolution"].total_s > 0 and prepared.graph.num_nodes <= 40
+
+
 # ------------------------------------------------------------------------------------------- MoE FLOPs
 @pytest.mark.parametrize(("a", "b", "out", "flops"), [
     ((12, 8), (3, 8, 5), (12, 5), 2 * 12 * 8 * 5),  # tokens sorted by expert, one weight per expert
@@ -245,12 +265,17 @@ def test_grouped_mm_flops_from_shapes(a: tuple, b: tuple, out: tuple, flops: int
     assert grouped_mm_flop(a, b, out_shape=out) == flops
 
 
-def test_grouped_mm_flops_equal_the_sum_over_groups_of_a_real_run() -> None:
-    x, w = torch.randn(16, 8, dtype=torch.bfloat16), torch.randn(3, 8, 8, dtype=torch.bfloat16)
-    offs = torch.tensor([5, 9, 16], dtype=torch.int32)
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.integers(0, 9), min_size=1, max_size=5).filter(lambda s: sum(s) > 0),
+       k=st.sampled_from([8, 16]), n=st.sampled_from([8, 24]))
+def test_grouped_mm_flops_equal_the_sum_over_groups_of_a_real_run(sizes: list[int], k: int, n: int) -> None:
+    # a real CPU run of the op (bf16: its strides must be multiples of 16 bytes) with tokens routed to experts
+    x = torch.randn(sum(sizes), k, dtype=torch.bfloat16)  # experts may get no token (a size 0)
+    w = torch.randn(len(sizes), k, n, dtype=torch.bfloat16)
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     out = torch.ops.aten._grouped_mm.default(x, w, offs)
-    sizes = [5, 4, 7]
-    assert op_flops(torch.ops.aten._grouped_mm.default, (x, w, offs), {}, out) == sum(2 * m * 8 * 8 for m in sizes)
+    assert out.shape == (x.shape[0], n)
+    assert op_flops(torch.ops.aten._grouped_mm.default, (x, w, offs), {}, out) == sum(2 * m * k * n for m in sizes)
 
 
 @pytest.mark.parametrize(("op", "args", "flops"), [

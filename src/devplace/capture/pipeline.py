@@ -86,12 +86,14 @@ def zoo_graph(name: str, **options: Any) -> CompGraph:
 
 def family_graph(family: str, index: int, *, max_nodes: int | None = FAMILY_MAX_NODES, optimizer: str = "adam",
                  batch: int | None = None, seq_len: int | None = None, device: Device | None = None,
-                 costs: CostTable | None = None) -> CompGraph:
-    """Graph `index` (0-31) of the study family `family` (cifar10, ptb, nmt), coarsened to `max_nodes`."""
+                 costs: CostTable | None = None, dtype: str | None = None, amp: bool = False) -> CompGraph:
+    """Graph `index` (0-31) of the study family `family` (cifar10, ptb, nmt), coarsened to `max_nodes`;
+    captured in fp32 unless `dtype` / `amp` say otherwise (as `devplace.capture.capture`)."""
     from devplace.zoo.families import family_arch, family_model
 
     module, inputs, loss_fn = family_model(family, index, batch=batch, seq_len=seq_len)
-    graph = capture(module, inputs, loss_fn=loss_fn, optimizer=optimizer, name=f"{family}-{index}")
+    graph = capture(module, inputs, loss_fn=loss_fn, optimizer=optimizer, name=f"{family}-{index}", dtype=dtype,
+                    amp=amp)
     out = prepare(graph, device=device, costs=costs, max_nodes=max_nodes).graph
     return CompGraph.build(out.name, [out.node_record(v) for v in range(out.num_nodes)],
                            [out.edge_record(e) for e in range(out.num_edges)],

@@ -17,7 +17,7 @@ The step (forward, loss, `loss.backward()`, `optimizer.step()`) runs once on fak
 
 `capture(dtype=..., amp=...)` chooses the training precision: the parameters, buffers and inputs cast to
 `dtype`, or (with `amp`) the forward and loss run under `torch.autocast` to bf16/fp16 while the
-parameters keep their dtype (docs/capture.md, "Precision").
+parameters keep their dtype (docs/capture-format.md, "Precision").
 """
 
 from __future__ import annotations
@@ -531,11 +531,23 @@ def _optimizer_factory(optimizer: OptimizerSpec) -> tuple[Callable[[list[torch.T
                        "that makes a torch.optim.Optimizer from a list of parameters")
 
 
-def _state_bytes(state: Mapping[str, Any], p: torch.Tensor, element_size: int | None = None) -> int:
-    """Per-element optimizer state of one parameter (tensors of its shape: Adam's moments, SGD's momentum),
-    at `element_size` bytes per element if given, else at the state's own dtype."""
-    return sum(int(v.numel()) * (element_size or v.element_size()) for k, v in state.items()
+def _state_bytes(state: Mapping[str, Any], p: torch.Tensor) -> int:
+    """Per-element optimizer state of one parameter (tensors of its shape: Adam's moments, SGD's momentum)."""
+    return sum(_nbytes(v) for k, v in state.items()
                if k != "step" and isinstance(v, torch.Tensor) and v.shape == p.shape)
+
+
+def _master_step(opt: torch.optim.Optimizer, params: Sequence[torch.Tensor], masters: Mapping[int, torch.Tensor],
+                 ) -> None:
+    """One optimizer step; a parameter with an fp32 master copy (`masters`, by id) has its gradient cast to the
+    copy, the copy updated, and the copy cast back into the parameter."""
+    pairs = [(p, masters[id(p)]) for p in params if id(p) in masters]
+    for p, m in pairs:
+        m.grad = p.grad.to(torch.float32)
+    opt.step()
+    with torch.no_grad():
+        for p, m in pairs:
+            p.copy_(m)
 
 
 def _precision(dtype: str | None, amp: bool) -> tuple[torch.dtype | None, torch.dtype | None]:
@@ -579,7 +591,7 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
     (torch.optim.Adam), "sgd" (plain SGD), "none" (forward and backward only), or a callable that builds a
     `torch.optim.Optimizer` from a list of parameters (use `foreach=False` to keep one update per parameter).
 
-    Precision (docs/capture.md, "Precision"): `dtype` ("fp32", "bf16", "fp16"; default: the model's own) casts
+    Precision (docs/capture-format.md, "Precision"): `dtype` ("fp32", "bf16", "fp16"; default: the model's own) casts
     the floating-point parameters, buffers and inputs, as `model.to(dtype)` would, so the whole step runs in
     it (the optimizer state too, as torch.optim keeps it in the parameter's dtype). `amp=True` runs the
     forward and the loss under `torch.autocast` to `dtype` (bf16 when not given) and casts nothing: fp32
@@ -610,6 +622,7 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
         named_leaves = [leaf for (n, _), v in zip(named_inputs, fake_inputs, strict=True)
                         for leaf in _named_leaves(n, v)]
         opt = None
+        masters: dict[int, torch.Tensor] = {}  # id(parameter) -> its fp32 master copy (amp with bf16/fp16 params)
         try:
             with ExitStack() as stack:
                 if mode not in _get_current_dispatch_mode_stack():
@@ -643,22 +656,27 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
                         node.output_bytes = max(0, node.output_bytes - val.nbytes)
                 trainable = [p for _, p in params if p.requires_grad and p.grad is not None]
                 if make_opt is not None and trainable:
-                    opt = make_opt(trainable)
+                    # Mixed precision with bf16/fp16 parameters: the optimizer updates an fp32 master copy of each
+                    # (made here, unrecorded: it persists across steps), as Apex O2, DeepSpeed and Megatron do.
+                    masters = {id(p): p.detach().to(torch.float32).requires_grad_(True) for p in trainable
+                               if amp and p.dtype in _LOW_PRECISION}
+                    opt = make_opt([masters.get(id(p), p) for p in trainable])
                     if not isinstance(opt, torch.optim.Optimizer):
                         raise CaptureError(f"optimizer= must build a torch.optim.Optimizer, got {type(opt).__name__}")
                     if callable(optimizer):
                         opt_name = type(opt).__name__.lower()
-                    opt.step()  # unrecorded warm-up: creates the state, so the recorded step is a steady one
+                    _master_step(opt, trainable, masters)  # unrecorded warm-up: creates the state (a steady step)
                     for n, p in params:
                         if p.grad is None:
                             continue
-                        rec.opt_storage.setdefault(_key(p), n)
-                        rec.opt_storage.setdefault(_key(p.grad), n)
-                        for v in opt.state.get(p, {}).values():
+                        updated = masters.get(id(p), p)
+                        for t in {id(x): x for x in (p, p.grad, updated, updated.grad)}.values():
+                            rec.opt_storage.setdefault(_key(t), n)
+                        for v in opt.state.get(updated, {}).values():
                             if isinstance(v, torch.Tensor):
                                 rec.opt_storage.setdefault(_key(v), n)
                     rec.phase = OPTIMIZER
-                    opt.step()
+                    _master_step(opt, trainable, masters)
                     rec.phase = None
         except (DataDependentOutputException, DynamicOutputShapeException) as exc:
             raise CaptureError(f"the model runs an op whose result depends on tensor values ({exc}); capture "
@@ -681,15 +699,13 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
         first_op = next((i for i, nd in enumerate(rec.nodes) if nd.op != "input"), 0)
         total_param_bytes = total_buffer_bytes = n_params = master_bytes = 0
         for n, p in params:
-            state = opt.state.get(p, {}) if opt is not None else {}
-            # mixed precision with low-precision parameters: an fp32 master copy, the state kept in fp32
-            master = amp and opt is not None and p.grad is not None and p.dtype in _LOW_PRECISION
-            b = _nbytes(p) + (_nbytes(p.grad) if p.grad is not None else 0)
-            if master:
-                b += 4 * int(p.numel()) + _state_bytes(state, p, 4)
-                master_bytes += 4 * int(p.numel())
-            else:
-                b += _state_bytes(state, p)
+            master = masters.get(id(p)) if opt is not None else None
+            updated = master if master is not None else p
+            state = opt.state.get(updated, {}) if opt is not None else {}
+            b = _nbytes(p) + (_nbytes(p.grad) if p.grad is not None else 0) + _state_bytes(state, updated)
+            if master is not None:
+                b += _nbytes(master)
+                master_bytes += _nbytes(master)
             owner = rec.last_writer.get(n, rec.first_consumer.get(n, first_op))
             param_bytes[owner] += b
             total_param_bytes += b

@@ -596,9 +596,9 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
     it (the optimizer state too, as torch.optim keeps it in the parameter's dtype). `amp=True` runs the
     forward and the loss under `torch.autocast` to `dtype` (bf16 when not given) and casts nothing: fp32
     parameters are their own master weights. Under `amp`, parameters that are bf16/fp16 in the model are
-    trained as mixed-precision optimizers do, with an fp32 master copy and fp32 optimizer state: their
-    memory (4 bytes per element for the copy, the state at 4 bytes per element) is counted in param_bytes.
-    Every node gets its compute dtype (`dtype` key).
+    trained as mixed-precision optimizers do: the recorded step casts each gradient to an fp32 master copy,
+    updates the copy (optimizer state in fp32) and copies it back; the copy's 4 bytes per element are in
+    param_bytes (and meta `master_weight_bytes`). Every node gets its compute dtype (`dtype` key).
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs a torch.nn.Module, got {type(model).__name__}")

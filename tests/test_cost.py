@@ -255,7 +255,7 @@ def test_apply_costs_scales_by_speed(speed):
     assert out.ids == g.ids and out.num_edges == g.num_edges and list(out.param_bytes) == list(g.param_bytes)
     assert out.node_extra[0]["flops"] == 6e12 and out.meta["capture"] == {"frontend": "test"}
     assert out.meta["cost"] == {"model": "analytic", "device_kind": "TestGPU", "speed": speed, "profiled_nodes": 0,
-                                "nodes": 4}
+                                "nodes": 4, "tf32": {"matmul": False, "convolution": True}}
     assert report.model == "analytic" and report.nodes == 4 and report.analytic_nodes == 4
     assert {c: r.count for c, r in report.rows.items()} == {"gemm": 1, "elementwise": 1, "view": 1, "optimizer": 1}
     assert sum(r.share for r in report.rows.values()) == pytest.approx(1.0)

@@ -1,4 +1,4 @@
-"""FLOP formulas of captured ops: PyTorch's registry (`torch.utils.flop_counter`) with two corrections.
+"""FLOP formulas of captured ops: PyTorch's registry (`torch.utils.flop_counter`) with corrections and additions.
 
 1. `aten.convolution_backward`: PyTorch counts the weight-gradient term as if the convolution had one group,
    so a grouped convolution is over-counted by its `groups` (a depthwise 3x3 convolution of 960 channels by
@@ -13,6 +13,11 @@
    `_cudnn_rnn` on CUDA, and their backward): their matrix products, ``2 * tokens * (sum of the weight
    matrices' sizes)`` forward and twice that backward (input and weight gradients), gate nonlinearities
    not counted, like PyTorch's other formulas count only products.
+3. Matrix products PyTorch has no formula for: the grouped products of mixture-of-experts layers
+   (`_grouped_mm`, `_scaled_grouped_mm`: ``2 * M * K * N`` summed over the groups, see `grouped_mm_flop`),
+   `addbmm` (``2 * b * n * m * p``, as `bmm`), `_addmm_activation` and `_int_mm` (as `mm`), `mv` / `addmv`
+   (``2 * n * m``) and `dot` / `vdot` (``2 * n``). As in PyTorch's `addmm` and `baddbmm`, the added term
+   is not counted.
 
 `FLOP_FORMULAS` is the resulting table (`OpOverloadPacket -> formula(*args, out_val=..., **kwargs)`);
 `flop_counter_mode()` is a `FlopCounterMode` that uses the same corrections, so captured FLOPs can be
@@ -22,13 +27,14 @@ compared with PyTorch's counter on equal terms. Torch's global registry is never
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from inspect import unwrap
 from math import prod
 from typing import Any
 
 import torch
 from torch.utils import flop_counter as _fc
 
-__all__ = ["FLOP_FORMULAS", "conv_backward_flop", "flop_counter_mode", "op_flops"]
+__all__ = ["FLOP_FORMULAS", "conv_backward_flop", "flop_counter_mode", "grouped_mm_flop", "op_flops"]
 
 aten = torch.ops.aten
 
@@ -85,6 +91,39 @@ def _cudnn_rnn_backward_flop(input_shape: Sequence[int], weights: Sequence[Seque
     return 2 * _rnn_flop(input_shape, weights)
 
 
+def grouped_mm_flop(a_shape: Sequence[int], b_shape: Sequence[int], *args: Any, out_shape: Sequence[int],
+                    **kwargs: Any) -> int:
+    """FLOPs of `aten._grouped_mm` / `aten._scaled_grouped_mm` (`torch._grouped_mm(a, b, offs=...)`).
+
+    Each group g is a product of an (M_g, K_g) and a (K_g, N_g) matrix, ``2 * M_g * K_g * N_g`` FLOPs. The
+    group sizes are in `offs` (values, which a capture on fake tensors does not have), but their sum is a
+    dimension of an operand, so the total is known from shapes alone, assuming every row is routed to a
+    group (the offsets end at the last row: what a mixture-of-experts layer without dropped tokens does):
+
+    - a 2-d (M, K_total), b 2-d (K_total, N), groups along K (a weight gradient): out (G, M, N),
+      ``2 * M * K_total * N``;
+    - otherwise the contraction size is K = a's last dimension and every output element is one
+      K-long dot product: ``2 * numel(out) * K`` (2-d x 3-d, groups along M: out (M_total, N);
+      3-d x 2-d, groups along N: out (M, N_total); 3-d x 3-d, a batched product: out (G, M, N)).
+    """
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    return 2 * prod(out_shape) * a_shape[-1]
+
+
+def _mv_flop(mat_shape: Sequence[int], _vec: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return 2 * mat_shape[0] * mat_shape[1]
+
+
+def _addmv_flop(_self: Any, mat_shape: Sequence[int], _vec: Any, *args: Any, out_shape: Any = None,
+                **kwargs: Any) -> int:
+    return _mv_flop(mat_shape, _vec)
+
+
+def _dot_flop(a_shape: Sequence[int], _b: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return 2 * a_shape[0]
+
+
 # The raw (shape-taking) overrides; FlopCounterMode's `custom_mapping` wraps them itself.
 _OVERRIDES: dict[Any, Callable[..., int]] = {
     aten.convolution_backward: conv_backward_flop,
@@ -94,6 +133,16 @@ _OVERRIDES: dict[Any, Callable[..., int]] = {
     aten.mkldnn_rnn_layer_backward: _mkldnn_rnn_layer_backward_flop,
     aten._cudnn_rnn: _cudnn_rnn_flop,
     aten._cudnn_rnn_backward: _cudnn_rnn_backward_flop,
+    aten._grouped_mm: grouped_mm_flop,
+    aten._scaled_grouped_mm: grouped_mm_flop,
+    # torch's own formulas for ops of the same shapes (unwrapped: these entries take shapes)
+    aten.addbmm: unwrap(_fc.baddbmm_flop),  # baddbmm's products; the sum over the batch is not counted
+    aten._addmm_activation: unwrap(_fc.addmm_flop),
+    aten._int_mm: unwrap(_fc.mm_flop),
+    aten.mv: _mv_flop,
+    aten.addmv: _addmv_flop,
+    aten.dot: _dot_flop,
+    aten.vdot: _dot_flop,
 }
 
 FLOP_FORMULAS: dict[Any, Callable[..., int]] = {

@@ -40,24 +40,30 @@ class Prepared:
 
 
 def prepare(graph: CompGraph, *, device: Device | None = None, costs: CostTable | None = None,
-            max_nodes: int | None = None) -> Prepared:
+            max_nodes: int | None = None, dtype: str | None = None) -> Prepared:
     """Cost `graph` for `device` (a V100 by default; from `costs` where the table has an op, analytic
-    otherwise), then colocate it and, with `max_nodes`, coarsen it to at most that many groups."""
-    costed, report = apply_costs(graph, device or device_kind("V100"), costs if costs is not None else "analytic")
+    otherwise), then colocate it and, with `max_nodes`, coarsen it to at most that many groups.
+
+    `dtype` is the precision assumed for nodes that carry none (graphs from ONNX or JSON files; a capture
+    records every node's own), see `apply_costs`."""
+    costed, report = apply_costs(graph, device or device_kind("V100"), costs if costs is not None else "analytic",
+                                 dtype=dtype)
     return Prepared(costed, coarsen(costed, max_nodes) if max_nodes is not None else colocate(costed), report)
 
 
 def zoo_prepared(name: str, *, batch: int | None = None, seq_len: int | None = None, optimizer: str = "adam",
                  max_nodes: int | None = None, device: Device | None = None, costs: CostTable | None = None,
-                 ) -> Prepared:
-    """Capture zoo model `name` and prepare it (see `prepare`)."""
-    graph = capture_zoo_model(name, batch=batch, seq_len=seq_len, optimizer=optimizer)
+                 dtype: str | None = None, amp: bool = False) -> Prepared:
+    """Capture zoo model `name` in precision `dtype` / `amp` (see `capture_zoo_model`) and prepare it (see
+    `prepare`)."""
+    graph = capture_zoo_model(name, batch=batch, seq_len=seq_len, optimizer=optimizer, dtype=dtype, amp=amp)
     return prepare(graph, device=device, costs=costs, max_nodes=max_nodes)
 
 
 def capture_zoo_model(name: str, *, batch: int | None = None, seq_len: int | None = None,
-                      optimizer: str = "adam") -> CompGraph:
-    """The captured (uncosted, uncoarsened) training step of zoo model `name`."""
+                      optimizer: str = "adam", dtype: str | None = None, amp: bool = False) -> CompGraph:
+    """The captured (uncosted, uncoarsened) training step of zoo model `name`; `dtype` ("fp32", "bf16",
+    "fp16") and `amp` (autocast) as `devplace.capture.capture`. The zoo builds its models in fp32."""
     from devplace.zoo.models import build_model, get_spec
 
     spec = get_spec(name)
@@ -67,8 +73,9 @@ def capture_zoo_model(name: str, *, batch: int | None = None, seq_len: int | Non
         module, inputs, loss_fn = build_model(name, batch, seq_len)
     b = spec.batch if batch is None else batch
     s = spec.seq_len if seq_len is None else seq_len
-    label = f"{name}-b{b}" + (f"-s{s}" if s else "")
-    return capture(module, inputs, loss_fn=loss_fn, optimizer=optimizer, name=label)
+    label = f"{name}-b{b}" + (f"-s{s}" if s else "") + (f"-{dtype}" if dtype and not amp else "") \
+        + (f"-amp-{dtype or 'bf16'}" if amp else "")
+    return capture(module, inputs, loss_fn=loss_fn, optimizer=optimizer, name=label, dtype=dtype, amp=amp)
 
 
 def zoo_graph(name: str, **options: Any) -> CompGraph:
@@ -79,12 +86,14 @@ def zoo_graph(name: str, **options: Any) -> CompGraph:
 
 def family_graph(family: str, index: int, *, max_nodes: int | None = FAMILY_MAX_NODES, optimizer: str = "adam",
                  batch: int | None = None, seq_len: int | None = None, device: Device | None = None,
-                 costs: CostTable | None = None) -> CompGraph:
-    """Graph `index` (0-31) of the study family `family` (cifar10, ptb, nmt), coarsened to `max_nodes`."""
+                 costs: CostTable | None = None, dtype: str | None = None, amp: bool = False) -> CompGraph:
+    """Graph `index` (0-31) of the study family `family` (cifar10, ptb, nmt), coarsened to `max_nodes`;
+    captured in fp32 unless `dtype` / `amp` say otherwise (as `devplace.capture.capture`)."""
     from devplace.zoo.families import family_arch, family_model
 
     module, inputs, loss_fn = family_model(family, index, batch=batch, seq_len=seq_len)
-    graph = capture(module, inputs, loss_fn=loss_fn, optimizer=optimizer, name=f"{family}-{index}")
+    graph = capture(module, inputs, loss_fn=loss_fn, optimizer=optimizer, name=f"{family}-{index}", dtype=dtype,
+                    amp=amp)
     out = prepare(graph, device=device, costs=costs, max_nodes=max_nodes).graph
     return CompGraph.build(out.name, [out.node_record(v) for v in range(out.num_nodes)],
                            [out.edge_record(e) for e in range(out.num_edges)],

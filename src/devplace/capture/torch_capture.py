@@ -11,13 +11,20 @@ The step (forward, loss, `loss.backward()`, `optimizer.step()`) runs once on fak
 - kind is the phase the op ran in; a backward op's colocation group is the forward op that created the
   autograd node being run (`torch._C._current_autograd_node()` and autograd sequence numbers); an optimizer
   op's group is the first forward consumer of the parameter it updates;
-- the module path comes from forward pre/post hooks on every submodule.
+- the module path comes from forward pre/post hooks on every submodule;
+- an op's compute dtype (node key `dtype`) is the dtype of its first floating-point input (else output):
+  what the cost model reads to choose the device's peak FLOP/s for that precision.
+
+`capture(dtype=..., amp=...)` chooses the training precision: the parameters, buffers and inputs cast to
+`dtype`, or (with `amp`) the forward and loss run under `torch.autocast` to bf16/fp16 while the
+parameters keep their dtype (docs/capture-format.md, "Precision").
 """
 
 from __future__ import annotations
 
 import bisect
 import inspect
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -41,7 +48,7 @@ from devplace.capture.signature import encode_signature, target_name
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 
-__all__ = ["CaptureError", "capture"]
+__all__ = ["DTYPES", "CaptureError", "capture"]
 
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
 OPTIMIZERS = ("adam", "sgd", "none")
@@ -59,6 +66,10 @@ _SDP_CHOICE = torch.ops.aten._fused_sdp_choice.default
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 OptimizerSpec = str | Callable[[list[torch.Tensor]], torch.optim.Optimizer]
+# The training precisions `capture(dtype=...)` takes, by their short names.
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+_GROUPED_MM = torch.ops.aten._grouped_mm
 
 
 class CaptureError(DevplaceError):
@@ -94,6 +105,30 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
 
 
+def _compute_dtype(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> str:
+    """The precision an op computes in: its first floating-point input's dtype (a matmul's operands, a cast's
+    source), else its first floating-point output's (a factory such as `zeros`), else "" (integer ops)."""
+    for group in (inputs, outputs):
+        for t in group:
+            if t.is_floating_point():
+                return _dtype(t)
+    return ""
+
+
+def _run_op(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """Run `func` on the fake tensors. `aten._grouped_mm` (the experts of a mixture-of-experts layer) has a
+    CPU kernel for float32 but a meta (shape) kernel that accepts only bf16/fp16, so on fake tensors a float32
+    MoE would fail; its output shape does not depend on the dtype, so it is taken from the bf16 meta kernel
+    and the output made float32, as the real kernel returns it."""
+    if func.overloadpacket is _GROUPED_MM and any(t.dtype == torch.float32 for t in _tensors(args[:2])):
+        def low(x: Any) -> Any:
+            return x.to(torch.bfloat16) if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x
+
+        out = func(*[low(a) for a in args], **{k: low(v) for k, v in kwargs.items()})
+        return out if kwargs.get("out_dtype") is not None else out.to(torch.float32)
+    return func(*args, **kwargs)
+
+
 def _op_short_name(func: Any) -> str:
     name = getattr(func, "_opname", None) or str(func)
     ns = getattr(func, "namespace", "aten")
@@ -119,6 +154,7 @@ class _Node:
     kind: str
     module: str
     group: int
+    dtype: str = ""
     flops: int = 0
     mem_access_bytes: int = 0
     output_bytes: int = 0
@@ -148,6 +184,7 @@ class Recorder(TorchDispatchMode):
         self._writes: dict[Any, list[tuple[int, str]]] = {}
         self._has_cia: dict[Any, bool] = {}
         self._last_opt_group = -1
+        self.current_op = ""  # the op being run, named in the error if the model fails during capture
 
     # ----------------------------------------------------------------- dispatch
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -169,7 +206,8 @@ class Recorder(TorchDispatchMode):
                 return r
         peek = torch.autograd._get_sequence_nr() if self.phase == FORWARD else 0
         autograd_node = torch._C._current_autograd_node() if self.phase == BACKWARD else None
-        out = func(*args, **kwargs)
+        self.current_op = target_name(func)
+        out = _run_op(func, args, kwargs)
         self._record(func, args, kwargs, out, peek, autograd_node)
         return out
 
@@ -239,7 +277,8 @@ class Recorder(TorchDispatchMode):
         else:
             group, module = self._optimizer_group(written + flat_in)
 
-        node = _Node(id="", op=target_name(func), kind=phase, module=module, group=group)
+        node = _Node(id="", op=target_name(func), kind=phase, module=module, group=group,
+                     dtype=_compute_dtype(flat_in, flat_out))
         seen_edges: set[tuple[int, int]] = set()
         for t in flat_in:
             k = _key(t)
@@ -324,7 +363,7 @@ class Recorder(TorchDispatchMode):
         idx = len(self.nodes)
         nb = _nbytes(t)
         self.nodes.append(_Node(id=f"input/{name}", op="input", kind=FORWARD, module="", group=idx,
-                                output_bytes=nb))
+                                dtype=_dtype(t), output_bytes=nb))
         self.values[k] = _Value(idx, 0, nb, tuple(t.shape), _dtype(t), True)
         self._keep.append(t)
 
@@ -361,8 +400,14 @@ def _model_fake_mode(model: nn.Module, inputs: Any) -> FakeTensorMode | None:
     return next(iter(modes.values()), None)
 
 
-def _to_fake(t: torch.Tensor, mode: FakeTensorMode) -> torch.Tensor:
-    """A fake tensor of `mode` with t's shape, stride, dtype and requires_grad (meta tensors land on the CPU)."""
+def _to_fake(t: torch.Tensor, mode: FakeTensorMode, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A fake tensor of `mode` with t's shape, stride, dtype and requires_grad (meta tensors land on the CPU);
+    with `dtype`, a floating-point tensor is cast to it (as `module.to(dtype)` casts parameters and buffers)."""
+    if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+        f = _to_fake(t, mode).detach()
+        with mode:
+            f = f.to(dtype)
+        return f.requires_grad_(t.requires_grad)
     if isinstance(t, FakeTensor):
         if t.fake_mode is not mode:
             raise CaptureError("a tensor of the model or inputs is fake under another FakeTensorMode")
@@ -380,8 +425,10 @@ def _to_fake(t: torch.Tensor, mode: FakeTensorMode) -> torch.Tensor:
 
 
 @contextmanager
-def _fake_model(model: nn.Module, mode: FakeTensorMode) -> Iterator[dict[int, torch.Tensor]]:
-    """Swap every parameter and buffer of `model` for a fake one (tied tensors stay tied); restore on exit.
+def _fake_model(model: nn.Module, mode: FakeTensorMode, dtype: torch.dtype | None = None,
+                ) -> Iterator[dict[int, torch.Tensor]]:
+    """Swap every parameter and buffer of `model` for a fake one (tied tensors stay tied), floating-point ones
+    cast to `dtype` if given; restore on exit.
 
     Yields {id(original tensor): fake tensor}. Gradients the step leaves on fake tensors the caller passed
     in are reset on exit too.
@@ -397,7 +444,7 @@ def _fake_model(model: nn.Module, mode: FakeTensorMode) -> Iterator[dict[int, to
                         continue
                     f = memo.get(id(t))
                     if f is None:
-                        f = _to_fake(t, mode)
+                        f = _to_fake(t, mode, dtype)
                         memo[id(t)] = f
                         if f is t:
                             old_grads.append((t, t.grad))
@@ -429,13 +476,13 @@ def _split_inputs(model: nn.Module, example_inputs: Any) -> tuple[tuple[Any, ...
     return args, {}, list(zip(names, args, strict=True))
 
 
-def _convert_tree(x: Any, mode: FakeTensorMode) -> Any:
+def _convert_tree(x: Any, mode: FakeTensorMode, dtype: torch.dtype | None = None) -> Any:
     if isinstance(x, torch.Tensor):
-        return _to_fake(x, mode)
+        return _to_fake(x, mode, dtype)
     if isinstance(x, tuple | list):
-        return type(x)(_convert_tree(i, mode) for i in x)
+        return type(x)(_convert_tree(i, mode, dtype) for i in x)
     if isinstance(x, dict):
-        return {k: _convert_tree(v, mode) for k, v in x.items()}
+        return {k: _convert_tree(v, mode, dtype) for k, v in x.items()}
     return x
 
 
@@ -490,9 +537,50 @@ def _state_bytes(state: Mapping[str, Any], p: torch.Tensor) -> int:
                if k != "step" and isinstance(v, torch.Tensor) and v.shape == p.shape)
 
 
+def _master_step(opt: torch.optim.Optimizer, params: Sequence[torch.Tensor], masters: Mapping[int, torch.Tensor],
+                 ) -> None:
+    """One optimizer step; a parameter with an fp32 master copy (`masters`, by id) has its gradient cast to the
+    copy, the copy updated, and the copy cast back into the parameter."""
+    pairs = [(p, masters[id(p)]) for p in params if id(p) in masters]
+    for p, m in pairs:
+        m.grad = p.grad.to(torch.float32)
+    opt.step()
+    with torch.no_grad():
+        for p, m in pairs:
+            p.copy_(m)
+
+
+def _precision(dtype: str | None, amp: bool) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """(dtype to cast parameters, buffers and inputs to, autocast dtype) for `capture(dtype=, amp=)`."""
+    if dtype is not None and dtype not in DTYPES:
+        raise CaptureError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)} (or leave it out to keep the "
+                           "model's own dtypes)")
+    if not amp:
+        return (DTYPES[dtype] if dtype is not None else None), None
+    auto = DTYPES[dtype or "bf16"]
+    if auto not in _LOW_PRECISION:
+        raise CaptureError(f"amp (autocast) needs a low precision to cast to, got dtype={dtype!r}; use amp with "
+                           "dtype bf16 or fp16, or dtype fp32 without amp")
+    return None, auto
+
+
+@contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """FakeTensorMode logs the whole traceback of an op whose meta kernel fails before raising it; the error is
+    reported as one CaptureError line instead, so the log is silenced for the capture."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 # ------------------------------------------------------------------------------------------ capture
 def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], torch.Tensor] | None = None,
-            optimizer: OptimizerSpec = "adam", name: str | None = None) -> CompGraph:
+            optimizer: OptimizerSpec = "adam", name: str | None = None, dtype: str | None = None,
+            amp: bool = False) -> CompGraph:
     """Capture one training step of `model` on `example_inputs` as a graph (docs/capture-format.md).
 
     `example_inputs`: a tensor, a tuple/list of positional arguments, or a dict of keyword arguments; real,
@@ -502,28 +590,39 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
     returns one, else the sum of its outputs; a non-scalar loss is summed). `optimizer`: "adam"
     (torch.optim.Adam), "sgd" (plain SGD), "none" (forward and backward only), or a callable that builds a
     `torch.optim.Optimizer` from a list of parameters (use `foreach=False` to keep one update per parameter).
+
+    Precision (docs/capture-format.md, "Precision"): `dtype` ("fp32", "bf16", "fp16"; default: the model's own) casts
+    the floating-point parameters, buffers and inputs, as `model.to(dtype)` would, so the whole step runs in
+    it (the optimizer state too, as torch.optim keeps it in the parameter's dtype). `amp=True` runs the
+    forward and the loss under `torch.autocast` to `dtype` (bf16 when not given) and casts nothing: fp32
+    parameters are their own master weights. Under `amp`, parameters that are bf16/fp16 in the model are
+    trained as mixed-precision optimizers do: the recorded step casts each gradient to an fp32 master copy,
+    updates the copy (optimizer state in fp32) and copies it back; the copy's 4 bytes per element are in
+    param_bytes (and meta `master_weight_bytes`). Every node gets its compute dtype (`dtype` key).
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs a torch.nn.Module, got {type(model).__name__}")
     make_opt, opt_name = _optimizer_factory(optimizer)
+    cast, autocast_dtype = _precision(dtype, amp)
     loss_fn = loss_fn or default_loss
     mode = _model_fake_mode(model, example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
     named_params = list(model.named_parameters())
     named_buffers = list(model.named_buffers())
 
-    with _fake_model(model, mode) as memo:
+    with _quiet_fake_tensor_log(), _fake_model(model, mode, cast) as memo:
         params = [(n, memo[id(p)]) for n, p in named_params]
         buffers = [(n, memo[id(b)]) for n, b in named_buffers]
         persistent = {_key(t): n for n, t in [*params, *buffers]}
         rec = Recorder(persistent)
         rec.param_module = {n: n.rpartition(".")[0] for n, _ in [*params, *buffers]}
         args, kwargs, named_inputs = _split_inputs(model, example_inputs)
-        args = _convert_tree(args, mode)
-        kwargs = _convert_tree(kwargs, mode)
+        args = _convert_tree(args, mode, cast)
+        kwargs = _convert_tree(kwargs, mode, cast)
         fake_inputs = args if not kwargs else tuple(kwargs.values())
         named_leaves = [leaf for (n, _), v in zip(named_inputs, fake_inputs, strict=True)
                         for leaf in _named_leaves(n, v)]
         opt = None
+        masters: dict[int, torch.Tensor] = {}  # id(parameter) -> its fp32 master copy (amp with bf16/fp16 params)
         try:
             with ExitStack() as stack:
                 if mode not in _get_current_dispatch_mode_stack():
@@ -533,7 +632,9 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
                 for n, t in named_leaves:
                     rec.add_input(n, t)
                 rec.phase = FORWARD
-                with torch.enable_grad():
+                with torch.enable_grad(), ExitStack() as autocast:
+                    if autocast_dtype is not None:  # fake tensors live on the CPU: its autocast op lists apply
+                        autocast.enter_context(torch.autocast("cpu", dtype=autocast_dtype))
                     output = model(*args, **kwargs)
                     loss = loss_fn(output)
                     if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
@@ -555,22 +656,27 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
                         node.output_bytes = max(0, node.output_bytes - val.nbytes)
                 trainable = [p for _, p in params if p.requires_grad and p.grad is not None]
                 if make_opt is not None and trainable:
-                    opt = make_opt(trainable)
+                    # Mixed precision with bf16/fp16 parameters: the optimizer updates an fp32 master copy of each
+                    # (made here, unrecorded: it persists across steps), as Apex O2, DeepSpeed and Megatron do.
+                    masters = {id(p): p.detach().to(torch.float32).requires_grad_(True) for p in trainable
+                               if amp and p.dtype in _LOW_PRECISION}
+                    opt = make_opt([masters.get(id(p), p) for p in trainable])
                     if not isinstance(opt, torch.optim.Optimizer):
                         raise CaptureError(f"optimizer= must build a torch.optim.Optimizer, got {type(opt).__name__}")
                     if callable(optimizer):
                         opt_name = type(opt).__name__.lower()
-                    opt.step()  # unrecorded warm-up: creates the state, so the recorded step is a steady one
+                    _master_step(opt, trainable, masters)  # unrecorded warm-up: creates the state (a steady step)
                     for n, p in params:
                         if p.grad is None:
                             continue
-                        rec.opt_storage.setdefault(_key(p), n)
-                        rec.opt_storage.setdefault(_key(p.grad), n)
-                        for v in opt.state.get(p, {}).values():
+                        updated = masters.get(id(p), p)
+                        for t in {id(x): x for x in (p, p.grad, updated, updated.grad)}.values():
+                            rec.opt_storage.setdefault(_key(t), n)
+                        for v in opt.state.get(updated, {}).values():
                             if isinstance(v, torch.Tensor):
                                 rec.opt_storage.setdefault(_key(v), n)
                     rec.phase = OPTIMIZER
-                    opt.step()
+                    _master_step(opt, trainable, masters)
                     rec.phase = None
         except (DataDependentOutputException, DynamicOutputShapeException) as exc:
             raise CaptureError(f"the model runs an op whose result depends on tensor values ({exc}); capture "
@@ -579,16 +685,27 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
                                "captured; make that part of the model value-independent") from exc
         except UnsupportedOperatorException as exc:
             raise CaptureError(f"the op {exc} cannot run on fake tensors, so the model cannot be captured") from exc
+        except RuntimeError as exc:  # the model (or an op's shape check) failed: one line, not torch's traceback
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            where = f" in module {rec.module_stack[-1]!r}" if rec.module_stack else ""
+            raise CaptureError(f"the model failed during the {rec.phase or 'training'} step at "
+                               f"{rec.current_op or 'an op'}{where}: {first}; check that it runs with these "
+                               f"inputs and this precision (dtype={dtype!r}, amp={amp})") from exc
         finally:
             rec.phase = None
 
         # persistent memory: weights + gradient + optimizer state on the op that owns the update
         param_bytes = [0] * len(rec.nodes)
         first_op = next((i for i, nd in enumerate(rec.nodes) if nd.op != "input"), 0)
-        total_param_bytes = total_buffer_bytes = n_params = 0
+        total_param_bytes = total_buffer_bytes = n_params = master_bytes = 0
         for n, p in params:
-            state = opt.state.get(p, {}) if opt is not None else {}
-            b = _nbytes(p) + (_nbytes(p.grad) if p.grad is not None else 0) + _state_bytes(state, p)
+            master = masters.get(id(p)) if opt is not None else None
+            updated = master if master is not None else p
+            state = opt.state.get(updated, {}) if opt is not None else {}
+            b = _nbytes(p) + (_nbytes(p.grad) if p.grad is not None else 0) + _state_bytes(state, updated)
+            if master is not None:
+                b += _nbytes(master)
+                master_bytes += _nbytes(master)
             owner = rec.last_writer.get(n, rec.first_consumer.get(n, first_op))
             param_bytes[owner] += b
             total_param_bytes += b
@@ -606,6 +723,11 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
         "frontend": "torch", "torch": torch.__version__, "model": type(model).__name__, "batch": batch,
         "optimizer": opt_name, "dtype": dtypes.most_common(1)[0][0] if dtypes else None,
         "params": n_params, "param_bytes": total_param_bytes, "buffer_bytes": total_buffer_bytes,
+        "amp": _dtype(torch.empty(0, dtype=autocast_dtype)) if autocast_dtype is not None else None,
+        "master_weight_bytes": master_bytes,
+        # what PyTorch's flags say now: fp32 matmuls and convolutions may run on TF32 tensor cores
+        "tf32": {"matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+                 "convolution": bool(torch.backends.cudnn.allow_tf32)},
     }}
     return _build(name or f"{type(model).__name__}-b{batch}", rec.nodes, param_bytes, meta)
 
@@ -619,6 +741,8 @@ def _build(name: str, nodes: list[_Node], param_bytes: list[int], meta: dict[str
             rec["param_bytes"] = param_bytes[i]
         rec.update({"group": nodes[nd.group].id, "flops": nd.flops, "mem_access_bytes": nd.mem_access_bytes,
                     "module": nd.module})
+        if nd.dtype:
+            rec["dtype"] = nd.dtype
         if nd.sig is not None:
             rec["sig"] = nd.sig
         node_recs.append(rec)

@@ -16,13 +16,20 @@ from devplace.errors import ClusterError
 from devplace.graph.jsonio import check_format, dump_number, read_json, write_json
 
 FORMAT = "devplace.cluster/1"
-DEVICE_KEYS = ("name", "memory_bytes", "speed", "peak_flops", "mem_bandwidth_Bps", "kind")
+# Dense peak FLOP/s per precision class (docs/clusters.md, "Peak FLOP/s per precision"); 0 = unknown.
+PRECISION_PEAK_KEYS = ("peak_flops_fp32", "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16")
+DEVICE_KEYS = ("name", "memory_bytes", "speed", "peak_flops", "mem_bandwidth_Bps", "kind", *PRECISION_PEAK_KEYS)
 
 
 @dataclass(frozen=True)
 class Device:
     """One accelerator. `speed` scales every op's `compute_s`; `peak_flops` (dense FLOP/s at the precision
-    the cost model assumes) and `mem_bandwidth_Bps` feed the analytic cost model."""
+    of mixed-precision training) and `mem_bandwidth_Bps` feed the analytic cost model.
+
+    The `peak_flops_*` fields are the dense peaks per precision class, for the matrix products of ops in that
+    precision: `fp32` on the CUDA cores, `tf32` (fp32 ops allowed to use TF32 tensor cores), `bf16` and
+    `fp16` (tensor cores where the GPU has them). 0 means unknown: the cost model then uses `peak_flops`,
+    as it did for every op before these fields existed (docs/cost-models.md, "Precision")."""
 
     name: str
     memory_bytes: float
@@ -30,6 +37,10 @@ class Device:
     peak_flops: float = 0.0
     mem_bandwidth_Bps: float = 0.0
     kind: str = ""
+    peak_flops_fp32: float = 0.0
+    peak_flops_tf32: float = 0.0
+    peak_flops_bf16: float = 0.0
+    peak_flops_fp16: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -108,7 +119,7 @@ class Cluster:
         for d in self.devices:
             rec: dict[str, Any] = {"name": d.name, "memory_bytes": dump_number(d.memory_bytes),
                                    "speed": dump_number(d.speed)}
-            for k in ("peak_flops", "mem_bandwidth_Bps"):
+            for k in ("peak_flops", "mem_bandwidth_Bps", *PRECISION_PEAK_KEYS):
                 if getattr(d, k):
                     rec[k] = dump_number(getattr(d, k))
             if d.kind:
@@ -149,6 +160,7 @@ class Cluster:
                 mem_bandwidth_Bps=_positive(rec.get("mem_bandwidth_Bps", 0.0), f"{at}: \"mem_bandwidth_Bps\"",
                                             allow_zero=True),
                 kind=kind,
+                **{k: _positive(rec.get(k, 0.0), f"{at}: \"{k}\"", allow_zero=True) for k in PRECISION_PEAK_KEYS},
             ))
         if "link" not in doc:
             raise ClusterError(f"{where}: needs a default \"link\" with bandwidth_Bps and latency_s")

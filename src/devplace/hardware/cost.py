@@ -8,6 +8,8 @@ Two models fill a graph's `compute_s`:
   class comes from the ATen op name (`op_class`); optimizer ops pay one launch per `tensors_per_launch`
   tensors they update (multi-tensor kernels). Ops that launch no kernel (views, allocation, graph inputs: class `view`)
   take `view_s`: 0 on a GPU, the dispatch cost on a CPU. Parameters: `GPU_ROOFLINE`, `CPU_ROOFLINE`.
+  `peak_flops` depends on the op's precision (`peak_flops_for`): a matrix product (gemm, convolution,
+  attention) in fp32, TF32, bf16 or fp16 gets the device's peak for that class (`Device.peak_flops_*`).
 - **profiled**: a `CostTable` (`devplace.costs/1`) of median measured seconds keyed by the node's signature
   (`signature_key(node["sig"])`), written by `devplace.capture.profile.profile_graph`; nodes whose signature
   is missing from the table fall back to the analytic model, and the report says how many did.
@@ -37,9 +39,10 @@ from devplace.graph.jsonio import check_format, dump_number, read_json, write_js
 from devplace.hardware.cluster import Device
 
 __all__ = [
-    "CPU_ROOFLINE", "FORMAT", "GPU_ROOFLINE", "OP_CLASSES", "ClassRow", "CostError", "CostReport", "CostTable",
-    "Roofline", "analytic_node_time", "apply_costs", "node_traffic_bytes", "op_class", "op_name", "roofline_for",
-    "roofline_time", "sig_tensor_count", "signature_key",
+    "CPU_ROOFLINE", "FORMAT", "GPU_ROOFLINE", "MATRIX_CLASSES", "OP_CLASSES", "TF32_DEFAULTS", "ClassRow",
+    "CostError", "CostReport", "CostTable", "Roofline", "analytic_node_time", "apply_costs", "dtype_class",
+    "node_traffic_bytes", "op_class", "op_name", "peak_flops_for", "roofline_for", "roofline_time",
+    "sig_tensor_count", "signature_key",
 ]
 
 FORMAT = "devplace.costs/1"
@@ -260,6 +263,45 @@ def roofline_for(device: Device) -> Roofline:
     return CPU_ROOFLINE if device.kind.lower().startswith("cpu") else GPU_ROOFLINE
 
 
+# ================================================================================== precision
+# Op classes whose FLOPs are matrix products: they run at the peak of their precision (tensor cores for
+# bf16/fp16/TF32 where the device has them). The other classes have no FLOPs counted (the FLOP registry
+# counts products only), so their time is the memory term and their compute term keeps `peak_flops`.
+MATRIX_CLASSES = ("gemm", "convolution", "attention")
+# PyTorch's defaults: fp32 matmuls on the CUDA cores (torch.backends.cuda.matmul.allow_tf32 = False, i.e.
+# float32_matmul_precision "highest"), fp32 convolutions on TF32 tensor cores (torch.backends.cudnn.allow_tf32
+# = True). A capture records the flags it ran under in meta.capture.tf32; those win.
+TF32_DEFAULTS: Mapping[str, bool] = {"matmul": False, "convolution": True}
+_DTYPE_CLASSES = {"float32": "fp32", "fp32": "fp32", "float64": "fp32", "complex64": "fp32", "complex128": "fp32",
+                  "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16"}
+
+
+def dtype_class(dtype: str) -> str:
+    """The precision class of a dtype name ("float32" or "fp32" -> "fp32", "bfloat16" -> "bf16", "float16" ->
+    "fp16"), "" for integer, boolean, fp8 and unknown dtypes. float64 and complex are costed as fp32 (on
+    V100, A100 and H100, FP64 runs at half the FP32 rate, so such ops come out up to 2x too fast)."""
+    return _DTYPE_CLASSES.get(dtype, "")
+
+
+def peak_flops_for(device: Device, cls: str, dtype: str = "", tf32: Mapping[str, bool] | None = None) -> float:
+    """The peak FLOP/s an op of class `cls` computing in `dtype` gets on `device`.
+
+    A matrix product (`MATRIX_CLASSES`) in bf16 or fp16 gets the device's `peak_flops_bf16` / `_fp16`; in fp32
+    `peak_flops_tf32` if TF32 is allowed for it (`tf32["convolution"]` for convolutions, `tf32["matmul"]` for
+    gemm and attention; default `TF32_DEFAULTS`), else `peak_flops_fp32`. Everything else, and a peak the
+    device leaves at 0 (unknown), gets `peak_flops`.
+    """
+    if cls not in MATRIX_CLASSES:
+        return device.peak_flops
+    klass = dtype_class(dtype)
+    if klass == "fp32":
+        flags = TF32_DEFAULTS if tf32 is None else tf32
+        if flags.get("convolution" if cls == "convolution" else "matmul", False):
+            klass = "tf32"
+    peak = getattr(device, f"peak_flops_{klass}") if klass else 0.0
+    return peak or device.peak_flops
+
+
 def _check_device(device: Device) -> None:
     if not (device.peak_flops > 0 and device.mem_bandwidth_Bps > 0):
         raise CostError(
@@ -270,10 +312,11 @@ def _check_device(device: Device) -> None:
 
 
 def roofline_time(flops: float, mem_bytes: float, cls: str, device: Device, roofline: Roofline | None = None,
-                  tensors: int = 1) -> float:
-    """Seconds an op of class `cls` with `flops` and `mem_bytes` of traffic takes on `device`.
+                  tensors: int = 1, dtype: str = "", tf32: Mapping[str, bool] | None = None) -> float:
+    """Seconds an op of class `cls` computing in `dtype` with `flops` and `mem_bytes` of traffic takes on `device`.
 
-    ``max(flops / (peak_flops * efficiency[cls]), mem_bytes / (mem_bandwidth_Bps * bw_efficiency[cls]))``
+    ``max(flops / (peak * efficiency[cls]), mem_bytes / (mem_bandwidth_Bps * bw_efficiency[cls]))``
+    with ``peak = peak_flops_for(device, cls, dtype, tf32)``,
     plus the launch overhead: once for most ops; for an `optimizer` op over `tensors` tensors,
     ``tensors / roofline.tensors_per_launch`` of it (multi-tensor kernels launch once per that many tensors,
     and a one-tensor update of a per-parameter optimizer step stands for its share of such a launch, as
@@ -283,7 +326,7 @@ def roofline_time(flops: float, mem_bytes: float, cls: str, device: Device, roof
     if cls == "view":
         return rl.view_s
     _check_device(device)
-    compute = flops / (device.peak_flops * rl.efficiency[cls])
+    compute = flops / (peak_flops_for(device, cls, dtype, tf32) * rl.efficiency[cls])
     memory = mem_bytes / (device.mem_bandwidth_Bps * rl.bw_efficiency[cls])
     launches = max(tensors, 1) / rl.tensors_per_launch if cls == "optimizer" else 1.0
     return max(compute, memory) + launches * rl.launch_overhead_s
@@ -322,12 +365,15 @@ def sig_tensor_count(sig: Any) -> int:
     return 1
 
 
-def analytic_node_time(rec: Mapping[str, Any], device: Device, roofline: Roofline | None = None) -> float:
+def analytic_node_time(rec: Mapping[str, Any], device: Device, roofline: Roofline | None = None, *,
+                       tf32: Mapping[str, bool] | None = None, default_dtype: str = "") -> float:
     """Seconds the node record `rec` (a `devplace.graph/1` node with `flops`, `mem_access_bytes` and
-    optionally `sig`) takes on `device` under the roofline model."""
+    optionally `sig` and `dtype`) takes on `device` under the roofline model; a node without `dtype` computes
+    in `default_dtype` ("" = unknown: `device.peak_flops`)."""
     cls = op_class(str(rec.get("op", "")), str(rec.get("kind", "")))
     tensors = sig_tensor_count(rec.get("sig")) if cls == "optimizer" else 1
-    return roofline_time(_extra_number(rec, "flops"), node_traffic_bytes(rec), cls, device, roofline, tensors)
+    return roofline_time(_extra_number(rec, "flops"), node_traffic_bytes(rec), cls, device, roofline, tensors,
+                         str(rec.get("dtype", default_dtype)), tf32)
 
 
 # ================================================================================== cost tables
@@ -344,9 +390,9 @@ def _device_from(doc: Any, where: str) -> Device:
     if unknown:
         raise FormatError(f"{where}: \"device\" has unknown key(s) {unknown}; known: {sorted(known)}")
     try:
-        return Device(name=str(doc.get("name", "")), memory_bytes=float(doc.get("memory_bytes", 0.0)),
-                      speed=float(doc.get("speed", 1.0)), peak_flops=float(doc.get("peak_flops", 0.0)),
-                      mem_bandwidth_Bps=float(doc.get("mem_bandwidth_Bps", 0.0)), kind=str(doc.get("kind", "")))
+        given = {f.name: (str(doc[f.name]) if f.type in (str, "str") else float(doc[f.name]))
+                 for f in fields(Device) if f.name in doc}
+        return Device(**{"name": "", "memory_bytes": 0.0, **given})
     except (TypeError, ValueError) as exc:
         raise FormatError(f"{where}: \"device\": {exc}") from None
 
@@ -481,13 +527,18 @@ class CostReport:
 
 
 def apply_costs(graph: CompGraph, device: Device, model: str | CostTable = "analytic", *,
-                roofline: Roofline | None = None) -> tuple[CompGraph, CostReport]:
+                roofline: Roofline | None = None, dtype: str | None = None) -> tuple[CompGraph, CostReport]:
     """A copy of `graph` whose nodes' `compute_s` is their time on `device` in speed-1.0 units, and a report.
 
     Each node's time t on `device` comes from the cost table (by `signature_key(node["sig"])`) when `model`
     is a `CostTable` that has it, else from the roofline (`analytic_node_time`). The node gets
     ``compute_s = t * device.speed``, so the simulator's ``compute_s / speed`` gives back t on this device.
-    The graph's meta gains `"cost": {"model", "device_kind", "speed", "profiled_nodes", "nodes"}`.
+    The graph's meta gains `"cost": {"model", "device_kind", "speed", "profiled_nodes", "nodes", "tf32"}`.
+
+    Precision: each node's matrix FLOPs run at the device's peak for the node's `dtype` (`peak_flops_for`);
+    `dtype` ("fp32", "bf16", "fp16" or a torch dtype name) is assumed for nodes that have none (graphs from
+    ONNX, JSON files or older captures; None: `device.peak_flops`). TF32 use follows the capture's
+    `meta.capture.tf32` flags, else PyTorch's defaults (`TF32_DEFAULTS`).
 
     Raises CostError when the device lacks peak_flops/mem_bandwidth_Bps for an op that needs the analytic
     model, or when the table was measured on another device kind than `device.kind`.
@@ -505,6 +556,12 @@ def apply_costs(graph: CompGraph, device: Device, model: str | CostTable = "anal
     else:
         raise CostError(f"unknown cost model {model!r}; use \"analytic\" or a CostTable (devplace profile)")
     rl = roofline or roofline_for(device)
+    if dtype is not None and not dtype_class(dtype):
+        raise CostError(f"unknown dtype {dtype!r} for nodes without one; use fp32, bf16 or fp16")
+    captured = graph.meta.get("capture")
+    flags = captured.get("tf32") if isinstance(captured, Mapping) else None
+    tf32 = {k: bool(flags.get(k, v)) for k, v in TF32_DEFAULTS.items()} if isinstance(flags, Mapping) \
+        else dict(TF32_DEFAULTS)
 
     nodes = []
     per_class: dict[str, list[float]] = {}
@@ -518,7 +575,7 @@ def apply_costs(graph: CompGraph, device: Device, model: str | CostTable = "anal
             profiled += 1
             profiled_s += t
         else:
-            t = analytic_node_time(rec, device, rl)
+            t = analytic_node_time(rec, device, rl, tf32=tf32, default_dtype=dtype or "")
         rec["compute_s"] = dump_number(t * device.speed)
         nodes.append(rec)
         acc = per_class.setdefault(cls, [0, 0.0])
@@ -533,6 +590,6 @@ def apply_costs(graph: CompGraph, device: Device, model: str | CostTable = "anal
                         profiled_share=profiled_s / total if total > 0 else 0.0)
     meta = dict(graph.meta)
     meta["cost"] = {"model": name, "device_kind": device.kind, "speed": dump_number(device.speed),
-                    "profiled_nodes": profiled, "nodes": graph.num_nodes}
+                    "profiled_nodes": profiled, "nodes": graph.num_nodes, "tf32": tf32}
     edges = [graph.edge_record(e) for e in range(graph.num_edges)]
     return CompGraph.build(graph.name, nodes, edges, meta), report

@@ -7,6 +7,10 @@ Conventions (docs/clusters.md, "Conventions"):
   ECC and allocator reserve, so it is a usable, slightly conservative capacity.
 - `peak_flops` is the dense (no sparsity) peak at the precision of mixed-precision training: the FP16/BF16
   tensor-core peak on GPUs that have tensor cores, the FP32 peak on GPUs without fast FP16 (Kepler).
+- `peak_flops_fp32/tf32/bf16/fp16` are the dense datasheet peaks per precision class (FP32 on the CUDA
+  cores, TF32 / BF16 / FP16 on the tensor cores). A GPU without units for a precision gets the rate that
+  precision runs at there: TF32 on V100 and K80 is plain FP32 (no TF32 units), BF16 on V100 and K80 and
+  FP16 on K80 run on the CUDA cores at (at best) the FP32 rate.
 - `speed = peak_flops / 125e12`, so the V100 SXM2 (125 TFLOPS dense FP16 tensor) is the reference 1.0 and
   a graph's `compute_s` is "seconds on a V100 SXM2". The one exception is `3xGPU-placeto`, whose speed is
   1.0 by definition (the seed study's graphs carry op times as profiled).
@@ -52,20 +56,33 @@ class GpuSpec(NamedTuple):
     memory_bytes: float
     peak_flops: float  # dense, at the mixed-precision training precision (see the module docstring)
     mem_bandwidth_Bps: float
+    peak_flops_fp32: float  # dense peaks per precision class (see the module docstring)
+    peak_flops_tf32: float
+    peak_flops_bf16: float
+    peak_flops_fp16: float
 
 
-K80_GK210 = GpuSpec("K80 (one GK210)", 12 * GB, 4.37 * TFLOPS, 240 * GB)  # half a Tesla K80 board, FP32
-V100_PCIE_16GB = GpuSpec("V100-PCIe-16GB", 16 * GB, 112 * TFLOPS, 900 * GB)
-V100_SXM2_32GB = GpuSpec("V100-SXM2-32GB", 32 * GB, 125 * TFLOPS, 900 * GB)
-A100_SXM4_40GB = GpuSpec("A100-SXM4-40GB", 40 * GB, 312 * TFLOPS, 1555 * GB)
-H100_SXM5_80GB = GpuSpec("H100-SXM5-80GB", 80 * GB, 989.4 * TFLOPS, 3350 * GB)
+# half a Tesla K80 board; Kepler has no tensor cores and no fast FP16: every precision at the FP32 rate
+K80_GK210 = GpuSpec("K80 (one GK210)", 12 * GB, 4.37 * TFLOPS, 240 * GB, *[4.37 * TFLOPS] * 4)
+# Volta: FP16 tensor cores; no TF32 and no BF16 units (both arrived with Ampere), those run at the FP32 rate
+V100_PCIE_16GB = GpuSpec("V100-PCIe-16GB", 16 * GB, 112 * TFLOPS, 900 * GB,
+                         14 * TFLOPS, 14 * TFLOPS, 14 * TFLOPS, 112 * TFLOPS)
+V100_SXM2_32GB = GpuSpec("V100-SXM2-32GB", 32 * GB, 125 * TFLOPS, 900 * GB,
+                         15.7 * TFLOPS, 15.7 * TFLOPS, 15.7 * TFLOPS, 125 * TFLOPS)
+A100_SXM4_40GB = GpuSpec("A100-SXM4-40GB", 40 * GB, 312 * TFLOPS, 1555 * GB,
+                         19.5 * TFLOPS, 156 * TFLOPS, 312 * TFLOPS, 312 * TFLOPS)
+# the datasheet's tensor-core figures are with 2:4 sparsity; dense is half (docs/clusters.md)
+H100_SXM5_80GB = GpuSpec("H100-SXM5-80GB", 80 * GB, 989.4 * TFLOPS, 3350 * GB,
+                         67 * TFLOPS, 494.7 * TFLOPS, 989.4 * TFLOPS, 989.4 * TFLOPS)
 
 
 def gpus(spec: GpuSpec, n: int, prefix: str = "gpu", speed: float | None = None) -> tuple[Device, ...]:
     """`n` identical devices named prefix0..prefix{n-1}; speed defaults to peak_flops / V100_PEAK_FLOPS."""
     s = spec.peak_flops / V100_PEAK_FLOPS if speed is None else speed
     return tuple(Device(name=f"{prefix}{i}", memory_bytes=spec.memory_bytes, speed=s,
-                        peak_flops=spec.peak_flops, mem_bandwidth_Bps=spec.mem_bandwidth_Bps, kind=spec.kind)
+                        peak_flops=spec.peak_flops, mem_bandwidth_Bps=spec.mem_bandwidth_Bps, kind=spec.kind,
+                        peak_flops_fp32=spec.peak_flops_fp32, peak_flops_tf32=spec.peak_flops_tf32,
+                        peak_flops_bf16=spec.peak_flops_bf16, peak_flops_fp16=spec.peak_flops_fp16)
                  for i in range(n))
 
 

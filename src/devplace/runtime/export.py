@@ -3,11 +3,14 @@ a Hugging Face style `device_map`, and plain JSON.
 
 Both exports work on the *forward* ops of the captured graph in program (capture) order, with their module
 paths; backward and optimizer ops follow their forward op (their colocation group), as they do at run time.
+Any placement exports: where a format cannot express it exactly (a pipeline is one contiguous run of module
+calls per device; a device_map one device per module), the export is the nearest placement it can express,
+and its simulated step time is reported next to the placement's own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,12 +18,13 @@ import numpy as np
 
 from devplace.errors import PlacementError
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.placement import Placement
+from devplace.graph.modules import ancestors, forward_ops, module_of, module_starts
+from devplace.graph.placement import Placement, runtime_placement
 from devplace.hardware.cluster import Cluster
+from devplace.runtime.module_map import placement_from_module_map
 from devplace.sim import simulate
 
-__all__ = ["DeviceMap", "ExportError", "PipelineSplit", "device_map", "export_json", "pipeline_split",
-           "placement_from_module_map"]
+__all__ = ["DeviceMap", "ExportError", "PipelineSplit", "device_map", "export_json", "pipeline_split"]
 
 
 class ExportError(PlacementError):
@@ -28,12 +32,7 @@ class ExportError(PlacementError):
 
 
 def _module(graph: CompGraph, v: int) -> str:
-    return str(graph.node_extra[v].get("module", "")) if graph.node_extra else ""
-
-
-def _forward_ops(graph: CompGraph) -> list[int]:
-    """Forward op nodes (not inputs), in program order (the capture records them in execution order)."""
-    return [v for v in range(graph.num_nodes) if graph.kind[v] == "forward" and graph.op[v] != "input"]
+    return module_of(graph, v) or ""
 
 
 def _devices(graph: CompGraph, placement: Placement) -> np.ndarray:
@@ -42,14 +41,51 @@ def _devices(graph: CompGraph, placement: Placement) -> np.ndarray:
     return placement.to_array(graph, max(placement.assignment.values(), default=0) + 1)
 
 
+def _forward_work(graph: CompGraph) -> np.ndarray:
+    """Per node: for a forward op, the compute of everything that runs with it (its colocation group's backward
+    and optimizer ops); 0 for the others. What a device gains or loses when the op moves."""
+    work = np.zeros(graph.num_nodes, dtype=np.float64)
+    index = graph.index
+    for v in range(graph.num_nodes):
+        u = index.get(graph.group[v], v) if graph.group[v] else v
+        work[u if graph.kind[u] == "forward" else v] += float(graph.compute_s[v])
+    return work
+
+
+def _costs(graph: CompGraph, cluster: Cluster | None, placement: Placement,
+           exported: Placement) -> tuple[float | None, float | None]:
+    """Simulated step time of the exported placement and of the placement as the runtime runs it."""
+    if cluster is None:
+        return None, None
+    base = runtime_placement(graph, placement)
+    exp = simulate(graph, cluster, exported).step_time_s
+    return exp, (exp if base.assignment == exported.assignment else simulate(graph, cluster, base).step_time_s)
+
+
 # ------------------------------------------------------------------------------------------ pipeline
 @dataclass(frozen=True)
 class PipelineSplit:
-    """Stages in program order: `devices[i]` runs stage i; stage i > 0 begins at module `split_points[i-1]`."""
+    """Stages in program order: `devices[i]` runs stage i; stage i > 0 begins at module `split_points[i-1]`.
+
+    `placement` is the op placement the stages run (forward ops by stage, the rest with their forward op);
+    `moved_fraction` the share of the forward work (with its backward and optimizer ops) that it runs on
+    another device than the exported placement did; `step_time_s` and `op_level_step_time_s` the simulated
+    step of the stages and of the exported placement as the runtime runs it (None without a cluster)."""
 
     devices: tuple[int, ...]
     split_points: tuple[str, ...]
     first_ops: tuple[str, ...]  # the first captured op of each stage
+    placement: Placement
+    moved_fraction: float
+    step_time_s: float | None = None
+    op_level_step_time_s: float | None = None
+
+    @property
+    def slowdown(self) -> float | None:
+        """Step time of the stages over the op-level placement's (1.0 = no loss); None without a cluster."""
+        if self.step_time_s is None or not self.op_level_step_time_s:
+            return None
+        return self.step_time_s / self.op_level_step_time_s
 
     def split_spec(self) -> dict[str, Any]:
         """`{module name: SplitPoint.BEGINNING}` for `torch.distributed.pipelining.pipeline(split_spec=...)`."""
@@ -60,68 +96,105 @@ class PipelineSplit:
     def to_dict(self) -> dict[str, Any]:
         return {"format": "devplace.pipeline/1", "stage_devices": list(self.devices),
                 "split_points": [{"module": m, "point": "beginning"} for m in self.split_points],
-                "stage_first_ops": list(self.first_ops)}
+                "stage_first_ops": list(self.first_ops), "moved_fraction": self.moved_fraction,
+                "step_time_s": self.step_time_s, "op_level_step_time_s": self.op_level_step_time_s}
 
 
-def pipeline_split(graph: CompGraph, placement: Placement) -> PipelineSplit:
-    """The placement as pipeline stages split at module boundaries, or an `ExportError` saying why it is not one.
+def _monotone_stages(cost: np.ndarray) -> list[int]:
+    """Stage (row of `cost`, non-decreasing along the units) of each unit minimising the summed cost[stage, unit];
+    a stage may be skipped. Dynamic programming, O(stages x units); ties go to the earlier stage."""
+    s, n = cost.shape
+    best = np.zeros((n + 1, s), dtype=np.float64)
+    choice = np.zeros((n, s), dtype=np.int64)
+    for u in range(n):
+        run = np.minimum.accumulate(best[u])  # the best of stages <= j so far
+        arg = np.zeros(s, dtype=np.int64)
+        for j in range(1, s):
+            arg[j] = arg[j - 1] if best[u][arg[j - 1]] <= best[u][j] else j
+        best[u + 1] = run + cost[:, u]
+        choice[u] = arg
+    stages = [0] * n
+    j = int(np.argmin(best[n]))
+    for u in range(n - 1, -1, -1):
+        stages[u] = j
+        j = int(choice[u][j])
+    return stages
 
-    A pipeline stage is one device running a contiguous run of the forward program; so every device must own
-    one contiguous run of forward ops, and each stage after the first must begin where a submodule's call
-    begins (torch.distributed.pipelining splits the traced program at module calls).
+
+def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | None = None) -> PipelineSplit:
+    """Pipeline stages for any placement of a captured graph: one contiguous run of whole module calls per
+    device, in program order, as near the placement as such a split gets.
+
+    A pipeline stage is one device running a contiguous run of the forward program, and each stage after the
+    first begins where a module call begins (torch.distributed.pipelining splits the traced program there).
+    So the forward program is cut into units at every module call's beginning; the stage order is the
+    devices' order along the program (the point where half of each device's forward work is done); and each
+    unit goes to a stage, stages non-decreasing along the program, such that the least forward work (with its
+    backward and optimizer ops) moves off its placed device (exact, by dynamic programming). Ops without
+    compute (`arange`, `empty`, views) have no say: they go with their unit. The trailing ops of the root
+    module (the loss the capture added) run in the last stage. With `cluster`, the stages' step time is
+    simulated next to the placement's own (as the runtime runs it), so the loss of the approximation shows.
     """
     devs = _devices(graph, placement)
-    fwd = _forward_ops(graph)
-    # trailing ops of the root module are the loss the capture added after the model's forward (or the root's
-    # own last ops): a pipeline computes the loss in its last stage, wherever the placement put them
-    while len(fwd) > 1 and not _module(graph, fwd[-1]):
-        fwd.pop()
+    fwd = forward_ops(graph)
     if not fwd:
         raise ExportError(f"graph {graph.name!r} has no forward ops to split")
-    runs: list[tuple[int, int]] = []  # (device, index into fwd where the run starts)
-    for i, v in enumerate(fwd):
-        if not runs or runs[-1][0] != int(devs[v]):
-            runs.append((int(devs[v]), i))
-    seen: dict[int, int] = {}
-    for k, (d, i) in enumerate(runs):
-        if d in seen:
-            prev = runs[seen[d]]
-            raise ExportError(
-                f"device {d} runs two separate stretches of the forward program (from {graph.ids[fwd[prev[1]]]!r} "
-                f"and again from {graph.ids[fwd[i]]!r}, with device {runs[k - 1][0]} in between), so the placement "
-                "is not contiguous along the program's topological order and is no pipeline; place it with "
-                "`--placer contiguous` for a pipeline export")
-        seen[d] = k
-    first_of: dict[str, int] = {}  # module -> index of its first forward op (program order)
-    last_of: dict[str, int] = {}
-    for i, v in enumerate(fwd):
-        m = _module(graph, v)
-        parts = m.split(".") if m else []
-        for j in range(1, len(parts) + 1):
-            name = ".".join(parts[:j])
-            first_of.setdefault(name, i)
-            last_of[name] = i
+    body = len(fwd)
+    while body > 1 and not _module(graph, fwd[body - 1]):
+        body -= 1
+    mods = [_module(graph, v) for v in fwd[:body]]
+    starts = module_starts(mods)
+    bounds = [0, *sorted(starts), body]
+    work = _forward_work(graph)
+    fdev = devs[np.asarray(fwd[:body], dtype=np.int64)]
+    fwork = work[np.asarray(fwd[:body], dtype=np.int64)]
+    # stage order: where each device's forward work is half done ("forward order decides")
+    used = sorted({int(d) for d, w in zip(fdev, fwork, strict=True) if w > 0}) or [int(fdev[0])]
+    middle: dict[int, float] = {}
+    for d in used:
+        mine = np.cumsum(np.where(fdev == d, fwork, 0.0))
+        middle[d] = float(np.searchsorted(mine, mine[-1] / 2.0)) if mine[-1] > 0 else 0.0
+    order = sorted(used, key=lambda d: (middle[d], d))
+    units = len(bounds) - 1
+    cost = np.zeros((len(order), units), dtype=np.float64)
+    for u in range(units):
+        a, b = bounds[u], bounds[u + 1]
+        unit_total = float(fwork[a:b].sum())
+        for j, d in enumerate(order):
+            cost[j, u] = unit_total - float(fwork[a:b][fdev[a:b] == d].sum())
+    stage_of = _monotone_stages(cost)
+    out = devs.copy()
+    moved = 0.0
+    for u in range(units):
+        d = order[stage_of[u]]
+        for i in range(bounds[u], bounds[u + 1]):
+            moved += float(fwork[i]) if int(fdev[i]) != d else 0.0
+            out[fwd[i]] = d
+    last = order[stage_of[-1]]
+    for v in fwd[body:]:
+        out[v] = last
+    exported = runtime_placement(graph, Placement.from_array(graph, out, cluster=placement.cluster))
+    stage_devices: list[int] = []
     points: list[str] = []
-    for d, i in runs[1:]:
-        m = _module(graph, fwd[i])
-        parts = m.split(".") if m else []
-        # the outermost module whose first op opens the stage and whose ops all lie in this stage or later
-        name = next((".".join(parts[:j]) for j in range(1, len(parts) + 1)
-                     if first_of[".".join(parts[:j])] == i), None)
-        if name is None:
-            prev = graph.ids[fwd[i - 1]]
-            raise ExportError(f"the stage of device {d} begins at op {graph.ids[fwd[i]]!r}, inside module "
-                              f"{m or '(root)'!r} right after {prev!r}: not at the start of a module call, where "
-                              "torch.distributed.pipelining splits; coarsen to module boundaries or use a device_map")
-        points.append(name)
-    return PipelineSplit(tuple(d for d, _ in runs), tuple(points), tuple(graph.ids[fwd[i]] for _, i in runs))
+    first_ops: list[str] = []
+    for u in range(units):
+        d = order[stage_of[u]]
+        if not stage_devices or stage_devices[-1] != d:
+            if stage_devices:
+                points.append(starts[bounds[u]])
+            stage_devices.append(d)
+            first_ops.append(graph.ids[fwd[bounds[u]]])
+    fw_total = float(fwork.sum())
+    step, base = _costs(graph, cluster, placement, exported)
+    return PipelineSplit(tuple(stage_devices), tuple(points), tuple(first_ops), exported,
+                         moved / fw_total if fw_total > 0 else 0.0, step, base)
 
 
 # ------------------------------------------------------------------------------------------ device map
 @dataclass(frozen=True)
 class DeviceMap:
-    """Module name -> logical device, the coarsest map that keeps every mapped module on one device, the
-    op-level placement it implies, and the simulated step time of both."""
+    """Module (or, for a split module's own tensors, parameter/buffer) name -> logical device, the op-level
+    placement it implies, and the simulated step time of both."""
 
     mapping: dict[str, int]
     placement: Placement
@@ -138,85 +211,123 @@ class DeviceMap:
         return {m: (devices[d] if devices is not None else d) for m, d in self.mapping.items()}
 
 
-def device_map(graph: CompGraph, placement: Placement, cluster: Cluster) -> DeviceMap:
-    """A Hugging Face style device_map (module name -> device) for `placement`, at module granularity.
-
-    A module maps to a device when all its forward ops run there; a module split across devices is not
-    mapped, its submodules are. Ops of a split module's own code (not in any mapped submodule) run, as under
-    accelerate's hooks, where their input is: here, on the device of the previous forward op. Each module
-    is mapped to where the placement runs most of its forward compute when a parent must be split below
-    module granularity (a leaf module whose ops span devices). The implied op placement (backward and
-    optimizer ops with their group's forward op) is simulated, so the loss in step time is shown.
-    """
-    devs = _devices(graph, placement)
-    fwd = _forward_ops(graph)
+def _module_mapping(graph: CompGraph, devs: np.ndarray, work: np.ndarray) -> dict[str, int]:
+    """The coarsest modules whose forward ops all run on one device; a leaf split across devices goes where most
+    of its work runs."""
     module_devs: dict[str, set[int]] = {}
-    children: dict[str, set[str]] = {}
-    compute: dict[tuple[str, int], float] = {}
-    for v in fwd:
-        m = _module(graph, v)
-        parts = m.split(".") if m else []
-        names = [""] + [".".join(parts[:j]) for j in range(1, len(parts) + 1)]
+    children: dict[str, list[str]] = {}
+    share: dict[tuple[str, int], float] = {}
+    for v in forward_ops(graph):
+        names = ancestors(_module(graph, v))
+        d = int(devs[v])
         for j, name in enumerate(names):
-            module_devs.setdefault(name, set()).add(int(devs[v]))
-            compute[(name, int(devs[v]))] = compute.get((name, int(devs[v])), 0.0) + float(graph.compute_s[v])
-            if j + 1 < len(names):
-                children.setdefault(name, set()).add(names[j + 1])
+            module_devs.setdefault(name, set()).add(d)
+            share[(name, d)] = share.get((name, d), 0.0) + float(work[v])
+            if j + 1 < len(names) and names[j + 1] not in children.setdefault(name, []):
+                children[name].append(names[j + 1])  # in program order of first op
     mapping: dict[str, int] = {}
 
     def visit(name: str) -> None:
-        kids = children.get(name, set())
+        kids = children.get(name, [])
         if len(module_devs[name]) == 1 or not kids:
-            mapping[name] = max(module_devs[name], key=lambda d: (compute.get((name, d), 0.0), -d))
+            mapping[name] = max(module_devs[name], key=lambda d: (share.get((name, d), 0.0), -d))
             return
-        for kid in sorted(kids, key=lambda k: _first_index(graph, fwd, k)):
+        for kid in kids:
             visit(kid)
 
-    visit("")
-    coarse = placement_from_module_map(graph, mapping)
-    result = simulate(graph, cluster, coarse)
-    from devplace.runtime.apply import runtime_placement
-
-    base = simulate(graph, cluster, runtime_placement(graph, placement))
-    return DeviceMap(mapping, coarse, result.step_time_s, base.step_time_s)
+    if module_devs:
+        visit("")
+    return mapping
 
 
-def _first_index(graph: CompGraph, fwd: list[int], name: str) -> int:
-    for i, v in enumerate(fwd):
-        m = _module(graph, v)
-        if m == name or m.startswith(name + "."):
-            return i
-    return len(fwd)
+def _covering(mapping: dict[str, int], name: str) -> str | None:
+    """The innermost key of `mapping` that is `name` or a module enclosing it."""
+    parts = name.split(".")
+    for j in range(len(parts), 0, -1):
+        key = ".".join(parts[:j])
+        if key in mapping:
+            return key
+    return "" if "" in mapping else None
 
 
-def placement_from_module_map(graph: CompGraph, mapping: Mapping[str, int]) -> Placement:
-    """The op placement a module map (a device_map with logical device indices) implies: each forward op on its
-    innermost mapped module's device (an op of no mapped module: where the previous forward op runs), backward
-    and optimizer ops with their group's forward op, inputs with their first consumer."""
+def _complete(mapping: dict[str, int], model: Any, homes: dict[str, int]) -> dict[str, int]:
+    """`mapping` extended so that every entry of `model.state_dict()` is covered, tied tensors on one device.
+
+    `homes`: canonical tensor name -> the device of its first consumer. A tensor under no key is a tensor of
+    a split module's own (ViT's class_token) or of a module that ran no op: the outermost such module that
+    is not split is mapped, else the tensor by name (as accelerate's own maps do), to its home. An alias of a
+    tied tensor under a key on another device than the tensor's home: the key is split into its children
+    (and its own tensors by name) down to the alias's module, which then maps to the home."""
+    mapping = dict(mapping)
+    modules = dict(model.named_modules())
+    canonical: dict[int, str] = {}
+    for n, t in [*model.named_parameters(), *model.named_buffers()]:
+        canonical.setdefault(id(t), n)
+    state = model.state_dict(keep_vars=True)
+    first_key = next(iter(mapping.values()), 0)
+
+    def split(key: str) -> None:
+        d = mapping.pop(key)
+        mod = modules[key]
+        prefix = f"{key}." if key else ""
+        for child, _ in mod.named_children():
+            mapping[prefix + child] = d
+        for n, _ in [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]:
+            if prefix + n in state:
+                mapping[prefix + n] = d
+
+    for name, t in state.items():
+        base = canonical.get(id(t), name)
+        home = homes.get(base)
+        owner = name.rpartition(".")[0]
+        base_key = _covering(mapping, base) if base != name else None
+        if base_key is not None:  # an alias of a tied tensor: on the device its first name is mapped to
+            home = mapping[base_key]
+            while (key := _covering(mapping, name)) is not None and mapping[key] != home:
+                if key in (name, owner):
+                    mapping[key] = home
+                else:
+                    split(key)
+        if _covering(mapping, name) is None:
+            is_split = {a for k in mapping for a in ancestors(k)[:-1]}
+            free = next((a for a in ancestors(owner) if a and a not in is_split), None)
+            mapping[free if free is not None else name] = first_key if home is None else home
+    return mapping
+
+
+def device_map(graph: CompGraph, placement: Placement, cluster: Cluster, model: Any = None,
+               example_inputs: Any = None) -> DeviceMap:
+    """A Hugging Face style device_map (module name -> device) for `placement`, at module granularity.
+
+    A module maps to a device when all its forward ops run there; a module split across devices is not
+    mapped, its submodules are (a leaf whose ops span devices goes where most of its work runs). Ops of a
+    split module's own code (not in any mapped submodule) run, as under accelerate's hooks, where their input
+    is: here, on the device of the previous forward op. With `model` and `example_inputs` (the captured
+    module and its inputs), the map covers every entry of `model.state_dict()`, as accelerate's
+    `dispatch_model` requires: parameters and buffers of split modules and of modules that ran no op are
+    mapped where their first consumer runs, and tied weights together (see `_complete`). The implied op
+    placement (backward and optimizer ops with their forward op) is simulated, so the loss in step time
+    against the placement as the runtime runs it is shown.
+    """
+    devs = _devices(graph, placement)
+    mapping = _module_mapping(graph, devs, _forward_work(graph))
     if not mapping:
-        raise ExportError("the module map is empty; map at least the root module \"\" to a device")
-    fwd = _forward_ops(graph)
-    out = np.zeros(graph.num_nodes, dtype=np.int64)
-    prev = next(iter(mapping.values()), 0)
-    for v in fwd:
-        m = _module(graph, v)
-        parts = m.split(".") if m else []
-        names = [".".join(parts[:j]) for j in range(len(parts), 0, -1)] + [""]
-        d = next((mapping[n] for n in names if n in mapping), prev)
-        out[v] = d
-        prev = d
-    index = graph.index
-    for v in range(graph.num_nodes):
-        if graph.kind[v] != "forward":
-            g = graph.group[v]
-            if g and g in index and graph.kind[index[g]] == "forward":
-                out[v] = out[index[g]]
-    for v in range(graph.num_nodes):  # an input lives where its first consumer runs
-        if graph.op[v] == "input":
-            succ = graph.successors(v)
-            if succ:
-                out[v] = out[succ[0]]
-    return Placement.from_array(graph, out)
+        raise ExportError(f"graph {graph.name!r} has no forward ops to map")
+    if model is not None:
+        if example_inputs is None:
+            raise ExportError("a complete device_map needs the model's example inputs as well (to find where each "
+                              "parameter is first used); pass example_inputs=")
+        from devplace.runtime.apply import state_first_ops
+
+        rp = runtime_placement(graph, placement)
+        homes = {n: rp.assignment[op] for n, op in state_first_ops(model, example_inputs).items()
+                 if op in rp.assignment}
+        mapping = _complete(mapping, model, homes)
+    known = {a for v in forward_ops(graph) for a in ancestors(_module(graph, v))}
+    coarse = placement_from_module_map(graph, cluster, mapping, tensors=[k for k in mapping if k not in known])
+    step, base = _costs(graph, cluster, placement, coarse)
+    assert step is not None and base is not None
+    return DeviceMap(mapping, coarse, step, base)
 
 
 # ------------------------------------------------------------------------------------------ JSON

@@ -8,7 +8,7 @@ exports (pipeline split points, device maps), which all cut the forward program 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from devplace.graph.compgraph import CompGraph
 
@@ -45,14 +45,19 @@ def ancestors(module: str) -> list[str]:
     return [""] + [".".join(parts[:j]) for j in range(1, len(parts) + 1)]
 
 
-def module_starts(modules: Sequence[str]) -> dict[int, str]:
+def module_starts(modules: Sequence[str], callable_modules: Collection[str] | None = None) -> dict[int, str]:
     """Positions of a forward op sequence (its ops' module paths, in program order) where a module's first call
     begins: position -> the outermost module (not the root) whose first op is there.
 
     These are the places where `torch.distributed.pipelining` can split (at a module call's beginning) and
-    where a module-granular device map can change device without splitting a module. Position 0 is never a
-    split point and is left out.
+    where a module-granular device map can change device without splitting a module. Only called modules
+    are candidates: a path prefix such as a `ModuleList` ("layers" of "layers.0") is a container that is
+    never called, so no split can be hooked on it. `callable_modules` names them (from the model: modules
+    with a forward); without it, only modules that some op names as its own count (so an `nn.Sequential`
+    without ops of its own gives way to its first child, which begins at the same op). Position 0 is never
+    a split point and is left out.
     """
+    called = set(modules) | set(callable_modules or ())
     first: dict[str, int] = {}
     for i, m in enumerate(modules):
         for name in ancestors(m)[1:]:
@@ -61,7 +66,7 @@ def module_starts(modules: Sequence[str]) -> dict[int, str]:
     for i, m in enumerate(modules):
         if i == 0:
             continue
-        name = next((n for n in ancestors(m)[1:] if first[n] == i), None)
+        name = next((n for n in ancestors(m)[1:] if first[n] == i and n in called), None)
         if name is not None:
             out[i] = name
     return out

@@ -24,7 +24,8 @@ from devplace.hardware.cluster import Cluster
 from devplace.runtime.module_map import placement_from_module_map
 from devplace.sim import simulate
 
-__all__ = ["DeviceMap", "ExportError", "PipelineSplit", "device_map", "export_json", "pipeline_split"]
+__all__ = ["DeviceMap", "ExportError", "PipelineSplit", "callable_modules", "device_map", "export_json",
+           "pipeline_split"]
 
 
 class ExportError(PlacementError):
@@ -121,7 +122,15 @@ def _monotone_stages(cost: np.ndarray) -> list[int]:
     return stages
 
 
-def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | None = None) -> PipelineSplit:
+def callable_modules(model: Any) -> set[str]:
+    """Names of the modules of `model` that can be called (have a forward; not ModuleList/ModuleDict)."""
+    from torch import nn
+
+    return {n for n, m in model.named_modules() if type(m).forward is not nn.Module.forward}
+
+
+def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | None = None,
+                   model: Any = None) -> PipelineSplit:
     """Pipeline stages for any placement of a captured graph: one contiguous run of whole module calls per
     device, in program order, as near the placement as such a split gets.
 
@@ -134,6 +143,8 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
     compute (`arange`, `empty`, views) have no say: they go with their unit. The trailing ops of the root
     module (the loss the capture added) run in the last stage. With `cluster`, the stages' step time is
     simulated next to the placement's own (as the runtime runs it), so the loss of the approximation shows.
+    With `model` (the captured module), a split point may be a module without ops of its own (an
+    `nn.Sequential`); without it, the innermost module that begins there and has ops of its own is named.
     """
     devs = _devices(graph, placement)
     fwd = forward_ops(graph)
@@ -143,7 +154,7 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
     while body > 1 and not _module(graph, fwd[body - 1]):
         body -= 1
     mods = [_module(graph, v) for v in fwd[:body]]
-    starts = module_starts(mods)
+    starts = module_starts(mods, callable_modules(model) if model is not None else None)
     bounds = [0, *sorted(starts), body]
     work = _forward_work(graph)
     fdev = devs[np.asarray(fwd[:body], dtype=np.int64)]
@@ -211,9 +222,9 @@ class DeviceMap:
         return {m: (devices[d] if devices is not None else d) for m, d in self.mapping.items()}
 
 
-def _module_mapping(graph: CompGraph, devs: np.ndarray, work: np.ndarray) -> dict[str, int]:
-    """The coarsest modules whose forward ops all run on one device; a leaf split across devices goes where most
-    of its work runs."""
+def _module_mapping(graph: CompGraph, devs: np.ndarray, work: np.ndarray, model: Any) -> dict[str, int]:
+    """The coarsest called modules whose forward ops all run on one device; a leaf split across devices goes
+    where most of its work runs."""
     module_devs: dict[str, set[int]] = {}
     children: dict[str, list[str]] = {}
     share: dict[tuple[str, int], float] = {}
@@ -226,10 +237,12 @@ def _module_mapping(graph: CompGraph, devs: np.ndarray, work: np.ndarray) -> dic
             if j + 1 < len(names) and names[j + 1] not in children.setdefault(name, []):
                 children[name].append(names[j + 1])  # in program order of first op
     mapping: dict[str, int] = {}
+    called = {_module(graph, v) for v in forward_ops(graph)} | (callable_modules(model) if model is not None else set())
 
     def visit(name: str) -> None:
         kids = children.get(name, [])
-        if len(module_devs[name]) == 1 or not kids:
+        # a container that is never called (a ModuleList) has no hook of its own: map its children
+        if not kids or (len(module_devs[name]) == 1 and (name in called or name == "")):
             mapping[name] = max(module_devs[name], key=lambda d: (share.get((name, d), 0.0), -d))
             return
         for kid in kids:
@@ -310,7 +323,7 @@ def device_map(graph: CompGraph, placement: Placement, cluster: Cluster, model: 
     against the placement as the runtime runs it is shown.
     """
     devs = _devices(graph, placement)
-    mapping = _module_mapping(graph, devs, _forward_work(graph))
+    mapping = _module_mapping(graph, devs, _forward_work(graph), model)
     if not mapping:
         raise ExportError(f"graph {graph.name!r} has no forward ops to map")
     if model is not None:

@@ -8,8 +8,11 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from conftest import run_cli as _cli
@@ -55,7 +58,7 @@ def test_pipeline_split_builds_a_torch_pipeline():
     assert pipeline_split(p.graph, placement).split_points == ("2.0", "4.0")
     # a placement that is a pipeline already exports as itself, at no cost
     assert split.placement.assignment == placement.assignment and split.moved_fraction == 0.0
-    assert split.slowdown == pytest.approx(1.0)
+    assert split.slowdown == pytest.approx(1.0) and split.feasible
     pipe = pipeline(model, mb_args=(x,), split_spec=split.split_spec())
     assert pipe.num_stages == 3
     doc = split.to_dict()
@@ -94,7 +97,46 @@ def test_pipeline_split_approximates_any_placement_with_contiguous_module_stages
     cut = Placement({k: (1 if k in later else 0) for k in p2.graph.ids}, graph=p2.graph.name)
     moved = pipeline_split(p2.graph, cut)
     assert moved.devices == (0, 1) and moved.split_points in (("1",), ("2",)) and moved.moved_fraction > 0
-    assert moved.step_time_s is None  # no cluster: no simulation
+    assert moved.step_time_s is None and moved.feasible is None  # no cluster: no simulation
+
+
+class _SharedAct(nn.Module):
+    """One activation module called twice: a split at its beginning would split at both calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.act, self.l2, self.l3 = nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l3(self.act(self.l2(self.act(self.l1(x)))))
+
+
+def test_pipeline_split_never_names_a_module_called_twice():
+    from torch.distributed.pipelining import pipeline
+
+    torch.manual_seed(0)
+    model, x = _SharedAct(), torch.randn(4, 8)
+    p = plan(model, x, "3xGPU-placeto", placer="single")
+    placement = placement_from_module_map(p.graph, p.cluster, {"l1": 0, "act": 1, "l2": 1, "l3": 1})
+    split = pipeline_split(p.graph, placement, p.cluster, model)
+    assert split.split_points == ("l2",) and split.moved_fraction > 0  # the first tanh moves to stage 0
+    assert pipeline(_SharedAct(), mb_args=(x,), split_spec=split.split_spec()).num_stages == 2
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 7), st.data())
+def test_monotone_stages_is_the_exact_optimum(stages, units, data):
+    import itertools
+
+    from devplace.runtime.export import _monotone_stages
+
+    cost = np.asarray(data.draw(st.lists(st.lists(st.integers(0, 9), min_size=units, max_size=units),
+                                         min_size=stages, max_size=stages)), dtype=np.float64)
+    got = _monotone_stages(cost)
+    assert got == sorted(got) and all(0 <= j < stages for j in got)
+    best = min(sum(cost[j, u] for u, j in enumerate(seq))
+               for seq in itertools.combinations_with_replacement(range(stages), units))
+    assert sum(cost[j, u] for u, j in enumerate(got)) == best
 
 
 def test_device_map_names_real_modules_and_is_stable():

@@ -54,19 +54,28 @@ def module_starts(modules: Sequence[str], callable_modules: Collection[str] | No
     are candidates: a path prefix such as a `ModuleList` ("layers" of "layers.0") is a container that is
     never called, so no split can be hooked on it. `callable_modules` names them (from the model: modules
     with a forward); without it, only modules that some op names as its own count (so an `nn.Sequential`
-    without ops of its own gives way to its first child, which begins at the same op). Position 0 is never
-    a split point and is left out.
+    without ops of its own gives way to its first child, which begins at the same op), and only modules
+    called once (Swin's `stochastic_depth` runs twice per block). Position 0 is never a split point and is
+    left out.
     """
     called = set(modules) | set(callable_modules or ())
     first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    count: dict[str, int] = {}
     for i, m in enumerate(modules):
         for name in ancestors(m)[1:]:
             first.setdefault(name, i)
+            last[name] = i
+            count[name] = count.get(name, 0) + 1
+    # one call of a module runs one contiguous stretch of the program (every op meanwhile is inside it); a
+    # module whose ops lie in several stretches is called several times, and a split at its beginning would
+    # split at every call
+    once = {n for n in first if last[n] - first[n] + 1 == count[n]}
     out: dict[int, str] = {}
     for i, m in enumerate(modules):
         if i == 0:
             continue
-        name = next((n for n in ancestors(m)[1:] if first[n] == i and n in called), None)
+        name = next((n for n in ancestors(m)[1:] if first[n] == i and n in called and n in once), None)
         if name is not None:
             out[i] = name
     return out

@@ -54,13 +54,15 @@ def _forward_work(graph: CompGraph) -> np.ndarray:
 
 
 def _costs(graph: CompGraph, cluster: Cluster | None, placement: Placement,
-           exported: Placement) -> tuple[float | None, float | None]:
-    """Simulated step time of the exported placement and of the placement as the runtime runs it."""
+           exported: Placement) -> tuple[float | None, float | None, bool | None]:
+    """Simulated step time of the exported placement, of the placement as the runtime runs it, and whether the
+    exported one fits memory (all None without a cluster)."""
     if cluster is None:
-        return None, None
+        return None, None, None
     base = runtime_placement(graph, placement)
-    exp = simulate(graph, cluster, exported).step_time_s
-    return exp, (exp if base.assignment == exported.assignment else simulate(graph, cluster, base).step_time_s)
+    exp = simulate(graph, cluster, exported)
+    same = base.assignment == exported.assignment
+    return exp.step_time_s, exp.step_time_s if same else simulate(graph, cluster, base).step_time_s, exp.feasible
 
 
 # ------------------------------------------------------------------------------------------ pipeline
@@ -71,7 +73,8 @@ class PipelineSplit:
     `placement` is the op placement the stages run (forward ops by stage, the rest with their forward op);
     `moved_fraction` the share of the forward work (with its backward and optimizer ops) that it runs on
     another device than the exported placement did; `step_time_s` and `op_level_step_time_s` the simulated
-    step of the stages and of the exported placement as the runtime runs it (None without a cluster)."""
+    step of the stages and of the exported placement as the runtime runs it, `feasible` whether the stages fit
+    memory (None without a cluster: moving work between devices can overfill one)."""
 
     devices: tuple[int, ...]
     split_points: tuple[str, ...]
@@ -80,6 +83,7 @@ class PipelineSplit:
     moved_fraction: float
     step_time_s: float | None = None
     op_level_step_time_s: float | None = None
+    feasible: bool | None = None
 
     @property
     def slowdown(self) -> float | None:
@@ -98,7 +102,8 @@ class PipelineSplit:
         return {"format": "devplace.pipeline/1", "stage_devices": list(self.devices),
                 "split_points": [{"module": m, "point": "beginning"} for m in self.split_points],
                 "stage_first_ops": list(self.first_ops), "moved_fraction": self.moved_fraction,
-                "step_time_s": self.step_time_s, "op_level_step_time_s": self.op_level_step_time_s}
+                "step_time_s": self.step_time_s, "op_level_step_time_s": self.op_level_step_time_s,
+                "feasible": self.feasible}
 
 
 def _monotone_stages(cost: np.ndarray) -> list[int]:
@@ -196,9 +201,9 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
             stage_devices.append(d)
             first_ops.append(graph.ids[fwd[bounds[u]]])
     fw_total = float(fwork.sum())
-    step, base = _costs(graph, cluster, placement, exported)
+    step, base, feasible = _costs(graph, cluster, placement, exported)
     return PipelineSplit(tuple(stage_devices), tuple(points), tuple(first_ops), exported,
-                         moved / fw_total if fw_total > 0 else 0.0, step, base)
+                         moved / fw_total if fw_total > 0 else 0.0, step, base, feasible)
 
 
 # ------------------------------------------------------------------------------------------ device map
@@ -211,6 +216,7 @@ class DeviceMap:
     placement: Placement
     step_time_s: float
     op_level_step_time_s: float  # the op-level placement as the runtime runs it (backward with forward)
+    feasible: bool = True  # whether the implied placement fits memory (moving modules can overfill a device)
 
     @property
     def slowdown(self) -> float:
@@ -338,9 +344,9 @@ def device_map(graph: CompGraph, placement: Placement, cluster: Cluster, model: 
         mapping = _complete(mapping, model, homes)
     known = {a for v in forward_ops(graph) for a in ancestors(_module(graph, v))}
     coarse = placement_from_module_map(graph, cluster, mapping, tensors=[k for k in mapping if k not in known])
-    step, base = _costs(graph, cluster, placement, coarse)
-    assert step is not None and base is not None
-    return DeviceMap(mapping, coarse, step, base)
+    step, base, feasible = _costs(graph, cluster, placement, coarse)
+    assert step is not None and base is not None and feasible is not None
+    return DeviceMap(mapping, coarse, step, base, feasible)
 
 
 # ------------------------------------------------------------------------------------------ JSON

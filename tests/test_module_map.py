@@ -98,6 +98,32 @@ def test_tensor_names_are_accepted_only_when_declared(net_plan):
     assert set(placement.assignment.values()) == {0}
 
 
+def test_map_files_round_trip_the_exports(net_plan, tmp_path):
+    import json
+
+    from devplace.runtime.export import device_map, pipeline_split
+    from devplace.runtime.module_map import read_module_map
+
+    p = net_plan
+    placement = devplace.placement_from_module_map(p.graph, p.cluster, {"stem": 0, "blocks": 1, "head": 2})
+    dm = device_map(p.graph, placement, p.cluster)
+    split = pipeline_split(p.graph, placement)
+    files = {"dm.json": {"format": "devplace.device_map/1", "device_map": dm.named()}, "pipe.json": split.to_dict(),
+             "plain.json": {"stem": 0, "blocks": 1, "head": 2}, "list.json": ["blocks.0", "head"]}
+    for name, doc in files.items():
+        (tmp_path / name).write_text(json.dumps(doc))
+        again = devplace.placement_from_module_map(p.graph, p.cluster, read_module_map(tmp_path / name))
+        assert again.assignment == placement.assignment, name
+    (tmp_path / "bad.json").write_text('{"format": "devplace.plan/1"}')
+    with pytest.raises(ModuleMapError, match="a module map is a JSON object"):
+        read_module_map(tmp_path / "bad.json")
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ModuleMapError, match="not JSON"):
+        read_module_map(tmp_path / "broken.json")
+    with pytest.raises(ModuleMapError, match="cannot read module map"):
+        read_module_map(tmp_path / "missing.json")
+
+
 # ------------------------------------------------------------------------------------------ custom models
 FACTORIES = '''
 import torch

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import json
 from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,7 +21,7 @@ from devplace.graph.modules import ancestors, forward_ops, module_of
 from devplace.graph.placement import Placement, runtime_placement
 from devplace.hardware.cluster import Cluster
 
-__all__ = ["ModuleMapError", "placement_from_module_map", "resolve_device"]
+__all__ = ["ModuleMapError", "placement_from_module_map", "read_module_map", "resolve_device"]
 
 ModuleMap = Mapping[str, Any] | Sequence[str]
 
@@ -155,3 +157,26 @@ def placement_from_module_map(graph: CompGraph, cluster: Cluster, module_map: Mo
         out[v] = pos[i]
     # the rest as autograd runs it: backward and optimizer ops with their forward op, inputs with their consumer
     return runtime_placement(graph, Placement.from_array(graph, out, cluster=cluster.name))
+
+
+def read_module_map(path: str | Path) -> dict[str, Any] | list[str]:
+    """A module map from a JSON file: an object module -> device, a list of split points, or what
+    `devplace export` writes (`devplace.device_map/1`'s "device_map", `devplace.pipeline/1`'s split points)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ModuleMapError(f"cannot read module map {path}: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ModuleMapError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); a module map is a JSON object "
+                             "module -> device or a list of split points") from exc
+    if isinstance(doc, dict) and doc.get("format") == "devplace.device_map/1":
+        doc = doc.get("device_map")
+    elif isinstance(doc, dict) and doc.get("format") == "devplace.pipeline/1":
+        points = doc.get("split_points")
+        doc = [p.get("module") if isinstance(p, dict) else p for p in points] if isinstance(points, list) else None
+    if isinstance(doc, dict) and "format" not in doc:
+        return doc
+    if isinstance(doc, list) and all(isinstance(p, str) for p in doc):
+        return doc
+    raise ModuleMapError(f"{path}: a module map is a JSON object module -> device (a Hugging Face device_map), a "
+                         "list of split-point module names, or a devplace.device_map/1 / devplace.pipeline/1 export")

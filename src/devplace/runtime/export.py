@@ -269,49 +269,55 @@ def _covering(mapping: dict[str, int], name: str) -> str | None:
     return "" if "" in mapping else None
 
 
-def _complete(mapping: dict[str, int], model: Any, homes: dict[str, int]) -> dict[str, int]:
-    """`mapping` extended so that every entry of `model.state_dict()` is covered, tied tensors on one device.
+class _StateMap:
+    """Completing a module map over a model's `state_dict()` (see `device_map`)."""
 
-    `homes`: canonical tensor name -> the device of its first consumer. A tensor under no key is a tensor of
-    a split module's own (ViT's class_token) or of a module that ran no op: the outermost such module that
-    is not split is mapped, else the tensor by name (as accelerate's own maps do), to its home. An alias of a
-    tied tensor under a key on another device than the tensor's home: the key is split into its children
-    (and its own tensors by name) down to the alias's module, which then maps to the home."""
-    mapping = dict(mapping)
-    modules = dict(model.named_modules())
-    canonical: dict[int, str] = {}
-    for n, t in [*model.named_parameters(), *model.named_buffers()]:
-        canonical.setdefault(id(t), n)
-    state = model.state_dict(keep_vars=True)
-    first_key = next(iter(mapping.values()), 0)
+    def __init__(self, mapping: dict[str, int], model: Any) -> None:
+        self.mapping = dict(mapping)
+        self.modules = dict(model.named_modules())
+        self.canonical: dict[int, str] = {}  # tensor -> its first name (named_parameters/buffers order)
+        for n, t in [*model.named_parameters(), *model.named_buffers()]:
+            self.canonical.setdefault(id(t), n)
+        self.state = model.state_dict(keep_vars=True)
 
-    def split(key: str) -> None:
-        d = mapping.pop(key)
-        mod = modules[key]
+    def base(self, name: str) -> str:
+        return self.canonical.get(id(self.state[name]), name)
+
+    def _split(self, key: str) -> None:
+        """Replace entry `key` by its children and its own tensors (by name), on the same device."""
+        d = self.mapping.pop(key)
+        mod = self.modules[key]
         prefix = f"{key}." if key else ""
         for child, _ in mod.named_children():
-            mapping[prefix + child] = d
+            self.mapping[prefix + child] = d
         for n, _ in [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]:
-            if prefix + n in state:
-                mapping[prefix + n] = d
+            if prefix + n in self.state:
+                self.mapping[prefix + n] = d
 
-    for name, t in state.items():
-        base = canonical.get(id(t), name)
-        home = homes.get(base)
-        owner = name.rpartition(".")[0]
-        base_key = _covering(mapping, base) if base != name else None
-        if base_key is not None:  # an alias of a tied tensor: on the device its first name is mapped to
-            home = mapping[base_key]
-            while (key := _covering(mapping, name)) is not None and mapping[key] != home:
+    def tie(self, target: dict[str, int]) -> None:
+        """Put every name of a tied tensor (`target`: base name -> device) under an entry on that device: an
+        entry elsewhere is split down to the name's own module, which then maps to the device."""
+        for name in self.state:
+            d = target.get(self.base(name))
+            if d is None:
+                continue
+            owner = name.rpartition(".")[0]
+            while (key := _covering(self.mapping, name)) is not None and self.mapping[key] != d:
                 if key in (name, owner):
-                    mapping[key] = home
+                    self.mapping[key] = d
                 else:
-                    split(key)
-        if _covering(mapping, name) is None:
-            is_split = {a for k in mapping for a in ancestors(k)[:-1]}
-            free = next((a for a in ancestors(owner) if a and a not in is_split), None)
-            mapping[free if free is not None else name] = first_key if home is None else home
-    return mapping
+                    self._split(key)
+
+    def cover(self, homes: dict[str, int]) -> None:
+        """Map every tensor under no entry where its first consumer runs (`homes`: base name -> device): the
+        outermost enclosing module that is not split (a module that ran no op) or else the tensor by name."""
+        fallback = next(iter(self.mapping.values()), 0)
+        for name in self.state:
+            if _covering(self.mapping, name) is not None:
+                continue
+            is_split = {a for k in self.mapping for a in ancestors(k)[:-1]}
+            free = next((a for a in ancestors(name.rpartition(".")[0]) if a and a not in is_split), None)
+            self.mapping[free if free is not None else name] = homes.get(self.base(name), fallback)
 
 
 def device_map(graph: CompGraph, placement: Placement, cluster: Cluster, model: Any = None,
@@ -321,10 +327,16 @@ def device_map(graph: CompGraph, placement: Placement, cluster: Cluster, model: 
     A module maps to a device when all its forward ops run there; a module split across devices is not
     mapped, its submodules are (a leaf whose ops span devices goes where most of its work runs). Ops of a
     split module's own code (not in any mapped submodule) run, as under accelerate's hooks, where their input
-    is: here, on the device of the previous forward op. With `model` and `example_inputs` (the captured
-    module and its inputs), the map covers every entry of `model.state_dict()`, as accelerate's
-    `dispatch_model` requires: parameters and buffers of split modules and of modules that ran no op are
-    mapped where their first consumer runs, and tied weights together (see `_complete`). The implied op
+    is: here, on the device of the previous forward op.
+
+    With `model` and `example_inputs` (the captured module and its inputs), the map covers every entry of
+    `model.state_dict()`, as accelerate requires. Each tensor's first consumer op is found by tracing (the
+    capture's own op ids). A tied tensor (several names) goes where its first consumer runs under the
+    module map, and every entry holding one of its names is moved there (an enclosing entry is split down
+    to the name's own module). Then a tensor under no entry (a split module's own, as ViT's class_token; a
+    buffer such as BART's final_logits_bias; the weights of a child module its parent reads without calling
+    it) maps where its first consumer runs under the resulting map: its outermost enclosing module that ran
+    no op, or else the tensor by name, as accelerate's own `infer_auto_device_map` does. The implied op
     placement (backward and optimizer ops with their forward op) is simulated, so the loss in step time
     against the placement as the runtime runs it is shown.
     """
@@ -332,18 +344,27 @@ def device_map(graph: CompGraph, placement: Placement, cluster: Cluster, model: 
     mapping = _module_mapping(graph, devs, _forward_work(graph), model)
     if not mapping:
         raise ExportError(f"graph {graph.name!r} has no forward ops to map")
+    known = {a for v in forward_ops(graph) for a in ancestors(_module(graph, v))}
+
+    def implied(m: dict[str, int]) -> Placement:
+        return placement_from_module_map(graph, cluster, m, tensors=[k for k in m if k not in known])
+
+    coarse = implied(mapping)
     if model is not None:
         if example_inputs is None:
             raise ExportError("a complete device_map needs the model's example inputs as well (to find where each "
                               "parameter is first used); pass example_inputs=")
         from devplace.runtime.apply import state_first_ops
 
-        rp = runtime_placement(graph, placement)
-        homes = {n: rp.assignment[op] for n, op in state_first_ops(model, example_inputs).items()
-                 if op in rp.assignment}
-        mapping = _complete(mapping, model, homes)
-    known = {a for v in forward_ops(graph) for a in ancestors(_module(graph, v))}
-    coarse = placement_from_module_map(graph, cluster, mapping, tensors=[k for k in mapping if k not in known])
+        first = state_first_ops(model, example_inputs)
+        sm = _StateMap(mapping, model)
+        names: dict[str, int] = {}
+        for name in sm.state:
+            names[sm.base(name)] = names.get(sm.base(name), 0) + 1
+        sm.tie({b: coarse.assignment[first[b]] for b, k in names.items() if k > 1 and b in first})
+        coarse = implied(sm.mapping)
+        sm.cover({b: coarse.assignment[op] for b, op in first.items()})
+        mapping = sm.mapping  # the entries cover() adds place no op: `coarse` stays the implied placement
     step, base, feasible = _costs(graph, cluster, placement, coarse)
     assert step is not None and base is not None and feasible is not None
     return DeviceMap(mapping, coarse, step, base, feasible)

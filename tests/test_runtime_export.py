@@ -100,6 +100,19 @@ def test_pipeline_split_approximates_any_placement_with_contiguous_module_stages
     assert moved.step_time_s is None and moved.feasible is None  # no cluster: no simulation
 
 
+def test_graphs_without_modules_say_to_use_json():
+    from conftest import cluster, graph
+    from devplace.graph import Placement
+    from devplace.runtime.export import ExportError
+
+    g = graph([("a", 1.0), ("b", 1.0)], [("a", "b", 4)])
+    placement = Placement({"a": 0, "b": 1}, graph=g.name)
+    for export in (lambda: pipeline_split(g, placement), lambda: device_map(g, placement, cluster(2))):
+        with pytest.raises(ExportError, match=r"no module paths .* export it as json"):
+            export()
+    assert export_json(g, placement)["ops"]["b"]["device"] == 1
+
+
 class _SharedAct(nn.Module):
     """One activation module called twice: a split at its beginning would split at both calls."""
 

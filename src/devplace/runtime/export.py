@@ -18,7 +18,7 @@ import numpy as np
 
 from devplace.errors import PlacementError
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.modules import ancestors, forward_ops, module_of, module_starts
+from devplace.graph.modules import ancestors, forward_ops, has_modules, module_of, module_starts
 from devplace.graph.placement import Placement, runtime_placement
 from devplace.hardware.cluster import Cluster
 from devplace.runtime.module_map import placement_from_module_map
@@ -40,6 +40,14 @@ def _devices(graph: CompGraph, placement: Placement) -> np.ndarray:
     if placement.graph and graph.name and placement.graph != graph.name:
         raise ExportError(f"the placement is for graph {placement.graph!r}, not {graph.name!r}")
     return placement.to_array(graph, max(placement.assignment.values(), default=0) + 1)
+
+
+def _module_devices(graph: CompGraph, placement: Placement) -> np.ndarray:
+    """`_devices`, for the exports that need module paths."""
+    if not has_modules(graph):
+        raise ExportError(f"graph {graph.name!r} has no module paths (it is not a PyTorch capture), so there are no "
+                          "modules to split or map; export it as json")
+    return _devices(graph, placement)
 
 
 def _forward_work(graph: CompGraph) -> np.ndarray:
@@ -151,7 +159,7 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
     With `model` (the captured module), a split point may be a module without ops of its own (an
     `nn.Sequential`); without it, the innermost module that begins there and has ops of its own is named.
     """
-    devs = _devices(graph, placement)
+    devs = _module_devices(graph, placement)
     fwd = forward_ops(graph)
     if not fwd:
         raise ExportError(f"graph {graph.name!r} has no forward ops to split")
@@ -340,7 +348,7 @@ def device_map(graph: CompGraph, placement: Placement, cluster: Cluster, model: 
     placement (backward and optimizer ops with their forward op) is simulated, so the loss in step time
     against the placement as the runtime runs it is shown.
     """
-    devs = _devices(graph, placement)
+    devs = _module_devices(graph, placement)
     mapping = _module_mapping(graph, devs, _forward_work(graph), model)
     if not mapping:
         raise ExportError(f"graph {graph.name!r} has no forward ops to map")

@@ -8,19 +8,18 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from conftest import run_cli as _cli
+from devplace.graph.modules import forward_ops, module_starts
 from devplace.runtime import plan
-from devplace.runtime.export import (
-    ExportError,
-    device_map,
-    export_json,
-    pipeline_split,
-    placement_from_module_map,
-)
+from devplace.runtime.export import device_map, export_json, pipeline_split
+from devplace.runtime.module_map import placement_from_module_map
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,10 +50,15 @@ def test_pipeline_split_builds_a_torch_pipeline():
     model, x = _chain()
     p = plan(model, x, "3xGPU-placeto", placer="single")
     stages = {"0": 0, "1": 0, "2": 1, "3": 1, "4": 2, "5": 2}
-    placement = placement_from_module_map(p.graph, stages)
-    split = pipeline_split(p.graph, placement)
+    placement = placement_from_module_map(p.graph, p.cluster, stages)
+    split = pipeline_split(p.graph, placement, p.cluster, model)
     assert split.devices == (0, 1, 2)
     assert split.split_points == ("2", "4")
+    # without the model, the Sequentials "2" and "4" (no ops of their own) give way to their first children
+    assert pipeline_split(p.graph, placement).split_points == ("2.0", "4.0")
+    # a placement that is a pipeline already exports as itself, at no cost
+    assert split.placement.assignment == placement.assignment and split.moved_fraction == 0.0
+    assert split.slowdown == pytest.approx(1.0) and split.feasible
     pipe = pipeline(model, mb_args=(x,), split_spec=split.split_spec())
     assert pipe.num_stages == 3
     doc = split.to_dict()
@@ -66,26 +70,86 @@ class _TwoOps(nn.Module):
         return torch.tanh(x * 2.0)
 
 
-def test_pipeline_split_refuses_non_contiguous_and_mid_module_cuts():
+def test_pipeline_split_approximates_any_placement_with_contiguous_module_stages():
     from devplace.graph import Placement
 
     model, x = _chain()
     p = plan(model, x, "3xGPU-placeto", placer="round-robin")
-    with pytest.raises(ExportError, match="not contiguous"):
-        pipeline_split(p.graph, p.placement)
+    split = pipeline_split(p.graph, p.placement, p.cluster)
+    g = p.graph
+    fwd = forward_ops(g)
+    fdev = [split.placement.assignment[g.ids[v]] for v in fwd]
+    runs = [d for i, d in enumerate(fdev) if i == 0 or d != fdev[i - 1]]
+    assert tuple(runs) == split.devices and len(set(runs)) == len(runs)  # one contiguous stage per device
+    starts = module_starts([str(g.node_extra[v].get("module", "")) for v in fwd])
+    assert [starts[i] for i in range(1, len(fwd)) if fdev[i] != fdev[i - 1]] == list(split.split_points)
+    # round-robin is far from a pipeline: the export says how much work moved and what it costs
+    assert 0.0 < split.moved_fraction < 1.0
+    assert split.step_time_s is not None and split.step_time_s > 0 and split.slowdown is not None
+    assert split.to_dict()["step_time_s"] == split.step_time_s
+    # a cut inside a module moves to that module call's beginning
     model2 = nn.Sequential(nn.Linear(8, 8), _TwoOps(), nn.Linear(8, 3))
     p2 = plan(model2, x, "3xGPU-placeto", placer="single")
     inner = [p2.graph.ids[v] for v in range(p2.graph.num_nodes) if p2.graph.kind[v] == "forward"
              and p2.graph.ids[v].startswith("1/")]
     assert [i.split("/")[1].split("#")[0] for i in inner] == ["mul", "tanh"]
-    # device 1 from the tanh on: the cut falls between two ops of module "1"
     later = set(inner[1:]) | {n for n in p2.graph.ids if n.startswith("2/")}
     cut = Placement({k: (1 if k in later else 0) for k in p2.graph.ids}, graph=p2.graph.name)
-    with pytest.raises(ExportError, match="not at the start of a module call"):
-        pipeline_split(p2.graph, cut)
-    # from the mul on, it is the start of module "1"
-    at_module = Placement({k: (1 if k in later or k == inner[0] else 0) for k in p2.graph.ids}, graph=p2.graph.name)
-    assert pipeline_split(p2.graph, at_module).split_points == ("1",)
+    moved = pipeline_split(p2.graph, cut)
+    assert moved.devices == (0, 1) and moved.split_points in (("1",), ("2",)) and moved.moved_fraction > 0
+    assert moved.step_time_s is None and moved.feasible is None  # no cluster: no simulation
+
+
+def test_graphs_without_modules_say_to_use_json():
+    from conftest import cluster, graph
+    from devplace.graph import Placement
+    from devplace.runtime.export import ExportError
+
+    g = graph([("a", 1.0), ("b", 1.0)], [("a", "b", 4)])
+    placement = Placement({"a": 0, "b": 1}, graph=g.name)
+    for export in (lambda: pipeline_split(g, placement), lambda: device_map(g, placement, cluster(2))):
+        with pytest.raises(ExportError, match=r"no module paths .* export it as json"):
+            export()
+    assert export_json(g, placement)["ops"]["b"]["device"] == 1
+
+
+class _SharedAct(nn.Module):
+    """One activation module called twice: a split at its beginning would split at both calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.act, self.l2, self.l3 = nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l3(self.act(self.l2(self.act(self.l1(x)))))
+
+
+def test_pipeline_split_never_names_a_module_called_twice():
+    from torch.distributed.pipelining import pipeline
+
+    torch.manual_seed(0)
+    model, x = _SharedAct(), torch.randn(4, 8)
+    p = plan(model, x, "3xGPU-placeto", placer="single")
+    placement = placement_from_module_map(p.graph, p.cluster, {"l1": 0, "act": 1, "l2": 1, "l3": 1})
+    split = pipeline_split(p.graph, placement, p.cluster, model)
+    assert split.split_points == ("l2",) and split.moved_fraction > 0  # the first tanh moves to stage 0
+    assert pipeline(_SharedAct(), mb_args=(x,), split_spec=split.split_spec()).num_stages == 2
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 7), st.data())
+def test_monotone_stages_is_the_exact_optimum(stages, units, data):
+    import itertools
+
+    from devplace.runtime.export import _monotone_stages
+
+    cost = np.asarray(data.draw(st.lists(st.lists(st.integers(0, 9), min_size=units, max_size=units),
+                                         min_size=stages, max_size=stages)), dtype=np.float64)
+    got = _monotone_stages(cost)
+    assert got == sorted(got) and all(0 <= j < stages for j in got)
+    best = min(sum(cost[j, u] for u, j in enumerate(seq))
+               for seq in itertools.combinations_with_replacement(range(stages), units))
+    assert sum(cost[j, u] for u, j in enumerate(got)) == best
 
 
 def test_device_map_names_real_modules_and_is_stable():
@@ -196,3 +260,149 @@ def test_fold_runs_groups_ratios_and_skips_other_records(tmp_path):
     path.write_text(json.dumps(recs[0]) + "\n\n{not json\n")
     with pytest.raises(FormatError, match=":3: not a JSON record"):
         read_runs(path)
+
+
+# ------------------------------------------------------------------------------------------ exports of real models
+def _gpt2() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    from devplace.zoo.models import CausalLMLoss, _transformers
+
+    tf = _transformers()
+    cfg = tf.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=96, n_positions=16, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, tie_word_embeddings=True,
+                        attn_implementation="sdpa")
+    return CausalLMLoss(tf.GPT2LMHeadModel(cfg)), (torch.randint(0, 96, (2, 8)),)
+
+
+def _llama() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    from devplace.zoo.models import CausalLMLoss, _transformers
+
+    tf = _transformers()
+    # the zoo's llama-1b (grouped-query attention, SwiGLU, RoPE, tied embeddings) at a tiny size
+    cfg = tf.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, hidden_act="silu",
+                         max_position_embeddings=64, tie_word_embeddings=True, rope_theta=500000.0,
+                         attention_dropout=0.0, bos_token_id=0, eos_token_id=1, attn_implementation="sdpa")
+    return CausalLMLoss(tf.LlamaForCausalLM(cfg)), (torch.randint(0, 96, (2, 8)),)
+
+
+def _vit() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    from devplace.zoo.models import ClassifierLoss
+
+    # vit_b_16's architecture (class token, position embedding) at a tiny size
+    vit = VisionTransformer(image_size=32, patch_size=16, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+                            num_classes=10)
+    nn.init.normal_(vit.heads.head.weight, std=0.5)  # torchvision zeroes the head: the loss would be log(10) always
+    return ClassifierLoss(vit), (torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,)))
+
+
+def _swin() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    from torchvision.models.swin_transformer import SwinTransformer
+
+    from devplace.zoo.models import ClassifierLoss
+
+    swin = SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=[2, 2],
+                           stochastic_depth_prob=0.0, num_classes=10)
+    return ClassifierLoss(swin), (torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,)))
+
+
+def _bart() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    from devplace.zoo.models import LabelledLoss, _transformers
+
+    tf = _transformers()
+    # BART-base's structure (shared embedding tied four ways, final_logits_bias buffer) at a tiny size
+    cfg = tf.BartConfig(vocab_size=96, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
+                        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1, bos_token_id=0,
+                        eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None)
+    model = tf.BartForConditionalGeneration(cfg)
+    return LabelledLoss(model, use_cache=False), (torch.randint(3, 96, (2, 8)), torch.randint(3, 96, (2, 8)))
+
+
+MODELS = {"gpt2": _gpt2, "llama": _llama, "vit": _vit, "swin": _swin, "bart": _bart}
+
+
+def _build(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model, inputs = MODELS[name]()
+    return model.train(), inputs
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def placed_model(request):
+    """A tiny model, its inputs and a placer's plan on three devices (round-robin: as far from a pipeline or a
+    module map as a placement gets, so every approximation is exercised)."""
+    model, inputs = _build(request.param)
+    return request.param, model, inputs, plan(model, inputs, "3xGPU-placeto", placer="round-robin", order="topo")
+
+
+def test_pipeline_split_of_placer_output_builds_torch_pipeline_stages(placed_model):
+    from torch.distributed.pipelining import pipeline
+
+    name, model, inputs, p = placed_model
+    split = pipeline_split(p.graph, p.placement, p.cluster, model)
+    assert len(split.devices) == 3 and len(split.split_points) == 2
+    assert split.slowdown is not None and split.slowdown > 0
+    # torch.distributed.pipelining splits a fresh copy (pipeline() annotates the module it is given)
+    fresh, _ = _build(name)
+    pipe = pipeline(fresh, mb_args=inputs, split_spec=split.split_spec())
+    assert pipe.num_stages == len(split.devices)
+    # the stages run, in one process, and compute the model's loss (dropout is off in these configs)
+    with torch.no_grad():
+        (out,) = pipe(*inputs)
+        assert torch.allclose(out, model(*inputs), atol=1e-6)
+
+
+def test_device_map_of_placer_output_loads_with_accelerate(placed_model, tmp_path):
+    from accelerate import init_empty_weights, load_checkpoint_and_dispatch
+    from accelerate.utils import check_device_map, find_tied_parameters
+
+    from devplace.runtime.apply import state_first_ops
+
+    name, model, inputs, p = placed_model
+    dm = device_map(p.graph, p.placement, p.cluster, model, inputs)
+    # every parameter and buffer of the state_dict is covered (accelerate raises otherwise)
+    check_device_map(model, dm.named(["cpu", "cpu", "cpu"]))
+    def entry(name: str) -> int:  # the device of the innermost map entry covering a tensor name
+        return next(dm.mapping[k] for k in sorted(dm.mapping, key=len, reverse=True)
+                    if k == "" or name == k or name.startswith(k + "."))
+
+    tied = find_tied_parameters(model)
+    assert tied or name not in ("gpt2", "llama", "bart")
+    for group in tied:  # tied weights on one device
+        assert len({entry(t) for t in group}) == 1, group
+    # every tensor lives where the op that first reads it runs under the map (else accelerate's hooks would
+    # hand that op a tensor on another device)
+    first = state_first_ops(model, inputs)
+    canonical = {id(t): n for n, t in reversed([*model.named_parameters(), *model.named_buffers()])}
+    for n, t in model.state_dict(keep_vars=True).items():
+        op = first.get(canonical[id(t)])
+        if op is not None:
+            assert entry(n) == dm.placement.assignment[op], n
+    assert math.isfinite(dm.slowdown) and dm.slowdown > 0
+    # loaded for real: the checkpoint into an empty (meta) model, each tensor to its map entry's device, with
+    # accelerate's hooks on every mapped module (all on the CPU here); no tensor left behind, the same loss
+    ckpt = tmp_path / "model.bin"
+    torch.save(model.state_dict(), ckpt)
+    with init_empty_weights():
+        empty, _ = _build(name)
+    loaded = load_checkpoint_and_dispatch(empty, str(ckpt), device_map=dm.named(["cpu", "cpu", "cpu"]),
+                                          force_hooks=True)
+    assert hasattr(loaded, "_hf_hook")
+    assert not [n for n, t in loaded.state_dict().items() if t.device.type == "meta"]
+    with torch.no_grad():
+        assert torch.allclose(loaded(*inputs), model(*inputs), atol=1e-6)
+
+
+def test_module_level_map_alone_misses_tensors_that_accelerate_needs():
+    from accelerate.utils import check_device_map
+
+    model, inputs = _build("vit")
+    p = plan(model, inputs, "3xGPU-placeto", placer="round-robin", order="topo")
+    partial = device_map(p.graph, p.placement, p.cluster)
+    full = device_map(p.graph, p.placement, p.cluster, model, inputs)
+    with pytest.raises(ValueError, match="class_token"):
+        check_device_map(model, partial.named(["cpu", "cpu", "cpu"]))
+    assert "model.class_token" in full.mapping

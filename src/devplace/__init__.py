@@ -20,12 +20,13 @@ __version__ = "0.1.0"
 
 # Imported on first use (PEP 562), so that `import devplace` does not load torch: name -> module.
 _LAZY = {"train": "devplace.placers.rl.trainer", "plan": "devplace.runtime.plan",
-         "load_plan": "devplace.runtime.plan"}
+         "load_plan": "devplace.runtime.plan", "placement_from_module_map": "devplace.runtime.module_map"}
 
 
 def __getattr__(name: str) -> Any:
     """`devplace.train` (one placeto policy over many graphs), `devplace.plan` (capture, cost, coarsen, place and
-    simulate a module's training step) and `devplace.load_plan`, imported when first used."""
+    simulate a module's training step), `devplace.load_plan` and `devplace.placement_from_module_map` (a hand-made
+    device_map or split list as a placement), imported when first used."""
     if name in _LAZY:
         import importlib
 
@@ -34,5 +35,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["Cluster", "CompGraph", "DevplaceError", "Placement", "SimResult", "graph_features", "load_cluster",
-           "load_graph", "load_placement", "load_plan", "lower_bound", "place", "placer_names", "plan", "save_cluster",
-           "save_graph", "save_placement", "simulate", "train", "traversal_order"]
+           "load_graph", "load_placement", "load_plan", "lower_bound", "place", "placement_from_module_map",
+           "placer_names", "plan", "save_cluster", "save_graph", "save_placement", "simulate", "train",
+           "traversal_order"]

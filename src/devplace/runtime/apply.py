@@ -43,8 +43,8 @@ from devplace.errors import PlacementError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement, runtime_placement
 
-__all__ = ["ApplyError", "PlacedModule", "apply_placement", "forward_devices", "normalize_devices",
-           "runtime_placement"]
+__all__ = ["ApplyError", "PlacedModule", "apply_placement", "first_consumers", "forward_devices",
+           "normalize_devices", "runtime_placement", "state_first_ops"]
 
 
 class ApplyError(PlacementError):
@@ -132,6 +132,44 @@ def trace_forward(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, An
             gm = make_fx(step, tracing_mode="real")(fake_state, fake_leaves)
     ids = {node.name: v for node, v in rec.fx_ids.items()}
     return _Trace(gm, ids, out_spec[-1], len(state))
+
+
+def first_consumers(trace: _Trace) -> dict[str, str]:
+    """Placeholder name of each parameter and buffer -> the fx node of the first captured op that reads it
+    (through views: a view of a parameter is still that parameter); unread ones are left out."""
+    placeholders = [n for n in trace.gm.graph.nodes if n.op == "placeholder"]
+    state_names = {n.name for n in placeholders[:trace.n_state]}
+    root: dict[str, str] = {n.name: n.name for n in placeholders}
+    out: dict[str, str] = {}
+    for node in trace.gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        inputs = node.all_input_nodes
+        if node.name in trace.ids:
+            for a in inputs:
+                r = root.get(a.name)
+                if r in state_names and r not in out:
+                    out[r] = node.name
+        elif inputs and inputs[0].name in root:
+            root[node.name] = root[inputs[0].name]
+    return out
+
+
+def state_first_ops(model: nn.Module, example_inputs: Any) -> dict[str, str]:
+    """Name of each parameter and buffer of `model` (as `named_parameters()`/`named_buffers()` give them) ->
+    the captured op id of its first forward consumer on `example_inputs` (as for `capture`); unread ones are
+    left out. Exact: the trace names its ops as the capture does."""
+    if isinstance(example_inputs, Mapping):
+        args, kwargs = (), dict(example_inputs)
+    elif isinstance(example_inputs, tuple | list):
+        args, kwargs = tuple(example_inputs), {}
+    else:
+        args, kwargs = (example_inputs,), {}
+    trace = trace_forward(model, args, kwargs)
+    names, _, _ = _state(model)
+    placeholders = [n.name for n in trace.gm.graph.nodes if n.op == "placeholder"][:trace.n_state]
+    by_ph = dict(zip(placeholders, names, strict=True))
+    return {by_ph[ph]: trace.ids[op][0] for ph, op in first_consumers(trace).items()}
 
 
 # ------------------------------------------------------------------------------------------ mapping
@@ -288,29 +326,16 @@ class PlacedModule(nn.Module):
         return self.module_device[module]
 
     def _steps(self, trace: _Trace, exact: bool) -> tuple[list[_Step], dict[str, int]]:
-        nodes = list(trace.gm.graph.nodes)
-        placeholders = [n for n in nodes if n.op == "placeholder"]
-        state_names = {n.name for n in placeholders[:trace.n_state]}
-        root: dict[str, str] = {n.name: n.name for n in placeholders}
-        homes: dict[str, int] = {}
         steps: list[_Step] = []
-        for node in nodes:
+        for node in trace.gm.graph.nodes:
             if node.op != "call_function":
                 if node.op != "placeholder":
                     steps.append(_Step(node, None))
                 continue
-            inputs = node.all_input_nodes
-            if node.name in trace.ids:
-                dev = self._device_of(trace, node.name, exact)
-                for a in inputs:
-                    r = root.get(a.name)
-                    if r in state_names and r not in homes:
-                        homes[r] = dev  # a parameter lives where its first consumer runs
-                steps.append(_Step(node, dev, _mutated_positions(node.target)))
-            else:
-                if inputs and inputs[0].name in root:
-                    root[node.name] = root[inputs[0].name]  # a view of a parameter is still that parameter
-                steps.append(_Step(node, None, _mutated_positions(node.target)))
+            dev = self._device_of(trace, node.name, exact) if node.name in trace.ids else None
+            steps.append(_Step(node, dev, _mutated_positions(node.target)))
+        # a parameter lives where its first consumer runs
+        homes = {ph: self._device_of(trace, op, exact) for ph, op in first_consumers(trace).items()}
         # free every value after its last use, so the interpreter holds no more than eager PyTorch would
         last: dict[str, int] = {}
         for i, s in enumerate(steps):

@@ -3,11 +3,14 @@ a Hugging Face style `device_map`, and plain JSON.
 
 Both exports work on the *forward* ops of the captured graph in program (capture) order, with their module
 paths; backward and optimizer ops follow their forward op (their colocation group), as they do at run time.
+Any placement exports: where a format cannot express it exactly (a pipeline is one contiguous run of module
+calls per device; a device_map one device per module), the export is the nearest placement it can express,
+and its simulated step time is reported next to the placement's own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,12 +18,14 @@ import numpy as np
 
 from devplace.errors import PlacementError
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.placement import Placement
+from devplace.graph.modules import ancestors, forward_ops, has_modules, module_of, module_starts
+from devplace.graph.placement import Placement, runtime_placement
 from devplace.hardware.cluster import Cluster
+from devplace.runtime.module_map import placement_from_module_map
 from devplace.sim import simulate
 
-__all__ = ["DeviceMap", "ExportError", "PipelineSplit", "device_map", "export_json", "pipeline_split",
-           "placement_from_module_map"]
+__all__ = ["DeviceMap", "ExportError", "PipelineSplit", "callable_modules", "device_map", "export_json",
+           "pipeline_split"]
 
 
 class ExportError(PlacementError):
@@ -28,12 +33,7 @@ class ExportError(PlacementError):
 
 
 def _module(graph: CompGraph, v: int) -> str:
-    return str(graph.node_extra[v].get("module", "")) if graph.node_extra else ""
-
-
-def _forward_ops(graph: CompGraph) -> list[int]:
-    """Forward op nodes (not inputs), in program order (the capture records them in execution order)."""
-    return [v for v in range(graph.num_nodes) if graph.kind[v] == "forward" and graph.op[v] != "input"]
+    return module_of(graph, v) or ""
 
 
 def _devices(graph: CompGraph, placement: Placement) -> np.ndarray:
@@ -42,14 +42,63 @@ def _devices(graph: CompGraph, placement: Placement) -> np.ndarray:
     return placement.to_array(graph, max(placement.assignment.values(), default=0) + 1)
 
 
+def _module_devices(graph: CompGraph, placement: Placement) -> np.ndarray:
+    """`_devices`, for the exports that need module paths."""
+    if not has_modules(graph):
+        raise ExportError(f"graph {graph.name!r} has no module paths (it is not a PyTorch capture), so there are no "
+                          "modules to split or map; export it as json")
+    return _devices(graph, placement)
+
+
+def _forward_work(graph: CompGraph) -> np.ndarray:
+    """Per node: for a forward op, the compute of everything that runs with it (its colocation group's backward
+    and optimizer ops); 0 for the others. What a device gains or loses when the op moves."""
+    work = np.zeros(graph.num_nodes, dtype=np.float64)
+    index = graph.index
+    for v in range(graph.num_nodes):
+        u = index.get(graph.group[v], v) if graph.group[v] else v
+        work[u if graph.kind[u] == "forward" else v] += float(graph.compute_s[v])
+    return work
+
+
+def _costs(graph: CompGraph, cluster: Cluster | None, placement: Placement,
+           exported: Placement) -> tuple[float | None, float | None, bool | None]:
+    """Simulated step time of the exported placement, of the placement as the runtime runs it, and whether the
+    exported one fits memory (all None without a cluster)."""
+    if cluster is None:
+        return None, None, None
+    base = runtime_placement(graph, placement)
+    exp = simulate(graph, cluster, exported)
+    same = base.assignment == exported.assignment
+    return exp.step_time_s, exp.step_time_s if same else simulate(graph, cluster, base).step_time_s, exp.feasible
+
+
 # ------------------------------------------------------------------------------------------ pipeline
 @dataclass(frozen=True)
 class PipelineSplit:
-    """Stages in program order: `devices[i]` runs stage i; stage i > 0 begins at module `split_points[i-1]`."""
+    """Stages in program order: `devices[i]` runs stage i; stage i > 0 begins at module `split_points[i-1]`.
+
+    `placement` is the op placement the stages run (forward ops by stage, the rest with their forward op);
+    `moved_fraction` the share of the forward work (with its backward and optimizer ops) that it runs on
+    another device than the exported placement did; `step_time_s` and `op_level_step_time_s` the simulated
+    step of the stages and of the exported placement as the runtime runs it, `feasible` whether the stages fit
+    memory (None without a cluster: moving work between devices can overfill one)."""
 
     devices: tuple[int, ...]
     split_points: tuple[str, ...]
     first_ops: tuple[str, ...]  # the first captured op of each stage
+    placement: Placement
+    moved_fraction: float
+    step_time_s: float | None = None
+    op_level_step_time_s: float | None = None
+    feasible: bool | None = None
+
+    @property
+    def slowdown(self) -> float | None:
+        """Step time of the stages over the op-level placement's (1.0 = no loss); None without a cluster."""
+        if self.step_time_s is None or not self.op_level_step_time_s:
+            return None
+        return self.step_time_s / self.op_level_step_time_s
 
     def split_spec(self) -> dict[str, Any]:
         """`{module name: SplitPoint.BEGINNING}` for `torch.distributed.pipelining.pipeline(split_spec=...)`."""
@@ -60,73 +109,122 @@ class PipelineSplit:
     def to_dict(self) -> dict[str, Any]:
         return {"format": "devplace.pipeline/1", "stage_devices": list(self.devices),
                 "split_points": [{"module": m, "point": "beginning"} for m in self.split_points],
-                "stage_first_ops": list(self.first_ops)}
+                "stage_first_ops": list(self.first_ops), "moved_fraction": self.moved_fraction,
+                "step_time_s": self.step_time_s, "op_level_step_time_s": self.op_level_step_time_s,
+                "feasible": self.feasible}
 
 
-def pipeline_split(graph: CompGraph, placement: Placement) -> PipelineSplit:
-    """The placement as pipeline stages split at module boundaries, or an `ExportError` saying why it is not one.
+def _monotone_stages(cost: np.ndarray) -> list[int]:
+    """Stage (row of `cost`, non-decreasing along the units) of each unit minimising the summed cost[stage, unit];
+    a stage may be skipped. Dynamic programming, O(stages x units); ties go to the earlier stage."""
+    s, n = cost.shape
+    best = np.zeros((n + 1, s), dtype=np.float64)
+    choice = np.zeros((n, s), dtype=np.int64)
+    for u in range(n):
+        run = np.minimum.accumulate(best[u])  # the best of stages <= j so far
+        arg = np.zeros(s, dtype=np.int64)
+        for j in range(1, s):
+            arg[j] = arg[j - 1] if best[u][arg[j - 1]] <= best[u][j] else j
+        best[u + 1] = run + cost[:, u]
+        choice[u] = arg
+    stages = [0] * n
+    j = int(np.argmin(best[n]))
+    for u in range(n - 1, -1, -1):
+        stages[u] = j
+        j = int(choice[u][j])
+    return stages
 
-    A pipeline stage is one device running a contiguous run of the forward program; so every device must own
-    one contiguous run of forward ops, and each stage after the first must begin where a submodule's call
-    begins (torch.distributed.pipelining splits the traced program at module calls).
+
+def callable_modules(model: Any) -> set[str]:
+    """Names of the modules of `model` that can be called (have a forward; not ModuleList/ModuleDict)."""
+    from torch import nn
+
+    return {n for n, m in model.named_modules() if type(m).forward is not nn.Module.forward}
+
+
+def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | None = None,
+                   model: Any = None) -> PipelineSplit:
+    """Pipeline stages for any placement of a captured graph: one contiguous run of whole module calls per
+    device, in program order, as near the placement as such a split gets.
+
+    A pipeline stage is one device running a contiguous run of the forward program, and each stage after the
+    first begins where a module call begins (torch.distributed.pipelining splits the traced program there).
+    So the forward program is cut into units at every module call's beginning; the stage order is the
+    devices' order along the program (the point where half of each device's forward work is done); and each
+    unit goes to a stage, stages non-decreasing along the program, such that the least forward work (with its
+    backward and optimizer ops) moves off its placed device (exact, by dynamic programming). Ops without
+    compute (`arange`, `empty`, views) have no say: they go with their unit. The trailing ops of the root
+    module (the loss the capture added) run in the last stage. With `cluster`, the stages' step time is
+    simulated next to the placement's own (as the runtime runs it), so the loss of the approximation shows.
+    With `model` (the captured module), a split point may be a module without ops of its own (an
+    `nn.Sequential`); without it, the innermost module that begins there and has ops of its own is named.
     """
-    devs = _devices(graph, placement)
-    fwd = _forward_ops(graph)
-    # trailing ops of the root module are the loss the capture added after the model's forward (or the root's
-    # own last ops): a pipeline computes the loss in its last stage, wherever the placement put them
-    while len(fwd) > 1 and not _module(graph, fwd[-1]):
-        fwd.pop()
+    devs = _module_devices(graph, placement)
+    fwd = forward_ops(graph)
     if not fwd:
         raise ExportError(f"graph {graph.name!r} has no forward ops to split")
-    runs: list[tuple[int, int]] = []  # (device, index into fwd where the run starts)
-    for i, v in enumerate(fwd):
-        if not runs or runs[-1][0] != int(devs[v]):
-            runs.append((int(devs[v]), i))
-    seen: dict[int, int] = {}
-    for k, (d, i) in enumerate(runs):
-        if d in seen:
-            prev = runs[seen[d]]
-            raise ExportError(
-                f"device {d} runs two separate stretches of the forward program (from {graph.ids[fwd[prev[1]]]!r} "
-                f"and again from {graph.ids[fwd[i]]!r}, with device {runs[k - 1][0]} in between), so the placement "
-                "is not contiguous along the program's topological order and is no pipeline; place it with "
-                "`--placer contiguous` for a pipeline export")
-        seen[d] = k
-    first_of: dict[str, int] = {}  # module -> index of its first forward op (program order)
-    last_of: dict[str, int] = {}
-    for i, v in enumerate(fwd):
-        m = _module(graph, v)
-        parts = m.split(".") if m else []
-        for j in range(1, len(parts) + 1):
-            name = ".".join(parts[:j])
-            first_of.setdefault(name, i)
-            last_of[name] = i
+    body = len(fwd)
+    while body > 1 and not _module(graph, fwd[body - 1]):
+        body -= 1
+    mods = [_module(graph, v) for v in fwd[:body]]
+    starts = module_starts(mods, callable_modules(model) if model is not None else None)
+    bounds = [0, *sorted(starts), body]
+    work = _forward_work(graph)
+    fdev = devs[np.asarray(fwd[:body], dtype=np.int64)]
+    fwork = work[np.asarray(fwd[:body], dtype=np.int64)]
+    # stage order: where each device's forward work is half done ("forward order decides")
+    used = sorted({int(d) for d, w in zip(fdev, fwork, strict=True) if w > 0}) or [int(fdev[0])]
+    middle: dict[int, float] = {}
+    for d in used:
+        mine = np.cumsum(np.where(fdev == d, fwork, 0.0))
+        middle[d] = float(np.searchsorted(mine, mine[-1] / 2.0)) if mine[-1] > 0 else 0.0
+    order = sorted(used, key=lambda d: (middle[d], d))
+    units = len(bounds) - 1
+    cost = np.zeros((len(order), units), dtype=np.float64)
+    for u in range(units):
+        a, b = bounds[u], bounds[u + 1]
+        unit_total = float(fwork[a:b].sum())
+        for j, d in enumerate(order):
+            cost[j, u] = unit_total - float(fwork[a:b][fdev[a:b] == d].sum())
+    stage_of = _monotone_stages(cost)
+    out = devs.copy()
+    moved = 0.0
+    for u in range(units):
+        d = order[stage_of[u]]
+        for i in range(bounds[u], bounds[u + 1]):
+            moved += float(fwork[i]) if int(fdev[i]) != d else 0.0
+            out[fwd[i]] = d
+    last = order[stage_of[-1]]
+    for v in fwd[body:]:
+        out[v] = last
+    exported = runtime_placement(graph, Placement.from_array(graph, out, cluster=placement.cluster))
+    stage_devices: list[int] = []
     points: list[str] = []
-    for d, i in runs[1:]:
-        m = _module(graph, fwd[i])
-        parts = m.split(".") if m else []
-        # the outermost module whose first op opens the stage and whose ops all lie in this stage or later
-        name = next((".".join(parts[:j]) for j in range(1, len(parts) + 1)
-                     if first_of[".".join(parts[:j])] == i), None)
-        if name is None:
-            prev = graph.ids[fwd[i - 1]]
-            raise ExportError(f"the stage of device {d} begins at op {graph.ids[fwd[i]]!r}, inside module "
-                              f"{m or '(root)'!r} right after {prev!r}: not at the start of a module call, where "
-                              "torch.distributed.pipelining splits; coarsen to module boundaries or use a device_map")
-        points.append(name)
-    return PipelineSplit(tuple(d for d, _ in runs), tuple(points), tuple(graph.ids[fwd[i]] for _, i in runs))
+    first_ops: list[str] = []
+    for u in range(units):
+        d = order[stage_of[u]]
+        if not stage_devices or stage_devices[-1] != d:
+            if stage_devices:
+                points.append(starts[bounds[u]])
+            stage_devices.append(d)
+            first_ops.append(graph.ids[fwd[bounds[u]]])
+    fw_total = float(fwork.sum())
+    step, base, feasible = _costs(graph, cluster, placement, exported)
+    return PipelineSplit(tuple(stage_devices), tuple(points), tuple(first_ops), exported,
+                         moved / fw_total if fw_total > 0 else 0.0, step, base, feasible)
 
 
 # ------------------------------------------------------------------------------------------ device map
 @dataclass(frozen=True)
 class DeviceMap:
-    """Module name -> logical device, the coarsest map that keeps every mapped module on one device, the
-    op-level placement it implies, and the simulated step time of both."""
+    """Module (or, for a split module's own tensors, parameter/buffer) name -> logical device, the op-level
+    placement it implies, and the simulated step time of both."""
 
     mapping: dict[str, int]
     placement: Placement
     step_time_s: float
     op_level_step_time_s: float  # the op-level placement as the runtime runs it (backward with forward)
+    feasible: bool = True  # whether the implied placement fits memory (moving modules can overfill a device)
 
     @property
     def slowdown(self) -> float:
@@ -138,85 +236,146 @@ class DeviceMap:
         return {m: (devices[d] if devices is not None else d) for m, d in self.mapping.items()}
 
 
-def device_map(graph: CompGraph, placement: Placement, cluster: Cluster) -> DeviceMap:
+def _module_mapping(graph: CompGraph, devs: np.ndarray, work: np.ndarray, model: Any) -> dict[str, int]:
+    """The coarsest called modules whose forward ops all run on one device; a leaf split across devices goes
+    where most of its work runs."""
+    module_devs: dict[str, set[int]] = {}
+    children: dict[str, list[str]] = {}
+    share: dict[tuple[str, int], float] = {}
+    for v in forward_ops(graph):
+        names = ancestors(_module(graph, v))
+        d = int(devs[v])
+        for j, name in enumerate(names):
+            module_devs.setdefault(name, set()).add(d)
+            share[(name, d)] = share.get((name, d), 0.0) + float(work[v])
+            if j + 1 < len(names) and names[j + 1] not in children.setdefault(name, []):
+                children[name].append(names[j + 1])  # in program order of first op
+    mapping: dict[str, int] = {}
+    called = {_module(graph, v) for v in forward_ops(graph)} | (callable_modules(model) if model is not None else set())
+
+    def visit(name: str) -> None:
+        kids = children.get(name, [])
+        # a container that is never called (a ModuleList) has no hook of its own: map its children
+        if not kids or (len(module_devs[name]) == 1 and (name in called or name == "")):
+            mapping[name] = max(module_devs[name], key=lambda d: (share.get((name, d), 0.0), -d))
+            return
+        for kid in kids:
+            visit(kid)
+
+    if module_devs:
+        visit("")
+    return mapping
+
+
+def _covering(mapping: dict[str, int], name: str) -> str | None:
+    """The innermost key of `mapping` that is `name` or a module enclosing it."""
+    parts = name.split(".")
+    for j in range(len(parts), 0, -1):
+        key = ".".join(parts[:j])
+        if key in mapping:
+            return key
+    return "" if "" in mapping else None
+
+
+class _StateMap:
+    """Completing a module map over a model's `state_dict()` (see `device_map`)."""
+
+    def __init__(self, mapping: dict[str, int], model: Any) -> None:
+        self.mapping = dict(mapping)
+        self.modules = dict(model.named_modules())
+        self.canonical: dict[int, str] = {}  # tensor -> its first name (named_parameters/buffers order)
+        for n, t in [*model.named_parameters(), *model.named_buffers()]:
+            self.canonical.setdefault(id(t), n)
+        self.state = model.state_dict(keep_vars=True)
+
+    def base(self, name: str) -> str:
+        return self.canonical.get(id(self.state[name]), name)
+
+    def _split(self, key: str) -> None:
+        """Replace entry `key` by its children and its own tensors (by name), on the same device."""
+        d = self.mapping.pop(key)
+        mod = self.modules[key]
+        prefix = f"{key}." if key else ""
+        for child, _ in mod.named_children():
+            self.mapping[prefix + child] = d
+        for n, _ in [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]:
+            if prefix + n in self.state:
+                self.mapping[prefix + n] = d
+
+    def tie(self, target: dict[str, int]) -> None:
+        """Put every name of a tied tensor (`target`: base name -> device) under an entry on that device: an
+        entry elsewhere is split down to the name's own module, which then maps to the device."""
+        for name in self.state:
+            d = target.get(self.base(name))
+            if d is None:
+                continue
+            owner = name.rpartition(".")[0]
+            while (key := _covering(self.mapping, name)) is not None and self.mapping[key] != d:
+                if key in (name, owner):
+                    self.mapping[key] = d
+                else:
+                    self._split(key)
+
+    def cover(self, homes: dict[str, int]) -> None:
+        """Map every tensor under no entry where its first consumer runs (`homes`: base name -> device): the
+        outermost enclosing module that is not split (a module that ran no op) or else the tensor by name."""
+        fallback = next(iter(self.mapping.values()), 0)
+        for name in self.state:
+            if _covering(self.mapping, name) is not None:
+                continue
+            is_split = {a for k in self.mapping for a in ancestors(k)[:-1]}
+            free = next((a for a in ancestors(name.rpartition(".")[0]) if a and a not in is_split), None)
+            self.mapping[free if free is not None else name] = homes.get(self.base(name), fallback)
+
+
+def device_map(graph: CompGraph, placement: Placement, cluster: Cluster, model: Any = None,
+               example_inputs: Any = None) -> DeviceMap:
     """A Hugging Face style device_map (module name -> device) for `placement`, at module granularity.
 
     A module maps to a device when all its forward ops run there; a module split across devices is not
-    mapped, its submodules are. Ops of a split module's own code (not in any mapped submodule) run, as under
-    accelerate's hooks, where their input is: here, on the device of the previous forward op. Each module
-    is mapped to where the placement runs most of its forward compute when a parent must be split below
-    module granularity (a leaf module whose ops span devices). The implied op placement (backward and
-    optimizer ops with their group's forward op) is simulated, so the loss in step time is shown.
+    mapped, its submodules are (a leaf whose ops span devices goes where most of its work runs). Ops of a
+    split module's own code (not in any mapped submodule) run, as under accelerate's hooks, where their input
+    is: here, on the device of the previous forward op.
+
+    With `model` and `example_inputs` (the captured module and its inputs), the map covers every entry of
+    `model.state_dict()`, as accelerate requires. Each tensor's first consumer op is found by tracing (the
+    capture's own op ids). A tied tensor (several names) goes where its first consumer runs under the
+    module map, and every entry holding one of its names is moved there (an enclosing entry is split down
+    to the name's own module). Then a tensor under no entry (a split module's own, as ViT's class_token; a
+    buffer such as BART's final_logits_bias; the weights of a child module its parent reads without calling
+    it) maps where its first consumer runs under the resulting map: its outermost enclosing module that ran
+    no op, or else the tensor by name, as accelerate's own `infer_auto_device_map` does. The implied op
+    placement (backward and optimizer ops with their forward op) is simulated, so the loss in step time
+    against the placement as the runtime runs it is shown.
     """
-    devs = _devices(graph, placement)
-    fwd = _forward_ops(graph)
-    module_devs: dict[str, set[int]] = {}
-    children: dict[str, set[str]] = {}
-    compute: dict[tuple[str, int], float] = {}
-    for v in fwd:
-        m = _module(graph, v)
-        parts = m.split(".") if m else []
-        names = [""] + [".".join(parts[:j]) for j in range(1, len(parts) + 1)]
-        for j, name in enumerate(names):
-            module_devs.setdefault(name, set()).add(int(devs[v]))
-            compute[(name, int(devs[v]))] = compute.get((name, int(devs[v])), 0.0) + float(graph.compute_s[v])
-            if j + 1 < len(names):
-                children.setdefault(name, set()).add(names[j + 1])
-    mapping: dict[str, int] = {}
-
-    def visit(name: str) -> None:
-        kids = children.get(name, set())
-        if len(module_devs[name]) == 1 or not kids:
-            mapping[name] = max(module_devs[name], key=lambda d: (compute.get((name, d), 0.0), -d))
-            return
-        for kid in sorted(kids, key=lambda k: _first_index(graph, fwd, k)):
-            visit(kid)
-
-    visit("")
-    coarse = placement_from_module_map(graph, mapping)
-    result = simulate(graph, cluster, coarse)
-    from devplace.runtime.apply import runtime_placement
-
-    base = simulate(graph, cluster, runtime_placement(graph, placement))
-    return DeviceMap(mapping, coarse, result.step_time_s, base.step_time_s)
-
-
-def _first_index(graph: CompGraph, fwd: list[int], name: str) -> int:
-    for i, v in enumerate(fwd):
-        m = _module(graph, v)
-        if m == name or m.startswith(name + "."):
-            return i
-    return len(fwd)
-
-
-def placement_from_module_map(graph: CompGraph, mapping: Mapping[str, int]) -> Placement:
-    """The op placement a module map (a device_map with logical device indices) implies: each forward op on its
-    innermost mapped module's device (an op of no mapped module: where the previous forward op runs), backward
-    and optimizer ops with their group's forward op, inputs with their first consumer."""
+    devs = _module_devices(graph, placement)
+    mapping = _module_mapping(graph, devs, _forward_work(graph), model)
     if not mapping:
-        raise ExportError("the module map is empty; map at least the root module \"\" to a device")
-    fwd = _forward_ops(graph)
-    out = np.zeros(graph.num_nodes, dtype=np.int64)
-    prev = next(iter(mapping.values()), 0)
-    for v in fwd:
-        m = _module(graph, v)
-        parts = m.split(".") if m else []
-        names = [".".join(parts[:j]) for j in range(len(parts), 0, -1)] + [""]
-        d = next((mapping[n] for n in names if n in mapping), prev)
-        out[v] = d
-        prev = d
-    index = graph.index
-    for v in range(graph.num_nodes):
-        if graph.kind[v] != "forward":
-            g = graph.group[v]
-            if g and g in index and graph.kind[index[g]] == "forward":
-                out[v] = out[index[g]]
-    for v in range(graph.num_nodes):  # an input lives where its first consumer runs
-        if graph.op[v] == "input":
-            succ = graph.successors(v)
-            if succ:
-                out[v] = out[succ[0]]
-    return Placement.from_array(graph, out)
+        raise ExportError(f"graph {graph.name!r} has no forward ops to map")
+    known = {a for v in forward_ops(graph) for a in ancestors(_module(graph, v))}
+
+    def implied(m: dict[str, int]) -> Placement:
+        return placement_from_module_map(graph, cluster, m, tensors=[k for k in m if k not in known])
+
+    coarse = implied(mapping)
+    if model is not None:
+        if example_inputs is None:
+            raise ExportError("a complete device_map needs the model's example inputs as well (to find where each "
+                              "parameter is first used); pass example_inputs=")
+        from devplace.runtime.apply import state_first_ops
+
+        first = state_first_ops(model, example_inputs)
+        sm = _StateMap(mapping, model)
+        names: dict[str, int] = {}
+        for name in sm.state:
+            names[sm.base(name)] = names.get(sm.base(name), 0) + 1
+        sm.tie({b: coarse.assignment[first[b]] for b, k in names.items() if k > 1 and b in first})
+        coarse = implied(sm.mapping)
+        sm.cover({b: coarse.assignment[op] for b, op in first.items()})
+        mapping = sm.mapping  # the entries cover() adds place no op: `coarse` stays the implied placement
+    step, base, feasible = _costs(graph, cluster, placement, coarse)
+    assert step is not None and base is not None and feasible is not None
+    return DeviceMap(mapping, coarse, step, base, feasible)
 
 
 # ------------------------------------------------------------------------------------------ JSON

@@ -1,0 +1,138 @@
+"""Custom models named `package.module:factory`, usable wherever a zoo model name is.
+
+The factory is a function (any importable callable) that returns `(module, example_inputs)` or
+`(module, example_inputs, loss_fn)`, as a zoo factory does (`devplace.zoo.models`): `module(*example_inputs)`
+is the step's forward and `loss_fn(output)` its loss (default: `capture`'s, the output's `.loss` or its
+sum). When `--batch` / `--seq-len` are given they are passed as keyword arguments `batch=` / `seq_len=`,
+so a factory that accepts them can size its inputs. The module is built for real, on the CPU, under a
+seeded random generator (the caller's global RNG is untouched).
+
+`build_named_model`, `capture_named_model` and `named_prepared` take a zoo name or a custom one, so a
+command that accepts one accepts both.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from devplace.capture.pipeline import Prepared, capture_zoo_model, prepare
+from devplace.capture.torch_capture import capture
+from devplace.errors import DevplaceError
+from devplace.graph.compgraph import CompGraph
+
+__all__ = ["CustomModelError", "build_custom_model", "build_named_model", "capture_named_model", "is_custom",
+           "load_factory", "named_prepared"]
+
+Built = tuple[nn.Module, tuple[Any, ...], Callable[..., torch.Tensor] | None]
+
+
+class CustomModelError(DevplaceError):
+    """A `package.module:factory` name that cannot be imported, called, or returns the wrong thing."""
+
+
+def is_custom(name: str) -> bool:
+    """True for a `package.module:factory` name (zoo names have no colon)."""
+    return ":" in name
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    """The callable that `package.module:factory` names (`factory` may be a dotted attribute path)."""
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise CustomModelError(f"custom model {spec!r} must be written package.module:factory, e.g. "
+                               "mymodels.towers:build")
+    try:
+        obj: Any = importlib.import_module(mod_name)
+    except ModuleNotFoundError as exc:
+        raise CustomModelError(f"custom model {spec!r}: cannot import module {mod_name!r} ({exc}); is it on "
+                               "PYTHONPATH (or installed), and is the name spelled right?") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            have = sorted(n for n in dir(obj) if not n.startswith("_"))[:8]
+            raise CustomModelError(f"custom model {spec!r}: {mod_name!r} has no attribute {attr!r} (names there "
+                                   f"include {', '.join(have) or 'nothing public'})")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise CustomModelError(f"custom model {spec!r}: {attr!r} is a {type(obj).__name__}, not a function that "
+                               "returns (module, example_inputs[, loss_fn])")
+    return obj  # type: ignore[no-any-return]
+
+
+def _sizes(factory: Callable[..., Any], spec: str, batch: int | None, seq_len: int | None) -> dict[str, int]:
+    given = {k: v for k, v in (("batch", batch), ("seq_len", seq_len)) if v is not None}
+    if not given:
+        return {}
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: pass them and let it complain
+        return given
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for k in given:
+        if k not in params and not takes_any:
+            flag = "--batch" if k == "batch" else "--seq-len"
+            raise CustomModelError(f"custom model {spec!r}: the factory takes no {k!r} argument; drop {flag} or "
+                                   f"give the factory a {k}= parameter")
+    return given
+
+
+def build_custom_model(spec: str, batch: int | None = None, seq_len: int | None = None, *, seed: int = 0) -> Built:
+    """(module, example_inputs as a tuple, loss_fn or None) from the factory `spec` names (module docstring)."""
+    factory = load_factory(spec)
+    kwargs = _sizes(factory, spec, batch, seq_len)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        out = factory(**kwargs)
+    if not isinstance(out, tuple | list) or len(out) not in (2, 3):
+        raise CustomModelError(f"custom model {spec!r}: the factory must return (module, example_inputs) or "
+                               f"(module, example_inputs, loss_fn), got {type(out).__name__}"
+                               + (f" of length {len(out)}" if isinstance(out, tuple | list) else ""))
+    module, inputs = out[0], out[1]
+    loss_fn = out[2] if len(out) == 3 else None
+    if not isinstance(module, nn.Module):
+        raise CustomModelError(f"custom model {spec!r}: the first item the factory returns must be a "
+                               f"torch.nn.Module, got {type(module).__name__}")
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    elif isinstance(inputs, list):
+        inputs = tuple(inputs)
+    if not isinstance(inputs, tuple) or not inputs:
+        raise CustomModelError(f"custom model {spec!r}: example_inputs must be a tensor or a non-empty tuple of "
+                               f"the module's positional arguments, got {type(out[1]).__name__}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise CustomModelError(f"custom model {spec!r}: loss_fn must be callable (output -> scalar loss) or None, "
+                               f"got {type(loss_fn).__name__}")
+    module.train()
+    return module, inputs, loss_fn
+
+
+def build_named_model(name: str, batch: int | None = None, seq_len: int | None = None, *, seed: int = 0) -> Built:
+    """A zoo model or a custom `package.module:factory` one: (module, example_inputs, loss_fn)."""
+    if is_custom(name):
+        return build_custom_model(name, batch, seq_len, seed=seed)
+    from devplace.zoo.models import build_model
+
+    return build_model(name, batch, seq_len, seed=seed)
+
+
+def capture_named_model(name: str, *, batch: int | None = None, seq_len: int | None = None,
+                        optimizer: str = "adam", seed: int = 0) -> CompGraph:
+    """The captured training step of a zoo model or a custom one (see `capture_zoo_model`)."""
+    if not is_custom(name):
+        return capture_zoo_model(name, batch=batch, seq_len=seq_len, optimizer=optimizer)
+    module, inputs, loss_fn = build_custom_model(name, batch, seq_len, seed=seed)
+    label = name.rpartition(":")[2] + (f"-b{batch}" if batch is not None else "") + (
+        f"-s{seq_len}" if seq_len is not None else "")
+    return capture(module, inputs, loss_fn=loss_fn, optimizer=optimizer, name=label)
+
+
+def named_prepared(name: str, *, batch: int | None = None, seq_len: int | None = None, optimizer: str = "adam",
+                   seed: int = 0, **options: Any) -> Prepared:
+    """`capture_named_model` then `prepare` (device, costs, max_nodes as `capture.pipeline.prepare`)."""
+    graph = capture_named_model(name, batch=batch, seq_len=seq_len, optimizer=optimizer, seed=seed)
+    return prepare(graph, **options)

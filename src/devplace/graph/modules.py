@@ -1,0 +1,81 @@
+"""Module paths of a captured graph's ops, and where in the forward program a module call begins.
+
+The capture names every op `<module path>/<aten op>#<n>` and records its module path as the "module" extra key
+(docs/capture-format.md); a coarse node of one colocation group keeps its forward op's id as its `group`, so
+its module is that id's prefix. These helpers are shared by the `even` placer, hand-made module maps and the
+exports (pipeline split points, device maps), which all cut the forward program at module boundaries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from devplace.graph.compgraph import CompGraph
+
+__all__ = ["ancestors", "forward_ops", "has_modules", "module_of", "module_starts"]
+
+
+def module_of(graph: CompGraph, v: int) -> str | None:
+    """Module path of node v: its "module" extra key; for a coarse node without one, the module of the forward
+    op id it is grouped with (`group`, else its "tie" label). None when the graph says nothing."""
+    extra = graph.node_extra[v] if graph.node_extra else {}
+    m = extra.get("module")
+    if isinstance(m, str):
+        return m
+    for ref in (graph.group[v], extra.get("tie")):
+        if isinstance(ref, str) and "/" in ref and not ref.startswith("input/"):
+            return ref.rpartition("/")[0]
+    return None
+
+
+def has_modules(graph: CompGraph) -> bool:
+    """True when some forward op has a non-empty module path (a captured graph, or a coarsening of one)."""
+    return any(graph.kind[v] == "forward" and module_of(graph, v) for v in range(graph.num_nodes))
+
+
+def forward_ops(graph: CompGraph) -> list[int]:
+    """Forward op nodes (not inputs) in program order: the capture records them in execution order, so node
+    index order is the forward program."""
+    return [v for v in range(graph.num_nodes) if graph.kind[v] == "forward" and graph.op[v] != "input"]
+
+
+def ancestors(module: str) -> list[str]:
+    """`module` and every enclosing module, outermost first, the root "" included: "a.b" -> ["", "a", "a.b"]."""
+    parts = module.split(".") if module else []
+    return [""] + [".".join(parts[:j]) for j in range(1, len(parts) + 1)]
+
+
+def module_starts(modules: Sequence[str], callable_modules: Collection[str] | None = None) -> dict[int, str]:
+    """Positions of a forward op sequence (its ops' module paths, in program order) where a module's first call
+    begins: position -> the outermost module (not the root) whose first op is there.
+
+    These are the places where `torch.distributed.pipelining` can split (at a module call's beginning) and
+    where a module-granular device map can change device without splitting a module. Only called modules
+    are candidates: a path prefix such as a `ModuleList` ("layers" of "layers.0") is a container that is
+    never called, so no split can be hooked on it. `callable_modules` names them (from the model: modules
+    with a forward); without it, only modules that some op names as its own count (so an `nn.Sequential`
+    without ops of its own gives way to its first child, which begins at the same op), and only modules
+    called once (Swin's `stochastic_depth` runs twice per block). Position 0 is never a split point and is
+    left out.
+    """
+    called = set(modules) | set(callable_modules or ())
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    count: dict[str, int] = {}
+    for i, m in enumerate(modules):
+        for name in ancestors(m)[1:]:
+            first.setdefault(name, i)
+            last[name] = i
+            count[name] = count.get(name, 0) + 1
+    # one call of a module runs one contiguous stretch of the program (every op meanwhile is inside it); a
+    # module whose ops lie in several stretches is called several times, and a split at its beginning would
+    # split at every call
+    once = {n for n in first if last[n] - first[n] + 1 == count[n]}
+    out: dict[int, str] = {}
+    for i, m in enumerate(modules):
+        if i == 0:
+            continue
+        name = next((n for n in ancestors(m)[1:] if first[n] == i and n in called and n in once), None)
+        if name is not None:
+            out[i] = name
+    return out

@@ -11,7 +11,7 @@ import importlib
 import inspect
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -19,10 +19,13 @@ import numpy as np
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
+from devplace.graph.ties import fold, is_tied
 from devplace.hardware.cluster import Cluster
 from devplace.orders import check_order_name, traversal_indices
-from devplace.placers.memory import no_fit_error
+from devplace.placers.memory import NoFitError, no_fit_error
 from devplace.sim.devplace_model import DevplaceModel
+from devplace.sim.result import SimResult
+from devplace.sim.summary import fmt_bytes
 
 PlacerFn = Callable[..., np.ndarray]
 # progress(done, total): placers with long loops accept a `progress` keyword and call it now and then
@@ -99,13 +102,24 @@ def get_placer(name: str) -> PlacerSpec:
 
 def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: str = "auto", seed: int = 0,
           progress: Progress | None = None, try_orders: int | None = None, try_with: str | None = None,
-          **settings: Any) -> Placement:
+          autograd_rule: bool = True, **settings: Any) -> Placement:
     """Place every node of `graph` on a device of `cluster` with `placer`, walking the graph in `order`.
 
     Settings are the placer's keyword arguments (see `devplace placers`). The result is always
     memory-feasible under the `devplace` simulation model; when the placer finds nothing that fits, a
     NoFitError says how much memory the step needs and what would hold it. `progress(done, total)` is
     called now and then by placers with long loops (greedy, anneal).
+
+    `autograd_rule` (on by default): a training step runs each backward and optimizer op on its forward op's
+    device, and each input with its first consumer, whatever a placer says, so every tie class of `graph`
+    (`devplace.graph.ties.tie_classes`) is one decision: the placer places the folded graph
+    (`devplace.graph.ties.fold`: one node per class, with the compute and memory of all its ops), every op
+    of a class goes to its class's device, and the placement is simulated and checked on `graph` itself.
+    The reported step time is then the one autograd runs. When the folded view fits but `graph` does not,
+    the placer runs again with the device caps it sees lowered by the measured overflow (at most
+    `CAP_RETRIES` times), else NoFitError. `autograd_rule=False` places every node on its own, for graphs that
+    are not autograd training steps (generated families, hand-written JSON graphs); a graph without ties is
+    placed the same either way. meta["autograd_rule"] records whether the rule was applied.
 
     `order="auto"` picks the order from the graph's features with the shipped recommendation model
     (`devplace.orders.auto`); with `try_orders=K` it instead runs the placer with each of the model's K most
@@ -123,7 +137,7 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: s
         raise PlacerError("try_with (--try-with) names the placer that tries the orders of try_orders (--try K); "
                           "give both")
     if order == "auto":
-        return _place_auto(graph, cluster, spec, seed, progress, try_orders, try_with, settings)
+        return _place_auto(graph, cluster, spec, seed, progress, try_orders, try_with, autograd_rule, settings)
     accepted = spec.settings
     unknown = sorted(set(settings) - set(accepted))
     if unknown:
@@ -131,26 +145,89 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: s
         raise PlacerError(f"placer {placer!r} has no setting {', '.join(map(repr, unknown))}; its settings: {listed}")
     if float(graph.param_bytes.sum()) > float(cluster.memory.sum()):
         raise no_fit_error(graph, cluster, placer, "the parameters alone exceed the cluster's memory")
-    visit = traversal_indices(graph, order, seed, cluster=cluster)
+    folding = fold(graph) if autograd_rule and is_tied(graph) else None
+    target = graph if folding is None else folding.graph
+    visit = traversal_indices(target, order, seed, cluster=cluster)
     if progress is not None and spec.reports_progress:
         settings = {**settings, "progress": progress}
-    devices = np.asarray(spec.func(graph, cluster, order=visit, seed=seed, **settings), dtype=np.int64)
+
+    def run(seen: Cluster) -> np.ndarray:
+        out = np.asarray(spec.func(target, seen, order=visit, seed=seed, **settings), dtype=np.int64)
+        if out.shape != (target.num_nodes,) or (target.num_nodes and not
+                                                (out.min() >= 0 and out.max() < cluster.num_devices)):
+            raise RuntimeError(f"placer {placer!r} returned an invalid device array")  # a bug, not a user error
+        return out
+
+    if folding is None:
+        devices = run(cluster)
+        result = DevplaceModel(graph, cluster).run(devices)
+        if not result.feasible:
+            over = ", ".join(f"device {d} by {b:.3g} bytes" for d, b in result.oom.items())
+            raise no_fit_error(graph, cluster, placer, f"its best placement is over memory on {over}")
+        retries = 0
+    else:
+        devices, result, retries = within_memory(graph, target, cluster, placer, run, folding.expand)
     settings.pop("progress", None)
-    if devices.shape != (graph.num_nodes,) or (graph.num_nodes and not
-                                               (devices.min() >= 0 and devices.max() < cluster.num_devices)):
-        raise RuntimeError(f"placer {placer!r} returned an invalid device array")  # a bug, not a user error
-    result = DevplaceModel(graph, cluster).run(devices)
-    if not result.feasible:
-        over = ", ".join(f"device {d} by {b:.3g} bytes" for d, b in result.oom.items())
-        raise no_fit_error(graph, cluster, placer, f"its best placement is over memory on {over}")
     placement = Placement.from_array(graph, devices, cluster=cluster.name)
     meta = {"placer": placer, "order": order if spec.uses_order else None, "seed": seed,
-            "settings": dict(settings), "step_time_s": result.step_time_s}
+            "settings": dict(settings), "step_time_s": result.step_time_s, "autograd_rule": autograd_rule}
+    if folding is not None:
+        meta.update(tie_classes=folding.graph.num_nodes, cap_retries=retries)
     return Placement(placement.assignment, graph=graph.name, cluster=cluster.name, meta=meta)
 
 
+CAP_RETRIES = 4  # placer reruns with lowered device caps when the graph as run is over memory
+
+
+def with_caps(cluster: Cluster, caps: np.ndarray) -> Cluster:
+    """`cluster` with device d's memory set to caps[d] (same name, speeds and links): what a placer sees when
+    it must leave room for memory its own view of the graph does not count."""
+    devices = tuple(replace(d, memory_bytes=float(c)) for d, c in zip(cluster.devices, caps, strict=True))
+    return Cluster(cluster.name, devices, cluster.link, dict(cluster.links), dict(cluster.meta))
+
+
+def within_memory(graph: CompGraph, view: CompGraph, cluster: Cluster, placer: str,
+                  run: Callable[[Cluster], np.ndarray], expand: Callable[[np.ndarray], np.ndarray],
+                  ) -> tuple[np.ndarray, SimResult, int]:
+    """Place `view` (a folded or coarse stand-in for `graph`) with `run(cluster seen)`, map its devices to
+    `graph` with `expand`, and simulate `graph`; while a device is over memory, lower that device's cap to
+    min(cap, the view's simulated peak there) minus the overflow and place again (at most `CAP_RETRIES`
+    times). Returns (device per node of `graph`, its simulation, the number of retries), or raises
+    NoFitError for `graph` on the real `cluster` with the overflow and a suggestion."""
+    model = DevplaceModel(graph, cluster)
+    caps = cluster.memory.astype(np.float64)
+    seen = cluster
+    for attempt in range(CAP_RETRIES + 1):
+        try:
+            view_devices = run(seen)
+        except NoFitError as exc:
+            if attempt == 0:
+                raise
+            raise no_fit_error(graph, cluster, placer, f"as run, its placement was over memory; with the device "
+                               f"caps lowered to {_caps_text(caps)} to make room, it found none: {exc}") from exc
+        devices = expand(view_devices)
+        result = model.run(devices)
+        if result.feasible:
+            return devices, result, attempt
+        view_peak = DevplaceModel(view, seen).run(view_devices).peak_memory_bytes
+        caps = caps.copy()
+        for d, over in result.oom.items():
+            caps[d] = min(caps[d], float(view_peak[d])) - float(over)
+        if (caps <= 0).any():
+            break
+        seen = with_caps(cluster, caps)
+    over_text = ", ".join(f"device {d} by {fmt_bytes(float(b))}" for d, b in result.oom.items())
+    raise no_fit_error(graph, cluster, placer, f"as run, its placement is over memory on {over_text} after "
+                       f"{attempt} rerun(s) with lowered device caps ({_caps_text(caps)})")
+
+
+def _caps_text(caps: np.ndarray) -> str:
+    return ", ".join(fmt_bytes(max(float(c), 0.0)) for c in caps)
+
+
 def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int, progress: Progress | None,
-                try_orders: int | None, try_with: str | None, settings: dict[str, Any]) -> Placement:
+                try_orders: int | None, try_with: str | None, autograd_rule: bool,
+                settings: dict[str, Any]) -> Placement:
     """`order="auto"`: the recommended order, or the best of the K most promising ones (see `place`)."""
     from devplace.orders.auto import recommend_order
 
@@ -160,7 +237,7 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
     rec = recommend_order(graph, cluster, placer=spec.name, uses_order=spec.uses_order)
     if try_orders is None or not spec.uses_order:
         placement = place(graph, cluster, placer=spec.name, order=rec.order, seed=seed, progress=progress,
-                          **settings)
+                          autograd_rule=autograd_rule, **settings)
         why = {"order": rec.order, "mode": "model", "rule": rec.rule, "expected_gain": rec.expected_gain,
                "source": rec.source}
         return Placement(placement.assignment, graph=placement.graph, cluster=placement.cluster,
@@ -174,7 +251,7 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
     for name in candidates:
         try:
             p = place(graph, cluster, placer=trial.name, order=name, seed=seed,
-                      progress=progress if trial is spec else None, **trial_settings)
+                      progress=progress if trial is spec else None, autograd_rule=autograd_rule, **trial_settings)
         except DevplaceError as exc:  # an order whose placement does not fit: record it, try the next
             tried[name] = f"{type(exc).__name__}: {exc}"
             first_error = first_error or exc
@@ -194,5 +271,5 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
                    why=f"smallest simulated step time of the model's {len(candidates)} most promising orders "
                        f"when placed by {trial.name}")
         best = place(graph, cluster, placer=spec.name, order=best.meta["order"], seed=seed, progress=progress,
-                     **settings)
+                     autograd_rule=autograd_rule, **settings)
     return Placement(best.assignment, graph=best.graph, cluster=best.cluster, meta={**best.meta, "order_auto": why})

@@ -19,7 +19,7 @@ import numpy as np
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
-from devplace.graph.ties import fold, is_tied
+from devplace.graph.ties import fold, tie_classes, untied, violations
 from devplace.hardware.cluster import Cluster
 from devplace.orders import check_order_name, traversal_indices
 from devplace.placers.memory import NoFitError, no_fit_error
@@ -53,11 +53,17 @@ class PlacerSpec:
         """Keyword settings beyond order and seed, with their defaults."""
         params = inspect.signature(self.func).parameters.values()
         return {p.name: p.default for p in params
-                if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("order", "seed", "progress")}
+                if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("order", "seed", "progress", "ties")}
 
     @property
     def reports_progress(self) -> bool:
         return "progress" in inspect.signature(self.func).parameters
+
+    @property
+    def handles_ties(self) -> bool:
+        """True when the placer takes `ties` (a tie class per node) and keeps every class on one device
+        itself; `place` folds the graph for the others (see `place`'s autograd_rule)."""
+        return "ties" in inspect.signature(self.func).parameters
 
 
 _REGISTRY: dict[str, PlacerSpec] = {}
@@ -112,9 +118,11 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: s
 
     `autograd_rule` (on by default): a training step runs each backward and optimizer op on its forward op's
     device, and each input with its first consumer, whatever a placer says, so every tie class of `graph`
-    (`devplace.graph.ties.tie_classes`) is one decision: the placer places the folded graph
-    (`devplace.graph.ties.fold`: one node per class, with the compute and memory of all its ops), every op
-    of a class goes to its class's device, and the placement is simulated and checked on `graph` itself.
+    (`devplace.graph.ties.tie_classes`) is one decision. A placer that takes `ties` (m-etf, m-sct, heft:
+    `PlacerSpec.handles_ties`) places `graph` itself and decides a class when it places its first op; every
+    other placer places the folded graph (`devplace.graph.ties.fold`: one node per class, with the compute
+    and memory of all its ops) and every op of a class goes to its class's device. Either way the placement
+    is simulated and checked on `graph` itself.
     The reported step time is then the one autograd runs. When the folded view fits but `graph` does not,
     the placer runs again with the device caps it sees lowered by the measured overflow (at most
     `CAP_RETRIES` times), else NoFitError. `autograd_rule=False` places every node on its own, for graphs that
@@ -145,34 +153,41 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: s
         raise PlacerError(f"placer {placer!r} has no setting {', '.join(map(repr, unknown))}; its settings: {listed}")
     if float(graph.param_bytes.sum()) > float(cluster.memory.sum()):
         raise no_fit_error(graph, cluster, placer, "the parameters alone exceed the cluster's memory")
-    folding = fold(graph) if autograd_rule and is_tied(graph) else None
+    classes = tie_classes(graph) if autograd_rule else untied(graph)
+    tied = bool(classes.size) and int(classes.max()) + 1 < classes.size
+    folding = fold(graph, classes) if tied and not spec.handles_ties else None
     target = graph if folding is None else folding.graph
     visit = traversal_indices(target, order, seed, cluster=cluster)
+    call = dict(settings)
     if progress is not None and spec.reports_progress:
-        settings = {**settings, "progress": progress}
+        call["progress"] = progress
+    if spec.handles_ties:
+        call["ties"] = classes
 
     def run(seen: Cluster) -> np.ndarray:
-        out = np.asarray(spec.func(target, seen, order=visit, seed=seed, **settings), dtype=np.int64)
+        out = np.asarray(spec.func(target, seen, order=visit, seed=seed, **call), dtype=np.int64)
         if out.shape != (target.num_nodes,) or (target.num_nodes and not
                                                 (out.min() >= 0 and out.max() < cluster.num_devices)):
             raise RuntimeError(f"placer {placer!r} returned an invalid device array")  # a bug, not a user error
         return out
 
-    if folding is None:
+    if not tied:
         devices = run(cluster)
         result = DevplaceModel(graph, cluster).run(devices)
         if not result.feasible:
             over = ", ".join(f"device {d} by {b:.3g} bytes" for d, b in result.oom.items())
             raise no_fit_error(graph, cluster, placer, f"its best placement is over memory on {over}")
-        retries = 0
     else:
-        devices, result, retries = within_memory(graph, target, cluster, placer, run, folding.expand)
-    settings.pop("progress", None)
+        devices, result, retries = within_memory(graph, target, cluster, placer, run,
+                                                 folding.expand if folding is not None else np.asarray)
+        if violations(graph, devices, classes):  # a native placer that splits a class: a bug, not a user error
+            raise RuntimeError(f"placer {placer!r} split a tie class although it takes `ties`")
     placement = Placement.from_array(graph, devices, cluster=cluster.name)
     meta = {"placer": placer, "order": order if spec.uses_order else None, "seed": seed,
             "settings": dict(settings), "step_time_s": result.step_time_s, "autograd_rule": autograd_rule}
-    if folding is not None:
-        meta.update(tie_classes=folding.graph.num_nodes, cap_retries=retries)
+    if tied:
+        meta.update(tie_classes=int(classes.max()) + 1, ties="native" if folding is None else "folded",
+                    cap_retries=retries)
     return Placement(placement.assignment, graph=graph.name, cluster=cluster.name, meta=meta)
 
 

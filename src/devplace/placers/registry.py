@@ -118,11 +118,12 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: s
 
     `autograd_rule` (on by default): a training step runs each backward and optimizer op on its forward op's
     device, and each input with its first consumer, whatever a placer says, so every tie class of `graph`
-    (`devplace.graph.ties.tie_classes`) is one decision. A placer that takes `ties` (m-etf, m-sct, heft:
-    `PlacerSpec.handles_ties`) places `graph` itself and decides a class when it places its first op; every
-    other placer places the folded graph (`devplace.graph.ties.fold`: one node per class, with the compute
-    and memory of all its ops) and every op of a class goes to its class's device. Either way the placement
-    is simulated and checked on `graph` itself.
+    (`devplace.graph.ties.tie_classes`) is one decision. A placer that takes `ties` (m-etf, m-sct, heft,
+    greedy: `PlacerSpec.handles_ties`) places `graph` itself and decides a class when it places its first op;
+    every other placer -- and one that takes `ties` but finds nothing that fits that way -- places the folded
+    graph (`devplace.graph.ties.fold`: one node per class, with the compute and memory of all its ops) and
+    every op of a class goes to its class's device (meta["ties"]: "native" or "folded"). Either way the
+    placement is simulated and checked on `graph` itself.
     The reported step time is then the one autograd runs. When the folded view fits but `graph` does not,
     the placer runs again with the device caps it sees lowered by the measured overflow (at most
     `CAP_RETRIES` times), else NoFitError. `autograd_rule=False` places every node on its own, for graphs that
@@ -155,39 +156,50 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: s
         raise no_fit_error(graph, cluster, placer, "the parameters alone exceed the cluster's memory")
     classes = tie_classes(graph) if autograd_rule else untied(graph)
     tied = bool(classes.size) and int(classes.max()) + 1 < classes.size
-    folding = fold(graph, classes) if tied and not spec.handles_ties else None
-    target = graph if folding is None else folding.graph
-    visit = traversal_indices(target, order, seed, cluster=cluster)
-    call = dict(settings)
-    if progress is not None and spec.reports_progress:
-        call["progress"] = progress
-    if spec.handles_ties:
-        call["ties"] = classes
+    extra: dict[str, Any] = {"progress": progress} if progress is not None and spec.reports_progress else {}
 
-    def run(seen: Cluster) -> np.ndarray:
-        out = np.asarray(spec.func(target, seen, order=visit, seed=seed, **call), dtype=np.int64)
-        if out.shape != (target.num_nodes,) or (target.num_nodes and not
-                                                (out.min() >= 0 and out.max() < cluster.num_devices)):
-            raise RuntimeError(f"placer {placer!r} returned an invalid device array")  # a bug, not a user error
-        return out
+    def runner(target: CompGraph, ties: np.ndarray) -> Callable[[Cluster], np.ndarray]:
+        visit = traversal_indices(target, order, seed, cluster=cluster)
+        call = {**settings, **extra, **({"ties": ties} if spec.handles_ties else {})}
+
+        def run(seen: Cluster) -> np.ndarray:
+            out = np.asarray(spec.func(target, seen, order=visit, seed=seed, **call), dtype=np.int64)
+            if out.shape != (target.num_nodes,) or (target.num_nodes and not
+                                                    (out.min() >= 0 and out.max() < cluster.num_devices)):
+                raise RuntimeError(f"placer {placer!r} returned an invalid device array")  # a bug, not a user error
+            return out
+        return run
 
     if not tied:
-        devices = run(cluster)
+        devices = runner(graph, classes)(cluster)
         result = DevplaceModel(graph, cluster).run(devices)
         if not result.feasible:
             over = ", ".join(f"device {d} by {b:.3g} bytes" for d, b in result.oom.items())
             raise no_fit_error(graph, cluster, placer, f"its best placement is over memory on {over}")
     else:
-        devices, result, retries = within_memory(graph, target, cluster, placer, run,
-                                                 folding.expand if folding is not None else np.asarray)
+        # native first where the placer keeps classes together itself (it sees the real dependencies); the
+        # folded graph where it does not, or where native placement found nothing that fits
+        modes = ("native", "folded") if spec.handles_ties else ("folded",)
+        for mode in modes:
+            if mode == "native":
+                run, expand = runner(graph, classes), np.asarray
+            else:
+                folding = fold(graph, classes)
+                run, expand = runner(folding.graph, untied(folding.graph)), folding.expand
+            try:
+                devices, result, retries = within_memory(graph, graph if mode == "native" else folding.graph,
+                                                         cluster, placer, run, expand)
+                break
+            except NoFitError:
+                if mode == modes[-1]:
+                    raise
         if violations(graph, devices, classes):  # a native placer that splits a class: a bug, not a user error
             raise RuntimeError(f"placer {placer!r} split a tie class although it takes `ties`")
     placement = Placement.from_array(graph, devices, cluster=cluster.name)
     meta = {"placer": placer, "order": order if spec.uses_order else None, "seed": seed,
             "settings": dict(settings), "step_time_s": result.step_time_s, "autograd_rule": autograd_rule}
     if tied:
-        meta.update(tie_classes=int(classes.max()) + 1, ties="native" if folding is None else "folded",
-                    cap_retries=retries)
+        meta.update(tie_classes=int(classes.max()) + 1, ties=mode, cap_retries=retries)
     return Placement(placement.assignment, graph=graph.name, cluster=cluster.name, meta=meta)
 
 

@@ -42,7 +42,8 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
     coarsening was made from) and simulate `full`: the result is never over memory as run on the full graph.
 
     When the full graph is over memory on some device, the placer runs again seeing that device's cap
-    lowered to min(cap, the coarse placement's peak there) minus the overflow (at most `CAP_RETRIES` times);
+    lowered to min(cap, the coarse placement's peak there) x capacity / the full graph's peak there (at most
+    `CAP_RETRIES` times);
     if it still does not fit, NoFitError with the memory the step needs, the cluster's and a suggestion.
     With `autograd_rule` (default) every backward and optimizer op runs with its forward op, so the
     placement is what autograd runs and `result` is its as-run step time.

@@ -218,8 +218,8 @@ def within_memory(graph: CompGraph, view: CompGraph, cluster: Cluster, placer: s
                   ) -> tuple[np.ndarray, SimResult, int]:
     """Place `view` (a folded or coarse stand-in for `graph`) with `run(cluster seen)`, map its devices to
     `graph` with `expand`, and simulate `graph`; while a device is over memory, lower that device's cap to
-    min(cap, the view's simulated peak there) minus the overflow and place again (at most `CAP_RETRIES`
-    times). Returns (device per node of `graph`, its simulation, the number of retries), or raises
+    min(cap, the view's simulated peak there) x capacity / the real peak there, and place again (at most
+    `CAP_RETRIES` times). Returns (device per node of `graph`, its simulation, the number of retries), or raises
     NoFitError for `graph` on the real `cluster` with the overflow and a suggestion."""
     model = DevplaceModel(graph, cluster)
     caps = cluster.memory.astype(np.float64)
@@ -236,16 +236,20 @@ def within_memory(graph: CompGraph, view: CompGraph, cluster: Cluster, placer: s
         result = model.run(devices)
         if result.feasible:
             return devices, result, attempt
+        if attempt == CAP_RETRIES:
+            break
         view_peak = DevplaceModel(view, seen).run(view_devices).peak_memory_bytes
         caps = caps.copy()
-        for d, over in result.oom.items():
-            caps[d] = min(caps[d], float(view_peak[d])) - float(over)
-        if (caps <= 0).any():
-            break
+        for d in result.oom:
+            # shrink what the view may hold on d by the factor the real peak exceeds the real capacity: a view
+            # that understates memory by any factor still ends up within it (subtracting the overflow would
+            # go to zero when the view's own peak is smaller than the overflow)
+            full_cap, full_peak = float(result.memory_bytes[d]), float(result.peak_memory_bytes[d])
+            caps[d] = min(caps[d], float(view_peak[d])) * full_cap / full_peak
         seen = with_caps(cluster, caps)
     over_text = ", ".join(f"device {d} by {fmt_bytes(float(b))}" for d, b in result.oom.items())
     raise no_fit_error(graph, cluster, placer, f"as run, its placement is over memory on {over_text} after "
-                       f"{attempt} rerun(s) with lowered device caps ({_caps_text(caps)})")
+                       f"{CAP_RETRIES} rerun(s) with lowered device caps (last: {_caps_text(caps)})")
 
 
 def _caps_text(caps: np.ndarray) -> str:

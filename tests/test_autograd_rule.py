@@ -6,12 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from conftest import cluster, graph
 from devplace.capture.pipeline import prepare
 from devplace.capture.torch_capture import capture
 from devplace.graph.coarsen import Coarsening
+from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import runtime_placement
 from devplace.graph.ties import OP_FOLDED, fold, is_tied, tie_classes, violations
 from devplace.orders import traversal_indices
@@ -73,6 +76,30 @@ def test_fold_of_a_training_graph_keeps_the_totals(mlp):
     assert f.graph.num_nodes == int(tie_classes(mlp.graph).max()) + 1 < mlp.graph.num_nodes
     for attr in ("compute_s", "param_bytes", "output_bytes"):
         assert np.isclose(getattr(f.graph, attr).sum(), getattr(mlp.graph, attr).sum())
+
+
+def _random_ties(n: int, labels: list[int], seed: int) -> CompGraph:
+    g = layered_graph(n, width=4, fan_in=2, seed=seed)
+    nodes = [{**g.node_record(v), "tie": f"t{labels[v]}"} if labels[v] >= 0 else g.node_record(v)
+             for v in range(n)]
+    return CompGraph.build(g.name, nodes, [g.edge_record(e) for e in range(g.num_edges)])
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(8, 24).flatmap(lambda n: st.tuples(st.just(n), st.lists(st.integers(-1, 4), min_size=n,
+                                                                             max_size=n))),
+       st.integers(0, 3))
+def test_fold_of_any_tie_labels_is_a_dag_whose_placements_keep_the_classes(case, seed):
+    n, labels = case
+    g = _random_ties(n, labels, seed)
+    f = fold(g)  # CompGraph.build raises on a cycle: the fold is a DAG whatever the classes
+    assert f.graph.num_nodes == int(tie_classes(g).max()) + 1
+    assert np.isclose(f.graph.compute_s.sum(), g.compute_s.sum())
+    assert np.isclose(f.graph.output_bytes.sum(), g.output_bytes.sum())
+    devices = f.expand(np.arange(f.graph.num_nodes) % 3)
+    assert violations(g, devices, tie_classes(g)) == []
+    p = place(g, cluster(3, bw=12e9, lat=1e-5), placer="round-robin", order="topo")
+    assert violations(g, p.to_array(g, 3), tie_classes(g)) == []
 
 
 # ---------------------------------------------------------------------------------------------- every placer

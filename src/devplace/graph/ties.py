@@ -29,6 +29,7 @@ from devplace.graph.compgraph import CompGraph
 TIE_KEY = "tie"  # node extra key: nodes with equal non-empty labels run on one device
 COARSENING_META_KEY = "coarsening"  # the meta key `devplace.graph.coarsen` writes (kept equal to its META_KEY)
 FOLDED_META_KEY = "folded"  # the meta key `fold` writes: {"from": graph name, "classes": count}
+OP_FOLDED = "tied"  # the `op` of a folded node with more than one member
 SUMMED_EXTRAS = ("flops", "mem_access_bytes")  # numeric extra keys summed over a coarse group's or class's members
 
 
@@ -98,9 +99,6 @@ def violations(graph: CompGraph, devices: np.ndarray, classes: np.ndarray) -> li
     return bad
 
 
-OP_FOLDED = "tied"  # the `op` of a folded node with more than one member
-
-
 @dataclass(frozen=True, eq=False)
 class Folding:
     """A graph folded by its tie classes: `graph` has one node per class (node k is class k), `classes` maps
@@ -121,8 +119,10 @@ def fold(graph: CompGraph, classes: np.ndarray | None = None) -> Folding:
     backward op sandwich the loss -- so only the quotient edges that go forward in the topological rank of
     the classes' representatives (a class's member that comes first in the graph's canonical topological
     order; for a training graph, its forward op) are kept: the forward pass, with each layer's backward and
-    optimizer work folded into it. Every edge left out runs inside one device or backward against that
-    order, so no placement decision loses a dependency it could exploit, only the backward pass's timing.
+    optimizer work folded into it. The edges left out lie inside a class or run against that order (the
+    gradient flowing back): the folded graph does not say that a layer's backward work waits for the later
+    layers and the loss, so a placer's own simulation of it is optimistic about overlap, which is why
+    `devplace.place` simulates and checks the expanded placement on the real graph.
 
     A folded node sums its members' compute_s, param_bytes and output_bytes (and the extras
     flops/mem_access_bytes), so the time and memory of the tied ops count when its device is chosen;

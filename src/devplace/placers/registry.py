@@ -123,12 +123,13 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: s
     every other placer -- and one that takes `ties` but finds nothing that fits that way -- places the folded
     graph (`devplace.graph.ties.fold`: one node per class, with the compute and memory of all its ops) and
     every op of a class goes to its class's device (meta["ties"]: "native" or "folded"). Either way the
-    placement is simulated and checked on `graph` itself.
-    The reported step time is then the one autograd runs. When the folded view fits but `graph` does not,
-    the placer runs again with the device caps it sees lowered by the measured overflow (at most
-    `CAP_RETRIES` times), else NoFitError. `autograd_rule=False` places every node on its own, for graphs that
-    are not autograd training steps (generated families, hand-written JSON graphs); a graph without ties is
-    placed the same either way. meta["autograd_rule"] records whether the rule was applied.
+    placement is simulated and checked on `graph` itself, so the reported step time is the one autograd
+    runs. When the placer's view fits but `graph` does not, the placer runs again with the device caps it
+    sees lowered in proportion to the overflow (`within_memory`, at most `CAP_RETRIES` times), else
+    NoFitError. `autograd_rule=False` places every node on its own, for graphs that are not autograd
+    training steps (generated families, hand-written JSON graphs); a graph without ties is placed the same
+    either way. meta["autograd_rule"] records the setting and, where classes were tied, meta["tie_classes"]
+    their number, meta["ties"] how they were placed and meta["cap_retries"] the reruns.
 
     `order="auto"` picks the order from the graph's features with the shipped recommendation model
     (`devplace.orders.auto`); with `try_orders=K` it instead runs the placer with each of the model's K most

@@ -8,8 +8,9 @@ the one reported ("placed") and may be over memory. Rule on is `place_expanded` 
 two are one number. The ratio is rule on / rule off as run (< 1: the rule's placement runs faster).
 
 Run: `.venv/bin/python benchmarks/autograd_rule.py [--models gpt2,bert-base,inception_v3,llama-1b:1]
-[--cluster 4xV100-16GB] [--placers m-etf,m-sct,m-topo,contiguous,greedy]` (`name:B` sets the batch).
-Prints a Markdown table.
+[--cluster 4xV100-16GB] [--placers m-etf,m-sct,m-topo,contiguous,greedy]` (`name:B` sets the batch; a
+model `tv:NAME:B` is torchvision's NAME, not in the zoo, with a cross-entropy loss at batch B on 224x224
+images). Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from devplace.capture.pipeline import zoo_prepared
+import torch
+
+from devplace.capture.pipeline import Prepared, prepare, zoo_prepared
+from devplace.capture.torch_capture import capture
 from devplace.errors import DevplaceError
 from devplace.graph.placement import runtime_placement
 from devplace.hardware.presets import PRESETS
@@ -28,6 +32,21 @@ from devplace.sim.summary import fmt_time
 
 def _ms(result) -> str:  # type: ignore[no-untyped-def]
     return fmt_time(result.step_time_s) + ("" if result.feasible else " OVER MEMORY")
+
+
+def _prepared(item: str, max_nodes: int) -> Prepared:
+    if item.startswith("tv:"):
+        import torchvision
+
+        from devplace.zoo.models import ClassifierLoss
+
+        _, name, batch = item.split(":")
+        with torch.device("meta"):  # shapes only: the capture runs on fake tensors
+            model = ClassifierLoss(getattr(torchvision.models, name)(weights=None))
+            inputs = (torch.randn(int(batch), 3, 224, 224), torch.zeros(int(batch), dtype=torch.long))
+        return prepare(capture(model, inputs, optimizer="adam", name=f"{name}-b{batch}"), max_nodes=max_nodes)
+    name, _, batch = item.partition(":")
+    return zoo_prepared(name, batch=int(batch) if batch else None, max_nodes=max_nodes)
 
 
 def main() -> None:
@@ -43,8 +62,7 @@ def main() -> None:
           "| ties | placement time on (s) |")
     print("|---|---|---:|---:|---:|---:|---|---:|")
     for item in args.models.split(","):
-        name, _, batch = item.partition(":")
-        prep = zoo_prepared(name, batch=int(batch) if batch else None, max_nodes=args.max_nodes)
+        prep = _prepared(item, args.max_nodes)
         label = prep.full.name
         for placer in args.placers.split(","):
             try:

@@ -241,13 +241,19 @@ def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settin
     import time
 
     from devplace.graph import save_placement
-    from devplace.placers import place
+    from devplace.placers import place, place_expanded
     from devplace.sim import DevplaceModel
+
+    def place_it(**kw: Any) -> Any:
+        # a captured model: placed on its coarse graph, checked (and placed again if need be) on the full graph
+        if prepared is not None:
+            return place_expanded(prepared.coarsening, prepared.full, c, **kw).placement
+        return place(g, c, **kw)
 
     t0 = time.perf_counter()
     if quiet or as_json:
-        placement = place(g, c, placer=placer, order=order, seed=seed, try_orders=try_orders, try_with=try_with,
-                          **settings)
+        placement = place_it(placer=placer, order=order, seed=seed, try_orders=try_orders, try_with=try_with,
+                             **settings)
     else:
         from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
@@ -255,16 +261,12 @@ def _place_and_report(g: Any, c: Any, placer: str, order: str, seed: int, settin
                    TimeRemainingColumn())
         with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task(f"{g.name} with {placer}", total=None)
-            placement = place(g, c, placer=placer, order=order, seed=seed, try_orders=try_orders, try_with=try_with,
-                              progress=lambda done, total: bar.update(task, completed=done, total=total),
-                              **settings)
+            placement = place_it(placer=placer, order=order, seed=seed, try_orders=try_orders, try_with=try_with,
+                                 progress=lambda done, total: bar.update(task, completed=done, total=total),
+                                 **settings)
     elapsed = time.perf_counter() - t0
     groups = g.num_nodes
     if prepared is not None:
-        from devplace.graph import Placement
-
-        expanded = prepared.coarsening.expand(placement)
-        placement = Placement(expanded.assignment, graph=prepared.full.name, cluster=c.name, meta=placement.meta)
         g = prepared.full
     if output is not None:
         save_placement(placement, output)

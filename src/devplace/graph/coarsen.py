@@ -46,11 +46,10 @@ from devplace.graph.heap import heap_pop, heap_push
 from devplace.graph.io import load_graph, save_graph
 from devplace.graph.jsonio import dump_number
 from devplace.graph.placement import Placement
-from devplace.graph.ties import TIE_KEY, tie_classes
+from devplace.graph.ties import SUMMED_EXTRAS, TIE_KEY, tie_classes
 
 META_KEY = "coarsening"
 GROUP_OP = "group"  # the `op` of a coarse node with more than one member
-SUMMED_EXTRAS = ("flops", "mem_access_bytes")  # numeric extra keys summed over a group's members
 
 # --------------------------------------------------------------------------- the merge engine (numba)
 # State of the coarse graph: an int64 matrix N[node, field] (indexed by original node; only the rows of roots

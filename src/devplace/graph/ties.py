@@ -11,6 +11,7 @@ Where the sets come from:
 - a coarse graph (one with coarsening meta): coarse nodes carry a "tie" label (an extra key, written by
   `devplace.graph.coarsen`), equal labels meaning one set; `group`/`kind` there describe mixed groups and are
   not used;
+- a folded graph (`fold`, one node per class): no ties;
 - any graph: nodes with the same non-empty "tie" label are tied.
 
 A graph without groups, kinds or labels (a hand-written JSON graph, say) has every node in a class of its own.
@@ -18,12 +19,18 @@ A graph without groups, kinds or labels (a hand-written JSON graph, say) has eve
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
 from devplace.graph.compgraph import CompGraph
 
 TIE_KEY = "tie"  # node extra key: nodes with equal non-empty labels run on one device
 COARSENING_META_KEY = "coarsening"  # the meta key `devplace.graph.coarsen` writes (kept equal to its META_KEY)
+FOLDED_META_KEY = "folded"  # the meta key `fold` writes: {"from": graph name, "classes": count}
+OP_FOLDED = "tied"  # the `op` of a folded node with more than one member
+SUMMED_EXTRAS = ("flops", "mem_access_bytes")  # numeric extra keys summed over a coarse group's or class's members
 
 
 def _find(parent: list[int], x: int) -> int:
@@ -53,7 +60,7 @@ def tie_classes(graph: CompGraph) -> np.ndarray:
             first = labels.setdefault(label, v)
             if first != v:
                 _union(parent, first, v)
-    if COARSENING_META_KEY not in graph.meta:
+    if COARSENING_META_KEY not in graph.meta and FOLDED_META_KEY not in graph.meta:
         index = graph.index
         for v in range(n):
             if graph.kind[v] and graph.kind[v] != "forward" and graph.group[v]:
@@ -90,3 +97,92 @@ def violations(graph: CompGraph, devices: np.ndarray, classes: np.ndarray) -> li
         if devices[v] != devices[f]:
             bad.append(v)
     return bad
+
+
+@dataclass(frozen=True, eq=False)
+class Folding:
+    """A graph folded by its tie classes: `graph` has one node per class (node k is class k), `classes` maps
+    each node of the original graph to its class, so `expand(devices)` places the original graph."""
+
+    graph: CompGraph
+    classes: np.ndarray
+
+    def expand(self, devices: np.ndarray) -> np.ndarray:
+        """The device per original node from a device per folded node (every class on one device)."""
+        return np.asarray(devices, dtype=np.int64)[self.classes]
+
+
+def fold(graph: CompGraph, classes: np.ndarray | None = None) -> Folding:
+    """The DAG a placer decides tie classes on: one node per class of `classes` (default `tie_classes(graph)`).
+
+    Contracting the classes of a training graph gives a cyclic quotient -- a layer's forward op and its
+    backward op sandwich the loss -- so only the quotient edges that go forward in the topological rank of
+    the classes' representatives (a class's member that comes first in the graph's canonical topological
+    order; for a training graph, its forward op) are kept: the forward pass, with each layer's backward and
+    optimizer work folded into it. The edges left out lie inside a class or run against that order (the
+    gradient flowing back): the folded graph does not say that a layer's backward work waits for the later
+    layers and the loss, so a placer's own simulation of it is optimistic about overlap, which is why
+    `devplace.place` simulates and checks the expanded placement on the real graph.
+
+    A folded node sums its members' compute_s, param_bytes and output_bytes (and the extras
+    flops/mem_access_bytes), so the time and memory of the tied ops count when its device is chosen;
+    temp_bytes is the members' largest, as temporaries live only while their own op runs. Each original
+    tensor that crosses classes forward stays one tensor of the folded producer (sent once per device, as in
+    the simulator), with its bytes, one edge per consumer class.
+    """
+    if classes is None:
+        classes = tie_classes(graph)
+    classes = np.asarray(classes, dtype=np.int64)
+    n = graph.num_nodes
+    k = int(classes.max()) + 1 if n else 0
+    rank = graph.topo_rank
+    rep_rank = np.full(k, n, dtype=np.int64)
+    np.minimum.at(rep_rank, classes, rank)
+    rep = np.asarray(graph.topo_order)[rep_rank] if n else np.zeros(0, dtype=np.int64)
+    size = np.bincount(classes, minlength=k)
+
+    def summed(x: np.ndarray) -> np.ndarray:
+        return np.bincount(classes, weights=x, minlength=k)
+
+    compute, out_b, param_b = summed(graph.compute_s), summed(graph.output_bytes), summed(graph.param_bytes)
+    temp = np.zeros(k, dtype=np.float64)
+    np.maximum.at(temp, classes, graph.temp_bytes)
+    members: list[list[int]] = [[] for _ in range(k)]
+    for v in range(n):
+        members[int(classes[v])].append(v)
+    nodes: list[dict[str, Any]] = []
+    for c in range(k):
+        r = int(rep[c])
+        rec: dict[str, Any] = {"id": graph.ids[r], "op": graph.op[r] if size[c] == 1 else OP_FOLDED,
+                               "kind": graph.kind[r], "compute_s": float(compute[c]),
+                               "output_bytes": float(out_b[c]), "param_bytes": float(param_b[c]),
+                               "temp_bytes": float(temp[c])}
+        for key in SUMMED_EXTRAS:
+            nums = [x for v in members[c] if isinstance(x := graph.node_extra[v].get(key), int | float)
+                    and not isinstance(x, bool)] if graph.node_extra else []
+            if nums:
+                rec[key] = sum(nums)
+        nodes.append(rec)
+    src_c, dst_c = classes[graph.edge_src], classes[graph.edge_dst]
+    forward = np.flatnonzero(rep_rank[src_c] < rep_rank[dst_c])
+    tensor_of: dict[tuple[int, int], int] = {}  # (original producer, tensor) -> tensor index of its class
+    per_class = np.zeros(k, dtype=np.int64)
+    seen: set[tuple[int, int, int]] = set()
+    edges: list[dict[str, Any]] = []
+    for e in forward.tolist():
+        u, cu, cv = int(graph.edge_src[e]), int(src_c[e]), int(dst_c[e])
+        key = (u, int(graph.edge_tensor[e]))
+        t = tensor_of.get(key)
+        if t is None:
+            t = tensor_of[key] = int(per_class[cu])
+            per_class[cu] += 1
+        if (cu, cv, t) in seen:
+            continue
+        seen.add((cu, cv, t))
+        edges.append({"src": graph.ids[int(rep[cu])], "dst": graph.ids[int(rep[cv])],
+                      "bytes": float(graph.edge_bytes[e]), "tensor": t})
+    # the coarsening's group mapping does not describe the folded nodes; the folded marker keeps `tie_classes`
+    # from re-tying them by the op/kind rules of a full graph
+    meta = {key: val for key, val in graph.meta.items() if key != COARSENING_META_KEY}
+    meta[FOLDED_META_KEY] = {"from": graph.name, "classes": k}
+    return Folding(CompGraph.build(f"{graph.name}.folded{k}", nodes, edges, meta=meta), classes)

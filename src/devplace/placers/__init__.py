@@ -4,8 +4,9 @@ Each placer is one module of this package, registered by name with `@register`; 
 them and `devplace placers` shows which ones walk the graph in the traversal order.
 """
 
+from devplace.placers.expanded import ExpandedPlacement, place_expanded
 from devplace.placers.memory import MemoryNeeds, NoFitError, memory_needs, no_fit_error
 from devplace.placers.registry import PlacerError, PlacerSpec, get_placer, place, placer_names, register
 
-__all__ = ["MemoryNeeds", "NoFitError", "PlacerError", "PlacerSpec", "get_placer", "memory_needs", "no_fit_error",
-           "place", "placer_names", "register"]
+__all__ = ["ExpandedPlacement", "MemoryNeeds", "NoFitError", "PlacerError", "PlacerSpec", "get_placer",
+           "memory_needs", "no_fit_error", "place", "place_expanded", "placer_names", "register"]

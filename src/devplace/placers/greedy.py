@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.ties import untied
 from devplace.hardware.cluster import Cluster
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import Progress, register
@@ -27,27 +28,32 @@ from devplace.units import fmt_bytes
 
 @register("greedy", uses_order=True)
 def greedy(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0,
-           progress: Progress | None = None) -> np.ndarray:
+           progress: Progress | None = None, ties: np.ndarray | None = None) -> np.ndarray:
     """Visit ops in the order; put each on the device giving the shortest simulated step time of the partial placement.
 
     The partial placement is the subgraph induced by the ops visited so far, simulated with the `devplace`
     model; only devices that keep it memory-feasible are candidates, and ties go to the lowest device
     index. Deterministic: `seed` is not used. Cost: V x D simulations of growing subgraphs, O(V^2 D log V).
-    Raises NoFitError when no device can take an op without running out of memory.
+    Raises NoFitError when no device can take an op without running out of memory. `ties` (given by `place`
+    under the autograd rule): the first op of a tie class visited chooses the device, the class's later ops go
+    where it went.
     """
     n, nd = graph.num_nodes, cluster.num_devices
     devices = np.zeros(n, dtype=np.int64)
     if n == 0:
         return devices
     model = DevplaceModel(graph, cluster)
+    tie = untied(graph) if ties is None else np.asarray(ties, dtype=np.int64)
+    class_device = np.full(int(tie.max()) + 1, -1, dtype=np.int64)  # set by the first op of each class placed
     active = np.zeros(n, dtype=np.bool_)
     for i, v in enumerate(np.asarray(order, dtype=np.int64).tolist()):
         if progress is not None:
             progress(i, n)
         active[v] = True
+        pinned = int(class_device[tie[v]])
         best_d, best_t = -1, np.inf
         least_over, least_d = np.inf, 0
-        for d in range(nd):
+        for d in range(nd) if pinned < 0 else (pinned,):
             devices[v] = d
             result = model.run(devices, active)
             if result.feasible:
@@ -59,10 +65,11 @@ def greedy(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int =
                     least_over, least_d = over, d
         if best_d < 0:
             placed = int(active.sum())
+            where = "no device" if pinned < 0 else f"the device of its tie class, {pinned},"
             raise no_fit_error(
                 graph, cluster, "greedy",
-                f"after placing {placed - 1} of {n} ops in the traversal order, op {graph.ids[v]!r} fits on no "
-                f"device (on device {least_d} the partial placement would be {fmt_bytes(least_over)} over "
-                "memory)")
+                f"after placing {placed - 1} of {n} ops in the traversal order, op {graph.ids[v]!r} fits on {where} "
+                f"(on device {least_d} the partial placement would be {fmt_bytes(least_over)} over memory)")
         devices[v] = best_d
+        class_device[tie[v]] = best_d
     return devices

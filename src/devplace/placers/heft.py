@@ -43,13 +43,15 @@ def heft_priority(graph: CompGraph, cluster: Cluster) -> np.ndarray:
 
 
 @register("heft", uses_order=False)
-def heft(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, insertion: bool = True) -> np.ndarray:
+def heft(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, insertion: bool = True,
+         ties: np.ndarray | None = None) -> np.ndarray:
     """HEFT: ops by decreasing upward rank, each to the device where it finishes earliest (memory-aware).
 
     Does not use `order`: HEFT's upward rank is its own priority. `insertion` lets an op fill an idle gap
-    between ops already on a device (the paper's policy). Deterministic; `seed` is unused.
+    between ops already on a device (the paper's policy). Deterministic; `seed` is unused. `ties` (given by
+    `place` under the autograd rule): the first op of a tie class placed decides the device of the whole class.
     """
-    sched = ListScheduler(graph, cluster)
+    sched = ListScheduler(graph, cluster, ties)
     prio = heft_priority(graph, cluster)
     return place_within_memory(graph, cluster, "heft",
                                lambda caps: sched.heft(prio, insertion=bool(insertion), cap=caps))

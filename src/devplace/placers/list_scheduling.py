@@ -24,6 +24,10 @@ Baechi, where outputs are freed when their consumers have run) and "placed" in H
 out of time order). If no device can take any op that is waiting (and nothing else can happen), the
 scheduler is stuck and the placer raises NoFitError.
 
+**Ties** (the autograd rule, `devplace.graph.ties`): the first op of a tie class that is placed pins the class
+to its device and charges there the params of the whole class (a layer's optimizer ops update its params
+where its forward op put them); the class's other ops are considered on that device only.
+
 **Feasibility**: this bookkeeping follows the scheduler's own schedule, not the simulator's (which orders
 each device's ops by ready time and rank), so a placement can still be over memory when simulated.
 `place_within_memory` simulates every placement; each device that is over gets the cap
@@ -59,6 +63,7 @@ from numba import njit
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.heap import heap_pop, heap_push
 from devplace.graph.tensors import tensor_groups
+from devplace.graph.ties import untied
 from devplace.hardware.cluster import Cluster
 from devplace.placers.common import describe_oom
 from devplace.placers.memory import no_fit_error
@@ -130,17 +135,35 @@ def _release(u, num_devices, dev, out_bytes, grp_ptr, gbytes, arrival, used):  #
                 used[d] -= gbytes[g]
 
 
+@njit(cache=True, inline="always")
+def _fits(v, d, received, used, cap, rest, tie, class_params, pin):  # pragma: no cover - compiled
+    """Can v go on d? Not if its tie class is pinned to another device; else if d has room for v's output,
+    temp and the `received` inputs, plus its class's params when v is the first of its class placed."""
+    c = tie[v]
+    p = pin[c]
+    if p >= 0 and p != d:
+        return False
+    need = rest[v] + (class_params[c] if p < 0 else 0.0)
+    return used[d] + need + received <= cap[d]
+
+
 @njit(cache=True)
 def _place(v, d, s, f, received, num_devices, pred_ptr, inputs, edge_src, edge_gid, gbytes, dev, start, finish,
-           chan_free, arrival, latency, bandwidth, scratch, used, peak, param_bytes, temp_bytes,
+           chan_free, arrival, latency, bandwidth, scratch, used, peak, tie, class_params, pin, temp_bytes,
            out_bytes):  # pragma: no cover - compiled
-    """Put v on d, running [s, f): book its transfers and charge its memory (the peak counts its temp)."""
+    """Put v on d, running [s, f): book its transfers and charge its memory (the peak counts its temp). The
+    first op of a tie class placed pins the class to d and charges the params of the whole class."""
     _probe(v, d, True, num_devices, pred_ptr, inputs, edge_src, edge_gid, gbytes, dev, finish, chan_free, arrival,
            latency, bandwidth, scratch)
     dev[v] = d
     start[v] = s
     finish[v] = f
-    used[d] += param_bytes[v] + out_bytes[v] + received
+    c = tie[v]
+    params = 0.0
+    if pin[c] < 0:
+        pin[c] = d
+        params = class_params[c]
+    used[d] += params + out_bytes[v] + received
     peak[d] = max(peak[d], used[d] + temp_bytes[v])
 
 
@@ -162,8 +185,8 @@ def _consumed(v, num_devices, pred_ptr, inputs, edge_src, gbytes, dev, arrival, 
 
 @njit(cache=True)
 def _event_schedule(key, favourite, use_favourite, dur, rank, pred_ptr, pred_edges, edge_src, edge_tensor, edge_gid,
-                    gbytes, grp_ptr, succ_ptr, succ_edges, edge_dst, param_bytes, temp_bytes, out_bytes, cap, latency,
-                    bandwidth):  # pragma: no cover - compiled
+                    gbytes, grp_ptr, succ_ptr, succ_edges, edge_dst, tie, class_params, temp_bytes, out_bytes, cap,
+                    latency, bandwidth):  # pragma: no cover - compiled
     n, nd = dur.shape
     inf = np.inf
     dev = np.full(n, -1, dtype=np.int64)
@@ -175,7 +198,8 @@ def _event_schedule(key, favourite, use_favourite, dur, rank, pred_ptr, pred_edg
     for v in range(n):
         unfinished[v] = pred_ptr[v + 1] - pred_ptr[v]
         remaining[v] = succ_ptr[v + 1] - succ_ptr[v]
-    need = param_bytes + temp_bytes + out_bytes
+    rest = temp_bytes + out_bytes
+    pin = np.full(class_params.shape[0], -1, dtype=np.int64)  # device of each tie class once one op is placed
     used = np.zeros(nd, dtype=np.float64)
     peak = np.zeros(nd, dtype=np.float64)
     dev_free = np.zeros(nd, dtype=np.float64)
@@ -245,7 +269,7 @@ def _event_schedule(key, favourite, use_favourite, dur, rank, pred_ptr, pred_edg
                 best_est = inf
                 for e in range(nd):
                     c = fc * nd + e
-                    if used[e] + need[fc] + c_recv[c] <= cap[e]:
+                    if _fits(fc, e, c_recv[c], used, cap, rest, tie, class_params, pin):
                         est = max(c_ready[c], dev_free[e], t)
                         best_est = min(best_est, est)
                         if e == d:
@@ -258,7 +282,7 @@ def _event_schedule(key, favourite, use_favourite, dur, rank, pred_ptr, pred_edg
                             latest = -1.0
                             for e in range(nd):
                                 c = v * nd + e
-                                if used[e] + need[v] + c_recv[c] <= cap[e]:
+                                if _fits(v, e, c_recv[c], used, cap, rest, tie, class_params, pin):
                                     latest = max(latest, c_ready[c], dev_free[e], t)
                             urgent[i] = latest if latest >= 0.0 else inf
                         urgent_done = True
@@ -266,7 +290,7 @@ def _event_schedule(key, favourite, use_favourite, dur, rank, pred_ptr, pred_edg
                     cu = inf
                     for i in range(n_ready):
                         v = ready[i]
-                        if used[d] + need[v] + c_recv[v * nd + d] > cap[d]:
+                        if not _fits(v, d, c_recv[v * nd + d], used, cap, rest, tie, class_params, pin):
                             continue
                         if urgent[i] < cu or (urgent[i] == cu and cand >= 0 and key[v] < key[cand]):
                             cu = urgent[i]
@@ -285,7 +309,7 @@ def _event_schedule(key, favourite, use_favourite, dur, rank, pred_ptr, pred_edg
                 for i in range(n_ready):
                     v = ready[i]
                     c = v * nd + d
-                    if used[d] + need[v] + c_recv[c] > cap[d]:
+                    if not _fits(v, d, c_recv[c], used, cap, rest, tie, class_params, pin):
                         continue
                     if c_ready[c] <= t:
                         if cand < 0 or key[v] < key[cand]:
@@ -299,8 +323,8 @@ def _event_schedule(key, favourite, use_favourite, dur, rank, pred_ptr, pred_edg
             v, d = best_v, best_d
             received = c_recv[v * nd + d]
             _place(v, d, t, t + dur[v, d], received, nd, pred_ptr, inputs, edge_src, edge_gid, gbytes, dev, start,
-                   finish, chan_free, arrival, latency, bandwidth, scratch, used, peak, param_bytes, temp_bytes,
-                   out_bytes)
+                   finish, chan_free, arrival, latency, bandwidth, scratch, used, peak, tie, class_params, pin,
+                   temp_bytes, out_bytes)
             ver[d] += 1
             dev_free[d] = finish[v]
             last[d] = v
@@ -325,7 +349,7 @@ def _event_schedule(key, favourite, use_favourite, dur, rank, pred_ptr, pred_edg
 
 @njit(cache=True)
 def _heft_schedule(priority, insertion, dur, rank, pred_ptr, pred_edges, edge_src, edge_tensor, edge_gid, gbytes,
-                   grp_ptr, succ_ptr, param_bytes, temp_bytes, out_bytes, cap, latency,
+                   grp_ptr, succ_ptr, tie, class_params, temp_bytes, out_bytes, cap, latency,
                    bandwidth):  # pragma: no cover - compiled
     n, nd = dur.shape
     dev = np.full(n, -1, dtype=np.int64)
@@ -335,7 +359,8 @@ def _heft_schedule(priority, insertion, dur, rank, pred_ptr, pred_edges, edge_sr
     remaining = np.zeros(n, dtype=np.int64)
     for v in range(n):
         remaining[v] = succ_ptr[v + 1] - succ_ptr[v]
-    need = param_bytes + temp_bytes + out_bytes
+    rest = temp_bytes + out_bytes
+    pin = np.full(class_params.shape[0], -1, dtype=np.int64)
     used = np.zeros(nd, dtype=np.float64)
     peak = np.zeros(nd, dtype=np.float64)
     chan_free = np.zeros((nd, nd), dtype=np.float64)
@@ -356,7 +381,7 @@ def _heft_schedule(priority, insertion, dur, rank, pred_ptr, pred_edges, edge_sr
         for d in range(nd):
             r, b = _probe(v, d, False, nd, pred_ptr, inputs, edge_src, edge_gid, gbytes, dev, finish, chan_free,
                           arrival, latency, bandwidth, scratch)
-            if used[d] + need[v] + b > cap[d]:
+            if not _fits(v, d, b, used, cap, rest, tie, class_params, pin):
                 continue
             length = dur[v, d]
             m = count[d]
@@ -384,7 +409,8 @@ def _heft_schedule(priority, insertion, dur, rank, pred_ptr, pred_edges, edge_sr
             break  # stuck: v fits nowhere
         d = best_d
         _place(v, d, best_s, best_f, best_b, nd, pred_ptr, inputs, edge_src, edge_gid, gbytes, dev, start, finish,
-               chan_free, arrival, latency, bandwidth, scratch, used, peak, param_bytes, temp_bytes, out_bytes)
+               chan_free, arrival, latency, bandwidth, scratch, used, peak, tie, class_params, pin, temp_bytes,
+               out_bytes)
         _consumed(v, nd, pred_ptr, inputs, edge_src, gbytes, dev, arrival, remaining, out_bytes, grp_ptr, used)
         m = count[d]
         for j in range(m, best_k, -1):
@@ -417,12 +443,17 @@ class Schedule:
 
 
 class ListScheduler:
-    """The graph- and cluster-derived arrays of the list schedulers, prepared once."""
+    """The graph- and cluster-derived arrays of the list schedulers, prepared once. `ties` (a tie class per
+    node, `devplace.graph.ties`; default: every node its own class) is the autograd rule: the first op of a
+    class placed decides the device of all of it, and the class's params are charged there at that moment."""
 
-    def __init__(self, graph: CompGraph, cluster: Cluster) -> None:
+    def __init__(self, graph: CompGraph, cluster: Cluster, ties: np.ndarray | None = None) -> None:
         self.graph = graph
         self.cluster = cluster
         g = graph
+        self.tie = np.ascontiguousarray(untied(g) if ties is None else ties, dtype=np.int64)
+        self.class_params = np.bincount(self.tie, weights=g.param_bytes,
+                                        minlength=int(self.tie.max(initial=-1)) + 1).astype(np.float64)
         self.dur = np.ascontiguousarray(g.compute_s[:, None] / cluster.speeds[None, :])
         # tensor groups: one per (producer, tensor index), numbered in (producer, tensor) order
         groups = tensor_groups(g)
@@ -447,8 +478,9 @@ class ListScheduler:
         dur, rank, pred_ptr, pred_edges, edge_src, edge_tensor, edge_gid, gbytes, grp_ptr = self._common()
         dev, start, finish, placed, peak = _event_schedule(
             np.ascontiguousarray(key, dtype=np.int64), fav, favourite is not None, dur, rank, pred_ptr, pred_edges,
-            edge_src, edge_tensor, edge_gid, gbytes, grp_ptr, g.succ_ptr, g.succ_edges, g.edge_dst, g.param_bytes,
-            g.temp_bytes, g.output_bytes, self.cap if cap is None else cap, self.latency, self.bandwidth)
+            edge_src, edge_tensor, edge_gid, gbytes, grp_ptr, g.succ_ptr, g.succ_edges, g.edge_dst, self.tie,
+            self.class_params, g.temp_bytes, g.output_bytes, self.cap if cap is None else cap, self.latency,
+            self.bandwidth)
         return Schedule(dev, start, finish, int(placed) == g.num_nodes, peak)
 
     def heft(self, priority: np.ndarray, insertion: bool = True, cap: np.ndarray | None = None) -> Schedule:
@@ -457,7 +489,7 @@ class ListScheduler:
         dur, rank, pred_ptr, pred_edges, edge_src, edge_tensor, edge_gid, gbytes, grp_ptr = self._common()
         dev, start, finish, placed, peak = _heft_schedule(
             np.ascontiguousarray(priority, dtype=np.int64), bool(insertion), dur, rank, pred_ptr, pred_edges,
-            edge_src, edge_tensor, edge_gid, gbytes, grp_ptr, g.succ_ptr, g.param_bytes, g.temp_bytes,
+            edge_src, edge_tensor, edge_gid, gbytes, grp_ptr, g.succ_ptr, self.tie, self.class_params, g.temp_bytes,
             g.output_bytes, self.cap if cap is None else cap, self.latency, self.bandwidth)
         return Schedule(dev, start, finish, int(placed) == g.num_nodes, peak)
 

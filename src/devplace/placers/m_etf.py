@@ -45,12 +45,14 @@ def order_keys(order: np.ndarray) -> np.ndarray:
 
 
 @register("m-etf", uses_order=True)
-def m_etf(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int) -> np.ndarray:
+def m_etf(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int,
+          ties: np.ndarray | None = None) -> np.ndarray:
     """Baechi's m-ETF: start the (ready op, device with room) pair with the earliest start; ties by `order`.
 
     Uses `order` only as the tie-break among ops that could start at the same time (Baechi: topological
-    order, the default). Deterministic; `seed` is unused.
+    order, the default). Deterministic; `seed` is unused. `ties` (given by `place` under the autograd rule):
+    the first op of a tie class placed decides the device of the whole class.
     """
-    sched = ListScheduler(graph, cluster)
+    sched = ListScheduler(graph, cluster, ties)
     key = order_keys(order)
     return place_within_memory(graph, cluster, "m-etf", lambda caps: sched.event(key, cap=caps))

@@ -157,12 +157,13 @@ def favourite_children(graph: CompGraph, cluster: Cluster, threshold: float) -> 
 
 @register("m-sct", uses_order=True)
 def m_sct(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, threshold: float = 0.5,
-          max_lp_nodes: int = 20000) -> np.ndarray:
+          max_lp_nodes: int = 20000, ties: np.ndarray | None = None) -> np.ndarray:
     """Baechi's m-SCT: m-ETF that keeps a device for the favourite child chosen by an LP relaxation (HiGHS).
 
     Uses `order` as m-ETF does (tie-break among ops that could start at the same time). `threshold`: an
     edge whose LP variable is <= it is a favourite edge (Baechi: 0.5 or 0.1). Graphs of more than
     `max_lp_nodes` ops skip the LP, which makes m-SCT the same as m-ETF. Deterministic; `seed` is unused.
+    `ties` as for m-ETF (a favourite child tied elsewhere is kept only on its class's device).
     """
     if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0.0 <= threshold <= 1.0:
         raise PlacerError(f"placer 'm-sct': setting 'threshold' must be a number in [0, 1], got {threshold!r}")
@@ -172,6 +173,6 @@ def m_sct(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, t
         fav = favourite_children(graph, cluster, float(threshold))
     else:
         fav = np.full(graph.num_nodes, -1, dtype=np.int64)
-    sched = ListScheduler(graph, cluster)
+    sched = ListScheduler(graph, cluster, ties)
     key = order_keys(order)
     return place_within_memory(graph, cluster, "m-sct", lambda caps: sched.event(key, favourite=fav, cap=caps))

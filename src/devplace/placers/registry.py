@@ -12,7 +12,7 @@ import importlib
 import inspect
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,10 +20,13 @@ import numpy as np
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
+from devplace.graph.ties import fold, tie_classes, untied, violations
 from devplace.hardware.cluster import Cluster
 from devplace.orders import Order, check_order, order_label, traversal_indices
-from devplace.placers.memory import no_fit_error
+from devplace.placers.memory import NoFitError, no_fit_error
 from devplace.sim.devplace_model import DevplaceModel
+from devplace.sim.result import SimResult
+from devplace.units import fmt_bytes
 
 PlacerFn = Callable[..., np.ndarray]
 # progress(done, total): placers with long loops accept a `progress` keyword and call it now and then
@@ -51,11 +54,17 @@ class PlacerSpec:
         """Keyword settings beyond order and seed, with their defaults."""
         params = inspect.signature(self.func).parameters.values()
         return {p.name: p.default for p in params
-                if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("order", "seed", "progress")}
+                if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("order", "seed", "progress", "ties")}
 
     @property
     def reports_progress(self) -> bool:
         return "progress" in inspect.signature(self.func).parameters
+
+    @property
+    def handles_ties(self) -> bool:
+        """True when the placer takes `ties` (a tie class per node) and keeps every class on one device
+        itself; `place` folds the graph for the others (see `place`'s autograd_rule)."""
+        return "ties" in inspect.signature(self.func).parameters
 
 
 _REGISTRY: dict[str, PlacerSpec] = {}
@@ -108,7 +117,7 @@ def get_placer(name: str) -> PlacerSpec:
 
 def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: Order = "auto", seed: int = 0,
           progress: Progress | None = None, try_orders: int | None = None, try_with: str | None = None,
-          **settings: Any) -> Placement:
+          autograd_rule: bool = True, **settings: Any) -> Placement:
     """Place every node of `graph` on a device of `cluster` with `placer`, walking the graph in `order`.
 
     Settings are the placer's keyword arguments (see `devplace placers`). The result is always
@@ -116,6 +125,21 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: O
     NoFitError says how much memory the step needs and what would hold it. `progress(done, total)` is
     called now and then by placers with long loops (greedy, anneal). `order` is an order name, "auto", a
     sequence listing every node id once, or a callable graph -> such a sequence (meta["order"] is then "custom").
+
+    `autograd_rule` (on by default): a training step runs each backward and optimizer op on its forward op's
+    device, and each input with its first consumer, whatever a placer says, so every tie class of `graph`
+    (`devplace.graph.ties.tie_classes`) is one decision. A placer that takes `ties` (m-etf, m-sct, heft,
+    greedy: `PlacerSpec.handles_ties`) places `graph` itself and decides a class when it places its first op;
+    every other placer -- and one that takes `ties` but finds nothing that fits that way -- places the folded
+    graph (`devplace.graph.ties.fold`: one node per class, with the compute and memory of all its ops) and
+    every op of a class goes to its class's device (meta["ties"]: "native" or "folded"). Either way the
+    placement is simulated and checked on `graph` itself, so the reported step time is the one autograd
+    runs. When the placer's view fits but `graph` does not, the placer runs again with the device caps it
+    sees lowered in proportion to the overflow (`within_memory`, at most `CAP_RETRIES` times), else
+    NoFitError. `autograd_rule=False` places every node on its own, for graphs that are not autograd
+    training steps (generated families, hand-written JSON graphs); a graph without ties is placed the same
+    either way. meta["autograd_rule"] records the setting and, where classes were tied, meta["tie_classes"]
+    their number, meta["ties"] how they were placed and meta["cap_retries"] the reruns.
 
     `order="auto"` picks the order from the graph's features with the shipped recommendation model
     (`devplace.orders.auto`); with `try_orders=K` it instead runs the placer with each of the model's K most
@@ -133,7 +157,7 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: O
         raise PlacerError("try_with (--try-with) names the placer that tries the orders of try_orders (--try K); "
                           "give both")
     if order == "auto":
-        return _place_auto(graph, cluster, spec, seed, progress, try_orders, try_with, settings)
+        return _place_auto(graph, cluster, spec, seed, progress, try_orders, try_with, autograd_rule, settings)
     accepted = spec.settings
     unknown = sorted(set(settings) - set(accepted))
     if unknown:
@@ -141,26 +165,111 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: O
         raise PlacerError(f"placer {placer!r} has no setting {', '.join(map(repr, unknown))}; its settings: {listed}")
     if float(graph.param_bytes.sum()) > float(cluster.memory.sum()):
         raise no_fit_error(graph, cluster, placer, "the parameters alone exceed the cluster's memory")
-    visit = traversal_indices(graph, order, seed, cluster=cluster)
-    if progress is not None and spec.reports_progress:
-        settings = {**settings, "progress": progress}
-    devices = np.asarray(spec.func(graph, cluster, order=visit, seed=seed, **settings), dtype=np.int64)
-    settings.pop("progress", None)
-    if devices.shape != (graph.num_nodes,) or (graph.num_nodes and not
-                                               (devices.min() >= 0 and devices.max() < cluster.num_devices)):
-        raise RuntimeError(f"placer {placer!r} returned an invalid device array")  # a bug, not a user error
-    result = DevplaceModel(graph, cluster).run(devices)
-    if not result.feasible:
-        over = ", ".join(f"device {d} by {b:.3g} bytes" for d, b in result.oom.items())
-        raise no_fit_error(graph, cluster, placer, f"its best placement is over memory on {over}")
+    classes = tie_classes(graph) if autograd_rule else untied(graph)
+    tied = bool(classes.size) and int(classes.max()) + 1 < classes.size
+    extra: dict[str, Any] = {"progress": progress} if progress is not None and spec.reports_progress else {}
+
+    def runner(target: CompGraph, ties: np.ndarray) -> Callable[[Cluster], np.ndarray]:
+        visit = traversal_indices(target, order, seed, cluster=cluster)
+        call = {**settings, **extra, **({"ties": ties} if spec.handles_ties else {})}
+
+        def run(seen: Cluster) -> np.ndarray:
+            out = np.asarray(spec.func(target, seen, order=visit, seed=seed, **call), dtype=np.int64)
+            if out.shape != (target.num_nodes,) or (target.num_nodes and not
+                                                    (out.min() >= 0 and out.max() < cluster.num_devices)):
+                raise RuntimeError(f"placer {placer!r} returned an invalid device array")  # a bug, not a user error
+            return out
+        return run
+
+    if not tied:
+        devices = runner(graph, classes)(cluster)
+        result = DevplaceModel(graph, cluster).run(devices)
+        if not result.feasible:
+            over = ", ".join(f"device {d} by {b:.3g} bytes" for d, b in result.oom.items())
+            raise no_fit_error(graph, cluster, placer, f"its best placement is over memory on {over}")
+    else:
+        # native first where the placer keeps classes together itself (it sees the real dependencies); the
+        # folded graph where it does not, or where native placement found nothing that fits
+        modes = ("native", "folded") if spec.handles_ties else ("folded",)
+        for mode in modes:
+            if mode == "native":
+                run, expand = runner(graph, classes), np.asarray
+            else:
+                folding = fold(graph, classes)
+                run, expand = runner(folding.graph, untied(folding.graph)), folding.expand
+            try:
+                devices, result, retries = within_memory(graph, graph if mode == "native" else folding.graph,
+                                                         cluster, placer, run, expand)
+                break
+            except NoFitError:
+                if mode == modes[-1]:
+                    raise
+        if violations(graph, devices, classes):  # a native placer that splits a class: a bug, not a user error
+            raise RuntimeError(f"placer {placer!r} split a tie class although it takes `ties`")
     placement = Placement.from_array(graph, devices, cluster=cluster.name)
     meta = {"placer": placer, "order": order_label(order) if spec.uses_order else None, "seed": seed,
-            "settings": dict(settings), "step_time_s": result.step_time_s}
+            "settings": dict(settings), "step_time_s": result.step_time_s, "autograd_rule": autograd_rule}
+    if tied:
+        meta.update(tie_classes=int(classes.max()) + 1, ties=mode, cap_retries=retries)
     return Placement(placement.assignment, graph=graph.name, cluster=cluster.name, meta=meta)
 
 
+CAP_RETRIES = 4  # placer reruns with lowered device caps when the graph as run is over memory
+
+
+def with_caps(cluster: Cluster, caps: np.ndarray) -> Cluster:
+    """`cluster` with device d's memory set to caps[d] (same name, speeds and links): what a placer sees when
+    it must leave room for memory its own view of the graph does not count."""
+    devices = tuple(replace(d, memory_bytes=float(c)) for d, c in zip(cluster.devices, caps, strict=True))
+    return Cluster(cluster.name, devices, cluster.link, dict(cluster.links), dict(cluster.meta))
+
+
+def within_memory(graph: CompGraph, view: CompGraph, cluster: Cluster, placer: str,
+                  run: Callable[[Cluster], np.ndarray], expand: Callable[[np.ndarray], np.ndarray],
+                  ) -> tuple[np.ndarray, SimResult, int]:
+    """Place `view` (a folded or coarse stand-in for `graph`) with `run(cluster seen)`, map its devices to
+    `graph` with `expand`, and simulate `graph`; while a device is over memory, lower that device's cap to
+    min(cap, the view's simulated peak there) x capacity / the real peak there, and place again (at most
+    `CAP_RETRIES` times). Returns (device per node of `graph`, its simulation, the number of retries), or raises
+    NoFitError for `graph` on the real `cluster` with the overflow and a suggestion."""
+    model = DevplaceModel(graph, cluster)
+    caps = cluster.memory.astype(np.float64)
+    seen = cluster
+    for attempt in range(CAP_RETRIES + 1):
+        try:
+            view_devices = run(seen)
+        except NoFitError as exc:
+            if attempt == 0:
+                raise
+            raise no_fit_error(graph, cluster, placer, f"as run, its placement was over memory; with the device "
+                               f"caps lowered to {_caps_text(caps)} to make room, it found none: {exc}") from exc
+        devices = expand(view_devices)
+        result = model.run(devices)
+        if result.feasible:
+            return devices, result, attempt
+        if attempt == CAP_RETRIES:
+            break
+        view_peak = DevplaceModel(view, seen).run(view_devices).peak_memory_bytes
+        caps = caps.copy()
+        for d in result.oom:
+            # shrink what the view may hold on d by the factor the real peak exceeds the real capacity: a view
+            # that understates memory by any factor still ends up within it (subtracting the overflow would
+            # go to zero when the view's own peak is smaller than the overflow)
+            full_cap, full_peak = float(result.memory_bytes[d]), float(result.peak_memory_bytes[d])
+            caps[d] = min(caps[d], float(view_peak[d])) * full_cap / full_peak
+        seen = with_caps(cluster, caps)
+    over_text = ", ".join(f"device {d} by {fmt_bytes(float(b))}" for d, b in result.oom.items())
+    raise no_fit_error(graph, cluster, placer, f"as run, its placement is over memory on {over_text} after "
+                       f"{CAP_RETRIES} rerun(s) with lowered device caps (last: {_caps_text(caps)})")
+
+
+def _caps_text(caps: np.ndarray) -> str:
+    return ", ".join(fmt_bytes(max(float(c), 0.0)) for c in caps)
+
+
 def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int, progress: Progress | None,
-                try_orders: int | None, try_with: str | None, settings: dict[str, Any]) -> Placement:
+                try_orders: int | None, try_with: str | None, autograd_rule: bool,
+                settings: dict[str, Any]) -> Placement:
     """`order="auto"`: the recommended order, or the best of the K most promising ones (see `place`)."""
     from devplace.orders.auto import recommend_order
 
@@ -170,7 +279,7 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
     rec = recommend_order(graph, cluster, placer=spec.name, uses_order=spec.uses_order)
     if try_orders is None or not spec.uses_order:
         placement = place(graph, cluster, placer=spec.name, order=rec.order, seed=seed, progress=progress,
-                          **settings)
+                          autograd_rule=autograd_rule, **settings)
         why = {"order": rec.order, "mode": "model", "rule": rec.rule, "expected_gain": rec.expected_gain,
                "source": rec.source}
         return Placement(placement.assignment, graph=placement.graph, cluster=placement.cluster,
@@ -184,7 +293,7 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
     for name in candidates:
         try:
             p = place(graph, cluster, placer=trial.name, order=name, seed=seed,
-                      progress=progress if trial is spec else None, **trial_settings)
+                      progress=progress if trial is spec else None, autograd_rule=autograd_rule, **trial_settings)
         except DevplaceError as exc:  # an order whose placement does not fit: record it, try the next
             tried[name] = f"{type(exc).__name__}: {exc}"
             first_error = first_error or exc
@@ -204,5 +313,5 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
                    why=f"smallest simulated step time of the model's {len(candidates)} most promising orders "
                        f"when placed by {trial.name}")
         best = place(graph, cluster, placer=spec.name, order=best.meta["order"], seed=seed, progress=progress,
-                     **settings)
+                     autograd_rule=autograd_rule, **settings)
     return Placement(best.assignment, graph=best.graph, cluster=best.cluster, meta={**best.meta, "order_auto": why})

@@ -111,13 +111,13 @@ class Plan:
 def plan_from_prepared(prepared: Any, cluster: Cluster, *, placer: str = "m-etf", order: str = "auto", seed: int = 0,
                        settings: Mapping[str, Any] | None = None, source: Mapping[str, Any] | None = None,
                        **placer_settings: Any) -> Plan:
-    """Place a `capture.pipeline.Prepared` model on `cluster` and simulate the expanded placement."""
-    from devplace.placers import place
+    """Place a `capture.pipeline.Prepared` model on `cluster` (`devplace.placers.place_expanded`: under the
+    autograd rule, and never over memory as run on the full graph) and simulate the expanded placement."""
+    from devplace.placers import place_expanded
 
-    coarse = place(prepared.graph, cluster, placer=placer, order=order, seed=seed, **placer_settings)
-    expanded = prepared.coarsening.expand(coarse)
-    placement = Placement(expanded.assignment, graph=prepared.full.name, cluster=cluster.name, meta=coarse.meta)
-    result = simulate(prepared.full, cluster, placement)
+    placed = place_expanded(prepared.coarsening, prepared.full, cluster, placer=placer, order=order, seed=seed,
+                            **placer_settings)
+    placement, result, coarse = placed.placement, placed.result, placed.coarse
     s = {"placer": placer, "order": coarse.meta.get("order", order), "seed": seed,
          "placer_settings": dict(placer_settings), **(settings or {}), "source": dict(source or {})}
     return Plan(prepared.full, cluster, placement, result, s, prepared.coarsening)

@@ -1,0 +1,72 @@
+"""Placing a coarsened graph so that its full graph, as autograd runs it, fits: `place_expanded`.
+
+Placers see the coarse graph (a few hundred groups); the step that runs is the full graph. Memory peaks of
+the two differ (a coarse group's working set is an estimate), so a coarse placement that fits can be over
+memory on the full graph. `place_expanded` checks the expanded placement on the full graph and, when it is
+over, places again with lowered device caps (`devplace.placers.registry.within_memory`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from devplace.errors import GraphError
+from devplace.graph.coarsen import Coarsening
+from devplace.graph.compgraph import CompGraph
+from devplace.graph.placement import Placement
+from devplace.hardware.cluster import Cluster
+from devplace.placers.registry import Progress, place, within_memory
+from devplace.sim.result import SimResult
+
+
+@dataclass(frozen=True, eq=False)
+class ExpandedPlacement:
+    """A placement of a full graph made on its coarsening: `coarse` (the placer's output, with its meta),
+    `placement` (every op of the full graph), `result` (the simulation of `placement` on the full graph) and
+    `cap_retries` (how many times the placer ran again with lowered caps for the full graph to fit)."""
+
+    coarse: Placement
+    placement: Placement
+    result: SimResult
+    cap_retries: int
+
+
+def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *, placer: str = "m-etf",
+                   order: str = "auto", seed: int = 0, progress: Progress | None = None,
+                   try_orders: int | None = None, try_with: str | None = None, autograd_rule: bool = True,
+                   **settings: Any) -> ExpandedPlacement:
+    """Place `coarsening.graph` with `devplace.place` (same arguments), expand it to `full` (the graph the
+    coarsening was made from) and simulate `full`: the result is never over memory as run on the full graph.
+
+    When the full graph is over memory on some device, the placer runs again seeing that device's cap
+    lowered to min(cap, the coarse placement's peak there) x capacity / the full graph's peak there (at most
+    `CAP_RETRIES` times);
+    if it still does not fit, NoFitError with the memory the step needs, the cluster's and a suggestion.
+    With `autograd_rule` (default) every backward and optimizer op runs with its forward op, so the
+    placement is what autograd runs and `result` is its as-run step time.
+    """
+    if coarsening.original and coarsening.original != full.name:
+        raise GraphError(f"the coarsening was made from graph {coarsening.original!r}, not {full.name!r}; pass the "
+                         "full graph it was made from (e.g. Prepared.full with Prepared.coarsening)")
+    coarse_graph = coarsening.graph
+    made: list[Placement] = []
+
+    def run(seen: Cluster) -> np.ndarray:
+        p = place(coarse_graph, seen, placer=placer, order=order, seed=seed, progress=progress,
+                  try_orders=try_orders, try_with=try_with, autograd_rule=autograd_rule, **settings)
+        made.append(p)
+        return p.to_array(coarse_graph, cluster.num_devices)
+
+    def expand(coarse_devices: np.ndarray) -> np.ndarray:
+        return coarsening.expand(coarse_devices).to_array(full, cluster.num_devices)
+
+    devices, result, retries = within_memory(full, coarse_graph, cluster, placer, run, expand)
+    coarse = made[-1]
+    meta = {**coarse.meta, "step_time_s": result.step_time_s, "full_cap_retries": retries}
+    coarse = Placement(coarse.assignment, graph=coarse.graph, cluster=cluster.name, meta=meta)
+    placement = Placement(dict(zip(full.ids, devices.tolist(), strict=True)), graph=full.name,
+                          cluster=cluster.name, meta=meta)
+    return ExpandedPlacement(coarse, placement, result, retries)

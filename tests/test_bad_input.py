@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -304,30 +305,49 @@ def _alive(pids: set[int]) -> set[int]:
     return pids & everyone
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:80]
+    except OSError:
+        return "?"
+
+
+def _running_cells(pids: set[int], backend: str) -> int:
+    """How many of `pids` are processes running cells: Ray workers, or the local pool's (the fork server's
+    children; the fork server and resource tracker are the driver's children)."""
+    if backend == "ray":
+        return sum(_cmdline(pid).startswith("ray::_ray_call") for pid in pids)
+    return max(0, len(pids) - 2)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_workers_exit_when_their_driver_is_killed(tmp_path, sig):
+@pytest.mark.parametrize(("backend", "sig"), [("local", signal.SIGKILL), ("local", signal.SIGTERM),
+                                              ("ray", signal.SIGKILL)])
+def test_no_process_outlives_a_killed_driver(tmp_path, backend, sig):
+    if backend == "ray":
+        pytest.importorskip("ray")
     save_graph(layered_graph(40, width=5, seed=0), tmp_path / "g.json")
     (tmp_path / "s.toml").write_text('graphs = ["g.json"]\nclusters = ["3xGPU-placeto"]\nseeds = 4\n'
                                      '[[placers]]\nname = "anneal"\nsettings = {steps = 100000000}\n')
     proc = subprocess.Popen([sys.executable, "-m", "devplace", "study", "run", str(tmp_path / "s.toml"), "--db",
-                             str(tmp_path / "r.sqlite"), "--workers", "2", "--quiet"],
+                             str(tmp_path / "r.sqlite"), "--workers", "2", "--backend", backend, "--quiet"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     helpers: set[int] = set()
     try:
-        deadline = time.monotonic() + 120
-        # the fork server, the resource tracker and the two workers (children of the fork server)
-        while len(helpers) < 4 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
+        deadline = time.monotonic() + 240
+        while _running_cells(helpers, backend) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
             helpers = _descendants(proc.pid)
-        assert len(helpers) >= 4, f"the study's workers did not start ({helpers})"
+        assert _running_cells(helpers, backend) == 2, f"the study's workers did not start ({helpers})"
         time.sleep(1.0)  # the cells are running
+        helpers = _descendants(proc.pid)
         proc.send_signal(sig)
         proc.wait(timeout=30)
         deadline = time.monotonic() + 30
         while _alive(helpers) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _alive(helpers), f"processes left behind by the killed driver: {_alive(helpers)}"
+        left = {pid: _cmdline(pid) for pid in _alive(helpers)}
+        assert not left, f"processes left behind by the killed driver: {left}"
     finally:  # whatever happened, leave nothing running
         for pid in _alive(helpers | _descendants(proc.pid) | {proc.pid}):
             os.kill(pid, signal.SIGKILL)
@@ -353,7 +373,7 @@ def test_very_long_names_are_refused(tmp_path, capsys, monkeypatch):
 class _CountingBackend:
     """Runs cells in this process, counting each run; the first run waits for `release` before its cells."""
 
-    runs: list[str] = []
+    runs: ClassVar[list[str]] = []
 
     def __init__(self, release: threading.Event) -> None:
         self.release = release

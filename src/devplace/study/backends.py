@@ -8,7 +8,9 @@ its object store. Task functions must return normally: they catch their own erro
 
 Workers never outlive their driver: each one watches the driver's process (`watch_driver`) and exits when it is
 gone, so a driver killed with -9 or SIGTERM leaves no worker (nor, since the forkserver and resource tracker
-end with their last worker, any helper process) behind, on the local pool and on a local Ray cluster.
+end with their last worker, any helper process) behind, on the local pool and on a local Ray cluster. A local
+Ray cluster's own agents (dashboard and runtime-env agents) would outlive a killed driver too: a small reaper
+process ends them (`_REAPER`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -149,17 +152,20 @@ class RayBackend:
                                "or use --backend local") from None
         self._ray = ray
         self._started = False
+        self._reaper: subprocess.Popen[bytes] | None = None
         try:
             if not ray.is_initialized():
                 # no runtime_env: it would start Ray's runtime-env agent and delay every worker's start;
                 # worker_init sets the thread count and offline mode inside each task instead
                 if address is None:
+                    self._reaper = _start_reaper()
                     ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
                              configure_logging=False)
                 else:
                     ray.init(address=address, log_to_driver=False)
                 self._started = True
         except (ConnectionError, RuntimeError, ValueError) as exc:
+            _stop_reaper(self._reaper)
             raise BackendError(f"cannot start or reach the Ray cluster{f' at {address}' if address else ''}: "
                                f"{exc}") from None
         self.workers = workers if address is None else max(1, int(ray.cluster_resources().get("CPU", workers)))
@@ -187,6 +193,78 @@ class RayBackend:
     def close(self) -> None:
         if self._started:
             self._ray.shutdown()
+        _stop_reaper(self._reaper)
+        self._reaper = None
+
+
+# The reaper of a local Ray cluster. Every second it notes the driver's living descendants (the Ray processes),
+# keeping the ones noted before while they live: a process whose parent died in the meantime is no longer a
+# descendant, but it is still the driver's. When its stdin reaches EOF without a word (the driver died and
+# nobody shut the cluster down) it kills them all; a driver that shuts Ray down writes "done" first and the
+# reaper leaves. Processes are known by pid and start time, so a reused pid is never killed. Linux only.
+_REAPER = r"""
+import os, select, signal, sys
+driver, me = int(sys.argv[1]), os.getpid()
+def table():
+    out = {}
+    for e in os.listdir("/proc"):
+        if e.isdigit():
+            try:
+                with open(f"/proc/{e}/stat", "rb") as fh:
+                    f = fh.read().rsplit(b")", 1)[1].split()
+                out[int(e)] = (int(f[1]), f[19], f[0])  # parent, start time, state
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+def note(seen):
+    t = table()
+    keep = {p: s for p, s in seen.items() if p in t and t[p][1] == s and t[p][2] not in (b"Z", b"X")}
+    kids = {}
+    for p, (parent, _, state) in t.items():
+        if state not in (b"Z", b"X"):
+            kids.setdefault(parent, []).append(p)
+    todo = [driver]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            if k != me:
+                keep[k] = t[k][1]
+                todo.append(k)
+    return keep
+seen = note({})
+while True:
+    if select.select([0], [], [], 1.0)[0]:
+        if os.read(0, 16):
+            sys.exit(0)
+        break
+    seen = note(seen)
+for pid in note(seen):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+def _start_reaper() -> subprocess.Popen[bytes] | None:
+    """The reaper of this driver's local Ray cluster (see _REAPER), or None where there is no /proc."""
+    if not os.path.isdir("/proc/self"):
+        return None
+    # its own session: a Ctrl-C or kill of the driver's process group does not reach it
+    return subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid())], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _stop_reaper(reaper: subprocess.Popen[bytes] | None) -> None:
+    """Tell the reaper that the cluster was shut down properly, so it leaves without killing anything."""
+    if reaper is None:
+        return
+    assert reaper.stdin is not None
+    try:
+        reaper.stdin.write(b"done")
+        reaper.stdin.close()
+    except OSError:  # it is gone already
+        pass
+    reaper.wait()
 
 
 def _windowed(tasks: Iterable[tuple[Any, tuple[Any, ...]]], window: int, submit: Callable[[tuple[Any, ...]], Any],

@@ -88,6 +88,18 @@ def test_cluster_numbers_outside_the_finite_range_are_refused(device, link, mess
         Cluster.from_dict(doc)
 
 
+def test_clusters_built_in_python_are_held_to_the_same_range():
+    from devplace.hardware.cluster import Device, Link
+
+    with pytest.raises(ClusterError, match="device #0 speed"):
+        Cluster("slow", (Device("a", 1e9, 1e-300),), Link(1e9))
+    with pytest.raises(ClusterError, match="link bandwidth_Bps"):
+        Cluster("thin", (Device("a", 1e9), Device("b", 1e9)), Link(1e-300))
+    with pytest.raises(ClusterError, match=r"link 0 -> 1 latency_s"):
+        Cluster("far", (Device("a", 1e9), Device("b", 1e9)), Link(1e9), {(0, 1): Link(1e9, math.inf)})
+    assert Cluster("unbounded", (Device("a", math.inf),), Link(1.0)).num_devices == 1  # memory may be inf
+
+
 def test_the_extremes_inside_the_limits_give_finite_step_times():
     # totals at the limit on the slowest devices and links the limits allow: every figure stays finite
     third = MAX_TOTAL / 3

@@ -69,6 +69,15 @@ class Cluster:
             if a == b:
                 raise ClusterError(f"cluster {self.name!r}: link {a} -> {b} joins a device to itself; links "
                                    "join two different devices")
+        # from_dict checks the numbers with the file's positions; this guards clusters built in Python: with
+        # rates in [1 / MAX_TOTAL, MAX_TOTAL] and finite latencies, step times of valid graphs stay finite
+        for i, d in enumerate(self.devices):
+            _check_rate(d.speed, f"cluster {self.name!r}: device #{i} speed")
+        for key, lk in [("link", self.link), *((f"link {a} -> {b}", v) for (a, b), v in self.links.items())]:
+            _check_rate(lk.bandwidth_Bps, f"cluster {self.name!r}: {key} bandwidth_Bps")
+            if not (isinstance(lk.latency_s, int | float) and 0 <= lk.latency_s <= MAX_TOTAL):
+                raise ClusterError(f"cluster {self.name!r}: {key} latency_s is {lk.latency_s!r}; it must be a "
+                                   f"number of seconds in 0..{MAX_TOTAL:.0e}")
         bw = np.full((n, n), self.link.bandwidth_Bps, dtype=np.float64)
         lat = np.full((n, n), self.link.latency_s, dtype=np.float64)
         for (a, b), lk in self.links.items():
@@ -210,6 +219,12 @@ def _positive(value: Any, where: str, allow_zero: bool = False, rate: bool = Fal
         low = f"{1 / MAX_TOTAL:.0e}" if rate else "0"
         raise ClusterError(f"{where} is {value!r}, outside {low}..{MAX_TOTAL:.0e}; check its units")
     return float(value)
+
+
+def _check_rate(value: Any, where: str) -> None:
+    """A speed or bandwidth: a number in [1 / MAX_TOTAL, MAX_TOTAL] (so no step time overflows)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 / MAX_TOTAL <= value <= MAX_TOTAL:
+        raise ClusterError(f"{where} is {value!r}; it must be a number in {1 / MAX_TOTAL:.0e}..{MAX_TOTAL:.0e}")
 
 
 def _known_keys(rec: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:

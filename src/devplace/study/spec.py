@@ -312,6 +312,8 @@ def _seeds(value: Any, what: str, limit: int) -> tuple[int, ...]:
         if value > limit:  # before making the tuple: 10^8 seeds alone take gigabytes
             raise too_many_cells(what, value, limit)
         return tuple(range(value))
+    if isinstance(value, list) and len(value) > limit:
+        raise too_many_cells(what, len(value), limit)
     if (not isinstance(value, list) or not value
             or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)):
         raise StudyError(f"{what} must be a count N (seeds 0..N-1) or a list of integers >= 0, got {value!r}"[:300])

@@ -26,6 +26,12 @@ NODE_NUMERIC = ("compute_s", "output_bytes", "param_bytes", "temp_bytes")
 NODE_TEXT = ("op", "group", "kind")
 EDGE_KEYS = ("src", "dst", "bytes", "tensor")
 DOC_KEYS = ("format", "name", "nodes", "edges")  # graph-level keys with a meaning; every other one is `meta`
+# Limits that keep every derived number finite. A step time is at most a sum of graph totals divided by
+# cluster rates; with totals <= MAX_TOTAL and rates >= 1 / MAX_TOTAL (hardware.cluster) it stays below
+# about 1e200, far from float overflow (1.8e308). Real graphs are below 1e7 seconds and 1e16 bytes.
+MAX_TOTAL = 1e100
+# Names are printed in every report and error; a megabyte name only makes terminals slow to wrap it.
+MAX_NAME_CHARS = 1000
 
 
 def _number(value: Any, where: str) -> float:
@@ -41,6 +47,31 @@ def _number(value: Any, where: str) -> float:
     if x < 0:
         raise GraphError(f"{where} is {value!r}; it must be >= 0")
     return x
+
+
+def check_name(name: Any, what: str, error: type[Exception] = GraphError) -> None:
+    """Refuse a `what` name that is not a string of at most MAX_NAME_CHARS characters."""
+    if not isinstance(name, str):
+        raise error(f"the {what} name must be a string, got {type(name).__name__}")
+    if len(name) > MAX_NAME_CHARS:
+        raise error(f"the {what} name is {len(name):,} characters long ({name[:40]!r}...); give a name of at "
+                    f"most {MAX_NAME_CHARS} characters")
+
+
+def _check_totals(name: str, numeric: np.ndarray, edge_bytes: np.ndarray) -> None:
+    """Each of the graph's totals (sums over nodes or edges) must be at most MAX_TOTAL: a larger one overflows
+    sums, features and step times to infinity (four ops of 1e308 s already sum to inf)."""
+    totals = [(f"\"{k}\" over all nodes", numeric[j]) for j, k in enumerate(NODE_NUMERIC)]
+    totals.append(("memory (output_bytes + param_bytes + temp_bytes) over all nodes", numeric[1:].ravel()))
+    totals.append(("edge \"bytes\" over all edges", edge_bytes))
+    for what, values in totals:
+        # every value is finite and >= 0: scale by the largest, so the sum itself cannot overflow
+        top = float(values.max()) if values.size else 0.0
+        total = top * float(np.sum(values / top)) if top > 0 else 0.0
+        if total > MAX_TOTAL:
+            shown = f"{total:.3g}" if math.isfinite(total) else "too large for a float"
+            raise GraphError(f"graph {name!r}: the sum of {what} is {shown}, above the limit of "
+                             f"{MAX_TOTAL:.0e}; check the units (seconds, bytes) of the numbers")
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,8 +112,11 @@ class CompGraph:
         """Validate node and edge records (the JSON shapes of DESIGN.md section 3) and build the graph.
 
         Raises GraphError for a duplicate id, an edge to an unknown node, a negative/NaN/inf number, a
-        duplicate edge, edges of one (src, tensor) with different bytes, or a cycle (naming its nodes).
+        duplicate edge, edges of one (src, tensor) with different bytes, a cycle (naming its nodes), a total
+        (compute_s, a byte column, memory or edge bytes summed over the graph) above MAX_TOTAL, or a name
+        longer than MAX_NAME_CHARS.
         """
+        check_name(name, "graph")
         reserved = [k for k in (meta or {}) if k in DOC_KEYS]
         if reserved:
             raise GraphError(f"graph {name!r}: meta may not contain the document key(s) {reserved}")
@@ -156,6 +190,7 @@ class CompGraph:
             src[e], dst[e], ebytes[e], tensor[e] = u, v, b, t
             edge_extra.append({k: val for k, val in rec.items() if k not in EDGE_KEYS})
 
+        _check_totals(name, numeric, ebytes)
         n = len(ids)
         succ_ptr, succ_edges = _csr(src, n)
         pred_ptr, pred_edges = _csr(dst, n)

@@ -9,9 +9,12 @@ from devplace.graph.compgraph import DOC_KEYS, FORMAT, CompGraph
 from devplace.graph.jsonio import read_json, write_json
 
 
-def load_graph(path: str | Path) -> CompGraph:
-    """Read and validate a `devplace.graph/1` file; errors name the file and what is wrong."""
-    doc = read_json(path, FORMAT)
+def load_graph(path: str | Path, *, max_bytes: int | None = None) -> CompGraph:
+    """Read and validate a `devplace.graph/1` file; errors name the file and what is wrong.
+
+    A file longer than the input limit (`max_bytes`, default DEVPLACE_MAX_INPUT_BYTES or 256 MiB) is refused.
+    """
+    doc = read_json(path, FORMAT, max_bytes=max_bytes)
     nodes, edges = doc.get("nodes"), doc.get("edges", [])
     for key, val in (("nodes", nodes), ("edges", edges)):
         if not isinstance(val, list):

@@ -1,28 +1,79 @@
-"""Reading and writing devplace's versioned JSON documents (shared by every `format`)."""
+"""Reading and writing devplace's versioned JSON documents (shared by every `format`), and the input-size
+limit of every file devplace reads.
+
+Input files are read through `read_limited`, which stops after the limit (default 256 MiB, far above any real
+graph, cluster, placement or study file): a wrong path such as /dev/zero or a multi-GB file then fails with an
+error instead of filling memory. Raise the limit with the environment variable DEVPLACE_MAX_INPUT_BYTES or the
+functions' `max_bytes` keyword.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 from devplace.errors import FormatError
 
+MAX_INPUT_ENV = "DEVPLACE_MAX_INPUT_BYTES"
+DEFAULT_MAX_INPUT_BYTES = 256 * 2**20
 
-def read_json(path: str | Path, expected_format: str) -> dict[str, Any]:
+
+def max_input_bytes(max_bytes: int | None = None) -> int:
+    """The input-size limit: `max_bytes` when given, else DEVPLACE_MAX_INPUT_BYTES, else 256 MiB."""
+    if max_bytes is None:
+        raw = os.environ.get(MAX_INPUT_ENV, "").strip()
+        if not raw:
+            return DEFAULT_MAX_INPUT_BYTES
+        try:
+            max_bytes = int(raw.replace("_", ""))
+        except ValueError:
+            raise FormatError(f"{MAX_INPUT_ENV} is {raw!r}; set it to a whole number of bytes, e.g. "
+                              f"{MAX_INPUT_ENV}={4 * DEFAULT_MAX_INPUT_BYTES}") from None
+        where = MAX_INPUT_ENV
+    else:
+        where = "max_bytes"
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise FormatError(f"{where} must be a whole number of bytes >= 1, got {max_bytes!r}")
+    return max_bytes
+
+
+def read_limited(path: str | Path, max_bytes: int | None = None) -> bytes:
+    """The bytes of `path`, refusing a file (or device, or pipe) longer than the input limit.
+
+    At most limit + 1 bytes are read, so an endless source such as /dev/zero fails quickly. Raises
+    FormatError for a missing, unreadable or too large file.
+    """
+    path = Path(path)
+    limit = max_input_bytes(max_bytes)
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(limit + 1)
+    except FileNotFoundError:
+        raise FormatError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise FormatError(f"{path}: longer than the input limit of {limit:,} bytes; check that it is the right "
+                          f"file, or raise the limit with {MAX_INPUT_ENV}=N (bytes)")
+    return data
+
+
+def read_json(path: str | Path, expected_format: str, *, max_bytes: int | None = None) -> dict[str, Any]:
     """Parse `path` and check that its `format` key is `expected_format` (same family, same version).
 
     Malformed JSON is reported with the file, line and column; a missing or unknown `format` with the
-    versions this devplace reads.
+    versions this devplace reads. Files longer than the input limit (`max_bytes`, default
+    `max_input_bytes()`) are refused before parsing.
     """
     path = Path(path)
+    data = read_limited(path, max_bytes)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FormatError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{path}: cannot read: {exc}") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"{path}: not UTF-8 text (byte {exc.start}); JSON files must be UTF-8") from None
     try:
         doc = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:

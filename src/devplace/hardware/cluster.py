@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from devplace.errors import ClusterError
+from devplace.graph.compgraph import MAX_TOTAL, check_name
 from devplace.graph.jsonio import check_format, dump_number, read_json, write_json
 
 FORMAT = "devplace.cluster/1"
@@ -79,6 +80,15 @@ class Cluster:
             if a == b:
                 raise ClusterError(f"cluster {self.name!r}: link {a} -> {b} joins a device to itself; links "
                                    "join two different devices")
+        # from_dict checks the numbers with the file's positions; this guards clusters built in Python: with
+        # rates in [1 / MAX_TOTAL, MAX_TOTAL] and finite latencies, step times of valid graphs stay finite
+        for i, d in enumerate(self.devices):
+            _check_rate(d.speed, f"cluster {self.name!r}: device #{i} speed")
+        for key, lk in [("link", self.link), *((f"link {a} -> {b}", v) for (a, b), v in self.links.items())]:
+            _check_rate(lk.bandwidth_Bps, f"cluster {self.name!r}: {key} bandwidth_Bps")
+            if not (isinstance(lk.latency_s, int | float) and 0 <= lk.latency_s <= MAX_TOTAL):
+                raise ClusterError(f"cluster {self.name!r}: {key} latency_s is {lk.latency_s!r}; it must be a "
+                                   f"number of seconds in 0..{MAX_TOTAL:.0e}")
         bw = np.full((n, n), self.link.bandwidth_Bps, dtype=np.float64)
         lat = np.full((n, n), self.link.latency_s, dtype=np.float64)
         for (a, b), lk in self.links.items():
@@ -133,11 +143,20 @@ class Cluster:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any], where: str = "cluster") -> Cluster:
-        """Validate and build a cluster from a `devplace.cluster/1` document."""
+        """Validate and build a cluster from a `devplace.cluster/1` document.
+
+        Numbers must be finite; rates (speed, bandwidth_Bps, and peak_flops, mem_bandwidth_Bps when not 0)
+        at least 1 / MAX_TOTAL and every number at most MAX_TOTAL (1e100), so that step times, sums of graph
+        totals divided by rates, stay finite. Names are at most MAX_NAME_CHARS characters.
+        """
         check_format(doc, FORMAT, where)
         name = doc.get("name", "")
         if not isinstance(name, str):
             raise ClusterError(f"{where}: \"name\" must be a string")
+        try:
+            check_name(name, "cluster", ClusterError)
+        except ClusterError as exc:
+            raise ClusterError(f"{where}: {exc}") from None
         raw_devs = doc.get("devices")
         if not isinstance(raw_devs, list) or not raw_devs:
             raise ClusterError(f"{where}: \"devices\" must be a non-empty list of devices")
@@ -152,13 +171,19 @@ class Cluster:
             kind = rec.get("kind", "")
             if not isinstance(kind, str):
                 raise ClusterError(f"{at}: \"kind\" must be a string")
+            dev_name = str(rec.get("name", f"gpu{i}"))
+            try:
+                check_name(dev_name, "device", ClusterError)
+            except ClusterError as exc:
+                raise ClusterError(f"{at}: {exc}") from None
             devices.append(Device(
-                name=str(rec.get("name", f"gpu{i}")),
+                name=dev_name,
                 memory_bytes=_positive(rec["memory_bytes"], f"{at}: \"memory_bytes\""),
-                speed=_positive(rec.get("speed", 1.0), f"{at}: \"speed\""),
-                peak_flops=_positive(rec.get("peak_flops", 0.0), f"{at}: \"peak_flops\"", allow_zero=True),
+                speed=_positive(rec.get("speed", 1.0), f"{at}: \"speed\"", rate=True),
+                peak_flops=_positive(rec.get("peak_flops", 0.0), f"{at}: \"peak_flops\"", allow_zero=True,
+                                     rate=True),
                 mem_bandwidth_Bps=_positive(rec.get("mem_bandwidth_Bps", 0.0), f"{at}: \"mem_bandwidth_Bps\"",
-                                            allow_zero=True),
+                                            allow_zero=True, rate=True),
                 kind=kind,
                 **{k: _positive(rec.get(k, 0.0), f"{at}: \"{k}\"", allow_zero=True) for k in PRECISION_PEAK_KEYS},
             ))
@@ -183,11 +208,17 @@ class Cluster:
             if (a, b) in links:
                 raise ClusterError(f"{at}: second entry for link {a} -> {b}; give each directed pair once")
             links[(a, b)] = _parse_link(rec, at, ("src", "dst", "bandwidth_Bps", "latency_s"))
+        total_memory = math.fsum(d.memory_bytes for d in devices)
+        if total_memory > MAX_TOTAL:
+            raise ClusterError(f"{where}: the devices' memory_bytes sum to {total_memory:.3g}, above the limit of "
+                               f"{MAX_TOTAL:.0e}; check the units (bytes)")
         meta = {k: v for k, v in doc.items() if k not in ("format", "name", "devices", "link", "links")}
         return cls(name=name, devices=tuple(devices), link=link, links=links, meta=meta)
 
 
-def _positive(value: Any, where: str, allow_zero: bool = False) -> float:
+def _positive(value: Any, where: str, allow_zero: bool = False, rate: bool = False) -> float:
+    """A finite number > 0 (>= 0 with `allow_zero`) and at most MAX_TOTAL; a `rate` (a divisor of step
+    times) that is not 0 must also be at least 1 / MAX_TOTAL."""
     try:
         finite = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
     except OverflowError:  # an integer too large for a float
@@ -196,7 +227,16 @@ def _positive(value: Any, where: str, allow_zero: bool = False) -> float:
         raise ClusterError(f"{where} must be a finite number, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
         raise ClusterError(f"{where} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    if value > MAX_TOTAL or (rate and 0 < value < 1 / MAX_TOTAL):
+        low = f"{1 / MAX_TOTAL:.0e}" if rate else "0"
+        raise ClusterError(f"{where} is {value!r}, outside {low}..{MAX_TOTAL:.0e}; check its units")
     return float(value)
+
+
+def _check_rate(value: Any, where: str) -> None:
+    """A speed or bandwidth: a number in [1 / MAX_TOTAL, MAX_TOTAL] (so no step time overflows)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 / MAX_TOTAL <= value <= MAX_TOTAL:
+        raise ClusterError(f"{where} is {value!r}; it must be a number in {1 / MAX_TOTAL:.0e}..{MAX_TOTAL:.0e}")
 
 
 def _known_keys(rec: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
@@ -212,7 +252,7 @@ def _parse_link(rec: Any, where: str, known: tuple[str, ...] = ("bandwidth_Bps",
     if not isinstance(rec, Mapping) or "bandwidth_Bps" not in rec:
         raise ClusterError(f"{where} needs \"bandwidth_Bps\" (and optionally \"latency_s\")")
     _known_keys(rec, known, where)
-    return Link(bandwidth_Bps=_positive(rec["bandwidth_Bps"], f"{where}: \"bandwidth_Bps\""),
+    return Link(bandwidth_Bps=_positive(rec["bandwidth_Bps"], f"{where}: \"bandwidth_Bps\"", rate=True),
                 latency_s=_positive(rec.get("latency_s", 0.0), f"{where}: \"latency_s\"", allow_zero=True))
 
 
@@ -220,8 +260,9 @@ def _link_dict(lk: Link) -> dict[str, Any]:
     return {"bandwidth_Bps": dump_number(lk.bandwidth_Bps), "latency_s": dump_number(lk.latency_s)}
 
 
-def load_cluster(name_or_path: str | Path) -> Cluster:
-    """A preset by name (see `devplace clusters`) or a `devplace.cluster/1` file."""
+def load_cluster(name_or_path: str | Path, *, max_bytes: int | None = None) -> Cluster:
+    """A preset by name (see `devplace clusters`) or a `devplace.cluster/1` file (refused when longer than
+    the input limit: `max_bytes`, default DEVPLACE_MAX_INPUT_BYTES or 256 MiB)."""
     from devplace.hardware.presets import PRESETS
 
     key = str(name_or_path)
@@ -230,7 +271,7 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
     path = Path(key)
     if not path.exists():
         raise ClusterError(f"{key!r} is neither a cluster preset nor a file; presets: {', '.join(PRESETS)}")
-    doc = read_json(path, FORMAT)
+    doc = read_json(path, FORMAT, max_bytes=max_bytes)
     return Cluster.from_dict(doc, str(path))
 
 

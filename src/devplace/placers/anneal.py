@@ -33,7 +33,7 @@ import numpy as np
 
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
-from devplace.placers.memory import no_fit_error
+from devplace.placers.memory import NoFitError, no_fit_error
 from devplace.placers.registry import PlacerError, Progress, get_placer, register
 from devplace.sim.bounds import lower_bound
 from devplace.sim.devplace_model import DevplaceModel
@@ -83,7 +83,13 @@ def anneal(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int =
     _check_settings(start, steps, time_limit_s, initial_temp, final_temp, swap_prob)
     began = time.perf_counter()
     n, nd = graph.num_nodes, cluster.num_devices
-    init = get_placer(start).func(graph, cluster, order=order, seed=seed)
+    try:
+        init = get_placer(start).func(graph, cluster, order=order, seed=seed)
+    except NoFitError:
+        # the start placer's own error would name only it; the user asked for anneal
+        raise no_fit_error(graph, cluster, f"anneal (start={start!r})",
+                           f"its start placer {start!r} found no placement that fits; give another start= "
+                           "(e.g. 'm-etf' or 'greedy')") from None
     cur = np.array(init, dtype=np.int64).reshape(n)
     if n == 0 or nd == 1 or steps == 0:
         # nothing to search; place() still re-checks the start's feasibility

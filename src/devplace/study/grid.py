@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from devplace.study.spec import NO_ORDER, ClusterRef, GraphRef, StudySpec
+from devplace.study.spec import NO_ORDER, ClusterRef, GraphRef, StudySpec, cell_limit, count_cells, too_many_cells
 
 KEY_VERSION = 1  # bump when the meaning of a cell changes, so old rows stop matching
 
@@ -33,10 +34,20 @@ class Cell:
     settings_json: str  # JSON, sorted keys
     order_name: str
     seed: int
+    # the placer's `log` setting resolved inside the study's folder; not part of the key (the setting as
+    # written is), so moving the study's folder keeps its rows
+    log_path: Path | None = field(default=None, compare=False)
 
     @property
     def settings(self) -> dict[str, Any]:
         return json.loads(self.settings_json)
+
+    def cell_log_path(self) -> Path | None:
+        """This cell's own log file: the `log` setting's name with the cell key before the suffix
+        (`logs/curve.csv` -> `logs/curve.<key>.csv`), so cells never write one file together."""
+        if self.log_path is None:
+            return None
+        return self.log_path.with_name(f"{self.log_path.stem}.{self.key}{self.log_path.suffix}")
 
     def describe(self) -> str:
         """A short human label for progress lines and errors."""
@@ -54,10 +65,17 @@ def cell_key(study: str, graph: GraphRef, cluster: ClusterRef, sim_model: str, m
     return _key_from_ids(study, graph.identity(), cluster.identity(), sim_model, max_nodes, placer, settings,
                          order_name, seed)
 
-def expand(spec: StudySpec) -> list[Cell]:
-    """Every cell of the study, in a fixed order (graph, cluster, placer, order, seed)."""
+def expand(spec: StudySpec, *, max_cells: int | None = None) -> list[Cell]:
+    """Every cell of the study, in a fixed order (graph, cluster, placer, order, seed).
+
+    The cells are counted first: more than `max_cells` (default DEVPLACE_MAX_CELLS or 1,000,000) is a
+    StudyError, raised before any cell is made.
+    """
     from devplace.placers.registry import get_placer
 
+    limit, count = cell_limit(max_cells), count_cells(spec)
+    if count > limit:
+        raise too_many_cells(spec.source, count, limit)
     cells: list[Cell] = []
     # identities hash graph and cluster files: compute each once, not once per cell
     graph_ids = {g.spec: g.identity() for g in spec.graphs}
@@ -76,7 +94,7 @@ def expand(spec: StudySpec) -> list[Cell]:
                                             spec.max_nodes, p.name, sj, o, s)
                         cells.append(Cell(key=key, study=spec.name, graph=g, cluster=c, sim_model=spec.sim_model,
                                           max_nodes=spec.max_nodes, placer=p.name, settings_json=sj, order_name=o,
-                                          seed=s))
+                                          seed=s, log_path=p.log_path))
     seen: set[str] = set()
     dupes = [c.describe() for c in cells if c.key in seen or seen.add(c.key)]  # type: ignore[func-returns-value]
     if dupes:

@@ -133,15 +133,19 @@ def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[np.ndarray, 
         settings["sim_model"] = cell.sim_model  # RL placers learn under the study's simulation model
     order = "topo" if cell.order_name == NO_ORDER else cell.order_name  # ignored by such placers
     episodes = int(settings.get("episodes", accepted.get("episodes"))) if cell.placer in RL_PLACERS else None
-    if "log" in accepted and "log" not in settings:
+    if "log" in accepted:
         # the RL placers write their learning curve to a `log` file: read it back, one step time per episode
-        # (placeto: the episode's final step time; seq2seq: the iteration's mean sampled step time)
+        # (placeto: the episode's final step time; seq2seq: the iteration's mean sampled step time). A `log`
+        # the study gave becomes this cell's own file inside the study's folder; else a temporary one.
         from devplace.placers.rl.curve import read_curve
 
         with tempfile.TemporaryDirectory(prefix="devplace-cell-") as tmp:
-            log = Path(tmp) / "curve.csv"
-            placement = place(graph, cluster, placer=cell.placer, order=order, seed=cell.seed, log=str(log),
-                              **settings)
+            own = cell.cell_log_path()
+            if own is not None:
+                own.parent.mkdir(parents=True, exist_ok=True)
+            log = own if own is not None else Path(tmp) / "curve.csv"
+            settings["log"] = str(log)
+            placement = place(graph, cluster, placer=cell.placer, order=order, seed=cell.seed, **settings)
             rows = read_curve(log) if log.is_file() else []
         curve = [float(r["step_time_s"]) for r in rows if not r.get("greedy")]
         return placement.to_array(graph, cluster.num_devices), curve, episodes
@@ -200,55 +204,71 @@ def _load_graphs(refs: list[GraphRef], max_nodes: int | None, cache: Path, backe
 
 def run_study(spec_or_path: StudySpec | str | Path, db: str | Path, *, backend: str = "local", workers: int = 1,
               address: str | None = None, retry_failed: bool = False, progress: bool = False,
-              cache_dir: str | Path | None = None) -> StudySummary:
+              cache_dir: str | Path | None = None, max_cells: int | None = None) -> StudySummary:
     """Run every cell of the study not yet in `db` and write one row per cell; return what was done.
 
     `spec_or_path` is a StudySpec, a TOML file, or a preset name ("quick", "paper", "extended"). `backend`
     is "local" (a process pool of `workers`) or "ray" (a local Ray cluster of `workers` CPUs, or the one at
     `address`). `retry_failed` reruns cells recorded as failed. `progress` shows a live progress bar.
-    Prepared graphs are cached under `cache_dir` (default `<db>.graphs/`).
+    Prepared graphs are cached under `cache_dir` (default `<db>.graphs/`). A grid of more than `max_cells`
+    cells (default DEVPLACE_MAX_CELLS or 1,000,000) is refused before any cell is made. One driver runs on
+    a database at a time: a second one gets a StoreError (devplace.study.store.writer_lock).
     """
-    from devplace.hardware.cluster import load_cluster
-    from devplace.study.backends import make_backend
     from devplace.study.spec import PRESETS
-    from devplace.study.store import connect, finished_keys, write_cell
+    from devplace.study.store import connect, writer_lock
 
     t0 = time.perf_counter()
     if isinstance(spec_or_path, StudySpec):
         spec = spec_or_path
     else:
         is_preset = str(spec_or_path) in PRESETS and not Path(spec_or_path).exists()
-        spec = load_study(spec_or_path, preset=is_preset)
-    cells = expand(spec)
+        spec = load_study(spec_or_path, preset=is_preset, max_cells=max_cells)
+    cells = expand(spec, max_cells=max_cells)
     con = connect(db)
     try:
-        done = finished_keys(con)
-        todo = [c for c in cells if c.key not in done or (retry_failed and done[c.key] == "failed")]
-        summary = StudySummary(spec.name, len(cells), len(cells) - len(todo), 0, 0, 0.0, str(db))
-        if not todo:
-            return replace(summary, wall_s=time.perf_counter() - t0)
-        be = make_backend(backend, workers, address)
-        bar = _Bar(progress)
-        failed = 0
-        try:
-            with bar:
-                refs = list({c.graph.spec: c.graph for c in todo}.values())
-                cache = Path(cache_dir) if cache_dir is not None else graph_cache_dir(db)
-                graphs = _load_graphs(refs, spec.max_nodes, cache, be, bar)
-                clusters = {c.spec: load_cluster(c.source) for c in spec.clusters}
-                shared_graphs = {k: be.share(g) for k, g in graphs.items()}
-                shared_clusters = {k: be.share(c) for k, c in clusters.items()}
-                bar.start(f"{spec.name}", len(todo), skipped=summary.skipped)
-                tasks = ((c.key, (c, shared_graphs[c.graph.spec], shared_clusters[c.cluster.spec])) for c in todo)
-                for _key, row in be.run(run_cell, tasks):
-                    write_cell(con, row)
-                    failed += row["status"] == "failed"
-                    bar.advance(failed=row["status"] == "failed")
-        finally:
-            be.close()
-        return replace(summary, ran=len(todo), failed=failed, wall_s=time.perf_counter() - t0)
+        with writer_lock(db):
+            try:
+                return _run_cells(spec, cells, con, db, backend, workers, address, retry_failed, progress,
+                                  cache_dir, t0)
+            finally:
+                con.close()  # before the lock's descriptor closes (see writer_lock)
     finally:
         con.close()
+
+
+def _run_cells(spec: StudySpec, cells: list[Cell], con: Any, db: str | Path, backend: str, workers: int,
+               address: str | None, retry_failed: bool, progress: bool, cache_dir: str | Path | None,
+               t0: float) -> StudySummary:
+    """run_study's work once the database is open and locked: run the unfinished cells, write their rows."""
+    from devplace.hardware.cluster import load_cluster
+    from devplace.study.backends import make_backend
+    from devplace.study.store import finished_keys, write_cell
+
+    done = finished_keys(con)
+    todo = [c for c in cells if c.key not in done or (retry_failed and done[c.key] == "failed")]
+    summary = StudySummary(spec.name, len(cells), len(cells) - len(todo), 0, 0, 0.0, str(db))
+    if not todo:
+        return replace(summary, wall_s=time.perf_counter() - t0)
+    be = make_backend(backend, workers, address)
+    bar = _Bar(progress)
+    failed = 0
+    try:
+        with bar:
+            refs = list({c.graph.spec: c.graph for c in todo}.values())
+            cache = Path(cache_dir) if cache_dir is not None else graph_cache_dir(db)
+            graphs = _load_graphs(refs, spec.max_nodes, cache, be, bar)
+            clusters = {c.spec: load_cluster(c.source) for c in spec.clusters}
+            shared_graphs = {k: be.share(g) for k, g in graphs.items()}
+            shared_clusters = {k: be.share(c) for k, c in clusters.items()}
+            bar.start(f"{spec.name}", len(todo), skipped=summary.skipped)
+            tasks = ((c.key, (c, shared_graphs[c.graph.spec], shared_clusters[c.cluster.spec])) for c in todo)
+            for _key, row in be.run(run_cell, tasks):
+                write_cell(con, row)
+                failed += row["status"] == "failed"
+                bar.advance(failed=row["status"] == "failed")
+    finally:
+        be.close()
+    return replace(summary, ran=len(todo), failed=failed, wall_s=time.perf_counter() - t0)
 
 
 class _Bar:

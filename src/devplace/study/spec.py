@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import math
+import os
 import re
 import tomllib
+import types
+import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from devplace.errors import DevplaceError
+from devplace.graph.jsonio import read_limited
 
 PRESETS: tuple[str, ...] = ("quick", "paper", "extended")
 NO_ORDER = "-"  # order_name of cells whose placer ignores the traversal order
@@ -25,6 +30,10 @@ DEFAULT_MAX_NODES = 300  # coarsening limit for captured graphs (the seed study'
 _TOP_KEYS = ("name", "description", "graphs", "max_nodes", "clusters", "sim_model", "placers", "orders", "seeds")
 _PLACER_KEYS = ("name", "settings", "orders", "seeds")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+# A study's grid is counted before any cell is made: a typo such as `seeds = 100000000` would otherwise fill
+# memory (gigabytes) before the first cell runs. The paper preset has 10,560 cells.
+MAX_CELLS_ENV = "DEVPLACE_MAX_CELLS"
+DEFAULT_MAX_CELLS = 1_000_000
 
 
 class StudyError(DevplaceError):
@@ -69,6 +78,7 @@ class PlacerEntry:
     settings: dict[str, Any] = field(default_factory=dict)
     orders: tuple[str, ...] | None = None
     seeds: tuple[int, ...] | None = None
+    log_path: Path | None = None  # the `log` setting resolved against the TOML's folder (inside it)
 
 
 @dataclass(frozen=True)
@@ -88,26 +98,66 @@ class StudySpec:
 
 
 def _file_sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return hashlib.sha256(read_limited(path)).hexdigest()[:16]
 
 
-def load_study(path_or_name: str | Path, *, preset: bool = False) -> StudySpec:
-    """Read a study TOML file, or with `preset` the built-in study of that name (quick, paper, extended)."""
+def cell_limit(limit: int | None = None) -> int:
+    """The grid-size limit: `limit` when given, else DEVPLACE_MAX_CELLS, else 1,000,000 cells."""
+    where = "max_cells"
+    if limit is None:
+        raw = os.environ.get(MAX_CELLS_ENV, "").strip()
+        if not raw:
+            return DEFAULT_MAX_CELLS
+        try:
+            limit = int(raw.replace("_", ""))
+        except ValueError:
+            raise StudyError(f"{MAX_CELLS_ENV} is {raw!r}; set it to a whole number of cells, e.g. "
+                             f"{MAX_CELLS_ENV}={10 * DEFAULT_MAX_CELLS}") from None
+        where = MAX_CELLS_ENV
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise StudyError(f"{where} must be a whole number of cells >= 1, got {limit!r}")
+    return limit
+
+
+def too_many_cells(where: str, count: int, limit: int) -> StudyError:
+    """The error for a grid of `count` cells over the limit, saying how to raise it."""
+    return StudyError(f"{where}: the study has {count:,} cells, more than the limit of {limit:,}; check the seed "
+                      f"counts and member ranges, or raise the limit with {MAX_CELLS_ENV}=N (or max_cells=N)")
+
+
+def load_study(path_or_name: str | Path, *, preset: bool = False, max_cells: int | None = None) -> StudySpec:
+    """Read a study TOML file, or with `preset` the built-in study of that name (quick, paper, extended).
+
+    A file longer than the input limit (DEVPLACE_MAX_INPUT_BYTES) or a grid of more than `max_cells` cells
+    (default DEVPLACE_MAX_CELLS or 1,000,000) is refused.
+    """
     if preset:
         name = str(path_or_name)
         if name not in PRESETS:
             raise StudyError(f"unknown study preset {name!r}; presets: {', '.join(PRESETS)}")
         text = (resources.files("devplace.study") / "presets" / f"{name}.toml").read_text(encoding="utf-8")
-        return parse_study(text, base_dir=Path.cwd(), source=f"preset:{name}")
+        return parse_study(text, base_dir=Path.cwd(), source=f"preset:{name}", max_cells=max_cells)
     path = Path(path_or_name)
     if not path.is_file():
         raise StudyError(f"{path}: no such study file; give a TOML study definition or --preset "
                          f"({', '.join(PRESETS)})")
-    return parse_study(path.read_text(encoding="utf-8"), base_dir=path.resolve().parent, source=str(path))
+    try:
+        text = read_limited(path).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StudyError(f"{path}: not UTF-8 text (byte {exc.start}); save the study file as UTF-8") from None
+    except DevplaceError as exc:
+        raise StudyError(str(exc)) from None
+    return parse_study(text, base_dir=path.resolve().parent, source=str(path), max_cells=max_cells)
 
 
-def parse_study(text: str, *, base_dir: Path, source: str = "<string>") -> StudySpec:
-    """Parse and check a study definition given as TOML text; relative file paths resolve against base_dir."""
+def parse_study(text: str, *, base_dir: Path, source: str = "<string>", max_cells: int | None = None) -> StudySpec:
+    """Parse and check a study definition given as TOML text; relative file paths resolve against base_dir.
+
+    Every key and every placer setting (its type, and names such as anneal's `start`) is checked here, and
+    the grid is counted before any seed list is made: more than `max_cells` cells (default
+    DEVPLACE_MAX_CELLS or 1,000,000) is an error.
+    """
+    limit = cell_limit(max_cells)
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -136,10 +186,25 @@ def parse_study(text: str, *, base_dir: Path, source: str = "<string>") -> Study
     graphs = _graphs(doc["graphs"], base_dir, where)
     clusters = _clusters(doc["clusters"], base_dir, where)
     orders = _orders(doc.get("orders", ["topo"]), f"{where}: orders")
-    seeds = _seeds(doc.get("seeds", [0]), f"{where}: seeds")
-    placers = _placers(doc["placers"], where)
-    return StudySpec(name=name, graphs=graphs, clusters=clusters, placers=placers, orders=orders, seeds=seeds,
+    seeds = _seeds(doc.get("seeds", [0]), f"{where}: seeds", limit)
+    placers = _placers(doc["placers"], where, base_dir, limit)
+    spec = StudySpec(name=name, graphs=graphs, clusters=clusters, placers=placers, orders=orders, seeds=seeds,
                      sim_model=sim_model, max_nodes=max_nodes, description=description, source=source)
+    count = count_cells(spec)
+    if count > limit:
+        raise too_many_cells(where, count, limit)
+    return spec
+
+
+def count_cells(spec: StudySpec) -> int:
+    """How many cells `spec` expands to, computed without making them."""
+    from devplace.placers.registry import get_placer
+
+    per_pair = 0
+    for p in spec.placers:
+        orders = 1 if not get_placer(p.name).uses_order else len(p.orders if p.orders is not None else spec.orders)
+        per_pair += orders * len(p.seeds if p.seeds is not None else spec.seeds)
+    return len(spec.graphs) * len(spec.clusters) * per_pair
 
 
 def _known(doc: dict[str, Any], known: tuple[str, ...], where: str) -> None:
@@ -240,11 +305,15 @@ def _orders(value: Any, what: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _seeds(value: Any, what: str) -> tuple[int, ...]:
+def _seeds(value: Any, what: str, limit: int) -> tuple[int, ...]:
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 1:
             raise StudyError(f"{what}: a seed count must be >= 1, got {value}")
+        if value > limit:  # before making the tuple: 10^8 seeds alone take gigabytes
+            raise too_many_cells(what, value, limit)
         return tuple(range(value))
+    if isinstance(value, list) and len(value) > limit:
+        raise too_many_cells(what, len(value), limit)
     if (not isinstance(value, list) or not value
             or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)):
         raise StudyError(f"{what} must be a count N (seeds 0..N-1) or a list of integers >= 0, got {value!r}"[:300])
@@ -253,7 +322,7 @@ def _seeds(value: Any, what: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _placers(value: Any, where: str) -> tuple[PlacerEntry, ...]:
+def _placers(value: Any, where: str, base_dir: Path, limit: int) -> tuple[PlacerEntry, ...]:
     from devplace.placers.registry import get_placer
 
     if isinstance(value, str):
@@ -283,7 +352,62 @@ def _placers(value: Any, where: str) -> tuple[PlacerEntry, ...]:
             listed = ", ".join(f"{k}={v!r}" for k, v in accepted.items()) or "none"
             raise StudyError(f"{what}: placer {name!r} has no setting {', '.join(map(repr, unknown))}; "
                              f"its settings: {listed}")
+        _check_settings(name, settings, what)
+        log_path = _log_path(settings["log"], base_dir, what) if "log" in settings else None
         orders = _orders(item["orders"], f"{what}: orders") if "orders" in item else None
-        seeds = _seeds(item["seeds"], f"{what}: seeds") if "seeds" in item else None
-        out.append(PlacerEntry(name=name, settings=dict(settings), orders=orders, seeds=seeds))
+        seeds = _seeds(item["seeds"], f"{what}: seeds", limit) if "seeds" in item else None
+        out.append(PlacerEntry(name=name, settings=dict(settings), orders=orders, seeds=seeds, log_path=log_path))
     return tuple(out)
+
+
+def _check_settings(placer: str, settings: dict[str, Any], what: str) -> None:
+    """Each setting against the type the placer's function declares for it (int, float, bool, str, or a
+    union of them), numbers finite, and names that must name something (`start`: a placer, `sim_model`:
+    a simulation model): so a typo fails when the study is read, not when its first cell runs."""
+    from devplace.placers.registry import get_placer
+    from devplace.sim import MODELS
+
+    hints = typing.get_type_hints(get_placer(placer).func)
+    for key, value in settings.items():
+        at = f"{what}: placer {placer!r} setting {key!r}"
+        allowed = _scalar_types(hints.get(key))
+        if allowed is not None and not any(_is(value, t) for t in allowed):
+            names = " or ".join(t.__name__ for t in allowed if t is not type(None))
+            raise StudyError(f"{at} must be {names}, got {value!r}"[:300])
+        if isinstance(value, float) and not math.isfinite(value):
+            raise StudyError(f"{at} must be a finite number, got {value!r}")
+    if "start" in settings and placer == "anneal":
+        try:
+            get_placer(settings["start"])
+        except DevplaceError as exc:
+            raise StudyError(f"{what}: setting 'start': {exc}") from None
+    if "sim_model" in settings and settings["sim_model"] not in MODELS:
+        raise StudyError(f"{what}: setting 'sim_model' is {settings['sim_model']!r}; choose one of: "
+                         f"{', '.join(MODELS)}")
+
+
+def _scalar_types(hint: Any) -> tuple[type, ...] | None:
+    """The plain types a setting's annotation allows, or None when it is not made of int/float/bool/str/None."""
+    members = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+        else (hint,)
+    if not members or not all(m in (int, float, bool, str, type(None)) for m in members):
+        return None
+    return tuple(members)
+
+
+def _is(value: Any, t: type) -> bool:
+    if t is float:  # an integer is a fine float; a bool is neither
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, t)
+
+
+def _log_path(value: Any, base_dir: Path, what: str) -> Path:
+    """The `log` setting as a path inside the study's folder (base_dir); a path that leaves it is refused."""
+    root = base_dir.resolve()
+    path = (root / str(value)).resolve()
+    if not path.is_relative_to(root) or path == root:
+        raise StudyError(f"{what}: setting 'log' is {value!r}, which leads outside the study's folder {root}; give "
+                         "a file name inside it, e.g. \"logs/curve.csv\" (each cell writes its own file beside it)")
+    return path

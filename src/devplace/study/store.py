@@ -4,13 +4,21 @@ The driver is the only writer. Each row is written in one transaction (`INSERT O
 cell's stable key) when its cell ends, and the database runs in WAL mode, so a study killed at any moment
 (kill -9 included) leaves only whole rows behind: rerunning skips them, and no row is lost or duplicated.
 The schema is documented in docs/study-format.md; readers use `read_cells`.
+
+An existing file is checked through a read-only connection before anything is written: a SQLite file of some
+other program (a `cells` table of other columns, no `meta` table) or of a newer schema is refused with the
+file untouched. Readers (`read_cells`, reports) open the database read-only, so a read-only file or folder
+can be reported on. One driver writes a database at a time (`writer_lock`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,29 +64,103 @@ class StoreError(DevplaceError):
 
 
 def connect(db_path: str | Path, *, create: bool = True) -> sqlite3.Connection:
-    """Open (and with `create`, make) the results database in WAL mode with the `cells` table."""
+    """Open the results database: with `create` for writing (made if missing, WAL mode, the `cells` table),
+    else read-only. An existing file is checked first, read-only, and refused (StoreError, file unchanged)
+    when it is not a devplace study database of this schema or, for writing, when it cannot be written."""
     path = Path(db_path)
     if not create and not path.is_file():
         raise StoreError(f"{path}: no such results database; run `devplace study run ... --db {path}` first")
-    if create:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    exists = path.exists()
+    if exists:
+        if not path.is_file():
+            raise StoreError(f"{path}: not a file; give a results database file as --db")
+        if path.stat().st_size:  # a 0-byte file is an empty database: nothing to check
+            _check_database(path, writing=create)
+    if not create:
+        return _open_read_only(path)
+    if exists and not os.access(path, os.W_OK):
+        raise StoreError(f"{path}: the results database is read-only; make it writable (chmod u+w) or give "
+                         "another --db (reports can read it as it is)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(path.parent, os.W_OK):
+        raise StoreError(f"{path}: its folder {path.parent} is read-only (SQLite writes a -wal file beside the "
+                         "database); make it writable or give another --db")
     try:
         con = sqlite3.connect(str(path), timeout=30.0)
         con.execute("PRAGMA journal_mode=WAL")
         # NORMAL is durable against a killed process in WAL mode (only a power cut can lose the last commits)
         con.execute("PRAGMA synchronous=NORMAL")
-        if create:
-            cols = ", ".join(f"{c} {t}" for c, t in COLUMNS)
-            with con:
-                con.execute(f"CREATE TABLE IF NOT EXISTS cells ({cols})")
-                con.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT)")
-                con.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            _add_missing_columns(con)
-        else:
-            con.execute("SELECT key FROM cells LIMIT 1")
+        cols = ", ".join(f"{c} {t}" for c, t in COLUMNS)
+        with con:
+            con.execute(f"CREATE TABLE IF NOT EXISTS cells ({cols})")
+            con.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT)")
+            con.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        _add_missing_columns(con)
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"{path}: not a devplace study database ({exc}); give another --db file") from None
     return con
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection; `immutable` where SQLite cannot even make its shared-memory file (a read-only
+    folder), which is exact once no writer is running."""
+    uri = path.resolve().as_uri()
+    try:
+        con = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=30.0)
+        con.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+    except sqlite3.OperationalError:
+        con = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, timeout=30.0)
+    return con
+
+
+def _check_database(path: Path, *, writing: bool) -> None:
+    """Refuse a file that is not a devplace study database of this schema, reading it only."""
+    try:
+        con = _open_read_only(path)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            columns = [r[1] for r in con.execute("PRAGMA table_info(cells)")] if "cells" in tables else []
+            version = (con.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
+                       if "meta" in tables else None)
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path}: not a devplace study database ({exc}); give another --db file") from None
+    if not tables:
+        return  # an empty SQLite database: the tables are made when writing
+    foreign = [c for c in columns if c not in COLUMN_NAMES]
+    if "cells" not in tables or "key" not in columns or foreign:
+        what = ("no `cells` table" if "cells" not in tables else
+                f"its `cells` table has other columns ({', '.join(foreign[:5]) or 'no key'})")
+        raise StoreError(f"{path}: not a devplace study database ({what}); nothing was changed: give another "
+                         "--db file")
+    if version is None:
+        if writing:  # every database devplace writes has its schema version in `meta`
+            raise StoreError(f"{path}: not a devplace study database (no schema version in a `meta` table); "
+                             "nothing was changed: give another --db file")
+        return
+    if str(version[0]) != str(SCHEMA_VERSION):
+        raise StoreError(f"{path}: results database of schema version {version[0]!r}; this devplace reads "
+                         f"version {SCHEMA_VERSION} (a newer devplace wrote it?); nothing was changed: use the "
+                         "devplace that wrote it, or give another --db")
+
+
+@contextlib.contextmanager
+def writer_lock(db_path: str | Path) -> Iterator[None]:
+    """Hold the database's writer lock (flock on the file) for the block; StoreError when another driver
+    holds it. Two drivers on one database would both run every unfinished cell."""
+    fd = os.open(str(db_path), os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreError(f"{db_path}: another `devplace study run` is writing this database; wait for it to "
+                             "finish (it runs every unfinished cell) or give another --db") from None
+        yield
+    finally:
+        # closed only when the run is over: closing a descriptor of the file drops the process's POSIX locks,
+        # which SQLite's connections of this file hold
+        os.close(fd)
 
 
 def _add_missing_columns(con: sqlite3.Connection) -> None:
@@ -147,10 +229,13 @@ def count_rows(db_path: str | Path) -> int:
     """Number of rows in `cells` (0 when the file does not exist yet)."""
     if not Path(db_path).is_file():
         return 0
-    con = sqlite3.connect(str(db_path), timeout=30.0)
+    try:
+        con = _open_read_only(Path(db_path))
+    except sqlite3.DatabaseError:
+        return 0
     try:
         return int(con.execute("SELECT COUNT(*) FROM cells").fetchone()[0])
-    except sqlite3.OperationalError:
+    except sqlite3.DatabaseError:
         return 0
     finally:
         con.close()

@@ -46,9 +46,13 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         doc = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch.load raises many kinds of error on a file that is not a checkpoint
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PolicyFileError(f"{path} is not a devplace policy checkpoint (torch.load with weights_only=True "
-                              f"failed: {first})") from None
+        # torch's message for a refused object starts with advice to retry with weights_only=False, which
+        # would run the file's code: keep only the paragraphs that say what was refused
+        paragraphs = [" ".join(p.split()) for p in str(exc).split("\n\n") if p.strip()]
+        reasons = [p for p in paragraphs if "weights_only" not in p]
+        why = f"{type(exc).__name__}: {reasons[0]}" if reasons else type(exc).__name__
+        raise PolicyFileError(f"{path} is not a devplace policy checkpoint, refused without running any of its "
+                              f"code (it holds more than tensors and plain values, or is damaged: {why})") from None
     if not isinstance(doc, dict) or "format" not in doc:
         raise PolicyFileError(f"{path} is not a devplace policy checkpoint (no 'format' key)")
     if doc["format"] != FORMAT:

@@ -17,7 +17,8 @@ from typing import Any
 
 from devplace.study.spec import NO_ORDER, ClusterRef, GraphRef, StudySpec, cell_limit, count_cells, too_many_cells
 
-KEY_VERSION = 1  # bump when the meaning of a cell changes, so old rows stop matching
+# bump when the meaning of a cell changes, so old rows stop matching (2: the autograd rule, per-precision costs)
+KEY_VERSION = 2
 
 
 @dataclass(frozen=True)

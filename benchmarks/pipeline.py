@@ -24,7 +24,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.ties import tie_classes
 from devplace.hardware.presets import PRESETS
 from devplace.orders import traversal_indices
-from devplace.placers import place
+from devplace.placers import NoFitError, place
 from devplace.placers.pipeline import pipeline_plan
 from devplace.sim import Schedule, simulate
 from devplace.sim.schedule import FORWARD, op_phases
@@ -76,9 +76,9 @@ def main() -> None:
     m = args.microbatches
     sched = Schedule(args.schedule, m)
     print(f"{args.cluster}, {args.schedule}, M={m}; step times in ms (simulated), ratios side by side")
-    print("| model | groups | work/devices | ideal pipeline | pipeline placer | / work | equal-layer split | "
-          "placer vs equal | contiguous (no pipeline) | placer time (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | groups | work/devices | ideal pipeline | pipeline placer | / work | peak GB | equal-layer split "
+          "| peak GB | placer vs equal | contiguous (no pipeline) | placer time (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.models:
         g = zoo_prepared(name).graph
         order = traversal_indices(g, "topo", 0, cluster=cluster)
@@ -87,12 +87,17 @@ def main() -> None:
         took = time.perf_counter() - t0
         work = float(g.compute_s.sum() / cluster.speeds.sum())
         even = simulate(g, cluster, equal_layer_split(g, p), schedule=sched)
-        flat = place(g, cluster, placer="contiguous", order="topo")
+        try:
+            flat_txt = f"{place(g, cluster, placer='contiguous', order='topo').meta['step_time_s'] * 1e3:.1f}"
+        except NoFitError:
+            flat_txt = "does not fit"
         assert plan.result.feasible
         even_txt = f"{even.step_time_s * 1e3:.1f}" + ("" if even.feasible else " (over memory)")
         print(f"| {name} | {g.num_nodes} | {work * 1e3:.1f} | {work * (m + p - 1) / m * 1e3:.1f} | "
-              f"{plan.step_time_s * 1e3:.1f} | {plan.step_time_s / work:.3f} | {even_txt} | "
-              f"{even.step_time_s / plan.step_time_s:.3f}x | {flat.meta['step_time_s'] * 1e3:.1f} | {took:.1f} |")
+              f"{plan.step_time_s * 1e3:.1f} | {plan.step_time_s / work:.3f} | "
+              f"{plan.result.peak_memory_bytes.max() / 1e9:.1f} | {even_txt} | "
+              f"{even.peak_memory_bytes.max() / 1e9:.1f} | "
+              f"{even.step_time_s / plan.step_time_s:.3f}x | {flat_txt} | {took:.1f} |")
 
 
 if __name__ == "__main__":

@@ -13,16 +13,18 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    predecessor (else successor, else the last stage).
 2. *Stages.* K = p * V stages (p devices, V chunks per device for interleaved-1f1b), stage k on device
    k mod p; consecutive runs of the item sequence, possibly empty (so fewer devices may be used).
-3. *Cost model.* With t_k a stage's compute per micro-batch (divided by its device's speed), a pipelined step
-   takes about sum_k t_k / V + (M V - 1) max_k t_k plus one pass of the activation transfers across the cuts
-   (exact for a uniform chain: the (M + p - 1)-slot formula of GPipe and 1F1B). Memory of a stage: its
-   parameters + (micro-batches in flight) * stash / M + its largest op's output and temp / M, plus an
-   allowance per device learned from the simulator; in flight: M (gpipe), p - r (1f1b at position r),
-   (2 (p - r - 1) + (V - 1) p + 1) / V per chunk (interleaved), at most M (M V).
+3. *Cost model.* With t_k a stage's time per micro-batch (its compute divided by its device's speed), a
+   pipelined step takes about sum_k t_k / V + (M V - 1) max_k t_k (exact for a uniform chain without
+   communication: the (M + p - 1)-slot formula of GPipe and 1F1B). The transfer of the bytes that cross a
+   cut (both directions, at the slowest link) is counted two ways, each giving candidates: added to the
+   stage after the cut (it waits for it every micro-batch), or once in the sum (it overlaps compute).
+   Memory of a stage: its parameters + (micro-batches in flight) * stash / M + its largest op's output and
+   temp / M, plus an allowance per device learned from the simulator; in flight: M (gpipe), p - r (1f1b at
+   position r), (2 (p - r - 1) + (V - 1) p + 1) / V per chunk (interleaved), at most M (M V).
 4. *Search.* For each bound B on max_k t_k (a geometric grid, 2% apart, from the largest item to the whole
    work), a dynamic program over the cut points finds the split with the least sum_k t_k under B and memory
    (O(K n^2) with early exits); the model's objective ranks the splits.
-5. *Judge.* The best `CANDIDATES` splits for each micro-batch count M (the setting, or each of
+5. *Judge.* The best `CANDIDATES` splits of each way for each micro-batch count M (the setting, or each of
    `MICROBATCH_CHOICES`) are simulated with the schedule (`devplace.sim.schedule`); the fastest
    memory-feasible one wins (ties: smaller M, then the model's rank). Devices over memory in the simulator
    get their allowance raised to the measured excess, and the search runs again, up to `ROUNDS` times; then
@@ -52,7 +54,7 @@ from devplace.placers.registry import PlacerError, register
 from devplace.sim.schedule import FORWARD, KINDS, PER_STEP, Schedule, ScheduledResult, op_phases, simulate_schedule
 
 MICROBATCH_CHOICES = (1, 2, 4, 8, 16, 32)
-CANDIDATES = 2  # splits simulated per micro-batch count
+CANDIDATES = 2  # splits simulated per micro-batch count and way of counting transfers
 GRID_RATIO = 1.02  # spacing of the bounds on the slowest stage
 ROUNDS = 6  # rounds that learn memory allowances from the simulator
 
@@ -153,9 +155,12 @@ def _items(graph: CompGraph, order: np.ndarray) -> _Items:
 
 @njit(cache=True)
 def _split(bound, pre_work, pre_param, pre_stash, peak_op, cross, speed, cap, inflight, m, comm_Bps,
-           latency):  # pragma: no cover - compiled
+           latency, waits):  # pragma: no cover - compiled
     """Cut ends (one per stage) minimising sum of stage times with every stage time <= bound and every stage
-    within memory; per-micro-batch figures are whole-batch ones / m. Returns (ends, sum, max) or ends[0] = -1."""
+    within memory; per-micro-batch figures are whole-batch ones / m. A stage's time per micro-batch is its
+    compute plus, with `waits`, the transfer of what crosses its first cut (activations forward, gradients
+    back); without, that transfer only adds to the sum (it overlaps the other micro-batches' compute).
+    Returns (ends, sum, max), or ends[0] = -1 when nothing fits."""
     n = pre_work.shape[0] - 1
     k_stages = speed.shape[0]
     inf = np.inf
@@ -177,11 +182,11 @@ def _split(bound, pre_work, pre_param, pre_stash, peak_op, cross, speed, cap, in
             for j in range(i + 1, n + 1):
                 if peak_op[j - 1] > big:
                     big = peak_op[j - 1]
-                t = (pre_work[j] - pre_work[i]) / m / speed[k]
+                t = (pre_work[j] - pre_work[i]) / m / speed[k] + (comm if waits else 0.0)
                 mem = (pre_param[j] - pre_param[i]) + inflight[k] * (pre_stash[j] - pre_stash[i]) / m + big / m
                 if t > bound or mem > cap[k]:
                     break
-                c = base + t + comm
+                c = base + t + (0.0 if waits else comm)
                 if c < dp[k + 1, j]:
                     dp[k + 1, j] = c
                     back[k + 1, j] = i
@@ -193,7 +198,11 @@ def _split(bound, pre_work, pre_param, pre_stash, peak_op, cross, speed, cap, in
     for k in range(k_stages, 0, -1):
         ends[k - 1] = j
         i = back[k, j]
-        t = (pre_work[j] - pre_work[i]) / m / speed[k - 1]
+        t = 0.0
+        if j > i:
+            t = (pre_work[j] - pre_work[i]) / m / speed[k - 1]
+            if waits and 0 < i < n:
+                t += latency + cross[i] / m / comm_Bps
         if t > worst:
             worst = t
         j = i
@@ -227,8 +236,9 @@ class _Search:
         self.comm_Bps = float(bw.min()) if bw.size else math.inf
         self.latency = float(lat.max()) if lat.size else 0.0
 
-    def splits(self, schedule: Schedule, allowance: np.ndarray) -> list[tuple[float, tuple[int, ...]]]:
-        """(model step time, cut ends) of the best distinct splits under each bound, best first."""
+    def splits(self, schedule: Schedule, allowance: np.ndarray, waits: bool) -> list[tuple[float, tuple[int, ...]]]:
+        """(model step time, cut ends) of the best distinct splits under each bound, best first (`waits`: see
+        `_split`)."""
         p = self.cluster.num_devices
         v = int(schedule.chunks or 1)
         m = schedule.microbatches
@@ -242,7 +252,8 @@ class _Search:
         bound = lo
         while True:
             ends, s, worst = _split(bound, self.pre_work, self.pre_param, self.pre_stash, self.items.peak_op,
-                                    self.items.cross, speed, cap, inflight, float(m), self.comm_Bps, self.latency)
+                                    self.items.cross, speed, cap, inflight, float(m), self.comm_Bps, self.latency,
+                                    waits)
             if ends[0] >= 0:
                 cuts = tuple(int(x) for x in ends)
                 found[cuts] = min(found.get(cuts, math.inf), s / v + (m * v - 1) * worst)
@@ -300,7 +311,8 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
     for _ in range(ROUNDS):
         over = False
         for s in schedules:
-            for rank, (_, cuts) in enumerate(search.splits(s, allowance[s])[:CANDIDATES]):
+            found = [c for waits in (False, True) for c in search.splits(s, allowance[s], waits)[:CANDIDATES]]
+            for rank, (_, cuts) in enumerate(found):
                 if (s, cuts) in tried:
                     continue
                 tried.add((s, cuts))

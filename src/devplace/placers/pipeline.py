@@ -13,17 +13,19 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    predecessor (else successor, else the last stage).
 2. *Stages.* K = p * V stages (p devices, V chunks per device for interleaved-1f1b), stage k on device
    k mod p; consecutive runs of the item sequence, possibly empty (so fewer devices may be used).
-3. *Cost model.* With t_k a stage's time per micro-batch (its compute divided by its device's speed), a
-   pipelined step takes about sum_k t_k / V + (M V - 1) max_k t_k (exact for a uniform chain without
-   communication: the (M + p - 1)-slot formula of GPipe and 1F1B). The transfer of the bytes that cross a
-   cut (both directions, at the slowest link) is counted two ways, each giving candidates: added to the
-   stage after the cut (it waits for it every micro-batch), or once in the sum (it overlaps compute).
+3. *Cost model.* With t_k a stage's time per micro-batch (its compute divided by its device's speed) and
+   load_d the sum of device d's t_k, a pipelined step takes about sum_k t_k / V + M max_d load_d - max_k t_k
+   (for V = 1: sum + (M - 1) max, the (M + p - 1)-slot formula of GPipe and 1F1B on a uniform chain without
+   communication; for V chunks, M V + p - 1 slots, Megatron-LM's interleaved bubble). The transfer of the
+   bytes that cross a cut (both directions, at the slowest link) is counted two ways, each giving
+   candidates: added to the stage after the cut (it waits for it every micro-batch), or once in the sum (it
+   overlaps compute).
    Memory of a stage: its parameters + (micro-batches in flight) * stash / M + its largest op's output and
    temp / M, plus an allowance per device learned from the simulator; in flight: M (gpipe), p - r (1f1b at
    position r), (2 (p - r - 1) + (V - 1) p + 1) / V per chunk (interleaved), at most M (M V).
 4. *Search.* For each bound B on max_k t_k (a geometric grid, 2% apart, from the largest item to the whole
    work), a dynamic program over the cut points finds the split with the least sum_k t_k under B and memory
-   (O(K n^2) with early exits); the model's objective ranks the splits.
+   (O(K n^2) with early exits); the cost model ranks the splits.
 5. *Judge.* The best `CANDIDATES` splits of each way for each micro-batch count M (the setting, or each of
    `MICROBATCH_CHOICES`) are simulated with the schedule (`devplace.sim.schedule`); the fastest
    memory-feasible one wins (ties: smaller M, then the model's rank). Devices over memory in the simulator
@@ -160,7 +162,7 @@ def _split(bound, pre_work, pre_param, pre_stash, peak_op, cross, speed, cap, in
     within memory; per-micro-batch figures are whole-batch ones / m. A stage's time per micro-batch is its
     compute plus, with `waits`, the transfer of what crosses its first cut (activations forward, gradients
     back); without, that transfer only adds to the sum (it overlaps the other micro-batches' compute).
-    Returns (ends, sum, max), or ends[0] = -1 when nothing fits."""
+    Returns the stage ends, or ends[0] = -1 when nothing fits."""
     n = pre_work.shape[0] - 1
     k_stages = speed.shape[0]
     inf = np.inf
@@ -192,21 +194,12 @@ def _split(bound, pre_work, pre_param, pre_stash, peak_op, cross, speed, cap, in
                     back[k + 1, j] = i
     ends = np.full(k_stages, -1, dtype=np.int64)
     if dp[k_stages, n] == inf:
-        return ends, inf, inf
+        return ends
     j = n
-    worst = 0.0
     for k in range(k_stages, 0, -1):
         ends[k - 1] = j
-        i = back[k, j]
-        t = 0.0
-        if j > i:
-            t = (pre_work[j] - pre_work[i]) / m / speed[k - 1]
-            if waits and 0 < i < n:
-                t += latency + cross[i] / m / comm_Bps
-        if t > worst:
-            worst = t
-        j = i
-    return ends, dp[k_stages, n], worst
+        j = back[k, j]
+    return ends
 
 
 def _inflight(schedule: Schedule, p: int) -> np.ndarray:
@@ -251,16 +244,34 @@ class _Search:
         found: dict[tuple[int, ...], float] = {}
         bound = lo
         while True:
-            ends, s, worst = _split(bound, self.pre_work, self.pre_param, self.pre_stash, self.items.peak_op,
-                                    self.items.cross, speed, cap, inflight, float(m), self.comm_Bps, self.latency,
-                                    waits)
+            ends = _split(bound, self.pre_work, self.pre_param, self.pre_stash, self.items.peak_op, self.items.cross,
+                          speed, cap, inflight, float(m), self.comm_Bps, self.latency, waits)
             if ends[0] >= 0:
                 cuts = tuple(int(x) for x in ends)
-                found[cuts] = min(found.get(cuts, math.inf), s / v + (m * v - 1) * worst)
+                found.setdefault(cuts, self.model_time(cuts, schedule, speed, waits))
             if bound >= total or lo <= 0:
                 break
             bound = min(bound * GRID_RATIO, total)
         return sorted((t, c) for c, t in found.items())
+
+    def model_time(self, cuts: tuple[int, ...], schedule: Schedule, speed: np.ndarray, waits: bool) -> float:
+        """The cost model's step: sum_k t_k / V + M max_d load_d - max_k t_k, load_d = the time of device d's
+        stages per micro-batch (= the module docstring's formula for V = 1, and exact on a uniform chain for
+        any V, where the bubble is (p - 1) t_k)."""
+        m, v, p = schedule.microbatches, int(schedule.chunks or 1), self.cluster.num_devices
+        starts = (0, *cuts[:-1])
+        n = self.pre_work.shape[0] - 1
+        t = np.zeros(len(cuts))
+        comm = 0.0
+        for k, (i, j) in enumerate(zip(starts, cuts, strict=True)):
+            if j > i:
+                t[k] = (self.pre_work[j] - self.pre_work[i]) / m / speed[k]
+                if 0 < i < n:
+                    c = self.latency + float(self.items.cross[i]) / m / self.comm_Bps
+                    t[k] += c if waits else 0.0
+                    comm += 0.0 if waits else c
+        load = np.bincount(np.arange(len(cuts)) % p, weights=t, minlength=p)
+        return float(t.sum() / v + comm + m * load.max() - t.max())
 
     def devices(self, cuts: tuple[int, ...]) -> np.ndarray:
         """Device per node: items by stage (stage k on device k mod p), tie classes with their item, classes

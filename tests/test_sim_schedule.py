@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import devplace
 from conftest import cluster
 from devplace.graph import CompGraph
 from devplace.sim import Schedule, ScheduledResult, ScheduleError, simulate
@@ -86,6 +87,11 @@ def test_transfers_between_stages_once_per_microbatch_and_optimizer_once_per_ste
     assert r.device_busy_s.tolist() == pytest.approx([2.0 + 1.0, 2.0])  # forward+backward scaled, optimizer once
     assert r.start_s[opt] >= r.finish_s[g.index["b0"]]  # after the flush
     assert r.stage.tolist() == [0, 1, 1, 0, -1]
+    doc = r.to_dict()
+    assert doc["schedule"] == {"kind": "1f1b", "microbatches": 3, "chunks": 1, "microbatch_graph": False}
+    assert doc["num_stages"] == 2 and doc["step_time_s"] == r.step_time_s
+    assert devplace.simulate(g, cluster(2, bw=8.0), [0, 1, 1, 0, 0], schedule=Schedule("1f1b", m)).step_time_s == \
+        r.step_time_s
 
 
 def test_one_f_one_b_action_order():

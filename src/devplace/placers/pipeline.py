@@ -26,11 +26,11 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
 4. *Search.* For each bound B on max_k t_k (a geometric grid, 2% apart, from the largest item to the whole
    work), a dynamic program over the cut points finds the split with the least sum_k t_k under B and memory
    (O(K n^2) with early exits); the cost model ranks the splits.
-5. *Judge.* The best `CANDIDATES` splits of each way for each micro-batch count M (the setting, or each of
-   `MICROBATCH_CHOICES`) are simulated with the schedule (`devplace.sim.schedule`); the fastest
-   memory-feasible one wins (ties: smaller M, then the model's rank). Devices over memory in the simulator
-   get their allowance raised to the measured excess, and the search runs again, up to `ROUNDS` times; then
-   NoFitError.
+5. *Judge.* For each micro-batch count M (the setting, or each of `MICROBATCH_CHOICES`) the best split of
+   each way is simulated with the schedule (`devplace.sim.schedule`), then the next `CANDIDATES` - 1 of
+   each way for the M that did best; the fastest memory-feasible one wins (ties: smaller M, then the cost
+   model's rank). Devices over memory in the simulator get their allowance raised by the largest measured
+   excess, and the search runs again, up to `ROUNDS` times; nothing feasible: NoFitError.
 
 Settings: `schedule` ("gpipe", "1f1b", "interleaved-1f1b"), `microbatches` (None: choose), `chunks` (None: 1,
 or 2 for interleaved). `pipeline_plan()` returns the schedule chosen with the placement (a placer returns
@@ -294,6 +294,33 @@ class _Search:
         return dev
 
 
+class _Judge:
+    """Simulates each (schedule, split) once, keeps the best feasible one, and notes per schedule the largest
+    excess over memory per device in this round."""
+
+    def __init__(self, graph: CompGraph, cluster: Cluster, search: _Search) -> None:
+        self.graph, self.cluster, self.search = graph, cluster, search
+        self.simulated: dict[tuple[Schedule, tuple[int, ...]], ScheduledResult | None] = {}
+        self.excess: dict[Schedule, np.ndarray] = {}
+        self.best: tuple[float, int, int, PipelinePlan] | None = None
+
+    def consider(self, s: Schedule, cuts: tuple[int, ...], rank: int) -> None:
+        if (s, cuts) not in self.simulated:
+            try:
+                r = simulate_schedule(self.graph, self.cluster, self.search.devices(cuts), s)
+            except DevplaceError:  # a class forced across the stage order: not a pipeline, skip it
+                r = None
+            self.simulated[s, cuts] = r
+            if r is not None and not r.feasible:
+                for d, b in r.oom.items():
+                    self.excess[s][d] = max(self.excess[s][d], b)
+        r = self.simulated[s, cuts]
+        if r is not None and r.feasible:
+            key = (r.step_time_s, s.microbatches, rank)
+            if self.best is None or key < self.best[:3]:
+                self.best = (*key, PipelinePlan(r.device, s, r, cuts))
+
+
 def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, schedule: str = "1f1b",
                   microbatches: int | None = None, chunks: int | None = None) -> PipelinePlan:
     """The best pipeline placement of `graph` found by the search of the module docstring, with its schedule.
@@ -316,32 +343,27 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
         raise PlacerError(f"placer 'pipeline': interleaved-1f1b needs microbatches to be a multiple of the "
                           f"{p} devices, got {microbatches}")
     search = _Search(graph, cluster, order)
+    judge = _Judge(graph, cluster, search)
     allowance = {s: np.zeros(p) for s in schedules}
-    best: tuple[float, int, int, PipelinePlan] | None = None
-    tried: set[tuple[Schedule, tuple[int, ...]]] = set()
     for _ in range(ROUNDS):
-        over = False
+        judge.excess = {s: np.zeros(p) for s in schedules}
+        # each way's leading split for every M, then the others for the M that did best
+        found = {s: [search.splits(s, allowance[s], waits)[:CANDIDATES] for waits in (False, True)]
+                 for s in schedules}
         for s in schedules:
-            found = [c for waits in (False, True) for c in search.splits(s, allowance[s], waits)[:CANDIDATES]]
-            for rank, (_, cuts) in enumerate(found):
-                if (s, cuts) in tried:
-                    continue
-                tried.add((s, cuts))
-                devices = search.devices(cuts)
-                try:
-                    r = simulate_schedule(graph, cluster, devices, s)
-                except DevplaceError:  # a class forced across the stage order: not a pipeline, skip it
-                    continue
-                if not r.feasible:
-                    over = True
-                    for d, b in r.oom.items():
-                        allowance[s][d] += b
-                    continue
-                key = (r.step_time_s, s.microbatches, rank)
-                if best is None or key < best[:3]:
-                    best = (*key, PipelinePlan(devices, s, r, cuts))
-        if not over:
+            for way in found[s]:
+                if way:
+                    judge.consider(s, way[0][1], 0)
+        if judge.best is not None:
+            s_best = judge.best[3].schedule
+            for way in found[s_best]:
+                for rank, (_, cuts) in enumerate(way[1:], start=1):
+                    judge.consider(s_best, cuts, rank)
+        if not any(e.any() for e in judge.excess.values()):
             break
+        for s in schedules:
+            allowance[s] += judge.excess[s]
+    best = judge.best
     if best is None:
         raise no_fit_error(graph, cluster, "pipeline", f"no split of the order into {schedule} pipeline stages "
                            "fits memory under the schedule")

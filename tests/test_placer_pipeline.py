@@ -46,6 +46,19 @@ def test_uniform_chain_gets_equal_stages_and_the_bubble_formula():
     assert pl.schedule == Schedule("1f1b", 8)
 
 
+def test_an_input_tied_to_the_loss_goes_to_the_last_stage():
+    # labels are an input whose first consumer is the loss: its tie class must follow the loss, not the
+    # position of the input (a source, first in any topological order)
+    base = layers([1.0] * 8)
+    nodes = [{"id": "labels", "op": "input", "kind": "forward", "output_bytes": 1.0}] + \
+        [base.node_record(v) for v in range(base.num_nodes)]
+    edges = [{"src": "labels", "dst": "l7", "bytes": 1.0}] + [base.edge_record(e) for e in range(base.num_edges)]
+    g, c = CompGraph.build("labelled", nodes, edges), cluster(4, bw=1e12)
+    pl = plan(g, c, microbatches=8)
+    assert pl.devices[g.index["labels"]] == pl.devices[g.index["l7"]] == 3
+    assert pl.step_time_s == pytest.approx((8 + 4 - 1) * 2 * 3.0 / 8)
+
+
 def test_uneven_chain_beats_the_equal_layer_split():
     costs = [1.0] * 7 + [5.0]  # a heavy head, as a language model's
     g, c = layers(costs), cluster(4, bw=1e12)

@@ -6,7 +6,7 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    optimizer ops) on one device, and a pipeline's stages are runs of forward ops. So the items are the
    forward ops, in a topological order that follows `order` (Kahn's algorithm over the forward ops, picking
    the ready op that comes first in `order`: a topological order is kept as it is, any other is made the
-   nearest topological one). Each tie class is carried by its first forward op in that sequence: its compute
+   nearest topological one). Each tie class is carried by its last forward op in that sequence: its compute
    per micro-batch (forward + backward ops of the class, / M), its once-per-step compute, its parameters, and
    its *stash* (the output bytes of its forward ops, held from the forward to the backward of a micro-batch).
    A graph without kinds is all forward; a class without a forward op goes with its first placed
@@ -118,7 +118,7 @@ def _items(graph: CompGraph, order: np.ndarray) -> _Items:
     classes = tie_classes(graph)
     class_item: dict[int, int] = {}
     for i, v in enumerate(seq):
-        class_item.setdefault(int(classes[v]), i)
+        class_item[int(classes[v])] = i  # the last one: an input tied to its consumer goes with the consumer
     owner = np.array([class_item.get(int(c), -1) for c in classes], dtype=np.int64)
     n = len(seq)
     has = owner >= 0

@@ -19,7 +19,7 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    communication; for V chunks, M V + p - 1 slots, Megatron-LM's interleaved bubble). The transfer of the
    bytes that cross a cut (both directions, at the slowest link) is counted two ways, each giving
    candidates: added to the stage after the cut (it waits for it every micro-batch), or once in the sum (it
-   overlaps compute).
+   overlaps compute). A device's once-per-step compute (the optimizer) adds its largest to the step.
    Memory of a stage: its parameters + (micro-batches in flight) * stash / M + its largest op's output and
    temp / M, plus an allowance per device learned from the simulator; in flight: M (gpipe), p - r (1f1b at
    position r), (2 (p - r - 1) + (V - 1) p + 1) / V per chunk (interleaved), at most M (M V).
@@ -224,6 +224,7 @@ class _Search:
         self.pre_work = np.concatenate([[0.0], np.cumsum(it.work)])
         self.pre_param = np.concatenate([[0.0], np.cumsum(it.params)])
         self.pre_stash = np.concatenate([[0.0], np.cumsum(it.stash)])
+        self.pre_step = np.concatenate([[0.0], np.cumsum(it.step_work)])
         bw = cluster.bandwidth[~np.eye(cluster.num_devices, dtype=bool)]
         lat = cluster.latency[~np.eye(cluster.num_devices, dtype=bool)]
         self.comm_Bps = float(bw.min()) if bw.size else math.inf
@@ -256,8 +257,8 @@ class _Search:
 
     def model_time(self, cuts: tuple[int, ...], schedule: Schedule, speed: np.ndarray, waits: bool) -> float:
         """The cost model's step: sum_k t_k / V + M max_d load_d - max_k t_k, load_d = the time of device d's
-        stages per micro-batch (= the module docstring's formula for V = 1, and exact on a uniform chain for
-        any V, where the bubble is (p - 1) t_k)."""
+        stages per micro-batch (exact on a uniform chain for any V, where the bubble is (p - 1) t_k), plus the
+        largest once-per-step compute of a device (its optimizer runs after its last micro-batch)."""
         m, v, p = schedule.microbatches, int(schedule.chunks or 1), self.cluster.num_devices
         starts = (0, *cuts[:-1])
         n = self.pre_work.shape[0] - 1
@@ -270,8 +271,11 @@ class _Search:
                     c = self.latency + float(self.items.cross[i]) / m / self.comm_Bps
                     t[k] += c if waits else 0.0
                     comm += 0.0 if waits else c
-        load = np.bincount(np.arange(len(cuts)) % p, weights=t, minlength=p)
-        return float(t.sum() / v + comm + m * load.max() - t.max())
+        on = np.arange(len(cuts)) % p
+        load = np.bincount(on, weights=t, minlength=p)
+        ends, begins = np.asarray(cuts), np.asarray(starts)
+        step = np.bincount(on, weights=(self.pre_step[ends] - self.pre_step[begins]) / speed, minlength=p)
+        return float(t.sum() / v + comm + m * load.max() - t.max() + step.max())
 
     def devices(self, cuts: tuple[int, ...]) -> np.ndarray:
         """Device per node: items by stage (stage k on device k mod p), tie classes with their item, classes

@@ -99,10 +99,6 @@ class Stages:
     pipeline_devices: tuple[int, ...]
     chunks: int
 
-    @property
-    def num_stages(self) -> int:
-        return len(self.pipeline_devices) * self.chunks
-
 
 def op_phases(graph: CompGraph) -> np.ndarray:
     """FORWARD for kind "forward" or "", BACKWARD for "backward", PER_STEP for any other kind."""

@@ -110,9 +110,9 @@ def reference_schedule(nodes: list[dict], edges: list[dict], speeds: list[float]
     for i in topo:
         if phase[i] != "B":
             continue
-        fwd = [j for j in topo if phase[j] == "F" and tie[j] == tie[i]]
+        fwd = [chunk[j] for j in ids if phase[j] == "F" and tie[j] == tie[i]]
         if fwd:
-            chunk[i] = chunk[fwd[0]]
+            chunk[i] = max(fwd)
             continue
         chunk[i] = v - 1
         for e in edges:

@@ -121,6 +121,17 @@ def test_schedule_checks_its_arguments(kwargs, match):
     assert Schedule("interleaved-1f1b").chunks == 2 and Schedule("gpipe").chunks == 1
 
 
+def test_an_input_tied_to_the_loss_leaves_the_loss_gradient_in_the_last_stage():
+    base = chain(4, 1.0, 2.0)
+    nodes = [{"id": "labels", "op": "input", "kind": "forward"}] + [base.node_record(v) for v in range(8)]
+    edges = [{"src": "labels", "dst": "f3", "bytes": 0}] + [base.edge_record(e) for e in range(base.num_edges)]
+    g = CompGraph.build("labelled", nodes, edges)
+    r = simulate(g, cluster(2, bw=1e9), np.array([1] + [0, 1, 0, 1] * 2),
+                 schedule=Schedule("interleaved-1f1b", 2, microbatch_graph=True))
+    assert r.stage[g.index["b3"]] == r.stage[g.index["f3"]] == 3
+    assert r.step_time_s == pytest.approx(2 * 6.0 + (2 - 1) * 3.0)
+
+
 def test_placements_that_are_not_pipelines_are_rejected():
     g, c = chain(2, 1.0, 1.0), cluster(2, bw=1e9)
     with pytest.raises(ScheduleError, match="from lower to higher device indices"):
@@ -169,6 +180,10 @@ def pipelines(draw):
         edges.append({"src": f"f{i}", "dst": f"b{i}", "bytes": sizes[i]})
     stage = sorted(draw(st.integers(0, p * v - 1)) for _ in range(n))  # non-decreasing along f0..f{n-1}
     placement = {f"f{i}": stage[i] % p for i in range(n)}
+    if draw(st.booleans()):  # an input tied to the last layer (its first consumer), as labels to the loss
+        nodes.insert(0, {"id": "labels", "op": "input", "kind": "forward", "output_bytes": 1})
+        edges.insert(0, {"src": "labels", "dst": f"f{n - 1}", "bytes": 1})
+        placement["labels"] = placement[f"f{n - 1}"]
     for node in nodes:
         if node["id"] not in placement:
             tied = node.get("group")

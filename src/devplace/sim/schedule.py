@@ -139,7 +139,8 @@ def pipeline_stages(graph: CompGraph, devices: np.ndarray, chunks: int) -> Stage
             raise ScheduleError(f"forward op {graph.ids[int(v)]!r} on device {int(devices[v])} would be in chunk {c}"
                                 f": {what}; place the forward ops in stages along the device indices")
         chunk[v] = c
-        class_chunk.setdefault(int(classes[v]), c)
+        # the largest: an input tied to its consumer (labels to the loss) is a source, in chunk 0
+        class_chunk[int(classes[v])] = max(c, class_chunk.get(int(classes[v]), 0))
     for v in order:  # backward ops: their forward op's chunk; else the first micro-batch predecessor's on the
         if phase[v] != BACKWARD:  # device; else the last chunk (where the loss is)
             continue

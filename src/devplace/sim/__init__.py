@@ -15,6 +15,7 @@ from devplace.hardware.cluster import Cluster
 from devplace.sim.bounds import LowerBound, lower_bound
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.result import SimResult, Transfers
+from devplace.sim.schedule import Schedule, ScheduledResult, ScheduleError, simulate_schedule
 
 MODELS = ("devplace", "placeto")
 
@@ -30,17 +31,26 @@ def placement_array(graph: CompGraph, cluster: Cluster, placement: PlacementLike
 
 
 def simulate(
-    graph: CompGraph, cluster: Cluster, placement: PlacementLike, *, model: str = "devplace", **params: Any
+    graph: CompGraph, cluster: Cluster, placement: PlacementLike, *, model: str = "devplace",
+    schedule: Schedule | None = None, **params: Any
 ) -> SimResult:
     """Simulate one training step of `graph` on `cluster` under `placement`.
 
     `model` is "devplace" (the reference model, DESIGN.md section 4) or "placeto" (section 5, which takes
-    `delta1_s`, `delta2_s` and `bus_Bps`).
+    `delta1_s`, `delta2_s` and `bus_Bps`). With a `schedule` (devplace model only), the step is pipelined:
+    forward and backward ops run once per micro-batch in the schedule's order (docs/simulation.md,
+    "Pipeline schedules"), and the result is a ScheduledResult.
     """
     devices = placement_array(graph, cluster, placement)
+    if schedule is not None and not isinstance(schedule, Schedule):
+        raise ScheduleError(f"schedule must be a devplace.sim.Schedule or None, got {schedule!r}")
+    if schedule is not None and model != "devplace":
+        raise ScheduleError(f"schedules are simulated with the devplace model only, not {model!r}")
     if model == "devplace":
         if params:
             raise DevplaceError(f"the devplace model takes no parameters, got {', '.join(params)}")
+        if schedule is not None:
+            return simulate_schedule(graph, cluster, devices, schedule)
         return DevplaceModel(graph, cluster).run(devices)
     if model == "placeto":
         from devplace.sim.placeto import simulate_placeto
@@ -53,5 +63,5 @@ def simulate(
     raise DevplaceError(f"unknown simulation model {model!r}; choose one of: {', '.join(MODELS)}")
 
 
-__all__ = ["MODELS", "DevplaceModel", "LowerBound", "SimResult", "Transfers", "lower_bound", "placement_array",
-           "simulate"]
+__all__ = ["MODELS", "DevplaceModel", "LowerBound", "Schedule", "ScheduleError", "ScheduledResult", "SimResult",
+           "Transfers", "lower_bound", "placement_array", "simulate"]

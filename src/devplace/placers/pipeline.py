@@ -1,0 +1,388 @@
+"""`pipeline` ✱: cut the traversal order into contiguous pipeline stages and choose the micro-batch count.
+
+What PipeDream's planner and Alpa's stage search do, over devplace's traversal order:
+
+1. *Items.* A placement must keep each tie class (`devplace.graph.ties`: a forward op with its backward and
+   optimizer ops) on one device, and a pipeline's stages are runs of forward ops. So the items are the
+   forward ops, in a topological order that follows `order` (Kahn's algorithm over the forward ops, picking
+   the ready op that comes first in `order`: a topological order is kept as it is, any other is made the
+   nearest topological one). Each tie class is carried by its last forward op in that sequence: its compute
+   per micro-batch (forward + backward ops of the class, / M), its once-per-step compute, its parameters, and
+   its *stash* (the output bytes of its forward ops, held from the forward to the backward of a micro-batch).
+   A graph without kinds is all forward; a class without a forward op goes with its first placed
+   predecessor (else successor, else the last stage).
+2. *Stages.* K = p * V stages (p devices, V chunks per device for interleaved-1f1b), stage k on device
+   k mod p; consecutive runs of the item sequence, possibly empty (so fewer devices may be used).
+3. *Cost model.* With t_k a stage's time per micro-batch (its compute divided by its device's speed) and
+   load_d the sum of device d's t_k, a pipelined step takes about sum_k t_k / V + M max_d load_d - max_k t_k
+   (for V = 1: sum + (M - 1) max, the (M + p - 1)-slot formula of GPipe and 1F1B on a uniform chain without
+   communication; for V chunks, M V + p - 1 slots, Megatron-LM's interleaved bubble). The transfer of the
+   bytes that cross a cut (both directions, at the slowest link) is counted two ways, each giving
+   candidates: added to the stage after the cut (it waits for it every micro-batch), or once in the sum (it
+   overlaps compute). A device's once-per-step compute (the optimizer) adds its largest to the step.
+   Memory of a stage: its parameters + (micro-batches in flight) * stash / M + its largest op's output and
+   temp / M, plus an allowance per device learned from the simulator; in flight: M (gpipe), p - r (1f1b at
+   position r), (2 (p - r - 1) + (V - 1) p + 1) / V per chunk (interleaved), at most M (M V).
+4. *Search.* For each bound B on max_k t_k (a geometric grid, 2% apart, from the largest item to the whole
+   work), a dynamic program over the cut points finds the split with the least sum_k t_k under B and memory
+   (O(K n^2) with early exits); the cost model ranks the splits.
+5. *Judge.* For each micro-batch count M (the setting, or each of `MICROBATCH_CHOICES`) the best split of
+   each way is simulated with the schedule (`devplace.sim.schedule`), then the next `CANDIDATES` - 1 of
+   each way for the M that did best; the fastest memory-feasible one wins (ties: smaller M, then the cost
+   model's rank). Devices over memory in the simulator get their allowance raised by the largest measured
+   excess, and the search runs again, up to `ROUNDS` times; nothing feasible: NoFitError.
+
+Settings: `schedule` ("gpipe", "1f1b", "interleaved-1f1b"), `microbatches` (None: choose), `chunks` (None: 1,
+or 2 for interleaved). `pipeline_plan()` returns the schedule chosen with the placement (a placer returns
+only devices).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from devplace.errors import DevplaceError
+from devplace.graph.compgraph import CompGraph
+from devplace.graph.ties import tie_classes
+from devplace.hardware.cluster import Cluster
+from devplace.placers.common import positive_int
+from devplace.placers.memory import no_fit_error
+from devplace.placers.registry import PlacerError, register
+from devplace.sim.schedule import FORWARD, KINDS, PER_STEP, Schedule, ScheduledResult, op_phases, simulate_schedule
+
+MICROBATCH_CHOICES = (1, 2, 4, 8, 16, 32)
+CANDIDATES = 2  # splits simulated per micro-batch count and way of counting transfers
+GRID_RATIO = 1.02  # spacing of the bounds on the slowest stage
+ROUNDS = 6  # rounds that learn memory allowances from the simulator
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """A pipeline placement: device per node, the schedule it was chosen for, its simulated result, and the
+    cut points (positions in the item sequence, one end per stage)."""
+
+    devices: np.ndarray
+    schedule: Schedule
+    result: ScheduledResult
+    cuts: tuple[int, ...]
+
+    @property
+    def step_time_s(self) -> float:
+        return self.result.step_time_s
+
+
+# --------------------------------------------------------------------------- items
+
+
+@dataclass(frozen=True)
+class _Items:
+    nodes: np.ndarray  # int64[n], the forward op carrying each item, in sequence order
+    owner: np.ndarray  # int64[V], the item whose device each node takes (-1: orphan class, placed later)
+    work: np.ndarray  # float64[n], compute of the class run per micro-batch (whole batch)
+    step_work: np.ndarray  # float64[n], compute of the class run once per step
+    params: np.ndarray  # float64[n]
+    stash: np.ndarray  # float64[n], forward output bytes (whole batch)
+    peak_op: np.ndarray  # float64[n], the largest output + temp of one op of the class (whole batch)
+    cross: np.ndarray  # float64[n + 1], bytes crossing a cut before item i, both directions (whole batch)
+
+
+def _items(graph: CompGraph, order: np.ndarray) -> _Items:
+    n_nodes = graph.num_nodes
+    phase = op_phases(graph)
+    fwd = phase == FORWARD
+    if not fwd.any():  # nothing is forward (e.g. a backward-only graph): every op is an item
+        fwd = np.ones(n_nodes, dtype=bool)
+    pos = np.empty(n_nodes, dtype=np.int64)
+    pos[np.asarray(order, dtype=np.int64)] = np.arange(n_nodes)
+    # Kahn over the forward ops, the ready op earliest in `order` first
+    indeg = np.zeros(n_nodes, dtype=np.int64)
+    for e in range(graph.num_edges):
+        if fwd[graph.edge_src[e]] and fwd[graph.edge_dst[e]]:
+            indeg[graph.edge_dst[e]] += 1
+    heap = [(int(pos[v]), v) for v in range(n_nodes) if fwd[v] and indeg[v] == 0]
+    heapq.heapify(heap)
+    seq: list[int] = []
+    while heap:
+        _, u = heapq.heappop(heap)
+        seq.append(u)
+        for w in graph.successors(u):
+            if fwd[w]:
+                indeg[w] -= 1
+                if indeg[w] == 0:
+                    heapq.heappush(heap, (int(pos[w]), w))
+    classes = tie_classes(graph)
+    class_item: dict[int, int] = {}
+    for i, v in enumerate(seq):
+        class_item[int(classes[v])] = i  # the last one: an input tied to its consumer goes with the consumer
+    owner = np.array([class_item.get(int(c), -1) for c in classes], dtype=np.int64)
+    n = len(seq)
+    has = owner >= 0
+    per_mb = has & (phase != PER_STEP)
+    work = np.bincount(owner[per_mb], weights=graph.compute_s[per_mb], minlength=n)
+    step = has & (phase == PER_STEP)
+    step_work = np.bincount(owner[step], weights=graph.compute_s[step], minlength=n)
+    params = np.bincount(owner[has], weights=graph.param_bytes[has], minlength=n)
+    stash = np.bincount(owner[has & fwd], weights=graph.output_bytes[has & fwd], minlength=n)
+    peak_op = np.zeros(n)
+    np.maximum.at(peak_op, owner[per_mb], (graph.output_bytes + graph.temp_bytes)[per_mb])
+    # cut i (before item i) is crossed by a tensor whose producer's item and a consumer's item lie on
+    # different sides: forward from the producer to its last consumer, backward to its first
+    ipos = np.where(has, owner, 0)
+    diff = np.zeros(n + 2)
+    first: dict[tuple[int, int], tuple[int, int, float]] = {}
+    for e in range(graph.num_edges):
+        u, v = int(graph.edge_src[e]), int(graph.edge_dst[e])
+        key = (u, int(graph.edge_tensor[e]))
+        lo, hi, b = first.get(key, (int(ipos[v]), int(ipos[v]), float(graph.edge_bytes[e])))
+        first[key] = (min(lo, int(ipos[v])), max(hi, int(ipos[v])), b)
+    for (u, _), (lo, hi, b) in first.items():
+        a = int(ipos[u])
+        if hi > a:
+            diff[a + 1] += b
+            diff[hi + 1] -= b
+        if lo < a:
+            diff[lo + 1] += b
+            diff[a + 1] -= b
+    cross = np.cumsum(diff)[: n + 1]
+    return _Items(np.asarray(seq, dtype=np.int64), owner, work, step_work, params, stash, peak_op, cross)
+
+
+# --------------------------------------------------------------------------- the dynamic program
+
+
+@njit(cache=True)
+def _split(bound, pre_work, pre_param, pre_stash, peak_op, cross, speed, cap, inflight, m, comm_Bps,
+           latency, waits):  # pragma: no cover - compiled
+    """Cut ends (one per stage) minimising sum of stage times with every stage time <= bound and every stage
+    within memory; per-micro-batch figures are whole-batch ones / m. A stage's time per micro-batch is its
+    compute plus, with `waits`, the transfer of what crosses its first cut (activations forward, gradients
+    back); without, that transfer only adds to the sum (it overlaps the other micro-batches' compute).
+    Returns the stage ends, or ends[0] = -1 when nothing fits."""
+    n = pre_work.shape[0] - 1
+    k_stages = speed.shape[0]
+    inf = np.inf
+    dp = np.full((k_stages + 1, n + 1), inf)
+    back = np.full((k_stages + 1, n + 1), -1, dtype=np.int64)
+    dp[0, 0] = 0.0
+    for k in range(k_stages):
+        for i in range(n + 1):
+            base = dp[k, i]
+            if base == inf:
+                continue
+            if base < dp[k + 1, i]:  # empty stage
+                dp[k + 1, i] = base
+                back[k + 1, i] = i
+            big = 0.0
+            comm = 0.0
+            if 0 < i < n:
+                comm = latency + cross[i] / m / comm_Bps
+            for j in range(i + 1, n + 1):
+                if peak_op[j - 1] > big:
+                    big = peak_op[j - 1]
+                t = (pre_work[j] - pre_work[i]) / m / speed[k] + (comm if waits else 0.0)
+                mem = (pre_param[j] - pre_param[i]) + inflight[k] * (pre_stash[j] - pre_stash[i]) / m + big / m
+                if t > bound or mem > cap[k]:
+                    break
+                c = base + t + (0.0 if waits else comm)
+                if c < dp[k + 1, j]:
+                    dp[k + 1, j] = c
+                    back[k + 1, j] = i
+    ends = np.full(k_stages, -1, dtype=np.int64)
+    if dp[k_stages, n] == inf:
+        return ends
+    j = n
+    for k in range(k_stages, 0, -1):
+        ends[k - 1] = j
+        j = back[k, j]
+    return ends
+
+
+def _inflight(schedule: Schedule, p: int) -> np.ndarray:
+    """Micro-batches whose stash a stage holds at once, per stage (stage k at position k mod p)."""
+    m, v = schedule.microbatches, int(schedule.chunks or 1)
+    out = np.empty(p * v)
+    for k in range(p * v):
+        r = k % p
+        if schedule.kind == "gpipe":
+            out[k] = m
+        elif schedule.kind == "1f1b":
+            out[k] = min(p - r, m)
+        else:
+            out[k] = math.ceil(min(2 * (p - r - 1) + (v - 1) * p + 1, m * v) / v)
+    return out
+
+
+class _Search:
+    def __init__(self, graph: CompGraph, cluster: Cluster, order: np.ndarray) -> None:
+        self.graph, self.cluster = graph, cluster
+        self.items = it = _items(graph, order)
+        self.pre_work = np.concatenate([[0.0], np.cumsum(it.work)])
+        self.pre_param = np.concatenate([[0.0], np.cumsum(it.params)])
+        self.pre_stash = np.concatenate([[0.0], np.cumsum(it.stash)])
+        self.pre_step = np.concatenate([[0.0], np.cumsum(it.step_work)])
+        bw = cluster.bandwidth[~np.eye(cluster.num_devices, dtype=bool)]
+        lat = cluster.latency[~np.eye(cluster.num_devices, dtype=bool)]
+        self.comm_Bps = float(bw.min()) if bw.size else math.inf
+        self.latency = float(lat.max()) if lat.size else 0.0
+
+    def splits(self, schedule: Schedule, allowance: np.ndarray, waits: bool) -> list[tuple[float, tuple[int, ...]]]:
+        """(model step time, cut ends) of the best distinct splits under each bound, best first (`waits`: see
+        `_split`)."""
+        p = self.cluster.num_devices
+        v = int(schedule.chunks or 1)
+        m = schedule.microbatches
+        dev = np.arange(p * v) % p
+        speed = self.cluster.speeds[dev].astype(np.float64)
+        cap = ((self.cluster.memory[dev] - allowance[dev]) / v).astype(np.float64)
+        inflight = _inflight(schedule, p)
+        total = float(self.pre_work[-1]) / m / float(speed.min())
+        lo = max(float(self.items.work.max(initial=0.0)) / m / float(speed.max()), total / (p * v))
+        found: dict[tuple[int, ...], float] = {}
+        bound = lo
+        while True:
+            ends = _split(bound, self.pre_work, self.pre_param, self.pre_stash, self.items.peak_op, self.items.cross,
+                          speed, cap, inflight, float(m), self.comm_Bps, self.latency, waits)
+            if ends[0] >= 0:
+                cuts = tuple(int(x) for x in ends)
+                found.setdefault(cuts, self.model_time(cuts, schedule, speed, waits))
+            if bound >= total or lo <= 0:
+                break
+            bound = min(bound * GRID_RATIO, total)
+        return sorted((t, c) for c, t in found.items())
+
+    def model_time(self, cuts: tuple[int, ...], schedule: Schedule, speed: np.ndarray, waits: bool) -> float:
+        """The cost model's step: sum_k t_k / V + M max_d load_d - max_k t_k, load_d = the time of device d's
+        stages per micro-batch (exact on a uniform chain for any V, where the bubble is (p - 1) t_k), plus the
+        largest once-per-step compute of a device (its optimizer runs after its last micro-batch)."""
+        m, v, p = schedule.microbatches, int(schedule.chunks or 1), self.cluster.num_devices
+        starts = (0, *cuts[:-1])
+        n = self.pre_work.shape[0] - 1
+        t = np.zeros(len(cuts))
+        comm = 0.0
+        for k, (i, j) in enumerate(zip(starts, cuts, strict=True)):
+            if j > i:
+                t[k] = (self.pre_work[j] - self.pre_work[i]) / m / speed[k]
+                if 0 < i < n:
+                    c = self.latency + float(self.items.cross[i]) / m / self.comm_Bps
+                    t[k] += c if waits else 0.0
+                    comm += 0.0 if waits else c
+        on = np.arange(len(cuts)) % p
+        load = np.bincount(on, weights=t, minlength=p)
+        ends, begins = np.asarray(cuts), np.asarray(starts)
+        step = np.bincount(on, weights=(self.pre_step[ends] - self.pre_step[begins]) / speed, minlength=p)
+        return float(t.sum() / v + comm + m * load.max() - t.max() + step.max())
+
+    def devices(self, cuts: tuple[int, ...]) -> np.ndarray:
+        """Device per node: items by stage (stage k on device k mod p), tie classes with their item, classes
+        without a forward op with their first placed predecessor, else successor, else the last stage."""
+        p = self.cluster.num_devices
+        g, it = self.graph, self.items
+        stage_of_item = np.searchsorted(np.asarray(cuts), np.arange(it.nodes.shape[0]), side="right")
+        dev = np.full(g.num_nodes, -1, dtype=np.int64)
+        has = it.owner >= 0
+        dev[has] = stage_of_item[it.owner[has]] % p
+        last = (len(cuts) - 1) % p
+        for v in g.topo_order:
+            if dev[v] < 0:
+                placed = [int(dev[u]) for u in g.predecessors(int(v)) if dev[u] >= 0]
+                dev[v] = placed[0] if placed else -1
+        for v in g.topo_order[::-1]:
+            if dev[v] < 0:
+                placed = [int(dev[w]) for w in g.successors(int(v)) if dev[w] >= 0]
+                dev[v] = placed[0] if placed else last
+        return dev
+
+
+class _Judge:
+    """Simulates each (schedule, split) once, keeps the best feasible one, and notes per schedule the largest
+    excess over memory per device in this round."""
+
+    def __init__(self, graph: CompGraph, cluster: Cluster, search: _Search) -> None:
+        self.graph, self.cluster, self.search = graph, cluster, search
+        self.simulated: dict[tuple[Schedule, tuple[int, ...]], ScheduledResult | None] = {}
+        self.excess: dict[Schedule, np.ndarray] = {}
+        self.best: tuple[float, int, int, PipelinePlan] | None = None
+
+    def consider(self, s: Schedule, cuts: tuple[int, ...], rank: int) -> None:
+        if (s, cuts) not in self.simulated:
+            try:
+                r = simulate_schedule(self.graph, self.cluster, self.search.devices(cuts), s)
+            except DevplaceError:  # a class forced across the stage order: not a pipeline, skip it
+                r = None
+            self.simulated[s, cuts] = r
+            if r is not None and not r.feasible:
+                for d, b in r.oom.items():
+                    self.excess[s][d] = max(self.excess[s][d], b)
+        r = self.simulated[s, cuts]
+        if r is not None and r.feasible:
+            key = (r.step_time_s, s.microbatches, rank)
+            if self.best is None or key < self.best[:3]:
+                self.best = (*key, PipelinePlan(r.device, s, r, cuts))
+
+
+def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, schedule: str = "1f1b",
+                  microbatches: int | None = None, chunks: int | None = None) -> PipelinePlan:
+    """The best pipeline placement of `graph` found by the search of the module docstring, with its schedule.
+
+    `order` is the traversal as node indices. Raises NoFitError when no split fits memory under the
+    schedule, PlacerError (a DevplaceError) for invalid settings."""
+    if schedule not in KINDS:
+        raise PlacerError(f"placer 'pipeline': setting 'schedule' must be one of {', '.join(KINDS)}, got {schedule!r}")
+    counts = (MICROBATCH_CHOICES if microbatches is None
+              else (positive_int(microbatches, "microbatches", "pipeline"),))
+    if chunks is not None:
+        chunks = positive_int(chunks, "chunks", "pipeline")
+    p = cluster.num_devices
+    schedules = []
+    for m in counts:
+        s = Schedule(schedule, m, chunks)
+        if s.kind != "interleaved-1f1b" or m % p == 0:
+            schedules.append(s)
+    if not schedules:
+        raise PlacerError(f"placer 'pipeline': interleaved-1f1b needs microbatches to be a multiple of the "
+                          f"{p} devices, got {microbatches}")
+    search = _Search(graph, cluster, order)
+    judge = _Judge(graph, cluster, search)
+    allowance = {s: np.zeros(p) for s in schedules}
+    for _ in range(ROUNDS):
+        judge.excess = {s: np.zeros(p) for s in schedules}
+        # each way's leading split for every M, then the others for the M that did best
+        found = {s: [search.splits(s, allowance[s], waits)[:CANDIDATES] for waits in (False, True)]
+                 for s in schedules}
+        for s in schedules:
+            for way in found[s]:
+                if way:
+                    judge.consider(s, way[0][1], 0)
+        if judge.best is not None:
+            s_best = judge.best[3].schedule
+            for way in found[s_best]:
+                for rank, (_, cuts) in enumerate(way[1:], start=1):
+                    judge.consider(s_best, cuts, rank)
+        if not any(e.any() for e in judge.excess.values()):
+            break
+        for s in schedules:
+            allowance[s] += judge.excess[s]
+    best = judge.best
+    if best is None:
+        raise no_fit_error(graph, cluster, "pipeline", f"no split of the order into {schedule} pipeline stages "
+                           "fits memory under the schedule")
+    return best[3]
+
+
+@register("pipeline", uses_order=True)
+def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, schedule: str = "1f1b",
+             microbatches: int | None = None, chunks: int | None = None) -> np.ndarray:
+    """Pipeline stages: cut the traversal order into contiguous stages (one per device, or `chunks` per device
+    for interleaved-1f1b) minimising the simulated pipelined step under memory, choosing the micro-batch count.
+
+    Uses the traversal order. Settings: `schedule` (gpipe, 1f1b, interleaved-1f1b), `microbatches` (None:
+    the best of 1-32 by simulation), `chunks` (None: 1, or 2 for interleaved). Dynamic programming over cut
+    points with a pipeline cost model; the scheduled simulator judges the best splits (see the module
+    docstring). The chosen schedule comes with `pipeline_plan()`.
+    """
+    return pipeline_plan(graph, cluster, order, schedule=schedule, microbatches=microbatches, chunks=chunks).devices

@@ -1,0 +1,344 @@
+"""Pipelined training steps: a micro-batch `Schedule` (GPipe, 1F1B, interleaved 1F1B) and its simulation.
+
+`simulate_schedule(graph, cluster, devices, schedule)` unrolls the captured step into the step the schedule
+runs and simulates that with the reference model (DESIGN.md section 4), so every rule of that model (one op
+at a time per device, FIFO channels, memory intervals) holds unchanged. docs/simulation.md, section
+"Pipeline schedules", states the rules; in short:
+
+- forward ops (kind "forward" or no kind) and backward ops (kind "backward") run once per micro-batch;
+  every other op (the optimizer, ...) once per step, after its device has finished all its micro-batches;
+- a forward op's *stage* is (its device, its chunk): the chunk grows by one where data flows from a device
+  to one of lower index (the wrap-around of an interleaved pipeline); a backward op is in the stage of the
+  forward op it is tied to (`devplace.graph.ties`);
+- each device runs its stages' actions (forward or backward of one stage for one micro-batch) strictly in
+  the schedule's order; the ops inside one action follow the reference model's rule 5.
+
+The micro-batch graph: by default the graph is the step of the whole batch and forward/backward ops' compute,
+output, temp and the bytes between them are divided by M (an approximation: not every op's cost is linear in
+the batch); with `microbatch_graph=True` the caller passes the graph captured at batch/M and nothing is
+scaled (exact).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from devplace.errors import DevplaceError, GraphError
+from devplace.graph.compgraph import CompGraph
+from devplace.graph.ties import tie_classes
+from devplace.hardware.cluster import Cluster
+from devplace.sim.devplace_model import DevplaceModel
+from devplace.sim.result import SimResult, Transfers
+
+KINDS = ("gpipe", "1f1b", "interleaved-1f1b")
+FORWARD, BACKWARD, PER_STEP = 0, 1, 2  # an op's phase
+BARRIER = "barrier"  # op name of the zero-cost nodes that sequence a device's actions
+# the output index of a barrier's in-edges: a 0-byte tensor of its own, so that it never meets a real one
+BARRIER_TENSOR = 2**62
+
+
+class ScheduleError(DevplaceError):
+    """An invalid schedule, or a placement that the schedule cannot run as a pipeline."""
+
+
+def _int_at_least(value: object, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ScheduleError(f"Schedule: {name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A micro-batch pipeline schedule: `kind` ("gpipe", "1f1b" or "interleaved-1f1b"), `microbatches` M,
+    `chunks` V (model chunks per device; 1 except for interleaved-1f1b, where it defaults to 2), and
+    `microbatch_graph` (True: the graph given to the simulator was captured at batch/M, so nothing is scaled;
+    False: it is the whole batch's step and forward/backward ops are scaled by 1/M)."""
+
+    kind: str = "1f1b"
+    microbatches: int = 1
+    chunks: int | None = None
+    microbatch_graph: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ScheduleError(f"unknown schedule kind {self.kind!r}; choose one of: {', '.join(KINDS)}")
+        object.__setattr__(self, "microbatches", _int_at_least(self.microbatches, "microbatches", 1))
+        interleaved = self.kind == "interleaved-1f1b"
+        chunks = (2 if interleaved else 1) if self.chunks is None else _int_at_least(self.chunks, "chunks", 1)
+        if interleaved and chunks < 2:
+            raise ScheduleError(f"Schedule: interleaved-1f1b needs chunks >= 2 (model chunks per device), got "
+                                f"{chunks}; with one chunk per device use kind='1f1b'")
+        if not interleaved and chunks != 1:
+            raise ScheduleError(f"Schedule: {self.kind} runs one model chunk per device, got chunks={chunks}; "
+                                "use kind='interleaved-1f1b' for several")
+        object.__setattr__(self, "chunks", chunks)
+        if not isinstance(self.microbatch_graph, bool):
+            raise ScheduleError(f"Schedule: microbatch_graph must be True or False, got {self.microbatch_graph!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"kind": self.kind, "microbatches": self.microbatches, "chunks": self.chunks,
+                "microbatch_graph": self.microbatch_graph}
+
+
+# --------------------------------------------------------------------------- stages of a placement
+
+
+@dataclass(frozen=True)
+class Stages:
+    """How a placement runs as a pipeline: per node its phase (FORWARD, BACKWARD, PER_STEP) and stage
+    (chunk * p + position of its device, -1 for per-step ops); `pipeline_devices` the devices that hold
+    micro-batch ops, in index order (position r = index in this tuple)."""
+
+    phase: np.ndarray  # int64[V]
+    stage: np.ndarray  # int64[V]
+    pipeline_devices: tuple[int, ...]
+    chunks: int
+
+
+def op_phases(graph: CompGraph) -> np.ndarray:
+    """FORWARD for kind "forward" or "", BACKWARD for "backward", PER_STEP for any other kind."""
+    kinds = graph.kind
+    return np.fromiter((FORWARD if k in ("", "forward") else BACKWARD if k == "backward" else PER_STEP
+                        for k in kinds), dtype=np.int64, count=graph.num_nodes)
+
+
+def pipeline_stages(graph: CompGraph, devices: np.ndarray, chunks: int) -> Stages:
+    """The stage of every op under `devices` (see the module docstring), or a ScheduleError when the
+    placement is not a pipeline with at most `chunks` chunks per device."""
+    phase = op_phases(graph)
+    n = graph.num_nodes
+    for e in range(graph.num_edges):
+        u, v = int(graph.edge_src[e]), int(graph.edge_dst[e])
+        if phase[u] == PER_STEP and phase[v] != PER_STEP:
+            raise ScheduleError(f"op {graph.ids[u]!r} (kind {graph.kind[u]!r}) runs once per step but feeds "
+                                f"{graph.ids[v]!r}, which runs once per micro-batch; only forward and backward "
+                                "ops may feed micro-batch ops (set their kind)")
+    used = sorted({int(devices[v]) for v in range(n) if phase[v] != PER_STEP})
+    pos = {d: r for r, d in enumerate(used)}
+    chunk = np.full(n, -1, dtype=np.int64)
+    classes = tie_classes(graph)
+    class_chunk: dict[int, int] = {}
+    order = graph.topo_order
+    for v in order:  # forward ops: the chunk grows where data goes back to a lower device
+        if phase[v] != FORWARD:
+            continue
+        c = 0
+        for e in graph.in_edges(int(v)):
+            u = int(graph.edge_src[e])
+            if phase[u] == FORWARD:
+                wrap = pos[int(devices[u])] > pos[int(devices[v])]
+                c = max(c, int(chunk[u]) + int(wrap))
+        if c >= chunks:
+            what = ("a pipeline sends activations from lower to higher device indices only" if chunks == 1
+                    else f"the pipeline wraps around the devices more than chunks={chunks} times")
+            raise ScheduleError(f"forward op {graph.ids[int(v)]!r} on device {int(devices[v])} would be in chunk {c}"
+                                f": {what}; place the forward ops in stages along the device indices")
+        chunk[v] = c
+        # the largest: an input tied to its consumer (labels to the loss) is a source, in chunk 0
+        class_chunk[int(classes[v])] = max(c, class_chunk.get(int(classes[v]), 0))
+    for v in order:  # backward ops: their forward op's chunk; else the first micro-batch predecessor's on the
+        if phase[v] != BACKWARD:  # device; else the last chunk (where the loss is)
+            continue
+        c = class_chunk.get(int(classes[v]), -1)
+        if c < 0:
+            for e in graph.in_edges(int(v)):
+                u = int(graph.edge_src[e])
+                if chunk[u] >= 0 and devices[u] == devices[v]:
+                    c = int(chunk[u])
+                    break
+        chunk[v] = c if c >= 0 else chunks - 1
+    p = len(used)
+    stage = np.full(n, -1, dtype=np.int64)
+    for v in range(n):
+        if phase[v] != PER_STEP:
+            stage[v] = int(chunk[v]) * p + pos[int(devices[v])]
+    return Stages(phase=phase, stage=stage, pipeline_devices=tuple(used), chunks=chunks)
+
+
+# --------------------------------------------------------------------------- the schedules' action lists
+
+
+def actions(schedule: Schedule, p: int, r: int) -> list[tuple[int, int, int]]:
+    """The actions of pipeline position r of p, in the order it runs them: (phase, chunk, micro-batch)."""
+    m, v = schedule.microbatches, int(schedule.chunks or 1)
+    if schedule.kind == "gpipe":
+        return [(FORWARD, 0, k) for k in range(m)] + [(BACKWARD, 0, k) for k in range(m)]
+    if schedule.kind == "1f1b":
+        fwd = [(FORWARD, 0, k) for k in range(m)]
+        bwd = [(BACKWARD, 0, k) for k in range(m)]
+        warmup = min(p - r - 1, m)
+    else:  # Megatron-LM's interleaved order: micro-batches in groups of p, chunk by chunk
+        if m % p:
+            raise ScheduleError(f"interleaved-1f1b needs the number of micro-batches to be a multiple of the "
+                                f"pipeline's {p} devices, got microbatches={m}; use a multiple of {p}")
+        fwd = [(FORWARD, (k // p) % v, (k // (p * v)) * p + k % p) for k in range(m * v)]
+        bwd = [(BACKWARD, v - 1 - (k // p) % v, (k // (p * v)) * p + k % p) for k in range(m * v)]
+        warmup = min((p - r - 1) * 2 + (v - 1) * p, m * v)
+    seq = fwd[:warmup]
+    for i in range(len(fwd) - warmup):
+        seq += [fwd[warmup + i], bwd[i]]
+    return seq + bwd[len(fwd) - warmup:]
+
+
+# --------------------------------------------------------------------------- unrolling
+
+
+@dataclass(frozen=True)
+class Unrolled:
+    """The step a schedule runs, as a graph: `source[i]` the original node of unrolled node i (-1 for a
+    barrier), `microbatch[i]` its micro-batch (-1 for per-step ops and barriers), `devices` its placement."""
+
+    graph: CompGraph
+    source: np.ndarray
+    microbatch: np.ndarray
+    devices: np.ndarray
+
+
+def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: Stages) -> Unrolled:
+    """The unrolled step (docs/simulation.md, "Pipeline schedules", gives the construction and its order)."""
+    m = schedule.microbatches
+    scale = 1.0 if schedule.microbatch_graph else 1.0 / m
+    phase = stages.phase
+    per_mb = [v for v in range(graph.num_nodes) if phase[v] != PER_STEP]
+    per_step = [v for v in range(graph.num_nodes) if phase[v] == PER_STEP]
+    nodes: list[dict[str, Any]] = []
+    source: list[int] = []
+    micro: list[int] = []
+    dev: list[int] = []
+    name: dict[tuple[int, int], str] = {}
+
+    def add(rec: dict[str, Any], v: int, k: int, d: int) -> None:
+        nodes.append(rec)
+        source.append(v)
+        micro.append(k)
+        dev.append(d)
+
+    for k in range(m):
+        for v in per_mb:
+            nid = f"{v}@{k}"
+            name[v, k] = nid
+            add({"id": nid, "op": graph.op[v], "kind": graph.kind[v],
+                 "compute_s": float(graph.compute_s[v]) * scale, "output_bytes": float(graph.output_bytes[v]) * scale,
+                 "temp_bytes": float(graph.temp_bytes[v]) * scale,
+                 "param_bytes": float(graph.param_bytes[v]) if k == 0 else 0.0}, v, k, int(devices[v]))
+    for v in per_step:
+        name[v, -1] = f"{v}"
+        add({"id": f"{v}", "op": graph.op[v], "kind": graph.kind[v], "compute_s": float(graph.compute_s[v]),
+             "output_bytes": float(graph.output_bytes[v]), "temp_bytes": float(graph.temp_bytes[v]),
+             "param_bytes": float(graph.param_bytes[v])}, v, -1, int(devices[v]))
+    edges: list[dict[str, Any]] = []
+    for e in range(graph.num_edges):
+        u, v = int(graph.edge_src[e]), int(graph.edge_dst[e])
+        b, t = float(graph.edge_bytes[e]), int(graph.edge_tensor[e])
+        mu, mv = phase[u] != PER_STEP, phase[v] != PER_STEP
+        if mu and mv:
+            edges += [{"src": name[u, k], "dst": name[v, k], "bytes": b * scale, "tensor": t} for k in range(m)]
+        elif mu:  # the accumulated result of the last micro-batch (a gradient), at full size
+            edges.append({"src": name[u, m - 1], "dst": name[v, -1], "bytes": b, "tensor": t})
+        else:  # both per-step (pipeline_stages rejects per-step -> micro-batch edges)
+            edges.append({"src": name[u, -1], "dst": name[v, -1], "bytes": b, "tensor": t})
+    _add_barriers(graph, devices, schedule, stages, name, nodes, edges, add)
+    try:
+        g = CompGraph.build(f"{graph.name}-{schedule.kind}-m{m}", nodes, edges)
+    except GraphError as exc:  # a cycle: the action order waits for something that comes later
+        raise ScheduleError(f"the {schedule.kind} schedule deadlocks on this placement (the order of a device's "
+                            f"actions contradicts the data flow: {exc}); place the ops as a pipeline, stage by "
+                            "stage along the device indices") from None
+    return Unrolled(g, np.asarray(source, dtype=np.int64), np.asarray(micro, dtype=np.int64),
+                    np.asarray(dev, dtype=np.int64))
+
+
+def _add_barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: Stages,
+                  name: dict[tuple[int, int], str], nodes: list[dict[str, Any]], edges: list[dict[str, Any]],
+                  add: Any) -> None:
+    """Per device, a zero-cost barrier after each non-empty action: it waits for the action's sinks, and the
+    next action's sources (or, after the last action, the device's per-step ops) wait for it."""
+    p = len(stages.pipeline_devices)
+    members: dict[tuple[int, int, int], list[int]] = {}  # (device, phase, stage) -> nodes, insertion order
+    for v in range(graph.num_nodes):
+        if stages.phase[v] != PER_STEP:
+            members.setdefault((int(devices[v]), int(stages.phase[v]), int(stages.stage[v])), []).append(v)
+    key = [(int(devices[v]), int(stages.phase[v]), int(stages.stage[v])) for v in range(graph.num_nodes)]
+    has_pred = np.zeros(graph.num_nodes, dtype=bool)  # an in-edge from the same action
+    has_succ = np.zeros(graph.num_nodes, dtype=bool)
+    for e in range(graph.num_edges):
+        u, v = int(graph.edge_src[e]), int(graph.edge_dst[e])
+        if stages.phase[u] != PER_STEP and key[u] == key[v]:
+            has_pred[v] = has_succ[u] = True
+    step_ops: dict[int, list[int]] = {}
+    for v in range(graph.num_nodes):
+        if stages.phase[v] == PER_STEP:
+            step_ops.setdefault(int(devices[v]), []).append(v)
+    for r, d in enumerate(stages.pipeline_devices):
+        prev: list[str] = []
+        for j, (ph, c, k) in enumerate(actions(schedule, p, r)):
+            ops = members.get((d, ph, c * p + r), [])
+            if not ops:
+                continue
+            if prev:
+                bar = f"#{d}.{j}"
+                add({"id": bar, "op": BARRIER}, -1, -1, d)
+                edges += [{"src": s, "dst": bar, "bytes": 0.0, "tensor": BARRIER_TENSOR} for s in prev]
+                edges += [{"src": bar, "dst": name[v, k], "bytes": 0.0, "tensor": 0} for v in ops if not has_pred[v]]
+            prev = [name[v, k] for v in ops if not has_succ[v]]
+        if prev and step_ops.get(d):
+            bar = f"#{d}.end"
+            add({"id": bar, "op": BARRIER}, -1, -1, d)
+            edges += [{"src": s, "dst": bar, "bytes": 0.0, "tensor": BARRIER_TENSOR} for s in prev]
+            edges += [{"src": bar, "dst": name[v, -1], "bytes": 0.0, "tensor": 0} for v in step_ops[d]]
+
+
+# --------------------------------------------------------------------------- simulation
+
+
+@dataclass(frozen=True, eq=False)
+class ScheduledResult(SimResult):
+    """A SimResult of a pipelined step. Per node of the original graph, `start_s` is its first run's start
+    and `finish_s` its last run's finish; `microbatch_start_s`/`microbatch_finish_s` (M x V) give every
+    micro-batch's run (a per-step op's single run in every row); `stage` is each op's pipeline stage (-1 for
+    per-step ops); `transfer_microbatch` the micro-batch of each transfer (-1: per-step)."""
+
+    schedule: Schedule
+    stage: np.ndarray  # int64[V]
+    microbatch_start_s: np.ndarray  # float64[M, V]
+    microbatch_finish_s: np.ndarray  # float64[M, V]
+    transfer_microbatch: np.ndarray  # int64, one per transfer
+
+    def to_dict(self, ids: tuple[str, ...] | None = None, per_op: bool = False) -> dict[str, Any]:
+        """SimResult.to_dict plus the schedule and the number of stages."""
+        doc = super().to_dict(ids, per_op)
+        doc["schedule"] = self.schedule.to_dict()
+        doc["num_stages"] = int(self.stage.max()) + 1 if self.stage.size else 0
+        return doc
+
+
+def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, schedule: Schedule) -> ScheduledResult:
+    """Simulate one pipelined step of `graph` under `devices` (validated device index per node)."""
+    devices = np.asarray(devices, dtype=np.int64)
+    stages = pipeline_stages(graph, devices, int(schedule.chunks or 1))
+    u = unroll(graph, devices, schedule, stages)
+    r = DevplaceModel(u.graph, cluster).run(u.devices)
+    n, m = graph.num_nodes, schedule.microbatches
+    mb_start = np.zeros((m, n))
+    mb_finish = np.zeros((m, n))
+    real = u.source >= 0
+    rows = np.where(u.microbatch[real] >= 0, u.microbatch[real], 0)
+    mb_start[rows, u.source[real]] = r.start_s[real]
+    mb_finish[rows, u.source[real]] = r.finish_s[real]
+    step = u.microbatch[real] < 0
+    mb_start[:, u.source[real][step]] = r.start_s[real][step]
+    mb_finish[:, u.source[real][step]] = r.finish_s[real][step]
+    t = r.transfers
+    transfers = Transfers(node=u.source[t.node], tensor=t.tensor, src_dev=t.src_dev, dst_dev=t.dst_dev,
+                          nbytes=t.nbytes, start_s=t.start_s, finish_s=t.finish_s)
+    return ScheduledResult(
+        model=r.model, step_time_s=r.step_time_s, device=devices,
+        start_s=mb_start.min(axis=0), finish_s=mb_finish.max(axis=0),
+        peak_memory_bytes=r.peak_memory_bytes, memory_bytes=r.memory_bytes, device_busy_s=r.device_busy_s,
+        comm_bytes=r.comm_bytes, transfers=transfers, schedule=schedule, stage=stages.stage,
+        microbatch_start_s=mb_start, microbatch_finish_s=mb_finish, transfer_microbatch=u.microbatch[t.node])

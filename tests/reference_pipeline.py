@@ -1,0 +1,176 @@
+"""A plain-Python implementation of docs/simulation.md, "Pipeline schedules", written from that text to
+check `devplace.sim.schedule` against: it builds the unrolled step as JSON-shaped lists and runs it through
+the step model's own reference (reference_sim.py), so neither devplace's arrays nor its simulator are used.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from reference_sim import RefResult, reference_simulate
+
+
+class RefScheduleError(Exception):
+    """The placement is not a pipeline for the schedule (the real code raises ScheduleError)."""
+
+
+def _topo(ids: list[str], edges: list[dict]) -> list[str]:
+    succ: dict[str, list[str]] = {i: [] for i in ids}
+    indeg = {i: 0 for i in ids}
+    for e in edges:
+        if e["dst"] not in succ[e["src"]]:
+            succ[e["src"]].append(e["dst"])
+            indeg[e["dst"]] += 1
+    queue = deque(i for i in ids if indeg[i] == 0)
+    out = []
+    while queue:
+        u = queue.popleft()
+        out.append(u)
+        for w in succ[u]:
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                queue.append(w)
+    return out
+
+
+def _ties(nodes: list[dict], edges: list[dict]) -> dict[str, str]:
+    """Class label per node: a non-forward op with a forward op as its group joins it; an input joins its first
+    consumer (the rules of devplace.graph.ties for a graph without tie labels)."""
+    byid = {n["id"]: n for n in nodes}
+    parent = {n["id"]: n["id"] for n in nodes}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for n in nodes:
+        kind, group = n.get("kind", ""), n.get("group", "")
+        if kind and kind != "forward" and group in byid and group != n["id"] and byid[group].get("kind") == "forward":
+            parent[find(n["id"])] = find(group)
+        if n.get("op") == "input":
+            first = next((e["dst"] for e in edges if e["src"] == n["id"]), None)
+            if first is not None:
+                parent[find(n["id"])] = find(first)
+    return {i: find(i) for i in parent}
+
+
+def schedule_actions(kind: str, m: int, v: int, p: int, r: int) -> list[tuple[str, int, int]]:
+    """(phase "F"/"B", chunk, micro-batch) in the order position r of p runs them."""
+    if kind == "gpipe":
+        return [("F", 0, k) for k in range(m)] + [("B", 0, k) for k in range(m)]
+    if kind == "1f1b":
+        f = [("F", 0, k) for k in range(m)]
+        b = [("B", 0, k) for k in range(m)]
+        w = min(p - r - 1, m)
+    else:
+        if m % p != 0:
+            raise RefScheduleError("M not a multiple of p")
+        f, b = [], []
+        for j in range(m * v):
+            mb = (j // (p * v)) * p + j % p
+            f.append(("F", (j // p) % v, mb))
+            b.append(("B", v - 1 - (j // p) % v, mb))
+        w = min(2 * (p - r - 1) + (v - 1) * p, m * v)
+    seq = list(f[:w])
+    rest_f, rest_b = f[w:], list(b)
+    while rest_f:
+        seq.append(rest_f.pop(0))
+        seq.append(rest_b.pop(0))
+    return seq + rest_b
+
+
+def reference_schedule(nodes: list[dict], edges: list[dict], speeds: list[float],
+                       link: dict[tuple[int, int], tuple[float, float]], placement: dict[str, int], kind: str,
+                       m: int, v: int, microbatch_graph: bool = False) -> tuple[RefResult, list[dict], dict[str, int]]:
+    """The pipelined step: (the step model's reference result on the unrolled graph, its nodes, stage per op)."""
+    ids = [n["id"] for n in nodes]
+    byid = {n["id"]: n for n in nodes}
+    phase = {i: ("F" if byid[i].get("kind", "") in ("", "forward") else "B" if byid[i]["kind"] == "backward"
+                 else "S") for i in ids}
+    for e in edges:
+        if phase[e["src"]] == "S" and phase[e["dst"]] != "S":
+            raise RefScheduleError("per-step op feeds a micro-batch op")
+    pipe = sorted({placement[i] for i in ids if phase[i] != "S"})
+    p = len(pipe)
+    position = {d: pipe.index(d) for d in pipe}
+    topo = _topo(ids, edges)
+    chunk: dict[str, int] = {}
+    for i in topo:
+        if phase[i] != "F":
+            continue
+        c = 0
+        for e in edges:
+            if e["dst"] == i and phase[e["src"]] == "F":
+                c = max(c, chunk[e["src"]] + (1 if position[placement[e["src"]]] > position[placement[i]] else 0))
+        if c >= v:
+            raise RefScheduleError("too many chunks")
+        chunk[i] = c
+    tie = _ties(nodes, edges)
+    for i in topo:
+        if phase[i] != "B":
+            continue
+        fwd = [chunk[j] for j in ids if phase[j] == "F" and tie[j] == tie[i]]
+        if fwd:
+            chunk[i] = max(fwd)
+            continue
+        chunk[i] = v - 1
+        for e in edges:
+            if e["dst"] == i and e["src"] in chunk and placement[e["src"]] == placement[i]:
+                chunk[i] = chunk[e["src"]]
+                break
+    stage = {i: chunk[i] * p + position[placement[i]] for i in ids if phase[i] != "S"}
+
+    f = 1.0 if microbatch_graph else 1.0 / m
+    un_nodes: list[dict] = []
+    place: dict[str, int] = {}
+    for k in range(m):
+        for n in nodes:
+            if phase[n["id"]] != "S":
+                un_nodes.append({"id": f"{n['id']}|{k}", "compute_s": n.get("compute_s", 0.0) * f,
+                                 "output_bytes": n.get("output_bytes", 0.0) * f,
+                                 "temp_bytes": n.get("temp_bytes", 0.0) * f,
+                                 "param_bytes": n.get("param_bytes", 0.0) if k == 0 else 0.0})
+                place[f"{n['id']}|{k}"] = placement[n["id"]]
+    for n in nodes:
+        if phase[n["id"]] == "S":
+            un_nodes.append({"id": f"{n['id']}|step", **{x: n.get(x, 0.0) for x in
+                                                          ("compute_s", "output_bytes", "temp_bytes", "param_bytes")}})
+            place[f"{n['id']}|step"] = placement[n["id"]]
+    un_edges: list[dict] = []
+    for e in edges:
+        s, d, t = e["src"], e["dst"], e.get("tensor", 0)
+        if phase[s] != "S" and phase[d] != "S":
+            for k in range(m):
+                un_edges.append({"src": f"{s}|{k}", "dst": f"{d}|{k}", "bytes": e.get("bytes", 0) * f, "tensor": t})
+        elif phase[s] != "S":
+            un_edges.append({"src": f"{s}|{m - 1}", "dst": f"{d}|step", "bytes": e.get("bytes", 0), "tensor": t})
+        else:
+            un_edges.append({"src": f"{s}|step", "dst": f"{d}|step", "bytes": e.get("bytes", 0), "tensor": t})
+    for r, dev in enumerate(pipe):
+        last: list[str] | None = None
+        count = 0
+        for ph, c, k in schedule_actions(kind, m, v, p, r):
+            ops = [i for i in ids if phase[i] == ph and placement[i] == dev and stage[i] == c * p + r]
+            if not ops:
+                continue
+            inner = [e for e in edges if e["src"] in ops and e["dst"] in ops]
+            if last is not None:
+                count += 1
+                bar = f"barrier {dev} {count}"
+                un_nodes.append({"id": bar})
+                place[bar] = dev
+                un_edges += [{"src": x, "dst": bar, "bytes": 0, "tensor": 10**9} for x in last]
+                un_edges += [{"src": bar, "dst": f"{i}|{k}", "bytes": 0} for i in ops
+                             if not any(e["dst"] == i for e in inner)]
+            last = [f"{i}|{k}" for i in ops if not any(e["src"] == i for e in inner)]
+        per_step = [i for i in ids if phase[i] == "S" and placement[i] == dev]
+        if last and per_step:
+            bar = f"barrier {dev} end"
+            un_nodes.append({"id": bar})
+            place[bar] = dev
+            un_edges += [{"src": x, "dst": bar, "bytes": 0, "tensor": 10**9} for x in last]
+            un_edges += [{"src": bar, "dst": f"{i}|step", "bytes": 0} for i in per_step]
+    if len(_topo([n["id"] for n in un_nodes], un_edges)) < len(un_nodes):
+        raise RefScheduleError("deadlock")
+    return reference_simulate(un_nodes, un_edges, speeds, link, place), un_nodes, stage

@@ -1,0 +1,135 @@
+"""The `pipeline` placer: balanced stages on chains, memory under the schedule, the choice of M, settings,
+and orders that are not topological."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import cluster
+from devplace.graph import CompGraph
+from devplace.orders import traversal_indices
+from devplace.placers import NoFitError, PlacerError, place
+from devplace.placers.pipeline import MICROBATCH_CHOICES, pipeline_plan
+from devplace.sim import Schedule, simulate
+
+
+def layers(costs: list[float], act: float = 10.0, params: float = 1.0) -> CompGraph:
+    """A chain of layers l0..l{n-1} (forward cost c, backward 2c, tied), the stash of each consumed by its
+    backward op."""
+    n = len(costs)
+    nodes = [{"id": f"l{i}", "kind": "forward", "compute_s": c, "output_bytes": act, "param_bytes": params}
+             for i, c in enumerate(costs)]
+    nodes += [{"id": f"g{i}", "kind": "backward", "group": f"l{i}", "compute_s": 2 * c}
+              for i, c in reversed(list(enumerate(costs)))]
+    edges = [{"src": f"l{i}", "dst": f"l{i + 1}", "bytes": act} for i in range(n - 1)]
+    edges += [{"src": f"l{n - 1}", "dst": f"g{n - 1}", "bytes": act}]
+    edges += [{"src": f"g{i + 1}", "dst": f"g{i}", "bytes": 1.0} for i in range(n - 1)]
+    edges += [{"src": f"l{i}", "dst": f"g{i}", "bytes": act} for i in range(n - 1)]
+    return CompGraph.build("layers", nodes, edges)
+
+
+def plan(g, c, order="topo", **kw):
+    return pipeline_plan(g, c, traversal_indices(g, order, 0, cluster=c), **kw)
+
+
+def test_uniform_chain_gets_equal_stages_and_the_bubble_formula():
+    g, c = layers([1.0] * 8), cluster(4, bw=1e12)
+    pl = plan(g, c, microbatches=8)
+    fwd = [pl.devices[g.index[f"l{i}"]] for i in range(8)]
+    assert fwd == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(pl.devices[g.index[f"g{i}"]] == fwd[i] for i in range(8))  # backward with its forward op
+    per_mb = 2 * 3.0 / 8  # two layers of forward 1 + backward 2, over 8 micro-batches
+    assert pl.step_time_s == pytest.approx((8 + 4 - 1) * per_mb)
+    assert pl.schedule == Schedule("1f1b", 8)
+
+
+def test_an_input_tied_to_the_loss_goes_to_the_last_stage():
+    # labels are an input whose first consumer is the loss: its tie class must follow the loss, not the
+    # position of the input (a source, first in any topological order)
+    base = layers([1.0] * 8)
+    nodes = [{"id": "labels", "op": "input", "kind": "forward", "output_bytes": 1.0}] + \
+        [base.node_record(v) for v in range(base.num_nodes)]
+    edges = [{"src": "labels", "dst": "l7", "bytes": 1.0}] + [base.edge_record(e) for e in range(base.num_edges)]
+    g, c = CompGraph.build("labelled", nodes, edges), cluster(4, bw=1e12)
+    pl = plan(g, c, microbatches=8)
+    assert pl.devices[g.index["labels"]] == pl.devices[g.index["l7"]] == 3
+    assert pl.step_time_s == pytest.approx((8 + 4 - 1) * 2 * 3.0 / 8)
+
+
+def test_uneven_chain_beats_the_equal_layer_split():
+    costs = [1.0] * 7 + [5.0]  # a heavy head, as a language model's
+    g, c = layers(costs), cluster(4, bw=1e12)
+    pl = plan(g, c, microbatches=8)
+    equal = np.array([i // 2 for i in range(8)] + [i // 2 for i in reversed(range(8))])
+    even = simulate(g, c, equal, schedule=Schedule("1f1b", 8))
+    assert pl.step_time_s < even.step_time_s
+    assert pl.devices[g.index["l7"]] == 3 and sum(pl.devices[g.index[f"l{i}"]] == 3 for i in range(8)) == 1
+
+
+def test_memory_in_flight_decides_the_cut_and_the_result_fits():
+    # 1F1B holds p - r micro-batches at position r: the first device gets fewer layers when memory is tight
+    g = layers([1.0] * 8, act=80.0, params=0.0)
+    c = cluster(2, bw=1e12, mem=140.0)
+    pl = plan(g, c, microbatches=4)
+    assert pl.result.feasible
+    r = simulate(g, c, pl.devices, schedule=pl.schedule)
+    assert r.feasible and r.step_time_s == pl.step_time_s
+    first = sum(pl.devices[g.index[f"l{i}"]] == 0 for i in range(8))
+    assert first < 4
+
+
+def test_nothing_fits_raises_no_fit_error():
+    g = layers([1.0] * 4, act=100.0, params=10.0)
+    with pytest.raises(NoFitError, match="pipeline"):
+        plan(g, cluster(2, bw=1e12, mem=25.0), microbatches=2)
+
+
+def test_chooses_the_microbatches_when_not_given():
+    g, c = layers([1.0] * 8), cluster(4, bw=1e12, lat=1e-3)
+    pl = plan(g, c)
+    assert pl.schedule.microbatches in MICROBATCH_CHOICES
+    for m in MICROBATCH_CHOICES:
+        assert pl.step_time_s <= plan(g, c, microbatches=m).step_time_s
+
+
+def test_interleaved_uses_chunks_per_device():
+    g, c = layers([1.0] * 8), cluster(2, bw=1e12)
+    pl = plan(g, c, schedule="interleaved-1f1b", microbatches=4, chunks=2)
+    assert pl.result.stage.max() == 3  # four stages on two devices
+    flat = plan(g, c, schedule="1f1b", microbatches=4)
+    assert pl.step_time_s < flat.step_time_s  # the bubble divided by the chunks
+
+
+@pytest.mark.parametrize("order", ["reversed-topo", "dfs-postorder", "lexicographic", "bfs"])
+def test_any_order_gives_a_pipeline(order):
+    g, c = layers([1.0, 2.0, 1.0, 3.0, 1.0, 1.0]), cluster(3, bw=1e12)
+    pl = plan(g, c, order=order, microbatches=4)
+    assert simulate(g, c, pl.devices, schedule=pl.schedule).feasible
+
+
+def test_through_place_with_settings_and_their_checks():
+    g, c = layers([1.0] * 6), cluster(3, bw=1e12)
+    p = place(g, c, placer="pipeline", order="topo", schedule="gpipe", microbatches=2)
+    assert p.meta["settings"] == {"schedule": "gpipe", "microbatches": 2}
+    with pytest.raises(PlacerError, match="'schedule' must be one of gpipe, 1f1b"):
+        place(g, c, placer="pipeline", order="topo", schedule="zigzag")
+    with pytest.raises(PlacerError, match="'microbatches' must be an integer >= 1"):
+        place(g, c, placer="pipeline", order="topo", microbatches=0)
+    with pytest.raises(PlacerError, match="multiple of the 3 devices"):
+        place(g, c, placer="pipeline", order="topo", schedule="interleaved-1f1b", microbatches=4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from([0.5, 1.0, 2.0, 4.0]), min_size=1, max_size=8), st.integers(1, 3),
+       st.sampled_from(["gpipe", "1f1b"]), st.sampled_from([1, 2, 4]), st.sampled_from([30.0, 60.0, 1e9]))
+def test_never_returns_a_placement_over_memory(costs, p, kind, m, mem):
+    g, c = layers(costs, act=20.0, params=3.0), cluster(p, bw=100.0, mem=mem)
+    try:
+        pl = plan(g, c, schedule=kind, microbatches=m)
+    except NoFitError:
+        return
+    r = simulate(g, c, pl.devices, schedule=pl.schedule)
+    assert r.feasible and r.step_time_s == pl.step_time_s

@@ -1,0 +1,223 @@
+"""Pipeline schedules in the simulator (docs/simulation.md, "Pipeline schedules"): the bubble formula on a
+uniform chain, memory in flight per schedule, Schedule's checks, and the code against the plain-Python
+reference in reference_pipeline.py on random pipelines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import devplace
+from conftest import cluster
+from devplace.graph import CompGraph
+from devplace.sim import Schedule, ScheduledResult, ScheduleError, simulate
+from devplace.sim.schedule import actions
+from reference_pipeline import RefScheduleError, reference_schedule
+
+
+def chain(stages: int, f: float, b: float, act: float = 10.0) -> CompGraph:
+    """f0 -> ... -> f{s-1} -> b{s-1} -> ... -> b0, each b tied to its f, f's output consumed by its b."""
+    nodes = [{"id": f"f{s}", "compute_s": f, "kind": "forward", "output_bytes": act} for s in range(stages)]
+    nodes += [{"id": f"b{s}", "compute_s": b, "kind": "backward", "group": f"f{s}"} for s in range(stages)]
+    edges = [{"src": f"f{s}", "dst": f"f{s + 1}", "bytes": 0} for s in range(stages - 1)]
+    edges += [{"src": f"f{s}", "dst": f"b{s}", "bytes": 0} for s in range(stages)]
+    edges += [{"src": f"b{s + 1}", "dst": f"b{s}", "bytes": 0} for s in range(stages - 1)]
+    return CompGraph.build("chain", nodes, edges)
+
+
+def on_stages(stages: int, p: int) -> np.ndarray:
+    """f_s and b_s on device s mod p."""
+    return np.array([s % p for s in range(stages)] * 2)
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
+def test_uniform_chain_has_the_bubble_formula(kind, p, m):
+    f, b = 1.0, 2.0
+    r = simulate(chain(p, f, b), cluster(p, bw=1e9), on_stages(p, p), schedule=Schedule(kind, m, microbatch_graph=True))
+    ideal = m * (f + b)  # one device's work
+    assert r.step_time_s == pytest.approx((m + p - 1) * (f + b))
+    assert (r.step_time_s - ideal) / r.step_time_s == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.parametrize("p,v,m", [(2, 2, 4), (4, 2, 8), (2, 3, 2), (3, 2, 6)])
+def test_interleaved_chain_divides_the_bubble_by_the_chunks(p, v, m):
+    f, b = 1.0, 2.0  # per device and micro-batch, split over v chunks
+    g = chain(p * v, f / v, b / v)
+    r = simulate(g, cluster(p, bw=1e9), on_stages(p * v, p),
+                 schedule=Schedule("interleaved-1f1b", m, chunks=v, microbatch_graph=True))
+    assert r.step_time_s == pytest.approx(m * (f + b) + (p - 1) * (f + b) / v)
+
+
+def test_activations_in_flight_gpipe_all_1f1b_the_depth():
+    p, m, act = 4, 8, 10.0
+    g, c, devs = chain(p, 1.0, 2.0, act), cluster(p, bw=1e9), on_stages(p, p)
+    gpipe = simulate(g, c, devs, schedule=Schedule("gpipe", m, microbatch_graph=True))
+    ofb = simulate(g, c, devs, schedule=Schedule("1f1b", m, microbatch_graph=True))
+    assert gpipe.peak_memory_bytes.tolist() == [m * act] * p
+    assert ofb.peak_memory_bytes.tolist() == [(p - r) * act for r in range(p)]
+
+
+def test_scaling_by_the_microbatches_divides_compute_and_bytes():
+    g, c, devs = chain(2, 4.0, 8.0, act=40.0), cluster(2, bw=1e9), on_stages(2, 2)
+    scaled = simulate(g, c, devs, schedule=Schedule("gpipe", 4))
+    exact = simulate(chain(2, 1.0, 2.0, act=10.0), c, devs, schedule=Schedule("gpipe", 4, microbatch_graph=True))
+    assert scaled.step_time_s == pytest.approx(exact.step_time_s)
+    assert scaled.peak_memory_bytes.tolist() == pytest.approx(exact.peak_memory_bytes.tolist())
+
+
+def test_transfers_between_stages_once_per_microbatch_and_optimizer_once_per_step():
+    nodes = [{"id": "f0", "compute_s": 1.0}, {"id": "f1", "compute_s": 1.0},
+             {"id": "b1", "compute_s": 1.0, "kind": "backward", "group": "f1"},
+             {"id": "b0", "compute_s": 1.0, "kind": "backward", "group": "f0"},
+             {"id": "opt0", "compute_s": 1.0, "kind": "optimizer", "group": "f0", "param_bytes": 7}]
+    edges = [{"src": "f0", "dst": "f1", "bytes": 8}, {"src": "f1", "dst": "b1", "bytes": 8},
+             {"src": "b1", "dst": "b0", "bytes": 8}, {"src": "b0", "dst": "opt0", "bytes": 4}]
+    g = CompGraph.build("t", nodes, edges)
+    m = 3
+    r = simulate(g, cluster(2, bw=8.0), np.array([0, 1, 1, 0, 0]), schedule=Schedule("1f1b", m))
+    assert isinstance(r, ScheduledResult)
+    assert len(r.transfers) == 2 * m  # f0 -> f1 and b1 -> b0, each micro-batch
+    assert sorted(r.transfer_microbatch.tolist()) == sorted(list(range(m)) * 2)
+    assert r.comm_bytes == pytest.approx(2 * m * 8 / m)
+    opt = g.index["opt0"]
+    assert r.device_busy_s.tolist() == pytest.approx([2.0 + 1.0, 2.0])  # forward+backward scaled, optimizer once
+    assert r.start_s[opt] >= r.finish_s[g.index["b0"]]  # after the flush
+    assert r.stage.tolist() == [0, 1, 1, 0, -1]
+    doc = r.to_dict()
+    assert doc["schedule"] == {"kind": "1f1b", "microbatches": 3, "chunks": 1, "microbatch_graph": False}
+    assert doc["num_stages"] == 2 and doc["step_time_s"] == r.step_time_s
+    assert devplace.simulate(g, cluster(2, bw=8.0), [0, 1, 1, 0, 0], schedule=Schedule("1f1b", m)).step_time_s == \
+        r.step_time_s
+
+
+def test_one_f_one_b_action_order():
+    assert actions(Schedule("1f1b", 4), 3, 0) == [(0, 0, 0), (0, 0, 1), (0, 0, 2), (1, 0, 0), (0, 0, 3), (1, 0, 1),
+                                                    (1, 0, 2), (1, 0, 3)]
+    assert actions(Schedule("1f1b", 4), 3, 2) == [(0, 0, 0), (1, 0, 0), (0, 0, 1), (1, 0, 1), (0, 0, 2), (1, 0, 2),
+                                                    (0, 0, 3), (1, 0, 3)]
+
+
+def test_schedule_none_is_the_step_model():
+    g, c, devs = chain(3, 1.0, 2.0), cluster(3, bw=1e9), on_stages(3, 3)
+    a, b = simulate(g, c, devs), simulate(g, c, devs, schedule=None)
+    assert not isinstance(b, ScheduledResult) and a.step_time_s == b.step_time_s
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"kind": "zigzag"}, "unknown schedule kind 'zigzag'; choose one of: gpipe, 1f1b"),
+    ({"microbatches": 0}, "microbatches must be an integer >= 1, got 0"),
+    ({"microbatches": 2.5}, "microbatches must be an integer >= 1"),
+    ({"kind": "1f1b", "chunks": 2}, "use kind='interleaved-1f1b'"),
+    ({"kind": "interleaved-1f1b", "chunks": 1}, "needs chunks >= 2"),
+    ({"microbatch_graph": "yes"}, "microbatch_graph must be True or False"),
+])
+def test_schedule_checks_its_arguments(kwargs, match):
+    with pytest.raises(ScheduleError, match=match):
+        Schedule(**kwargs)
+    assert Schedule("interleaved-1f1b").chunks == 2 and Schedule("gpipe").chunks == 1
+
+
+def test_an_input_tied_to_the_loss_leaves_the_loss_gradient_in_the_last_stage():
+    base = chain(4, 1.0, 2.0)
+    nodes = [{"id": "labels", "op": "input", "kind": "forward"}] + [base.node_record(v) for v in range(8)]
+    edges = [{"src": "labels", "dst": "f3", "bytes": 0}] + [base.edge_record(e) for e in range(base.num_edges)]
+    g = CompGraph.build("labelled", nodes, edges)
+    r = simulate(g, cluster(2, bw=1e9), np.array([1] + [0, 1, 0, 1] * 2),
+                 schedule=Schedule("interleaved-1f1b", 2, microbatch_graph=True))
+    assert r.stage[g.index["b3"]] == r.stage[g.index["f3"]] == 3
+    assert r.step_time_s == pytest.approx(2 * 6.0 + (2 - 1) * 3.0)
+
+
+def test_placements_that_are_not_pipelines_are_rejected():
+    g, c = chain(2, 1.0, 1.0), cluster(2, bw=1e9)
+    with pytest.raises(ScheduleError, match="from lower to higher device indices"):
+        simulate(g, c, np.array([1, 0, 1, 0]), schedule=Schedule("1f1b", 2))
+    with pytest.raises(ScheduleError, match="multiple of the pipeline's 2 devices"):
+        simulate(chain(4, 1.0, 1.0), c, on_stages(4, 2), schedule=Schedule("interleaved-1f1b", 3))
+    with pytest.raises(ScheduleError, match="with the devplace model only"):
+        simulate(g, c, on_stages(2, 2), model="placeto", schedule=Schedule())
+
+
+# ----------------------------------------------------------------------------- random pipelines
+
+
+@st.composite
+def pipelines(draw):
+    n = draw(st.integers(1, 6))
+    p = draw(st.integers(1, 3))
+    kind = draw(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b"]))
+    v = draw(st.integers(2, 3)) if kind == "interleaved-1f1b" else 1
+    m = draw(st.integers(1, 4))
+    nums = st.sampled_from([0, 0.5, 1, 2])
+    nodes, edges = [], []
+    for i in range(n):
+        nodes.append({"id": f"f{i}", "kind": "forward", "compute_s": draw(nums),
+                      "output_bytes": draw(st.sampled_from([0, 4, 8])), "temp_bytes": draw(st.sampled_from([0, 2])),
+                      "param_bytes": draw(st.sampled_from([0, 5]))})
+    fwd = sorted({tuple(sorted(draw(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)))))
+                  for _ in range(draw(st.integers(0, 2 * n)))})
+    fwd = [(i, j) for i, j in fwd if i != j]
+    for i in reversed(range(n)):
+        nodes.append({"id": f"b{i}", "kind": "backward", "group": f"f{i}", "compute_s": draw(nums),
+                      "output_bytes": draw(st.sampled_from([0, 4]))})
+    sizes = {i: draw(st.sampled_from([0, 4, 10])) for i in range(n)}
+    if draw(st.booleans()):  # a backward op tied to no forward op (the loss gradient, say)
+        nodes.append({"id": "seed", "kind": "backward", "compute_s": 0.5})
+        edges.append({"src": f"f{n - 1}", "dst": "seed", "bytes": sizes[n - 1]})
+        edges.append({"src": "seed", "dst": f"b{n - 1}", "bytes": 2})
+    for i in range(n):
+        if draw(st.booleans()):
+            nodes.append({"id": f"o{i}", "kind": "optimizer", "group": f"f{i}", "compute_s": 1.0, "param_bytes": 3})
+            edges.append({"src": f"b{i}", "dst": f"o{i}", "bytes": 5, "tensor": 1})
+    for i, j in fwd:
+        edges.append({"src": f"f{i}", "dst": f"f{j}", "bytes": sizes[i]})
+        edges.append({"src": f"b{j}", "dst": f"b{i}", "bytes": 3})
+    for i in range(n):
+        edges.append({"src": f"f{i}", "dst": f"b{i}", "bytes": sizes[i]})
+    stage = sorted(draw(st.integers(0, p * v - 1)) for _ in range(n))  # non-decreasing along f0..f{n-1}
+    placement = {f"f{i}": stage[i] % p for i in range(n)}
+    if draw(st.booleans()):  # an input tied to the last layer (its first consumer), as labels to the loss
+        nodes.insert(0, {"id": "labels", "op": "input", "kind": "forward", "output_bytes": 1})
+        edges.insert(0, {"src": "labels", "dst": f"f{n - 1}", "bytes": 1})
+        placement["labels"] = placement[f"f{n - 1}"]
+    for node in nodes:
+        if node["id"] not in placement:
+            tied = node.get("group")
+            placement[node["id"]] = placement[tied] if tied else draw(st.integers(0, p - 1))
+    if draw(st.integers(0, 4)) == 0:  # now and then a backward op off its forward op's device
+        i = draw(st.integers(0, n - 1))
+        placement[f"b{i}"] = draw(st.integers(0, p - 1))
+    bw = draw(st.sampled_from([4.0, 10.0]))
+    lat = draw(st.sampled_from([0.0, 0.25]))
+    return nodes, edges, p, placement, kind, m, v, bw, lat, draw(st.booleans())
+
+
+@settings(max_examples=200, deadline=None)
+@given(pipelines())
+def test_schedule_simulation_matches_plain_python_reference(case):
+    nodes, edges, p, placement, kind, m, v, bw, lat, micro = case
+    g = CompGraph.build("t", nodes, edges)
+    c = cluster(p, bw=bw, lat=lat)
+    devs = np.array([placement[nid] for nid in g.ids])
+    link = {(a, b): (bw, lat) for a in range(p) for b in range(p) if a != b}
+    try:
+        ref, _, stage = reference_schedule(nodes, edges, [1.0] * p, link, placement, kind, m, v, micro)
+    except RefScheduleError:
+        with pytest.raises(ScheduleError):
+            simulate(g, c, devs, schedule=Schedule(kind, m, chunks=v, microbatch_graph=micro))
+        return
+    r = simulate(g, c, devs, schedule=Schedule(kind, m, chunks=v, microbatch_graph=micro))
+    assert r.step_time_s == ref.step_time_s
+    # byte sums of scaled sizes: equal up to the order of float additions
+    assert r.peak_memory_bytes.tolist() == pytest.approx(ref.peak, rel=1e-12)
+    assert r.comm_bytes == pytest.approx(ref.comm_bytes, rel=1e-12)
+    assert r.stage.tolist() == [stage.get(nid, -1) for nid in g.ids]
+    for nid in g.ids:
+        runs = [f"{nid}|{k}" for k in range(m)] if f"{nid}|0" in ref.start else [f"{nid}|step"] * m
+        v_ = g.index[nid]
+        assert r.microbatch_start_s[:, v_].tolist() == [ref.start[x] for x in runs]
+        assert r.microbatch_finish_s[:, v_].tolist() == [ref.finish[x] for x in runs]

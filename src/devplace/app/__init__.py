@@ -1,0 +1,201 @@
+"""The application layer: one function per user task, each returning a result object that summarises itself
+(rich renderable via `__rich__`, plain `text()`, and `to_dict()` for `--json`).
+
+The CLI (`devplace.cli`) parses arguments, calls one of these and prints what it returns; it holds no
+pipeline logic. Tasks that need only graphs, clusters, placers and the simulator live here; the ones that
+need torch (capturing models, running them, the learned placers) or the study report's plotting stack live
+in `devplace.app.torch_tasks`, reached through `torch_tasks()`: the one lazy import boundary, so that
+`devplace --help` and the graph-only commands start without loading torch. Both sit above `runtime/` and
+`study/`; the pure "plan a graph" stitching they share is `devplace.pipeline`, below those.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rich.console import Group
+from rich.text import Text
+
+from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, DEFAULT_SIM_MODEL
+from devplace.errors import DevplaceError
+from devplace.graph import load_graph, load_placement
+from devplace.graph.compgraph import CompGraph
+from devplace.hardware.cluster import Cluster, load_cluster
+from devplace.orders.auto import Recommendation, load_order_model, recommend_order
+from devplace.pipeline import Placed, Progress, Simulated, json_safe, place_graph, render_text, simulate_placement
+from devplace.placers import get_placer
+from devplace.sim import LowerBound, lower_bound
+from devplace.sim.summary import fmt_time
+from devplace.study.runner import StudySummary, run_study
+from devplace.study.spec import StudyError, load_study
+
+__all__ = ["Bounded", "Recommended", "StudyRan", "bound", "graph_file", "load_graph_arg", "plan_graph", "recommend",
+           "simulate_file", "study_run", "torch_tasks"]
+
+
+def torch_tasks() -> ModuleType:
+    """`devplace.app.torch_tasks`, imported on first use: the tasks that need torch (capture, profile, run,
+    export, train) or the study report's plotting stack. The one place the application layer defers an
+    import, so that commands that do not need them start fast."""
+    return importlib.import_module("devplace.app.torch_tasks")
+
+
+def graph_file(path: str | Path) -> Path:
+    """The graph file `path` names: `example` is the bundled example graph (unless a file of that name exists)."""
+    path = Path(path)
+    if str(path) == "example" and not path.exists():
+        return Path(str(resources.files("devplace") / "data" / "example_mlp.json"))
+    return path
+
+
+def load_graph_arg(path: str | Path) -> CompGraph:
+    """Load the graph a command-line argument names (`example` included)."""
+    return load_graph(graph_file(path))
+
+
+def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer: str = DEFAULT_PLACER,
+               order: str = DEFAULT_ORDER, seed: int = DEFAULT_SEED, settings: dict[str, Any] | None = None,
+               try_orders: int | None = None, try_with: str | None = None, progress: Progress | None = None,
+               output: Path | None = None, trace: Path | None = None, plot: Path | None = None) -> Placed:
+    """`devplace place GRAPH`: place a graph (file, `example`, or CompGraph) on a cluster (preset, file or
+    Cluster), simulate it, and write the placement, trace and timeline asked for."""
+    c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
+    g = graph if isinstance(graph, CompGraph) else load_graph_arg(graph)
+    placed = place_graph(g, c, placer=placer, order=order, seed=seed, progress=progress, try_orders=try_orders,
+                         try_with=try_with, **(settings or {}))
+    placed.write(output=output, trace=trace, plot=plot)
+    return placed
+
+
+def simulate_file(graph: str | Path, cluster: str | Cluster, placement: str | Path, *,
+                  model: str = DEFAULT_SIM_MODEL, trace: Path | None = None, plot: Path | None = None) -> Simulated:
+    """`devplace simulate`: simulate a placement file of a graph file on a cluster under simulation `model`."""
+    g = load_graph_arg(graph)
+    c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
+    sim = simulate_placement(g, c, load_placement(placement), model=model)
+    sim.write(trace=trace, plot=plot)
+    return sim
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """The lower bound of a graph on a cluster: what `devplace bound` reports."""
+
+    graph: CompGraph
+    cluster: Cluster
+    bound: LowerBound
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `devplace bound --json` document."""
+        lb = self.bound
+        return json_safe({"graph": self.graph.name, "cluster": self.cluster.name, "lower_bound_s": lb.value_s,
+                          "work_s": lb.work_s, "critical_path_s": lb.critical_path_s, "limited_by": lb.limited_by,
+                          "critical_path": [self.graph.ids[v] for v in lb.critical_path]})
+
+    def __rich__(self) -> Group:
+        lb = self.bound
+        head = Text.assemble((self.graph.name, "bold"), " on ", (self.cluster.name, "bold"), ": lower bound ",
+                             (fmt_time(lb.value_s), "bold"), f" ({lb.limited_by})")
+        return Group(head, Text(f"  total work / total speed : {fmt_time(lb.work_s)}"),
+                     Text(f"  critical path (fastest device, no communication): {fmt_time(lb.critical_path_s)}, "
+                          f"{len(lb.critical_path)} ops"))
+
+    def text(self, width: int = 120) -> str:
+        """The report as plain text."""
+        return render_text(self, width)
+
+
+def bound(graph: str | Path, cluster: str | Cluster) -> Bounded:
+    """`devplace bound`: the lower bound on the step time of a graph file on a cluster."""
+    g = load_graph_arg(graph)
+    c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
+    return Bounded(g, c, lower_bound(g, c))
+
+
+@dataclass(frozen=True)
+class Recommended:
+    """The traversal order recommended for a graph and placer: what `devplace recommend` reports."""
+
+    graph: CompGraph
+    cluster: Cluster | None
+    placer: str
+    recommendation: Recommendation
+    model_source: str
+    fitted_on: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `devplace recommend --json` document."""
+        return json_safe({"graph": self.graph.name, "cluster": self.cluster.name if self.cluster else None,
+                          **self.recommendation.to_dict(), "model": self.model_source, "fitted_on": self.fitted_on})
+
+    def __rich__(self) -> Group:
+        rec = self.recommendation
+        where = self.cluster.name if self.cluster else "no cluster"
+        return Group(
+            Text.assemble((self.graph.name, "bold"), f" with {self.placer} on {where}: order ", (rec.order, "bold")),
+            Text(f"  rule: {rec.rule}"),
+            Text(f"  expected gain over topo: {rec.expected_gain:+.2%} (mean over {rec.graphs} study graphs "
+                 f"the rule covers); next best: {', '.join(rec.ranking[1:4]) or '-'}"))
+
+    def text(self, width: int = 120) -> str:
+        """The report as plain text."""
+        return render_text(self, width)
+
+
+def recommend(graph: str | Path | None, *, model: str | None = None, batch: int | None = None,
+              seq_len: int | None = None, max_nodes: int | None = None, cluster: str | None = None,
+              placer: str = "greedy", order_model: Path | None = None) -> Recommended:
+    """`devplace recommend`: the order `--order auto` picks for a graph file or a zoo model (captured), placer
+    and cluster (default: the one the order model was fitted on)."""
+    spec = get_placer(placer)
+    om = load_order_model(order_model)
+    c = load_cluster(cluster) if cluster else (load_cluster(om.cluster) if om.cluster else None)
+    if (graph is None) == (model is None):
+        raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`)")
+    if model is not None:
+        g = torch_tasks().prepare_model(model, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
+                                        device=c.devices[0] if c is not None else None).graph
+    else:
+        assert graph is not None
+        g = load_graph_arg(graph)
+    rec = recommend_order(g, c, placer=placer, model=om, uses_order=spec.uses_order)
+    return Recommended(g, c, placer, rec, om.source, om.doc.get("fitted_on"))
+
+
+@dataclass(frozen=True)
+class StudyRan:
+    """What `devplace study run` did."""
+
+    summary: StudySummary
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as a JSON object."""
+        s = self.summary
+        return {"study": s.study, "cells": s.cells, "skipped": s.skipped, "ran": s.ran, "failed": s.failed,
+                "wall_s": s.wall_s, "db": s.db}
+
+    def __rich__(self) -> Text:
+        s = self.summary
+        return Text(f"{s.study}: {s.ran} cells run ({s.failed} failed), {s.skipped} already done; {s.wall_s:.1f} s; "
+                    f"results in {s.db}"
+                    + ("; see the error column, rerun failed cells with --retry-failed" if s.failed else ""))
+
+    def text(self, width: int = 120) -> str:
+        """The report as plain text."""
+        return render_text(self, width)
+
+
+def study_run(study: Path | None, *, preset: str | None = None, db: Path = Path("study.sqlite"),
+              backend: str = "local", workers: int = 1, address: str | None = None, retry_failed: bool = False,
+              progress: bool = True) -> StudyRan:
+    """`devplace study run`: run every unfinished cell of a study file or preset into `db`."""
+    if (study is None) == (preset is None):
+        raise StudyError("give a study TOML file or --preset NAME (one of the two)")
+    spec = load_study(study if study is not None else preset, preset=preset is not None)
+    return StudyRan(run_study(spec, db, backend=backend, workers=workers, address=address,
+                              retry_failed=retry_failed, progress=progress))

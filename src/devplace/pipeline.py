@@ -15,13 +15,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
 from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, DEFAULT_SIM_MODEL
-from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement, runtime_placement, save_placement
 from devplace.hardware.cluster import Cluster
@@ -29,6 +28,9 @@ from devplace.placers import place
 from devplace.sim import DevplaceModel, LowerBound, SimResult, lower_bound, simulate
 from devplace.sim.summary import fmt_time, result_view
 from devplace.sim.timeline import plot_timeline, write_trace
+
+if TYPE_CHECKING:  # only a type here; importing graph.coarsen costs `devplace --help` its numba set-up
+    from devplace.graph.coarsen import Coarsening
 
 __all__ = ["AsRun", "Placed", "Simulated", "as_run", "json_safe", "place_graph", "render_text", "simulate_placement"]
 

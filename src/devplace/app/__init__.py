@@ -3,9 +3,9 @@
 
 The CLI (`devplace.cli`) parses arguments, calls one of these and prints what it returns; it holds no
 pipeline logic. Tasks that need only graphs, clusters, placers and the simulator live here; the ones that
-need torch (capturing models, running them, the learned placers) or the study report's plotting stack live
-in `devplace.app.torch_tasks`, reached through `torch_tasks()`: the one lazy import boundary, so that
-`devplace --help` and the graph-only commands start without loading torch. Both sit above `runtime/` and
+need torch (capturing models, running them, the learned placers, studies) or the study report's plotting
+stack live in `devplace.app.with_torch`, reached through `torch_tasks()`: the one lazy import boundary, so
+that `devplace --help` and the graph-only commands start without loading torch. Both sit above `runtime/` and
 `study/`; the pure "plan a graph" stitching they share is `devplace.pipeline`, below those.
 """
 
@@ -31,18 +31,16 @@ from devplace.pipeline import Placed, Progress, Simulated, json_safe, place_grap
 from devplace.placers import get_placer
 from devplace.sim import LowerBound, lower_bound
 from devplace.sim.summary import fmt_time
-from devplace.study.runner import StudySummary, run_study
-from devplace.study.spec import StudyError, load_study
 
-__all__ = ["Bounded", "Recommended", "StudyRan", "bound", "graph_file", "load_graph_arg", "plan_graph", "recommend",
-           "simulate_file", "study_run", "torch_tasks"]
+__all__ = ["Bounded", "Recommended", "bound", "graph_file", "load_graph_arg", "plan_graph", "recommend",
+           "simulate_file", "torch_tasks"]
 
 
 def torch_tasks() -> ModuleType:
-    """`devplace.app.torch_tasks`, imported on first use: the tasks that need torch (capture, profile, run,
-    export, train) or the study report's plotting stack. The one place the application layer defers an
-    import, so that commands that do not need them start fast."""
-    return importlib.import_module("devplace.app.torch_tasks")
+    """`devplace.app.with_torch`, imported on first use: the tasks that need torch (capture, profile, run,
+    export, train, studies: their workers capture graphs) or the study report's plotting stack. The one place
+    the application layer defers an import, so that commands that do not need them start fast."""
+    return importlib.import_module("devplace.app.with_torch")
 
 
 def graph_file(path: str | Path) -> Path:
@@ -165,37 +163,3 @@ def recommend(graph: str | Path | None, *, model: str | None = None, batch: int 
         g = load_graph_arg(graph)
     rec = recommend_order(g, c, placer=placer, model=om, uses_order=spec.uses_order)
     return Recommended(g, c, placer, rec, om.source, om.doc.get("fitted_on"))
-
-
-@dataclass(frozen=True)
-class StudyRan:
-    """What `devplace study run` did."""
-
-    summary: StudySummary
-
-    def to_dict(self) -> dict[str, Any]:
-        """The summary as a JSON object."""
-        s = self.summary
-        return {"study": s.study, "cells": s.cells, "skipped": s.skipped, "ran": s.ran, "failed": s.failed,
-                "wall_s": s.wall_s, "db": s.db}
-
-    def __rich__(self) -> Text:
-        s = self.summary
-        return Text(f"{s.study}: {s.ran} cells run ({s.failed} failed), {s.skipped} already done; {s.wall_s:.1f} s; "
-                    f"results in {s.db}"
-                    + ("; see the error column, rerun failed cells with --retry-failed" if s.failed else ""))
-
-    def text(self, width: int = 120) -> str:
-        """The report as plain text."""
-        return render_text(self, width)
-
-
-def study_run(study: Path | None, *, preset: str | None = None, db: Path = Path("study.sqlite"),
-              backend: str = "local", workers: int = 1, address: str | None = None, retry_failed: bool = False,
-              progress: bool = True) -> StudyRan:
-    """`devplace study run`: run every unfinished cell of a study file or preset into `db`."""
-    if (study is None) == (preset is None):
-        raise StudyError("give a study TOML file or --preset NAME (one of the two)")
-    spec = load_study(study if study is not None else preset, preset=preset is not None)
-    return StudyRan(run_study(spec, db, backend=backend, workers=workers, address=address,
-                              retry_failed=retry_failed, progress=progress))

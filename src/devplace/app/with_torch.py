@@ -1,5 +1,5 @@
-"""The tasks of the application layer that need torch (capture, profile, run, export, train) or the study
-report's plotting stack. Reached through `devplace.app.torch_tasks()` (imported on first use) so that the
+"""The tasks of the application layer that need torch (capture, profile, run, export, train, studies) or the
+study report's plotting stack. Reached through `devplace.app.torch_tasks()` (imported on first use) so that the
 commands that do not need them start without loading torch."""
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from devplace.capture.pipeline import Prepared, capture_zoo_model, family_graph,
 from devplace.capture.profile import (
     calibrate,
     fold_runs,
+    format_calibration,
+    format_runs,
     local_cpu_device,
     local_cpu_roofline,
     profile_graph,
@@ -33,18 +35,45 @@ from devplace.hardware.cost import CostTable
 from devplace.hardware.presets import device_kind as kind_device
 from devplace.pipeline import Placed, Progress, json_safe, place_graph, render_text
 from devplace.placers.rl.curve import plot_curve, read_curve
-from devplace.placers.rl.trainer import TrainResult, parse_indices, train
+from devplace.placers.rl.trainer import TrainResult, mean_best_ratio, parse_indices, train
 from devplace.runtime.apply import normalize_devices
 from devplace.runtime.export import device_map, export_json, pipeline_split
 from devplace.runtime.plan import Plan, load_plan, rebuild_zoo_model, zoo_plan
 from devplace.runtime.run import RunResult, append_record, local_cluster, measure_plan
 from devplace.sim.summary import fmt_bytes, fmt_time
 from devplace.study.report import write_report
-from devplace.zoo.families import FAMILY_SIZE
+from devplace.study.runner import StudySummary, run_study
+from devplace.study.spec import StudyError, load_study
+from devplace.zoo.families import FAMILIES, FAMILY_SIZE
+from devplace.zoo.models import MODELS, ModelSpec
 
-__all__ = ["Measured", "capture_graph", "check_learned_placer", "cost_device", "export_plan", "fold_run_records",
-           "model_calibration", "place_prepared", "plan_for_run", "plan_model", "plot_learning_curve", "prepare_model",
-           "profile_model", "run_model", "study_report", "train_policy", "zoo_family_graph"]
+__all__ = [
+    "Measured",
+    "StudyRan",
+    "capture_graph",
+    "check_learned_placer",
+    "cost_device",
+    "export_plan",
+    "fold_run_records",
+    "format_calibration",
+    "format_runs",
+    "mean_best_ratio",
+    "model_calibration",
+    "place_prepared",
+    "plan_for_run",
+    "plan_model",
+    "plot_learning_curve",
+    "prepare_model",
+    "profile_model",
+    "run_model",
+    "save_prepared",
+    "study_report",
+    "study_run",
+    "train_policy",
+    "training_graphs",
+    "zoo_catalogue",
+    "zoo_family_graph",
+]
 
 
 def prepare_model(model: str, *, batch: int | None = None, seq_len: int | None = None, max_nodes: int | None = None,
@@ -98,6 +127,18 @@ def capture_graph(*, model: str | None = None, onnx: Path | None = None, batch: 
                    max_nodes=max_nodes)
 
 
+def save_prepared(prepared: Prepared, output: Path, full: Path | None = None) -> None:
+    """Write a prepared model's coarse graph to `output` (and the full costed graph to `full`)."""
+    save_graph(prepared.graph, output)
+    if full is not None:
+        save_graph(prepared.full, full)
+
+
+def zoo_catalogue() -> tuple[dict[str, ModelSpec], tuple[str, ...], int]:
+    """`devplace zoo list`: the zoo's named models, the study's families and the graphs in each family."""
+    return dict(MODELS), tuple(FAMILIES), FAMILY_SIZE
+
+
 def zoo_family_graph(name: str, index: int, *, max_nodes: int | None, output: Path | None = None) -> CompGraph:
     """`devplace zoo family`: graph `index` of a study family, coarsened; saved to `output` if given."""
     g = family_graph(name, index, max_nodes=max_nodes)
@@ -130,20 +171,21 @@ def model_calibration(costs: Path, model: str, *, batch: int | None = None,
     return calibrate(graph, table, roofline=roofline)
 
 
-def train_policy(graphs: Sequence[Path], cluster: str, *, family: str | None = None, indices: str = "0-23",
-                 max_nodes: int = 300, **settings: Any) -> tuple[list[CompGraph], TrainResult]:
-    """`devplace train`: the training graphs (files, or a family's members) and one placeto policy trained
-    over them (`settings`: those of `devplace.placers.rl.trainer.train`)."""
-    if not cluster:
-        raise DevplaceError("--cluster is required (a preset from `devplace clusters` or a cluster JSON file)")
+def training_graphs(graphs: Sequence[Path], *, family: str | None = None, indices: str = "0-23",
+                    max_nodes: int = 300) -> list[CompGraph]:
+    """The graphs `devplace train` trains on: graph files, or the members `indices` of a study family
+    (captured and coarsened to `max_nodes`)."""
     if (family is None) == (not graphs):
         raise DevplaceError("give either GRAPH files or --family NAME (cifar10, ptb, nmt)")
-    c = load_cluster(cluster)
     if family is not None:
-        gs = [family_graph(family, i, max_nodes=max_nodes) for i in parse_indices(indices, FAMILY_SIZE)]
-    else:
-        gs = [load_graph_arg(p) for p in graphs]
-    return gs, train(gs, c, **settings)
+        return [family_graph(family, i, max_nodes=max_nodes) for i in parse_indices(indices, FAMILY_SIZE)]
+    return [load_graph_arg(p) for p in graphs]
+
+
+def train_policy(graphs: list[CompGraph], cluster: str | Cluster, **settings: Any) -> TrainResult:
+    """`devplace train`: one placeto policy trained over `graphs` (`settings`: those of
+    `devplace.placers.rl.trainer.train`)."""
+    return train(graphs, cluster if isinstance(cluster, Cluster) else load_cluster(cluster), **settings)
 
 
 def check_learned_placer(placer: str) -> None:
@@ -215,12 +257,13 @@ def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, dev
     zoo model `model` captured and placed on `cluster` (default: the `devices`, speeds measured)."""
     if (model is None) == (plan_file is None):
         raise DevplaceError("give either --model NAME (see `devplace zoo list`) or --plan FILE")
+    real = normalize_devices(devices)
     if plan_file is not None:
         p = load_plan(plan_file)
         module, inputs = rebuild_zoo_model(p)
         return p, module, inputs
     assert model is not None
-    c = load_cluster(cluster) if cluster else local_cluster(normalize_devices(devices))
+    c = load_cluster(cluster) if cluster else local_cluster(real)
     p, module, inputs = zoo_plan(model, c, batch=batch, seq_len=seq_len, placer=placer, order=order,
                                  max_nodes=max_nodes, seed=seed)
     if save_plan is not None:
@@ -258,3 +301,37 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None) 
     if fmt == "json":
         return export_json(p.graph, p.placement, names), f"{len(p.placement.assignment)} ops placed"
     raise DevplaceError(f"unknown export format {fmt!r}; choose pipeline, device-map or json")
+
+
+@dataclass(frozen=True)
+class StudyRan:
+    """What `devplace study run` did."""
+
+    summary: StudySummary
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as a JSON object."""
+        s = self.summary
+        return {"study": s.study, "cells": s.cells, "skipped": s.skipped, "ran": s.ran, "failed": s.failed,
+                "wall_s": s.wall_s, "db": s.db}
+
+    def __rich__(self) -> Text:
+        s = self.summary
+        return Text(f"{s.study}: {s.ran} cells run ({s.failed} failed), {s.skipped} already done; {s.wall_s:.1f} s; "
+                    f"results in {s.db}"
+                    + ("; see the error column, rerun failed cells with --retry-failed" if s.failed else ""))
+
+    def text(self, width: int = 120) -> str:
+        """The report as plain text."""
+        return render_text(self, width)
+
+
+def study_run(study: Path | None, *, preset: str | None = None, db: Path = Path("study.sqlite"),
+              backend: str = "local", workers: int = 1, address: str | None = None, retry_failed: bool = False,
+              progress: bool = True) -> StudyRan:
+    """`devplace study run`: run every unfinished cell of a study file or preset into `db`."""
+    if (study is None) == (preset is None):
+        raise StudyError("give a study TOML file or --preset NAME (one of the two)")
+    spec = load_study(study if study is not None else preset, preset=preset is not None)
+    return StudyRan(run_study(spec, db, backend=backend, workers=workers, address=address,
+                              retry_failed=retry_failed, progress=progress))

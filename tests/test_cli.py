@@ -49,11 +49,17 @@ def test_simulate_table_trace_and_plot(files, capsys, monkeypatch, tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_simulate_placeto_model(files, capsys, monkeypatch):
-    code, out, _ = run(["simulate", files["graph"], files["cluster"], files["placement"], "--model", "placeto",
+@pytest.mark.parametrize("name", ["placeto-sim", "placeto"])
+def test_simulate_placeto_sim_model_and_its_old_name(files, capsys, monkeypatch, name):
+    """The Placeto paper's simulator is `placeto-sim` (not the placer); `placeto` stays an alias of it."""
+    code, out, _ = run(["simulate", files["graph"], files["cluster"], files["placement"], "--model", name,
                         "--json"], capsys, monkeypatch)
     assert code == 0
-    assert json.loads(out)["model"] == "placeto"
+    doc = json.loads(out)
+    assert doc["model"] == "placeto-sim"
+    code, out, _ = run(["simulate", files["graph"], files["cluster"], files["placement"], "--json"], capsys,
+                       monkeypatch)
+    assert json.loads(out)["model"] == "devplace" and json.loads(out)["step_time_s"] != doc["step_time_s"]
 
 
 def test_bound_info_clusters(files, capsys, monkeypatch):
@@ -187,3 +193,17 @@ def test_place_learned_placer_flags(files, tmp_path, capsys, monkeypatch):
     code, _, err = run(["place", files["graph"], "-c", files["cluster"], "--placer", "m-etf", "--policy", "p.pt"],
                        capsys, monkeypatch)
     assert code == 2 and "no setting 'policy'" in err
+
+
+@pytest.mark.parametrize("encoder", ["placeto-gnn", "placeto"])
+def test_train_names_the_placeto_encoder_placeto_gnn(files, tmp_path, capsys, monkeypatch, encoder):
+    """The Placeto paper's encoder is `placeto-gnn` (the old `placeto` stays an alias); both train one policy."""
+    out_pt = tmp_path / "p.pt"
+    code, out, err = run(["train", files["graph"], "-c", files["cluster"], "--episodes", "1", "--hidden", "4",
+                          "--rounds", "1", "--encoder", encoder, "--sim-model", "placeto-sim", "-o", str(out_pt),
+                          "-q"], capsys, monkeypatch)
+    assert code == 0, err
+    assert out_pt.is_file() and "trained placeto" in out
+    code, _, err = run(["train", files["graph"], "-c", files["cluster"], "--episodes", "1", "--encoder", "gnn",
+                        "-o", str(out_pt), "-q"], capsys, monkeypatch)
+    assert code == 2 and "unknown encoder" in err

@@ -26,7 +26,7 @@ from devplace.capture.profile import (
     profile_graph,
     read_runs,
 )
-from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, LEARNED_PLACER
+from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, ENCODER_PLACETO, LEARNED_PLACER, encoder_name
 from devplace.errors import DevplaceError
 from devplace.graph import save_graph
 from devplace.graph.compgraph import CompGraph
@@ -61,10 +61,10 @@ __all__ = [
     "model_calibration",
     "place_prepared",
     "plan_for_run",
-    "plan_model",
     "plot_learning_curve",
     "prepare_model",
     "profile_model",
+    "rl_encoder",
     "run_model",
     "save_prepared",
     "study_report",
@@ -93,16 +93,6 @@ def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAUL
                          try_orders=try_orders, try_with=try_with, **(settings or {}))
     placed.write(output=output, trace=trace, plot=plot)
     return placed
-
-
-def plan_model(model: str, cluster: str | Cluster, *, batch: int | None = None, seq_len: int | None = None,
-               max_nodes: int | None = None, optimizer: str = "adam", **placing: Any) -> Placed:
-    """`devplace place --model`: capture a zoo model for the cluster's first device and place it
-    (`placing`: the keyword arguments of `place_prepared`)."""
-    c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
-    prepared = prepare_model(model, batch=batch, seq_len=seq_len, max_nodes=max_nodes, optimizer=optimizer,
-                             device=c.devices[0])
-    return place_prepared(prepared, c, **placing)
 
 
 def cost_device(kind: str) -> Device:
@@ -184,8 +174,16 @@ def training_graphs(graphs: Sequence[Path], *, family: str | None = None, indice
 
 def train_policy(graphs: list[CompGraph], cluster: str | Cluster, **settings: Any) -> TrainResult:
     """`devplace train`: one placeto policy trained over `graphs` (`settings`: those of
-    `devplace.placers.rl.trainer.train`)."""
+    `devplace.placers.rl.trainer.train`; `encoder` by its name or an alias)."""
+    if "encoder" in settings:
+        settings["encoder"] = rl_encoder(settings["encoder"])
     return train(graphs, cluster if isinstance(cluster, Cluster) else load_cluster(cluster), **settings)
+
+
+def rl_encoder(name: str) -> str:
+    """The spelling `devplace.placers.rl` uses for encoder `name`: it still calls the Placeto paper's encoder
+    (`placeto-gnn`) `placeto`, as its policy checkpoints do."""
+    return "placeto" if encoder_name(name) == ENCODER_PLACETO else name
 
 
 def check_learned_placer(placer: str) -> None:

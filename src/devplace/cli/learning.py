@@ -8,10 +8,20 @@ from typing import Annotated, Any
 import typer
 
 from devplace import app
-from devplace.cli.common import SeedOpt, busy, console, require_cluster, rounds_bar
-from devplace.defaults import DEFAULT_SEED, DEFAULT_SIM_MODEL, LEARNED_PLACER
+from devplace.cli.common import SIM_MODEL_HELP, SeedOpt, busy, console, require_cluster, rounds_bar
+from devplace.defaults import (
+    DEFAULT_SEED,
+    DEFAULT_SIM_MODEL,
+    ENCODER_ALIASES,
+    ENCODER_PLACETO,
+    ENCODERS,
+    LEARNED_PLACER,
+)
 from devplace.hardware.cluster import load_cluster
 from devplace.sim.summary import fmt_time
+
+ENCODER_HELP = (f"graph encoder: {', '.join(ENCODERS)}"
+                + "".join(f" ({alias}: same as {name})" for alias, name in ENCODER_ALIASES.items()))
 
 
 def train_cmd(
@@ -25,12 +35,12 @@ def train_cmd(
     order: Annotated[str, typer.Option(help="traversal order of the episodes (see `devplace orders`)")] = "topo",
     episodes: Annotated[int, typer.Option(help="rounds: one sampling episode per graph each")] = 50,
     seed: SeedOpt = DEFAULT_SEED,
-    encoder: Annotated[str, typer.Option(help="graph encoder: placeto, sage or gat")] = "placeto",
+    encoder: Annotated[str, typer.Option(help=ENCODER_HELP)] = ENCODER_PLACETO,
     hidden: Annotated[int, typer.Option(help="embedding width")] = 32,
     rounds: Annotated[int, typer.Option(help="message-passing rounds per direction")] = 8,
     memory_penalty: Annotated[float, typer.Option("--memory-penalty", help="reward penalty per relative overflow")]
     = 1.0,
-    sim_model: Annotated[str, typer.Option("--sim-model", help="simulator of the reward: devplace or placeto")]
+    sim_model: Annotated[str, typer.Option("--sim-model", help=f"simulator of the reward; {SIM_MODEL_HELP}")]
     = DEFAULT_SIM_MODEL,
     lr: Annotated[float, typer.Option(help="Adam learning rate")] = 1e-3,
     output: Annotated[Path, typer.Option("-o", "--output", help="write the policy checkpoint here")] \

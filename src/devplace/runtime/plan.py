@@ -20,11 +20,11 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.jsonio import read_json, write_json
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster, load_cluster
-from devplace.pipeline import AsRun, Placed, as_run, place_graph, render_text
+from devplace.pipeline import AsRun, as_run, place_graph, render_text
 from devplace.sim import SimResult, lower_bound, simulate
 from devplace.sim.summary import fmt_time, result_view
 
-__all__ = ["FORMAT", "Plan", "load_plan", "plan", "plan_from_placed", "plan_from_prepared", "rebuild_zoo_model",
+__all__ = ["FORMAT", "Plan", "load_plan", "plan", "plan_from_prepared", "rebuild_zoo_model",
            "zoo_plan"]
 
 FORMAT = "devplace.plan/1"
@@ -109,16 +109,10 @@ def plan_from_prepared(prepared: Any, cluster: Cluster, *, placer: str = DEFAULT
     (`devplace.pipeline.place_graph`)."""
     placed = place_graph(prepared.graph, cluster, placer=placer, order=order, seed=seed,
                          coarsening=prepared.coarsening, full=prepared.full, **placer_settings)
-    return plan_from_placed(placed, order=order, settings=settings, source=source)
-
-
-def plan_from_placed(placed: Placed, *, order: str = DEFAULT_ORDER, settings: Mapping[str, Any] | None = None,
-                     source: Mapping[str, Any] | None = None) -> Plan:
-    """The plan of a `devplace.pipeline.Placed` model (placed with `order`; `settings` and `source` are
-    recorded with the placer's)."""
-    s = {"placer": placed.placer, "order": placed.placement.meta.get("order", order), "seed": placed.seed,
-         "placer_settings": dict(placed.settings), **(settings or {}), "source": dict(source or {})}
-    return Plan(placed.graph, placed.cluster, placed.placement, placed.result, s, placed.coarsening)
+    s = {"placer": placer, "order": placed.placement.meta.get("order", order), "seed": seed,
+         "placer_settings": dict(placer_settings),
+         **(settings or {}), "source": dict(source or {})}
+    return Plan(placed.graph, cluster, placed.placement, placed.result, s, prepared.coarsening)
 
 
 def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, placer: str = DEFAULT_PLACER,

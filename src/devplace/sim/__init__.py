@@ -1,5 +1,6 @@
 """Simulation of one training step under a placement: the `devplace` reference model (DESIGN.md section 4),
-the `placeto` model (section 5), the lower bound (section 8) and timelines."""
+the `placeto-sim` model (the Placeto paper's simulator, section 5; `placeto` is its old name), the lower bound
+(section 8) and timelines."""
 
 from __future__ import annotations
 
@@ -8,6 +9,14 @@ from typing import Any
 
 import numpy as np
 
+from devplace.defaults import (
+    DEFAULT_SIM_MODEL,
+    SIM_DEVPLACE,
+    SIM_MODEL_ALIASES,
+    SIM_MODELS,
+    SIM_PLACETO,
+    sim_model_name,
+)
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
@@ -16,7 +25,8 @@ from devplace.sim.bounds import LowerBound, lower_bound
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.result import SimResult, Transfers
 
-MODELS = ("devplace", "placeto")
+MODELS = (*SIM_MODELS, *SIM_MODEL_ALIASES)
+"""Every name `simulate(model=...)` accepts: the models' names, then their old aliases."""
 
 
 PlacementLike = Placement | np.ndarray | Sequence[int]
@@ -30,19 +40,20 @@ def placement_array(graph: CompGraph, cluster: Cluster, placement: PlacementLike
 
 
 def simulate(
-    graph: CompGraph, cluster: Cluster, placement: PlacementLike, *, model: str = "devplace", **params: Any
+    graph: CompGraph, cluster: Cluster, placement: PlacementLike, *, model: str = DEFAULT_SIM_MODEL, **params: Any
 ) -> SimResult:
     """Simulate one training step of `graph` on `cluster` under `placement`.
 
-    `model` is "devplace" (the reference model, DESIGN.md section 4) or "placeto" (section 5, which takes
-    `delta1_s`, `delta2_s` and `bus_Bps`).
+    `model` is "devplace" (the reference model, DESIGN.md section 4) or "placeto-sim" (the Placeto paper's
+    simulator, section 5, which takes `delta1_s`, `delta2_s` and `bus_Bps`; "placeto" is its old name).
     """
     devices = placement_array(graph, cluster, placement)
-    if model == "devplace":
+    model = sim_model_name(model)
+    if model == SIM_DEVPLACE:
         if params:
             raise DevplaceError(f"the devplace model takes no parameters, got {', '.join(params)}")
         return DevplaceModel(graph, cluster).run(devices)
-    if model == "placeto":
+    if model == SIM_PLACETO:
         from devplace.sim.placeto import simulate_placeto
 
         allowed = {"delta1_s", "delta2_s", "bus_Bps"}
@@ -50,7 +61,7 @@ def simulate(
             raise DevplaceError(f"the placeto model takes {', '.join(sorted(allowed))}; got "
                                 f"{', '.join(sorted(set(params) - allowed))}")
         return simulate_placeto(graph, cluster, devices, **params)
-    raise DevplaceError(f"unknown simulation model {model!r}; choose one of: {', '.join(MODELS)}")
+    raise DevplaceError(f"unknown simulation model {model!r}; choose one of: {', '.join(SIM_MODELS)}")
 
 
 __all__ = ["MODELS", "DevplaceModel", "LowerBound", "SimResult", "Transfers", "lower_bound", "placement_array",

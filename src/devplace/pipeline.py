@@ -21,6 +21,7 @@ from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
 from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, DEFAULT_SIM_MODEL
+from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement, runtime_placement, save_placement
 from devplace.hardware.cluster import Cluster
@@ -32,9 +33,24 @@ from devplace.sim.timeline import plot_timeline, write_trace
 if TYPE_CHECKING:  # only a type here; importing graph.coarsen costs `devplace --help` its numba set-up
     from devplace.graph.coarsen import Coarsening
 
-__all__ = ["AsRun", "Placed", "Simulated", "as_run", "json_safe", "place_graph", "render_text", "simulate_placement"]
+__all__ = ["AsRun", "Placed", "SeedError", "Simulated", "as_run", "check_seed", "json_safe", "place_graph",
+           "render_text", "simulate_placement"]
 
 Progress = Callable[[int, int], None]
+
+
+MAX_SEED = 2**63 - 1
+
+
+class SeedError(DevplaceError):
+    """A seed that is not an integer from 0 to 2**63-1."""
+
+
+def check_seed(seed: Any) -> int:
+    """`seed` if it is an integer from 0 to 2**63-1 (what every random choice accepts), else a SeedError."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise SeedError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}; e.g. --seed 0")
+    return seed
 
 
 def json_safe(value: Any) -> Any:
@@ -206,6 +222,7 @@ def place_graph(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLA
     """
     if (coarsening is None) != (full is None):
         raise ValueError("place_graph: give coarsening and full together")
+    check_seed(seed)
     t0 = time.perf_counter()
     placement = place(graph, cluster, placer=placer, order=order, seed=seed, progress=progress,
                       try_orders=try_orders, try_with=try_with, **settings)
@@ -229,6 +246,7 @@ class Simulated:
     result: SimResult
     bound: LowerBound
     written: list[tuple[str, Path]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def write(self, *, trace: Path | None = None, plot: Path | None = None) -> None:
         """Write a Chrome trace and a timeline PNG where asked; `written` lists them."""

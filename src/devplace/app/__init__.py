@@ -12,6 +12,7 @@ that `devplace --help` and the graph-only commands start without loading torch. 
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -32,8 +33,8 @@ from devplace.placers import get_placer
 from devplace.sim import LowerBound, lower_bound
 from devplace.sim.summary import fmt_time
 
-__all__ = ["Bounded", "Recommended", "bound", "graph_file", "load_graph_arg", "plan_graph", "recommend",
-           "simulate_file", "torch_tasks"]
+__all__ = ["Bounded", "OutputPathError", "Recommended", "bound", "check_outputs", "graph_file", "load_graph_arg",
+           "plan_graph", "recommend", "simulate_file", "torch_tasks"]
 
 
 def torch_tasks() -> ModuleType:
@@ -41,6 +42,32 @@ def torch_tasks() -> ModuleType:
     export, train, studies: their workers capture graphs) or the study report's plotting stack. The one place
     the application layer defers an import, so that commands that do not need them start fast."""
     return importlib.import_module("devplace.app.with_torch")
+
+
+class OutputPathError(DevplaceError):
+    """An output file that cannot be written: a folder, in a missing folder, or not writable."""
+
+
+def check_outputs(**paths: Path | None) -> None:
+    """Refuse, before any work, output files that cannot be written (keyword: what the file is, e.g.
+    `trace=...`): a folder, a file in a folder that does not exist, or a file or folder not writable.
+    Nothing is created or changed."""
+    for what, path in paths.items():
+        if path is None:
+            continue
+        name = f"--{what} {path}"
+        if str(path).endswith(("/", os.sep)) or path.is_dir():
+            raise OutputPathError(f"{name}: is a folder; give the name of a file (in it, or elsewhere)")
+        parent = path.parent
+        if not parent.is_dir():
+            raise OutputPathError(f"{name}: folder {parent} does not exist; create it first (mkdir -p {parent})")
+        if path.exists():
+            try:  # append mode changes nothing, and fails where writing would (e.g. files under /proc)
+                path.open("ab").close()
+            except OSError as exc:
+                raise OutputPathError(f"{name}: cannot be written ({exc.strerror}); choose another file") from None
+        elif not os.access(parent, os.W_OK):
+            raise OutputPathError(f"{name}: folder {parent} is not writable; choose another folder")
 
 
 def graph_file(path: str | Path) -> Path:
@@ -61,7 +88,8 @@ def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer:
                try_orders: int | None = None, try_with: str | None = None, progress: Progress | None = None,
                output: Path | None = None, trace: Path | None = None, plot: Path | None = None) -> Placed:
     """`devplace place GRAPH`: place a graph (file, `example`, or CompGraph) on a cluster (preset, file or
-    Cluster), simulate it, and write the placement, trace and timeline asked for."""
+    Cluster), simulate it, and write the placement, trace and timeline asked for (checked before placing)."""
+    check_outputs(output=output, trace=trace, plot=plot)
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
     g = graph if isinstance(graph, CompGraph) else load_graph_arg(graph)
     placed = place_graph(g, c, placer=placer, order=order, seed=seed, progress=progress, try_orders=try_orders,
@@ -72,10 +100,16 @@ def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer:
 
 def simulate_file(graph: str | Path, cluster: str | Cluster, placement: str | Path, *,
                   model: str = DEFAULT_SIM_MODEL, trace: Path | None = None, plot: Path | None = None) -> Simulated:
-    """`devplace simulate`: simulate a placement file of a graph file on a cluster under simulation `model`."""
+    """`devplace simulate`: simulate a placement file of a graph file on a cluster under simulation `model`.
+    A placement made for another graph or cluster (by the names it records) is simulated with a warning."""
+    check_outputs(trace=trace, plot=plot)
     g = load_graph_arg(graph)
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
-    sim = simulate_placement(g, c, load_placement(placement), model=model)
+    p = load_placement(placement)
+    sim = simulate_placement(g, c, p, model=model)
+    for what, recorded, given in (("graph", p.graph, g.name), ("cluster", p.cluster, c.name)):
+        if recorded and recorded != given:
+            sim.warnings.append(f"{placement} was made for {what} {recorded!r}, simulated on {what} {given!r}")
     sim.write(trace=trace, plot=plot)
     return sim
 

@@ -13,7 +13,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from devplace.app import load_graph_arg
+from devplace.app import check_outputs, load_graph_arg
 from devplace.capture.onnx_import import load_onnx
 from devplace.capture.pipeline import Prepared, capture_zoo_model, family_graph, prepare, zoo_prepared
 from devplace.capture.profile import (
@@ -87,7 +87,9 @@ def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAUL
                    order: str = DEFAULT_ORDER, seed: int = DEFAULT_SEED, settings: dict[str, Any] | None = None,
                    try_orders: int | None = None, try_with: str | None = None, progress: Progress | None = None,
                    output: Path | None = None, trace: Path | None = None, plot: Path | None = None) -> Placed:
-    """Place a prepared model's coarse graph, expand the placement to every op, simulate and write files."""
+    """Place a prepared model's coarse graph, expand the placement to every op, simulate and write files
+    (checked before placing)."""
+    check_outputs(output=output, trace=trace, plot=plot)
     placed = place_graph(prepared.graph, cluster, placer=placer, order=order, seed=seed,
                          coarsening=prepared.coarsening, full=prepared.full, progress=progress,
                          try_orders=try_orders, try_with=try_with, **(settings or {}))

@@ -8,8 +8,10 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from devplace.cli import capture, learning, placement, runtime, study
+from devplace.cli.common import one_line
 from devplace.errors import DevplaceError
 
 __all__ = ["app", "main"]
@@ -33,9 +35,10 @@ app.add_typer(study.study_app, name="study")
 
 
 def main() -> None:
-    """Entry point of the console script: DevplaceError -> one line on stderr, exit status 2."""
+    """Entry point of the console script: DevplaceError -> one line on stderr (the message as plain text, not
+    markup), exit status 2."""
     try:
         app()
     except DevplaceError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(Text.assemble(("error:", "bold red"), " ", one_line(str(exc))), soft_wrap=True)
         sys.exit(2)

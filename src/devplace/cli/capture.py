@@ -21,6 +21,7 @@ from devplace.cli.common import (
     console,
     print_json,
     progress_bar,
+    say,
 )
 from devplace.errors import DevplaceError
 from devplace.graph.info import graph_info
@@ -46,7 +47,7 @@ def zoo_list_cmd(as_json: JsonOpt = False) -> None:
     for n, m in models.items():
         table.add_row(n, f"{m.params / 1e6:,.1f} M", str(m.batch), str(m.seq_len or "-"), m.description)
     console.print(table)
-    console.print(f"families (devplace zoo family NAME --index I): {', '.join(families)}, {family_size} graphs each")
+    say(f"families (devplace zoo family NAME --index I): {', '.join(families)}, {family_size} graphs each")
 
 
 @zoo_app.command("family")
@@ -63,8 +64,8 @@ def zoo_family_cmd(
     if as_json:
         print_json(info)
     else:
-        console.print(f"{g.name}: {info['nodes']} groups, {info['edges']} edges, "
-                      f"{fmt_time(info['total_compute_s'])} of compute" + (f"; wrote {output}" if output else ""))
+        say(f"{g.name}: {info['nodes']} groups, {info['edges']} edges, "
+            f"{fmt_time(info['total_compute_s'])} of compute" + (f"; wrote {output}" if output else ""))
 
 
 def capture_cmd(
@@ -90,8 +91,8 @@ def capture_cmd(
                                        optimizer=optimizer, costs=costs, device_kind=device_kind)
     tasks.save_prepared(prepared, output, full)
     console.print(prepared.report.format())
-    console.print(f"{prepared.full.name}: {prepared.full.num_nodes} ops -> {prepared.graph.num_nodes} groups; "
-                  f"wrote {output}" + (f" and {full}" if full else ""))
+    say(f"{prepared.full.name}: {prepared.full.num_nodes} ops -> {prepared.graph.num_nodes} groups; "
+        f"wrote {output}" + (f" and {full}" if full else ""))
 
 
 def profile_cmd(
@@ -111,8 +112,8 @@ def profile_cmd(
         graph, table = app.torch_tasks().profile_model(
             model, output, batch=batch, seq_len=seq_len, device=device, repeats=repeats, max_ops=max_ops,
             progress=lambda done, total, _t: update(done, total))
-    console.print(f"{graph.name}: {len(table)} distinct ops timed on {device}"
-                  f"{f', {len(table.skipped)} skipped (listed in the table)' if table.skipped else ''}; wrote {output}")
+    say(f"{graph.name}: {len(table)} distinct ops timed on {device}"
+        f"{f', {len(table.skipped)} skipped (listed in the table)' if table.skipped else ''}; wrote {output}")
 
 
 def calibrate_cmd(

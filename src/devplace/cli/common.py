@@ -13,10 +13,11 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.text import Text
 
 from devplace.defaults import SIM_MODEL_ALIASES, SIM_MODELS
 from devplace.errors import DevplaceError
-from devplace.pipeline import json_safe
+from devplace.pipeline import check_seed, json_safe
 
 console = Console()
 
@@ -29,7 +30,7 @@ SeqOpt = Annotated[int | None, typer.Option("--seq-len", help="sequence length (
 MaxNodesOpt = Annotated[int | None, typer.Option("--max-nodes", help="coarsen to at most this many groups")]
 OptimizerOpt = Annotated[str, typer.Option(help="optimizer of the captured step: adam, sgd or none")]
 PlacerOpt = Annotated[str, typer.Option(help="placer name (see `devplace placers`)")]
-SeedOpt = Annotated[int, typer.Option(help="seed for every random choice")]
+SeedOpt = Annotated[int, typer.Option(help="seed for every random choice", callback=check_seed)]
 TraceOpt = Annotated[Path | None, typer.Option(help="write a Chrome trace-event JSON (Perfetto)")]
 PlotOpt = Annotated[Path | None, typer.Option(help="write a Gantt chart PNG")]
 
@@ -42,19 +43,37 @@ def print_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(json_safe(doc), indent=1) + "\n")
 
 
+def one_line(text: str) -> Text:
+    """User text as printed: never read as rich markup, and control characters (newlines, terminal escape
+    codes) written as escapes, so that a message stays one line and cannot drive the terminal."""
+    return Text("".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text))
+
+
+def say(text: str) -> None:
+    """Print a line of text that may hold user text (names, paths): never read as markup."""
+    console.print(text, markup=False)
+
+
+def warn(message: str) -> None:
+    """Print a one-line warning on stderr."""
+    Console(stderr=True).print(Text.assemble(("warning:", "yellow"), " ", one_line(message)), soft_wrap=True)
+
+
 def busy(message: str, quiet: bool) -> Any:
-    """A spinner with `message` while a long step runs, unless `quiet`."""
-    return nullcontext() if quiet else console.status(message)
+    """A spinner with `message` while a long step runs, unless `quiet` or stdout is not a terminal (where it
+    would only leave a blank line)."""
+    return nullcontext() if quiet or not console.is_terminal else console.status(one_line(message))
 
 
 @contextmanager
 def progress_bar(description: str, quiet: bool, label: str = "placing {task.description}",
                  ) -> Iterator[Callable[[int, int], None] | None]:
-    """A transient progress bar; yields the `progress(done, total)` callback long tasks call (None if `quiet`)."""
-    if quiet:
+    """A transient progress bar; yields the `progress(done, total)` callback long tasks call (None if `quiet`
+    or stdout is not a terminal)."""
+    if quiet or not console.is_terminal:
         yield None
         return
-    columns = (TextColumn(label), BarColumn(), TaskProgressColumn(), TimeRemainingColumn())
+    columns = (TextColumn(label, markup=False), BarColumn(), TaskProgressColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(description, total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
@@ -62,12 +81,14 @@ def progress_bar(description: str, quiet: bool, label: str = "placing {task.desc
 
 @contextmanager
 def rounds_bar(description: str, total: int, quiet: bool) -> Iterator[Callable[..., None] | None]:
-    """A transient done/total bar; yields `update(done, description)` (None if `quiet`)."""
-    if quiet:
+    """A transient done/total bar; yields `update(done, description)` (None if `quiet` or stdout is not a
+    terminal)."""
+    if quiet or not console.is_terminal:
         yield None
         return
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=console, transient=True) as bar:
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+               TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(description, total=total)
         yield lambda done, text: bar.update(task, completed=done, description=text)
 

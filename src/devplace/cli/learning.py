@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from devplace import app
-from devplace.cli.common import SIM_MODEL_HELP, SeedOpt, busy, console, require_cluster, rounds_bar
+from devplace.cli.common import SIM_MODEL_HELP, SeedOpt, busy, require_cluster, rounds_bar, say
 from devplace.defaults import (
     DEFAULT_SEED,
     DEFAULT_SIM_MODEL,
@@ -72,9 +72,9 @@ def train_cmd(
 
             settings["progress"] = report
         result = tasks.train_policy(gs, c, **settings)
-    console.print(f"trained placeto ({result.num_parameters} parameters) for {result.episodes_done} rounds on "
-                  f"{len(gs)} graphs; best / start step time (geometric mean) {tasks.mean_best_ratio(result):.3f}; "
-                  f"wrote {result.output}" + (f" and {log}" if log else ""))
+    say(f"trained placeto ({result.num_parameters} parameters) for {result.episodes_done} rounds on "
+        f"{len(gs)} graphs; best / start step time (geometric mean) {tasks.mean_best_ratio(result):.3f}; "
+        f"wrote {result.output}" + (f" and {log}" if log else ""))
 
 
 def plot_curve_cmd(
@@ -83,4 +83,4 @@ def plot_curve_cmd(
 ) -> None:
     """Draw a learning curve: step time per episode and best so far (per graph), and the policy's entropy."""
     rows = app.torch_tasks().plot_learning_curve(curve, output)
-    console.print(f"wrote {output} ({rows} rows)")
+    say(f"wrote {output} ({rows} rows)")

@@ -31,6 +31,8 @@ from devplace.cli.common import (
     print_json,
     progress_bar,
     require_cluster,
+    say,
+    warn,
 )
 from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, DEFAULT_SIM_MODEL
 from devplace.errors import DevplaceError
@@ -40,6 +42,7 @@ from devplace.hardware.cluster import load_cluster
 from devplace.hardware.features import graph_features
 from devplace.hardware.presets import PRESETS
 from devplace.orders import ORDER_DEFINITIONS, TOPOLOGICAL_ORDERS, check_order_name, traversal_order
+from devplace.pipeline import check_seed
 from devplace.placers import get_placer, placer_names
 from devplace.sim.summary import fmt_bytes, fmt_time
 
@@ -56,6 +59,8 @@ def simulate_cmd(
 ) -> None:
     """Simulate one training step of GRAPH on CLUSTER under PLACEMENT."""
     sim = app.simulate_file(graph, cluster, placement, model=model, trace=trace, plot=plot)
+    for message in sim.warnings:
+        warn(message)
     if as_json:
         print_json(sim.to_dict(per_op=per_op))
     else:
@@ -160,6 +165,7 @@ def place_cmd(
                                    try_with=try_with, output=output, trace=trace, plot=plot)
     quiet = quiet or as_json
     if model is not None:
+        app.check_outputs(output=output, trace=trace, plot=plot)  # before the capture, not only before placing
         with busy(f"capturing the training step of {model}", quiet):
             prepared = app.torch_tasks().prepare_model(model, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
                                                        optimizer=optimizer, device=c.devices[0])
@@ -197,7 +203,7 @@ def placers_cmd(as_json: JsonOpt = False) -> None:
 def order_cmd(
     graph: GraphArg,
     order: Annotated[str, typer.Option("--order", help="traversal order name (see `devplace orders`)")] = "topo",
-    seed: Annotated[int, typer.Option(help="seed of the `random` order")] = DEFAULT_SEED,
+    seed: Annotated[int, typer.Option(help="seed of the `random` order", callback=check_seed)] = DEFAULT_SEED,
     cluster: Annotated[str | None, typer.Option(help="cluster for `critical-path` costs")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -286,8 +292,8 @@ def demo_cmd(
     c = load_cluster(cluster)
     with busy(f"capturing the training step of {model}", False):
         prepared = app.torch_tasks().prepare_model(model, max_nodes=max_nodes, device=c.devices[0])
-    console.print(f"captured {prepared.full.name}: {prepared.full.num_nodes} ops, colocated and coarsened to "
-                  f"{prepared.graph.num_nodes} groups; op times analytic for {c.devices[0].kind}")
+    say(f"captured {prepared.full.name}: {prepared.full.num_nodes} ops, colocated and coarsened to "
+        f"{prepared.graph.num_nodes} groups; op times analytic for {c.devices[0].kind}")
     with progress_bar(f"{prepared.graph.name} with {placer}", False) as progress:
         placed = app.torch_tasks().place_prepared(prepared, c, placer=placer, progress=progress,
                                                   output=out / f"{model}.placement.json",

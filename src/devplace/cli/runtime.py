@@ -21,6 +21,7 @@ from devplace.cli.common import (
     busy,
     console,
     print_json,
+    say,
 )
 from devplace.defaults import DEFAULT_PLACER, DEFAULT_SEED
 
@@ -79,4 +80,4 @@ def export_cmd(
         Console(stderr=True).print(note, highlight=False)
     else:
         output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-        console.print(f"{note}; wrote {output}")
+        say(f"{note}; wrote {output}")

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from devplace import app
-from devplace.cli.common import console
+from devplace.cli.common import console, say
 
 study_app = typer.Typer(no_args_is_help=True, help="The traversal-order study: run a grid of cells, report on it.")
 
@@ -39,4 +39,4 @@ def study_report_cmd(
 ) -> None:
     """Write a study's report: report.md (results section), results.csv, PNG plots and the fitted order model."""
     written = app.torch_tasks().study_report(db, out)
-    console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
+    say(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))

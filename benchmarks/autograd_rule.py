@@ -27,7 +27,7 @@ from devplace.graph.placement import runtime_placement
 from devplace.hardware.presets import PRESETS
 from devplace.placers import place, place_expanded
 from devplace.sim import simulate
-from devplace.sim.summary import fmt_time
+from devplace.units import fmt_time
 
 
 def _ms(result) -> str:  # type: ignore[no-untyped-def]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from collections import defaultdict
 
 import numpy as np
@@ -20,7 +19,8 @@ import numpy as np
 from devplace.errors import DevplaceError
 from devplace.graph import load_graph
 from devplace.hardware.cluster import load_cluster
-from devplace.placers import get_placer, place, placer_names
+from devplace.placers import get_placer, placer_names
+from devplace.planning import place_graph
 from devplace.sim import DevplaceModel, lower_bound
 from devplace.zoo import layered_graph
 
@@ -48,25 +48,23 @@ def quality(quick: bool) -> None:
     print("|---|---|---|---|---:|---:|---:|")
     for g in graphs:
         for c in clusters:
-            model = DevplaceModel(g, c)
+            # the baselines once per (graph, cluster), not once per placement
             lb = lower_bound(g, c).value_s
-            single = model.best_single_device()[1]
+            single = DevplaceModel(g, c).best_single_device()[1]
             for name in names:
                 orders = ORDERS if get_placer(name).uses_order else ("-",)
                 ratios = {}
                 for order in orders:
-                    t0 = time.perf_counter()
                     try:
-                        p = place(g, c, placer=name, order="topo" if order == "-" else order, seed=0,
-                                  **SETTINGS.get(name, {}))
+                        placed = place_graph(g, c, placer=name, order="topo" if order == "-" else order, seed=0,
+                                             **SETTINGS.get(name, {}))
                     except DevplaceError as exc:
                         print(f"| {g.name} | {c.name} | {name} | {order} | no fit | | ({type(exc).__name__}) |")
                         continue
-                    elapsed = time.perf_counter() - t0
-                    step = model.run(p.to_array(g, c.num_devices)).step_time_s
+                    step = placed.result.step_time_s
                     ratios[order] = step / lb
                     print(f"| {g.name} | {c.name} | {name} | {order} | {step / lb:.3f} | {step / single:.3f} | "
-                          f"{elapsed:.2f} |")
+                          f"{placed.placement_time_s:.2f} |")
                 if ratios:
                     per_placer[name].append(min(ratios.values()))
                     per_placer_topo[name].append(ratios.get("topo", ratios.get("-", math.nan)))
@@ -90,12 +88,10 @@ def speed() -> None:
     cases = [(n, big) for n in ("m-topo", "heft", "contiguous", "partition", "m-etf", "m-sct") if n in placer_names()]
     cases.append(("greedy", small))
     for name, g in cases:
-        place(g, c, placer=name)  # warm: numba caches loaded, first-call costs out of the figure
-        t0 = time.perf_counter()
-        p = place(g, c, placer=name)
-        elapsed = time.perf_counter() - t0
-        step = DevplaceModel(g, c).run(p.to_array(g, c.num_devices)).step_time_s
-        print(f"| {name} | {g.num_nodes} ops | {c.name} | {elapsed:.2f} | {step / lower_bound(g, c).value_s:.3f} |")
+        place_graph(g, c, placer=name)  # warm: numba caches loaded, first-call costs out of the figure
+        placed = place_graph(g, c, placer=name)
+        step_over_lb = placed.result.step_time_s / placed.bound.value_s
+        print(f"| {name} | {g.num_nodes} ops | {c.name} | {placed.placement_time_s:.2f} | {step_over_lb:.3f} |")
 
 
 def main() -> None:

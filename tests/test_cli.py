@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -49,11 +50,17 @@ def test_simulate_table_trace_and_plot(files, capsys, monkeypatch, tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_simulate_placeto_model(files, capsys, monkeypatch):
-    code, out, _ = run(["simulate", files["graph"], files["cluster"], files["placement"], "--model", "placeto",
+@pytest.mark.parametrize("name", ["placeto-sim", "placeto"])
+def test_simulate_placeto_sim_model_and_its_old_name(files, capsys, monkeypatch, name):
+    """The Placeto paper's simulator is `placeto-sim` (not the placer); `placeto` stays an alias of it."""
+    code, out, _ = run(["simulate", files["graph"], files["cluster"], files["placement"], "--model", name,
                         "--json"], capsys, monkeypatch)
     assert code == 0
-    assert json.loads(out)["model"] == "placeto"
+    doc = json.loads(out)
+    assert doc["model"] == "placeto-sim"
+    code, out, _ = run(["simulate", files["graph"], files["cluster"], files["placement"], "--json"], capsys,
+                       monkeypatch)
+    assert json.loads(out)["model"] == "devplace" and json.loads(out)["step_time_s"] != doc["step_time_s"]
 
 
 def test_bound_info_clusters(files, capsys, monkeypatch):
@@ -187,3 +194,103 @@ def test_place_learned_placer_flags(files, tmp_path, capsys, monkeypatch):
     code, _, err = run(["place", files["graph"], "-c", files["cluster"], "--placer", "m-etf", "--policy", "p.pt"],
                        capsys, monkeypatch)
     assert code == 2 and "no setting 'policy'" in err
+
+
+@pytest.mark.parametrize("encoder", ["placeto-gnn", "placeto"])
+def test_train_names_the_placeto_encoder_placeto_gnn(files, tmp_path, capsys, monkeypatch, encoder):
+    """The Placeto paper's encoder is `placeto-gnn` (the old `placeto` stays an alias); both train one policy."""
+    out_pt = tmp_path / "p.pt"
+    code, out, err = run(["train", files["graph"], "-c", files["cluster"], "--episodes", "1", "--hidden", "4",
+                          "--rounds", "1", "--encoder", encoder, "--sim-model", "placeto-sim", "-o", str(out_pt),
+                          "-q"], capsys, monkeypatch)
+    assert code == 0, err
+    assert out_pt.is_file() and "trained placeto" in out
+    code, _, err = run(["train", files["graph"], "-c", files["cluster"], "--episodes", "1", "--encoder", "gnn",
+                        "-o", str(out_pt), "-q"], capsys, monkeypatch)
+    assert code == 2 and "unknown encoder" in err
+
+
+# ------------------------------------------------------------------ issue 14: hostile input, one line each
+def _graph_doc(nodes: list[str], edges: list[tuple[str, str]]) -> str:
+    return json.dumps({"format": "devplace.graph/1", "name": "h", "nodes": [{"id": n, "compute_s": 1.0} for n in nodes],
+                       "edges": [{"src": a, "dst": b, "bytes": 1} for a, b in edges]})
+
+
+def _one_error_line(code: int, err: str) -> str:
+    assert code == 2, err
+    lines = err.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "\x1b" not in err  # no terminal escape code reaches the terminal
+    return lines[0]
+
+
+def test_user_text_in_errors_is_never_markup_and_stays_one_line(tmp_json, capsys, monkeypatch):
+    cyc = tmp_json(_graph_doc(["[/]", "[bold]z", "x\n\x1b[31my"], [("[/]", "[bold]z"), ("[bold]z", "x\n\x1b[31my"),
+                                                                  ("x\n\x1b[31my", "[/]")]))
+    line = _one_error_line(*run(["info", str(cyc)], capsys, monkeypatch)[::2])
+    assert "[/]" in line and "[bold]z" in line and "\\n" in line and "\\x1b" in line
+    line = _one_error_line(*run(["bound", "example", "[/red]"], capsys, monkeypatch)[::2])
+    assert "[/red]" in line
+    line = _one_error_line(*run(["place", "example", "-c", "4xV100-16GB", "--placer", "[/]"], capsys,
+                                monkeypatch)[::2])
+    assert "'[/]'" in line
+
+
+def test_errors_leave_stdout_empty(capsys, monkeypatch):
+    code, out, err = run(["place", "example", "-c", "4xV100-16GB", "--placer", "nope"], capsys, monkeypatch)
+    assert code == 2 and out == "", (out, err)
+
+
+@pytest.mark.parametrize("what", ["-o", "--trace", "--plot"])
+@pytest.mark.parametrize("where", ["folder", "folder/", "missing/dir/f.json", "/proc/version"])
+def test_unwritable_output_paths_are_refused_before_any_work(what, where, files, tmp_path, capsys, monkeypatch):
+    if where == "/proc/version" and not Path(where).is_file():
+        pytest.skip("no /proc/version here")
+    (tmp_path / "folder").mkdir()
+    path = where if where.startswith("/") else str(tmp_path / where)
+    code, out, err = run(["place", files["graph"], "-c", files["cluster"], "--placer", "single", what, path],
+                         capsys, monkeypatch)
+    line = _one_error_line(code, err)
+    assert path.rstrip("/") in line and out == ""
+    assert not (tmp_path / "missing").exists()  # nothing was created
+    if what != "-o":
+        code, _, err = run(["simulate", files["graph"], files["cluster"], files["placement"], what, path], capsys,
+                           monkeypatch)
+        _one_error_line(code, err)
+
+
+@pytest.mark.parametrize("args", [
+    ["place", "example", "-c", "4xV100-16GB", "--placer", "random"],
+    ["order", "example", "--order", "random"],
+    ["train", "example", "-c", "4xV100-16GB", "--episodes", "1"],
+    ["run", "--model", "gpt2"],
+])
+def test_every_command_checks_seeds_alike(args, capsys, monkeypatch):
+    for seed in ("-1", str(2**63)):
+        line = _one_error_line(*run([*args, "--seed", seed], capsys, monkeypatch)[::2])
+        assert "seed must be an integer from 0 to" in line
+
+
+def test_json_never_prints_nan(tmp_json, capsys, monkeypatch):
+    zero = tmp_json(json.dumps({"format": "devplace.graph/1", "name": "z",
+                                "nodes": [{"id": "a", "compute_s": 0.0}, {"id": "b", "compute_s": 0.0}],
+                                "edges": []}))
+    code, out, err = run(["place", str(zero), "-c", "4xV100-16GB", "--placer", "single", "--json"], capsys,
+                         monkeypatch)
+    assert code == 0, err
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"bare {name} in --json output")
+
+    doc = json.loads(out, parse_constant=refuse)
+    assert doc["step_time_s"] == 0.0 and doc["speedup_over_single_device"] is None
+
+
+def test_simulate_warns_when_the_placement_was_made_for_another_graph(files, tmp_path, capsys, monkeypatch):
+    other = tmp_path / "other.json"
+    save_placement(Placement({"a": 0, "b": 1, "c": 0}, graph="not-t", cluster="two"), other)
+    code, out, err = run(["simulate", files["graph"], files["cluster"], str(other), "--json"], capsys, monkeypatch)
+    assert code == 0 and json.loads(out)["step_time_s"] == 4.5
+    assert err.startswith("warning: ") and "'not-t'" in err and "'t'" in err and err.count("\n") == 1
+    code, _, err = run(["simulate", files["graph"], files["cluster"], files["placement"]], capsys, monkeypatch)
+    assert code == 0 and err == ""

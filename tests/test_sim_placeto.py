@@ -37,7 +37,7 @@ def test_device_stays_busy_delta1_after_an_op_of_nonzero_time():
     assert r.start_s.tolist() == us([0, 15.7])
     assert r.finish_s.tolist() == us([10, 25.7])
     assert r.step_time_s == pytest.approx(31.4 * US)  # the last event is b's delta1 tail
-    assert r.model == "placeto"
+    assert r.model == "placeto-sim"
     assert r.device_busy_s.tolist() == us([20])
 
 

@@ -62,13 +62,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from devplace.defaults import DEFAULT_SIM_MODEL, SIM_DEVPLACE, SIM_MODELS, sim_model_name
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import PlacerError, Progress, get_placer, register
 from devplace.placers.rl.curve import write_curve
 from devplace.sim.devplace_model import DevplaceModel
-from devplace.sim.placeto import PlacetoModel
+from devplace.sim.placeto import PlacetoSimModel
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class Seq2SeqConfig:
     stay_bias: float = 4.0
     stay_target: str = "graph"
     logit_clip: float = 0.0  # > 0: logits = clip x tanh(logits / clip) (ColocRL/HDP's logit clipping)
-    sim_model: str = "devplace"  # simulator of the reward: "devplace" or "placeto" (the seed study's)
+    sim_model: str = DEFAULT_SIM_MODEL  # simulator of the reward: "devplace" or "placeto-sim" (the seed study's)
 
 
 NUM_NUMERIC = 5  # compute, output bytes, param bytes, in-degree, out-degree
@@ -298,7 +299,7 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     # rewards from the chosen model; a sample becomes the answer only if it also fits under devplace (`place`'s check)
     ref = DevplaceModel(graph, cluster)
-    model = ref if cfg.sim_model == "devplace" else PlacetoModel(graph, cluster)
+    model = ref if sim_model_name(cfg.sim_model) == SIM_DEVPLACE else PlacetoSimModel(graph, cluster)
     serial_s = max(float(graph.compute_s.sum()) / float(cluster.speeds.max()), 1e-30)
     b_np, x_np = encode_order(graph, order, cfg.op_buckets)
     buckets, numeric = torch.from_numpy(b_np), torch.from_numpy(x_np)
@@ -340,18 +341,18 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
 
 @register("seq2seq", uses_order=True)
 def seq2seq(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0, episodes: int = 50,
-            samples: int = 8, hidden: int = 64, memory_penalty: float = 1.0, sim_model: str = "devplace",
+            samples: int = 8, hidden: int = 64, memory_penalty: float = 1.0, sim_model: str = DEFAULT_SIM_MODEL,
             log: str | None = None, progress: Progress | None = None) -> np.ndarray:
     """ColocRL one-shot RL: a bidirectional LSTM reads the nodes in the order, an LSTM decoder emits their devices.
 
     REINFORCE on sqrt(simulated step time) with a moving-average baseline, `samples` placements per
     iteration for `episodes` iterations, the decoder starting biased to keep graph neighbours together;
     infeasible samples pay `memory_penalty` x their relative memory overflow. `sim_model` ("devplace" or
-    "placeto") is the simulator of the reward; the answer always fits under the devplace model. Returns the
-    best feasible sampled placement (m-etf's when none fits). `log`: write the learning curve there (CSV, one
-    row per iteration: mean sampled step time, best so far, entropy; `devplace plot-curve`). Deterministic for a
-    seed (the curve's wall times aside). Trains on one graph
-    only (`devplace train` is placeto-only). About 0.25 s per iteration for 300 nodes on 2 CPU cores;
+    "placeto-sim", old name "placeto") is the simulator of the reward; the answer always fits under the
+    devplace model. Returns the best feasible sampled placement (m-etf's when none fits). `log`: write the
+    learning curve there (CSV, one row per iteration: mean sampled step time, best so far, entropy; `devplace
+    plot-curve`). Deterministic for a seed (the curve's wall times aside). Trains on one graph only
+    (`devplace train` is placeto-only). About 0.25 s per iteration for 300 nodes on 2 CPU cores;
     coarsen graphs of thousands of nodes first.
     """
     for name, value, low in (("episodes", episodes, 0), ("samples", samples, 1), ("hidden", hidden, 1)):
@@ -359,8 +360,8 @@ def seq2seq(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
             raise PlacerError(f"seq2seq: {name} must be an integer >= {low}, got {value!r}")
     if not (isinstance(memory_penalty, int | float) and memory_penalty >= 0 and math.isfinite(memory_penalty)):
         raise PlacerError(f"seq2seq: memory_penalty must be a number >= 0, got {memory_penalty!r}")
-    if sim_model not in ("devplace", "placeto"):
-        raise PlacerError(f"seq2seq: unknown sim_model {sim_model!r}; choose one of: devplace, placeto")
+    if sim_model_name(sim_model) not in SIM_MODELS:
+        raise PlacerError(f"seq2seq: unknown sim_model {sim_model!r}; choose one of: {', '.join(SIM_MODELS)}")
     cfg = Seq2SeqConfig(episodes=int(episodes), samples=int(samples), hidden=int(hidden),
                         memory_penalty=float(memory_penalty), sim_model=sim_model)
     result = train_seq2seq(graph, cluster, order, seed=seed, config=cfg, progress=progress)

@@ -3,24 +3,30 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Group
+from rich.text import Text
 from torch import nn
 
+from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
 from devplace.errors import FormatError
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.jsonio import read_json, write_json
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster, load_cluster
+from devplace.planning import AsRun, as_run, place_graph, render_text
 from devplace.sim import SimResult, lower_bound, simulate
+from devplace.sim.summary import result_view
+from devplace.units import fmt_time
 
-__all__ = ["FORMAT", "Plan", "load_plan", "plan", "plan_from_prepared", "rebuild_zoo_model", "zoo_plan"]
+__all__ = ["FORMAT", "Plan", "load_plan", "plan", "plan_from_prepared", "rebuild_zoo_model",
+           "zoo_plan"]
 
 FORMAT = "devplace.plan/1"
 
@@ -42,26 +48,25 @@ class Plan:
     settings: dict[str, Any] = field(default_factory=dict)
     coarse: Coarsening | None = None
     example_inputs: Any = None
-    _runtime: tuple[Placement, SimResult] | None = field(default=None, repr=False)
+    _runtime: AsRun | None = field(default=None, repr=False)
+
+    @property
+    def as_run(self) -> AsRun:
+        """The placement as `apply` runs it and its simulation (`devplace.planning.as_run`)."""
+        if self._runtime is None:
+            self._runtime = as_run(self.graph, self.cluster, self.placement, self.result)
+        return self._runtime
 
     @property
     def runtime_placement(self) -> Placement:
         """The placement as `apply` runs it: backward and optimizer ops with their forward op (see
         `devplace.runtime.apply.runtime_placement`); equal to `placement` when the placer kept them together."""
-        if self._runtime is None:
-            from devplace.runtime.apply import runtime_placement
-
-            rp = runtime_placement(self.graph, self.placement)
-            same = rp.assignment == self.placement.assignment
-            self._runtime = (rp, self.result if same else simulate(self.graph, self.cluster, rp))
-        return self._runtime[0]
+        return self.as_run.placement
 
     @property
     def runtime_result(self) -> SimResult:
         """The simulation of `runtime_placement`: the step time to compare with a measured run."""
-        _ = self.runtime_placement
-        assert self._runtime is not None
-        return self._runtime[1]
+        return self.as_run.result
 
     @property
     def num_devices_used(self) -> int:
@@ -70,26 +75,16 @@ class Plan:
 
     def summary(self, text: bool = False) -> Any:
         """The table `devplace place` prints (a rich renderable), or with `text=True` the same as plain text."""
-        from rich.console import Console, Group
-        from rich.text import Text
-
-        from devplace.sim.summary import result_view
-        from devplace.units import fmt_time
-
         s = self.settings
         rt = self.runtime_result
-        moved = sum(1 for k, d in self.runtime_placement.assignment.items() if self.placement.assignment[k] != d)
+        moved = self.as_run.moved
         line = Text(f"placer {s.get('placer')}, order {s.get('order')}, seed {s.get('seed')}"
                     + (f"; {self.coarse.num_groups} groups of {self.graph.num_nodes} ops" if self.coarse else "")
                     + (f"; as run by devplace.runtime ({moved} backward/optimizer ops follow their forward op): "
                        f"step time {fmt_time(rt.step_time_s)}, {'feasible' if rt.feasible else 'INFEASIBLE'}"
                        if moved else "; devplace.runtime runs this placement as simulated"))
         view = Group(result_view(self.graph, self.cluster, self.result, lower_bound(self.graph, self.cluster)), line)
-        if not text:
-            return view
-        console = Console(width=120, record=True, file=io.StringIO())
-        console.print(view)
-        return console.export_text()
+        return render_text(view) if text else view
 
     def to_dict(self) -> dict[str, Any]:
         """The `devplace.plan/1` document."""
@@ -108,23 +103,21 @@ class Plan:
         return apply_placement(model, self.graph, self.placement, devices, inputs)
 
 
-def plan_from_prepared(prepared: Any, cluster: Cluster, *, placer: str = "m-etf", order: str = "auto", seed: int = 0,
-                       settings: Mapping[str, Any] | None = None, source: Mapping[str, Any] | None = None,
-                       **placer_settings: Any) -> Plan:
-    """Place a `capture.pipeline.Prepared` model on `cluster` (`devplace.placers.place_expanded`: under the
-    autograd rule, and never over memory as run on the full graph) and simulate the expanded placement."""
-    from devplace.placers import place_expanded
-
-    placed = place_expanded(prepared.coarsening, prepared.full, cluster, placer=placer, order=order, seed=seed,
-                            **placer_settings)
-    placement, result, coarse = placed.placement, placed.result, placed.coarse
-    s = {"placer": placer, "order": coarse.meta.get("order", order), "seed": seed,
-         "placer_settings": dict(placer_settings), **(settings or {}), "source": dict(source or {})}
-    return Plan(prepared.full, cluster, placement, result, s, prepared.coarsening)
+def plan_from_prepared(prepared: Any, cluster: Cluster, *, placer: str = DEFAULT_PLACER, order: str = DEFAULT_ORDER,
+                       seed: int = DEFAULT_SEED, settings: Mapping[str, Any] | None = None,
+                       source: Mapping[str, Any] | None = None, **placer_settings: Any) -> Plan:
+    """Place a `capture.pipeline.Prepared` model on `cluster` and simulate the expanded placement
+    (`devplace.planning.place_graph`)."""
+    placed = place_graph(prepared.graph, cluster, placer=placer, order=order, seed=seed,
+                         coarsening=prepared.coarsening, full=prepared.full, **placer_settings)
+    s = {"placer": placer, "order": placed.placement.meta.get("order", order), "seed": seed,
+         "placer_settings": dict(placer_settings),
+         **(settings or {}), "source": dict(source or {})}
+    return Plan(placed.graph, cluster, placed.placement, placed.result, s, prepared.coarsening)
 
 
-def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, placer: str = "m-etf",
-         order: str = "auto", optimizer: str = "adam", max_nodes: int | None = None, seed: int = 0,
+def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, placer: str = DEFAULT_PLACER,
+         order: str = DEFAULT_ORDER, optimizer: str = "adam", max_nodes: int | None = None, seed: int = DEFAULT_SEED,
          loss_fn: Callable[[Any], torch.Tensor] | None = None, **placer_settings: Any) -> Plan:
     """Capture `model`'s training step on `example_inputs`, cost it for the cluster's first device, coarsen it
     (to `max_nodes` groups if given), place it with `placer` walking `order`, and simulate the placement.
@@ -168,8 +161,9 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def zoo_plan(name: str, cluster: Cluster | str, *, batch: int | None = None, seq_len: int | None = None,
-             placer: str = "m-etf", order: str = "auto", optimizer: str = "adam", max_nodes: int | None = None,
-             seed: int = 0, **placer_settings: Any) -> tuple[Plan, nn.Module, tuple[torch.Tensor, ...]]:
+             placer: str = DEFAULT_PLACER, order: str = DEFAULT_ORDER, optimizer: str = "adam",
+             max_nodes: int | None = None, seed: int = DEFAULT_SEED, **placer_settings: Any,
+             ) -> tuple[Plan, nn.Module, tuple[torch.Tensor, ...]]:
     """Build zoo model `name` for real (seeded, on the CPU) and plan it; returns (plan, module, inputs).
 
     The plan records the zoo name, batch and sequence length, so `rebuild_zoo_model(plan)` makes the same

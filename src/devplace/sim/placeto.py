@@ -31,6 +31,7 @@ import math
 import numpy as np
 from numba import njit
 
+from devplace.defaults import SIM_PLACETO
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.heap import heap_pop, heap_push
@@ -38,7 +39,7 @@ from devplace.graph.tensors import tensor_groups
 from devplace.hardware.cluster import Cluster
 from devplace.sim.result import SimResult, Transfers
 
-MODEL = "placeto"
+MODEL = SIM_PLACETO  # "placeto-sim": the Placeto paper's simulator (not the placer, not its encoder)
 DELTA1_S = 5.7e-6  # device busy after an op of nonzero time (reference: 5.7 us)
 DELTA2_S = 25e-6  # bus busy after a send, not delaying the arrival (reference: 25 us)
 
@@ -277,8 +278,8 @@ def _groups(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, np.cumsum(new) - 1
 
 
-class PlacetoModel:
-    """The placement-independent arrays of the `placeto` model, prepared once; `run(devices)` then simulates
+class PlacetoSimModel:
+    """The placement-independent arrays of the `placeto-sim` model, prepared once; `run(devices)` then simulates
     one placement. Placers that simulate many placements of one graph keep one of these."""
 
     name = MODEL
@@ -341,6 +342,9 @@ class PlacetoModel:
         )
 
 
+
+PlacetoModel = PlacetoSimModel  # the old name, kept for code that imports it
+
 def simulate_placeto(graph: CompGraph, cluster: Cluster, devices: np.ndarray, *, delta1_s: float = DELTA1_S,
                      delta2_s: float = DELTA2_S, bus_Bps: float | None = None) -> SimResult:
     """Simulate one training step of `graph` on `cluster` with the `placeto` model (DESIGN.md section 5).
@@ -350,7 +354,7 @@ def simulate_placeto(graph: CompGraph, cluster: Cluster, devices: np.ndarray, *,
     (without delaying its arrival), `bus_Bps` the bus bandwidth (default: the cluster's default link
     bandwidth; per-pair links and latencies are not used by this model).
     """
-    return PlacetoModel(graph, cluster, delta1_s=delta1_s, delta2_s=delta2_s, bus_Bps=bus_Bps).run(devices)
+    return PlacetoSimModel(graph, cluster, delta1_s=delta1_s, delta2_s=delta2_s, bus_Bps=bus_Bps).run(devices)
 
 
 def reference_form(graph: CompGraph) -> CompGraph:

@@ -18,6 +18,7 @@ import math
 import os
 import platform
 import socket
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -25,10 +26,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
+from devplace.hardware.features import graph_features
+from devplace.placers.registry import get_placer
+from devplace.planning import Placed, place_graph
+from devplace.sim import lower_bound
 from devplace.study.grid import Cell, expand
 from devplace.study.spec import NO_ORDER, GraphRef, StudySpec, load_study
 
@@ -96,19 +99,14 @@ def run_cell(cell: Cell, graph: CompGraph | str, cluster: Cluster) -> dict[str, 
     try:
         if isinstance(graph, str):
             raise GraphPreparationError(graph)
-        from devplace.hardware.features import graph_features
-        from devplace.sim import lower_bound, simulate
-
         row.update(graph_name=graph.name, num_nodes=graph.num_nodes)
         row["features"] = {k: _finite(v) for k, v in graph_features(graph, cluster).items()}
         row["lower_bound_s"] = lower_bound(graph, cluster).value_s
-        t = time.perf_counter()
-        devices, curve, episodes = _place(cell, graph, cluster)
-        row["placement_time_s"] = time.perf_counter() - t
-        result = simulate(graph, cluster, devices, model=cell.sim_model)
-        row.update(status="ok", step_time_s=float(result.step_time_s), feasible=int(result.feasible),
-                   peak_memory_bytes=[float(b) for b in result.peak_memory_bytes], episodes=episodes,
-                   curve=[float(x) for x in curve] if curve is not None else None)
+        placed, curve, episodes = _place(cell, graph, cluster)
+        result = placed.result
+        row.update(placement_time_s=placed.placement_time_s, status="ok", step_time_s=float(result.step_time_s),
+                   feasible=int(result.feasible), peak_memory_bytes=[float(b) for b in result.peak_memory_bytes],
+                   episodes=episodes, curve=[float(x) for x in curve] if curve is not None else None)
     except Exception as exc:  # a failing cell is recorded and does not stop the study
         row.update(status="failed", step_time_s=None, error=_error_text(exc))
     row["wall_s"] = time.perf_counter() - t0
@@ -120,13 +118,9 @@ class GraphPreparationError(Exception):
     """The cell's graph could not be captured or loaded (the message is the original error)."""
 
 
-def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[np.ndarray, list[float] | None, int | None]:
-    """The placement (device per node), the learning curve of RL placers, and their episode count."""
-    import tempfile
-
-    from devplace.placers import place
-    from devplace.placers.registry import get_placer
-
+def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[Placed, list[float] | None, int | None]:
+    """The placement simulated under the cell's model, the learning curve of RL placers, and their episode
+    count."""
     settings = cell.settings
     accepted = get_placer(cell.placer).settings
     if "sim_model" in accepted and "sim_model" not in settings:
@@ -136,7 +130,8 @@ def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[np.ndarray, 
     if "log" in accepted:
         # the RL placers write their learning curve to a `log` file: read it back, one step time per episode
         # (placeto: the episode's final step time; seq2seq: the iteration's mean sampled step time). A `log`
-        # the study gave becomes this cell's own file inside the study's folder; else a temporary one.
+        # the study gave becomes this cell's own file inside the study's folder; else a temporary one. Imported
+        # here because the curve module brings torch.
         from devplace.placers.rl.curve import read_curve
 
         with tempfile.TemporaryDirectory(prefix="devplace-cell-") as tmp:
@@ -145,12 +140,13 @@ def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[np.ndarray, 
                 own.parent.mkdir(parents=True, exist_ok=True)
             log = own if own is not None else Path(tmp) / "curve.csv"
             settings["log"] = str(log)
-            placement = place(graph, cluster, placer=cell.placer, order=order, seed=cell.seed, **settings)
+            placed = place_graph(graph, cluster, placer=cell.placer, order=order, seed=cell.seed,
+                                 simulation_model=cell.sim_model, **settings)
             rows = read_curve(log) if log.is_file() else []
-        curve = [float(r["step_time_s"]) for r in rows if not r.get("greedy")]
-        return placement.to_array(graph, cluster.num_devices), curve, episodes
-    placement = place(graph, cluster, placer=cell.placer, order=order, seed=cell.seed, **settings)
-    return placement.to_array(graph, cluster.num_devices), None, episodes
+        return placed, [float(r["step_time_s"]) for r in rows if not r.get("greedy")], episodes
+    placed = place_graph(graph, cluster, placer=cell.placer, order=order, seed=cell.seed,
+                         simulation_model=cell.sim_model, **settings)
+    return placed, None, episodes
 
 
 # ---------------------------------------------------------------------------------------------- driver side

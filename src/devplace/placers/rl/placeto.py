@@ -99,7 +99,7 @@ from devplace.sim.placeto import PlacetoModel
 from devplace.sim.result import SimResult
 
 ENCODERS = ("placeto", "sage", "gat")
-SIM_MODELS = ("devplace", "placeto")
+SIM_MODELS = ("devplace", "placeto-sim", "placeto")  # accepted names; "placeto" is placeto-sim's old name
 
 
 @dataclass(frozen=True)

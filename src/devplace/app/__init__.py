@@ -1,0 +1,199 @@
+"""The application layer: one function per user task, each returning a result object that summarises itself
+(rich renderable via `__rich__`, plain `text()`, and `to_dict()` for `--json`).
+
+The CLI (`devplace.cli`) parses arguments, calls one of these and prints what it returns; it holds no
+pipeline logic. Tasks that need only graphs, clusters, placers and the simulator live here; the ones that
+need torch (capturing models, running them, the learned placers, studies) or the study report's plotting
+stack live in `devplace.app.with_torch`, reached through `torch_tasks()`: the one lazy import boundary, so
+that `devplace --help` and the graph-only commands start without loading torch. Both sit above `runtime/` and
+`study/`; the pure "plan a graph" stitching they share is `devplace.planning`, below those.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rich.console import Group
+from rich.text import Text
+
+from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, DEFAULT_SIM_MODEL
+from devplace.errors import DevplaceError
+from devplace.graph import load_graph, load_placement
+from devplace.graph.compgraph import CompGraph
+from devplace.hardware.cluster import Cluster, load_cluster
+from devplace.orders.auto import Recommendation, load_order_model, recommend_order
+from devplace.placers import get_placer
+from devplace.planning import Placed, Progress, Simulated, json_safe, place_graph, render_text, simulate_placement
+from devplace.sim import LowerBound, lower_bound
+from devplace.units import fmt_time
+
+__all__ = ["Bounded", "OutputPathError", "Recommended", "bound", "check_outputs", "graph_file", "load_graph_arg",
+           "plan_graph", "recommend", "simulate_file", "torch_tasks"]
+
+
+def torch_tasks() -> ModuleType:
+    """`devplace.app.with_torch`, imported on first use: the tasks that need torch (capture, profile, run,
+    export, train, studies: their workers capture graphs) or the study report's plotting stack. The one place
+    the application layer defers an import, so that commands that do not need them start fast."""
+    return importlib.import_module("devplace.app.with_torch")
+
+
+class OutputPathError(DevplaceError):
+    """An output file that cannot be written: a folder, in a missing folder, or not writable."""
+
+
+def check_outputs(**paths: Path | None) -> None:
+    """Refuse, before any work, output files that cannot be written (keyword: what the file is, e.g.
+    `trace=...`): a folder, a file in a folder that does not exist, or a file or folder not writable.
+    Nothing is created or changed."""
+    for what, path in paths.items():
+        if path is None:
+            continue
+        name = f"--{what} {path}"
+        if str(path).endswith(("/", os.sep)) or path.is_dir():
+            raise OutputPathError(f"{name}: is a folder; give the name of a file (in it, or elsewhere)")
+        parent = path.parent
+        if not parent.is_dir():
+            raise OutputPathError(f"{name}: folder {parent} does not exist; create it first (mkdir -p {parent})")
+        if path.exists():
+            try:  # append mode changes nothing, and fails where writing would (e.g. files under /proc)
+                path.open("ab").close()
+            except OSError as exc:
+                raise OutputPathError(f"{name}: cannot be written ({exc.strerror}); choose another file") from None
+        elif not os.access(parent, os.W_OK):
+            raise OutputPathError(f"{name}: folder {parent} is not writable; choose another folder")
+
+
+def graph_file(path: str | Path) -> Path:
+    """The graph file `path` names: `example` is the bundled example graph (unless a file of that name exists)."""
+    path = Path(path)
+    if str(path) == "example" and not path.exists():
+        return Path(str(resources.files("devplace") / "data" / "example_mlp.json"))
+    return path
+
+
+def load_graph_arg(path: str | Path) -> CompGraph:
+    """Load the graph a command-line argument names (`example` included)."""
+    return load_graph(graph_file(path))
+
+
+def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer: str = DEFAULT_PLACER,
+               order: str = DEFAULT_ORDER, seed: int = DEFAULT_SEED, settings: dict[str, Any] | None = None,
+               try_orders: int | None = None, try_with: str | None = None, progress: Progress | None = None,
+               output: Path | None = None, trace: Path | None = None, plot: Path | None = None) -> Placed:
+    """`devplace place GRAPH`: place a graph (file, `example`, or CompGraph) on a cluster (preset, file or
+    Cluster), simulate it, and write the placement, trace and timeline asked for (checked before placing)."""
+    check_outputs(output=output, trace=trace, plot=plot)
+    c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
+    g = graph if isinstance(graph, CompGraph) else load_graph_arg(graph)
+    placed = place_graph(g, c, placer=placer, order=order, seed=seed, progress=progress, try_orders=try_orders,
+                         try_with=try_with, **(settings or {}))
+    placed.write(output=output, trace=trace, plot=plot)
+    return placed
+
+
+def simulate_file(graph: str | Path, cluster: str | Cluster, placement: str | Path, *,
+                  model: str = DEFAULT_SIM_MODEL, trace: Path | None = None, plot: Path | None = None) -> Simulated:
+    """`devplace simulate`: simulate a placement file of a graph file on a cluster under simulation `model`.
+    A placement made for another graph or cluster (by the names it records) is simulated with a warning."""
+    check_outputs(trace=trace, plot=plot)
+    g = load_graph_arg(graph)
+    c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
+    p = load_placement(placement)
+    sim = simulate_placement(g, c, p, model=model)
+    for what, recorded, given in (("graph", p.graph, g.name), ("cluster", p.cluster, c.name)):
+        if recorded and recorded != given:
+            sim.warnings.append(f"{placement} was made for {what} {recorded!r}, simulated on {what} {given!r}")
+    sim.write(trace=trace, plot=plot)
+    return sim
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """The lower bound of a graph on a cluster: what `devplace bound` reports."""
+
+    graph: CompGraph
+    cluster: Cluster
+    bound: LowerBound
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `devplace bound --json` document."""
+        lb = self.bound
+        return json_safe({"graph": self.graph.name, "cluster": self.cluster.name, "lower_bound_s": lb.value_s,
+                          "work_s": lb.work_s, "critical_path_s": lb.critical_path_s, "limited_by": lb.limited_by,
+                          "critical_path": [self.graph.ids[v] for v in lb.critical_path]})
+
+    def __rich__(self) -> Group:
+        lb = self.bound
+        head = Text.assemble((self.graph.name, "bold"), " on ", (self.cluster.name, "bold"), ": lower bound ",
+                             (fmt_time(lb.value_s), "bold"), f" ({lb.limited_by})")
+        return Group(head, Text(f"  total work / total speed : {fmt_time(lb.work_s)}"),
+                     Text(f"  critical path (fastest device, no communication): {fmt_time(lb.critical_path_s)}, "
+                          f"{len(lb.critical_path)} ops"))
+
+    def text(self, width: int = 120) -> str:
+        """The report as plain text."""
+        return render_text(self, width)
+
+
+def bound(graph: str | Path, cluster: str | Cluster) -> Bounded:
+    """`devplace bound`: the lower bound on the step time of a graph file on a cluster."""
+    g = load_graph_arg(graph)
+    c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
+    return Bounded(g, c, lower_bound(g, c))
+
+
+@dataclass(frozen=True)
+class Recommended:
+    """The traversal order recommended for a graph and placer: what `devplace recommend` reports."""
+
+    graph: CompGraph
+    cluster: Cluster | None
+    placer: str
+    recommendation: Recommendation
+    model_source: str
+    fitted_on: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `devplace recommend --json` document."""
+        return json_safe({"graph": self.graph.name, "cluster": self.cluster.name if self.cluster else None,
+                          **self.recommendation.to_dict(), "model": self.model_source, "fitted_on": self.fitted_on})
+
+    def __rich__(self) -> Group:
+        rec = self.recommendation
+        where = self.cluster.name if self.cluster else "no cluster"
+        return Group(
+            Text.assemble((self.graph.name, "bold"), f" with {self.placer} on {where}: order ", (rec.order, "bold")),
+            Text(f"  rule: {rec.rule}"),
+            Text(f"  expected gain over topo: {rec.expected_gain:+.2%} (mean over {rec.graphs} study graphs "
+                 f"the rule covers); next best: {', '.join(rec.ranking[1:4]) or '-'}"))
+
+    def text(self, width: int = 120) -> str:
+        """The report as plain text."""
+        return render_text(self, width)
+
+
+def recommend(graph: str | Path | None, *, model: str | None = None, batch: int | None = None,
+              seq_len: int | None = None, max_nodes: int | None = None, cluster: str | None = None,
+              placer: str = "greedy", order_model: Path | None = None) -> Recommended:
+    """`devplace recommend`: the order `--order auto` picks for a graph file or a zoo model (captured), placer
+    and cluster (default: the one the order model was fitted on)."""
+    spec = get_placer(placer)
+    om = load_order_model(order_model)
+    c = load_cluster(cluster) if cluster else (load_cluster(om.cluster) if om.cluster else None)
+    if (graph is None) == (model is None):
+        raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`)")
+    if model is not None:
+        g = torch_tasks().prepare_model(model, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
+                                        device=c.devices[0] if c is not None else None).graph
+    else:
+        assert graph is not None
+        g = load_graph_arg(graph)
+    rec = recommend_order(g, c, placer=placer, model=om, uses_order=spec.uses_order)
+    return Recommended(g, c, placer, rec, om.source, om.doc.get("fitted_on"))

@@ -1,0 +1,337 @@
+"""The tasks of the application layer that need torch (capture, profile, run, export, train, studies) or the
+study report's plotting stack. Reached through `devplace.app.torch_tasks()` (imported on first use) so that the
+commands that do not need them start without loading torch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from devplace.app import check_outputs, load_graph_arg
+from devplace.capture.onnx_import import load_onnx
+from devplace.capture.pipeline import Prepared, capture_zoo_model, family_graph, prepare, zoo_prepared
+from devplace.capture.profile import (
+    calibrate,
+    fold_runs,
+    format_calibration,
+    format_runs,
+    local_cpu_device,
+    local_cpu_roofline,
+    profile_graph,
+    read_runs,
+)
+from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, ENCODER_PLACETO, LEARNED_PLACER, encoder_name
+from devplace.errors import DevplaceError
+from devplace.graph import save_graph
+from devplace.graph.compgraph import CompGraph
+from devplace.hardware.cluster import Cluster, Device, load_cluster
+from devplace.hardware.cost import CostTable
+from devplace.hardware.presets import device_kind as kind_device
+from devplace.placers.rl.curve import plot_curve, read_curve
+from devplace.placers.rl.trainer import TrainResult, mean_best_ratio, parse_indices, train
+from devplace.planning import Placed, Progress, json_safe, place_graph, render_text
+from devplace.runtime.apply import normalize_devices
+from devplace.runtime.export import device_map, export_json, pipeline_split
+from devplace.runtime.plan import Plan, load_plan, rebuild_zoo_model, zoo_plan
+from devplace.runtime.run import RunResult, append_record, local_cluster, measure_plan
+from devplace.study.report import write_report
+from devplace.study.runner import StudySummary, run_study
+from devplace.study.spec import StudyError, load_study
+from devplace.units import fmt_bytes, fmt_time
+from devplace.zoo.families import FAMILIES, FAMILY_SIZE
+from devplace.zoo.models import MODELS, ModelSpec
+
+__all__ = [
+    "Measured",
+    "StudyRan",
+    "capture_graph",
+    "check_learned_placer",
+    "cost_device",
+    "export_plan",
+    "fold_run_records",
+    "format_calibration",
+    "format_runs",
+    "mean_best_ratio",
+    "model_calibration",
+    "place_prepared",
+    "plan_for_run",
+    "plot_learning_curve",
+    "prepare_model",
+    "profile_model",
+    "rl_encoder",
+    "run_model",
+    "save_prepared",
+    "study_report",
+    "study_run",
+    "train_policy",
+    "training_graphs",
+    "zoo_catalogue",
+    "zoo_family_graph",
+]
+
+
+def prepare_model(model: str, *, batch: int | None = None, seq_len: int | None = None, max_nodes: int | None = None,
+                  optimizer: str = "adam", device: Device | None = None, costs: CostTable | None = None) -> Prepared:
+    """Capture zoo model `model`'s training step, cost it for `device`, colocate it (and coarsen it)."""
+    return zoo_prepared(model, batch=batch, seq_len=seq_len, optimizer=optimizer, max_nodes=max_nodes,
+                        device=device, costs=costs)
+
+
+def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAULT_PLACER,
+                   order: str = DEFAULT_ORDER, seed: int = DEFAULT_SEED, settings: dict[str, Any] | None = None,
+                   try_orders: int | None = None, try_with: str | None = None, progress: Progress | None = None,
+                   output: Path | None = None, trace: Path | None = None, plot: Path | None = None) -> Placed:
+    """Place a prepared model's coarse graph, expand the placement to every op, simulate and write files
+    (checked before placing)."""
+    check_outputs(output=output, trace=trace, plot=plot)
+    placed = place_graph(prepared.graph, cluster, placer=placer, order=order, seed=seed,
+                         coarsening=prepared.coarsening, full=prepared.full, progress=progress,
+                         try_orders=try_orders, try_with=try_with, **(settings or {}))
+    placed.write(output=output, trace=trace, plot=plot)
+    return placed
+
+
+def cost_device(kind: str) -> Device:
+    """The device to cost ops for: a preset kind (K80, V100, ...) or `cpu` (this machine's, measured)."""
+    return local_cpu_device() if kind == "cpu" else kind_device(kind)
+
+
+def capture_graph(*, model: str | None = None, onnx: Path | None = None, batch: int | None = None,
+                  seq_len: int | None = None, max_nodes: int | None = None, optimizer: str = "adam",
+                  costs: Path | None = None, device_kind: str = "V100") -> Prepared:
+    """`devplace capture`: a zoo model's or an ONNX forward graph's training step, costed and colocated."""
+    if (model is None) == (onnx is None):
+        raise DevplaceError("give either --model NAME (see `devplace zoo list`) or --onnx FILE")
+    device = cost_device(device_kind)
+    table = CostTable.load(costs) if costs is not None else None
+    if model is not None:
+        return prepare_model(model, batch=batch, seq_len=seq_len, optimizer=optimizer, max_nodes=max_nodes,
+                             device=device, costs=table)
+    assert onnx is not None
+    dims = {"seq": seq_len} if seq_len else None
+    return prepare(load_onnx(onnx, optimizer=optimizer, batch=batch, dims=dims), device=device, costs=table,
+                   max_nodes=max_nodes)
+
+
+def save_prepared(prepared: Prepared, output: Path, full: Path | None = None) -> None:
+    """Write a prepared model's coarse graph to `output` (and the full costed graph to `full`)."""
+    save_graph(prepared.graph, output)
+    if full is not None:
+        save_graph(prepared.full, full)
+
+
+def zoo_catalogue() -> tuple[dict[str, ModelSpec], tuple[str, ...], int]:
+    """`devplace zoo list`: the zoo's named models, the study's families and the graphs in each family."""
+    return dict(MODELS), tuple(FAMILIES), FAMILY_SIZE
+
+
+def zoo_family_graph(name: str, index: int, *, max_nodes: int | None, output: Path | None = None) -> CompGraph:
+    """`devplace zoo family`: graph `index` of a study family, coarsened; saved to `output` if given."""
+    g = family_graph(name, index, max_nodes=max_nodes)
+    if output is not None:
+        save_graph(g, output)
+    return g
+
+
+def profile_model(model: str, output: Path, *, batch: int | None = None, seq_len: int | None = None,
+                  device: str = "cpu", repeats: int = 10, max_ops: int | None = None,
+                  progress: Callable[[int, int, Any], None] | None = None) -> tuple[CompGraph, CostTable]:
+    """`devplace profile`: time every distinct op of a zoo model's step for real; the table is saved."""
+    graph = capture_zoo_model(model, batch=batch, seq_len=seq_len)
+    table = profile_graph(graph, device, repeats=repeats, max_ops=max_ops, progress=progress)
+    table.save(output)
+    return graph, table
+
+
+def fold_run_records(runs: Path) -> dict[str, Any]:
+    """`devplace calibrate --runs`: measured/simulated ratios of `devplace run` records."""
+    return fold_runs(read_runs(runs))
+
+
+def model_calibration(costs: Path, model: str, *, batch: int | None = None,
+                      seq_len: int | None = None) -> dict[str, Any]:
+    """`devplace calibrate --costs`: the analytic cost model against a profiled table, per op class."""
+    table = CostTable.load(costs)
+    graph = capture_zoo_model(model, batch=batch, seq_len=seq_len)
+    roofline = local_cpu_roofline() if table.device is not None and table.device.name.startswith("cpu") else None
+    return calibrate(graph, table, roofline=roofline)
+
+
+def training_graphs(graphs: Sequence[Path], *, family: str | None = None, indices: str = "0-23",
+                    max_nodes: int = 300) -> list[CompGraph]:
+    """The graphs `devplace train` trains on: graph files, or the members `indices` of a study family
+    (captured and coarsened to `max_nodes`)."""
+    if (family is None) == (not graphs):
+        raise DevplaceError("give either GRAPH files or --family NAME (cifar10, ptb, nmt)")
+    if family is not None:
+        return [family_graph(family, i, max_nodes=max_nodes) for i in parse_indices(indices, FAMILY_SIZE)]
+    return [load_graph_arg(p) for p in graphs]
+
+
+def train_policy(graphs: list[CompGraph], cluster: str | Cluster, **settings: Any) -> TrainResult:
+    """`devplace train`: one placeto policy trained over `graphs` (`settings`: those of
+    `devplace.placers.rl.trainer.train`; `encoder` by its name or an alias)."""
+    if "encoder" in settings:
+        settings["encoder"] = rl_encoder(settings["encoder"])
+    return train(graphs, cluster if isinstance(cluster, Cluster) else load_cluster(cluster), **settings)
+
+
+def rl_encoder(name: str) -> str:
+    """The spelling `devplace.placers.rl` uses for encoder `name`: it still calls the Placeto paper's encoder
+    (`placeto-gnn`) `placeto`, as its policy checkpoints do."""
+    return "placeto" if encoder_name(name) == ENCODER_PLACETO else name
+
+
+def check_learned_placer(placer: str) -> None:
+    """`devplace train` trains the learned placer only."""
+    if placer != LEARNED_PLACER:
+        raise DevplaceError(f"devplace train trains {LEARNED_PLACER} only (got --placer {placer}); seq2seq trains "
+                            "per graph inside `devplace place --placer seq2seq`")
+
+
+def plot_learning_curve(curve: Path, output: Path) -> int:
+    """`devplace plot-curve`: draw a learning curve CSV; returns its row count."""
+    rows = read_curve(curve)
+    plot_curve(rows, output, title=curve.stem)
+    return len(rows)
+
+
+def study_report(db: Path, out: Path) -> list[Path]:
+    """`devplace study report`: write a study's report files into `out`."""
+    return write_report(db, out, command=f"devplace study report {db} -o {out}")
+
+
+@dataclass(eq=False)
+class Measured:
+    """Real training steps of a placed model against their simulation: what `devplace run` reports."""
+
+    plan: Plan
+    run: RunResult
+    record: dict[str, Any]
+    devices: list[Any]
+    granularity: str
+    crossings: int
+    steps: int
+    record_path: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The calibration record (`devplace run --json`)."""
+        return json_safe(self.record)
+
+    def __rich__(self) -> Group:
+        p, run = self.plan, self.run
+        line = Text(f"measured step {fmt_time(run.step_time_s)} (median of {self.steps}, {run.timer}) vs simulated "
+                    f"{fmt_time(p.runtime_result.step_time_s)} as run: measured/simulated = "
+                    f"{self.record['ratio']:.2f}; placed at {self.granularity} granularity, {self.crossings} device "
+                    "crossings per forward")
+        table = Table(header_style="bold", show_edge=False)
+        for col in ("real device", "logical devices", "simulated peak", "measured peak"):
+            table.add_column(col)
+        for dev in dict.fromkeys(self.devices):
+            logical = [i for i, d in enumerate(self.devices) if d == dev and i < p.cluster.num_devices]
+            sim = sum(float(p.runtime_result.peak_memory_bytes[i]) for i in logical)
+            meas = run.peak_memory_bytes.get(str(dev))
+            table.add_row(str(dev), ",".join(map(str, logical)), fmt_bytes(sim),
+                          fmt_bytes(meas) if meas is not None else "not measured (CPU)")
+        tail = [Text(f"appended the calibration record to {self.record_path} (fold it with `devplace calibrate "
+                     "--runs`)")] if self.record_path is not None else []
+        return Group(p.summary(), line, table, *tail)
+
+    def text(self, width: int = 120) -> str:
+        """The report as plain text."""
+        return render_text(self, width)
+
+
+def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, devices: str = "cpu",
+                 cluster: str | None = None, batch: int | None = None, seq_len: int | None = None,
+                 max_nodes: int | None = None, placer: str = DEFAULT_PLACER, order: str = DEFAULT_ORDER,
+                 seed: int = DEFAULT_SEED, save_plan: Path | None = None) -> tuple[Plan, Any, Any]:
+    """The plan `devplace run` runs, with its module and inputs: a saved plan file's zoo model rebuilt, or
+    zoo model `model` captured and placed on `cluster` (default: the `devices`, speeds measured)."""
+    if (model is None) == (plan_file is None):
+        raise DevplaceError("give either --model NAME (see `devplace zoo list`) or --plan FILE")
+    real = normalize_devices(devices)
+    if plan_file is not None:
+        p = load_plan(plan_file)
+        module, inputs = rebuild_zoo_model(p)
+        return p, module, inputs
+    assert model is not None
+    c = load_cluster(cluster) if cluster else local_cluster(real)
+    p, module, inputs = zoo_plan(model, c, batch=batch, seq_len=seq_len, placer=placer, order=order,
+                                 max_nodes=max_nodes, seed=seed)
+    if save_plan is not None:
+        p.save(save_plan)
+    return p, module, inputs
+
+
+def run_model(p: Plan, module: Any, inputs: Any, devices: str, *, steps: int = 5, warmup: int = 2,
+              record: Path | None = None) -> Measured:
+    """`devplace run`: run and time real training steps of plan `p` on `devices` and append the calibration
+    record to `record` (JSON lines) if given."""
+    placed, run, rec = measure_plan(p, module, inputs, normalize_devices(devices), steps=steps, warmup=warmup)
+    if record is not None:
+        append_record(record, rec)
+    return Measured(p, run, rec, list(placed.devices), placed.granularity, placed.crossings, steps, record)
+
+
+def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None) -> tuple[dict[str, Any], str]:
+    """`devplace export`: (the JSON document, a one-line note) of a plan's placement as pipeline split points,
+    a device_map or plain JSON."""
+    p = load_plan(plan_file)
+    names = [d.strip() for d in devices.split(",")] if devices else None
+    if fmt == "pipeline":
+        split = pipeline_split(p.graph, p.placement)
+        doc = split.to_dict()
+        if names is not None:
+            doc["stage_device_names"] = [names[d] for d in split.devices]
+        return doc, f"{len(split.devices)} pipeline stage(s), split at {', '.join(split.split_points) or 'nothing'}"
+    if fmt == "device-map":
+        dm = device_map(p.graph, p.placement, p.cluster)
+        doc = {"format": "devplace.device_map/1", "device_map": dm.named(names), "step_time_s": dm.step_time_s,
+               "op_level_step_time_s": dm.op_level_step_time_s, "slowdown": dm.slowdown}
+        return doc, (f"{len(dm.mapping)} modules mapped; simulated step {fmt_time(dm.step_time_s)} vs "
+                     f"{fmt_time(dm.op_level_step_time_s)} at op granularity ({dm.slowdown:.3f}x)")
+    if fmt == "json":
+        return export_json(p.graph, p.placement, names), f"{len(p.placement.assignment)} ops placed"
+    raise DevplaceError(f"unknown export format {fmt!r}; choose pipeline, device-map or json")
+
+
+@dataclass(frozen=True)
+class StudyRan:
+    """What `devplace study run` did."""
+
+    summary: StudySummary
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as a JSON object."""
+        s = self.summary
+        return {"study": s.study, "cells": s.cells, "skipped": s.skipped, "ran": s.ran, "failed": s.failed,
+                "wall_s": s.wall_s, "db": s.db}
+
+    def __rich__(self) -> Text:
+        s = self.summary
+        return Text(f"{s.study}: {s.ran} cells run ({s.failed} failed), {s.skipped} already done; {s.wall_s:.1f} s; "
+                    f"results in {s.db}"
+                    + ("; see the error column, rerun failed cells with --retry-failed" if s.failed else ""))
+
+    def text(self, width: int = 120) -> str:
+        """The report as plain text."""
+        return render_text(self, width)
+
+
+def study_run(study: Path | None, *, preset: str | None = None, db: Path = Path("study.sqlite"),
+              backend: str = "local", workers: int = 1, address: str | None = None, retry_failed: bool = False,
+              progress: bool = True) -> StudyRan:
+    """`devplace study run`: run every unfinished cell of a study file or preset into `db`."""
+    if (study is None) == (preset is None):
+        raise StudyError("give a study TOML file or --preset NAME (one of the two)")
+    spec = load_study(study if study is not None else preset, preset=preset is not None)
+    return StudyRan(run_study(spec, db, backend=backend, workers=workers, address=address,
+                              retry_failed=retry_failed, progress=progress))

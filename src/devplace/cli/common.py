@@ -1,0 +1,113 @@
+"""What every command module shares: the console, argument and option types, JSON output, progress display,
+and `--set key=value` parsing. Presentation only: the work is done by `devplace.app`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.text import Text
+
+from devplace.defaults import SIM_MODEL_ALIASES, SIM_MODELS
+from devplace.errors import DevplaceError
+from devplace.planning import check_seed, json_safe
+
+console = Console()
+
+GraphArg = Annotated[Path, typer.Argument(help="graph file (devplace.graph/1 JSON), or `example` for the bundled one")]
+ClusterArg = Annotated[str, typer.Argument(help="cluster preset name (see `devplace clusters`) or cluster JSON file")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object instead of tables")]
+ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="zoo model to capture (see `devplace zoo list`)")]
+BatchOpt = Annotated[int | None, typer.Option(help="batch size (default: the model's)")]
+SeqOpt = Annotated[int | None, typer.Option("--seq-len", help="sequence length (default: the model's)")]
+MaxNodesOpt = Annotated[int | None, typer.Option("--max-nodes", help="coarsen to at most this many groups")]
+OptimizerOpt = Annotated[str, typer.Option(help="optimizer of the captured step: adam, sgd or none")]
+PlacerOpt = Annotated[str, typer.Option(help="placer name (see `devplace placers`)")]
+SeedOpt = Annotated[int, typer.Option(help="seed for every random choice", callback=check_seed)]
+TraceOpt = Annotated[Path | None, typer.Option(help="write a Chrome trace-event JSON (Perfetto)")]
+PlotOpt = Annotated[Path | None, typer.Option(help="write a Gantt chart PNG")]
+
+SIM_MODEL_HELP = (f"simulation model: {' or '.join(SIM_MODELS)}"
+                  + "".join(f" ({alias}: same as {name})" for alias, name in SIM_MODEL_ALIASES.items()))
+
+
+def print_json(doc: Any) -> None:
+    """Print `doc` as indented JSON (NaN and infinities as null: JSON has neither)."""
+    sys.stdout.write(json.dumps(json_safe(doc), indent=1) + "\n")
+
+
+def one_line(text: str) -> Text:
+    """User text as printed: never read as rich markup, and control characters (newlines, terminal escape
+    codes) written as escapes, so that a message stays one line and cannot drive the terminal."""
+    return Text("".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text))
+
+
+def say(text: str) -> None:
+    """Print a line of text that may hold user text (names, paths): never read as markup."""
+    console.print(text, markup=False)
+
+
+def warn(message: str) -> None:
+    """Print a one-line warning on stderr."""
+    Console(stderr=True).print(Text.assemble(("warning:", "yellow"), " ", one_line(message)), soft_wrap=True)
+
+
+def busy(message: str, quiet: bool) -> Any:
+    """A spinner with `message` while a long step runs, unless `quiet` or stdout is not a terminal (where it
+    would only leave a blank line)."""
+    return nullcontext() if quiet or not console.is_terminal else console.status(one_line(message))
+
+
+@contextmanager
+def progress_bar(description: str, quiet: bool, label: str = "placing {task.description}",
+                 ) -> Iterator[Callable[[int, int], None] | None]:
+    """A transient progress bar; yields the `progress(done, total)` callback long tasks call (None if `quiet`
+    or stdout is not a terminal)."""
+    if quiet or not console.is_terminal:
+        yield None
+        return
+    columns = (TextColumn(label, markup=False), BarColumn(), TaskProgressColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(description, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+@contextmanager
+def rounds_bar(description: str, total: int, quiet: bool) -> Iterator[Callable[..., None] | None]:
+    """A transient done/total bar; yields `update(done, description)` (None if `quiet` or stdout is not a
+    terminal)."""
+    if quiet or not console.is_terminal:
+        yield None
+        return
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+               TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda done, text: bar.update(task, completed=done, description=text)
+
+
+def parse_settings(pairs: list[str]) -> dict[str, Any]:
+    """`key=value` pairs; values are read as JSON when they parse (numbers, true/false, null), else text."""
+    settings: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise DevplaceError(f"--set expects key=value, got {pair!r} (e.g. --set steps=2000)")
+        try:
+            settings[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            settings[key] = raw
+    return settings
+
+
+def require_cluster(cluster: str) -> None:
+    """`--cluster` is required by this command."""
+    if not cluster:
+        raise DevplaceError("--cluster is required (a preset from `devplace clusters` or a cluster JSON file)")

@@ -1,0 +1,86 @@
+"""Learned-placer commands: train, plot-curve."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from devplace import app
+from devplace.cli.common import SIM_MODEL_HELP, SeedOpt, busy, require_cluster, rounds_bar, say
+from devplace.defaults import (
+    DEFAULT_SEED,
+    DEFAULT_SIM_MODEL,
+    ENCODER_ALIASES,
+    ENCODER_PLACETO,
+    ENCODERS,
+    LEARNED_PLACER,
+)
+from devplace.hardware.cluster import load_cluster
+from devplace.units import fmt_time
+
+ENCODER_HELP = (f"graph encoder: {', '.join(ENCODERS)}"
+                + "".join(f" ({alias}: same as {name})" for alias, name in ENCODER_ALIASES.items()))
+
+
+def train_cmd(
+    graphs: Annotated[list[Path] | None, typer.Argument(help="graph files to train on (or use --family)")] = None,
+    cluster: Annotated[str, typer.Option("--cluster", "-c", help="cluster preset name or cluster JSON file")] = "",
+    placer: Annotated[str, typer.Option(help=f"the learned placer to train ({LEARNED_PLACER} only)")
+                      ] = LEARNED_PLACER,
+    family: Annotated[str | None, typer.Option(help="train on a study family: cifar10, ptb or nmt")] = None,
+    indices: Annotated[str, typer.Option("--graphs", help="family graph indices, e.g. 0-23 or 0,3,5-7")] = "0-23",
+    max_nodes: Annotated[int, typer.Option("--max-nodes", help="coarsen family graphs to this many groups")] = 300,
+    order: Annotated[str, typer.Option(help="traversal order of the episodes (see `devplace orders`)")] = "topo",
+    episodes: Annotated[int, typer.Option(help="rounds: one sampling episode per graph each")] = 50,
+    seed: SeedOpt = DEFAULT_SEED,
+    encoder: Annotated[str, typer.Option(help=ENCODER_HELP)] = ENCODER_PLACETO,
+    hidden: Annotated[int, typer.Option(help="embedding width")] = 32,
+    rounds: Annotated[int, typer.Option(help="message-passing rounds per direction")] = 8,
+    memory_penalty: Annotated[float, typer.Option("--memory-penalty", help="reward penalty per relative overflow")]
+    = 1.0,
+    sim_model: Annotated[str, typer.Option("--sim-model", help=f"simulator of the reward; {SIM_MODEL_HELP}")]
+    = DEFAULT_SIM_MODEL,
+    lr: Annotated[float, typer.Option(help="Adam learning rate")] = 1e-3,
+    output: Annotated[Path, typer.Option("-o", "--output", help="write the policy checkpoint here")] \
+    = Path("policy.pt"),
+    resume: Annotated[Path | None, typer.Option(help="continue training this checkpoint")] = None,
+    log: Annotated[Path | None, typer.Option(help="write the learning curve CSV here")] = None,
+    backend: Annotated[str, typer.Option(help="rollout workers: local (processes) or ray")] = "local",
+    address: Annotated[str | None, typer.Option(help="Ray cluster address (default: start Ray locally)")] = None,
+    workers: Annotated[int, typer.Option(help="rollout workers (local: 1 runs in this process)")] = 1,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+) -> None:
+    """Train one placeto policy over several graphs (a family's, or GRAPHS files) and save it for
+    `devplace place --placer placeto --set policy=policy.pt` on graphs it never saw."""
+    tasks = app.torch_tasks()
+    tasks.check_learned_placer(placer)
+    require_cluster(cluster)
+    c = load_cluster(cluster)
+    with busy(f"capturing {family} graphs", quiet or family is None):
+        gs = tasks.training_graphs(graphs or [], family=family, indices=indices, max_nodes=max_nodes)
+    settings: dict[str, Any] = dict(order=order, episodes=episodes, seed=seed, encoder=encoder, hidden=hidden,
+                                    rounds=rounds, memory_penalty=memory_penalty, sim_model=sim_model, lr=lr,
+                                    workers=workers, backend=backend, address=address, resume=resume, output=output,
+                                    log=log)
+    with rounds_bar(f"training on {len(gs)} graphs", episodes, quiet) as update:
+        if update is not None:
+            def report(done: int, total: int, rows: list[dict[str, Any]]) -> None:
+                best = sum(r["best_step_time_s"] for r in rows) / max(1, len(rows))
+                update(done, f"training on {len(gs)} graphs, mean best {fmt_time(best)}")
+
+            settings["progress"] = report
+        result = tasks.train_policy(gs, c, **settings)
+    say(f"trained placeto ({result.num_parameters} parameters) for {result.episodes_done} rounds on "
+        f"{len(gs)} graphs; best / start step time (geometric mean) {tasks.mean_best_ratio(result):.3f}; "
+        f"wrote {result.output}" + (f" and {log}" if log else ""))
+
+
+def plot_curve_cmd(
+    curve: Annotated[Path, typer.Argument(help="learning curve CSV from `devplace train --log` or --set log=...")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="write the PNG here")] = Path("curve.png"),
+) -> None:
+    """Draw a learning curve: step time per episode and best so far (per graph), and the policy's entropy."""
+    rows = app.torch_tasks().plot_learning_curve(curve, output)
+    say(f"wrote {output} ({rows} rows)")

@@ -1,0 +1,302 @@
+"""Placement commands: simulate, bound, info, clusters, place, placers, order, features, orders, recommend, demo."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from devplace import app
+from devplace.cli.common import (
+    SIM_MODEL_HELP,
+    BatchOpt,
+    ClusterArg,
+    GraphArg,
+    JsonOpt,
+    MaxNodesOpt,
+    ModelOpt,
+    OptimizerOpt,
+    PlacerOpt,
+    PlotOpt,
+    SeedOpt,
+    SeqOpt,
+    TraceOpt,
+    busy,
+    console,
+    parse_settings,
+    print_json,
+    progress_bar,
+    require_cluster,
+    say,
+    warn,
+)
+from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, DEFAULT_SIM_MODEL
+from devplace.errors import DevplaceError
+from devplace.graph.features import FEATURE_DESCRIPTIONS
+from devplace.graph.info import graph_info
+from devplace.hardware.cluster import load_cluster
+from devplace.hardware.features import graph_features
+from devplace.hardware.presets import PRESETS
+from devplace.orders import ORDER_DEFINITIONS, TOPOLOGICAL_ORDERS, check_order_name, traversal_order
+from devplace.placers import get_placer, placer_names
+from devplace.planning import check_seed
+from devplace.units import fmt_bytes, fmt_time
+
+
+def simulate_cmd(
+    graph: GraphArg,
+    cluster: ClusterArg,
+    placement: Annotated[Path, typer.Argument(help="placement file (devplace.placement/1 JSON)")],
+    model: Annotated[str, typer.Option(help=SIM_MODEL_HELP)] = DEFAULT_SIM_MODEL,
+    as_json: JsonOpt = False,
+    trace: TraceOpt = None,
+    plot: PlotOpt = None,
+    per_op: Annotated[bool, typer.Option("--per-op", help="with --json: each op's device, start, finish")] = False,
+) -> None:
+    """Simulate one training step of GRAPH on CLUSTER under PLACEMENT."""
+    sim = app.simulate_file(graph, cluster, placement, model=model, trace=trace, plot=plot)
+    for message in sim.warnings:
+        warn(message)
+    if as_json:
+        print_json(sim.to_dict(per_op=per_op))
+    else:
+        console.print(sim)
+
+
+def bound_cmd(graph: GraphArg, cluster: ClusterArg, as_json: JsonOpt = False) -> None:
+    """Lower bound on the step time of GRAPH on CLUSTER, valid for every placement and schedule."""
+    bounded = app.bound(graph, cluster)
+    if as_json:
+        print_json(bounded.to_dict())
+    else:
+        console.print(bounded)
+
+
+def info_cmd(graph: GraphArg, as_json: JsonOpt = False) -> None:
+    """Size and shape of GRAPH: counts, total compute and bytes, depth."""
+    info = graph_info(app.load_graph_arg(graph))
+    if as_json:
+        print_json(info)
+        return
+    table = Table(show_header=False, show_edge=False)
+    for key, value in info.items():
+        if key.endswith("_bytes"):
+            value = fmt_bytes(value)
+        elif key.endswith("_s"):
+            value = fmt_time(value)
+        elif isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items())
+        table.add_row(key, str(value))
+    console.print(table)
+
+
+def clusters_cmd(as_json: JsonOpt = False) -> None:
+    """List the built-in cluster presets."""
+    clusters = [factory() for factory in PRESETS.values()]
+    if as_json:
+        print_json([c.to_dict() for c in clusters])
+        return
+    table = Table(header_style="bold", show_edge=False)
+    table.add_column("name", no_wrap=True)
+    for col in ("devices", "memory each", "speed", "default link", "per-pair links"):
+        table.add_column(col)
+    for c in clusters:
+        kinds = sorted({d.kind or d.name for d in c.devices})
+        table.add_row(c.name, f"{c.num_devices} x {'/'.join(kinds)}",
+                      "/".join(sorted({fmt_bytes(d.memory_bytes) for d in c.devices})),
+                      "/".join(sorted({f"{d.speed:g}" for d in c.devices})),
+                      f"{c.link.bandwidth_Bps / 1e9:g} GB/s, {c.link.latency_s * 1e6:g} µs",
+                      str(len(c.links)))
+    console.print(table)
+
+
+def place_cmd(
+    graph: Annotated[Path | None, typer.Argument(help="graph file, or `example`; or use --model")] = None,
+    cluster: Annotated[str, typer.Option("--cluster", "-c", help="cluster preset name or cluster JSON file")] = "",
+    model: ModelOpt = None,
+    batch: BatchOpt = None,
+    seq_len: SeqOpt = None,
+    max_nodes: MaxNodesOpt = None,
+    optimizer: OptimizerOpt = "adam",
+    placer: PlacerOpt = DEFAULT_PLACER,
+    order: Annotated[str, typer.Option(help="traversal order for sequential placers (see `devplace orders`), or "
+                                            "`auto`: picked from the graph's features (see `devplace recommend`)")
+                     ] = DEFAULT_ORDER,
+    try_k: Annotated[int | None, typer.Option("--try", help="with --order auto: run the K most promising orders and "
+                                                            "keep the best (K times the placement time)")] = None,
+    try_with: Annotated[str | None, typer.Option("--try-with", help="with --try K: try the orders with this cheap "
+                                                                   "placer, then run --placer once")] = None,
+    seed: SeedOpt = DEFAULT_SEED,
+    setting: Annotated[list[str] | None, typer.Option("--set", help="placer setting key=value (repeatable)")] = None,
+    episodes: Annotated[int | None, typer.Option(help="learned placers: training episodes (0 with --policy: apply "
+                                                      "it zero-shot); same as --set episodes=N")] = None,
+    policy: Annotated[Path | None, typer.Option(help="learned placers: start from this trained policy (`devplace "
+                                                     "train -o`); same as --set policy=FILE")] = None,
+    log: Annotated[Path | None, typer.Option(help="learned placers: write the learning curve CSV here (see "
+                                                  "`devplace plot-curve`); same as --set log=FILE")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the placement JSON here")] = None,
+    as_json: JsonOpt = False,
+    trace: TraceOpt = None,
+    plot: PlotOpt = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar while placing")] = False,
+) -> None:
+    """Place GRAPH (or a zoo --model, captured on the fly) on a cluster and print the predicted step time and
+    memory per device.
+
+    GRAPH `example` is the bundled 16-layer MLP training step (too big for one 16 GB GPU). With --model, the
+    training step is captured, costed for the cluster's first device, colocated (and coarsened to
+    --max-nodes); the placement of the groups is expanded to every op, and the table reports that full graph.
+    """
+    require_cluster(cluster)
+    c = load_cluster(cluster)
+    settings = parse_settings(setting or [])
+    for key, value in (("episodes", episodes), ("policy", policy), ("log", log)):
+        if value is not None:
+            if key in settings:
+                raise DevplaceError(f"--{key} and --set {key}=... both given; keep one")
+            settings[key] = value if key == "episodes" else str(value)
+    if (graph is None) == (model is None):
+        raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`)")
+    placing: dict[str, Any] = dict(placer=placer, order=order, seed=seed, settings=settings, try_orders=try_k,
+                                   try_with=try_with, output=output, trace=trace, plot=plot)
+    quiet = quiet or as_json
+    if model is not None:
+        app.check_outputs(output=output, trace=trace, plot=plot)  # before the capture, not only before placing
+        with busy(f"capturing the training step of {model}", quiet):
+            prepared = app.torch_tasks().prepare_model(model, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
+                                                       optimizer=optimizer, device=c.devices[0])
+        with progress_bar(f"{prepared.graph.name} with {placer}", quiet) as progress:
+            placed = app.torch_tasks().place_prepared(prepared, c, progress=progress, **placing)
+    else:
+        assert graph is not None
+        g = app.load_graph_arg(graph)
+        with progress_bar(f"{g.name} with {placer}", quiet) as progress:
+            placed = app.plan_graph(g, c, progress=progress, **placing)
+    if as_json:
+        print_json(placed.to_dict())
+    else:
+        console.print(placed)
+
+
+def placers_cmd(as_json: JsonOpt = False) -> None:
+    """List the placers, whether they walk the graph in the traversal order, and their settings."""
+    specs = [get_placer(n) for n in placer_names()]
+    if as_json:
+        print_json({s.name: {"uses_order": s.uses_order, "summary": s.summary,
+                             "settings": {k: repr(v) for k, v in s.settings.items()}} for s in specs})
+        return
+    table = Table(header_style="bold", show_edge=False)
+    table.add_column("placer", no_wrap=True)
+    table.add_column("order")
+    table.add_column("settings")
+    table.add_column("what it does")
+    for s in specs:
+        table.add_row(s.name, "uses order" if s.uses_order else "ignores order",
+                      ", ".join(f"{k}={v!r}" for k, v in s.settings.items()), s.summary)
+    console.print(table)
+
+
+def order_cmd(
+    graph: GraphArg,
+    order: Annotated[str, typer.Option("--order", help="traversal order name (see `devplace orders`)")] = "topo",
+    seed: Annotated[int, typer.Option(help="seed of the `random` order", callback=check_seed)] = DEFAULT_SEED,
+    cluster: Annotated[str | None, typer.Option(help="cluster for `critical-path` costs")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print the traversal ORDER of GRAPH, one node id per line."""
+    check_order_name(order)
+    g = app.load_graph_arg(graph)
+    ids = traversal_order(g, order, seed, cluster=load_cluster(cluster) if cluster else None)
+    if as_json:
+        print_json({"graph": g.name, "order": order, "seed": seed, "nodes": ids})
+    else:
+        sys.stdout.write("".join(f"{nid}\n" for nid in ids))
+
+
+def features_cmd(
+    graph: GraphArg,
+    cluster: Annotated[str | None, typer.Option(help="cluster for the communication-to-computation ratio")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Graph features (docs/features.md): the inputs of the traversal-order recommendation."""
+    feats = graph_features(app.load_graph_arg(graph), load_cluster(cluster) if cluster else None)
+    if as_json:  # undefined features (NaN) print as null; counts are integers
+        print_json({k: int(v) if math.isfinite(v) and v == int(v) and abs(v) < 2**53 else v for k, v in feats.items()})
+        return
+    table = Table(header_style="bold", show_edge=False)
+    for col in ("feature", "value", "definition"):
+        table.add_column(col)
+    for key, value in feats.items():
+        table.add_row(key, f"{value:.6g}", FEATURE_DESCRIPTIONS[key])
+    console.print(table)
+
+
+def orders_cmd(as_json: JsonOpt = False) -> None:
+    """List the traversal orders and their definitions."""
+    if as_json:
+        print_json({name: {"definition": d, "topological": name in TOPOLOGICAL_ORDERS}
+                    for name, d in ORDER_DEFINITIONS.items()})
+        return
+    table = Table(header_style="bold", show_edge=False)
+    table.add_column("order", no_wrap=True)
+    table.add_column("topological")
+    table.add_column("definition")
+    for name, definition in ORDER_DEFINITIONS.items():
+        table.add_row(name, "yes" if name in TOPOLOGICAL_ORDERS else "", definition)
+    console.print(table)
+    console.print("`auto` (the default of `devplace place`) is not an order but a decision: the order the shipped "
+                  "recommendation model picks from the graph's features (`devplace recommend`), or with --try K the "
+                  "best of its K most promising orders.", highlight=False)
+
+
+def recommend_cmd(
+    graph: Annotated[Path | None, typer.Argument(help="graph file, or `example`; or use --model")] = None,
+    model: ModelOpt = None,
+    batch: BatchOpt = None,
+    seq_len: SeqOpt = None,
+    max_nodes: MaxNodesOpt = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", "-c", help="cluster preset or JSON (default: the one "
+                                                                        "the order model was fitted on)")] = None,
+    placer: Annotated[str, typer.Option(help="the placer the order is for (see `devplace placers`)")] = "greedy",
+    order_model: Annotated[Path | None, typer.Option("--order-model", help="order model JSON (default: shipped)")
+                           ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Recommend a traversal order for GRAPH (or a zoo --model) and PLACER: the order, the rule that fired and
+    the expected gain over `topo` (what `devplace place --order auto` uses)."""
+    with busy(f"capturing the training step of {model}", as_json or model is None):
+        rec = app.recommend(graph, model=model, batch=batch, seq_len=seq_len, max_nodes=max_nodes, cluster=cluster,
+                            placer=placer, order_model=order_model)
+    if as_json:
+        print_json(rec.to_dict())
+    else:
+        console.print(rec)
+
+
+def demo_cmd(
+    out: Annotated[Path, typer.Option(help="folder for the placement, trace and timeline")] = Path("out"),
+    model: Annotated[str, typer.Option(help="zoo model")] = "inception_v3",
+    cluster: Annotated[str, typer.Option(help="cluster preset")] = "4xV100-16GB",
+    placer: PlacerOpt = DEFAULT_PLACER,
+    max_nodes: Annotated[int, typer.Option("--max-nodes", help="coarsen to at most this many groups")] = 300,
+) -> None:
+    """Capture a real model's training step (Inception-v3, batch 32), place it on 4xV100-16GB and report.
+
+    Writes the placement, a Perfetto trace and a timeline PNG into OUT.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    c = load_cluster(cluster)
+    with busy(f"capturing the training step of {model}", False):
+        prepared = app.torch_tasks().prepare_model(model, max_nodes=max_nodes, device=c.devices[0])
+    say(f"captured {prepared.full.name}: {prepared.full.num_nodes} ops, colocated and coarsened to "
+        f"{prepared.graph.num_nodes} groups; op times analytic for {c.devices[0].kind}")
+    with progress_bar(f"{prepared.graph.name} with {placer}", False) as progress:
+        placed = app.torch_tasks().place_prepared(prepared, c, placer=placer, progress=progress,
+                                                  output=out / f"{model}.placement.json",
+                                                  trace=out / f"{model}-trace.json",
+                                                  plot=out / f"{model}-timeline.png")
+    console.print(placed)

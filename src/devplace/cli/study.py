@@ -1,0 +1,42 @@
+"""Study commands: study run, study report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from devplace import app
+from devplace.cli.common import console, say
+
+study_app = typer.Typer(no_args_is_help=True, help="The traversal-order study: run a grid of cells, report on it.")
+
+
+@study_app.command("run")
+def study_run_cmd(
+    study: Annotated[Path | None, typer.Argument(help="study definition (TOML); or use --preset")] = None,
+    preset: Annotated[str | None, typer.Option("--preset", help="built-in study: quick, paper or extended")] = None,
+    db: Annotated[Path, typer.Option("--db", help="SQLite results file (created; finished cells are skipped)")] = Path(
+        "study.sqlite"),
+    backend: Annotated[str, typer.Option("--backend", help="local (process pool) or ray")] = "local",
+    workers: Annotated[int, typer.Option("--workers", help="parallel cells (processes or Ray CPUs)")] = 1,
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (ray backend only)")] = None,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="rerun cells recorded as failed")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress bar")] = False,
+) -> None:
+    """Run every unfinished cell of a study and write one row per cell to --db; rerun to resume."""
+    ran = app.torch_tasks().study_run(study, preset=preset, db=db, backend=backend, workers=workers, address=address,
+                                      retry_failed=retry_failed, progress=not quiet)
+    console.print(ran)
+
+
+@study_app.command("report")
+def study_report_cmd(
+    db: Annotated[Path, typer.Argument(help="results database written by `devplace study run`")],
+    out: Annotated[Path, typer.Option("-o", "--output", help="folder for report.md, results.csv, plots")] = Path(
+        "study-report"),
+) -> None:
+    """Write a study's report: report.md (results section), results.csv, PNG plots and the fitted order model."""
+    written = app.torch_tasks().study_report(db, out)
+    say(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))

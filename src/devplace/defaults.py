@@ -1,0 +1,60 @@
+"""One place for devplace's defaults and for the names of things that are easy to confuse.
+
+The bottom layer: imports nothing, so every package may read it. Change a default here and the CLI, the
+Python API (`devplace.place`, `devplace.plan`), the study runner and the benchmarks follow.
+
+Three different things were all called "placeto"; each now has its own name (the old one stays an alias
+where users already type it):
+
+- the learned placer `placeto` (Addanki et al. 2019; `devplace place --placer placeto`): unchanged;
+- the simulation model of the Placeto paper's simulator (DESIGN.md section 5): `placeto-sim`
+  (alias `placeto`), class `devplace.sim.placeto.PlacetoSimModel`;
+- the placer's message-passing graph encoder: `placeto-gnn` (alias `placeto`), beside `sage` and `gat`.
+"""
+
+from __future__ import annotations
+
+DEFAULT_PLACER = "m-etf"
+"""The placer `devplace place`, `devplace.place` and `devplace.plan` use when none is named."""
+
+DEFAULT_ORDER = "auto"
+"""The traversal order of `devplace place`: picked from the graph's features (devplace.orders.auto)."""
+
+DEFAULT_SEED = 0
+"""The seed of every random choice when none is given."""
+
+SIM_DEVPLACE = "devplace"
+"""The reference simulation model (DESIGN.md section 4): the one feasibility is judged under."""
+
+SIM_PLACETO = "placeto-sim"
+"""The Placeto paper's simulator (DESIGN.md section 5)."""
+
+SIM_MODELS = (SIM_DEVPLACE, SIM_PLACETO)
+"""The simulation models, by their names."""
+
+SIM_MODEL_ALIASES = {"placeto": SIM_PLACETO}
+"""Old spellings of simulation models that stay accepted (study files and scripts use them)."""
+
+DEFAULT_SIM_MODEL = SIM_DEVPLACE
+
+LEARNED_PLACER = "placeto"
+"""The learned placer `devplace train` trains."""
+
+ENCODER_PLACETO = "placeto-gnn"
+"""The Placeto paper's graph encoder (sums over parents and children)."""
+
+ENCODERS = (ENCODER_PLACETO, "sage", "gat")
+"""The graph encoders of the learned placer, by their names."""
+
+ENCODER_ALIASES = {"placeto": ENCODER_PLACETO}
+"""Old spellings of encoders that stay accepted (policy checkpoints store `placeto`)."""
+
+
+def sim_model_name(name: str) -> str:
+    """The simulation model's name for `name` or one of its aliases (unknown names are returned as given)."""
+    return SIM_MODEL_ALIASES.get(name, name)
+
+
+def encoder_name(name: str) -> str:
+    """The encoder's name for `name` or one of its aliases (unknown names are returned as given)."""
+    return ENCODER_ALIASES.get(name, name)

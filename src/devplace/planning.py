@@ -1,0 +1,278 @@
+"""Plan a graph: place -> expand -> simulate -> as-run view -> baselines, stitched once.
+
+This is the pure part of the application layer (DEVELOPERS.md, "Layout"): it sits right above `placers/`
+and `sim/`, so `runtime/` (`devplace.plan`), `study/` (the runner) and the task functions of `devplace.app`
+(which the CLI calls) all go through it. Its result objects know how to summarise themselves: a rich
+renderable (`__rich__`), plain text (`text()`) and a JSON-ready `to_dict()` (what `--json` prints).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console, Group, RenderableType
+from rich.text import Text
+
+from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, DEFAULT_SIM_MODEL
+from devplace.errors import DevplaceError
+from devplace.graph.compgraph import CompGraph
+from devplace.graph.placement import Placement, runtime_placement, save_placement
+from devplace.hardware.cluster import Cluster
+from devplace.placers import place, place_expanded
+from devplace.sim import DevplaceModel, LowerBound, SimResult, lower_bound, simulate
+from devplace.sim.summary import result_view
+from devplace.sim.timeline import plot_timeline, write_trace
+from devplace.units import fmt_time
+
+if TYPE_CHECKING:  # only a type here; importing graph.coarsen costs `devplace --help` its numba set-up
+    from devplace.graph.coarsen import Coarsening
+
+__all__ = ["AsRun", "Placed", "SeedError", "Simulated", "as_run", "check_seed", "json_safe", "place_graph",
+           "render_text", "simulate_placement"]
+
+Progress = Callable[[int, int], None]
+
+
+MAX_SEED = 2**63 - 1
+
+
+class SeedError(DevplaceError):
+    """A seed that is not an integer from 0 to 2**63-1."""
+
+
+def check_seed(seed: Any) -> int:
+    """`seed` if it is an integer from 0 to 2**63-1 (what every random choice accepts), else a SeedError."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise SeedError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}; e.g. --seed 0")
+    return seed
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float (NaN, +-inf) replaced by None: JSON has no NaN or Infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def render_text(renderable: RenderableType, width: int = 120) -> str:
+    """What `renderable` prints as plain text (no colours) at `width` columns."""
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+@dataclass(frozen=True)
+class AsRun:
+    """A placement as devplace.runtime runs it (backward and optimizer ops with their forward op, as autograd
+    does; see `devplace.graph.placement.runtime_placement`) and its simulation; `moved` ops differ."""
+
+    placement: Placement
+    result: SimResult
+    moved: int
+
+
+def as_run(graph: CompGraph, cluster: Cluster, placement: Placement, result: SimResult) -> AsRun:
+    """The as-run view of `placement` (whose simulation is `result`): simulated again only when ops move."""
+    rp = runtime_placement(graph, placement)
+    moved = sum(1 for k, d in rp.assignment.items() if placement.assignment[k] != d)
+    return AsRun(rp, simulate(graph, cluster, rp) if moved else result, moved)
+
+
+def _write_timelines(graph: CompGraph, cluster: Cluster, result: SimResult, bound_s: float, trace: Path | None,
+                     plot: Path | None) -> list[tuple[str, Path]]:
+    written = []
+    if trace is not None:
+        write_trace(graph, cluster, result, trace)
+        written.append(("trace", trace))
+    if plot is not None:
+        plot_timeline(graph, cluster, result, plot, lower_bound_s=bound_s)
+        written.append(("timeline", plot))
+    return written
+
+
+def _wrote(written: list[tuple[str, Path]]) -> list[Text]:
+    return [Text(f"wrote {what} to {path}") for what, path in written]
+
+
+def _over_bound(step_s: float, bound: LowerBound) -> float | None:
+    return step_s / bound.value_s if bound.value_s else None
+
+
+@dataclass(eq=False)
+class Placed:
+    """A graph placed on a cluster and simulated: what `devplace place` reports.
+
+    `graph` is what was simulated and `placement` places each of its nodes: for a coarsened model
+    (`coarsening` given) the full graph, with every op on its group's device. `placer`, `order` (the one
+    walked; None for placers that ignore it), `seed` and `settings` say how it was made. The lower bound,
+    the best single device and the as-run view are computed when first asked for.
+    """
+
+    graph: CompGraph
+    cluster: Cluster
+    placement: Placement
+    result: SimResult
+    placer: str
+    seed: int
+    settings: dict[str, Any]
+    placement_time_s: float
+    placed_groups: int
+    coarsening: Coarsening | None = None
+    written: list[tuple[str, Path]] = field(default_factory=list)
+
+    @property
+    def order(self) -> str | None:
+        """The traversal order the placer walked (after `auto` was resolved); None when it ignores orders."""
+        return self.placement.meta.get("order")
+
+    @cached_property
+    def bound(self) -> LowerBound:
+        """The lower bound of the graph on the cluster (DESIGN.md section 8)."""
+        return lower_bound(self.graph, self.cluster)
+
+    @cached_property
+    def best_single_device(self) -> tuple[int, float, bool]:
+        """(device, step time, fits in its memory) of the best single-device baseline."""
+        return DevplaceModel(self.graph, self.cluster).best_single_device()
+
+    @property
+    def speedup(self) -> float:
+        """Step time of the best single device over this placement's (NaN when this step takes no time)."""
+        step = self.result.step_time_s
+        return self.best_single_device[1] / step if step > 0 else float("nan")
+
+    @cached_property
+    def as_run(self) -> AsRun:
+        """The placement as devplace.runtime runs it, and its simulation."""
+        return as_run(self.graph, self.cluster, self.placement, self.result)
+
+    def write(self, *, output: Path | None = None, trace: Path | None = None, plot: Path | None = None) -> None:
+        """Write the placement JSON, a Chrome trace and a timeline PNG where asked; `written` lists them."""
+        if output is not None:
+            save_placement(self.placement, output)
+            self.written.append(("placement", output))
+        self.written += _write_timelines(self.graph, self.cluster, self.result, self.bound.value_s, trace, plot)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `devplace place --json` document (non-finite numbers as null)."""
+        single = self.best_single_device
+        doc = self.result.to_dict()
+        doc.update(graph=self.graph.name, cluster=self.cluster.name, placer=self.placer, order=self.order,
+                   seed=self.seed, settings=self.settings, placement_time_s=self.placement_time_s,
+                   lower_bound_s=self.bound.value_s,
+                   step_over_lower_bound=_over_bound(self.result.step_time_s, self.bound),
+                   best_single_device={"device": single[0], "step_time_s": single[1], "fits": single[2]},
+                   speedup_over_single_device=self.speedup, placed_groups=self.placed_groups,
+                   assignment=self.placement.assignment)
+        if "order_auto" in self.placement.meta:
+            doc["order_auto"] = self.placement.meta["order_auto"]
+        if self.coarsening is not None:
+            doc["as_run"] = {"ops_moved": self.as_run.moved, "step_time_s": self.as_run.result.step_time_s,
+                             "feasible": self.as_run.result.feasible}
+        return json_safe(doc)
+
+    def lines(self) -> list[Text]:
+        """The lines under the table: the order `auto` chose, how it was placed, the as-run view, files."""
+        out = []
+        auto = self.placement.meta.get("order_auto")
+        if isinstance(auto, dict):
+            out.append(Text(f"order auto -> {auto['order']} ({auto.get('why') or auto['rule']})"))
+        device, step, fits = self.best_single_device
+        groups = (f" ({self.placed_groups} groups of {self.graph.num_nodes} ops)"
+                  if self.placed_groups != self.graph.num_nodes else "")
+        out.append(Text(f"placer {self.placer}" + (f", order {self.order}" if self.order else " (no order)")
+                        + f", seed {self.seed}: placed{groups} in {self.placement_time_s:.2f} s; best single device "
+                        f"({self.cluster.devices[device].name}{'' if fits else ', which does not fit in its memory'}"
+                        f") {fmt_time(step)}, speed-up {self.speedup:.2f}x"))
+        if self.coarsening is not None and self.as_run.moved:
+            rt = self.as_run.result
+            out.append(Text(f"as devplace.runtime runs it ({self.as_run.moved} backward/optimizer ops with their "
+                            f"forward op, as autograd does): step time {fmt_time(rt.step_time_s)}, "
+                            f"{'feasible' if rt.feasible else 'OVER MEMORY'}"))
+        return out + _wrote(self.written)
+
+    def __rich__(self) -> Group:
+        return Group(result_view(self.graph, self.cluster, self.result, self.bound), *self.lines())
+
+    def text(self, width: int = 120) -> str:
+        """The report as plain text."""
+        return render_text(self, width)
+
+
+def place_graph(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, order: str = DEFAULT_ORDER,
+                seed: int = DEFAULT_SEED, coarsening: Coarsening | None = None, full: CompGraph | None = None,
+                progress: Progress | None = None, try_orders: int | None = None, try_with: str | None = None,
+                simulation_model: str = DEFAULT_SIM_MODEL, **settings: Any) -> Placed:
+    """Place `graph` on `cluster` with `placer` walking `order`, and simulate the result.
+
+    With `coarsening` (whose coarse graph is `graph`) and `full` (the graph it coarsens), the placement is
+    expanded to every op of `full`, which is what is simulated and reported. `simulation_model` is the
+    model `result` is simulated under (the placement fits under the devplace model whatever it is).
+    `progress`, `try_orders`, `try_with` and the placer `settings` go to `devplace.place` unchanged.
+    """
+    if (coarsening is None) != (full is None):
+        raise ValueError("place_graph: give coarsening and full together")
+    check_seed(seed)
+    t0 = time.perf_counter()
+    groups = graph.num_nodes
+    if coarsening is not None and full is not None:
+        # placed on the coarse graph, checked (and placed again with lowered caps if need be) on the full graph
+        placement = place_expanded(coarsening, full, cluster, placer=placer, order=order, seed=seed,
+                                   progress=progress, try_orders=try_orders, try_with=try_with,
+                                   **settings).placement
+        graph = full
+    else:
+        placement = place(graph, cluster, placer=placer, order=order, seed=seed, progress=progress,
+                          try_orders=try_orders, try_with=try_with, **settings)
+    elapsed = time.perf_counter() - t0
+    result = simulate(graph, cluster, placement, model=simulation_model)
+    return Placed(graph, cluster, placement, result, placer, seed, dict(settings), elapsed, groups, coarsening)
+
+
+@dataclass(eq=False)
+class Simulated:
+    """A given placement simulated under one model: what `devplace simulate` reports."""
+
+    graph: CompGraph
+    cluster: Cluster
+    placement: Placement
+    result: SimResult
+    bound: LowerBound
+    written: list[tuple[str, Path]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def write(self, *, trace: Path | None = None, plot: Path | None = None) -> None:
+        """Write a Chrome trace and a timeline PNG where asked; `written` lists them."""
+        self.written += _write_timelines(self.graph, self.cluster, self.result, self.bound.value_s, trace, plot)
+
+    def to_dict(self, per_op: bool = False) -> dict[str, Any]:
+        """The `devplace simulate --json` document; `per_op` adds each op's device, start and finish."""
+        doc = self.result.to_dict(self.graph.ids, per_op=per_op)
+        doc.update(graph=self.graph.name, cluster=self.cluster.name, lower_bound_s=self.bound.value_s,
+                   step_over_lower_bound=_over_bound(self.result.step_time_s, self.bound))
+        return json_safe(doc)
+
+    def __rich__(self) -> Group:
+        return Group(result_view(self.graph, self.cluster, self.result, self.bound), *_wrote(self.written))
+
+    def text(self, width: int = 120) -> str:
+        """The report as plain text."""
+        return render_text(self, width)
+
+
+def simulate_placement(graph: CompGraph, cluster: Cluster, placement: Placement, *,
+                       model: str = DEFAULT_SIM_MODEL) -> Simulated:
+    """Simulate `placement` of `graph` on `cluster` under simulation `model`, with the lower bound."""
+    return Simulated(graph, cluster, placement, simulate(graph, cluster, placement, model=model),
+                     lower_bound(graph, cluster))

@@ -84,6 +84,15 @@ class Schedule:
         return {"kind": self.kind, "microbatches": self.microbatches, "chunks": self.chunks,
                 "microbatch_graph": self.microbatch_graph}
 
+    @classmethod
+    def from_dict(cls, doc: Any) -> Schedule:
+        """The schedule of a `to_dict()` document (a placement's meta["schedule"]); ScheduleError for anything
+        else."""
+        keys = ("kind", "microbatches", "chunks", "microbatch_graph")
+        if not isinstance(doc, dict) or set(doc) - set(keys) or "kind" not in doc:
+            raise ScheduleError(f"a schedule is an object with keys {', '.join(keys)} (kind required), got {doc!r}")
+        return cls(**doc)
+
 
 # --------------------------------------------------------------------------- stages of a placement
 

@@ -41,9 +41,10 @@ FIRST_TID = 3  # tids are unique across both processes and never equal a pid (Pe
 KINDS = ("forward", "backward", "optimizer")
 KIND_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868", "other": "#8C8C8C"}
 TRANSFER_COLOR = "#8172B3"
-# micro-batch k's forward colour (cycled); its backward is the same hue darkened by BACKWARD_SHADE
-MICROBATCH_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#CCB974",
-                     "#64B5CD", "#8C8C8C")
+# micro-batch k's forward colour (cycled); its backward is the same hue darkened by BACKWARD_SHADE. None is
+# the optimizer's, the transfers' or "other"'s colour, which per-step ops and channels keep
+MICROBATCH_COLORS = ("#4C72B0", "#DD8452", "#C44E52", "#937860", "#DA8BC3", "#CCB974", "#64B5CD", "#2F4B7C",
+                     "#A05195", "#F95D6A")
 BACKWARD_SHADE = 0.55
 ZERO_COLOR = "#222222"
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
+from devplace.sim.schedule import Schedule
 from devplace.study.grid import Cell, expand
 from devplace.study.spec import NO_ORDER, GraphRef, StudySpec, load_study
 
@@ -103,9 +104,10 @@ def run_cell(cell: Cell, graph: CompGraph | str, cluster: Cluster) -> dict[str, 
         row["features"] = {k: _finite(v) for k, v in graph_features(graph, cluster).items()}
         row["lower_bound_s"] = lower_bound(graph, cluster).value_s
         t = time.perf_counter()
-        devices, curve, episodes = _place(cell, graph, cluster)
+        devices, curve, episodes, schedule = _place(cell, graph, cluster)
         row["placement_time_s"] = time.perf_counter() - t
-        result = simulate(graph, cluster, devices, model=cell.sim_model)
+        # a pipeline placement is timed under the schedule it was made for
+        result = simulate(graph, cluster, devices, model=cell.sim_model, schedule=schedule)
         row.update(status="ok", step_time_s=float(result.step_time_s), feasible=int(result.feasible),
                    peak_memory_bytes=[float(b) for b in result.peak_memory_bytes], episodes=episodes,
                    curve=[float(x) for x in curve] if curve is not None else None)
@@ -120,11 +122,13 @@ class GraphPreparationError(Exception):
     """The cell's graph could not be captured or loaded (the message is the original error)."""
 
 
-def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[np.ndarray, list[float] | None, int | None]:
-    """The placement (device per node), the learning curve of RL placers, and their episode count."""
+def _place(cell: Cell, graph: CompGraph, cluster: Cluster,
+           ) -> tuple[np.ndarray, list[float] | None, int | None, Schedule | None]:
+    """The placement (device per node), the learning curve of RL placers, their episode count, and the
+    schedule the placement runs under (`devplace.placers.schedule_of`; None unless pipelined)."""
     import tempfile
 
-    from devplace.placers import place
+    from devplace.placers import place, schedule_of
     from devplace.placers.registry import get_placer
 
     settings = cell.settings
@@ -148,9 +152,9 @@ def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[np.ndarray, 
             placement = place(graph, cluster, placer=cell.placer, order=order, seed=cell.seed, **settings)
             rows = read_curve(log) if log.is_file() else []
         curve = [float(r["step_time_s"]) for r in rows if not r.get("greedy")]
-        return placement.to_array(graph, cluster.num_devices), curve, episodes
+        return placement.to_array(graph, cluster.num_devices), curve, episodes, schedule_of(placement)
     placement = place(graph, cluster, placer=cell.placer, order=order, seed=cell.seed, **settings)
-    return placement.to_array(graph, cluster.num_devices), None, episodes
+    return placement.to_array(graph, cluster.num_devices), None, episodes, schedule_of(placement)
 
 
 # ---------------------------------------------------------------------------------------------- driver side

@@ -191,3 +191,13 @@ def test_place_expanded_checks_the_full_graph_under_the_schedule():
     assert ex.result.feasible and again.feasible and ex.result.step_time_s == again.step_time_s
     assert ex.placement.meta["step_time_s"] == again.step_time_s
     assert not simulate(full, c, ex.placement).feasible  # unpipelined, the same placement is over memory
+
+
+def test_trying_orders_compares_the_pipelined_steps():
+    g, c = layers([1.0, 3.0, 1.0, 2.0, 1.0, 1.0]), cluster(3, bw=1e12)
+    p = place(g, c, placer="pipeline", order="auto", try_orders=2, microbatches=4)
+    tried = p.meta["order_auto"]["tried"]
+    assert len(tried) == 2
+    for name, step in tried.items():
+        assert step == place(g, c, placer="pipeline", order=name, microbatches=4).meta["step_time_s"]
+    assert p.meta["step_time_s"] == min(tried.values()) and p.meta["schedule"]["microbatches"] == 4

@@ -201,3 +201,10 @@ def test_trying_orders_compares_the_pipelined_steps():
     for name, step in tried.items():
         assert step == place(g, c, placer="pipeline", order=name, microbatches=4).meta["step_time_s"]
     assert p.meta["step_time_s"] == min(tried.values()) and p.meta["schedule"]["microbatches"] == 4
+
+
+def test_anneal_can_start_from_the_pipeline_placement():
+    # anneal searches the unpipelined step: it takes the pipeline's devices and returns no schedule
+    g, c = layers([1.0] * 6), cluster(3, bw=1e12)
+    p = place(g, c, placer="anneal", order="topo", start="pipeline", steps=20)
+    assert "schedule" not in p.meta and simulate(g, c, p).feasible

@@ -377,7 +377,7 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
 
 
 @register("pipeline", uses_order=True)
-def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, ties: np.ndarray,
+def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, ties: np.ndarray | None = None,
              schedule: str = "1f1b", microbatches: int | None = None, chunks: int | None = None) -> PlacerOutput:
     """Pipeline stages: cut the traversal order into contiguous stages (one per device, or `chunks` per device
     for interleaved-1f1b) minimising the simulated pipelined step under memory, choosing the micro-batch count.

@@ -773,3 +773,25 @@ def test_runtime_placement_moves_backward_and_optimizer_ops_to_their_forward_op(
     rp = runtime_placement(g, p)
     # backward/optimizer follow their group's forward op; the input goes with its consumer; no group: unchanged
     assert rp.assignment == {"x": 1, "f": 1, "loss": 0, "f.bwd": 1, "f.adam": 1, "free": 2}
+
+
+def test_from_arrays_is_the_graph_build_makes_and_refuses_a_cycle() -> None:
+    from devplace.zoo import layered_graph
+
+    g = layered_graph(30, width=4, fan_in=2, seed=1)
+    cols = dict(ids=g.ids, op=g.op, kind=g.kind, group=g.group, compute_s=g.compute_s, output_bytes=g.output_bytes,
+                param_bytes=g.param_bytes, temp_bytes=g.temp_bytes, edge_src=g.edge_src, edge_dst=g.edge_dst,
+                edge_bytes=g.edge_bytes, edge_tensor=g.edge_tensor)
+    h = CompGraph.from_arrays(g.name, **cols)
+    assert h.to_dict() == g.to_dict()
+    for name in ("succ_ptr", "succ_edges", "pred_ptr", "pred_edges", "topo_order"):
+        assert getattr(h, name).tolist() == getattr(g, name).tolist()
+    back = dict(cols)  # plus an edge from the first edge's head back to its tail
+    back["edge_src"] = np.concatenate([g.edge_src, [g.edge_dst[0]]])
+    back["edge_dst"] = np.concatenate([g.edge_dst, [g.edge_src[0]]])
+    back["edge_bytes"] = np.concatenate([g.edge_bytes, [0.0]])
+    back["edge_tensor"] = np.concatenate([g.edge_tensor, [7]])
+    with pytest.raises(GraphError, match="has a cycle"):
+        CompGraph.from_arrays("cyclic", **back)
+    with pytest.raises(GraphError, match="node columns must all have"):
+        CompGraph.from_arrays("short", **{**cols, "op": g.op[:-1]})

@@ -10,8 +10,18 @@ from hypothesis import strategies as st
 
 from conftest import cluster
 from devplace.graph import CompGraph
+from devplace.graph.coarsen import Coarsening
+from devplace.graph.ties import tie_classes, violations
 from devplace.orders import traversal_indices
-from devplace.placers import NoFitError, PlacerError, place
+from devplace.placers import (
+    NoFitError,
+    PlacerError,
+    PlacerOutput,
+    get_placer,
+    place,
+    place_expanded,
+    schedule_of,
+)
 from devplace.placers.pipeline import MICROBATCH_CHOICES, pipeline_plan
 from devplace.sim import Schedule, simulate
 
@@ -133,3 +143,68 @@ def test_never_returns_a_placement_over_memory(costs, p, kind, m, mem):
         return
     r = simulate(g, c, pl.devices, schedule=pl.schedule)
     assert r.feasible and r.step_time_s == pl.step_time_s
+
+
+def test_place_judges_the_pipeline_under_its_schedule_and_records_it():
+    # memory for 3 micro-batches' stash: 1F1B (at most p - r in flight) fits, the unpipelined step (the whole
+    # batch's activations, held until its backward) does not, so place() must check under the schedule
+    g = layers([1.0] * 8, act=10.0, params=1.0)
+    c = cluster(4, bw=1e12, mem=2 * 1.0 + 4 * 2 * 10.0 / 8 + 10.0)
+    assert not simulate(g, c, plan(g, c, microbatches=8).devices).feasible
+    p = place(g, c, placer="pipeline", order="topo", microbatches=8)
+    assert p.meta["ties"] == "native"  # the placer takes `ties`: it places the graph itself, not the folded one
+    assert p.meta["schedule"] == Schedule("1f1b", 8).to_dict() and schedule_of(p) == Schedule("1f1b", 8)
+    r = simulate(g, c, p, schedule=schedule_of(p))
+    assert r.feasible and p.meta["step_time_s"] == r.step_time_s
+    assert violations(g, p.to_array(g, 4), tie_classes(g)) == []
+
+
+def test_the_placer_returns_its_schedule_and_keeps_the_ties_it_is_given():
+    g, c = layers([1.0] * 6), cluster(3, bw=1e12)
+    order = traversal_indices(g, "topo", 0, cluster=c)
+    out = get_placer("pipeline").func(g, c, order=order, seed=0, ties=tie_classes(g), microbatches=4)
+    assert isinstance(out, PlacerOutput) and out.schedule == Schedule("1f1b", 4)
+    # layers 0-2 tied in one class (as if they shared a weight): one device
+    ties = tie_classes(g).copy()
+    ties[[g.index["l1"], g.index["l2"], g.index["g1"], g.index["g2"]]] = ties[g.index["l0"]]
+    out = get_placer("pipeline").func(g, c, order=order, seed=0, ties=ties, microbatches=4)
+    assert len({int(out.devices[g.index[v]]) for v in ("l0", "l1", "l2", "g0", "g1", "g2")}) == 1
+
+
+def test_place_expanded_checks_the_full_graph_under_the_schedule():
+    full = layers([1.0] * 8, act=10.0)
+    groups = {f"L{i}": (f"l{2 * i}", f"l{2 * i + 1}") for i in range(4)}
+    groups.update({f"G{i}": (f"g{2 * i}", f"g{2 * i + 1}") for i in range(4)})
+    nodes = [{"id": f"L{i}", "kind": "forward", "compute_s": 2.0, "output_bytes": 20.0, "param_bytes": 2.0}
+             for i in range(4)]
+    nodes += [{"id": f"G{i}", "kind": "backward", "group": f"L{i}", "compute_s": 4.0} for i in reversed(range(4))]
+    edges = [{"src": f"L{i}", "dst": f"L{i + 1}", "bytes": 10.0} for i in range(3)]
+    edges += [{"src": "L3", "dst": "G3", "bytes": 10.0}]
+    edges += [{"src": f"G{i + 1}", "dst": f"G{i}", "bytes": 1.0} for i in range(3)]
+    edges += [{"src": f"L{i}", "dst": f"G{i}", "bytes": 10.0} for i in range(3)]
+    coarse = CompGraph.build("coarse", nodes, edges)
+    c = cluster(4, bw=1e12, mem=2 * 1.0 + 4 * 2 * 10.0 / 8 + 10.0)
+    ex = place_expanded(Coarsening(coarse, "layers", groups), full, c, placer="pipeline", order="topo",
+                        microbatches=8)
+    assert ex.placement.meta["schedule"] == Schedule("1f1b", 8).to_dict()
+    again = simulate(full, c, ex.placement, schedule=Schedule("1f1b", 8))
+    assert ex.result.feasible and again.feasible and ex.result.step_time_s == again.step_time_s
+    assert ex.placement.meta["step_time_s"] == again.step_time_s
+    assert not simulate(full, c, ex.placement).feasible  # unpipelined, the same placement is over memory
+
+
+def test_trying_orders_compares_the_pipelined_steps():
+    g, c = layers([1.0, 3.0, 1.0, 2.0, 1.0, 1.0]), cluster(3, bw=1e12)
+    p = place(g, c, placer="pipeline", order="auto", try_orders=2, microbatches=4)
+    tried = p.meta["order_auto"]["tried"]
+    assert len(tried) == 2
+    for name, step in tried.items():
+        assert step == place(g, c, placer="pipeline", order=name, microbatches=4).meta["step_time_s"]
+    assert p.meta["step_time_s"] == min(tried.values()) and p.meta["schedule"]["microbatches"] == 4
+
+
+def test_anneal_can_start_from_the_pipeline_placement():
+    # anneal searches the unpipelined step: it takes the pipeline's devices and returns no schedule
+    g, c = layers([1.0] * 6), cluster(3, bw=1e12)
+    p = place(g, c, placer="anneal", order="topo", start="pipeline", steps=20)
+    assert "schedule" not in p.meta and simulate(g, c, p).feasible

@@ -9,7 +9,7 @@ import pytest
 from conftest import cluster
 from devplace.graph import CompGraph
 from devplace.orders import ORDERS
-from devplace.placers import NoFitError, PlacerError, get_placer, place, placer_names
+from devplace.placers import NoFitError, PlacerError, get_placer, place, placer_names, schedule_of
 from devplace.sim import simulate
 from devplace.zoo import layered_graph
 
@@ -43,8 +43,9 @@ def test_placement_is_complete_feasible_and_deterministic(name):
     p2 = place(g, c, placer=name, order="topo", seed=7)
     assert set(p1.assignment) == set(g.ids)
     assert p1.assignment == p2.assignment
-    r = simulate(g, c, p1)
-    assert r.feasible
+    # a placer that returns a schedule (pipeline) is feasible, and timed, under that schedule
+    r = simulate(g, c, p1, schedule=schedule_of(p1))
+    assert r.feasible and r.step_time_s == p1.meta["step_time_s"]
     assert p1.meta["placer"] == name
 
 

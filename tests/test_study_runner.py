@@ -283,3 +283,21 @@ def test_store_rejects_files_that_are_not_results_databases(tmp_path):
     junk.write_text("this is not sqlite, just a text file of some length " * 40)
     with pytest.raises(StoreError, match="not a devplace study database"):
         connect(junk)
+
+
+def test_a_pipeline_cell_is_timed_under_its_schedule(tmp_path):
+    # the pipeline placer returns a schedule: the row's step time is the pipelined step place() reports
+    _graphs(tmp_path, 1)
+    spec = parse_study('graphs = ["g0.json"]\nclusters = ["3xGPU-placeto"]\nsim_model = "devplace"\n'
+                       'orders = ["topo"]\n[[placers]]\nname = "pipeline"\nsettings = {microbatches = 4}',
+                       base_dir=tmp_path)
+    (cell,) = expand(spec)
+    g, c = layered_graph(30, width=5, seed=0), load_cluster("3xGPU-placeto")
+    row = run_cell(cell, g, c)
+    assert row["status"] == "ok", row["error"]
+    ref = place(g, c, placer="pipeline", order="topo", seed=0, microbatches=4)
+    assert ref.meta["schedule"]["microbatches"] == 4
+    assert row["step_time_s"] == ref.meta["step_time_s"]
+    from devplace.sim import simulate
+
+    assert row["step_time_s"] < simulate(g, c, ref).step_time_s  # not the unpipelined step of those devices

@@ -292,3 +292,54 @@ def test_formatters() -> None:
     assert format_time(4.2e-5) == "42 µs"
     assert format_bytes(1.5e9) == "1.5 GB"
     assert format_bytes(12) == "12 B"
+
+
+# ----------------------------------------------------------------------------------------- pipelined steps
+def pipelined_case(m: int = 4):
+    """Three layers (forward, backward, an optimizer op each) on three devices under 1F1B with m micro-batches."""
+    from devplace.sim import Schedule, simulate
+
+    nodes, edges = [], []
+    for i in range(3):
+        nodes += [{"id": f"l{i}", "kind": "forward", "compute_s": 1.0, "output_bytes": 4.0, "param_bytes": 1.0},
+                  {"id": f"g{i}", "kind": "backward", "group": f"l{i}", "compute_s": 2.0, "output_bytes": 1.0},
+                  {"id": f"o{i}", "kind": "optimizer", "group": f"l{i}", "compute_s": 0.5}]
+        edges += [{"src": f"l{i}", "dst": f"g{i}", "bytes": 4.0}, {"src": f"g{i}", "dst": f"o{i}", "bytes": 1.0}]
+        if i:
+            edges += [{"src": f"l{i - 1}", "dst": f"l{i}", "bytes": 4.0}, {"src": f"g{i}", "dst": f"g{i - 1}",
+                                                                          "bytes": 1.0}]
+    graph = CompGraph.build("pipe", nodes, edges)
+    cluster = make_cluster(3)
+    devices = [int(graph.ids[v][1]) for v in range(graph.num_nodes)]
+    return graph, cluster, simulate(graph, cluster, devices, schedule=Schedule("1f1b", m))
+
+
+def test_trace_of_a_pipelined_step_has_one_event_per_op_per_microbatch(tmp_path: Path) -> None:
+    graph, cluster, result = pipelined_case(4)
+    path = tmp_path / "p.json"
+    write_trace(graph, cluster, result, path)
+    doc = load(path)
+    dev_pid = next(p for p, n in process_names(doc).items() if n == "devices")
+    ops = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == dev_pid]
+    runs = Counter((e["args"]["node"], e["args"].get("microbatch")) for e in ops)
+    want = Counter({(nid, k): 1 for nid in graph.ids if nid[0] in "lg" for k in range(4)})
+    want.update({(nid, None): 1 for nid in graph.ids if nid[0] == "o"})  # the optimizer once per step
+    assert runs == want
+    for e in ops:
+        v, k = graph.index[e["args"]["node"]], e["args"].get("microbatch")
+        assert e["name"] == (f"{graph.ids[v]} [mb {k}]" if k is not None else graph.ids[v])
+        start = result.microbatch_start_s[k or 0, v]
+        assert e["ts"] == pytest.approx(start * 1e6, abs=1e-3)
+    trs = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] != dev_pid]
+    assert len(trs) == len(result.transfers)
+    assert Counter(e["args"].get("microbatch") for e in trs) == Counter(
+        k if k >= 0 else None for k in result.transfer_microbatch.tolist())
+    assert doc["otherData"]["schedule"]["microbatches"] == 4
+
+
+def test_plot_of_a_pipelined_step(tmp_path: Path) -> None:
+    graph, cluster, result = pipelined_case(4)
+    a, b = tmp_path / "a.png", tmp_path / "b.png"
+    plot_timeline(graph, cluster, result, a)
+    plot_timeline(graph, cluster, result, b)
+    assert a.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and a.read_bytes() == b.read_bytes()

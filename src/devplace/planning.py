@@ -25,7 +25,7 @@ from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement, runtime_placement, save_placement
 from devplace.hardware.cluster import Cluster
-from devplace.placers import place, place_expanded
+from devplace.placers import place, place_expanded, schedule_of
 from devplace.sim import DevplaceModel, LowerBound, SimResult, lower_bound, simulate
 from devplace.sim.summary import result_view
 from devplace.sim.timeline import plot_timeline, write_trace
@@ -236,7 +236,9 @@ def place_graph(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLA
         placement = place(graph, cluster, placer=placer, order=order, seed=seed, progress=progress,
                           try_orders=try_orders, try_with=try_with, **settings)
     elapsed = time.perf_counter() - t0
-    result = simulate(graph, cluster, placement, model=simulation_model)
+    schedule = schedule_of(placement)  # a pipeline placement is timed under the schedule it was made for
+    result = (simulate(graph, cluster, placement, schedule=schedule) if schedule is not None
+              else simulate(graph, cluster, placement, model=simulation_model))
     return Placed(graph, cluster, placement, result, placer, seed, dict(settings), elapsed, groups, coarsening)
 
 

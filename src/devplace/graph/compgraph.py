@@ -203,15 +203,38 @@ class CompGraph:
             succ_ptr=succ_ptr, succ_edges=succ_edges, pred_ptr=pred_ptr, pred_edges=pred_edges,
             node_extra=tuple(node_extra), edge_extra=tuple(edge_extra), meta=dict(meta or {}), index=index,
         )
-        for arr in (graph.compute_s, graph.output_bytes, graph.param_bytes, graph.temp_bytes, src, dst, ebytes,
-                    tensor, succ_ptr, succ_edges, pred_ptr, pred_edges):
-            arr.setflags(write=False)
-        topo = canonical_topo_order(graph)
-        if len(topo) < n:
-            raise GraphError(f"graph {name!r} has a cycle: {' -> '.join(find_cycle(graph, topo))}; "
-                             "a training step must be a DAG")
-        object.__setattr__(graph, "_topo", topo)
-        return graph
+        return _finish(graph)
+
+    @classmethod
+    def from_arrays(
+        cls, name: str, ids: Sequence[str], op: Sequence[str], kind: Sequence[str], group: Sequence[str],
+        compute_s: np.ndarray, output_bytes: np.ndarray, param_bytes: np.ndarray, temp_bytes: np.ndarray,
+        edge_src: np.ndarray, edge_dst: np.ndarray, edge_bytes: np.ndarray, edge_tensor: np.ndarray,
+        meta: Mapping[str, Any] | None = None,
+    ) -> CompGraph:
+        """Build a graph from columns that are valid already -- what code that derives a graph from another
+        one (the unrolled step of a schedule) has -- without `build`'s per-record checks: the caller guarantees
+        unique ids, finite non-negative numbers, edges between existing nodes without duplicates or self-loops,
+        and one size per (src, tensor). Only the shapes and acyclicity are checked (GraphError naming a cycle);
+        the graph is the one `build` makes from the same records."""
+        n, n_e = len(ids), int(np.shape(edge_src)[0])
+        cols = [np.array(x, dtype=np.float64) for x in (compute_s, output_bytes, param_bytes, temp_bytes)]
+        ecols = [np.array(edge_src, dtype=np.int64), np.array(edge_dst, dtype=np.int64),
+                 np.array(edge_bytes, dtype=np.float64), np.array(edge_tensor, dtype=np.int64)]
+        if any(len(x) != n for x in (op, kind, group, *cols)) or any(x.shape != (n_e,) for x in ecols):
+            raise GraphError(f"graph {name!r}: node columns must all have {n} entries and edge columns {n_e}")
+        src, dst, ebytes, tensor = ecols
+        ids_t = tuple(ids)
+        succ_ptr, succ_edges = _csr(src, n)
+        pred_ptr, pred_edges = _csr(dst, n)
+        graph = cls(
+            name=name, ids=ids_t, op=tuple(op), kind=tuple(kind), group=tuple(group),
+            compute_s=cols[0], output_bytes=cols[1], param_bytes=cols[2], temp_bytes=cols[3],
+            edge_src=src, edge_dst=dst, edge_bytes=ebytes, edge_tensor=tensor,
+            succ_ptr=succ_ptr, succ_edges=succ_edges, pred_ptr=pred_ptr, pred_edges=pred_edges,
+            meta=dict(meta or {}), index={nid: i for i, nid in enumerate(ids_t)},
+        )
+        return _finish(graph)
 
     # ----------------------------------------------------------------- queries
     @property
@@ -308,6 +331,20 @@ class CompGraph:
 
     def __repr__(self) -> str:
         return f"CompGraph({self.name!r}, {self.num_nodes} nodes, {self.num_edges} edges)"
+
+
+def _finish(graph: CompGraph) -> CompGraph:
+    """Freeze the arrays and store the canonical topological order, or GraphError naming a cycle."""
+    for arr in (graph.compute_s, graph.output_bytes, graph.param_bytes, graph.temp_bytes, graph.edge_src,
+                graph.edge_dst, graph.edge_bytes, graph.edge_tensor, graph.succ_ptr, graph.succ_edges,
+                graph.pred_ptr, graph.pred_edges):
+        arr.setflags(write=False)
+    topo = canonical_topo_order(graph)
+    if len(topo) < graph.num_nodes:
+        raise GraphError(f"graph {graph.name!r} has a cycle: {' -> '.join(find_cycle(graph, topo))}; "
+                         "a training step must be a DAG")
+    object.__setattr__(graph, "_topo", topo)
+    return graph
 
 
 def _csr(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

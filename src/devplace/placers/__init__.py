@@ -6,7 +6,17 @@ them and `devplace placers` shows which ones walk the graph in the traversal ord
 
 from devplace.placers.expanded import ExpandedPlacement, place_expanded
 from devplace.placers.memory import MemoryNeeds, NoFitError, memory_needs, no_fit_error
-from devplace.placers.registry import PlacerError, PlacerSpec, get_placer, place, placer_names, register
+from devplace.placers.registry import (
+    PlacerError,
+    PlacerOutput,
+    PlacerSpec,
+    get_placer,
+    place,
+    placer_names,
+    register,
+    schedule_of,
+)
 
-__all__ = ["ExpandedPlacement", "MemoryNeeds", "NoFitError", "PlacerError", "PlacerSpec", "get_placer",
-           "memory_needs", "no_fit_error", "place", "place_expanded", "placer_names", "register"]
+__all__ = ["ExpandedPlacement", "MemoryNeeds", "NoFitError", "PlacerError", "PlacerOutput", "PlacerSpec",
+           "get_placer", "memory_needs", "no_fit_error", "place", "place_expanded", "placer_names", "register",
+           "schedule_of"]

@@ -34,7 +34,7 @@ import numpy as np
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.placers.memory import NoFitError, no_fit_error
-from devplace.placers.registry import PlacerError, Progress, get_placer, register
+from devplace.placers.registry import PlacerError, Progress, as_output, get_placer, register
 from devplace.sim.bounds import lower_bound
 from devplace.sim.devplace_model import DevplaceModel
 
@@ -84,7 +84,8 @@ def anneal(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int =
     began = time.perf_counter()
     n, nd = graph.num_nodes, cluster.num_devices
     try:
-        init = get_placer(start).func(graph, cluster, order=order, seed=seed)
+        # a start that returns a schedule (pipeline): anneal its devices as an unpipelined step
+        init = as_output(get_placer(start).func(graph, cluster, order=order, seed=seed)).devices
     except NoFitError:
         # the start placer's own error would name only it; the user asked for anneal
         raise no_fit_error(graph, cluster, f"anneal (start={start!r})",

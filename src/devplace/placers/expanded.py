@@ -18,7 +18,7 @@ from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster
-from devplace.placers.registry import Progress, place, within_memory
+from devplace.placers.registry import PlacerOutput, Progress, place, schedule_of, within_memory
 from devplace.sim.result import SimResult
 
 
@@ -46,7 +46,8 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
     `CAP_RETRIES` times);
     if it still does not fit, NoFitError with the memory the step needs, the cluster's and a suggestion.
     With `autograd_rule` (default) every backward and optimizer op runs with its forward op, so the
-    placement is what autograd runs and `result` is its as-run step time.
+    placement is what autograd runs and `result` is its as-run step time. A placer that returns a schedule
+    (`pipeline`) has the full graph simulated under it (`result` is a ScheduledResult, meta["schedule"] kept).
     """
     if coarsening.original and coarsening.original != full.name:
         raise GraphError(f"the coarsening was made from graph {coarsening.original!r}, not {full.name!r}; pass the "
@@ -54,11 +55,12 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
     coarse_graph = coarsening.graph
     made: list[Placement] = []
 
-    def run(seen: Cluster) -> np.ndarray:
+    def run(seen: Cluster) -> PlacerOutput:
         p = place(coarse_graph, seen, placer=placer, order=order, seed=seed, progress=progress,
                   try_orders=try_orders, try_with=try_with, autograd_rule=autograd_rule, **settings)
         made.append(p)
-        return p.to_array(coarse_graph, cluster.num_devices)
+        # a pipelined coarse placement is judged on the full graph under the same schedule
+        return PlacerOutput(p.to_array(coarse_graph, cluster.num_devices), schedule_of(p))
 
     def expand(coarse_devices: np.ndarray) -> np.ndarray:
         return coarsening.expand(coarse_devices).to_array(full, cluster.num_devices)

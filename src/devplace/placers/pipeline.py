@@ -33,8 +33,8 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    excess, and the search runs again, up to `ROUNDS` times; nothing feasible: NoFitError.
 
 Settings: `schedule` ("gpipe", "1f1b", "interleaved-1f1b"), `microbatches` (None: choose), `chunks` (None: 1,
-or 2 for interleaved). `pipeline_plan()` returns the schedule chosen with the placement (a placer returns
-only devices).
+or 2 for interleaved). The placer returns its devices with the chosen schedule (`PlacerOutput`), so
+`devplace.place` judges it pipelined; `pipeline_plan()` also gives the cut points and the scheduled result.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster
 from devplace.placers.common import positive_int
 from devplace.placers.memory import no_fit_error
-from devplace.placers.registry import PlacerError, register
+from devplace.placers.registry import PlacerError, PlacerOutput, register
 from devplace.sim.schedule import FORWARD, KINDS, PER_STEP, Schedule, ScheduledResult, op_phases, simulate_schedule
 
 MICROBATCH_CHOICES = (1, 2, 4, 8, 16, 32)
@@ -91,7 +91,7 @@ class _Items:
     cross: np.ndarray  # float64[n + 1], bytes crossing a cut before item i, both directions (whole batch)
 
 
-def _items(graph: CompGraph, order: np.ndarray) -> _Items:
+def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray) -> _Items:
     n_nodes = graph.num_nodes
     phase = op_phases(graph)
     fwd = phase == FORWARD
@@ -115,7 +115,6 @@ def _items(graph: CompGraph, order: np.ndarray) -> _Items:
                 indeg[w] -= 1
                 if indeg[w] == 0:
                     heapq.heappush(heap, (int(pos[w]), w))
-    classes = tie_classes(graph)
     class_item: dict[int, int] = {}
     for i, v in enumerate(seq):
         class_item[int(classes[v])] = i  # the last one: an input tied to its consumer goes with the consumer
@@ -218,9 +217,9 @@ def _inflight(schedule: Schedule, p: int) -> np.ndarray:
 
 
 class _Search:
-    def __init__(self, graph: CompGraph, cluster: Cluster, order: np.ndarray) -> None:
+    def __init__(self, graph: CompGraph, cluster: Cluster, order: np.ndarray, classes: np.ndarray) -> None:
         self.graph, self.cluster = graph, cluster
-        self.items = it = _items(graph, order)
+        self.items = it = _items(graph, order, classes)
         self.pre_work = np.concatenate([[0.0], np.cumsum(it.work)])
         self.pre_param = np.concatenate([[0.0], np.cumsum(it.params)])
         self.pre_stash = np.concatenate([[0.0], np.cumsum(it.stash)])
@@ -326,10 +325,12 @@ class _Judge:
 
 
 def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, schedule: str = "1f1b",
-                  microbatches: int | None = None, chunks: int | None = None) -> PipelinePlan:
+                  microbatches: int | None = None, chunks: int | None = None,
+                 ties: np.ndarray | None = None) -> PipelinePlan:
     """The best pipeline placement of `graph` found by the search of the module docstring, with its schedule.
 
-    `order` is the traversal as node indices. Raises NoFitError when no split fits memory under the
+    `order` is the traversal as node indices; `ties` a tie class per node, each kept on one device (None:
+    `devplace.graph.ties.tie_classes(graph)`). Raises NoFitError when no split fits memory under the
     schedule, PlacerError (a DevplaceError) for invalid settings."""
     if schedule not in KINDS:
         raise PlacerError(f"placer 'pipeline': setting 'schedule' must be one of {', '.join(KINDS)}, got {schedule!r}")
@@ -346,7 +347,8 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
     if not schedules:
         raise PlacerError(f"placer 'pipeline': interleaved-1f1b needs microbatches to be a multiple of the "
                           f"{p} devices, got {microbatches}")
-    search = _Search(graph, cluster, order)
+    classes = tie_classes(graph) if ties is None else np.asarray(ties, dtype=np.int64)
+    search = _Search(graph, cluster, order, classes)
     judge = _Judge(graph, cluster, search)
     allowance = {s: np.zeros(p) for s in schedules}
     for _ in range(ROUNDS):
@@ -375,14 +377,17 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
 
 
 @register("pipeline", uses_order=True)
-def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, schedule: str = "1f1b",
-             microbatches: int | None = None, chunks: int | None = None) -> np.ndarray:
+def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, ties: np.ndarray | None = None,
+             schedule: str = "1f1b", microbatches: int | None = None, chunks: int | None = None) -> PlacerOutput:
     """Pipeline stages: cut the traversal order into contiguous stages (one per device, or `chunks` per device
     for interleaved-1f1b) minimising the simulated pipelined step under memory, choosing the micro-batch count.
 
     Uses the traversal order. Settings: `schedule` (gpipe, 1f1b, interleaved-1f1b), `microbatches` (None:
     the best of 1-32 by simulation), `chunks` (None: 1, or 2 for interleaved). Dynamic programming over cut
     points with a pipeline cost model; the scheduled simulator judges the best splits (see the module
-    docstring). The chosen schedule comes with `pipeline_plan()`.
+    docstring). Keeps every tie class on one device; returns the devices with the chosen schedule, which
+    `place()` records in meta["schedule"] and judges the step under.
     """
-    return pipeline_plan(graph, cluster, order, schedule=schedule, microbatches=microbatches, chunks=chunks).devices
+    plan = pipeline_plan(graph, cluster, order, schedule=schedule, microbatches=microbatches, chunks=chunks,
+                         ties=ties)
+    return PlacerOutput(plan.devices, plan.schedule)

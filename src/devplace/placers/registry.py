@@ -1,9 +1,10 @@
 """The placer registry and `place()`, the one interface every placer shares.
 
 A placer is a function `(graph, cluster, *, order, seed, **settings) -> np.ndarray` (a device index per
-node) registered with `@register(name, uses_order=...)`; `order` is the traversal as node indices. A new
-placer is one module in `devplace/placers/` or a subpackage of it: every module there is imported by
-`placer_names()`.
+node) registered with `@register(name, uses_order=...)`; `order` is the traversal as node indices. A placer
+whose devices are meant to run under a micro-batch schedule (the `pipeline` placer) returns a
+`PlacerOutput(devices, schedule)` instead, and `place()` judges it under that schedule. A new placer is one
+module in `devplace/placers/` or a subpackage of it: every module there is imported by `placer_names()`.
 """
 
 from __future__ import annotations
@@ -26,9 +27,36 @@ from devplace.orders import Order, check_order, order_label, traversal_indices
 from devplace.placers.memory import NoFitError, no_fit_error
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.result import SimResult
+from devplace.sim.schedule import Schedule, ScheduledResult, simulate_schedule
 from devplace.units import fmt_bytes
 
-PlacerFn = Callable[..., np.ndarray]
+
+@dataclass(frozen=True, eq=False)
+class PlacerOutput:
+    """What a placer returns when its devices run under a micro-batch schedule: `devices` (a device index per
+    node) and `schedule` (None: the unpipelined step). `place()` checks memory, and records the step time,
+    under `schedule`, and puts `schedule.to_dict()` in meta["schedule"]."""
+
+    devices: np.ndarray
+    schedule: Schedule | None = None
+
+
+def as_output(value: np.ndarray | PlacerOutput) -> PlacerOutput:
+    """A placer's return value as a PlacerOutput (a bare device array runs unpipelined)."""
+    if isinstance(value, PlacerOutput):
+        return PlacerOutput(np.asarray(value.devices, dtype=np.int64), value.schedule)
+    return PlacerOutput(np.asarray(value, dtype=np.int64))
+
+
+def simulate_output(graph: CompGraph, cluster: Cluster, devices: np.ndarray, schedule: Schedule | None) -> SimResult:
+    """The step of `graph` under `devices` as it runs: under `schedule` when given (a ScheduledResult), else
+    unpipelined (the reference model)."""
+    if schedule is None:
+        return DevplaceModel(graph, cluster).run(devices)
+    return simulate_schedule(graph, cluster, devices, schedule)
+
+
+PlacerFn = Callable[..., np.ndarray | PlacerOutput]
 # progress(done, total): placers with long loops accept a `progress` keyword and call it now and then
 Progress = Callable[[int, int], None]
 
@@ -141,6 +169,10 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: O
     either way. meta["autograd_rule"] records the setting and, where classes were tied, meta["tie_classes"]
     their number, meta["ties"] how they were placed and meta["cap_retries"] the reruns.
 
+    A placer that returns a `PlacerOutput` with a schedule (the `pipeline` placer) is checked, here and in
+    every rerun, with `devplace.sim.simulate(..., schedule=)`: meta["step_time_s"] is then the pipelined step
+    and meta["schedule"] the schedule (`Schedule.to_dict()`; `schedule_of(placement)` reads it back).
+
     `order="auto"` picks the order from the graph's features with the shipped recommendation model
     (`devplace.orders.auto`); with `try_orders=K` it instead runs the placer with each of the model's K most
     promising orders and keeps the placement with the smallest simulated step time (K times the placement
@@ -169,21 +201,23 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: O
     tied = bool(classes.size) and int(classes.max()) + 1 < classes.size
     extra: dict[str, Any] = {"progress": progress} if progress is not None and spec.reports_progress else {}
 
-    def runner(target: CompGraph, ties: np.ndarray) -> Callable[[Cluster], np.ndarray]:
+    def runner(target: CompGraph, ties: np.ndarray) -> Callable[[Cluster], PlacerOutput]:
         visit = traversal_indices(target, order, seed, cluster=cluster)
         call = {**settings, **extra, **({"ties": ties} if spec.handles_ties else {})}
 
-        def run(seen: Cluster) -> np.ndarray:
-            out = np.asarray(spec.func(target, seen, order=visit, seed=seed, **call), dtype=np.int64)
-            if out.shape != (target.num_nodes,) or (target.num_nodes and not
-                                                    (out.min() >= 0 and out.max() < cluster.num_devices)):
+        def run(seen: Cluster) -> PlacerOutput:
+            out = as_output(spec.func(target, seen, order=visit, seed=seed, **call))
+            dev = out.devices
+            if dev.shape != (target.num_nodes,) or (target.num_nodes and not
+                                                    (dev.min() >= 0 and dev.max() < cluster.num_devices)):
                 raise RuntimeError(f"placer {placer!r} returned an invalid device array")  # a bug, not a user error
             return out
         return run
 
     if not tied:
-        devices = runner(graph, classes)(cluster)
-        result = DevplaceModel(graph, cluster).run(devices)
+        out = runner(graph, classes)(cluster)
+        devices = out.devices
+        result = simulate_output(graph, cluster, devices, out.schedule)
         if not result.feasible:
             over = ", ".join(f"device {d} by {b:.3g} bytes" for d, b in result.oom.items())
             raise no_fit_error(graph, cluster, placer, f"its best placement is over memory on {over}")
@@ -209,6 +243,8 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: O
     placement = Placement.from_array(graph, devices, cluster=cluster.name)
     meta = {"placer": placer, "order": order_label(order) if spec.uses_order else None, "seed": seed,
             "settings": dict(settings), "step_time_s": result.step_time_s, "autograd_rule": autograd_rule}
+    if isinstance(result, ScheduledResult):
+        meta["schedule"] = result.schedule.to_dict()
     if tied:
         meta.update(tie_classes=int(classes.max()) + 1, ties=mode, cap_retries=retries)
     return Placement(placement.assignment, graph=graph.name, cluster=cluster.name, meta=meta)
@@ -225,31 +261,31 @@ def with_caps(cluster: Cluster, caps: np.ndarray) -> Cluster:
 
 
 def within_memory(graph: CompGraph, view: CompGraph, cluster: Cluster, placer: str,
-                  run: Callable[[Cluster], np.ndarray], expand: Callable[[np.ndarray], np.ndarray],
+                  run: Callable[[Cluster], PlacerOutput], expand: Callable[[np.ndarray], np.ndarray],
                   ) -> tuple[np.ndarray, SimResult, int]:
     """Place `view` (a folded or coarse stand-in for `graph`) with `run(cluster seen)`, map its devices to
-    `graph` with `expand`, and simulate `graph`; while a device is over memory, lower that device's cap to
-    min(cap, the view's simulated peak there) x capacity / the real peak there, and place again (at most
-    `CAP_RETRIES` times). Returns (device per node of `graph`, its simulation, the number of retries), or raises
-    NoFitError for `graph` on the real `cluster` with the overflow and a suggestion."""
-    model = DevplaceModel(graph, cluster)
+    `graph` with `expand`, and simulate `graph` (under the schedule `run` returns, if any); while a device is
+    over memory, lower that device's cap to min(cap, the view's simulated peak there) x capacity / the real
+    peak there, and place again (at most `CAP_RETRIES` times). Returns (device per node of `graph`, its
+    simulation -- a ScheduledResult under a schedule --, the number of retries), or raises NoFitError for
+    `graph` on the real `cluster` with the overflow and a suggestion."""
     caps = cluster.memory.astype(np.float64)
     seen = cluster
     for attempt in range(CAP_RETRIES + 1):
         try:
-            view_devices = run(seen)
+            out = run(seen)
         except NoFitError as exc:
             if attempt == 0:
                 raise
             raise no_fit_error(graph, cluster, placer, f"as run, its placement was over memory; with the device "
                                f"caps lowered to {_caps_text(caps)} to make room, it found none: {exc}") from exc
-        devices = expand(view_devices)
-        result = model.run(devices)
+        devices = expand(out.devices)
+        result = simulate_output(graph, cluster, devices, out.schedule)
         if result.feasible:
             return devices, result, attempt
         if attempt == CAP_RETRIES:
             break
-        view_peak = DevplaceModel(view, seen).run(view_devices).peak_memory_bytes
+        view_peak = simulate_output(view, seen, out.devices, out.schedule).peak_memory_bytes
         caps = caps.copy()
         for d in result.oom:
             # shrink what the view may hold on d by the factor the real peak exceeds the real capacity: a view
@@ -261,6 +297,13 @@ def within_memory(graph: CompGraph, view: CompGraph, cluster: Cluster, placer: s
     over_text = ", ".join(f"device {d} by {fmt_bytes(float(b))}" for d, b in result.oom.items())
     raise no_fit_error(graph, cluster, placer, f"as run, its placement is over memory on {over_text} after "
                        f"{CAP_RETRIES} rerun(s) with lowered device caps (last: {_caps_text(caps)})")
+
+
+def schedule_of(placement: Placement) -> Schedule | None:
+    """The schedule a placement was made for (meta["schedule"], set by `place` for placers that return one),
+    or None for an unpipelined one."""
+    doc = placement.meta.get("schedule")
+    return Schedule.from_dict(doc) if doc is not None else None
 
 
 def _caps_text(caps: np.ndarray) -> str:

@@ -22,6 +22,7 @@ scaled (exact).
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +84,15 @@ class Schedule:
         """JSON-ready form."""
         return {"kind": self.kind, "microbatches": self.microbatches, "chunks": self.chunks,
                 "microbatch_graph": self.microbatch_graph}
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Schedule:
+        """The schedule of a `to_dict()` document (a placement's meta["schedule"]); ScheduleError for anything
+        else."""
+        keys = ("kind", "microbatches", "chunks", "microbatch_graph")
+        if not isinstance(doc, dict) or set(doc) - set(keys) or "kind" not in doc:
+            raise ScheduleError(f"a schedule is an object with keys {', '.join(keys)} (kind required), got {doc!r}")
+        return cls(**doc)
 
 
 # --------------------------------------------------------------------------- stages of a placement
@@ -200,64 +210,72 @@ class Unrolled:
 
 
 def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: Stages) -> Unrolled:
-    """The unrolled step (docs/simulation.md, "Pipeline schedules", gives the construction and its order)."""
+    """The unrolled step (docs/simulation.md, "Pipeline schedules", gives the construction and its order):
+    micro-batch ops k = 0..M-1 in node order (id "v@k"), then the per-step ops (id "v"), then the barriers;
+    every edge of the graph in edge order (micro-batch edges once per micro-batch), then the barriers' edges.
+    Built as columns (`CompGraph.from_arrays`): the unrolled step of a large model has 10^5+ nodes."""
     m = schedule.microbatches
     scale = 1.0 if schedule.microbatch_graph else 1.0 / m
     phase = stages.phase
-    per_mb = [v for v in range(graph.num_nodes) if phase[v] != PER_STEP]
-    per_step = [v for v in range(graph.num_nodes) if phase[v] == PER_STEP]
-    nodes: list[dict[str, Any]] = []
-    source: list[int] = []
-    micro: list[int] = []
-    dev: list[int] = []
-    name: dict[tuple[int, int], str] = {}
+    is_mb = phase != PER_STEP
+    per_mb, per_step = np.flatnonzero(is_mb), np.flatnonzero(~is_mb)
+    a = per_mb.size
+    slot = np.empty(graph.num_nodes, dtype=np.int64)  # index of (v, k=0) for micro-batch ops, of v for the others
+    slot[per_mb] = np.arange(a)
+    slot[per_step] = m * a + np.arange(per_step.size)
+    n_real = m * a + per_step.size
+    source = np.concatenate([np.tile(per_mb, m), per_step])
+    micro = np.concatenate([np.repeat(np.arange(m), a), np.full(per_step.size, -1)])
+    mult = np.where(micro >= 0, scale, 1.0)
+    params = np.where(micro <= 0, graph.param_bytes[source], 0.0)  # weights once: with micro-batch 0
 
-    def add(rec: dict[str, Any], v: int, k: int, d: int) -> None:
-        nodes.append(rec)
-        source.append(v)
-        micro.append(k)
-        dev.append(d)
+    u, v = graph.edge_src, graph.edge_dst
+    mu, mv = is_mb[u], is_mb[v]
+    reps = np.where(mu & mv, m, 1)
+    e_of = np.repeat(np.arange(graph.num_edges), reps)
+    k = np.arange(e_of.size) - np.repeat(np.cumsum(reps) - reps, reps)  # micro-batch within an edge's copies
+    both = (mu & mv)[e_of]
+    # a micro-batch op feeding a per-step op: the accumulated result of the last micro-batch, at full size
+    src_k = np.where(both, k, np.where(mu[e_of], m - 1, 0))
+    src = slot[u[e_of]] + np.where(mu[e_of], src_k * a, 0)
+    dst = slot[v[e_of]] + np.where(both, k * a, 0)
+    ebytes = graph.edge_bytes[e_of] * np.where(both, scale, 1.0)
 
-    for k in range(m):
-        for v in per_mb:
-            nid = f"{v}@{k}"
-            name[v, k] = nid
-            add({"id": nid, "op": graph.op[v], "kind": graph.kind[v],
-                 "compute_s": float(graph.compute_s[v]) * scale, "output_bytes": float(graph.output_bytes[v]) * scale,
-                 "temp_bytes": float(graph.temp_bytes[v]) * scale,
-                 "param_bytes": float(graph.param_bytes[v]) if k == 0 else 0.0}, v, k, int(devices[v]))
-    for v in per_step:
-        name[v, -1] = f"{v}"
-        add({"id": f"{v}", "op": graph.op[v], "kind": graph.kind[v], "compute_s": float(graph.compute_s[v]),
-             "output_bytes": float(graph.output_bytes[v]), "temp_bytes": float(graph.temp_bytes[v]),
-             "param_bytes": float(graph.param_bytes[v])}, v, -1, int(devices[v]))
-    edges: list[dict[str, Any]] = []
-    for e in range(graph.num_edges):
-        u, v = int(graph.edge_src[e]), int(graph.edge_dst[e])
-        b, t = float(graph.edge_bytes[e]), int(graph.edge_tensor[e])
-        mu, mv = phase[u] != PER_STEP, phase[v] != PER_STEP
-        if mu and mv:
-            edges += [{"src": name[u, k], "dst": name[v, k], "bytes": b * scale, "tensor": t} for k in range(m)]
-        elif mu:  # the accumulated result of the last micro-batch (a gradient), at full size
-            edges.append({"src": name[u, m - 1], "dst": name[v, -1], "bytes": b, "tensor": t})
-        else:  # both per-step (pipeline_stages rejects per-step -> micro-batch edges)
-            edges.append({"src": name[u, -1], "dst": name[v, -1], "bytes": b, "tensor": t})
-    _add_barriers(graph, devices, schedule, stages, name, nodes, edges, add)
+    def index(w: int, kk: int) -> int:
+        return int(slot[w]) + (kk * a if is_mb[w] else 0)
+
+    bar_ids, bar_dev, bar_src, bar_dst, bar_tensor = _barriers(graph, devices, schedule, stages, index, n_real)
+    ops, kinds = graph.op, graph.kind
+    ids = [f"{w}@{kk}" for kk in range(m) for w in per_mb.tolist()] + [f"{w}" for w in per_step.tolist()] + bar_ids
+    nb = len(bar_ids)
+    src_l = source.tolist()
     try:
-        g = CompGraph.build(f"{graph.name}-{schedule.kind}-m{m}", nodes, edges)
+        g = CompGraph.from_arrays(
+            f"{graph.name}-{schedule.kind}-m{m}", ids, [ops[w] for w in src_l] + [BARRIER] * nb,
+            [kinds[w] for w in src_l] + [""] * nb, [""] * (n_real + nb),
+            np.concatenate([graph.compute_s[source] * mult, np.zeros(nb)]),
+            np.concatenate([graph.output_bytes[source] * mult, np.zeros(nb)]),
+            np.concatenate([params, np.zeros(nb)]),
+            np.concatenate([graph.temp_bytes[source] * mult, np.zeros(nb)]),
+            np.concatenate([src, np.asarray(bar_src, dtype=np.int64)]),
+            np.concatenate([dst, np.asarray(bar_dst, dtype=np.int64)]),
+            np.concatenate([ebytes, np.zeros(len(bar_src))]),
+            np.concatenate([graph.edge_tensor[e_of], np.asarray(bar_tensor, dtype=np.int64)]))
     except GraphError as exc:  # a cycle: the action order waits for something that comes later
         raise ScheduleError(f"the {schedule.kind} schedule deadlocks on this placement (the order of a device's "
                             f"actions contradicts the data flow: {exc}); place the ops as a pipeline, stage by "
                             "stage along the device indices") from None
-    return Unrolled(g, np.asarray(source, dtype=np.int64), np.asarray(micro, dtype=np.int64),
-                    np.asarray(dev, dtype=np.int64))
+    return Unrolled(g, np.concatenate([source, np.full(nb, -1)]), np.concatenate([micro, np.full(nb, -1)]),
+                    np.concatenate([np.asarray(devices, dtype=np.int64)[source], np.asarray(bar_dev, dtype=np.int64)]))
 
 
-def _add_barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: Stages,
-                  name: dict[tuple[int, int], str], nodes: list[dict[str, Any]], edges: list[dict[str, Any]],
-                  add: Any) -> None:
+def _barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: Stages,
+              index: Callable[[int, int], int], first: int,
+              ) -> tuple[list[str], list[int], list[int], list[int], list[int]]:
     """Per device, a zero-cost barrier after each non-empty action: it waits for the action's sinks, and the
-    next action's sources (or, after the last action, the device's per-step ops) wait for it."""
+    next action's sources (or, after the last action, the device's per-step ops) wait for it. Returns the
+    barriers' ids and devices (node indices from `first` on) and their edges (src, dst, tensor); `index(v, k)`
+    is the unrolled node of op v in micro-batch k."""
     p = len(stages.pipeline_devices)
     members: dict[tuple[int, int, int], list[int]] = {}  # (device, phase, stage) -> nodes, insertion order
     for v in range(graph.num_nodes):
@@ -274,23 +292,35 @@ def _add_barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, sta
     for v in range(graph.num_nodes):
         if stages.phase[v] == PER_STEP:
             step_ops.setdefault(int(devices[v]), []).append(v)
+    ids: list[str] = []
+    dev: list[int] = []
+    src: list[int] = []
+    dst: list[int] = []
+    tensor: list[int] = []
+
+    def barrier(bar_id: str, d: int, before: list[int], after: list[int]) -> None:
+        b = first + len(ids)
+        ids.append(bar_id)
+        dev.append(d)
+        src.extend(before)
+        dst.extend([b] * len(before))
+        tensor.extend([BARRIER_TENSOR] * len(before))
+        src.extend([b] * len(after))
+        dst.extend(after)
+        tensor.extend([0] * len(after))
+
     for r, d in enumerate(stages.pipeline_devices):
-        prev: list[str] = []
+        prev: list[int] = []
         for j, (ph, c, k) in enumerate(actions(schedule, p, r)):
             ops = members.get((d, ph, c * p + r), [])
             if not ops:
                 continue
             if prev:
-                bar = f"#{d}.{j}"
-                add({"id": bar, "op": BARRIER}, -1, -1, d)
-                edges += [{"src": s, "dst": bar, "bytes": 0.0, "tensor": BARRIER_TENSOR} for s in prev]
-                edges += [{"src": bar, "dst": name[v, k], "bytes": 0.0, "tensor": 0} for v in ops if not has_pred[v]]
-            prev = [name[v, k] for v in ops if not has_succ[v]]
+                barrier(f"#{d}.{j}", d, prev, [index(v, k) for v in ops if not has_pred[v]])
+            prev = [index(v, k) for v in ops if not has_succ[v]]
         if prev and step_ops.get(d):
-            bar = f"#{d}.end"
-            add({"id": bar, "op": BARRIER}, -1, -1, d)
-            edges += [{"src": s, "dst": bar, "bytes": 0.0, "tensor": BARRIER_TENSOR} for s in prev]
-            edges += [{"src": bar, "dst": name[v, -1], "bytes": 0.0, "tensor": 0} for v in step_ops[d]]
+            barrier(f"#{d}.end", d, prev, [index(v, 0) for v in step_ops[d]])
+    return ids, dev, src, dst, tensor
 
 
 # --------------------------------------------------------------------------- simulation

@@ -10,6 +10,11 @@ conversion so that an op that ends exactly when the next one starts never overla
 no global state), one unsnapped polygon collection per kind (touching bars merged), so 100k ops plot in
 a couple of seconds and bars thinner than a pixel still shade their share of it.
 
+A pipelined step (a `ScheduledResult`, `devplace.sim.schedule`) shows every run of an op: a forward or
+backward op once per micro-batch (trace events named "<node id> [mb k]" with `args.microbatch` k; in the PNG
+bars coloured by micro-batch, backward darker than forward, each action labelled "F k" / "B k"), once-per-step
+ops (the optimizer) once.
+
 Both outputs are deterministic: the same inputs give the same bytes.
 """
 
@@ -27,6 +32,7 @@ from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.sim.result import SimResult
+from devplace.sim.schedule import ScheduledResult
 
 DEVICES_PID = 1
 CHANNELS_PID = 2
@@ -35,20 +41,28 @@ FIRST_TID = 3  # tids are unique across both processes and never equal a pid (Pe
 KINDS = ("forward", "backward", "optimizer")
 KIND_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868", "other": "#8C8C8C"}
 TRANSFER_COLOR = "#8172B3"
+# micro-batch k's forward colour (cycled); its backward is the same hue darkened by BACKWARD_SHADE. None is
+# the optimizer's, the transfers' or "other"'s colour, which per-step ops and channels keep
+MICROBATCH_COLORS = ("#4C72B0", "#DD8452", "#C44E52", "#937860", "#DA8BC3", "#CCB974", "#64B5CD", "#2F4B7C",
+                     "#A05195", "#F95D6A")
+BACKWARD_SHADE = 0.55
 ZERO_COLOR = "#222222"
 
 
 # ----------------------------------------------------------------------------------------- shared
 @dataclass(frozen=True)
 class _Schedule:
-    """The validated, drawable part of a result: ops and transfers with finite times on known devices."""
+    """The validated, drawable part of a result: op runs and transfers with finite times on known devices.
+    For a pipelined step an op has one run per micro-batch (`op_mb` its micro-batch, -1 for once per step)."""
 
-    ops: np.ndarray  # int64, node indices that ran
+    ops: np.ndarray  # int64, node index of each run
     op_dev: np.ndarray  # int64
     op_start: np.ndarray  # float64 seconds
     op_finish: np.ndarray  # float64 seconds, >= op_start
     skipped_ops: int
+    op_mb: np.ndarray  # int64, micro-batch of each run (-1: once per step or not pipelined)
     tr: np.ndarray  # int64, transfer indices
+    tr_mb: np.ndarray  # int64, micro-batch of each shown transfer (-1: per step or not pipelined)
     tr_chan: np.ndarray  # int64, index into `channels`
     tr_start: np.ndarray
     tr_finish: np.ndarray
@@ -65,12 +79,22 @@ def _schedule(graph: CompGraph, cluster: Cluster, result: SimResult) -> _Schedul
                                 "was the result simulated on another graph?")
     n_dev = cluster.num_devices
     dev = np.asarray(result.device, dtype=np.int64)
-    start = np.asarray(result.start_s, dtype=np.float64)
-    finish = np.asarray(result.finish_s, dtype=np.float64)
-    ok = (dev >= 0) & (dev < n_dev) & np.isfinite(start) & np.isfinite(finish)
-    ops = np.flatnonzero(ok).astype(np.int64)
-    op_start = start[ops]
-    op_finish = np.maximum(finish[ops], op_start)
+    if isinstance(result, ScheduledResult):  # one run per micro-batch of micro-batch ops, one of the others
+        count = np.where(result.stage >= 0, result.schedule.microbatches, 1)
+        run_node = np.repeat(np.arange(n, dtype=np.int64), count)
+        run_mb = np.arange(run_node.size) - np.repeat(np.cumsum(count) - count, count)
+        start = result.microbatch_start_s[run_mb, run_node]
+        finish = result.microbatch_finish_s[run_mb, run_node]
+        run_mb = np.where(result.stage[run_node] >= 0, run_mb, -1)
+    else:
+        run_node, run_mb = np.arange(n, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+        start = np.asarray(result.start_s, dtype=np.float64)
+        finish = np.asarray(result.finish_s, dtype=np.float64)
+    ok = (dev[run_node] >= 0) & (dev[run_node] < n_dev) & np.isfinite(start) & np.isfinite(finish)
+    runs = np.flatnonzero(ok)
+    ops = run_node[runs]
+    op_start = start[runs]
+    op_finish = np.maximum(finish[runs], op_start)
 
     t = result.transfers
     m = len(t)
@@ -87,8 +111,11 @@ def _schedule(graph: CompGraph, cluster: Cluster, result: SimResult) -> _Schedul
     uniq, chan = np.unique(keys, return_inverse=True)
     channels = tuple((int(k // (n_dev + 1)), int(k % (n_dev + 1)) - 1) for k in uniq.tolist())
     tr_start = ts[tr]
+    tr_mb = (np.asarray(result.transfer_microbatch, dtype=np.int64)[tr] if isinstance(result, ScheduledResult)
+             else np.full(tr.size, -1, dtype=np.int64))
     return _Schedule(ops=ops, op_dev=dev[ops], op_start=op_start, op_finish=op_finish,
-                     skipped_ops=int(n - ops.size), tr=tr, tr_chan=chan.astype(np.int64).reshape(-1),
+                     skipped_ops=int(np.unique(run_node[~ok]).size), op_mb=run_mb[runs], tr=tr, tr_mb=tr_mb,
+                     tr_chan=chan.astype(np.int64).reshape(-1),
                      tr_start=tr_start, tr_finish=np.maximum(tf[tr], tr_start), channels=channels,
                      skipped_transfers=int(m - tr.size))
 
@@ -158,20 +185,21 @@ def _trace_lines(graph: CompGraph, cluster: Cluster, result: SimResult) -> list[
     # Ops, by track, then start, then finish (a zero-length op before the op that starts when it ends).
     s_ns, f_ns = _ns(s.op_start), _ns(s.op_finish)
     s_us, d_us = _us(s_ns), _us(f_ns - s_ns)
-    order = np.lexsort((s.ops, f_ns, s_ns, s.op_dev)).tolist()
-    ops, devs = s.ops.tolist(), s.op_dev.tolist()
+    order = np.lexsort((s.op_mb, s.ops, f_ns, s_ns, s.op_dev)).tolist()
+    ops, devs, mbs = s.ops.tolist(), s.op_dev.tolist(), s.op_mb.tolist()
     start, finish = s.op_start.tolist(), s.op_finish.tolist()
     compute = graph.compute_s.tolist()
     cache: dict[str, str] = {}
     for i in order:
-        v = ops[i]
+        v, k = ops[i], mbs[i]
         nid = q(graph.ids[v])
+        name, mb = (q(f"{graph.ids[v]} [mb {k}]"), f',"microbatch":{k}') if k >= 0 else (nid, "")
         op = cache.get(graph.op[v]) or cache.setdefault(graph.op[v], q(graph.op[v]))
         kind = cache.get(graph.kind[v]) or cache.setdefault(graph.kind[v], q(graph.kind[v]))
         cat = kind if graph.kind[v] else '"op"'
         events.append(
-            f'{{"name":{nid},"cat":{cat},"ph":"X","ts":{s_us[i]},"dur":{d_us[i]},"pid":{DEVICES_PID},'
-            f'"tid":{FIRST_TID + devs[i]},"args":{{"node":{nid},"index":{v},"op":{op},"kind":{kind},'
+            f'{{"name":{name},"cat":{cat},"ph":"X","ts":{s_us[i]},"dur":{d_us[i]},"pid":{DEVICES_PID},'
+            f'"tid":{FIRST_TID + devs[i]},"args":{{"node":{nid},"index":{v},"op":{op},"kind":{kind}{mb},'
             f'"compute_s":{compute[v]!r},"start_s":{start[i]!r},"finish_s":{finish[i]!r}}}}}'
         )
 
@@ -180,19 +208,20 @@ def _trace_lines(graph: CompGraph, cluster: Cluster, result: SimResult) -> list[
     s_ns, f_ns = _ns(s.tr_start), _ns(s.tr_finish)
     s_us, d_us = _us(s_ns), _us(f_ns - s_ns)
     order = np.lexsort((s.tr, f_ns, s_ns, s.tr_chan)).tolist()
-    tr, chan = s.tr.tolist(), s.tr_chan.tolist()
+    tr, chan, tr_mbs = s.tr.tolist(), s.tr_chan.tolist(), s.tr_mb.tolist()
     node, tensor = np.asarray(t.node).tolist(), np.asarray(t.tensor).tolist()
     nbytes = [_num(x) for x in np.asarray(t.nbytes, dtype=np.float64).tolist()]
     src, dst = np.asarray(t.src_dev).tolist(), np.asarray(t.dst_dev).tolist()
     labels = [q(device_label(cluster, d)) for d in range(n_dev)] + ['"broadcast"']  # [-1]: dst -1
     start, finish = s.tr_start.tolist(), s.tr_finish.tolist()
     for i in order:
-        j = tr[i]
+        j, k = tr[i], tr_mbs[i]
         nid = graph.ids[node[j]]
+        label, mb = (f"{nid}:{tensor[j]} [mb {k}]", f',"microbatch":{k}') if k >= 0 else (f"{nid}:{tensor[j]}", "")
         events.append(
-            f'{{"name":{q(f"{nid}:{tensor[j]}")},"cat":"transfer","ph":"X","ts":{s_us[i]},"dur":{d_us[i]},'
+            f'{{"name":{q(label)},"cat":"transfer","ph":"X","ts":{s_us[i]},"dur":{d_us[i]},'
             f'"pid":{CHANNELS_PID},"tid":{FIRST_TID + n_dev + chan[i]},"args":{{"node":{q(nid)},'
-            f'"tensor":{tensor[j]},"bytes":{nbytes[j]!r},"src":{labels[src[j]]},"dst":{labels[dst[j]]},'
+            f'"tensor":{tensor[j]},"bytes":{nbytes[j]!r},"src":{labels[src[j]]},"dst":{labels[dst[j]]}{mb},'
             f'"start_s":{start[i]!r},"finish_s":{finish[i]!r}}}}}'
         )
 
@@ -202,6 +231,8 @@ def _trace_lines(graph: CompGraph, cluster: Cluster, result: SimResult) -> list[
         "step_time_s": step if math.isfinite(step) else None, "feasible": result.feasible,
         "num_ops": graph.num_nodes, "num_transfers": len(t),
     }
+    if isinstance(result, ScheduledResult):
+        other["schedule"] = result.schedule.to_dict()
     if s.skipped_ops:
         other["ops_not_scheduled"] = s.skipped_ops
     if s.skipped_transfers:
@@ -228,6 +259,48 @@ def write_trace(graph: CompGraph, cluster: Cluster, result: SimResult, path: str
 
 
 # ----------------------------------------------------------------------------------------- plot
+def _shade(color: str, factor: float) -> str:
+    """`color` ("#rrggbb") with each channel scaled by `factor` (< 1: darker)."""
+    rgb = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(c * factor):02X}" for c in rgb)
+
+
+def _bar_groups(graph: CompGraph, s: _Schedule) -> list[tuple[str | None, str, np.ndarray]]:
+    """(legend label or None, colour, runs) per colour of bar: by kind; for a pipelined step micro-batch
+    runs by micro-batch (colours cycle after len(MICROBATCH_COLORS), backward darker), per-step runs by kind."""
+    kind_of = np.array([_kind_name(graph.kind[v]) for v in s.ops.tolist()], dtype=object)
+    groups: list[tuple[str | None, str, np.ndarray]] = []
+    pipelined = s.op_mb >= 0
+    n_col = len(MICROBATCH_COLORS)
+    if pipelined.any():
+        backward = kind_of == "backward"
+        top = int(s.op_mb.max()) + 1
+        for c in range(min(top, n_col)):
+            of_c = pipelined & (s.op_mb % n_col == c)
+            label = f"mb {c}" if top <= n_col else f"mb {c} (mod {n_col})"
+            groups.append((label, MICROBATCH_COLORS[c], np.flatnonzero(of_c & ~backward)))
+            groups.append((None, _shade(MICROBATCH_COLORS[c], BACKWARD_SHADE), np.flatnonzero(of_c & backward)))
+    for kind in (*KINDS, "other"):
+        groups.append((kind, KIND_COLORS[kind], np.flatnonzero(~pipelined & (kind_of == kind))))
+    return [(label, color, sel) for label, color, sel in groups if sel.size]
+
+
+def _action_spans(graph: CompGraph, result: ScheduledResult, s: _Schedule) -> list[tuple[int, float, float, str]]:
+    """(device, start, finish, "F k" or "B k") of each action of a pipelined step: the runs of one stage's
+    forward or backward ops for micro-batch k."""
+    mb = s.op_mb >= 0
+    back = np.array([graph.kind[v] == "backward" for v in s.ops.tolist()], dtype=bool)
+    keys = np.stack([s.op_dev, result.stage[s.ops], back.astype(np.int64), s.op_mb], axis=1)[mb]
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    lo = np.full(len(uniq), np.inf)
+    hi = np.full(len(uniq), -np.inf)
+    np.minimum.at(lo, inv, s.op_start[mb])
+    np.maximum.at(hi, inv, s.op_finish[mb])
+    return [(int(d), float(a), float(b), f"{'B' if ph else 'F'} {k}")
+            for (d, _, ph, k), a, b in zip(uniq.tolist(), lo.tolist(), hi.tolist(), strict=True)]
+
+
 def _time_unit(extent_s: float) -> tuple[str, float]:
     """Axis unit and scale for times up to `extent_s` seconds."""
     if extent_s >= 1.0:
@@ -346,14 +419,11 @@ def plot_timeline(graph: CompGraph, cluster: Cluster, result: SimResult, path: s
 
     x0_all = s.op_start * scale
     x1_all = s.op_finish * scale
-    kind_of = np.array([_kind_name(graph.kind[v]) for v in s.ops.tolist()], dtype=object)
     handles: list[Any] = []
     zero_ops = False
-    for kind in (*KINDS, "other"):
-        sel = np.flatnonzero(kind_of == kind) if s.ops.size else np.zeros(0, dtype=np.int64)
-        if sel.size == 0:
-            continue
-        handles.append(Patch(facecolor=KIND_COLORS[kind], label=kind))
+    for label, color, sel in _bar_groups(graph, s):
+        if label:
+            handles.append(Patch(facecolor=color, label=label))
         verts = []
         for d in range(n_dev):
             on = sel[s.op_dev[sel] == d]
@@ -361,7 +431,7 @@ def plot_timeline(graph: CompGraph, cluster: Cluster, result: SimResult, path: s
                 continue
             x0, x1 = _merge(x0_all[on], x1_all[on], gap)
             verts.append(_rects(x0, x1, np.full(x0.size, dev_y[d]), np.full(x0.size, 0.38)))
-        ax.add_collection(bars(verts, KIND_COLORS[kind]))
+        ax.add_collection(bars(verts, color))
         if detail:  # zero-length ops: a dark tick, so they are not lost next to a bar of their colour
             z = sel[x1_all[sel] <= x0_all[sel]]
             if z.size:
@@ -384,8 +454,16 @@ def plot_timeline(graph: CompGraph, cluster: Cluster, result: SimResult, path: s
             verts.append(_rects(x0, x1, np.full(x0.size, chan_y[k]), np.full(x0.size, 0.2)))
         ax.add_collection(bars(verts, TRANSFER_COLOR))
 
-    # Op names inside the widest bars that can hold them (at most MAX_LABELS, widest first).
-    if s.ops.size:
+    # Op names inside the widest bars that can hold them (at most MAX_LABELS, widest first); for a pipelined
+    # step, each action's phase and micro-batch ("F 3", "B 3") across its span instead.
+    if isinstance(result, ScheduledResult) and s.ops.size:
+        fs = 7 if n_rows <= 24 else 6
+        char_px = 0.6 * fs * dpi / 72
+        for d, x0, x1, text in _action_spans(graph, result, s):
+            if (x1 - x0) * scale * px_per_unit >= len(text) * char_px + 4:
+                ax.text((x0 + x1) / 2 * scale, dev_y[d], text, ha="center", va="center", fontsize=fs,
+                        color="white", clip_on=True, zorder=4)
+    elif s.ops.size:
         fs = 7 if n_rows <= 24 else 6
         char_px = 0.6 * fs * dpi / 72
         width_px = (x1_all - x0_all) * px_per_unit
@@ -449,6 +527,8 @@ def plot_timeline(graph: CompGraph, cluster: Cluster, result: SimResult, path: s
 
     head = title if title is not None else f"{graph.name} on {cluster.name}: step {format_time(step)}"
     info = [f"model {result.model}", f"{graph.num_nodes} ops on {n_dev} devices",
+            *([f"{result.schedule.kind}, {result.schedule.microbatches} micro-batches"]
+              if isinstance(result, ScheduledResult) else []),
             f"{len(result.transfers)} transfers ({format_bytes(float(result.comm_bytes))})"]
     if title is not None:
         info.insert(0, f"step {format_time(step)}")

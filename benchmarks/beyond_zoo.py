@@ -8,7 +8,8 @@ placement as autograd runs it (`runtime_placement`) and prints "placed = as run"
 times are equal, "OVER MEMORY AS RUN" when the full graph is over memory. Per row: the best single device (or
 "does not fit" and the memory the step needs on one device), the `even` split (accelerate's `balanced`
 map by compute), the best optimising placer and its ratio to even (< 1: faster), the placement time of that
-placer (wall clock of `place_expanded`), and every placer's step time.
+placer (wall clock of `place_expanded`), and every placer's step time ("@N": placed on a finer coarsening of
+N groups, as `place_expanded` does when the given one fits nowhere).
 
 Models outside the zoo are built here, on the meta device (shapes only; capture runs on fake tensors):
 torchvision ViT-B/16, ConvNeXt-Tiny, Swin-T, EfficientNet-B0; transformers configs written in code (never
@@ -286,7 +287,8 @@ def run_case(case: Case, cluster_name: str, placers: list[str], max_nodes: int, 
         if not as_run.feasible:
             bad.append(f"{placer}: OVER MEMORY AS RUN")
         times[placer] = as_run.step_time_s
-        cells.append(f"{placer} {as_run.step_time_s * 1e3:.1f}")
+        finer = out.coarsening.num_groups != prep.graph.num_nodes  # placed on a finer coarsening
+        cells.append(f"{placer} {as_run.step_time_s * 1e3:.1f}" + (f" @{out.coarsening.num_groups}" if finer else ""))
     even = times.get("even")
     optimising = {p: t for p, t in times.items() if p != "even"}
     if optimising:

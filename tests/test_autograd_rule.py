@@ -13,7 +13,7 @@ from torch import nn
 from conftest import cluster, graph
 from devplace.capture.pipeline import prepare
 from devplace.capture.torch_capture import capture
-from devplace.graph.coarsen import Coarsening
+from devplace.graph.coarsen import Coarsening, coarsen
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import runtime_placement
 from devplace.graph.ties import OP_FOLDED, fold, is_tied, tie_classes, violations
@@ -197,3 +197,20 @@ def test_plan_from_prepared_is_feasible_as_run_on_a_tight_cluster(mlp):
         assert len(set(p.placement.assignment.values())) > 1
         assert runtime_placement(mlp.full, p.placement).assignment == p.placement.assignment
     assert placed
+
+
+def test_a_coarsening_that_merged_its_tie_classes_is_refined_to_fit(mlp):
+    # 2 groups of a training step mix forward and backward ops of several layers: their tie labels join every
+    # class into one, so the coarse graph is one decision and cannot be split over devices
+    full = mlp.full
+    coarse = coarsen(full, 2)
+    assert int(tie_classes(coarse.graph).max()) == 0
+    peak = float(simulate(full, _fast_cluster(1), np.zeros(full.num_nodes, dtype=np.int64)).peak_memory_bytes[0])
+    c = cluster(3, bw=1e12, lat=1e-9, mem=0.7 * peak)  # the step fits three devices, not one
+    with pytest.raises(NoFitError):
+        place(coarse.graph, c, placer="m-etf", order="topo")
+    out = place_expanded(coarse, full, c, placer="m-etf", order="topo")
+    assert out.coarsening.num_groups > 2 and out.placement.meta["refined_groups"] == out.coarsening.num_groups
+    assert out.result.feasible
+    as_run = simulate(full, c, runtime_placement(full, out.placement))
+    assert as_run.feasible and as_run.step_time_s == out.result.step_time_s

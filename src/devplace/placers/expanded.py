@@ -4,6 +4,12 @@ Placers see the coarse graph (a few hundred groups); the step that runs is the f
 the two differ (a coarse group's working set is an estimate), so a coarse placement that fits can be over
 memory on the full graph. `place_expanded` checks the expanded placement on the full graph and, when it is
 over, places again with lowered device caps (`devplace.placers.registry.within_memory`).
+
+Coarsening can also merge tie classes: a group holding ops of several classes (one layer's forward op and
+another's backward op) ties them all together, so a coarse graph of 250 groups may have only a handful of
+classes (gpt2-xl: 3, the largest over 16 GB) and no placer can fit it. When placing the given coarsening
+raises NoFitError (under the autograd rule), the full graph is coarsened again with `REFINE_FACTOR` times
+as many groups (at most `REFINE_STEPS` times): finer groups mix fewer classes.
 """
 
 from __future__ import annotations
@@ -14,10 +20,11 @@ from typing import Any
 import numpy as np
 
 from devplace.errors import GraphError
-from devplace.graph.coarsen import Coarsening
+from devplace.graph.coarsen import Coarsening, coarsen
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster
+from devplace.placers.memory import NoFitError
 from devplace.placers.registry import PlacerOutput, Progress, place, schedule_of, within_memory
 from devplace.sim.result import SimResult
 
@@ -25,13 +32,22 @@ from devplace.sim.result import SimResult
 @dataclass(frozen=True, eq=False)
 class ExpandedPlacement:
     """A placement of a full graph made on its coarsening: `coarse` (the placer's output, with its meta),
-    `placement` (every op of the full graph), `result` (the simulation of `placement` on the full graph) and
-    `cap_retries` (how many times the placer ran again with lowered caps for the full graph to fit)."""
+    `placement` (every op of the full graph), `result` (the simulation of `placement` on the full graph),
+    `cap_retries` (how many times the placer ran again with lowered caps for the full graph to fit) and
+    `coarsening` (the one `coarse` places: the given one, or a finer one of the full graph, see the module
+    docstring)."""
 
     coarse: Placement
     placement: Placement
     result: SimResult
     cap_retries: int
+    coarsening: Coarsening
+
+
+# a coarsening that fits nowhere under the autograd rule: coarsen again with this many times the groups, at most
+# REFINE_STEPS times
+REFINE_FACTOR = 4
+REFINE_STEPS = 2
 
 
 def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *, placer: str = "m-etf",
@@ -48,16 +64,40 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
     With `autograd_rule` (default) every backward and optimizer op runs with its forward op, so the
     placement is what autograd runs and `result` is its as-run step time. A placer that returns a schedule
     (`pipeline`) has the full graph simulated under it (`result` is a ScheduledResult, meta["schedule"] kept).
+    When that raises NoFitError with fewer groups than the full graph has ops, the full graph is coarsened
+    finer and placed again (module docstring); meta["refined_groups"] records the number of groups placed then.
     """
     if coarsening.original and coarsening.original != full.name:
         raise GraphError(f"the coarsening was made from graph {coarsening.original!r}, not {full.name!r}; pass the "
                          "full graph it was made from (e.g. Prepared.full with Prepared.coarsening)")
+    refined = 0
+    while True:
+        try:
+            coarse, placement, result, retries = _place_on(coarsening, full, cluster, placer, order=order, seed=seed,
+                                                           progress=progress, try_orders=try_orders,
+                                                           try_with=try_with, autograd_rule=autograd_rule,
+                                                           **settings)
+            break
+        except NoFitError:
+            if refined == REFINE_STEPS or not autograd_rule or coarsening.num_groups >= full.num_nodes:
+                raise
+            refined += 1
+            coarsening = coarsen(full, coarsening.num_groups * REFINE_FACTOR)
+    if refined:
+        meta = {**coarse.meta, "refined_groups": coarsening.num_groups}
+        coarse = Placement(coarse.assignment, graph=coarse.graph, cluster=cluster.name, meta=meta)
+        placement = Placement(placement.assignment, graph=full.name, cluster=cluster.name, meta=meta)
+    return ExpandedPlacement(coarse, placement, result, retries, coarsening)
+
+
+def _place_on(coarsening: Coarsening, full: CompGraph, cluster: Cluster, placer: str,
+              **options: Any) -> tuple[Placement, Placement, SimResult, int]:
+    """One `place_expanded` on a given coarsening: (coarse placement, full placement, result, cap retries)."""
     coarse_graph = coarsening.graph
     made: list[Placement] = []
 
     def run(seen: Cluster) -> PlacerOutput:
-        p = place(coarse_graph, seen, placer=placer, order=order, seed=seed, progress=progress,
-                  try_orders=try_orders, try_with=try_with, autograd_rule=autograd_rule, **settings)
+        p = place(coarse_graph, seen, placer=placer, **options)
         made.append(p)
         # a pipelined coarse placement is judged on the full graph under the same schedule
         return PlacerOutput(p.to_array(coarse_graph, cluster.num_devices), schedule_of(p))
@@ -71,4 +111,4 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
     coarse = Placement(coarse.assignment, graph=coarse.graph, cluster=cluster.name, meta=meta)
     placement = Placement(dict(zip(full.ids, devices.tolist(), strict=True)), graph=full.name,
                           cluster=cluster.name, meta=meta)
-    return ExpandedPlacement(coarse, placement, result, retries)
+    return coarse, placement, result, retries

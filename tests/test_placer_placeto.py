@@ -291,7 +291,7 @@ def test_batched_gradient_equals_the_per_step_computation(encoder, chunk_floats)
 
 
 def test_classic_start_is_the_best_classic_placement_and_the_answer_is_no_worse():
-    from devplace.placers.rl.placeto import START_PLACERS
+    from devplace.placers.rl.start import START_PLACERS
 
     g = layered_graph(40, width=5, seed=7)
     c = cluster(3, bw=12e9, lat=1e-5)  # fast links: m-etf's spread is about half the step of one device

@@ -92,20 +92,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
-from devplace.placers.registry import PlacerError, Progress, get_placer, place, register
+from devplace.placers.registry import PlacerError, Progress, get_placer, register
+from devplace.placers.rl.start import best_classic
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.placeto import PlacetoModel
 from devplace.sim.result import SimResult
 
 ENCODERS = ("placeto", "sage", "gat")
 SIM_MODELS = ("devplace", "placeto")
-# where the first episode starts: the best of the classic placers below (each as `place` runs it at order
-# topo, ranked under the reward's simulation model), or all on device 0 (m-etf's placement when that does not fit)
+# where the first episode starts: the best of the classic placers' placements (devplace.placers.rl.start, ranked
+# under the reward's simulation model), or all on device 0 (m-etf's placement when that does not fit)
 STARTS = ("classic", "device0")
-START_PLACERS = ("m-etf", "m-sct", "heft", "m-topo", "contiguous", "single")
 
 
 @dataclass(frozen=True)
@@ -554,27 +553,11 @@ def accumulate_gradient(policy: PlacetoPolicy, ctx: _GraphContext, log: EpisodeL
 def start_placement(ctx: _GraphContext, order: np.ndarray, seed: int) -> tuple[np.ndarray, SimResult]:
     """The first episode's placement (`PlacetoHyper.start`), with its result under the context's sim model.
 
-    "classic": the fastest under the context's sim model of START_PLACERS' placements, each placed as
-    `place(graph, cluster, placer=name, order="topo", seed=seed)` does (so it fits under devplace; a placer
-    that finds nothing that fits is skipped; NoFitError when none fits); ties go to the earlier in the list.
-    "device0": all on device 0 when that fits (devplace model), else m-etf's placement at `order`."""
+    "classic": the fastest classic placement under the context's sim model (`best_classic`; it fits under
+    devplace). "device0": all on device 0 when that fits (devplace model), else m-etf's placement at `order`."""
     if ctx.hyper.start == "classic":
-        found: tuple[np.ndarray, SimResult] | None = None
-        failure: DevplaceError | None = None
-        for name in START_PLACERS:
-            try:
-                devices = place(ctx.graph, ctx.cluster, placer=name, order="topo", seed=seed).to_array(
-                    ctx.graph, ctx.nd)
-            except DevplaceError as exc:  # this placer found nothing that fits: the others may
-                failure = exc
-                continue
-            result = ctx.model.run(devices)
-            if found is None or result.step_time_s < found[1].step_time_s:
-                found = (devices, result)
-        if found is None:
-            assert failure is not None
-            raise failure
-        return found
+        devices, result, _ = best_classic(ctx.graph, ctx.cluster, ctx.model, seed)
+        return devices, result
     devices = np.zeros(ctx.n, dtype=np.int64)
     if not ctx.ref.run(devices).feasible:
         devices = np.asarray(get_placer("m-etf").func(ctx.graph, ctx.cluster, order=order, seed=seed),

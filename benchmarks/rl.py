@@ -14,12 +14,24 @@ Run: `.venv/bin/python benchmarks/rl.py` (10 episodes per run; `--episodes 50`, 
 16 minutes on 2 shared CPU cores, the default 2.7 minutes); `--families cifar10 --models placeto`
 to narrow it.
 Prints Markdown tables.
+
+`--speed COMMIT`: placeto's episodes per second and learning curves, this checkout against the code of
+git commit COMMIT (checked out into a temporary `git worktree`, removed after), side by side in one run:
+the same graph (captured once here, handed to both as a file), cluster, order and seeds, each run in a fresh
+process with the numba kernels compiled before the clock starts, the two alternating per seed so that both
+see the same load on a shared machine. This checkout runs with `start="device0"` (the start COMMIT's code
+had), so both learn the same thing; `--speed-episodes` episodes per run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +39,7 @@ import numpy as np
 
 from devplace.capture.pipeline import family_graph
 from devplace.errors import DevplaceError
+from devplace.graph import save_graph
 from devplace.hardware.cluster import load_cluster
 from devplace.orders import traversal_indices
 from devplace.placers import place
@@ -55,6 +68,72 @@ def classic_best(g, c, models: dict) -> dict[str, tuple[str, float]]:
     return best
 
 
+# one timed placeto run, in a fresh process; only API that both this checkout and older ones have
+_TIMED_RUN = """
+import json, sys, time
+import numpy as np
+from devplace.graph import load_graph
+from devplace.hardware.cluster import load_cluster
+from devplace.orders import traversal_indices
+from devplace.placers.rl.placeto import PlacetoHyper, train_placeto
+from devplace.sim import DevplaceModel
+path, cluster, order, seed, episodes, extra = sys.argv[1:]
+g, c = load_graph(path), load_cluster(cluster)
+DevplaceModel(g, c).run(np.zeros(g.num_nodes, dtype=np.int64))  # compile (or load) the numba kernels first
+o = traversal_indices(g, order, int(seed), cluster=c)
+t0, c0 = time.perf_counter(), time.process_time()
+run = train_placeto(g, c, o, int(seed), PlacetoHyper(episodes=int(episodes), **json.loads(extra)))
+print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "curve": run.curve,
+                  "best": run.step_time_s, "start": run.start_step_time_s}))
+"""
+
+
+def _timed_run(src: Path, graph_path: Path, args: argparse.Namespace, seed: int, extra: dict) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", _TIMED_RUN, str(graph_path), args.cluster, args.speed_order,
+                          str(seed), str(args.speed_episodes), json.dumps(extra)], env=env, check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def speed(args: argparse.Namespace) -> None:
+    """Episodes per second and learning curves of placeto: this checkout against commit `args.speed`."""
+    root = Path(__file__).resolve().parent.parent
+    g = family_graph(args.families.split(",")[0], args.index)
+    seeds = [int(s) for s in args.speed_seeds.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        graph_path = Path(tmp) / "graph.json"
+        save_graph(g, graph_path)
+        old = Path(tmp) / "before"
+        subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(old), args.speed], check=True,
+                       capture_output=True)
+        try:
+            rows = []
+            for i, seed in enumerate(seeds):
+                pair = [("before", old / "src", {}), ("after", root / "src", {"start": "device0"})]
+                res = dict((name, _timed_run(src, graph_path, args, seed, extra))
+                           for name, src, extra in (pair if i % 2 == 0 else pair[::-1]))
+                rows.append((seed, res["before"], res["after"]))
+                print(f"  seed {seed}: before {(args.speed_episodes + 1) / res['before']['wall_s']:.2f} ep/s, "
+                      f"after {(args.speed_episodes + 1) / res['after']['wall_s']:.2f} ep/s", flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(old)], check=True)
+    e = args.speed_episodes + 1  # the training episodes and the final argmax one
+    print(f"\nplaceto on {g.name} ({g.num_nodes} groups), {args.cluster}, order {args.speed_order}, "
+          f"{args.speed_episodes} training episodes; before = commit {args.speed}, after = this checkout\n")
+    print("| seed | ep/s before | ep/s after | after / before | CPU s per episode before | after | "
+          "last episode / start before | after | best / start before | after |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for seed, b, a in rows:
+        print(f"| {seed} | {e / b['wall_s']:.2f} | {e / a['wall_s']:.2f} | {b['wall_s'] / a['wall_s']:.2f} "
+              f"| {b['cpu_s'] / e:.3f} | {a['cpu_s'] / e:.3f} | {b['curve'][-1] / b['start']:.4f} "
+              f"| {a['curve'][-1] / a['start']:.4f} | {b['best'] / b['start']:.4f} | {a['best'] / a['start']:.4f} |")
+    same = sum(b["curve"] == a["curve"] for _, b, a in rows)
+    print(f"\nidentical learning curves (every episode's step time equal): {same} of {len(rows)} seeds; "
+          f"mean speed-up {np.mean([b['wall_s'] / a['wall_s'] for _, b, a in rows]):.2f}x wall, "
+          f"{np.mean([b['cpu_s'] / a['cpu_s'] for _, b, a in rows]):.2f}x CPU")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--families", default="cifar10,ptb,nmt")
@@ -66,7 +145,14 @@ def main() -> None:
     ap.add_argument("--cluster", default="3xGPU-placeto")
     ap.add_argument("--curve", default="docs/img/rl-curve.png", help="learning-curve PNG of the first placeto run")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--speed", metavar="COMMIT", help="time placeto against this commit's code (see above)")
+    ap.add_argument("--speed-episodes", type=int, default=10)
+    ap.add_argument("--speed-seeds", default="0,1,2")
+    ap.add_argument("--speed-order", default="topo")
     args = ap.parse_args()
+    if args.speed:
+        speed(args)
+        return
     c = load_cluster(args.cluster)
     orders, sims, placers = args.orders.split(","), args.models.split(","), args.placers.split(",")
     rows, curve_rows = [], None

@@ -37,7 +37,10 @@ def test_registered_as_a_sequential_placer_with_its_settings():
     spec = get_placer("placeto")
     assert spec.uses_order and spec.reports_progress
     assert spec.settings == {"episodes": 50, "memory_penalty": 1.0, "rounds": 8, "hidden": 32, "encoder": "placeto",
-                             "sim_model": "devplace", "lr": 1e-3, "policy": None, "log": None}
+                             "sim_model": "devplace", "lr": 1e-3, "start": "classic", "policy": None, "log": None}
+    # the defaults are PlacetoHyper's, the one place they are written
+    hyper = PlacetoHyper()
+    assert all(getattr(hyper, k) == v for k, v in spec.settings.items() if k not in ("policy", "log"))
 
 
 @pytest.mark.parametrize("encoder", ["placeto", "sage", "gat"])
@@ -79,7 +82,7 @@ def test_same_seed_same_placement_and_learning_curve():
 def test_reaches_the_optimum_on_two_independent_heavy_chains(seed):
     g = two_chains()
     c = cluster(2, bw=1e3, lat=0.0)  # 1-byte tensors: 1 ms per transfer
-    run = train_placeto(g, c, traversal_indices(g, "topo"), seed, PlacetoHyper(episodes=30))
+    run = train_placeto(g, c, traversal_indices(g, "topo"), seed, PlacetoHyper(episodes=30, start="device0"))
     assert run.start_step_time_s == pytest.approx(8.02)  # all on device 0
     # optimum: the heavy ops split 4 + 4 so the chains run side by side: one chain (4 s) + src and sink
     # (2 x 10 ms) + a few 1 ms transfers (a chain may also hop devices in step with the other one)
@@ -138,7 +141,8 @@ def test_sage_and_gat_encoders_learn_the_two_chains(encoder):
     g = two_chains()
     c = cluster(2, bw=1e3, lat=0.0)
     o = traversal_indices(g, "topo")
-    run = train_placeto(g, c, o, 0, PlacetoHyper(episodes=20, encoder=encoder, rounds=3, hidden=16))
+    run = train_placeto(g, c, o, 0, PlacetoHyper(episodes=20, encoder=encoder, rounds=3, hidden=16,
+                                                 start="device0"))
     assert run.step_time_s <= 4.02 + 0.004
     assert [g.ids[v] for v in run.visits[0]] == traversal_order(g, "topo")
     # the encoders really differ: the same seed gives different first-episode logits, so different curves
@@ -170,7 +174,7 @@ def test_placeto_sim_model_optimises_the_placeto_simulator():
     g = layered_graph(40, width=5, seed=7)
     c = cluster(3, bw=7.6e9, mem=1e12)
     o = traversal_indices(g, "topo")
-    hyper = PlacetoHyper(episodes=3, rounds=2, hidden=8, sim_model="placeto")
+    hyper = PlacetoHyper(episodes=3, rounds=2, hidden=8, sim_model="placeto", start="device0")
     run = train_placeto(g, c, o, 0, hyper)
     pm = PlacetoModel(g, c)
     # step times in the curve are the placeto model's, and the answer is its best
@@ -224,7 +228,82 @@ def test_the_policy_learns_entropy_falls_and_episodes_improve():
     # (slow links: a random placement is ~6x worse than all on one device, so a uniform policy shows)
     g = layered_graph(40, width=5, seed=7)
     c = cluster(3, bw=1e9, lat=1e-5)
-    run = train_placeto(g, c, traversal_indices(g, "topo"), 0, PlacetoHyper(episodes=25))
+    run = train_placeto(g, c, traversal_indices(g, "topo"), 0, PlacetoHyper(episodes=25, start="device0"))
     entropy = [r["entropy"] for r in run.rows[:-1]]
     assert entropy[0] > 0.9 * math.log(3) and np.mean(entropy[-5:]) < 0.5 * entropy[0]  # measured 1.09 -> 0.08
     assert np.mean(run.curve[-5:]) < 0.5 * np.mean(run.curve[:5])  # measured 6.1x -> 1.8x the start
+
+
+def per_step_gradient(policy, ctx, log, advantage, hyper) -> list[torch.Tensor]:
+    """The reference: the REINFORCE loss of each step computed from that step's state alone (one forward per
+    step, as the rollout acts), summed, then one backward."""
+    policy.zero_grad()
+    steps = len(log.actions)
+    total = torch.zeros(())
+    for t in range(steps):
+        logits = policy(torch.from_numpy(log.states[t:t + 1]), ctx.adj, torch.tensor([log.visited[t]]),
+                        torch.from_numpy(log.pool_masks[t:t + 1].astype(np.float32)))[0]
+        logp = torch.log_softmax(logits, dim=-1)
+        entropy = -(logp.exp() * logp).sum()
+        total = total - float(advantage[t]) * logp[log.actions[t]] / steps - hyper.entropy_weight * entropy / steps
+    total.backward()
+    return [p.grad.clone() for p in policy.parameters()]
+
+
+@pytest.mark.parametrize("encoder", ["placeto", "sage", "gat"])
+@pytest.mark.parametrize("chunk_floats", [1, 3000, 10**9])  # one state per slice, a few, all in one slice
+def test_batched_gradient_equals_the_per_step_computation(encoder, chunk_floats):
+    from collections import deque
+
+    from devplace.placers.rl.placeto import (
+        accumulate_gradient,
+        advantages_of,
+        new_best,
+        new_policy,
+        returns_of,
+        run_episode,
+        start_placement,
+    )
+
+    g = layered_graph(30, width=4, seed=8)
+    c = cluster(3, bw=1e9, lat=1e-5)
+    hyper = PlacetoHyper(rounds=3, hidden=8, encoder=encoder, update_chunk_floats=chunk_floats, start="device0")
+    ctx = _GraphContext(g, c, hyper)
+    policy = new_policy(ctx.num_features, 3, hyper, 0)
+    o = traversal_indices(g, "topo")
+    start, result = start_placement(ctx, o, 0)
+    log = run_episode(policy, ctx, start, result, o, new_best(ctx, start, result.step_time_s),
+                      torch.Generator().manual_seed(1), memory_penalty=1.0, keep_states=True)
+    assert len(set(log.actions)) > 1  # a sampled episode, not a constant one
+    adv = advantages_of(returns_of(log, hyper.discount), deque(maxlen=10), hyper)
+    reference = per_step_gradient(policy, ctx, log, adv, hyper)
+    policy.zero_grad()
+    accumulate_gradient(policy, ctx, log, adv, hyper)
+    for p, ref in zip(policy.parameters(), reference, strict=True):
+        assert torch.allclose(p.grad, ref, rtol=1e-4, atol=1e-6)
+    assert any(float(r.abs().max()) > 0 for r in reference)
+    # the rollout acted on the same distributions: its entropies are those of the stored states
+    with torch.no_grad():
+        logits = policy(torch.from_numpy(log.states), ctx.adj, torch.as_tensor(log.visited),
+                        torch.from_numpy(log.pool_masks.astype(np.float32)))
+    logp = torch.log_softmax(logits, dim=-1)
+    assert np.allclose(-(logp.exp() * logp).sum(-1).numpy(), log.entropies, atol=1e-5)
+
+
+def test_classic_start_is_the_best_classic_placement_and_the_answer_is_no_worse():
+    from devplace.placers.rl.start import START_PLACERS
+
+    g = layered_graph(40, width=5, seed=7)
+    c = cluster(3, bw=12e9, lat=1e-5)  # fast links: m-etf's spread is about half the step of one device
+    model = DevplaceModel(g, c)
+    classic = min(model.run(place(g, c, placer=name, order="topo", seed=0).to_array(g, 3)).step_time_s
+                  for name in START_PLACERS)
+    o = traversal_indices(g, "topo")
+    run = train_placeto(g, c, o, 0, PlacetoHyper(episodes=2, rounds=2, hidden=8))
+    assert run.start_step_time_s == pytest.approx(classic)
+    assert run.step_time_s <= classic
+    device0 = train_placeto(g, c, o, 0, PlacetoHyper(episodes=0, rounds=2, hidden=8, start="device0"))
+    assert device0.start_step_time_s == pytest.approx(model.run(np.zeros(g.num_nodes, dtype=np.int64)).step_time_s)
+    assert device0.start_step_time_s > 1.5 * classic
+    with pytest.raises(PlacerError, match="unknown start 'best'; choose one of: classic, device0"):
+        place(g, c, placer="placeto", start="best")

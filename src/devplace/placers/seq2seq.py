@@ -23,8 +23,12 @@ Model (all sizes in `Seq2SeqConfig`, the one place the hyperparameters live):
   bytes over memory / memory). Loss = mean((cost - b) x log p(placement)) - entropy_coef x entropy, with b a
   moving average of the batch mean cost (decay 0.9; `baseline="batch"`: the batch's own mean, as HDP);
   gradients clipped by norm; Adam.
-- Result: the best memory-feasible placement sampled; when no sample fits, m-etf's placement (which raises
-  NoFitError itself when nothing fits).
+- Start (`start="classic"`, the default): the best classic placement (m-etf, m-sct, heft, m-topo, contiguous,
+  single; devplace.placers.rl.start) is the best so far before the first sample, and a learned logit bonus
+  (initial `start_bias`) for each node's device in it centres the samples on it. `start="none"`: the plain
+  ColocRL decoder, as measured below.
+- Result: the best memory-feasible placement seen (sampled, or the start); when none fits, m-etf's placement
+  (which raises NoFitError itself when nothing fits).
 
 Deterministic for a seed: numpy's Generator(PCG64(seed)) draws two seeds; parameters are initialised
 under torch.manual_seed(first) (inside fork_rng, so the caller's torch RNG is untouched) and placements
@@ -68,6 +72,7 @@ from devplace.hardware.cluster import Cluster
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import PlacerError, Progress, get_placer, register
 from devplace.placers.rl.curve import write_curve
+from devplace.placers.rl.start import best_classic
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.placeto import PlacetoSimModel
 
@@ -99,6 +104,11 @@ class Seq2SeqConfig:
     stay_target: str = "graph"
     logit_clip: float = 0.0  # > 0: logits = clip x tanh(logits / clip) (ColocRL/HDP's logit clipping)
     sim_model: str = DEFAULT_SIM_MODEL  # simulator of the reward: "devplace" or "placeto-sim" (the seed study's)
+    # "classic": start from the best classic placement (devplace.placers.rl.start): it is the best so far before
+    # the first sample, and the decoder gets a learned logit bonus (initial value start_bias) for each node's
+    # device there, so the samples explore around it; "none": neither (the plain ColocRL start)
+    start: str = "classic"
+    start_bias: float = 3.0
 
 
 NUM_NUMERIC = 5  # compute, output bytes, param bytes, in-degree, out-degree
@@ -151,6 +161,11 @@ class ColocPolicy(nn.Module):
         else:
             self.register_buffer("stay", stay)
         self.logit_clip = cfg.logit_clip
+        start = torch.tensor(float(cfg.start_bias if cfg.start == "classic" else 0.0))
+        if float(start):
+            self.start_bonus = nn.Parameter(start)
+        else:
+            self.register_buffer("start_bonus", start)
 
     def encode(self, buckets: torch.Tensor, numeric: torch.Tensor) -> torch.Tensor:
         """[V] buckets, [V, 5] features (in traversal order) -> encoder states [V, 2h]."""
@@ -161,12 +176,14 @@ class ColocPolicy(nn.Module):
     def forward(self, buckets: torch.Tensor, numeric: torch.Tensor, samples: int,
                 generator: torch.Generator | None, greedy: bool = False,
                 links: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-                actions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                actions: torch.Tensor | None = None,
+                prior: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample `samples` placements. Returns devices [K, V] (position t = node order[t]), the summed
         log-probability [K] and the summed entropy [K] of each. `links[t]`, when given, are the earlier
         positions joined to position t by an edge and their weights (summing to 1): the stay bonus goes to
         their devices instead of the previous position's. `actions` [K, V], when given, are taken instead of sampled
-        (teacher forcing: the log-probabilities of given placements, to check what an update did)."""
+        (teacher forcing: the log-probabilities of given placements, to check what an update did). `prior` [V],
+        when given, is a start placement (position t = node order[t]): its device gets the `start_bonus`."""
         enc = self.encode(buckets, numeric)  # [V, 2h]
         v = enc.shape[0]
         keys = self.att_enc(enc)  # [V, A], computed once
@@ -190,6 +207,8 @@ class ColocPolicy(nn.Module):
                     logits = logits + self.stay * near
             elif t > 0:
                 logits = logits + self.stay * nn.functional.one_hot(prev, self.num_devices)
+            if prior is not None:
+                logits = logits + self.start_bonus * nn.functional.one_hot(prior[t], self.num_devices)
             log_probs = torch.log_softmax(logits, dim=1)
             probs = log_probs.exp()
             if actions is not None:
@@ -284,7 +303,8 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
     if sorted(order.tolist()) != list(range(n)):
         raise PlacerError("seq2seq: order must be a permutation of the node indices")
     for name, value, allowed in (("baseline", cfg.baseline, ("ema", "batch")), ("cost", cfg.cost, ("sqrt", "log")),
-                                 ("stay_target", cfg.stay_target, ("graph", "previous"))):
+                                 ("stay_target", cfg.stay_target, ("graph", "previous")),
+                                 ("start", cfg.start, ("classic", "none"))):
         if value not in allowed:
             raise PlacerError(f"seq2seq: unknown {name} {value!r}; choose one of: {', '.join(allowed)}")
     rng = np.random.Generator(np.random.PCG64(seed))  # the seed's streams: one for the weights, one for sampling
@@ -304,7 +324,11 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
     b_np, x_np = encode_order(graph, order, cfg.op_buckets)
     buckets, numeric = torch.from_numpy(b_np), torch.from_numpy(x_np)
     links = earlier_links(graph, order) if cfg.stay_target == "graph" else None
-    best, best_t = None, math.inf
+    best, best_t, prior = None, math.inf, None
+    if cfg.start == "classic":
+        best, start_result, _ = best_classic(graph, cluster, model, seed)
+        best_t = start_result.step_time_s
+        prior = torch.from_numpy(best[order])
     baseline: float | None = None
     curve: list[dict[str, float]] = []
     wall: list[float] = []
@@ -312,7 +336,7 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
     for it in range(cfg.episodes):
         if progress is not None:
             progress(it, cfg.episodes)
-        seq, logp, ent = policy(buckets, numeric, cfg.samples, generator, links=links)
+        seq, logp, ent = policy(buckets, numeric, cfg.samples, generator, links=links, prior=prior)
         seq_np = seq.numpy()
         costs, times = [], []
         for k in range(cfg.samples):
@@ -340,19 +364,23 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
 
 
 @register("seq2seq", uses_order=True)
-def seq2seq(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0, episodes: int = 50,
-            samples: int = 8, hidden: int = 64, memory_penalty: float = 1.0, sim_model: str = DEFAULT_SIM_MODEL,
-            log: str | None = None, progress: Progress | None = None) -> np.ndarray:
+def seq2seq(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0,
+            episodes: int = Seq2SeqConfig.episodes, samples: int = Seq2SeqConfig.samples,
+            hidden: int = Seq2SeqConfig.hidden, memory_penalty: float = Seq2SeqConfig.memory_penalty,
+            sim_model: str = Seq2SeqConfig.sim_model, start: str = Seq2SeqConfig.start, log: str | None = None,
+            progress: Progress | None = None) -> np.ndarray:
     """ColocRL one-shot RL: a bidirectional LSTM reads the nodes in the order, an LSTM decoder emits their devices.
 
     REINFORCE on sqrt(simulated step time) with a moving-average baseline, `samples` placements per
     iteration for `episodes` iterations, the decoder starting biased to keep graph neighbours together;
     infeasible samples pay `memory_penalty` x their relative memory overflow. `sim_model` ("devplace" or
     "placeto-sim", old name "placeto") is the simulator of the reward; the answer always fits under the
-    devplace model. Returns the best feasible sampled placement (m-etf's when none fits). `log`: write the
-    learning curve there (CSV, one row per iteration: mean sampled step time, best so far, entropy; `devplace
-    plot-curve`). Deterministic for a seed (the curve's wall times aside). Trains on one graph only
-    (`devplace train` is placeto-only). About 0.25 s per iteration for 300 nodes on 2 CPU cores;
+    devplace model. `start` "classic": the samples are centred on the best classic placement, which is also the
+    best so far before the first sample; "none": the plain ColocRL decoder. Returns the best feasible placement
+    seen (m-etf's when none fits). `log`: write the learning curve there (CSV, one row per iteration: mean
+    sampled step time, best so far, entropy; `devplace plot-curve`). Deterministic for a seed (the curve's wall
+    times aside). Trains on one graph only (`devplace train` is placeto-only). About 0.25 s per iteration for
+    300 nodes on 2 CPU cores;
     coarsen graphs of thousands of nodes first.
     """
     for name, value, low in (("episodes", episodes, 0), ("samples", samples, 1), ("hidden", hidden, 1)):
@@ -363,7 +391,7 @@ def seq2seq(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
     if sim_model_name(sim_model) not in SIM_MODELS:
         raise PlacerError(f"seq2seq: unknown sim_model {sim_model!r}; choose one of: {', '.join(SIM_MODELS)}")
     cfg = Seq2SeqConfig(episodes=int(episodes), samples=int(samples), hidden=int(hidden),
-                        memory_penalty=float(memory_penalty), sim_model=sim_model)
+                        memory_penalty=float(memory_penalty), sim_model=sim_model, start=start)
     result = train_seq2seq(graph, cluster, order, seed=seed, config=cfg, progress=progress)
     if log is not None:
         write_curve(log, ({"episode": int(c["iteration"]), "graph": graph.name, "step_time_s": c["mean_step_time_s"],

@@ -26,8 +26,9 @@ node, ancestors in topological order, descendants in reverse): O(E * V / 8) byte
 of memory (12.5 MB at 10,000 nodes). On graphs with more than `pool_exact_max_nodes` nodes each of the three
 sets is cut to its `pool_nearest` members closest to v in simulated start time (the paper's option).
 
-Episode (iterative improvement): start from the best feasible placement so far -- first all on device 0 when
-that fits, else m-etf's placement; visit every node once, in the traversal `order`; for each, sample its
+Episode (iterative improvement): start from the best feasible placement so far -- first the best of the
+classic placers' placements (`start="classic"`, the default) or all on device 0 (`start="device0"`; m-etf's
+placement when that does not fit); visit every node once, in the traversal `order`; for each, sample its
 device from the policy (the argmax in the final evaluation episode), re-simulate the whole placement (`devplace`
 model; skipped when the device did not change) and reward the decrease of the log step time; a state over
 memory also costs `memory_penalty x` its relative overflow (the largest over devices of bytes over / bytes
@@ -94,17 +95,22 @@ from torch import nn
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.placers.registry import PlacerError, Progress, get_placer, register
+from devplace.placers.rl.start import best_classic
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.placeto import PlacetoModel
 from devplace.sim.result import SimResult
 
 ENCODERS = ("placeto", "sage", "gat")
 SIM_MODELS = ("devplace", "placeto-sim", "placeto")  # accepted names; "placeto" is placeto-sim's old name
+# where the first episode starts: the best of the classic placers' placements (devplace.placers.rl.start, ranked
+# under the reward's simulation model), or all on device 0 (m-etf's placement when that does not fit)
+STARTS = ("classic", "device0")
 
 
 @dataclass(frozen=True)
 class PlacetoHyper:
-    """Every hyperparameter of the placer; the placer's settings override the first six and `lr`."""
+    """Every hyperparameter of the placer, the one place their defaults live: the `placeto` placer's settings
+    (episodes ... start) and `devplace.placers.rl.train`'s keyword arguments default to these fields."""
 
     episodes: int = 50  # training episodes (then one argmax episode)
     memory_penalty: float = 1.0  # reward -= memory_penalty * relative overflow of an over-memory state
@@ -113,6 +119,10 @@ class PlacetoHyper:
     encoder: str = "placeto"
     sim_model: str = "devplace"  # the simulator that gives rewards and states: "devplace" or "placeto"
     lr: float = 1e-3  # Adam
+    # "classic": start from the best classic placement (Placeto improves a given placement; from all on one
+    # device placeto ended 10-21% behind heft / m-sct on ptb/0 and nmt/0 after 50 episodes); "device0": all on
+    # device 0, or m-etf's placement when that does not fit
+    start: str = "classic"
     # entropy bonus, per step (mean over steps). Against unit-std advantages 0.01 let the policy collapse to
     # "keep every device" within ~20 episodes; 0.1 explores longer (nmt/0, 30 episodes, discount 0.9: best
     # 0.966x the start at 0.01, 0.863x at 0.1)
@@ -122,7 +132,9 @@ class PlacetoHyper:
     overflow_cap: float = 4.0  # cap on the relative overflow in the memory penalty
     pool_exact_max_nodes: int = 2000  # above this, pool only the `pool_nearest` closest in start time
     pool_nearest: int = 256
-    update_chunk_floats: int = 1_000_000  # states re-embedded at once in the update: chunk * E * d <= this
+    # states re-embedded at once in the update: chunk * E * d <= this. All of an episode's states in one pass
+    # was slower (300 groups: 0.91 s vs 0.65-0.69 s at 2.5e5-1e6; its activations miss the L2 cache)
+    update_chunk_floats: int = 1_000_000
     # return_t = sum_k discount^k r_{t+k}. At 1 the return of step t carries the noise of all later random
     # actions (~V of them) and the policy stayed uniform; 0.5 credits an action with ~2 steps of consequences.
     # Placeto's released code has this knob (`disc_factor`); the seed study read 1.0.
@@ -161,6 +173,20 @@ class Structure(NamedTuple):
     adj_t: torch.Tensor
     fwd: torch.Tensor
     bwd: torch.Tensor
+
+
+class Stacked(NamedTuple):
+    """A policy's weights stacked for its batched products (`PlacetoPolicy.stacked`); the message-passing four
+    are None for the sage and gat encoders."""
+
+    wf: torch.Tensor | None
+    bf: torch.Tensor | None
+    wg: torch.Tensor | None
+    bg: torch.Tensor | None
+    pool_wf: torch.Tensor
+    pool_bf: torch.Tensor
+    pool_wg: torch.Tensor
+    pool_bg: torch.Tensor
 
 
 class _GATLayer(nn.Module):
@@ -227,8 +253,24 @@ class PlacetoPolicy(nn.Module):
         self.pool_g = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
         self.head = _mlp(2 * d + 3 * d, d, num_devices)
 
-    def embed(self, x: torch.Tensor, adj: Structure) -> torch.Tensor:
-        """x [batch, V, features] -> node-major embeddings [V, batch, 2d] (forward ++ backward).
+    def stacked(self) -> Stacked:
+        """The weights as the batched products read them (the two directions' f and g, the three pools' f
+        and g, stacked). Built once per episode for the rollout (the weights do not change during it), once
+        per call with gradients."""
+        pool_wf = torch.cat([f.weight for f in self.pool_f])  # [3d, 2d]
+        pool_bf = torch.cat([f.bias for f in self.pool_f])
+        pool_wg = torch.stack([g.weight.T for g in self.pool_g])  # [3, d, d]
+        pool_bg = torch.stack([g.bias for g in self.pool_g])[:, None]
+        if self.encoder != "placeto":
+            return Stacked(None, None, None, None, pool_wf, pool_bf, pool_wg, pool_bg)
+        return Stacked(torch.stack([self.f_fwd.weight.T, self.f_bwd.weight.T]),
+                       torch.stack([self.f_fwd.bias, self.f_bwd.bias])[:, None],
+                       torch.stack([self.g_fwd.weight.T, self.g_bwd.weight.T]),
+                       torch.stack([self.g_fwd.bias, self.g_bwd.bias])[:, None], pool_wf, pool_bf, pool_wg, pool_bg)
+
+    def embed(self, x: torch.Tensor, adj: Structure, w: Stacked | None = None) -> torch.Tensor:
+        """x [batch, V, features] -> node-major embeddings [V, batch, 2d] (forward ++ backward); `w`: this
+        policy's `stacked()` weights when the caller holds them.
 
         placeto encoder: `adj.adj` is the block-diagonal [2V, 2V] sum-aggregation matrix (rows 0..V-1 sum a
         node's parents, rows V..2V-1 its children). Both directions run as one batched product per layer, with
@@ -245,10 +287,7 @@ class PlacetoPolicy(nn.Module):
                 hf = torch.relu(self.convs[0](hf, adj.fwd)) + h0
                 hb = torch.relu(self.convs[1](hb, adj.bwd)) + h0
             return torch.cat([hf, hb], dim=-1)
-        wf = torch.stack([self.f_fwd.weight.T, self.f_bwd.weight.T])
-        bf = torch.stack([self.f_fwd.bias, self.f_bwd.bias])[:, None]
-        wg = torch.stack([self.g_fwd.weight.T, self.g_bwd.weight.T])
-        bg = torch.stack([self.g_fwd.bias, self.g_bwd.bias])[:, None]
+        wf, bf, wg, bg = (w or self.stacked())[:4]
         h = h0.expand(2, n * b, d)  # direction, (node, state), feature
         if not torch.is_grad_enabled():  # rollout: the same sums, in place (saves an allocation per op)
             for _ in range(self.rounds):
@@ -262,20 +301,20 @@ class PlacetoPolicy(nn.Module):
             h = torch.relu(torch.baddbmm(bg, agg, wg)) + h0
         return torch.cat([h[0], h[1]], dim=-1).reshape(n, b, 2 * d)
 
-    def forward(self, x: torch.Tensor, adj: Structure, current: torch.Tensor, pools: torch.Tensor) -> torch.Tensor:
-        """Device logits [batch, devices]; `current` [batch] node indices, `pools` [batch, 3, V] 0/1 masks."""
-        emb = self.embed(x, adj)  # [V, batch, 2d]
+    def forward(self, x: torch.Tensor, adj: Structure, current: torch.Tensor, pools: torch.Tensor,
+                w: Stacked | None = None) -> torch.Tensor:
+        """Device logits [batch, devices]; `current` [batch] node indices, `pools` [batch, 3, V] 0/1 masks;
+        `w`: this policy's `stacked()` weights when the caller holds them (the rollout, once per episode)."""
+        w = w or self.stacked()
+        emb = self.embed(x, adj, w)  # [V, batch, 2d]
         v, b, _ = emb.shape
         d = self.hidden
         own = emb[current, torch.arange(b)]
         # the three pools' f layers as one product, their g layers as one batched product (same sums as three
         # separate Linear calls, a third of the calls)
-        wf = torch.cat([f.weight for f in self.pool_f])  # [3d, 2d]
-        z = torch.relu(nn.functional.linear(emb, wf, torch.cat([f.bias for f in self.pool_f])))  # [V, batch, 3d]
+        z = torch.relu(nn.functional.linear(emb, w.pool_wf, w.pool_bf))  # [V, batch, 3d]
         summed = torch.einsum("bsv,vbsd->sbd", pools, z.reshape(v, b, 3, d))  # [3, batch, d]
-        wg = torch.stack([g.weight.T for g in self.pool_g])  # [3, d, d]
-        bg = torch.stack([g.bias for g in self.pool_g])[:, None]
-        summaries = torch.relu(torch.baddbmm(bg, summed, wg))  # [3, batch, d]
+        summaries = torch.relu(torch.baddbmm(w.pool_bg, summed, w.pool_wg))  # [3, batch, d]
         return self.head(torch.cat([own, summaries.transpose(0, 1).reshape(b, 3 * d)], dim=-1))
 
 
@@ -447,18 +486,23 @@ def run_episode(policy: PlacetoPolicy, ctx: _GraphContext, start: np.ndarray, st
     if keep_states:
         log.states = np.empty((n, n, ctx.num_features), dtype=np.float32)
         log.pool_masks = np.empty((n, 3, n), dtype=np.bool_)
+    with torch.inference_mode():  # the weights do not change during the episode: stack them once
+        w = policy.stacked()
+    current = torch.zeros(1, dtype=torch.long)
     for t, v in enumerate(np.asarray(order, dtype=np.int64).tolist()):
         x = ctx.features(devices, result.start_s, done, v)
         masks = ctx.pools(v, result.start_s)
         if keep_states:
             log.states[t], log.pool_masks[t] = x, masks
+        current[0] = v
         with torch.inference_mode():
-            logits = policy(torch.from_numpy(x)[None], ctx.adj, torch.tensor([v]),
-                            torch.from_numpy(masks[None].astype(np.float32)))[0]
-        logp = torch.log_softmax(logits, dim=-1)
-        log.entropies.append(float(-(logp.exp() * logp).sum()))
-        # argmax in evaluation (gen None), else a sample
-        a = int(torch.argmax(logits)) if gen is None else int(torch.multinomial(logp.exp(), 1, generator=gen))
+            logits = policy(torch.from_numpy(x)[None], ctx.adj, current,
+                            torch.from_numpy(masks[None].astype(np.float32)), w)[0]
+            logp = torch.log_softmax(logits, dim=-1)
+            p = logp.exp()
+            log.entropies.append(float(-(p * logp).sum()))
+            # argmax in evaluation (gen None), else a sample
+            a = int(torch.argmax(logits)) if gen is None else int(torch.multinomial(p, 1, generator=gen))
         prev_t = result.step_time_s
         if a != devices[v]:
             devices[v] = a
@@ -509,8 +553,13 @@ def accumulate_gradient(policy: PlacetoPolicy, ctx: _GraphContext, log: EpisodeL
 
 
 def start_placement(ctx: _GraphContext, order: np.ndarray, seed: int) -> tuple[np.ndarray, SimResult]:
-    """All on device 0 when that fits (devplace model), else m-etf's placement (which fits, or m-etf raises
-    NoFitError); with its result under the context's sim model."""
+    """The first episode's placement (`PlacetoHyper.start`), with its result under the context's sim model.
+
+    "classic": the fastest classic placement under the context's sim model (`best_classic`; it fits under
+    devplace). "device0": all on device 0 when that fits (devplace model), else m-etf's placement at `order`."""
+    if ctx.hyper.start == "classic":
+        devices, result, _ = best_classic(ctx.graph, ctx.cluster, ctx.model, seed)
+        return devices, result
     devices = np.zeros(ctx.n, dtype=np.int64)
     if not ctx.ref.run(devices).feasible:
         devices = np.asarray(get_placer("m-etf").func(ctx.graph, ctx.cluster, order=order, seed=seed),
@@ -557,6 +606,8 @@ def check_settings(hyper: PlacetoHyper) -> None:
         raise PlacerError(f"placeto: unknown encoder {hyper.encoder!r}; choose one of: {', '.join(ENCODERS)}")
     if hyper.sim_model not in SIM_MODELS:
         raise PlacerError(f"placeto: unknown sim_model {hyper.sim_model!r}; choose one of: {', '.join(SIM_MODELS)}")
+    if hyper.start not in STARTS:
+        raise PlacerError(f"placeto: unknown start {hyper.start!r}; choose one of: {', '.join(STARTS)}")
     for name in ("episodes", "rounds", "hidden"):
         value = getattr(hyper, name)
         low = 0 if name == "episodes" else 1
@@ -646,16 +697,18 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, hyp
 
 
 @register("placeto", uses_order=True)
-def placeto(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0, episodes: int = 50,
-            memory_penalty: float = 1.0, rounds: int = 8, hidden: int = 32, encoder: str = "placeto",
-            sim_model: str = "devplace", lr: float = 1e-3, policy: str | None = None, log: str | None = None,
-            progress: Progress | None = None) -> np.ndarray:
+def placeto(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0,
+            episodes: int = PlacetoHyper.episodes, memory_penalty: float = PlacetoHyper.memory_penalty,
+            rounds: int = PlacetoHyper.rounds, hidden: int = PlacetoHyper.hidden, encoder: str = PlacetoHyper.encoder,
+            sim_model: str = PlacetoHyper.sim_model, lr: float = PlacetoHyper.lr, start: str = PlacetoHyper.start,
+            policy: str | None = None, log: str | None = None, progress: Progress | None = None) -> np.ndarray:
     """Placeto-style RL: a GNN policy improves the best placement node by node, visiting nodes in the order.
 
-    Each episode starts from the best feasible placement so far (first: all on device 0, or m-etf's when that
-    does not fit), visits every node once in the traversal order and samples its device; the reward is the
-    decrease of the simulated log step time (`sim_model` "devplace" or "placeto"), minus `memory_penalty` x
-    relative overflow when over memory. REINFORCE with a per-step baseline, Adam (`lr`); `episodes` training
+    Each episode starts from the best feasible placement so far (first: `start` "classic", the best of the
+    classic placers' placements, or "device0", all on device 0 or m-etf's when that does not fit), visits
+    every node once in the traversal order and samples its device; the reward is the decrease of the
+    simulated log step time (`sim_model` "devplace" or "placeto"), minus `memory_penalty` x relative overflow
+    when over memory. REINFORCE with a per-step baseline, Adam (`lr`); `episodes` training
     episodes, then one argmax episode. The graph embedding is `rounds` rounds of message passing forward and
     backward, width `hidden`, `encoder` "placeto", "sage" (GraphSAGE) or "gat" (graph attention). `policy`: a
     checkpoint from `devplace train` to start from (its encoder, hidden and rounds win; `episodes=0` applies it
@@ -663,7 +716,7 @@ def placeto(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
     Deterministic for a seed. See `devplace.placers.rl.placeto` for the full description and costs.
     """
     hyper = replace(PlacetoHyper(), episodes=episodes, memory_penalty=memory_penalty, rounds=rounds, hidden=hidden,
-                    encoder=encoder, sim_model=sim_model, lr=lr)
+                    encoder=encoder, sim_model=sim_model, lr=lr, start=start)
     net = None
     if policy is not None:
         from devplace.placers.rl.checkpoint import load_policy

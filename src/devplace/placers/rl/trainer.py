@@ -193,18 +193,22 @@ def episode_seed(seed: int, round_: int, graph: int) -> int:
     return int(np.random.SeedSequence([seed, round_, graph]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-def train(graphs: Sequence[CompGraph], cluster: Cluster, *, order: str = "topo", episodes: int = 50, seed: int = 0,
-          encoder: str = "placeto", hidden: int = 32, rounds: int = 8, memory_penalty: float = 1.0,
-          sim_model: str = "devplace", lr: float = 1e-3, workers: int = 1, backend: str = "local",
-          address: str | None = None, resume: str | Path | None = None, output: str | Path | None = None,
-          log: str | Path | None = None, progress: TrainProgress | None = None) -> TrainResult:
+def train(graphs: Sequence[CompGraph], cluster: Cluster, *, order: str = "topo", episodes: int = PlacetoHyper.episodes,
+          seed: int = 0, encoder: str = PlacetoHyper.encoder, hidden: int = PlacetoHyper.hidden,
+          rounds: int = PlacetoHyper.rounds, memory_penalty: float = PlacetoHyper.memory_penalty,
+          sim_model: str = PlacetoHyper.sim_model, lr: float = PlacetoHyper.lr, start: str = PlacetoHyper.start,
+          workers: int = 1, backend: str = "local", address: str | None = None, resume: str | Path | None = None,
+          output: str | Path | None = None, log: str | Path | None = None,
+          progress: TrainProgress | None = None) -> TrainResult:
     """Train one placeto policy over `graphs` for `episodes` rounds (one sampling episode per graph per round).
 
     Graphs go round-robin to `workers` rollout workers: in this process (`backend="local"`, workers=1), in
     local processes (local, workers > 1) or as Ray actors (`backend="ray"`; Ray is started locally unless
-    `address` names a running cluster). `resume`: a checkpoint written by an earlier `train` to continue
-    (its encoder, hidden and rounds win). `output`: write the policy checkpoint there; `log`: the learning
-    curve CSV. The same seed, order and inputs give the same curve for any backend and number of workers.
+    `address` names a running cluster). Each graph's first episode starts from `start` (see
+    `PlacetoHyper.start`; the defaults of all settings are `PlacetoHyper`'s). `resume`: a checkpoint written
+    by an earlier `train` to continue (its encoder, hidden and rounds win). `output`: write the policy
+    checkpoint there; `log`: the learning curve CSV. The same seed, order and inputs give the same curve for
+    any backend and number of workers.
     """
     if not graphs:
         raise PlacerError("train: no graphs to train on")
@@ -217,7 +221,7 @@ def train(graphs: Sequence[CompGraph], cluster: Cluster, *, order: str = "topo",
     if len(set(names)) != len(names):
         raise PlacerError("train: graph names must be distinct (they key the checkpoint's per-graph state)")
     hyper = PlacetoHyper(episodes=episodes, memory_penalty=memory_penalty, rounds=rounds, hidden=hidden,
-                         encoder=encoder, sim_model=sim_model, lr=lr)
+                         encoder=encoder, sim_model=sim_model, lr=lr, start=start)
     state: dict[str, Any] = {}
     policy = None
     if resume is not None:

@@ -95,6 +95,8 @@ def test_cheap_placers_try_every_candidate_order(chain_fork, placer: str) -> Non
     assert list(auto["tried"]) == candidates and "random" not in candidates
     assert set(candidates) == set(ORDERS) - {"random"} and candidates[:len(rec.ranking)] == list(rec.ranking)
     assert (auto["model_order"], auto["rule"]) == (rec.order, rec.rule)
+    with pytest.raises(PlacerError, match="has no setting 'colour'"):  # a user error is not an order that fails
+        place(chain_fork, c, placer=placer, order="auto", colour="blue")
     for o in ("topo", "reversed-topo", "bfs"):  # the tried step times are those of the orders placed directly
         assert auto["tried"][o] == place(chain_fork, c, placer=placer, order=o).meta["step_time_s"]
     best = _first_best(auto["tried"])

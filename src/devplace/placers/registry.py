@@ -22,7 +22,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster
 from devplace.orders import Order, check_order, order_label, traversal_indices
-from devplace.placers.memory import no_fit_error
+from devplace.placers.memory import NoFitError, no_fit_error
 from devplace.sim.devplace_model import DevplaceModel
 
 PlacerFn = Callable[..., np.ndarray]
@@ -201,12 +201,13 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
     trial_settings = settings if trial is spec else {}
     tried: dict[str, Any] = {}
     best: Placement | None = None
-    first_error: DevplaceError | None = None
+    first_error: NoFitError | None = None
     for name in candidates:
         try:
             p = place(graph, cluster, placer=trial.name, order=name, seed=seed,
                       progress=progress if trial is spec else None, **trial_settings)
-        except DevplaceError as exc:  # an order whose placement does not fit: record it, try the next
+        except NoFitError as exc:  # an order whose placement does not fit: record it, try the next (a bad
+            # setting or any other user error is the same under every order, so it is raised at once)
             tried[name] = f"{type(exc).__name__}: {exc}"
             first_error = first_error or exc
             continue

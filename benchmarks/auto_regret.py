@@ -7,6 +7,7 @@ order, `random` (seed 0) included, although `--order auto` never picks `random`.
 - `tree`: the shipped order model's choice (`recommend_order(...).order`; `topo` for a placer without a tree);
 - `try 3`: the best of the model's 3 highest-ranked orders (`--try 3`);
 - `auto`: `place(..., order="auto")` as it is now, placed for real (a cheap placer tries every candidate order);
+- `no lex`: the best order but `random` and `lexicographic` (whose placement depends on how ops are named);
 - `time x`: auto's placement time / one placement with `topo` (what the trying costs).
 
     PYTHONPATH=src .venv/bin/python benchmarks/auto_regret.py unseen            # captures once, cached in /tmp
@@ -143,7 +144,7 @@ def run_unseen(names: list[str]) -> None:
     cluster = load_cluster(CLUSTER)
     rows: dict[str, list[dict[str, float]]] = defaultdict(list)
     print(f"{'graph':<16} {'placer':<11} {'nodes':>5} {'topo':>7} {'tree':>7} {'try 3':>7} {'auto':>7} "
-          f"{'time x':>7}  tree -> auto")
+          f"{'no lex':>7} {'time x':>7}  tree -> auto")
     for name in names:
         t0 = time.perf_counter()
         g = unseen_graph(name)
@@ -167,16 +168,17 @@ def run_unseen(names: list[str]) -> None:
             auto_s = time.perf_counter() - t
             r = {"topo": _regret(steps["topo"], best), "tree": _regret(steps[rec.order], best),
                  "try 3": _regret(min(steps[o] for o in rec.ranking[:3]), best),
-                 "auto": _regret(auto.meta["step_time_s"], best), "time x": auto_s / topo_s}
+                 "auto": _regret(auto.meta["step_time_s"], best), "time x": auto_s / topo_s,
+                 "no lex": _regret(min(t for o, t in steps.items() if o not in ("random", "lexicographic")), best)}
             rows[placer].append(r)
             print(f"{name:<16} {placer:<11} {g.num_nodes:>5} {r['topo']:>7.2%} {r['tree']:>7.2%} {r['try 3']:>7.2%} "
-                  f"{r['auto']:>7.2%} {r['time x']:>7.1f}  {rec.order} -> {auto.meta['order']}"
+                  f"{r['auto']:>7.2%} {r['no lex']:>7.2%} {r['time x']:>7.1f}  {rec.order} -> {auto.meta['order']}"
                   f"  (auto {auto_s:.3f} s, prepared in {prep_s:.0f} s)", flush=True)
     _summary(rows)
 
 
 def _summary(rows: dict[str, list[dict[str, float]]]) -> None:
-    cols = [c for c in ("topo", "tree", "fixed", "try 3", "auto") if c in next(iter(rows.values()))[0]]
+    cols = [c for c in ("topo", "tree", "fixed", "try 3", "auto", "no lex") if c in next(iter(rows.values()))[0]]
     print(f"\n{'placer':<18} {'graphs':>6} " + " ".join(f"{c + ' mean':>10} {c + ' max':>9}" for c in cols)
           + (f" {'time x':>7}" if "time x" in next(iter(rows.values()))[0] else ""))
     for placer, rs in rows.items():

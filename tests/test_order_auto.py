@@ -12,8 +12,8 @@ from conftest import cluster, graph
 from conftest import run_cli as run
 from devplace.graph import CompGraph
 from devplace.orders import ORDERS, OrderError, check_order_name, traversal_indices, traversal_order
-from devplace.orders.auto import DEFAULT_ORDER, OrderModel, recommend_order, shipped_model
-from devplace.placers import PlacerError, place
+from devplace.orders.auto import DEFAULT_ORDER, OrderModel, candidate_orders, recommend_order, shipped_model
+from devplace.placers import PlacerError, get_placer, place
 from study_fixture import fixture_rows
 
 
@@ -78,18 +78,56 @@ def chain_fork():
     return graph(nodes, edges, name="fork")
 
 
-@pytest.mark.parametrize("placer", ["greedy", "m-topo", "contiguous", "m-etf", "heft"])
-def test_place_auto_for_several_placers(chain_fork, placer: str) -> None:
+def _first_best(tried: dict[str, object]) -> str:
+    """The order `--order auto` must keep: the smallest step time, the earliest tried (higher-ranked) on ties."""
+    times = {o: t for o, t in tried.items() if isinstance(t, float)}
+    return min(times, key=lambda o: (times[o], list(tried).index(o)))
+
+
+@pytest.mark.parametrize("placer", ["greedy", "m-topo", "contiguous", "m-etf", "m-sct"])
+def test_cheap_placers_try_every_candidate_order(chain_fork, placer: str) -> None:
     c = cluster(2, bw=1e5)
     p = place(chain_fork, c, placer=placer, order="auto")
     auto = p.meta["order_auto"]
-    expected = recommend_order(chain_fork, c, placer=placer, uses_order=placer != "heft")
-    assert auto["order"] == expected.order and auto["rule"] == expected.rule
-    if placer == "heft":
-        assert p.meta["order"] is None and "does not walk" in auto["rule"]  # heft ignores the order
-    else:
-        assert p.meta["order"] == expected.order
-        assert p.assignment == place(chain_fork, c, placer=placer, order=expected.order).assignment
+    rec = recommend_order(chain_fork, c, placer=placer)
+    candidates = candidate_orders(rec)
+    assert get_placer(placer).cheap and auto["mode"] == f"try all {len(candidates)}" and "cheap" in auto["why"]
+    assert list(auto["tried"]) == candidates and "random" not in candidates
+    assert set(candidates) == set(ORDERS) - {"random"} and candidates[:len(rec.ranking)] == list(rec.ranking)
+    assert (auto["model_order"], auto["rule"]) == (rec.order, rec.rule)
+    with pytest.raises(PlacerError, match="has no setting 'colour'"):  # a user error is not an order that fails
+        place(chain_fork, c, placer=placer, order="auto", colour="blue")
+    for o in ("topo", "reversed-topo", "bfs"):  # the tried step times are those of the orders placed directly
+        assert auto["tried"][o] == place(chain_fork, c, placer=placer, order=o).meta["step_time_s"]
+    best = _first_best(auto["tried"])
+    assert auto["order"] == p.meta["order"] == best and p.meta["step_time_s"] == min(auto["tried"].values())
+    assert p.assignment == place(chain_fork, c, placer=placer, order=best).assignment
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_dags())
+def test_ties_keep_the_models_higher_ranked_order(g: CompGraph) -> None:
+    c = cluster(2, bw=1e5)
+    auto = place(g, c, placer="m-etf", order="auto").meta["order_auto"]
+    assert auto["order"] == _first_best(auto["tried"])
+    if len(set(auto["tried"].values())) == 1:  # every order places alike (e.g. one node): the model's first
+        assert auto["order"] == recommend_order(g, c, placer="m-etf").ranking[0]
+
+
+def test_expensive_placers_and_orderless_ones_follow_the_model(chain_fork) -> None:
+    c = cluster(2, bw=1e5)
+    assert not get_placer("anneal").cheap and not get_placer("placeto").cheap and not get_placer("seq2seq").cheap
+    p = place(chain_fork, c, placer="anneal", order="auto", steps=20)
+    auto, rec = p.meta["order_auto"], recommend_order(chain_fork, c, placer="anneal")
+    assert auto["mode"] == "model" and "tried" not in auto and "not registered cheap" in auto["why"]
+    assert auto["order"] == p.meta["order"] == rec.order and auto["rule"] == rec.rule
+    assert p.assignment == place(chain_fork, c, placer="anneal", order=rec.order, steps=20).assignment
+    # try_orders=K still tries the model's top K for an expensive placer
+    tried = place(chain_fork, c, placer="anneal", order="auto", steps=20, try_orders=2).meta["order_auto"]["tried"]
+    assert list(tried) == list(rec.ranking[:2])
+    p = place(chain_fork, c, placer="heft", order="auto")  # heft ignores the order: nothing to try
+    auto = p.meta["order_auto"]
+    assert p.meta["order"] is None and auto["mode"] == "model" and "does not walk" in auto["rule"]
 
 
 def test_try_k_keeps_the_best_of_the_k_most_promising(chain_fork) -> None:
@@ -150,6 +188,10 @@ def test_cli_place_order_auto_with_try(capsys, monkeypatch) -> None:
     assert code == 0
     doc = json.loads(out)
     assert doc["order"] == doc["order_auto"]["order"] and len(doc["order_auto"]["tried"]) == 2
+    code, out, _ = run(["place", "example", "-c", "4xV100-16GB", "--placer", "m-topo", "--order", "auto", "--json"],
+                       capsys, monkeypatch)  # m-topo is cheap: every candidate order is tried
+    doc = json.loads(out)
+    assert code == 0 and doc["order_auto"]["mode"].startswith("try all") and doc["order"] == doc["order_auto"]["order"]
     code, _, err = run(["place", "example", "-c", "4xV100-16GB", "--order", "topo", "--try", "2"], capsys,
                        monkeypatch)
     assert code == 2 and "--order auto" in err

@@ -28,6 +28,12 @@ Fallbacks (documented in docs/study.md): a placer that does not walk the graph i
 DESIGN.md's canonical order, and `--try K` then tries topo and the next K-1 orders of the pooled tree `"*"`'s
 ranking (fitted on every placer of the study; DESIGN.md's table order when there is none), `random` left
 out. The pooled tree is not used to pick the order itself: it extrapolates other placers' order effects.
+
+How `place(..., order="auto")` uses a recommendation (`devplace.placers.registry._place_auto`): a placer
+registered `cheap` (`@register(..., cheap=True)`: list schedulers, contiguous, greedy) is placed under every
+order of `candidate_orders` and the smallest simulated step time wins, so the trees rank the candidates but
+cannot mislead on graphs unlike the study's; for the other placers (anneal, placeto, seq2seq: one run costs
+many simulations or a training) the tree's order is used, unless `try_orders=K` asks to try its top K.
 """
 
 from __future__ import annotations
@@ -206,6 +212,13 @@ class OrderModel:
                 conds.append(f"{f} = {_fmt(x)} > {_fmt(t)}")
                 node = node["gt"]
         return node, conds
+
+
+def candidate_orders(rec: Recommendation) -> list[str]:
+    """Every order that `order="auto"` tries for a cheap placer: the recommendation's ranking first (so that a
+    tie keeps the model's higher-ranked order), then the other orders in DESIGN.md's table order. `random` is
+    left out: its placement depends on the seed, not on the graph's structure."""
+    return list(dict.fromkeys(o for o in (*rec.ranking, *ORDERS) if o != "random"))
 
 
 SHIPPED_MODEL = "order_model.json"

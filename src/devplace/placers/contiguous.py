@@ -328,7 +328,7 @@ def best_split(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, devices
     return split.best(np.full(m, np.inf) if allowance is None else np.asarray(allowance, dtype=np.float64))
 
 
-@register("contiguous", uses_order=True)
+@register("contiguous", uses_order=True, cheap=True)
 def contiguous(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int,
                devices: int | None = None) -> np.ndarray:
     """Exact balanced split of the traversal order into at most k consecutive chunks, chunk i on device i,

@@ -44,7 +44,7 @@ def order_keys(order: np.ndarray) -> np.ndarray:
     return key
 
 
-@register("m-etf", uses_order=True)
+@register("m-etf", uses_order=True, cheap=True)
 def m_etf(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int,
           ties: np.ndarray | None = None) -> np.ndarray:
     """Baechi's m-ETF: start the (ready op, device with room) pair with the earliest start; ties by `order`.

@@ -155,7 +155,7 @@ def favourite_children(graph: CompGraph, cluster: Cluster, threshold: float) -> 
     return fav
 
 
-@register("m-sct", uses_order=True)
+@register("m-sct", uses_order=True, cheap=True)
 def m_sct(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, threshold: float = 0.5,
           max_lp_nodes: int = 20000, ties: np.ndarray | None = None) -> np.ndarray:
     """Baechi's m-SCT: m-ETF that keeps a device for the favourite child chosen by an LP relaxation (HiGHS).

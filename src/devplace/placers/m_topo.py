@@ -57,7 +57,7 @@ def fill_in_order(mem: np.ndarray, order: np.ndarray, caps: np.ndarray) -> np.nd
     return devices
 
 
-@register("m-topo", uses_order=True)
+@register("m-topo", uses_order=True, cheap=True)
 def m_topo(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int) -> np.ndarray:
     """Baechi's m-TOPO: fill devices in index order along the traversal order, each up to
     total op memory / k + the largest op (at most its capacity); simulated, caps lowered if over memory.

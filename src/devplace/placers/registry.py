@@ -72,6 +72,10 @@ class PlacerSpec:
     name: str
     func: PlacerFn
     uses_order: bool
+    # cheap: one run costs about as much as a few simulations of the graph (list schedulers, greedy), so
+    # `order="auto"` places under every candidate order and keeps the best under the simulator; not cheap
+    # (search and learned placers: anneal, placeto, seq2seq), the order model's rule decides alone
+    cheap: bool = False
 
     @property
     def summary(self) -> str:
@@ -99,12 +103,13 @@ _REGISTRY: dict[str, PlacerSpec] = {}
 _LOADED = False
 
 
-def register(name: str, *, uses_order: bool) -> Callable[[PlacerFn], PlacerFn]:
-    """Class the decorated function as placer `name`."""
+def register(name: str, *, uses_order: bool, cheap: bool = False) -> Callable[[PlacerFn], PlacerFn]:
+    """Class the decorated function as placer `name`. `cheap=True` declares that one run costs about as much
+    as a few simulations of the graph, so that `order="auto"` may try every candidate order (see `place`)."""
     def deco(func: PlacerFn) -> PlacerFn:
         if name in _REGISTRY and _REGISTRY[name].func is not func:
             raise RuntimeError(f"placer {name!r} registered twice")
-        _REGISTRY[name] = PlacerSpec(name, func, uses_order)
+        _REGISTRY[name] = PlacerSpec(name, func, uses_order, cheap)
         return func
     return deco
 
@@ -313,31 +318,48 @@ def _caps_text(caps: np.ndarray) -> str:
 def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int, progress: Progress | None,
                 try_orders: int | None, try_with: str | None, autograd_rule: bool,
                 settings: dict[str, Any]) -> Placement:
-    """`order="auto"`: the recommended order, or the best of the K most promising ones (see `place`)."""
-    from devplace.orders.auto import recommend_order
+    """`order="auto"` (see `place`): which orders are placed and why.
+
+    - `try_orders=K`: the model's K highest-ranked orders (placed by `try_with` when given);
+    - else, a placer registered `cheap` that walks an order: every candidate order (`candidate_orders`);
+    - else (an expensive placer, or one that ignores the order): the model's rule alone, one run.
+    The best is the smallest simulated step time; ties keep the model's higher-ranked order."""
+    from devplace.orders.auto import candidate_orders, recommend_order
 
     if try_orders is not None and (isinstance(try_orders, bool) or not isinstance(try_orders, int)
                                    or try_orders < 1):
         raise PlacerError(f"try_orders (--try) must be an integer >= 1, got {try_orders!r}")
     rec = recommend_order(graph, cluster, placer=spec.name, uses_order=spec.uses_order)
-    if try_orders is None or not spec.uses_order:
+    base = {"rule": rec.rule, "model_order": rec.order, "expected_gain": rec.expected_gain, "source": rec.source}
+    if not spec.uses_order or (try_orders is None and not spec.cheap):
         placement = place(graph, cluster, placer=spec.name, order=rec.order, seed=seed, progress=progress,
                           autograd_rule=autograd_rule, **settings)
-        why = {"order": rec.order, "mode": "model", "rule": rec.rule, "expected_gain": rec.expected_gain,
-               "source": rec.source}
+        why = (rec.rule if not spec.uses_order else
+               f"placer {spec.name!r} is not registered cheap, so the orders are not tried (try_orders=K, --try K, "
+               f"tries K): the model's rule decides")
         return Placement(placement.assignment, graph=placement.graph, cluster=placement.cluster,
-                         meta={**placement.meta, "order_auto": why})
-    candidates = list(rec.ranking[:try_orders])
+                         meta={**placement.meta, "order_auto": {"order": rec.order, "mode": "model", **base,
+                                                                "why": why}})
+    if try_orders is None:
+        candidates = candidate_orders(rec)
+        mode = f"try all {len(candidates)}"
+        reason = (f"placer {spec.name!r} is registered cheap: placed under every candidate order (the model's "
+                  f"ranking first), kept the smallest simulated step time")
+    else:
+        candidates = list(rec.ranking[:try_orders])
+        mode = f"try {len(candidates)}"
+        reason = f"smallest simulated step time of the model's {len(candidates)} most promising orders"
     trial = get_placer(try_with) if try_with is not None else spec
     trial_settings = settings if trial is spec else {}
     tried: dict[str, Any] = {}
     best: Placement | None = None
-    first_error: DevplaceError | None = None
+    first_error: NoFitError | None = None
     for name in candidates:
         try:
             p = place(graph, cluster, placer=trial.name, order=name, seed=seed,
                       progress=progress if trial is spec else None, autograd_rule=autograd_rule, **trial_settings)
-        except DevplaceError as exc:  # an order whose placement does not fit: record it, try the next
+        except NoFitError as exc:  # an order whose placement does not fit: record it, try the next (a bad
+            # setting or any other user error is the same under every order, so it is raised at once)
             tried[name] = f"{type(exc).__name__}: {exc}"
             first_error = first_error or exc
             continue
@@ -348,13 +370,9 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
     if best is None:
         assert first_error is not None
         raise first_error
-    why = {"order": best.meta["order"], "mode": f"try {len(candidates)}", "tried": tried,
-           "rule": rec.rule, "model_order": rec.order, "expected_gain": rec.expected_gain,
-           "why": f"smallest simulated step time of the model's {len(candidates)} most promising orders"}
+    why = {"order": best.meta["order"], "mode": mode, "tried": tried, **base, "why": reason}
     if trial is not spec:
-        why.update(mode=f"try {len(candidates)} with {trial.name}", tried_with=trial.name,
-                   why=f"smallest simulated step time of the model's {len(candidates)} most promising orders "
-                       f"when placed by {trial.name}")
+        why.update(mode=f"{mode} with {trial.name}", tried_with=trial.name, why=f"{reason} when placed by {trial.name}")
         best = place(graph, cluster, placer=spec.name, order=best.meta["order"], seed=seed, progress=progress,
                      autograd_rule=autograd_rule, **settings)
     return Placement(best.assignment, graph=best.graph, cluster=best.cluster, meta={**best.meta, "order_auto": why})

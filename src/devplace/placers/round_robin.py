@@ -17,7 +17,7 @@ from devplace.placers.registry import register
 from devplace.sim.devplace_model import DevplaceModel
 
 
-@register("round-robin", uses_order=True)
+@register("round-robin", uses_order=True, cheap=True)
 def round_robin(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int) -> np.ndarray:
     """The i-th node in the traversal order on device i mod k (a baseline; over memory is an error).
 

@@ -206,7 +206,7 @@ def test_properties(g: CompGraph, bw: float, lat: float, speed: float) -> None:
     assert 0 <= f["depth"] <= n - 1
     assert f["width"] * (f["depth"] + 1) >= n
     assert f["parallelism"] >= 1.0
-    assert f["parallelism"] <= n
+    assert f["parallelism"] <= n * (1 + 1e-12)  # work / critical path, both float sums
     assert f["top10_compute_share"] >= math.ceil(n / 10) / n - 1e-12  # the largest ops hold at least their share
     assert f["max_in_degree"] <= f["distinct_edges"] <= f["edges"]
     assert f["sources"] >= 1 and f["sinks"] >= 1

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
 from devplace.errors import GraphError
 from devplace.graph.coarsen import Coarsening, coarsen
 from devplace.graph.compgraph import CompGraph
@@ -50,8 +51,8 @@ REFINE_FACTOR = 4
 REFINE_STEPS = 2
 
 
-def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *, placer: str = "m-etf",
-                   order: str = "auto", seed: int = 0, progress: Progress | None = None,
+def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER,
+                   order: str = DEFAULT_ORDER, seed: int = DEFAULT_SEED, progress: Progress | None = None,
                    try_orders: int | None = None, try_with: str | None = None, autograd_rule: bool = True,
                    **settings: Any) -> ExpandedPlacement:
     """Place `coarsening.graph` with `devplace.place` (same arguments), expand it to `full` (the graph the

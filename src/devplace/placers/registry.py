@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
@@ -148,9 +149,9 @@ def get_placer(name: str) -> PlacerSpec:
     return _REGISTRY[name]
 
 
-def place(graph: CompGraph, cluster: Cluster, *, placer: str = "m-etf", order: Order = "auto", seed: int = 0,
-          progress: Progress | None = None, try_orders: int | None = None, try_with: str | None = None,
-          autograd_rule: bool = True, **settings: Any) -> Placement:
+def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, order: Order = DEFAULT_ORDER,
+          seed: int = DEFAULT_SEED, progress: Progress | None = None, try_orders: int | None = None,
+          try_with: str | None = None, autograd_rule: bool = True, **settings: Any) -> Placement:
     """Place every node of `graph` on a device of `cluster` with `placer`, walking the graph in `order`.
 
     Settings are the placer's keyword arguments (see `devplace placers`). The result is always

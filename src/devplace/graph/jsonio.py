@@ -21,23 +21,29 @@ MAX_INPUT_ENV = "DEVPLACE_MAX_INPUT_BYTES"
 DEFAULT_MAX_INPUT_BYTES = 256 * 2**20
 
 
+def env_limit(value: int | None, *, env: str, default: int, name: str, unit: str, example: int,
+              error: type[Exception] = FormatError) -> int:
+    """A positive whole-number limit: `value` (the keyword `name`) when given, else the environment variable
+    `env`, else `default`; anything else raises `error` saying how to set it (`example` is shown)."""
+    where = name
+    if value is None:
+        raw = os.environ.get(env, "").strip()
+        if not raw:
+            return default
+        try:
+            value = int(raw.replace("_", ""))
+        except ValueError:
+            raise error(f"{env} is {raw!r}; set it to a whole number of {unit}, e.g. {env}={example}") from None
+        where = env
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise error(f"{where} must be a whole number of {unit} >= 1, got {value!r}")
+    return value
+
+
 def max_input_bytes(max_bytes: int | None = None) -> int:
     """The input-size limit: `max_bytes` when given, else DEVPLACE_MAX_INPUT_BYTES, else 256 MiB."""
-    if max_bytes is None:
-        raw = os.environ.get(MAX_INPUT_ENV, "").strip()
-        if not raw:
-            return DEFAULT_MAX_INPUT_BYTES
-        try:
-            max_bytes = int(raw.replace("_", ""))
-        except ValueError:
-            raise FormatError(f"{MAX_INPUT_ENV} is {raw!r}; set it to a whole number of bytes, e.g. "
-                              f"{MAX_INPUT_ENV}={4 * DEFAULT_MAX_INPUT_BYTES}") from None
-        where = MAX_INPUT_ENV
-    else:
-        where = "max_bytes"
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-        raise FormatError(f"{where} must be a whole number of bytes >= 1, got {max_bytes!r}")
-    return max_bytes
+    return env_limit(max_bytes, env=MAX_INPUT_ENV, default=DEFAULT_MAX_INPUT_BYTES, name="max_bytes", unit="bytes",
+                     example=4 * DEFAULT_MAX_INPUT_BYTES)
 
 
 def read_limited(path: str | Path, max_bytes: int | None = None) -> bytes:

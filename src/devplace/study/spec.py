@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import hashlib
 import math
-import os
 import re
 import tomllib
 import types
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from devplace.errors import DevplaceError
-from devplace.graph.jsonio import read_limited
+from devplace.graph.jsonio import env_limit, read_limited
 
 PRESETS: tuple[str, ...] = ("quick", "paper", "extended")
 NO_ORDER = "-"  # order_name of cells whose placer ignores the traversal order
@@ -103,20 +102,8 @@ def _file_sha(path: Path) -> str:
 
 def cell_limit(limit: int | None = None) -> int:
     """The grid-size limit: `limit` when given, else DEVPLACE_MAX_CELLS, else 1,000,000 cells."""
-    where = "max_cells"
-    if limit is None:
-        raw = os.environ.get(MAX_CELLS_ENV, "").strip()
-        if not raw:
-            return DEFAULT_MAX_CELLS
-        try:
-            limit = int(raw.replace("_", ""))
-        except ValueError:
-            raise StudyError(f"{MAX_CELLS_ENV} is {raw!r}; set it to a whole number of cells, e.g. "
-                             f"{MAX_CELLS_ENV}={10 * DEFAULT_MAX_CELLS}") from None
-        where = MAX_CELLS_ENV
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise StudyError(f"{where} must be a whole number of cells >= 1, got {limit!r}")
-    return limit
+    return env_limit(limit, env=MAX_CELLS_ENV, default=DEFAULT_MAX_CELLS, name="max_cells", unit="cells",
+                     example=10 * DEFAULT_MAX_CELLS, error=StudyError)
 
 
 def too_many_cells(where: str, count: int, limit: int) -> StudyError:

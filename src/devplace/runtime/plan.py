@@ -20,7 +20,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.jsonio import read_json, write_json
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster, load_cluster
-from devplace.planning import AsRun, as_run, place_graph, render_text
+from devplace.planning import AsRun, Baseline, as_run, baselines, baselines_line, place_graph, render_text
 from devplace.sim import SimResult, lower_bound, simulate
 from devplace.sim.summary import result_view
 from devplace.units import fmt_time
@@ -49,6 +49,7 @@ class Plan:
     coarse: Coarsening | None = None
     example_inputs: Any = None
     _runtime: AsRun | None = field(default=None, repr=False)
+    _baselines: tuple[Baseline, Baseline] | None = field(default=None, repr=False)
 
     @property
     def as_run(self) -> AsRun:
@@ -69,6 +70,13 @@ class Plan:
         return self.as_run.result
 
     @property
+    def baselines(self) -> tuple[Baseline, Baseline]:
+        """The best single device and the even split of this graph (`devplace.planning.baselines`)."""
+        if self._baselines is None:
+            self._baselines = baselines(self.graph, self.cluster)
+        return self._baselines
+
+    @property
     def num_devices_used(self) -> int:
         """How many logical devices (0..n-1) the placement needs."""
         return max(self.placement.assignment.values(), default=0) + 1
@@ -83,7 +91,8 @@ class Plan:
                     + (f"; as run by devplace.runtime ({moved} backward/optimizer ops follow their forward op): "
                        f"step time {fmt_time(rt.step_time_s)}, {'feasible' if rt.feasible else 'INFEASIBLE'}"
                        if moved else "; devplace.runtime runs this placement as simulated"))
-        view = Group(result_view(self.graph, self.cluster, self.result, lower_bound(self.graph, self.cluster)), line)
+        view = Group(result_view(self.graph, self.cluster, self.result, lower_bound(self.graph, self.cluster)), line,
+                     baselines_line(self.cluster, self.baselines, rt.step_time_s))
         return render_text(view) if text else view
 
     def to_dict(self) -> dict[str, Any]:

@@ -36,10 +36,14 @@ from devplace.units import fmt_bytes, fmt_time
 if TYPE_CHECKING:  # only a type here; importing graph.coarsen costs `devplace --help` its numba set-up
     from devplace.graph.coarsen import Coarsening
 
-__all__ = ["AsRun", "Baseline", "Placed", "SeedError", "Simulated", "as_run", "baselines", "baselines_line",
-           "check_seed", "json_safe", "place_graph", "render_text", "simulate_placement"]
+__all__ = ["MAP_PLACER", "AsRun", "Baseline", "Placed", "SeedError", "Simulated", "as_run", "baselines",
+           "baselines_line", "check_seed", "json_safe", "place_graph", "precision_of", "precision_text", "render_text",
+           "simulate_placement"]
 
 Progress = Callable[[int, int], None]
+
+# `Placed.placer` of a placement made by a hand-made module map (`devplace place --map`), not by a placer
+MAP_PLACER = "module map"
 
 
 MAX_SEED = 2**63 - 1
@@ -158,6 +162,25 @@ def _baseline(name: str, result: SimResult, single: int) -> Baseline:
                     float(result.memory_bytes[worst]))
 
 
+def precision_of(graph: CompGraph) -> dict[str, Any] | None:
+    """The precision a captured graph's step trains in, from its capture meta: {"dtype": the parameters'
+    dtype, "amp": the autocast dtype or None}; None for a graph that was not captured from PyTorch."""
+    cap = graph.meta.get("capture") if isinstance(graph.meta, Mapping) else None
+    if not isinstance(cap, Mapping) or cap.get("dtype") is None:
+        return None
+    return {"dtype": cap.get("dtype"), "amp": cap.get("amp")}
+
+
+def precision_text(graph: CompGraph) -> str:
+    """"; precision bfloat16" or "; precision autocast to bfloat16 (float32 parameters)" (empty when unknown),
+    for a report's line."""
+    prec = precision_of(graph)
+    if prec is None:
+        return ""
+    return (f"; precision autocast to {prec['amp']} ({prec['dtype']} parameters)" if prec["amp"]
+            else f"; precision {prec['dtype']}")
+
+
 def baselines_line(cluster: Cluster, pair: tuple[Baseline, Baseline], step_s: float) -> Text:
     """The report's line "baselines: best single device (...) ...; even split ..." for a step of `step_s`."""
     return Text("baselines: " + "; ".join(b.describe(cluster, step_s) for b in pair))
@@ -234,6 +257,7 @@ class Placed:
                    step_over_lower_bound=_over_bound(self.result.step_time_s, self.bound),
                    best_single_device=single.to_dict(self.cluster, step), even_split=even.to_dict(self.cluster, step),
                    speedup_over_single_device=single.speedup(step), placed_groups=self.placed_groups,
+                   precision=precision_of(self.graph),
                    assignment=self.placement.assignment)
         if "order_auto" in self.placement.meta:
             doc["order_auto"] = self.placement.meta["order_auto"]
@@ -250,8 +274,10 @@ class Placed:
             out.append(Text(f"order auto -> {auto['order']} ({auto.get('why') or auto['rule']})"))
         groups = (f" ({self.placed_groups} groups of {self.graph.num_nodes} ops)"
                   if self.placed_groups != self.graph.num_nodes else "")
-        out.append(Text(f"placer {self.placer}" + (f", order {self.order}" if self.order else " (no order)")
-                        + f", seed {self.seed}: placed{groups} in {self.placement_time_s:.2f} s"))
+        how = (f"module map {self.settings.get('module_map')}" if self.placer == MAP_PLACER else
+               f"placer {self.placer}" + (f", order {self.order}" if self.order else " (no order)")
+               + f", seed {self.seed}")
+        out.append(Text(f"{how}: placed{groups} in {self.placement_time_s:.2f} s" + precision_text(self.graph)))
         out.append(baselines_line(self.cluster, self.baselines, self.result.step_time_s))
         if self.coarsening is not None and self.as_run.moved:
             rt = self.as_run.result

@@ -108,6 +108,21 @@ def test_place_by_a_module_map_reports_it_as_run_with_the_baselines(nets, tmp_pa
     assert code == 0 and f"module map {path}: placed" in text and "baselines: best single device" in text
 
 
+def test_place_a_captured_graph_file_by_a_map(nets, tmp_path, capsys, monkeypatch):
+    coarse, full, path = tmp_path / "g.json", tmp_path / "full.json", tmp_path / "map.json"
+    path.write_text(json.dumps(["blocks.2"]))  # split points: stage 1 begins where blocks.2 does
+    code, _, err = run(["capture", "--model", f"{nets}:build", "-o", str(coarse), "--full", str(full)], capsys,
+                       monkeypatch)
+    assert code == 0, err
+    code, out, err = run(["place", str(full), "-c", "2xK80", "--map", str(path), "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    doc = json.loads(out)
+    g = devplace.load_graph(full)
+    expected = devplace.placement_from_module_map(g, load_cluster("2xK80"), ["blocks.2"])
+    assert doc["assignment"] == expected.assignment and doc["settings"] == {"module_map": str(path)}
+    assert doc["even_split"]["fits"] and doc["best_single_device"]["fits"]
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["capture", "--model", "{m}:broken", "-o", "{tmp}/g.json"], "the factory raised ValueError: no weights here; a "
                                                                  "factory is a function returning (module, example_"),
@@ -120,6 +135,7 @@ def test_place_by_a_module_map_reports_it_as_run_with_the_baselines(nets, tmp_pa
     (["place", "example", "-c", "2xK80", "--dtype", "bf16"], "--dtype/--amp are for --model"),
     (["capture", "--model", "{m}:build", "--dtype", "fp8", "-o", "{tmp}/g.json"], "unknown dtype 'fp8'"),
     (["run", "--plan", "{tmp}/plan.json", "--amp"], "a plan file runs in the precision it was made in"),
+    (["capture", "--onnx", "{tmp}/m.onnx", "--amp", "-o", "{tmp}/g.json"], "--amp needs a PyTorch model"),
 ])
 def test_wiring_errors_are_one_line(args, message, nets, tmp_path, capsys, monkeypatch):
     (tmp_path / "map.json").write_text(json.dumps({"stme": 0}))

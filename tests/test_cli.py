@@ -124,6 +124,8 @@ def test_place_json_and_example_graph(capsys, monkeypatch, tmp_path):
     assert doc["feasible"] and doc["order"] == "bfs" and doc["placer"] == "greedy"
     assert doc["step_over_lower_bound"] >= 1.0
     assert doc["best_single_device"]["fits"] is False  # the example is too big for one 16 GB GPU
+    assert doc["speedup_over_single_device"] is None and doc["best_single_device"]["needs_bytes"] > 16e9
+    assert doc["even_split"]["fits"] is True and doc["even_split"]["speedup"] > 0
     assert json.loads(out_file.read_text())["assignment"] == doc["assignment"]
     code, out, err = run(["place", "example", "-c", "2xK80", "--placer", "m-topo"], capsys, monkeypatch)
     assert code == 2 and "needs about" in err and len(err.strip().splitlines()) == 1

@@ -17,6 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
@@ -26,18 +27,23 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement, runtime_placement, save_placement
 from devplace.hardware.cluster import Cluster
 from devplace.placers import place, place_expanded, schedule_of
+from devplace.placers.even import even_devices
 from devplace.sim import DevplaceModel, LowerBound, SimResult, lower_bound, simulate
 from devplace.sim.summary import result_view
 from devplace.sim.timeline import plot_timeline, write_trace
-from devplace.units import fmt_time
+from devplace.units import fmt_bytes, fmt_time
 
 if TYPE_CHECKING:  # only a type here; importing graph.coarsen costs `devplace --help` its numba set-up
     from devplace.graph.coarsen import Coarsening
 
-__all__ = ["AsRun", "Placed", "SeedError", "Simulated", "as_run", "check_seed", "json_safe", "place_graph",
-           "render_text", "simulate_placement"]
+__all__ = ["MAP_PLACER", "AsRun", "Baseline", "Placed", "SeedError", "Simulated", "as_run", "baselines",
+           "baselines_line", "check_seed", "json_safe", "place_graph", "precision_of", "precision_text", "render_text",
+           "simulate_placement"]
 
 Progress = Callable[[int, int], None]
+
+# `Placed.placer` of a placement made by a hand-made module map (`devplace place --map`), not by a placer
+MAP_PLACER = "module map"
 
 
 MAX_SEED = 2**63 - 1
@@ -109,6 +115,88 @@ def _over_bound(step_s: float, bound: LowerBound) -> float | None:
     return step_s / bound.value_s if bound.value_s else None
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """A reference placement every report compares with (the best single device, the `even` split), simulated
+    with the devplace model. When it does not fit, `device` is its most overfilled device, which needs
+    `needs_bytes` and has `has_bytes`; when it fits, `device` is the single device (-1 for a split)."""
+
+    name: str
+    step_time_s: float
+    fits: bool
+    device: int
+    needs_bytes: float
+    has_bytes: float
+
+    def speedup(self, step_s: float) -> float | None:
+        """This baseline's step time over `step_s`; None when it does not fit (no speed-up over a step that
+        cannot run) or `step_s` is not positive."""
+        return self.step_time_s / step_s if self.fits and step_s > 0 else None
+
+    def describe(self, cluster: Cluster, step_s: float) -> str:
+        """One phrase: "even split 230.1 ms, speed-up 1.16x" or "... does not fit (needs X, has Y on gpu1)"."""
+        where = f" ({cluster.devices[self.device].name})" if self.device >= 0 and self.fits else ""
+        if not self.fits:
+            return (f"{self.name} does not fit (needs {fmt_bytes(self.needs_bytes)}, has "
+                    f"{fmt_bytes(self.has_bytes)} on {cluster.devices[self.device].name})")
+        up = self.speedup(step_s)
+        return f"{self.name}{where} {fmt_time(self.step_time_s)}" + (f", speed-up {up:.2f}x" if up is not None else "")
+
+    def to_dict(self, cluster: Cluster, step_s: float) -> dict[str, Any]:
+        """The JSON form: step time and speed-up, or (when it does not fit) the memory needed and available."""
+        doc: dict[str, Any] = {"fits": self.fits, "step_time_s": self.step_time_s, "speedup": self.speedup(step_s)}
+        if self.device >= 0:
+            doc["device"] = self.device
+            doc["device_name"] = cluster.devices[self.device].name
+        if not self.fits:
+            doc.update(needs_bytes=self.needs_bytes, has_bytes=self.has_bytes)
+        return doc
+
+
+def _baseline(name: str, result: SimResult, single: int) -> Baseline:
+    over = result.peak_memory_bytes - result.memory_bytes
+    worst = int(np.argmax(over))
+    if result.feasible:
+        return Baseline(name, float(result.step_time_s), True, single, 0.0, 0.0)
+    return Baseline(name, float(result.step_time_s), False, worst, float(result.peak_memory_bytes[worst]),
+                    float(result.memory_bytes[worst]))
+
+
+def precision_of(graph: CompGraph) -> dict[str, Any] | None:
+    """The precision a captured graph's step trains in, from its capture meta: {"dtype": the parameters'
+    dtype, "amp": the autocast dtype or None}; None for a graph that was not captured from PyTorch."""
+    cap = graph.meta.get("capture") if isinstance(graph.meta, Mapping) else None
+    if not isinstance(cap, Mapping) or cap.get("dtype") is None:
+        return None
+    return {"dtype": cap.get("dtype"), "amp": cap.get("amp")}
+
+
+def precision_text(graph: CompGraph) -> str:
+    """"; precision bfloat16" or "; precision autocast to bfloat16 (float32 parameters)" (empty when unknown),
+    for a report's line."""
+    prec = precision_of(graph)
+    if prec is None:
+        return ""
+    return (f"; precision autocast to {prec['amp']} ({prec['dtype']} parameters)" if prec["amp"]
+            else f"; precision {prec['dtype']}")
+
+
+def baselines_line(cluster: Cluster, pair: tuple[Baseline, Baseline], step_s: float) -> Text:
+    """The report's line "baselines: best single device (...) ...; even split ..." for a step of `step_s`."""
+    return Text("baselines: " + "; ".join(b.describe(cluster, step_s) for b in pair))
+
+
+def baselines(graph: CompGraph, cluster: Cluster) -> tuple[Baseline, Baseline]:
+    """(best single device, even split) of `graph` on `cluster`: the baselines every place/plan report shows.
+    The best single device is the fastest one that holds the step, else the fastest one (ties: lowest index);
+    the even split is the `even` placer's split, simulated whether or not it fits."""
+    model = DevplaceModel(graph, cluster)
+    runs = [(model.run(np.full(graph.num_nodes, d, dtype=np.int64)), d) for d in range(cluster.num_devices)]
+    result, d = min(runs, key=lambda rd: (not rd[0].feasible, rd[0].step_time_s, rd[1]))
+    return (_baseline("best single device", result, d),
+            _baseline("even split", model.run(even_devices(graph, cluster)), -1))
+
+
 @dataclass(eq=False)
 class Placed:
     """A graph placed on a cluster and simulated: what `devplace place` reports.
@@ -142,15 +230,9 @@ class Placed:
         return lower_bound(self.graph, self.cluster)
 
     @cached_property
-    def best_single_device(self) -> tuple[int, float, bool]:
-        """(device, step time, fits in its memory) of the best single-device baseline."""
-        return DevplaceModel(self.graph, self.cluster).best_single_device()
-
-    @property
-    def speedup(self) -> float:
-        """Step time of the best single device over this placement's (NaN when this step takes no time)."""
-        step = self.result.step_time_s
-        return self.best_single_device[1] / step if step > 0 else float("nan")
+    def baselines(self) -> tuple[Baseline, Baseline]:
+        """The best single device and the even split (`baselines`)."""
+        return baselines(self.graph, self.cluster)
 
     @cached_property
     def as_run(self) -> AsRun:
@@ -166,14 +248,16 @@ class Placed:
 
     def to_dict(self) -> dict[str, Any]:
         """The `devplace place --json` document (non-finite numbers as null)."""
-        single = self.best_single_device
+        single, even = self.baselines
+        step = self.result.step_time_s
         doc = self.result.to_dict()
         doc.update(graph=self.graph.name, cluster=self.cluster.name, placer=self.placer, order=self.order,
                    seed=self.seed, settings=self.settings, placement_time_s=self.placement_time_s,
                    lower_bound_s=self.bound.value_s,
                    step_over_lower_bound=_over_bound(self.result.step_time_s, self.bound),
-                   best_single_device={"device": single[0], "step_time_s": single[1], "fits": single[2]},
-                   speedup_over_single_device=self.speedup, placed_groups=self.placed_groups,
+                   best_single_device=single.to_dict(self.cluster, step), even_split=even.to_dict(self.cluster, step),
+                   speedup_over_single_device=single.speedup(step), placed_groups=self.placed_groups,
+                   precision=precision_of(self.graph),
                    assignment=self.placement.assignment)
         if "order_auto" in self.placement.meta:
             doc["order_auto"] = self.placement.meta["order_auto"]
@@ -188,13 +272,13 @@ class Placed:
         auto = self.placement.meta.get("order_auto")
         if isinstance(auto, dict):
             out.append(Text(f"order auto -> {auto['order']} ({auto.get('why') or auto['rule']})"))
-        device, step, fits = self.best_single_device
         groups = (f" ({self.placed_groups} groups of {self.graph.num_nodes} ops)"
                   if self.placed_groups != self.graph.num_nodes else "")
-        out.append(Text(f"placer {self.placer}" + (f", order {self.order}" if self.order else " (no order)")
-                        + f", seed {self.seed}: placed{groups} in {self.placement_time_s:.2f} s; best single device "
-                        f"({self.cluster.devices[device].name}{'' if fits else ', which does not fit in its memory'}"
-                        f") {fmt_time(step)}, speed-up {self.speedup:.2f}x"))
+        how = (f"module map {self.settings.get('module_map')}" if self.placer == MAP_PLACER else
+               f"placer {self.placer}" + (f", order {self.order}" if self.order else " (no order)")
+               + f", seed {self.seed}")
+        out.append(Text(f"{how}: placed{groups} in {self.placement_time_s:.2f} s" + precision_text(self.graph)))
+        out.append(baselines_line(self.cluster, self.baselines, self.result.step_time_s))
         if self.coarsening is not None and self.as_run.moved:
             rt = self.as_run.result
             out.append(Text(f"as devplace.runtime runs it ({self.as_run.moved} backward/optimizer ops with their "

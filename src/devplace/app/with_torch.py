@@ -4,18 +4,21 @@ commands that do not need them start without loading torch."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from devplace.app import check_outputs, load_graph_arg
+from devplace.capture.custom import build_named_model, named_prepared
 from devplace.capture.onnx_import import load_onnx
-from devplace.capture.pipeline import Prepared, capture_zoo_model, family_graph, prepare, zoo_prepared
+from devplace.capture.pipeline import Prepared, capture_zoo_model, family_graph, prepare
 from devplace.capture.profile import (
     calibrate,
     fold_runs,
@@ -29,17 +32,20 @@ from devplace.capture.profile import (
 from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, ENCODER_PLACETO, LEARNED_PLACER, encoder_name
 from devplace.errors import DevplaceError
 from devplace.graph import save_graph
+from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, Device, load_cluster
 from devplace.hardware.cost import CostTable
 from devplace.hardware.presets import device_kind as kind_device
 from devplace.placers.rl.curve import plot_curve, read_curve
 from devplace.placers.rl.trainer import TrainResult, mean_best_ratio, parse_indices, train
-from devplace.planning import Placed, Progress, json_safe, place_graph, render_text
+from devplace.planning import MAP_PLACER, Placed, Progress, json_safe, place_graph, render_text
 from devplace.runtime.apply import normalize_devices
 from devplace.runtime.export import device_map, export_json, pipeline_split
+from devplace.runtime.module_map import placement_from_module_map, read_module_map
 from devplace.runtime.plan import Plan, load_plan, rebuild_zoo_model, zoo_plan
 from devplace.runtime.run import RunResult, append_record, local_cluster, measure_plan
+from devplace.sim import simulate
 from devplace.study.report import write_report
 from devplace.study.runner import StudySummary, run_study
 from devplace.study.spec import StudyError, load_study
@@ -59,6 +65,8 @@ __all__ = [
     "format_runs",
     "mean_best_ratio",
     "model_calibration",
+    "model_tensor_names",
+    "place_by_map",
     "place_prepared",
     "plan_for_run",
     "plot_learning_curve",
@@ -77,10 +85,12 @@ __all__ = [
 
 
 def prepare_model(model: str, *, batch: int | None = None, seq_len: int | None = None, max_nodes: int | None = None,
-                  optimizer: str = "adam", device: Device | None = None, costs: CostTable | None = None) -> Prepared:
-    """Capture zoo model `model`'s training step, cost it for `device`, colocate it (and coarsen it)."""
-    return zoo_prepared(model, batch=batch, seq_len=seq_len, optimizer=optimizer, max_nodes=max_nodes,
-                        device=device, costs=costs)
+                  optimizer: str = "adam", device: Device | None = None, costs: CostTable | None = None,
+                  dtype: str | None = None, amp: bool = False) -> Prepared:
+    """Capture the training step of zoo model `model` (or a custom `package.module:factory` one) in precision
+    `dtype` / `amp`, cost it for `device`, colocate it (and coarsen it)."""
+    return named_prepared(model, batch=batch, seq_len=seq_len, optimizer=optimizer, dtype=dtype, amp=amp,
+                          max_nodes=max_nodes, device=device, costs=costs)
 
 
 def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAULT_PLACER,
@@ -97,6 +107,30 @@ def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAUL
     return placed
 
 
+def place_by_map(graph: CompGraph, cluster: Cluster, module_map: Path, *, coarsening: Coarsening | None = None,
+                 tensors: Sequence[str] = (), output: Path | None = None, trace: Path | None = None,
+                 plot: Path | None = None) -> Placed:
+    """`devplace place --map FILE`: `graph` (a captured graph, every op) placed by a hand-made module map
+    (`devplace.runtime.module_map`), as autograd runs it, simulated and reported like a placer's output,
+    baselines included; `tensors`: parameter/buffer names the map may name; files written as `place_prepared`."""
+    check_outputs(output=output, trace=trace, plot=plot)
+    t0 = time.perf_counter()
+    placement = placement_from_module_map(graph, cluster, read_module_map(module_map), tensors=tensors)
+    elapsed = time.perf_counter() - t0
+    placed = Placed(graph, cluster, placement, simulate(graph, cluster, placement), MAP_PLACER, DEFAULT_SEED,
+                    {"module_map": str(module_map)}, elapsed, graph.num_nodes, coarsening)
+    placed.write(output=output, trace=trace, plot=plot)
+    return placed
+
+
+def model_tensor_names(model: str, *, batch: int | None = None, seq_len: int | None = None) -> list[str]:
+    """The parameter and buffer names of zoo or custom model `model` (built on the meta device: no memory), which
+    a Hugging Face device_map may name beside modules."""
+    with torch.device("meta"):
+        module, _, _ = build_named_model(model, batch, seq_len)
+    return [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]
+
+
 def cost_device(kind: str) -> Device:
     """The device to cost ops for: a preset kind (K80, V100, ...) or `cpu` (this machine's, measured)."""
     return local_cpu_device() if kind == "cpu" else kind_device(kind)
@@ -104,19 +138,25 @@ def cost_device(kind: str) -> Device:
 
 def capture_graph(*, model: str | None = None, onnx: Path | None = None, batch: int | None = None,
                   seq_len: int | None = None, max_nodes: int | None = None, optimizer: str = "adam",
-                  costs: Path | None = None, device_kind: str = "V100") -> Prepared:
-    """`devplace capture`: a zoo model's or an ONNX forward graph's training step, costed and colocated."""
+                  costs: Path | None = None, device_kind: str = "V100", dtype: str | None = None,
+                  amp: bool = False) -> Prepared:
+    """`devplace capture`: a zoo or custom model's training step in precision `dtype` / `amp`, or an ONNX
+    forward graph's (costed in `dtype` where its ops carry none), costed and colocated."""
     if (model is None) == (onnx is None):
-        raise DevplaceError("give either --model NAME (see `devplace zoo list`) or --onnx FILE")
+        raise DevplaceError("give either --model NAME (see `devplace zoo list`, or package.module:factory) or "
+                            "--onnx FILE")
     device = cost_device(device_kind)
     table = CostTable.load(costs) if costs is not None else None
     if model is not None:
         return prepare_model(model, batch=batch, seq_len=seq_len, optimizer=optimizer, max_nodes=max_nodes,
-                             device=device, costs=table)
+                             device=device, costs=table, dtype=dtype, amp=amp)
     assert onnx is not None
+    if amp:
+        raise DevplaceError("--amp needs a PyTorch model (--model): an ONNX graph is not run under autocast; give "
+                            "--dtype for the precision its ops are costed in")
     dims = {"seq": seq_len} if seq_len else None
     return prepare(load_onnx(onnx, optimizer=optimizer, batch=batch, dims=dims), device=device, costs=table,
-                   max_nodes=max_nodes)
+                   max_nodes=max_nodes, dtype=dtype)
 
 
 def save_prepared(prepared: Prepared, output: Path, full: Path | None = None) -> None:
@@ -252,20 +292,25 @@ class Measured:
 def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, devices: str = "cpu",
                  cluster: str | None = None, batch: int | None = None, seq_len: int | None = None,
                  max_nodes: int | None = None, placer: str = DEFAULT_PLACER, order: str = DEFAULT_ORDER,
-                 seed: int = DEFAULT_SEED, save_plan: Path | None = None) -> tuple[Plan, Any, Any]:
-    """The plan `devplace run` runs, with its module and inputs: a saved plan file's zoo model rebuilt, or
-    zoo model `model` captured and placed on `cluster` (default: the `devices`, speeds measured)."""
+                 seed: int = DEFAULT_SEED, save_plan: Path | None = None, dtype: str | None = None,
+                 amp: bool = False) -> tuple[Plan, Any, Any]:
+    """The plan `devplace run` runs, with its module and inputs: a saved plan file's zoo (or custom) model
+    rebuilt, or model `model` (a zoo name or package.module:factory) captured in precision `dtype` / `amp` and
+    placed on `cluster` (default: the `devices`, speeds measured)."""
     if (model is None) == (plan_file is None):
-        raise DevplaceError("give either --model NAME (see `devplace zoo list`) or --plan FILE")
+        raise DevplaceError("give either --model NAME (see `devplace zoo list`, or package.module:factory) or "
+                            "--plan FILE")
     real = normalize_devices(devices)
     if plan_file is not None:
+        if dtype is not None or amp:
+            raise DevplaceError("--dtype/--amp are for --model: a plan file runs in the precision it was made in")
         p = load_plan(plan_file)
         module, inputs = rebuild_zoo_model(p)
         return p, module, inputs
     assert model is not None
     c = load_cluster(cluster) if cluster else local_cluster(real)
     p, module, inputs = zoo_plan(model, c, batch=batch, seq_len=seq_len, placer=placer, order=order,
-                                 max_nodes=max_nodes, seed=seed)
+                                 max_nodes=max_nodes, seed=seed, dtype=dtype, amp=amp)
     if save_plan is not None:
         p.save(save_plan)
     return p, module, inputs

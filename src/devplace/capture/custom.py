@@ -21,13 +21,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from devplace.capture.pipeline import Prepared, capture_zoo_model, prepare
+from devplace.capture.pipeline import Prepared, capture_zoo_model, precision_suffix, prepare
 from devplace.capture.torch_capture import capture
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 
 __all__ = ["CustomModelError", "build_custom_model", "build_named_model", "capture_named_model", "is_custom",
            "load_factory", "named_prepared"]
+
+# how a factory must look, for the messages about one that does not
+FACTORY_SHAPE = ("a factory is a function returning (module, example_inputs) or (module, example_inputs, loss_fn), "
+                 "module(*example_inputs) being the forward")
 
 Built = tuple[nn.Module, tuple[Any, ...], Callable[..., torch.Tensor] | None]
 
@@ -87,7 +91,11 @@ def build_custom_model(spec: str, batch: int | None = None, seq_len: int | None 
     kwargs = _sizes(factory, spec, batch, seq_len)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        out = factory(**kwargs)
+        try:
+            out = factory(**kwargs)
+        except Exception as exc:  # the user's code: its error, as one line that says whose it is
+            raise CustomModelError(f"custom model {spec!r}: the factory raised {type(exc).__name__}: {exc}; "
+                                   f"{FACTORY_SHAPE}") from exc
     if not isinstance(out, tuple | list) or len(out) not in (2, 3):
         raise CustomModelError(f"custom model {spec!r}: the factory must return (module, example_inputs) or "
                                f"(module, example_inputs, loss_fn), got {type(out).__name__}"
@@ -96,14 +104,14 @@ def build_custom_model(spec: str, batch: int | None = None, seq_len: int | None 
     loss_fn = out[2] if len(out) == 3 else None
     if not isinstance(module, nn.Module):
         raise CustomModelError(f"custom model {spec!r}: the first item the factory returns must be a "
-                               f"torch.nn.Module, got {type(module).__name__}")
+                               f"torch.nn.Module, got {type(module).__name__}; {FACTORY_SHAPE}")
     if isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
     elif isinstance(inputs, list):
         inputs = tuple(inputs)
     if not isinstance(inputs, tuple) or not inputs:
         raise CustomModelError(f"custom model {spec!r}: example_inputs must be a tensor or a non-empty tuple of "
-                               f"the module's positional arguments, got {type(out[1]).__name__}")
+                               f"the module's positional arguments, got {type(out[1]).__name__}; {FACTORY_SHAPE}")
     if loss_fn is not None and not callable(loss_fn):
         raise CustomModelError(f"custom model {spec!r}: loss_fn must be callable (output -> scalar loss) or None, "
                                f"got {type(loss_fn).__name__}")
@@ -121,18 +129,21 @@ def build_named_model(name: str, batch: int | None = None, seq_len: int | None =
 
 
 def capture_named_model(name: str, *, batch: int | None = None, seq_len: int | None = None,
-                        optimizer: str = "adam", seed: int = 0) -> CompGraph:
-    """The captured training step of a zoo model or a custom one (see `capture_zoo_model`)."""
+                        optimizer: str = "adam", seed: int = 0, dtype: str | None = None,
+                        amp: bool = False) -> CompGraph:
+    """The captured training step of a zoo model or a custom one (see `capture_zoo_model`), in precision
+    `dtype` / `amp` (as `devplace.capture.capture`)."""
     if not is_custom(name):
-        return capture_zoo_model(name, batch=batch, seq_len=seq_len, optimizer=optimizer)
+        return capture_zoo_model(name, batch=batch, seq_len=seq_len, optimizer=optimizer, dtype=dtype, amp=amp)
     module, inputs, loss_fn = build_custom_model(name, batch, seq_len, seed=seed)
     label = name.rpartition(":")[2] + (f"-b{batch}" if batch is not None else "") + (
-        f"-s{seq_len}" if seq_len is not None else "")
-    return capture(module, inputs, loss_fn=loss_fn, optimizer=optimizer, name=label)
+        f"-s{seq_len}" if seq_len is not None else "") + precision_suffix(dtype, amp)
+    return capture(module, inputs, loss_fn=loss_fn, optimizer=optimizer, name=label, dtype=dtype, amp=amp)
 
 
 def named_prepared(name: str, *, batch: int | None = None, seq_len: int | None = None, optimizer: str = "adam",
-                   seed: int = 0, **options: Any) -> Prepared:
+                   seed: int = 0, dtype: str | None = None, amp: bool = False, **options: Any) -> Prepared:
     """`capture_named_model` then `prepare` (device, costs, max_nodes as `capture.pipeline.prepare`)."""
-    graph = capture_named_model(name, batch=batch, seq_len=seq_len, optimizer=optimizer, seed=seed)
+    graph = capture_named_model(name, batch=batch, seq_len=seq_len, optimizer=optimizer, seed=seed, dtype=dtype,
+                                amp=amp)
     return prepare(graph, **options)

@@ -73,9 +73,13 @@ def capture_zoo_model(name: str, *, batch: int | None = None, seq_len: int | Non
         module, inputs, loss_fn = build_model(name, batch, seq_len)
     b = spec.batch if batch is None else batch
     s = spec.seq_len if seq_len is None else seq_len
-    label = f"{name}-b{b}" + (f"-s{s}" if s else "") + (f"-{dtype}" if dtype and not amp else "") \
-        + (f"-amp-{dtype or 'bf16'}" if amp else "")
+    label = f"{name}-b{b}" + (f"-s{s}" if s else "") + precision_suffix(dtype, amp)
     return capture(module, inputs, loss_fn=loss_fn, optimizer=optimizer, name=label, dtype=dtype, amp=amp)
+
+
+def precision_suffix(dtype: str | None, amp: bool) -> str:
+    """What a captured graph's name says about its precision: "-bf16", "-amp-bf16", or nothing (the model's own)."""
+    return f"-amp-{dtype or 'bf16'}" if amp else (f"-{dtype}" if dtype else "")
 
 
 def zoo_graph(name: str, **options: Any) -> CompGraph:

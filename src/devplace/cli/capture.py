@@ -11,7 +11,9 @@ from rich.table import Table
 
 from devplace import app
 from devplace.cli.common import (
+    AmpOpt,
     BatchOpt,
+    DtypeOpt,
     JsonOpt,
     MaxNodesOpt,
     ModelOpt,
@@ -25,6 +27,7 @@ from devplace.cli.common import (
 )
 from devplace.errors import DevplaceError
 from devplace.graph.info import graph_info
+from devplace.planning import precision_text
 from devplace.units import fmt_time
 
 zoo_app = typer.Typer(no_args_is_help=True, help="Named models and the seed study's graph families.")
@@ -79,20 +82,24 @@ def capture_cmd(
     costs: Annotated[Path | None, typer.Option("--costs", help="cost table from `devplace profile`")] = None,
     device_kind: Annotated[str, typer.Option("--device-kind", help=DEVICE_KIND_HELP)] = "V100",
     full: Annotated[Path | None, typer.Option("--full", help="also write the uncoarsened graph here")] = None,
+    dtype: DtypeOpt = None,
+    amp: AmpOpt = False,
 ) -> None:
     """Capture a training step (forward + backward + optimizer) and write its costed, colocated graph.
 
     The written graph's nodes are colocation groups (coarsened to --max-nodes if given); its meta holds the
-    members of every group. Op times: the analytic roofline for --device-kind, or a --costs table.
+    members of every group and the precision (--dtype, --amp). Op times: the analytic roofline for
+    --device-kind at each op's precision, or a --costs table.
     """
     tasks = app.torch_tasks()
     with busy("capturing", False):
         prepared = tasks.capture_graph(model=model, onnx=onnx, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
-                                       optimizer=optimizer, costs=costs, device_kind=device_kind)
+                                       optimizer=optimizer, costs=costs, device_kind=device_kind, dtype=dtype,
+                                       amp=amp)
     tasks.save_prepared(prepared, output, full)
     console.print(prepared.report.format())
-    say(f"{prepared.full.name}: {prepared.full.num_nodes} ops -> {prepared.graph.num_nodes} groups; "
-        f"wrote {output}" + (f" and {full}" if full else ""))
+    say(f"{prepared.full.name}: {prepared.full.num_nodes} ops -> {prepared.graph.num_nodes} groups"
+        f"{precision_text(prepared.full)}; wrote {output}" + (f" and {full}" if full else ""))
 
 
 def profile_cmd(

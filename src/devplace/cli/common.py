@@ -24,7 +24,14 @@ console = Console()
 GraphArg = Annotated[Path, typer.Argument(help="graph file (devplace.graph/1 JSON), or `example` for the bundled one")]
 ClusterArg = Annotated[str, typer.Argument(help="cluster preset name (see `devplace clusters`) or cluster JSON file")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object instead of tables")]
-ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="zoo model to capture (see `devplace zoo list`)")]
+ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="zoo model to capture (see `devplace zoo list`), "
+                                              "or a custom one: package.module:factory, a function returning "
+                                              "(module, example_inputs[, loss_fn])")]
+DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="training precision of the captured step: fp32, bf16 "
+                                              "or fp16 (parameters, buffers and inputs cast to it; default: the "
+                                              "model's own); with --amp, the autocast dtype (default bf16)")]
+AmpOpt = Annotated[bool, typer.Option("--amp", help="capture under torch.autocast (mixed precision: forward and loss "
+                                      "in --dtype, parameters as they are)")]
 BatchOpt = Annotated[int | None, typer.Option(help="batch size (default: the model's)")]
 SeqOpt = Annotated[int | None, typer.Option("--seq-len", help="sequence length (default: the model's)")]
 MaxNodesOpt = Annotated[int | None, typer.Option("--max-nodes", help="coarsen to at most this many groups")]

@@ -13,8 +13,10 @@ from rich.table import Table
 from devplace import app
 from devplace.cli.common import (
     SIM_MODEL_HELP,
+    AmpOpt,
     BatchOpt,
     ClusterArg,
+    DtypeOpt,
     GraphArg,
     JsonOpt,
     MaxNodesOpt,
@@ -143,13 +145,19 @@ def place_cmd(
     trace: TraceOpt = None,
     plot: PlotOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar while placing")] = False,
+    dtype: DtypeOpt = None,
+    amp: AmpOpt = False,
+    module_map: Annotated[Path | None, typer.Option("--map", help="place by this hand-made module map instead of a "
+                                                    "placer: a JSON device_map (module -> device), a list of "
+                                                    "split points, or a `devplace export` file")] = None,
 ) -> None:
-    """Place GRAPH (or a zoo --model, captured on the fly) on a cluster and print the predicted step time and
-    memory per device.
+    """Place GRAPH (or a zoo or custom --model, captured on the fly) on a cluster and print the predicted step
+    time and memory per device, with the best single device and the even split as baselines.
 
     GRAPH `example` is the bundled 16-layer MLP training step (too big for one 16 GB GPU). With --model, the
-    training step is captured, costed for the cluster's first device, colocated (and coarsened to
-    --max-nodes); the placement of the groups is expanded to every op, and the table reports that full graph.
+    training step is captured (in --dtype / --amp), costed for the cluster's first device, colocated (and
+    coarsened to --max-nodes); the placement of the groups is expanded to every op, and the table reports that
+    full graph. With --map, the captured graph is placed by the map, as autograd runs it.
     """
     require_cluster(cluster)
     c = load_cluster(cluster)
@@ -160,22 +168,41 @@ def place_cmd(
                 raise DevplaceError(f"--{key} and --set {key}=... both given; keep one")
             settings[key] = value if key == "episodes" else str(value)
     if (graph is None) == (model is None):
-        raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`)")
+        raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`, or "
+                            "package.module:factory)")
+    if graph is not None and (dtype is not None or amp):
+        raise DevplaceError("--dtype/--amp are for --model (captured here); a GRAPH file was captured (and costed) "
+                            "already: capture it with `devplace capture --dtype/--amp`")
+    if module_map is not None:
+        placer_flags = [flag for flag, given in (
+            ("--placer", placer != DEFAULT_PLACER), ("--order", order != DEFAULT_ORDER), ("--try", try_k is not None),
+            ("--try-with", try_with is not None), ("--set/--episodes/--policy/--log", bool(settings))) if given]
+        if placer_flags:
+            raise DevplaceError(f"--map places by the map, not by a placer; drop {', '.join(placer_flags)}")
     placing: dict[str, Any] = dict(placer=placer, order=order, seed=seed, settings=settings, try_orders=try_k,
                                    try_with=try_with, output=output, trace=trace, plot=plot)
+    files = dict(output=output, trace=trace, plot=plot)
     quiet = quiet or as_json
     if model is not None:
-        app.check_outputs(output=output, trace=trace, plot=plot)  # before the capture, not only before placing
+        app.check_outputs(**files)  # before the capture, not only before placing
         with busy(f"capturing the training step of {model}", quiet):
             prepared = app.torch_tasks().prepare_model(model, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
-                                                       optimizer=optimizer, device=c.devices[0])
-        with progress_bar(f"{prepared.graph.name} with {placer}", quiet) as progress:
-            placed = app.torch_tasks().place_prepared(prepared, c, progress=progress, **placing)
+                                                       optimizer=optimizer, device=c.devices[0], dtype=dtype, amp=amp)
+        if module_map is not None:
+            tensors = app.torch_tasks().model_tensor_names(model, batch=batch, seq_len=seq_len)
+            placed = app.torch_tasks().place_by_map(prepared.full, c, module_map, coarsening=prepared.coarsening,
+                                                    tensors=tensors, **files)
+        else:
+            with progress_bar(f"{prepared.graph.name} with {placer}", quiet) as progress:
+                placed = app.torch_tasks().place_prepared(prepared, c, progress=progress, **placing)
     else:
         assert graph is not None
         g = app.load_graph_arg(graph)
-        with progress_bar(f"{g.name} with {placer}", quiet) as progress:
-            placed = app.plan_graph(g, c, progress=progress, **placing)
+        if module_map is not None:
+            placed = app.torch_tasks().place_by_map(g, c, module_map, **files)
+        else:
+            with progress_bar(f"{g.name} with {placer}", quiet) as progress:
+                placed = app.plan_graph(g, c, progress=progress, **placing)
     if as_json:
         print_json(placed.to_dict())
     else:

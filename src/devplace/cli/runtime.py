@@ -11,7 +11,9 @@ from rich.console import Console
 
 from devplace import app
 from devplace.cli.common import (
+    AmpOpt,
     BatchOpt,
+    DtypeOpt,
     JsonOpt,
     MaxNodesOpt,
     ModelOpt,
@@ -44,18 +46,22 @@ def run_cmd(
         "devplace-runs.jsonl"),
     save_plan: Annotated[Path | None, typer.Option("--save-plan", help="write the plan made for --model here")] = None,
     as_json: JsonOpt = False,
+    dtype: DtypeOpt = None,
+    amp: AmpOpt = False,
 ) -> None:
-    """Run real training steps of a placed zoo model and compare measured with simulated step time and memory.
+    """Run real training steps of a placed zoo or custom model and compare measured with simulated step time
+    and memory.
 
-    With --model the step is captured and placed on --cluster (default: a cluster of the --devices, speeds
-    measured on this machine); with --plan a saved plan is used. Logical device i runs on the i-th of --devices
+    With --model the step is captured (in --dtype / --amp) and placed on --cluster (default: a cluster of the
+    --devices, speeds measured on this machine); with --plan a saved plan is used. Steps run in the plan's
+    precision. Logical device i runs on the i-th of --devices
     (a real device may repeat). Steps are timed with CUDA events where a GPU is used, wall clock otherwise.
     """
     tasks = app.torch_tasks()
     with busy(f"capturing and placing {model}", as_json or model is None):
         p, module, inputs = tasks.plan_for_run(model=model, plan_file=plan_file, devices=devices, cluster=cluster,
                                                batch=batch, seq_len=seq_len, max_nodes=max_nodes, placer=placer,
-                                               order=order, seed=seed, save_plan=save_plan)
+                                               order=order, seed=seed, save_plan=save_plan, dtype=dtype, amp=amp)
     with busy(f"running {steps} timed steps on {devices}", as_json):
         measured = tasks.run_model(p, module, inputs, devices, steps=steps, warmup=warmup, record=record)
     if as_json:

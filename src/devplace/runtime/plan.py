@@ -20,7 +20,16 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.jsonio import read_json, write_json
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster, load_cluster
-from devplace.planning import AsRun, as_run, place_graph, render_text
+from devplace.planning import (
+    AsRun,
+    Baseline,
+    as_run,
+    baselines,
+    baselines_line,
+    place_graph,
+    precision_text,
+    render_text,
+)
 from devplace.sim import SimResult, lower_bound, simulate
 from devplace.sim.summary import result_view
 from devplace.units import fmt_time
@@ -37,8 +46,8 @@ class Plan:
 
     `graph` is the captured, costed graph (every op); `placement` places each of its ops; `result` is the
     `devplace`-model simulation of that placement; `settings` records how it was made (placer, order, seed,
-    optimizer, max_nodes, model source). `coarse` (the coarsening the placer saw) and `example_inputs` are
-    kept in memory only.
+    optimizer, max_nodes, precision, model source). `coarse` (the coarsening the placer saw), `example_inputs`
+    and `loss_fn` are kept in memory only.
     """
 
     graph: CompGraph
@@ -48,7 +57,9 @@ class Plan:
     settings: dict[str, Any] = field(default_factory=dict)
     coarse: Coarsening | None = None
     example_inputs: Any = None
+    loss_fn: Callable[[Any], torch.Tensor] | None = None
     _runtime: AsRun | None = field(default=None, repr=False)
+    _baselines: tuple[Baseline, Baseline] | None = field(default=None, repr=False)
 
     @property
     def as_run(self) -> AsRun:
@@ -69,6 +80,13 @@ class Plan:
         return self.as_run.result
 
     @property
+    def baselines(self) -> tuple[Baseline, Baseline]:
+        """The best single device and the even split of this graph (`devplace.planning.baselines`)."""
+        if self._baselines is None:
+            self._baselines = baselines(self.graph, self.cluster)
+        return self._baselines
+
+    @property
     def num_devices_used(self) -> int:
         """How many logical devices (0..n-1) the placement needs."""
         return max(self.placement.assignment.values(), default=0) + 1
@@ -80,10 +98,12 @@ class Plan:
         moved = self.as_run.moved
         line = Text(f"placer {s.get('placer')}, order {s.get('order')}, seed {s.get('seed')}"
                     + (f"; {self.coarse.num_groups} groups of {self.graph.num_nodes} ops" if self.coarse else "")
+                    + precision_text(self.graph)
                     + (f"; as run by devplace.runtime ({moved} backward/optimizer ops follow their forward op): "
                        f"step time {fmt_time(rt.step_time_s)}, {'feasible' if rt.feasible else 'INFEASIBLE'}"
                        if moved else "; devplace.runtime runs this placement as simulated"))
-        view = Group(result_view(self.graph, self.cluster, self.result, lower_bound(self.graph, self.cluster)), line)
+        view = Group(result_view(self.graph, self.cluster, self.result, lower_bound(self.graph, self.cluster)), line,
+                     baselines_line(self.cluster, self.baselines, rt.step_time_s))
         return render_text(view) if text else view
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,24 +138,28 @@ def plan_from_prepared(prepared: Any, cluster: Cluster, *, placer: str = DEFAULT
 
 def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, placer: str = DEFAULT_PLACER,
          order: str = DEFAULT_ORDER, optimizer: str = "adam", max_nodes: int | None = None, seed: int = DEFAULT_SEED,
-         loss_fn: Callable[[Any], torch.Tensor] | None = None, **placer_settings: Any) -> Plan:
+         loss_fn: Callable[[Any], torch.Tensor] | None = None, dtype: str | None = None, amp: bool = False,
+         **placer_settings: Any) -> Plan:
     """Capture `model`'s training step on `example_inputs`, cost it for the cluster's first device, coarsen it
     (to `max_nodes` groups if given), place it with `placer` walking `order`, and simulate the placement.
 
     `cluster` is a `Cluster`, a preset name or a cluster JSON file. `order` is any order `devplace.place`
-    accepts (when `"auto"` lands there, it works here unchanged). `loss_fn` and `optimizer` as for
-    `devplace.capture.capture`. Extra keyword arguments are placer settings.
+    accepts (when `"auto"` lands there, it works here unchanged). `loss_fn`, `optimizer` and the precision
+    (`dtype` "fp32"/"bf16"/"fp16", `amp` for autocast) as for `devplace.capture.capture`; the plan records the
+    precision, and `devplace.runtime.run.measure_plan` runs the steps in it. Extra keyword arguments are
+    placer settings.
     """
     from devplace.capture.pipeline import prepare
     from devplace.capture.torch_capture import capture
 
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
-    graph = capture(model, example_inputs, loss_fn=loss_fn, optimizer=optimizer)
+    graph = capture(model, example_inputs, loss_fn=loss_fn, optimizer=optimizer, dtype=dtype, amp=amp)
     prepared = prepare(graph, device=c.devices[0], max_nodes=max_nodes)
     p = plan_from_prepared(prepared, c, placer=placer, order=order, seed=seed,
-                           settings={"optimizer": optimizer, "max_nodes": max_nodes},
+                           settings={"optimizer": optimizer, "max_nodes": max_nodes, "dtype": dtype, "amp": amp},
                            source={"module": type(model).__name__}, **placer_settings)
     p.example_inputs = example_inputs
+    p.loss_fn = loss_fn
     return p
 
 
@@ -162,32 +186,39 @@ def load_plan(path: str | Path) -> Plan:
 
 def zoo_plan(name: str, cluster: Cluster | str, *, batch: int | None = None, seq_len: int | None = None,
              placer: str = DEFAULT_PLACER, order: str = DEFAULT_ORDER, optimizer: str = "adam",
-             max_nodes: int | None = None, seed: int = DEFAULT_SEED, **placer_settings: Any,
-             ) -> tuple[Plan, nn.Module, tuple[torch.Tensor, ...]]:
-    """Build zoo model `name` for real (seeded, on the CPU) and plan it; returns (plan, module, inputs).
+             max_nodes: int | None = None, seed: int = DEFAULT_SEED, dtype: str | None = None, amp: bool = False,
+             **placer_settings: Any) -> tuple[Plan, nn.Module, tuple[torch.Tensor, ...]]:
+    """Build zoo model `name`, or a custom `package.module:factory` one (`devplace.capture.custom`), for real
+    (seeded, on the CPU) and plan it in precision `dtype` / `amp`; returns (plan, module, inputs).
 
-    The plan records the zoo name, batch and sequence length, so `rebuild_zoo_model(plan)` makes the same
+    The plan records the model's name, batch and sequence length, so `rebuild_zoo_model(plan)` makes the same
     module and inputs again (what `devplace run --plan` does)."""
-    from devplace.zoo.models import build_model, get_spec
+    from devplace.capture.custom import build_named_model, is_custom
+    from devplace.zoo.models import get_spec
 
-    spec = get_spec(name)
-    module, inputs, loss_fn = build_model(name, batch, seq_len, seed=seed)
+    module, inputs, loss_fn = build_named_model(name, batch, seq_len, seed=seed)
     p = plan(module, inputs, cluster, placer=placer, order=order, optimizer=optimizer, max_nodes=max_nodes,
-             seed=seed, loss_fn=loss_fn, **placer_settings)
-    p.settings["source"] = {"zoo": name, "batch": spec.batch if batch is None else batch,
-                            "seq_len": spec.seq_len if seq_len is None else seq_len, "build_seed": seed}
+             seed=seed, loss_fn=loss_fn, dtype=dtype, amp=amp, **placer_settings)
+    if is_custom(name):
+        p.settings["source"] = {"custom": name, "batch": batch, "seq_len": seq_len, "build_seed": seed}
+    else:
+        spec = get_spec(name)
+        p.settings["source"] = {"zoo": name, "batch": spec.batch if batch is None else batch,
+                                "seq_len": spec.seq_len if seq_len is None else seq_len, "build_seed": seed}
     return p, module, inputs
 
 
 def rebuild_zoo_model(p: Plan) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """The zoo module and inputs a plan made by `zoo_plan` was made for; an error for other plans."""
+    """The zoo (or custom `package.module:factory`) module and inputs a plan made by `zoo_plan` was made for
+    (and `p.loss_fn` set to the factory's loss); an error for other plans."""
+    from devplace.capture.custom import build_named_model
     from devplace.errors import DevplaceError
-    from devplace.zoo.models import build_model
 
     src = p.settings.get("source") or {}
-    if not isinstance(src, Mapping) or "zoo" not in src:
+    name = src.get("zoo", src.get("custom")) if isinstance(src, Mapping) else None
+    if not isinstance(name, str):
         raise DevplaceError("this plan was made from a Python module, not a zoo model, so the command line cannot "
                             "rebuild it; in Python, use plan.apply(model, devices) and devplace.runtime.run_steps")
-    module, inputs, _ = build_model(str(src["zoo"]), src.get("batch"), src.get("seq_len"),
-                                    seed=int(src.get("build_seed", 0)))
+    module, inputs, p.loss_fn = build_named_model(name, src.get("batch"), src.get("seq_len"),
+                                                  seed=int(src.get("build_seed", 0)))
     return module, inputs

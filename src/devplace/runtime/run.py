@@ -12,11 +12,13 @@ Every run can append one calibration record (JSON lines, `"format": "devplace.ru
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,8 +28,8 @@ from torch import nn
 
 from devplace.errors import DevplaceError
 
-__all__ = ["RUN_FORMAT", "RunResult", "append_record", "local_cluster", "measure_plan", "run_record",
-           "run_steps"]
+__all__ = ["RUN_FORMAT", "PrecisionError", "RunResult", "append_record", "local_cluster", "measure_plan",
+           "plan_precision", "run_record", "run_steps"]
 
 RUN_FORMAT = "devplace.run/1"
 
@@ -67,12 +69,19 @@ def _make_optimizer(name: str, params: list[torch.Tensor]) -> torch.optim.Optimi
     raise DevplaceError(f"unknown optimizer {name!r}; use adam, sgd or none (as for the capture)")
 
 
+def _autocast(dtype: torch.dtype | None) -> Any:
+    # the CPU's autocast, as the capture records it (its fake tensors live on the CPU); a placed module's trace,
+    # taken under it, carries the casts as ops, so they run on whatever device each op is placed on
+    return torch.autocast("cpu", dtype=dtype) if dtype is not None else nullcontext()
+
+
 def run_steps(module: nn.Module, inputs: Any, *, steps: int = 5, warmup: int = 2, optimizer: str = "adam",
               loss_fn: Callable[[Any], torch.Tensor] | None = None,
-              devices: Sequence[torch.device] | None = None) -> RunResult:
+              devices: Sequence[torch.device] | None = None, autocast: torch.dtype | None = None) -> RunResult:
     """Run `warmup` + `steps` training steps (forward, loss, backward, optimizer step, zero_grad) of `module`
     on `inputs` and time the last `steps`. `devices`: the real devices in use (default: those of the
-    module's parameters), to synchronise and to read peak memory from."""
+    module's parameters), to synchronise and to read peak memory from. `autocast`: run the forward and the
+    loss under `torch.autocast` to this dtype, as `capture(amp=True)` records them."""
     if steps < 1 or warmup < 0:
         raise DevplaceError(f"need --steps >= 1 and warm-up >= 0, got steps={steps}, warmup={warmup}")
     from devplace.capture.torch_capture import default_loss
@@ -85,9 +94,10 @@ def run_steps(module: nn.Module, inputs: Any, *, steps: int = 5, warmup: int = 2
     cuda = [d for d in devs if d.type == "cuda"]
 
     def step() -> float:
-        loss = loss_of(module(*args, **kwargs))
-        if loss.numel() != 1:
-            loss = loss.sum()
+        with _autocast(autocast):
+            loss = loss_of(module(*args, **kwargs))
+            if loss.numel() != 1:
+                loss = loss.sum()
         loss.backward()
         if opt is not None:
             opt.step()
@@ -168,24 +178,85 @@ def local_cluster(devices: Sequence[torch.device | str], specs: Mapping[torch.de
     for i, d in enumerate(real):
         if d not in measured:
             measured[d] = local_cpu_device() if d.type == "cpu" else local_cuda_device(d.index or 0)
-        m = measured[d]
-        devs.append(type(m)(name=f"{d}#{i}", memory_bytes=m.memory_bytes, speed=m.speed, peak_flops=m.peak_flops,
-                            mem_bandwidth_Bps=m.mem_bandwidth_Bps, kind=m.kind))
+        devs.append(dataclasses.replace(measured[d], name=f"{d}#{i}"))  # every figure kept, per-precision peaks too
     links = {(a, b): Link(devs[a].mem_bandwidth_Bps or LOCAL_LINK_BPS, 0.0)
              for a in range(len(real)) for b in range(len(real)) if a != b and real[a] == real[b]}
     return Cluster(f"local:{','.join(map(str, real))}", tuple(devs), Link(LOCAL_LINK_BPS, LOCAL_LINK_LATENCY_S),
                    links, meta={"description": "this machine's devices, speeds measured, links assumed"})
 
 
+class PrecisionError(DevplaceError):
+    """A module that cannot run in the precision its plan was captured in."""
+
+
+def _float_dtype(module: nn.Module) -> str | None:
+    """The floating-point dtype holding most of `module`'s parameter bytes, named as capture meta names it."""
+    size: dict[str, int] = {}
+    for t in module.parameters():
+        if t.is_floating_point():
+            name = str(t.dtype).removeprefix("torch.")
+            size[name] = size.get(name, 0) + t.numel() * t.element_size()
+    return max(size, key=lambda k: size[k]) if size else None
+
+
+def _cast_inputs(inputs: Any, dtype: torch.dtype) -> Any:
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to(dtype) if inputs.is_floating_point() else inputs
+    if isinstance(inputs, Mapping):
+        return {k: _cast_inputs(v, dtype) for k, v in inputs.items()}
+    if isinstance(inputs, tuple | list):
+        return type(inputs)(_cast_inputs(v, dtype) for v in inputs)
+    return inputs
+
+
+def plan_precision(p: Any, module: nn.Module, inputs: Any) -> tuple[Any, torch.dtype | None]:
+    """(inputs, autocast dtype) to run plan `p`'s steps of `module` in the precision it was captured in.
+
+    A plan made with `dtype=` (without `amp`) casts `module` in place and the floating-point `inputs`, as the
+    capture did; with `amp` the steps run under autocast to the dtype the capture recorded. Raises
+    PrecisionError when the module's parameters are in another dtype than the captured ones (e.g. an fp32
+    module for a plan captured from a bf16 one) or the plan needs fp32 master weights (amp with bf16/fp16
+    parameters), which `run_steps` does not keep."""
+    from devplace.capture.torch_capture import DTYPES
+
+    s = p.settings
+    dtype, amp = s.get("dtype"), bool(s.get("amp", False))
+    if dtype is not None and dtype not in DTYPES:
+        raise PrecisionError(f"the plan's dtype {dtype!r} is none of {', '.join(DTYPES)}; is the plan file edited?")
+    if dtype is not None and not amp:
+        module.to(DTYPES[dtype])
+        inputs = _cast_inputs(inputs, DTYPES[dtype])
+    cap = p.graph.meta.get("capture") if isinstance(p.graph.meta, Mapping) else None
+    if not isinstance(cap, Mapping):
+        return inputs, DTYPES[dtype or "bf16"] if amp else None
+    want, have = cap.get("dtype"), _float_dtype(module)
+    if want is not None and have is not None and want != have:
+        raise PrecisionError(f"plan {p.graph.name!r} was captured with {want} parameters but this module's are "
+                             f"{have}; run it in the plan's precision (module.to(torch.{want})) or plan this "
+                             "module as it is")
+    if cap.get("master_weight_bytes"):
+        raise PrecisionError(f"plan {p.graph.name!r} trains {want} parameters under amp with fp32 master weights, "
+                             "which devplace.runtime does not keep; plan fp32 parameters with amp, or the "
+                             f"{want} model without amp")
+    auto = cap.get("amp")  # the autocast dtype's torch name ("bfloat16"), or None
+    autocast = getattr(torch, str(auto), None) if auto else None
+    if auto and not isinstance(autocast, torch.dtype):
+        raise PrecisionError(f"plan {p.graph.name!r} records autocast to {auto!r}, which is no torch dtype")
+    return inputs, autocast
+
+
 def measure_plan(p: Any, module: nn.Module, inputs: Any, devices: Sequence[str | torch.device] | str, *,
                  steps: int = 5, warmup: int = 2, loss_fn: Callable[[Any], torch.Tensor] | None = None,
                  ) -> tuple[Any, RunResult, dict[str, Any]]:
-    """Apply plan `p` to `module` on `devices`, run and time training steps, and build the calibration record,
-    whose simulated figures are those of `p.runtime_placement` (the placement as it runs).
+    """Apply plan `p` to `module` on `devices`, run and time training steps in the plan's precision
+    (`plan_precision`; the loss: `loss_fn`, else the plan's own), and build the calibration record, whose
+    simulated figures are those of `p.runtime_placement` (the placement as it runs).
     Returns (placed module, measurement, record)."""
-    placed = p.apply(module, devices, example_inputs=inputs)
+    inputs, autocast = plan_precision(p, module, inputs)
+    with _autocast(autocast):  # the trace apply takes must see the casts the capture saw
+        placed = p.apply(module, devices, example_inputs=inputs)
     run = run_steps(placed, inputs, steps=steps, warmup=warmup, optimizer=str(p.settings.get("optimizer", "adam")),
-                    loss_fn=loss_fn, devices=placed.devices)
+                    loss_fn=loss_fn or getattr(p, "loss_fn", None), devices=placed.devices, autocast=autocast)
     s = p.settings
     rec = run_record(run, graph=p.graph.name, cluster=p.cluster, devices=placed.devices,
                      simulated_step_s=p.runtime_result.step_time_s,

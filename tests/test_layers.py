@@ -140,10 +140,12 @@ def test_cli_has_no_function_local_imports() -> None:
     assert not local, f"function-local imports in cli/ (import at module level; torch via app.torch_tasks()): {local}"
 
 
-def test_help_does_not_load_torch() -> None:
-    code = ("import sys\nsys.argv = ['devplace', '--help']\nimport devplace.cli\n"
+@pytest.mark.parametrize(("args", "shows"), [(["--help"], "Device placement"),
+                                             (["bound", "example", "4xV100-16GB"], "lower bound")])
+def test_help_and_graph_only_commands_do_not_load_torch(args: list[str], shows: str) -> None:
+    code = (f"import sys\nsys.argv = ['devplace', *{args!r}]\nimport devplace.cli\n"
             "try:\n    devplace.cli.main()\nexcept SystemExit:\n    pass\n"
             "sys.exit(3 if 'torch' in sys.modules else 0)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr or "devplace --help imported torch"
-    assert "Device placement" in done.stdout
+    assert done.returncode == 0, done.stderr or f"devplace {' '.join(args)} imported torch"
+    assert shows in done.stdout

@@ -25,6 +25,7 @@ from devplace.graph.placement import Placement
 from devplace.graph.ties import fold, tie_classes, untied, violations
 from devplace.hardware.cluster import Cluster
 from devplace.orders import Order, check_order, order_label, traversal_indices
+from devplace.orders.auto import candidate_orders, recommend_order
 from devplace.placers.memory import NoFitError, no_fit_error
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.result import SimResult
@@ -179,13 +180,15 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     every rerun, with `devplace.sim.simulate(..., schedule=)`: meta["step_time_s"] is then the pipelined step
     and meta["schedule"] the schedule (`Schedule.to_dict()`; `schedule_of(placement)` reads it back).
 
-    `order="auto"` picks the order from the graph's features with the shipped recommendation model
-    (`devplace.orders.auto`); with `try_orders=K` it instead runs the placer with each of the model's K most
-    promising orders and keeps the placement with the smallest simulated step time (K times the placement
-    time); with `try_with=CHEAP` as well, the K orders are tried with the placer CHEAP (at its default
-    settings) and `placer` runs once, with the order that did best there: for expensive placers (placeto,
-    seq2seq), at the risk that the cheap placer's best order is not theirs. The Placement's
-    meta["order_auto"] records the chosen order and why.
+    `order="auto"`: a placer registered `cheap` (`PlacerSpec.cheap`: list schedulers, greedy, contiguous...)
+    is placed under every candidate order (`devplace.orders.auto.candidate_orders`: all but `random`, the
+    model's ranking first) and the smallest simulated step time is kept; any other placer takes the order the
+    shipped recommendation model picks from the graph's features (`devplace.orders.auto`). With
+    `try_orders=K` any placer instead runs with each of the model's K most promising orders and keeps the
+    placement with the smallest simulated step time (K times the placement time); with `try_with=CHEAP` as
+    well, the K orders are tried with the placer CHEAP (at its default settings) and `placer` runs once, with
+    the order that did best there: for expensive placers (placeto, seq2seq), at the risk that the cheap
+    placer's best order is not theirs. The Placement's meta["order_auto"] records the chosen order and why.
     """
     spec = get_placer(placer)
     order = check_order(order, allow_auto=True)
@@ -325,8 +328,6 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
     - else, a placer registered `cheap` that walks an order: every candidate order (`candidate_orders`);
     - else (an expensive placer, or one that ignores the order): the model's rule alone, one run.
     The best is the smallest simulated step time; ties keep the model's higher-ranked order."""
-    from devplace.orders.auto import candidate_orders, recommend_order
-
     if try_orders is not None and (isinstance(try_orders, bool) or not isinstance(try_orders, int)
                                    or try_orders < 1):
         raise PlacerError(f"try_orders (--try) must be an integer >= 1, got {try_orders!r}")

@@ -1,5 +1,6 @@
 """The layer table of DEVELOPERS.md, checked on the source: no module imports a layer it may not, `cli/` has no
-function-local imports, and `devplace --help` does not load torch."""
+function-local imports, and `devplace --help`, the graph-only commands and placing with a classic placer do not
+load torch."""
 
 from __future__ import annotations
 
@@ -141,8 +142,11 @@ def test_cli_has_no_function_local_imports() -> None:
 
 
 @pytest.mark.parametrize(("args", "shows"), [(["--help"], "Device placement"),
-                                             (["bound", "example", "4xV100-16GB"], "lower bound")])
-def test_help_and_graph_only_commands_do_not_load_torch(args: list[str], shows: str) -> None:
+                                             (["bound", "example", "4xV100-16GB"], "lower bound"),
+                                             (["place", "example", "-c", "4xV100-16GB", "-q"], "order auto")])
+def test_help_graph_commands_and_classic_placers_do_not_load_torch(args: list[str], shows: str) -> None:
+    """torch is loaded only by what needs it: capture, the learned placers, studies (`app.torch_tasks()`, and
+    `get_placer` importing a classic placer's own module first)."""
     code = (f"import sys\nsys.argv = ['devplace', *{args!r}]\nimport devplace.cli\n"
             "try:\n    devplace.cli.main()\nexcept SystemExit:\n    pass\n"
             "sys.exit(3 if 'torch' in sys.modules else 0)\n")

@@ -9,7 +9,7 @@ import typer
 
 from devplace import app
 from devplace.cli.common import SIM_MODEL_HELP, SeedOpt, busy, require_cluster, rounds_bar, say
-from devplace.defaults import DEFAULT_SEED, ENCODER_ALIASES, ENCODERS, LEARNED_PLACER
+from devplace.defaults import CANONICAL_ORDER, DEFAULT_SEED, ENCODER_ALIASES, ENCODERS, LEARNED_PLACER
 from devplace.hardware.cluster import load_cluster
 from devplace.units import fmt_time
 
@@ -29,7 +29,7 @@ def train_cmd(
     indices: Annotated[str, typer.Option("--graphs", help="family graph indices, e.g. 0-23 or 0,3,5-7")] = "0-23",
     max_nodes: Annotated[int, typer.Option("--max-nodes", help="coarsen family graphs to this many groups")] = 300,
     order: Annotated[str | None, typer.Option(help="traversal order of the episodes (see `devplace orders`; "
-                                                   "default: the trainer's, topo)")] = None,
+                                                   f"default: {CANONICAL_ORDER})")] = None,
     episodes: Annotated[int | None, typer.Option(help=f"rounds: one sampling episode per graph each{PLACER_DEFAULT}")
                         ] = None,
     seed: SeedOpt = DEFAULT_SEED,

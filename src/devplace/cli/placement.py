@@ -203,10 +203,11 @@ def placers_cmd(as_json: JsonOpt = False) -> None:
     table.add_column("settings")
     table.add_column("what it does")
     for s in specs:
-        table.add_row(s.name, ("uses order" + (", cheap: auto tries all" if s.cheap else "")) if s.uses_order
-                      else "ignores order",
+        table.add_row(s.name, ("uses order" + (", cheap" if s.cheap else "")) if s.uses_order else "ignores order",
                       ", ".join(f"{k}={v!r}" for k, v in s.settings.items()), s.summary)
     console.print(table)
+    console.print("cheap: `--order auto` places it under every order (but `random`) and keeps the best simulated step",
+                  highlight=False)
 
 
 def order_cmd(

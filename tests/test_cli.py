@@ -134,6 +134,8 @@ def test_place_json_and_example_graph(capsys, monkeypatch, tmp_path):
     code, out, _ = run(["placers", "--json"], capsys, monkeypatch)
     specs = json.loads(out)
     assert specs["greedy"]["uses_order"] is True and specs["heft"]["uses_order"] is False
+    assert specs["greedy"]["cheap"] is True and specs["placeto"]["cheap"] is False
+    assert specs["placeto"]["settings"]["encoder"] == "'placeto-gnn'"
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from conftest import cluster, graph
 from conftest import run_cli as run
+from devplace.defaults import CANONICAL_ORDER
 from devplace.graph import CompGraph
 from devplace.orders import ORDERS, OrderError, check_order_name, traversal_indices, traversal_order
-from devplace.orders.auto import DEFAULT_ORDER, OrderModel, candidate_orders, recommend_order, shipped_model
+from devplace.orders.auto import OrderModel, candidate_orders, recommend_order, shipped_model
 from devplace.placers import PlacerError, get_placer, place
 from study_fixture import fixture_rows
 
@@ -55,7 +56,7 @@ def test_fallbacks_for_placers_without_rules() -> None:
     doc["placers"] = {"greedy": doc["placers"]["greedy"]}  # no pooled tree
     m = OrderModel(doc)
     rec = recommend_order(g, cluster(2), placer="seq2seq", model=m)
-    assert (rec.order, rec.source) == (DEFAULT_ORDER, "default") and "no rule" in rec.rule
+    assert (rec.order, rec.source) == (CANONICAL_ORDER, "default") and "no rule" in rec.rule
     assert rec.ranking[0] == "topo" and "random" not in rec.ranking and len(rec.ranking) == len(ORDERS) - 1
     assert recommend_order(g, cluster(2), placer="m-etf", model=m, uses_order=False).rule.endswith(
         "does not walk the graph in an order")

@@ -36,14 +36,28 @@ def two_chains(params: float = 0.0):
 def test_registered_as_a_sequential_placer_with_its_settings():
     spec = get_placer("placeto")
     assert spec.uses_order and spec.reports_progress
-    assert spec.settings == {"episodes": 50, "memory_penalty": 1.0, "rounds": 8, "hidden": 32, "encoder": "placeto",
-                             "sim_model": "devplace", "lr": 1e-3, "start": "classic", "policy": None, "log": None}
+    assert spec.settings == {"episodes": 50, "memory_penalty": 1.0, "rounds": 8, "hidden": 32,
+                             "encoder": "placeto-gnn", "sim_model": "devplace", "lr": 1e-3, "start": "classic",
+                             "policy": None, "log": None}
     # the defaults are PlacetoHyper's, the one place they are written
     hyper = PlacetoHyper()
     assert all(getattr(hyper, k) == v for k, v in spec.settings.items() if k not in ("policy", "log"))
 
 
-@pytest.mark.parametrize("encoder", ["placeto", "sage", "gat"])
+def test_old_names_of_the_encoder_and_the_simulation_model_are_aliases():
+    """`placeto-gnn` and `placeto-sim` are the names; the old `placeto` of each is read as them."""
+    hyper = PlacetoHyper(encoder="placeto", sim_model="placeto")
+    assert (hyper.encoder, hyper.sim_model) == ("placeto-gnn", "placeto-sim")
+    assert replace(FAST, encoder="placeto").encoder == "placeto-gnn"
+    assert PlacetoPolicy(5, 2, hidden=4, rounds=1, encoder="placeto").encoder == "placeto-gnn"
+    g = layered_graph(12, width=3, seed=0)
+    with pytest.raises(PlacerError, match=r"unknown encoder 'gnn'.*placeto-gnn, sage, gat \(placeto: same as"):
+        place(g, cluster(2), placer="placeto", order="topo", encoder="gnn", episodes=0)
+    with pytest.raises(PlacerError, match=r"unknown sim_model 'sim'.*devplace, placeto-sim \(placeto: same as"):
+        place(g, cluster(2), placer="placeto", order="topo", sim_model="sim", episodes=0)
+
+
+@pytest.mark.parametrize("encoder", ["placeto-gnn", "sage", "gat"])
 def test_parameter_count_does_not_depend_on_the_graph(encoder):
     c = cluster(3, bw=12e9, mem=1e12)
     small, big = layered_graph(20, width=4, seed=1), layered_graph(150, width=10, seed=2)

@@ -78,6 +78,23 @@ def test_checkpoint_round_trip_and_bad_files(tmp_path):
         load_policy(tmp_path / "missing.pt")
 
 
+def test_checkpoints_name_the_encoder_placeto_gnn_and_old_ones_still_load(tmp_path):
+    r = train(graphs(1), C3, episodes=1, seed=0, **SMALL)
+    path = save_policy(tmp_path / "p.pt", r.policy)
+    doc = torch.load(path, weights_only=True)
+    assert doc["encoder"] == "placeto-gnn"
+    doc["encoder"] = "placeto"  # what checkpoints said before the encoder was named placeto-gnn
+    torch.save(doc, tmp_path / "old.pt")
+    policy, _ = load_policy(tmp_path / "old.pt")
+    assert policy.encoder == "placeto-gnn"
+    for a, b in zip(policy.state_dict().values(), r.policy.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    doc["encoder"] = "gnn"
+    torch.save(doc, tmp_path / "bad.pt")
+    with pytest.raises(PolicyFileError, match="missing or bad: encoder"):
+        load_policy(tmp_path / "bad.pt")
+
+
 def test_trained_policy_applies_to_an_unseen_graph(tmp_path):
     train(graphs(2), C3, episodes=2, seed=1, output=tmp_path / "p.pt", **SMALL)
     unseen = layered_graph(33, width=5, seed=99)

@@ -18,10 +18,19 @@ DEFAULT_PLACER = "m-etf"
 """The placer `devplace place`, `devplace.place` and `devplace.plan` use when none is named."""
 
 DEFAULT_ORDER = "auto"
-"""The traversal order of `devplace place`: picked from the graph's features (devplace.orders.auto)."""
+"""The traversal order of `devplace place`: a decision, not an order. A cheap placer is placed under every
+candidate order and the best simulated step kept; another takes the order model's pick from the graph's
+features (`devplace.placers.registry._place_auto`, `devplace.orders.auto`)."""
 
 DEFAULT_SEED = 0
 """The seed of every random choice when none is given."""
+
+CANONICAL_ORDER = "topo"
+"""DESIGN.md's canonical traversal order: what takes the place of an order where none is chosen (a placer
+without a rule in the order model, `devplace order`, `devplace train`, a study without an `orders` list)."""
+
+RECOMMEND_PLACER = "greedy"
+"""The placer `devplace recommend` and `recommend_order` recommend an order for when none is named."""
 
 SIM_DEVPLACE = "devplace"
 """The reference simulation model (DESIGN.md section 4): the one feasibility is judged under."""

@@ -5,8 +5,10 @@ The CLI (`devplace.cli`) parses arguments, calls one of these and prints what it
 pipeline logic. Tasks that need only graphs, clusters, placers and the simulator live here; the ones that
 need torch (capturing models, running them, the learned placers, studies) or the study report's plotting
 stack live in `devplace.app.with_torch`, reached through `torch_tasks()`: the one lazy import boundary, so
-that `devplace --help` and the graph-only commands start without loading torch. Both sit above `runtime/` and
-`study/`; the pure "plan a graph" stitching they share is `devplace.planning`, below those.
+that `devplace --help` and the commands that do not place (simulate, bound, info, clusters, order, orders,
+features) start without loading torch (`tests/test_layers.py` checks `--help`). A command that places does load
+it: the placer registry imports every placer module, the learned ones (torch) included. Both sit above
+`runtime/` and `study/`; the pure "plan a graph" stitching they share is `devplace.planning`, below those.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from rich.console import Group
 from rich.text import Text
 
-from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, DEFAULT_SIM_MODEL
+from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, DEFAULT_SIM_MODEL, RECOMMEND_PLACER
 from devplace.errors import DevplaceError
 from devplace.graph import load_graph, load_placement
 from devplace.graph.compgraph import CompGraph
@@ -181,7 +183,7 @@ class Recommended:
 
 def recommend(graph: str | Path | None, *, model: str | None = None, batch: int | None = None,
               seq_len: int | None = None, max_nodes: int | None = None, cluster: str | None = None,
-              placer: str = "greedy", order_model: Path | None = None) -> Recommended:
+              placer: str = RECOMMEND_PLACER, order_model: Path | None = None) -> Recommended:
     """`devplace recommend`: the order `--order auto` picks for a graph file or a zoo model (captured), placer
     and cluster (default: the one the order model was fitted on)."""
     spec = get_placer(placer)

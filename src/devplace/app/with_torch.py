@@ -29,7 +29,7 @@ from devplace.capture.profile import (
     profile_graph,
     read_runs,
 )
-from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, ENCODER_PLACETO, LEARNED_PLACER, encoder_name
+from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, LEARNED_PLACER
 from devplace.errors import DevplaceError
 from devplace.graph import save_graph
 from devplace.graph.coarsen import Coarsening
@@ -72,7 +72,6 @@ __all__ = [
     "plot_learning_curve",
     "prepare_model",
     "profile_model",
-    "rl_encoder",
     "run_model",
     "save_prepared",
     "study_report",
@@ -216,16 +215,10 @@ def training_graphs(graphs: Sequence[Path], *, family: str | None = None, indice
 
 def train_policy(graphs: list[CompGraph], cluster: str | Cluster, **settings: Any) -> TrainResult:
     """`devplace train`: one placeto policy trained over `graphs` (`settings`: those of
-    `devplace.placers.rl.trainer.train`; `encoder` by its name or an alias)."""
-    if "encoder" in settings:
-        settings["encoder"] = rl_encoder(settings["encoder"])
-    return train(graphs, cluster if isinstance(cluster, Cluster) else load_cluster(cluster), **settings)
-
-
-def rl_encoder(name: str) -> str:
-    """The spelling `devplace.placers.rl` uses for encoder `name`: it still calls the Placeto paper's encoder
-    (`placeto-gnn`) `placeto`, as its policy checkpoints do."""
-    return "placeto" if encoder_name(name) == ENCODER_PLACETO else name
+    `devplace.placers.rl.trainer.train`; a setting given as None takes that function's default, which is
+    `PlacetoHyper`'s)."""
+    given = {k: v for k, v in settings.items() if v is not None}
+    return train(graphs, cluster if isinstance(cluster, Cluster) else load_cluster(cluster), **given)
 
 
 def check_learned_placer(placer: str) -> None:

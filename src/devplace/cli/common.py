@@ -87,9 +87,9 @@ def progress_bar(description: str, quiet: bool, label: str = "placing {task.desc
 
 
 @contextmanager
-def rounds_bar(description: str, total: int, quiet: bool) -> Iterator[Callable[..., None] | None]:
-    """A transient done/total bar; yields `update(done, description)` (None if `quiet` or stdout is not a
-    terminal)."""
+def rounds_bar(description: str, total: int | None, quiet: bool) -> Iterator[Callable[..., None] | None]:
+    """A transient done/total bar; yields `update(done, description, total)` (None if `quiet` or stdout is not a
+    terminal). `total` None: not known yet, until the first update gives it."""
     if quiet or not console.is_terminal:
         yield None
         return
@@ -97,7 +97,7 @@ def rounds_bar(description: str, total: int, quiet: bool) -> Iterator[Callable[.
                TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(description, total=total)
-        yield lambda done, text: bar.update(task, completed=done, description=text)
+        yield lambda done, text, total: bar.update(task, completed=done, description=text, total=total)
 
 
 def parse_settings(pairs: list[str]) -> dict[str, Any]:

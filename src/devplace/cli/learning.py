@@ -9,19 +9,15 @@ import typer
 
 from devplace import app
 from devplace.cli.common import SIM_MODEL_HELP, SeedOpt, busy, require_cluster, rounds_bar, say
-from devplace.defaults import (
-    DEFAULT_SEED,
-    DEFAULT_SIM_MODEL,
-    ENCODER_ALIASES,
-    ENCODER_PLACETO,
-    ENCODERS,
-    LEARNED_PLACER,
-)
+from devplace.defaults import CANONICAL_ORDER, DEFAULT_SEED, ENCODER_ALIASES, ENCODERS, LEARNED_PLACER
 from devplace.hardware.cluster import load_cluster
 from devplace.units import fmt_time
 
 ENCODER_HELP = (f"graph encoder: {', '.join(ENCODERS)}"
                 + "".join(f" ({alias}: same as {name})" for alias, name in ENCODER_ALIASES.items()))
+# The placer's hyperparameters default to None here, meaning "the placer's default": they are written once, in
+# devplace.placers.rl.placeto.PlacetoHyper (which needs torch, so it is not imported to build this command).
+PLACER_DEFAULT = "; default: the placer's (`devplace placers`)"
 
 
 def train_cmd(
@@ -32,17 +28,19 @@ def train_cmd(
     family: Annotated[str | None, typer.Option(help="train on a study family: cifar10, ptb or nmt")] = None,
     indices: Annotated[str, typer.Option("--graphs", help="family graph indices, e.g. 0-23 or 0,3,5-7")] = "0-23",
     max_nodes: Annotated[int, typer.Option("--max-nodes", help="coarsen family graphs to this many groups")] = 300,
-    order: Annotated[str, typer.Option(help="traversal order of the episodes (see `devplace orders`)")] = "topo",
-    episodes: Annotated[int, typer.Option(help="rounds: one sampling episode per graph each")] = 50,
+    order: Annotated[str | None, typer.Option(help="traversal order of the episodes (see `devplace orders`; "
+                                                   f"default: {CANONICAL_ORDER})")] = None,
+    episodes: Annotated[int | None, typer.Option(help=f"rounds: one sampling episode per graph each{PLACER_DEFAULT}")
+                        ] = None,
     seed: SeedOpt = DEFAULT_SEED,
-    encoder: Annotated[str, typer.Option(help=ENCODER_HELP)] = ENCODER_PLACETO,
-    hidden: Annotated[int, typer.Option(help="embedding width")] = 32,
-    rounds: Annotated[int, typer.Option(help="message-passing rounds per direction")] = 8,
-    memory_penalty: Annotated[float, typer.Option("--memory-penalty", help="reward penalty per relative overflow")]
-    = 1.0,
-    sim_model: Annotated[str, typer.Option("--sim-model", help=f"simulator of the reward; {SIM_MODEL_HELP}")]
-    = DEFAULT_SIM_MODEL,
-    lr: Annotated[float, typer.Option(help="Adam learning rate")] = 1e-3,
+    encoder: Annotated[str | None, typer.Option(help=ENCODER_HELP + PLACER_DEFAULT)] = None,
+    hidden: Annotated[int | None, typer.Option(help=f"embedding width{PLACER_DEFAULT}")] = None,
+    rounds: Annotated[int | None, typer.Option(help=f"message-passing rounds per direction{PLACER_DEFAULT}")] = None,
+    memory_penalty: Annotated[float | None, typer.Option("--memory-penalty", help="reward penalty per relative "
+                                                                                  f"overflow{PLACER_DEFAULT}")] = None,
+    sim_model: Annotated[str | None, typer.Option("--sim-model", help=f"simulator of the reward; {SIM_MODEL_HELP}"
+                                                                      f"{PLACER_DEFAULT}")] = None,
+    lr: Annotated[float | None, typer.Option(help=f"Adam learning rate{PLACER_DEFAULT}")] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="write the policy checkpoint here")] \
     = Path("policy.pt"),
     resume: Annotated[Path | None, typer.Option(help="continue training this checkpoint")] = None,
@@ -68,7 +66,7 @@ def train_cmd(
         if update is not None:
             def report(done: int, total: int, rows: list[dict[str, Any]]) -> None:
                 best = sum(r["best_step_time_s"] for r in rows) / max(1, len(rows))
-                update(done, f"training on {len(gs)} graphs, mean best {fmt_time(best)}")
+                update(done, f"training on {len(gs)} graphs, mean best {fmt_time(best)}", total)
 
             settings["progress"] = report
         result = tasks.train_policy(gs, c, **settings)

@@ -36,7 +36,14 @@ from devplace.cli.common import (
     say,
     warn,
 )
-from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, DEFAULT_SIM_MODEL
+from devplace.defaults import (
+    CANONICAL_ORDER,
+    DEFAULT_ORDER,
+    DEFAULT_PLACER,
+    DEFAULT_SEED,
+    DEFAULT_SIM_MODEL,
+    RECOMMEND_PLACER,
+)
 from devplace.errors import DevplaceError
 from devplace.graph.features import FEATURE_DESCRIPTIONS
 from devplace.graph.info import graph_info
@@ -126,7 +133,8 @@ def place_cmd(
     optimizer: OptimizerOpt = "adam",
     placer: PlacerOpt = DEFAULT_PLACER,
     order: Annotated[str, typer.Option(help="traversal order for sequential placers (see `devplace orders`), or "
-                                            "`auto`: picked from the graph's features (see `devplace recommend`)")
+                                            "`auto`: a cheap placer tries every order and keeps the best, another "
+                                            "takes the order the graph's features suggest (see `devplace recommend`)")
                      ] = DEFAULT_ORDER,
     try_k: Annotated[int | None, typer.Option("--try", help="with --order auto: run the K most promising orders and "
                                                             "keep the best (K times the placement time)")] = None,
@@ -213,7 +221,7 @@ def placers_cmd(as_json: JsonOpt = False) -> None:
     """List the placers, whether they walk the graph in the traversal order, and their settings."""
     specs = [get_placer(n) for n in placer_names()]
     if as_json:
-        print_json({s.name: {"uses_order": s.uses_order, "summary": s.summary,
+        print_json({s.name: {"uses_order": s.uses_order, "cheap": s.cheap, "summary": s.summary,
                              "settings": {k: repr(v) for k, v in s.settings.items()}} for s in specs})
         return
     table = Table(header_style="bold", show_edge=False)
@@ -222,14 +230,17 @@ def placers_cmd(as_json: JsonOpt = False) -> None:
     table.add_column("settings")
     table.add_column("what it does")
     for s in specs:
-        table.add_row(s.name, "uses order" if s.uses_order else "ignores order",
+        table.add_row(s.name, ("uses order" + (", cheap" if s.cheap else "")) if s.uses_order else "ignores order",
                       ", ".join(f"{k}={v!r}" for k, v in s.settings.items()), s.summary)
     console.print(table)
+    console.print("cheap: `--order auto` places it under every order (but `random`) and keeps the best simulated step",
+                  highlight=False)
 
 
 def order_cmd(
     graph: GraphArg,
-    order: Annotated[str, typer.Option("--order", help="traversal order name (see `devplace orders`)")] = "topo",
+    order: Annotated[str, typer.Option("--order", help="traversal order name (see `devplace orders`)")
+                     ] = CANONICAL_ORDER,
     seed: Annotated[int, typer.Option(help="seed of the `random` order", callback=check_seed)] = DEFAULT_SEED,
     cluster: Annotated[str | None, typer.Option(help="cluster for `critical-path` costs")] = None,
     as_json: JsonOpt = False,
@@ -275,9 +286,10 @@ def orders_cmd(as_json: JsonOpt = False) -> None:
     for name, definition in ORDER_DEFINITIONS.items():
         table.add_row(name, "yes" if name in TOPOLOGICAL_ORDERS else "", definition)
     console.print(table)
-    console.print("`auto` (the default of `devplace place`) is not an order but a decision: the order the shipped "
-                  "recommendation model picks from the graph's features (`devplace recommend`), or with --try K the "
-                  "best of its K most promising orders.", highlight=False)
+    console.print("`auto` (the default of `devplace place`) is not an order but a decision: a cheap placer (see "
+                  "`devplace placers`) is placed under every order but `random` and the best simulated step kept; "
+                  "another placer takes the order the shipped recommendation model picks from the graph's features "
+                  "(`devplace recommend`), or with --try K the best of its K most promising orders.", highlight=False)
 
 
 def recommend_cmd(
@@ -288,7 +300,8 @@ def recommend_cmd(
     max_nodes: MaxNodesOpt = None,
     cluster: Annotated[str | None, typer.Option("--cluster", "-c", help="cluster preset or JSON (default: the one "
                                                                         "the order model was fitted on)")] = None,
-    placer: Annotated[str, typer.Option(help="the placer the order is for (see `devplace placers`)")] = "greedy",
+    placer: Annotated[str, typer.Option(help="the placer the order is for (see `devplace placers`)")
+                      ] = RECOMMEND_PLACER,
     order_model: Annotated[Path | None, typer.Option("--order-model", help="order model JSON (default: shipped)")
                            ] = None,
     as_json: JsonOpt = False,

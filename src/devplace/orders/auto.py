@@ -46,6 +46,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from devplace.defaults import CANONICAL_ORDER, RECOMMEND_PLACER
 from devplace.errors import DevplaceError, FormatError
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, load_cluster
@@ -53,7 +54,6 @@ from devplace.hardware.features import graph_features
 from devplace.orders.traversal import ORDERS
 
 ORDER_MODEL_FORMAT = "devplace.order-model/1"
-DEFAULT_ORDER = "topo"
 POOLED = "*"
 
 
@@ -177,17 +177,17 @@ class OrderModel:
         """The order for a graph with these `features` under `placer` (see the module docstring's fallbacks)."""
         placers = self.doc["placers"]
         if not uses_order:
-            return Recommendation(DEFAULT_ORDER, f"placer {placer!r} does not walk the graph in an order", 0.0,
-                                  (DEFAULT_ORDER,), placer, "default", 0, dict(features))
+            return Recommendation(CANONICAL_ORDER, f"placer {placer!r} does not walk the graph in an order", 0.0,
+                                  (CANONICAL_ORDER,), placer, "default", 0, dict(features))
         if placer not in placers:
             # The study never ran this placer: its order effect is unmeasured, so keep the canonical order rather
             # than extrapolate the pooled tree (which on Inception-v3 sent m-etf to lexicographic: 80 ms against
             # topo's 61 ms). --try K walks topo first, then the pooled tree's ranking (or DESIGN.md's table).
             pooled = self._leaf(placers[POOLED]["tree"], features)[0].get("ranking", []) if POOLED in placers else []
-            rest = [o for o in (*pooled, *ORDERS) if o not in (DEFAULT_ORDER, "random")]
-            ranking = (DEFAULT_ORDER, *dict.fromkeys(rest))
-            return Recommendation(DEFAULT_ORDER, f"no rule for placer {placer!r} in the model (the study did not run "
-                                  f"it): default order {DEFAULT_ORDER}", 0.0, ranking, placer, "default", 0,
+            rest = [o for o in (*pooled, *ORDERS) if o not in (CANONICAL_ORDER, "random")]
+            ranking = (CANONICAL_ORDER, *dict.fromkeys(rest))
+            return Recommendation(CANONICAL_ORDER, f"no rule for placer {placer!r} in the model (the study did not run "
+                                  f"it): default order {CANONICAL_ORDER}", 0.0, ranking, placer, "default", 0,
                                   dict(features))
         node, conds = self._leaf(placers[placer]["tree"], features)
         rule = (" and ".join(conds) if conds else "always") + f" -> {node['order']}"
@@ -236,7 +236,7 @@ def load_order_model(path: str | Path | None = None) -> OrderModel:
     return shipped_model() if path is None else OrderModel.load(path)
 
 
-def recommend_order(graph: CompGraph, cluster: Cluster | None = None, *, placer: str = "greedy",
+def recommend_order(graph: CompGraph, cluster: Cluster | None = None, *, placer: str = RECOMMEND_PLACER,
                     model: OrderModel | None = None, uses_order: bool = True) -> Recommendation:
     """Recommend a traversal order for `graph` under `placer`: the features of `graph` on `cluster` (the
     model's own cluster when None) go through the placer's tree. Deterministic."""

@@ -60,6 +60,7 @@ import numpy as np
 from numba import njit
 
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.tensors import tensor_groups
 from devplace.hardware.cluster import Cluster
 from devplace.placers.common import describe_oom, positive_int
 from devplace.placers.memory import no_fit_error
@@ -74,11 +75,8 @@ LEARNED_ROUNDS = 10  # rounds that learn activation allowances from the simulato
 
 def _tensors(graph: CompGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct tensors (producer, output index): per edge its tensor id, and per tensor producer and bytes."""
-    if graph.num_edges == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-    pairs = np.stack([graph.edge_src, graph.edge_tensor], axis=1)
-    uniq, first, edge_key = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
-    return edge_key.reshape(-1).astype(np.int64), uniq[:, 0].astype(np.int64), graph.edge_bytes[first]
+    groups = tensor_groups(graph)
+    return groups.edge_group, graph.edge_src[groups.first_edge], graph.edge_bytes[groups.first_edge]
 
 
 def _node_terms(graph: CompGraph, key_prod: np.ndarray, key_bytes: np.ndarray) -> tuple[np.ndarray, ...]:

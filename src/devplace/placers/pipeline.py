@@ -48,6 +48,7 @@ from numba import njit
 
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.tensors import tensor_groups
 from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster
 from devplace.placers.common import positive_int
@@ -133,14 +134,16 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray) -> _Items:
     # different sides: forward from the producer to its last consumer, backward to its first
     ipos = np.where(has, owner, 0)
     diff = np.zeros(n + 2)
-    first: dict[tuple[int, int], tuple[int, int, float]] = {}
-    for e in range(graph.num_edges):
-        u, v = int(graph.edge_src[e]), int(graph.edge_dst[e])
-        key = (u, int(graph.edge_tensor[e]))
-        lo, hi, b = first.get(key, (int(ipos[v]), int(ipos[v]), float(graph.edge_bytes[e])))
-        first[key] = (min(lo, int(ipos[v])), max(hi, int(ipos[v])), b)
-    for (u, _), (lo, hi, b) in first.items():
-        a = int(ipos[u])
+    groups = tensor_groups(graph)
+    consumer = ipos[graph.edge_dst]
+    lows = np.full(groups.num_groups, n, dtype=np.int64)
+    highs = np.full(groups.num_groups, -1, dtype=np.int64)
+    np.minimum.at(lows, groups.edge_group, consumer)
+    np.maximum.at(highs, groups.edge_group, consumer)
+    producer = ipos[graph.edge_src[groups.first_edge]]
+    nbytes = graph.edge_bytes[groups.first_edge]
+    for t in np.argsort(groups.first_edge, kind="stable").tolist():  # tensors in first-edge order
+        a, lo, hi, b = int(producer[t]), int(lows[t]), int(highs[t]), float(nbytes[t])
         if hi > a:
             diff[a + 1] += b
             diff[hi + 1] -= b

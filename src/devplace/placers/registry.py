@@ -4,7 +4,8 @@ A placer is a function `(graph, cluster, *, order, seed, **settings) -> np.ndarr
 node) registered with `@register(name, uses_order=...)`; `order` is the traversal as node indices. A placer
 whose devices are meant to run under a micro-batch schedule (the `pipeline` placer) returns a
 `PlacerOutput(devices, schedule)` instead, and `place()` judges it under that schedule. A new placer is one
-module in `devplace/placers/` or a subpackage of it: every module there is imported by `placer_names()`.
+module in `devplace/placers/` or a subpackage of it: every module there is imported by `placer_names()` (and
+by `get_placer` for a name that its own module, `placers/<name with _ for ->.py`, does not register).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from devplace.graph.placement import Placement
 from devplace.graph.ties import fold, tie_classes, untied, violations
 from devplace.hardware.cluster import Cluster
 from devplace.orders import Order, check_order, order_label, traversal_indices
+from devplace.orders.auto import candidate_orders, recommend_order
 from devplace.placers.memory import NoFitError, no_fit_error
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.result import SimResult
@@ -142,8 +144,19 @@ def placer_names() -> list[str]:
 
 
 def get_placer(name: str) -> PlacerSpec:
-    """The registered placer `name`, or a PlacerError listing the valid names."""
-    _load_all()
+    """The registered placer `name`, or a PlacerError listing the valid names.
+
+    The module named like the placer (`m-etf`: `placers/m_etf.py`) is imported first, and every module only
+    when that does not register `name`: placing with a classic placer then does not import the learned
+    placers' modules, and with them torch (about 3.5 s of CPU here, more than the rest of `devplace place`)."""
+    if name not in _REGISTRY and isinstance(name, str) and name.replace("-", "_").isidentifier():
+        try:
+            importlib.import_module(f"{__package__}.{name.replace('-', '_')}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.{name.replace('-', '_')}":  # a missing dependency, not a missing module
+                raise
+    if name not in _REGISTRY:
+        _load_all()
     if name not in _REGISTRY:
         raise PlacerError(f"unknown placer {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
@@ -179,13 +192,15 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     every rerun, with `devplace.sim.simulate(..., schedule=)`: meta["step_time_s"] is then the pipelined step
     and meta["schedule"] the schedule (`Schedule.to_dict()`; `schedule_of(placement)` reads it back).
 
-    `order="auto"` picks the order from the graph's features with the shipped recommendation model
-    (`devplace.orders.auto`); with `try_orders=K` it instead runs the placer with each of the model's K most
-    promising orders and keeps the placement with the smallest simulated step time (K times the placement
-    time); with `try_with=CHEAP` as well, the K orders are tried with the placer CHEAP (at its default
-    settings) and `placer` runs once, with the order that did best there: for expensive placers (placeto,
-    seq2seq), at the risk that the cheap placer's best order is not theirs. The Placement's
-    meta["order_auto"] records the chosen order and why.
+    `order="auto"`: a placer registered `cheap` (`PlacerSpec.cheap`: list schedulers, greedy, contiguous...)
+    is placed under every candidate order (`devplace.orders.auto.candidate_orders`: all but `random`, the
+    model's ranking first) and the smallest simulated step time is kept; any other placer takes the order the
+    shipped recommendation model picks from the graph's features (`devplace.orders.auto`). With
+    `try_orders=K` any placer instead runs with each of the model's K most promising orders and keeps the
+    placement with the smallest simulated step time (K times the placement time); with `try_with=CHEAP` as
+    well, the K orders are tried with the placer CHEAP (at its default settings) and `placer` runs once, with
+    the order that did best there: for expensive placers (placeto, seq2seq), at the risk that the cheap
+    placer's best order is not theirs. The Placement's meta["order_auto"] records the chosen order and why.
     """
     spec = get_placer(placer)
     order = check_order(order, allow_auto=True)
@@ -325,8 +340,6 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
     - else, a placer registered `cheap` that walks an order: every candidate order (`candidate_orders`);
     - else (an expensive placer, or one that ignores the order): the model's rule alone, one run.
     The best is the smallest simulated step time; ties keep the model's higher-ranked order."""
-    from devplace.orders.auto import candidate_orders, recommend_order
-
     if try_orders is not None and (isinstance(try_orders, bool) or not isinstance(try_orders, int)
                                    or try_orders < 1):
         raise PlacerError(f"try_orders (--try) must be an integer >= 1, got {try_orders!r}")

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from devplace.orders.auto import DEFAULT_ORDER, ORDER_MODEL_FORMAT, POOLED, OrderModel
+from devplace.defaults import CANONICAL_ORDER
+from devplace.orders.auto import ORDER_MODEL_FORMAT, POOLED, OrderModel
 from devplace.study.analysis import Unit, build_units, complete_units, order_sort_key, orders_of, units_by_placer
 
 # The features a tree may test: the size-free ones (ratios, shares, shapes). Counts such as nodes, edges or depth
@@ -75,7 +76,7 @@ def _leaf(R: np.ndarray, orders: list[str]) -> dict[str, Any]:
     # ties: the earliest candidate (candidates are in DESIGN.md's table order, so topo first)
     rank = sorted(range(len(orders)), key=lambda j: (round(float(mean[j]), 12), j))
     j = rank[0]
-    topo = orders.index(DEFAULT_ORDER) if DEFAULT_ORDER in orders else None
+    topo = orders.index(CANONICAL_ORDER) if CANONICAL_ORDER in orders else None
     gain = float(np.mean(R[:, topo] / R[:, j]) - 1) if topo is not None else 0.0
     return {"order": orders[j], "ranking": [orders[i] for i in rank], "gain": gain,
             "regret": float(mean[j] - 1), "graphs": int(R.shape[0])}
@@ -150,9 +151,9 @@ def _subset(data: Dataset, rows: Sequence[int]) -> Dataset:
 def _topo_leaf(data: Dataset) -> dict[str, Any]:
     """A leaf that always answers `topo` (the ranking after it as `_leaf` orders it)."""
     leaf = _leaf(data.R, data.orders)
-    t = data.orders.index(DEFAULT_ORDER)
-    ranking = [DEFAULT_ORDER, *(o for o in leaf["ranking"] if o != DEFAULT_ORDER)]
-    return {**leaf, "order": DEFAULT_ORDER, "ranking": ranking, "gain": 0.0, "regret": float(data.R[:, t].mean() - 1)}
+    t = data.orders.index(CANONICAL_ORDER)
+    ranking = [CANONICAL_ORDER, *(o for o in leaf["ranking"] if o != CANONICAL_ORDER)]
+    return {**leaf, "order": CANONICAL_ORDER, "ranking": ranking, "gain": 0.0, "regret": float(data.R[:, t].mean() - 1)}
 
 
 def _graph_out_regret(data: Dataset, make: Callable[[Dataset], dict[str, Any]]) -> float:
@@ -180,7 +181,7 @@ def select_tree(data: Dataset, *, max_depth: int = MAX_DEPTH, min_leaf: int = MI
     if len({u.graph for u in data.units}) < 3:
         return fit_tree(data, **full), {"chosen": f"depth {max_depth}", "scores": {}}
     makers: dict[str, Callable[[Dataset], dict[str, Any]]] = {}
-    if DEFAULT_ORDER in data.orders:
+    if CANONICAL_ORDER in data.orders:
         makers["topo"] = _topo_leaf
     for d in range(max_depth + 1):
         makers[f"depth {d}"] = lambda sub, d=d: fit_tree(sub, **{**full, "max_depth": d})
@@ -222,7 +223,7 @@ def validate(units: Sequence[Unit], group_of: Callable[[Unit], str], *, select: 
             per_unit.append({"group": g, "graph": u.graph, "family": u.family, "predicted": pred,
                              "best": min(rel, key=lambda o: (rel[o], order_sort_key(o))),
                              "regret": rel[pred] - 1, "try_regret": min(rel[o] for o in tried) - 1,
-                             "topo_regret": rel.get(DEFAULT_ORDER, math.nan) - 1,
+                             "topo_regret": rel.get(CANONICAL_ORDER, math.nan) - 1,
                              "fixed": fixed, "fixed_regret": rel[fixed] - 1,
                              "hit": rel[pred] <= min(rel.values()) * (1 + 1e-12)})
     n = len(per_unit)

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from devplace.defaults import CANONICAL_ORDER
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.hardware.features import graph_features
@@ -125,7 +126,7 @@ def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[Placed, list
     accepted = get_placer(cell.placer).settings
     if "sim_model" in accepted and "sim_model" not in settings:
         settings["sim_model"] = cell.sim_model  # RL placers learn under the study's simulation model
-    order = "topo" if cell.order_name == NO_ORDER else cell.order_name  # ignored by such placers
+    order = CANONICAL_ORDER if cell.order_name == NO_ORDER else cell.order_name  # ignored by such placers
     episodes = int(settings.get("episodes", accepted.get("episodes"))) if cell.placer in RL_PLACERS else None
     if "log" in accepted:
         # the RL placers write their learning curve to a `log` file: read it back, one step time per episode

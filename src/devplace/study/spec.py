@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from devplace.defaults import CANONICAL_ORDER, DEFAULT_SIM_MODEL
 from devplace.errors import DevplaceError
 from devplace.graph.jsonio import env_limit, read_limited
 
@@ -90,7 +91,7 @@ class StudySpec:
     placers: tuple[PlacerEntry, ...]
     orders: tuple[str, ...]
     seeds: tuple[int, ...]
-    sim_model: str = "devplace"
+    sim_model: str = DEFAULT_SIM_MODEL
     max_nodes: int | None = DEFAULT_MAX_NODES
     description: str = ""
     source: str = ""  # the file or preset it came from
@@ -160,7 +161,7 @@ def parse_study(text: str, *, base_dir: Path, source: str = "<string>", max_cell
     description = doc.get("description", "")
     if not isinstance(description, str):
         raise StudyError(f"{where}: 'description' must be a string")
-    sim_model = doc.get("sim_model", "devplace")
+    sim_model = doc.get("sim_model", DEFAULT_SIM_MODEL)
     from devplace.sim import MODELS
 
     if sim_model not in MODELS:
@@ -172,7 +173,7 @@ def parse_study(text: str, *, base_dir: Path, source: str = "<string>", max_cell
         raise StudyError(f"{where}: max_nodes must be an integer >= 2 (or 0 for no coarsening), got {max_nodes!r}")
     graphs = _graphs(doc["graphs"], base_dir, where)
     clusters = _clusters(doc["clusters"], base_dir, where)
-    orders = _orders(doc.get("orders", ["topo"]), f"{where}: orders")
+    orders = _orders(doc.get("orders", [CANONICAL_ORDER]), f"{where}: orders")
     seeds = _seeds(doc.get("seeds", [0]), f"{where}: seeds", limit)
     placers = _placers(doc["placers"], where, base_dir, limit)
     spec = StudySpec(name=name, graphs=graphs, clusters=clusters, placers=placers, orders=orders, seeds=seeds,

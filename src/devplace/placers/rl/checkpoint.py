@@ -1,7 +1,8 @@
 """Policy checkpoints: a trained placeto policy as tensors and plain settings, loadable with
 `torch.load(weights_only=True)` (no arbitrary unpickling).
 
-Format `devplace.policy/1`, a dict: `format`, `placer` ("placeto"), `encoder`, `hidden`, `rounds`,
+Format `devplace.policy/1`, a dict: `format`, `placer` ("placeto"), `encoder` (its name; checkpoints written
+before the encoder was named `placeto-gnn` say "placeto", read as the same), `hidden`, `rounds`,
 `num_features`, `num_devices`, `state_dict` (the policy's tensors) and, for resuming a training run,
 `training` (optional): a dict of tensors, numbers and strings written by `devplace.placers.rl.trainer`.
 """
@@ -13,8 +14,9 @@ from typing import Any
 
 import torch
 
+from devplace.defaults import ENCODERS, encoder_name
 from devplace.placers.registry import PlacerError
-from devplace.placers.rl.placeto import ENCODERS, PlacetoPolicy
+from devplace.placers.rl.placeto import PlacetoPolicy
 
 FORMAT = "devplace.policy/1"
 
@@ -58,7 +60,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if doc["format"] != FORMAT:
         raise PolicyFileError(f"{path}: unknown policy format {doc['format']!r}; this devplace reads {FORMAT!r}")
     missing = [k for k in ("encoder", "hidden", "rounds", "num_features", "num_devices", "state_dict") if k not in doc]
-    if missing or doc.get("encoder") not in ENCODERS:
+    if missing or not isinstance(doc["encoder"], str) or encoder_name(doc["encoder"]) not in ENCODERS:
         raise PolicyFileError(f"{path}: damaged policy checkpoint (missing or bad: {', '.join(missing) or 'encoder'})")
     return doc
 

@@ -48,17 +48,17 @@ see docs/learned-placers.md for the measured before/after. After `episodes` trai
 argmax episode is run. The answer is the best feasible placement seen in any state of any episode, so it is
 never worse than the start.
 
-Encoders (`encoder`): "placeto" (above); "sage" -- GraphSAGE (torch_geometric's `SAGEConv`, mean aggregation,
-separate root and neighbour weights) and "gat" -- one-head graph attention (GATConv's form, with self loops,
-written with torch_geometric's segment softmax so it runs on a batch of states). Both replace the f/g round
-by `x <- relu(conv(x)) + h0` with one conv per direction shared across rounds; lift, pooling and head are the
-same, so the parameter count depends on `hidden` and the device count only (weights are shared across rounds).
-Measured on a 300-node graph (rollout + learning step, one thread): placeto 0.63 + 0.94 s, sage 1.37 + 1.04 s,
-gat 2.46 + 1.52 s per episode.
+Encoders (`encoder`): "placeto-gnn" (above; old name "placeto"); "sage" -- GraphSAGE (torch_geometric's
+`SAGEConv`, mean aggregation, separate root and neighbour weights) and "gat" -- one-head graph attention
+(GATConv's form, with self loops, written with torch_geometric's segment softmax so it runs on a batch of
+states). Both replace the f/g round by `x <- relu(conv(x)) + h0` with one conv per direction shared across
+rounds; lift, pooling and head are the same, so the parameter count depends on `hidden` and the device count
+only (weights are shared across rounds). Measured on a 300-node graph (rollout + learning step, one thread):
+placeto-gnn 0.63 + 0.94 s, sage 1.37 + 1.04 s, gat 2.46 + 1.52 s per episode.
 
-Simulation model (`sim_model`): "devplace" (the reference model) or "placeto" (sim/placeto.py, the seed
-study's simulator). Rewards, states and the memory penalty use that model; the answer must also fit under
-the devplace model (checked when a state improves on the best), because that is what `place` checks.
+Simulation model (`sim_model`): "devplace" (the reference model) or "placeto-sim" (old name "placeto";
+sim/placeto.py, the seed study's simulator). Rewards, states and the memory penalty use that model; the answer
+must also fit under the devplace model (checked when a state improves on the best), because that is what `place` checks.
 
 Training over a family of graphs and rollout workers live in `devplace.placers.rl.trainer`, checkpoints in
 `devplace.placers.rl.checkpoint`.
@@ -92,6 +92,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from devplace.defaults import (
+    DEFAULT_SIM_MODEL,
+    ENCODER_ALIASES,
+    ENCODER_PLACETO,
+    ENCODERS,
+    SIM_DEVPLACE,
+    SIM_MODEL_ALIASES,
+    SIM_MODELS,
+    encoder_name,
+    sim_model_name,
+)
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.placers.registry import PlacerError, Progress, get_placer, register
@@ -100,8 +111,6 @@ from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.placeto import PlacetoModel
 from devplace.sim.result import SimResult
 
-ENCODERS = ("placeto", "sage", "gat")
-SIM_MODELS = ("devplace", "placeto-sim", "placeto")  # accepted names; "placeto" is placeto-sim's old name
 # where the first episode starts: the best of the classic placers' placements (devplace.placers.rl.start, ranked
 # under the reward's simulation model), or all on device 0 (m-etf's placement when that does not fit)
 STARTS = ("classic", "device0")
@@ -116,8 +125,8 @@ class PlacetoHyper:
     memory_penalty: float = 1.0  # reward -= memory_penalty * relative overflow of an over-memory state
     rounds: int = 8  # k: rounds of message passing per direction
     hidden: int = 32  # d: embedding width (node embeddings are 2d: forward ++ backward)
-    encoder: str = "placeto"
-    sim_model: str = "devplace"  # the simulator that gives rewards and states: "devplace" or "placeto"
+    encoder: str = ENCODER_PLACETO  # or an alias (defaults.ENCODER_ALIASES), stored by its name
+    sim_model: str = DEFAULT_SIM_MODEL  # the simulator of rewards and states: "devplace" or "placeto-sim"
     lr: float = 1e-3  # Adam
     # "classic": start from the best classic placement (Placeto improves a given placement; from all on one
     # device placeto ended 10-21% behind heft / m-sct on ptb/0 and nmt/0 after 50 episodes); "device0": all on
@@ -142,6 +151,17 @@ class PlacetoHyper:
     # divide the episode's advantages by their std over the episode: log-ratio rewards are ~0.01, so the
     # REINFORCE term was as small as the entropy term and Adam's steps followed noise
     normalize_advantage: bool = True
+
+    def __post_init__(self) -> None:
+        # old names stored as the names they stand for, so comparisons, checkpoints and logs see one spelling
+        if isinstance(self.encoder, str):
+            object.__setattr__(self, "encoder", encoder_name(self.encoder))
+        if isinstance(self.sim_model, str):
+            object.__setattr__(self, "sim_model", sim_model_name(self.sim_model))
+
+
+def _choices(names: tuple[str, ...], aliases: dict[str, str]) -> str:
+    return ", ".join(names) + "".join(f" ({old}: same as {new})" for old, new in aliases.items())
 
 
 # --------------------------------------------------------------------------- the network
@@ -224,17 +244,19 @@ class _GATLayer(nn.Module):
 class PlacetoPolicy(nn.Module):
     """Node features -> node embeddings (k rounds forward and backward) -> device logits for the current node.
 
-    `encoder` picks the message passing: "placeto" (f/g sums), "sage" (SAGEConv) or "gat" (graph attention).
+    `encoder` picks the message passing: "placeto-gnn" (f/g sums; old name "placeto"), "sage" (SAGEConv) or
+    "gat" (graph attention).
     No weight depends on the graph; only the head's last layer on the number of devices."""
 
     def __init__(self, num_features: int, num_devices: int, hidden: int = 32, rounds: int = 8,
-                 encoder: str = "placeto") -> None:
+                 encoder: str = ENCODER_PLACETO) -> None:
         super().__init__()
+        encoder = encoder_name(encoder)
         d = hidden
         self.rounds, self.encoder, self.hidden = rounds, encoder, hidden
         self.num_features, self.num_devices = num_features, num_devices
         self.lift = _mlp(num_features, d, d)
-        if encoder == "placeto":
+        if encoder == ENCODER_PLACETO:
             self.f_fwd, self.g_fwd = nn.Linear(d, d), nn.Linear(d, d)
             self.f_bwd, self.g_bwd = nn.Linear(d, d), nn.Linear(d, d)
         elif encoder == "sage":
@@ -247,7 +269,8 @@ class PlacetoPolicy(nn.Module):
         elif encoder == "gat":
             self.convs = nn.ModuleList(_GATLayer(d) for _ in range(2))
         else:
-            raise PlacerError(f"placeto: unknown encoder {encoder!r}; choose one of: {', '.join(ENCODERS)}")
+            raise PlacerError(f"placeto: unknown encoder {encoder!r}; choose one of: "
+                              f"{_choices(ENCODERS, ENCODER_ALIASES)}")
         # pooled summaries of ancestors, descendants, parallel nodes: relu(g(sum(relu(f(x)))))
         self.pool_f = nn.ModuleList(nn.Linear(2 * d, d) for _ in range(3))
         self.pool_g = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
@@ -261,7 +284,7 @@ class PlacetoPolicy(nn.Module):
         pool_bf = torch.cat([f.bias for f in self.pool_f])
         pool_wg = torch.stack([g.weight.T for g in self.pool_g])  # [3, d, d]
         pool_bg = torch.stack([g.bias for g in self.pool_g])[:, None]
-        if self.encoder != "placeto":
+        if self.encoder != ENCODER_PLACETO:
             return Stacked(None, None, None, None, pool_wf, pool_bf, pool_wg, pool_bg)
         return Stacked(torch.stack([self.f_fwd.weight.T, self.f_bwd.weight.T]),
                        torch.stack([self.f_fwd.bias, self.f_bwd.bias])[:, None],
@@ -280,7 +303,7 @@ class PlacetoPolicy(nn.Module):
         b, n, _ = x.shape
         d = self.hidden
         h0 = self.lift(x.transpose(0, 1).reshape(n * b, -1))  # [(node, state), d]
-        if self.encoder != "placeto":
+        if self.encoder != ENCODER_PLACETO:
             h0 = h0.reshape(n, b, d)
             hf = hb = h0
             for _ in range(self.rounds):
@@ -353,7 +376,7 @@ class _GraphContext:
         self.n, self.nd = graph.num_nodes, cluster.num_devices
         # `ref` decides feasibility of the answer (what `place` checks); `model` gives rewards and states
         self.ref = DevplaceModel(graph, cluster)
-        self.model: DevplaceModel | PlacetoModel = self.ref if hyper.sim_model == "devplace" else \
+        self.model: DevplaceModel | PlacetoModel = self.ref if hyper.sim_model == SIM_DEVPLACE else \
             PlacetoModel(graph, cluster)
         pairs = np.unique(np.stack([graph.edge_src, graph.edge_dst], axis=1), axis=0) if graph.num_edges else \
             np.zeros((0, 2), dtype=np.int64)
@@ -603,9 +626,11 @@ def new_policy(num_features: int, num_devices: int, hyper: PlacetoHyper, seed: i
 def check_settings(hyper: PlacetoHyper) -> None:
     """Raise a PlacerError naming the first bad setting."""
     if hyper.encoder not in ENCODERS:
-        raise PlacerError(f"placeto: unknown encoder {hyper.encoder!r}; choose one of: {', '.join(ENCODERS)}")
+        raise PlacerError(f"placeto: unknown encoder {hyper.encoder!r}; choose one of: "
+                          f"{_choices(ENCODERS, ENCODER_ALIASES)}")
     if hyper.sim_model not in SIM_MODELS:
-        raise PlacerError(f"placeto: unknown sim_model {hyper.sim_model!r}; choose one of: {', '.join(SIM_MODELS)}")
+        raise PlacerError(f"placeto: unknown sim_model {hyper.sim_model!r}; choose one of: "
+                          f"{_choices(SIM_MODELS, SIM_MODEL_ALIASES)}")
     if hyper.start not in STARTS:
         raise PlacerError(f"placeto: unknown start {hyper.start!r}; choose one of: {', '.join(STARTS)}")
     for name in ("episodes", "rounds", "hidden"):
@@ -707,10 +732,10 @@ def placeto(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
     Each episode starts from the best feasible placement so far (first: `start` "classic", the best of the
     classic placers' placements, or "device0", all on device 0 or m-etf's when that does not fit), visits
     every node once in the traversal order and samples its device; the reward is the decrease of the
-    simulated log step time (`sim_model` "devplace" or "placeto"), minus `memory_penalty` x relative overflow
-    when over memory. REINFORCE with a per-step baseline, Adam (`lr`); `episodes` training
+    simulated log step time (`sim_model` "devplace" or "placeto-sim"), minus `memory_penalty` x relative
+    overflow when over memory. REINFORCE with a per-step baseline, Adam (`lr`); `episodes` training
     episodes, then one argmax episode. The graph embedding is `rounds` rounds of message passing forward and
-    backward, width `hidden`, `encoder` "placeto", "sage" (GraphSAGE) or "gat" (graph attention). `policy`: a
+    backward, width `hidden`, `encoder` "placeto-gnn", "sage" (GraphSAGE) or "gat" (graph attention). `policy`: a
     checkpoint from `devplace train` to start from (its encoder, hidden and rounds win; `episodes=0` applies it
     zero-shot). `log`: write the learning curve CSV there. Returns the best feasible placement seen.
     Deterministic for a seed. See `devplace.placers.rl.placeto` for the full description and costs.

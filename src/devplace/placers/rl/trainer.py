@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from devplace.defaults import CANONICAL_ORDER, DEFAULT_SEED
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.orders import check_order_name, traversal_indices
@@ -193,8 +194,9 @@ def episode_seed(seed: int, round_: int, graph: int) -> int:
     return int(np.random.SeedSequence([seed, round_, graph]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-def train(graphs: Sequence[CompGraph], cluster: Cluster, *, order: str = "topo", episodes: int = PlacetoHyper.episodes,
-          seed: int = 0, encoder: str = PlacetoHyper.encoder, hidden: int = PlacetoHyper.hidden,
+def train(graphs: Sequence[CompGraph], cluster: Cluster, *, order: str = CANONICAL_ORDER,
+          episodes: int = PlacetoHyper.episodes, seed: int = DEFAULT_SEED, encoder: str = PlacetoHyper.encoder,
+          hidden: int = PlacetoHyper.hidden,
           rounds: int = PlacetoHyper.rounds, memory_penalty: float = PlacetoHyper.memory_penalty,
           sim_model: str = PlacetoHyper.sim_model, lr: float = PlacetoHyper.lr, start: str = PlacetoHyper.start,
           workers: int = 1, backend: str = "local", address: str | None = None, resume: str | Path | None = None,

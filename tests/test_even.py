@@ -139,3 +139,17 @@ def test_even_on_a_coarse_captured_graph_cuts_at_module_starts():
     starts = module_starts([module_of(g, v) or "" for v in fwd])
     changes = [i for i in range(1, len(fwd)) if devs[fwd[i]] != devs[fwd[i - 1]]]
     assert changes and all(i in starts for i in changes)
+
+
+def test_even_refine_on_a_coarse_training_graph_keeps_ties_and_is_never_slower_than_even():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    prep = prepare(capture(model, (torch.randn(16, 32),), optimizer="adam"), max_nodes=20)
+    g = prep.graph
+    c = cluster(3, bw=1e9, lat=1e-6)
+    even_p, refined = (place(g, c, placer=name) for name in ("even", "even-refine"))
+    assert refined.meta["ties"] == "native"
+    assert refined.meta["step_time_s"] <= even_p.meta["step_time_s"]
+    classes = tie_classes(g)
+    devs = np.asarray([refined.assignment[i] for i in g.ids])
+    assert all(len(set(devs[classes == k].tolist())) == 1 for k in np.unique(classes))

@@ -24,6 +24,9 @@ NoFitError. Deterministic (no randomness; `seed` unused).
 It takes `ties`, so under the autograd rule it places the graph itself and simulates the real dependencies
 (the backward pass waits for the loss): every move gives whole tie classes to a device. The start is the
 `even` placer's own split of this graph, so on the graph it is given the result is never slower than `even`.
+Given a coarse graph (`place_expanded`), that is a promise about the coarse graph only: the full graph's
+simulation schedules ops one by one and can rank two placements the other way (llama-1b on 4xV100-16GB,
+docs/performance.md "Beyond the zoo").
 
 Cost: at most `max_evals` simulations, O((V + E) log V) each; a cycle of moves is about (runs x 2 log2(run
 length) + runs + classes) x (k - 1) simulations: a few hundred for a few hundred classes on 4 devices.

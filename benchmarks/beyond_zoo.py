@@ -51,7 +51,7 @@ from devplace.sim.devplace_model import DevplaceModel
 from devplace.units import fmt_bytes, fmt_time
 
 SMALL, BIG = "4xV100-16GB", "4xH100-80GB-NVLink"
-PLACERS = "m-etf,m-sct,heft,m-topo,contiguous,greedy,partition"
+PLACERS = "m-etf,m-sct,heft,m-topo,contiguous,greedy,partition,even-refine"
 Factory = Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
 
 

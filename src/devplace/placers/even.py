@@ -90,26 +90,43 @@ def even_cuts(work: np.ndarray, allowed: list[bool], parts: int) -> list[int]:
     return cuts
 
 
-def even_devices(graph: CompGraph, cluster: Cluster) -> np.ndarray:
-    """The even split's device per node (module docstring), not checked for memory: what the reports'
-    baseline simulates, so that a split that does not fit can say by how much."""
+def even_split(graph: CompGraph, parts: int) -> tuple[np.ndarray, list[int], np.ndarray]:
+    """The even split of `graph` into `parts`, memory not checked: (tie class per node, the classes in program
+    order -- the sequence that is cut --, the part of each position of that sequence). Part j of the sequence
+    runs on device j; the device of node v is `part[position of classes[v]]`."""
     classes = tie_classes(graph)
     seq, allowed = _sequence(graph, classes)
     work = np.bincount(classes, weights=graph.compute_s, minlength=len(seq))[seq]
-    cuts = even_cuts(work, allowed, cluster.num_devices)
-    part_of_class = np.zeros(len(seq), dtype=np.int64)
-    for j, c in enumerate(cuts, start=1):
-        part_of_class[np.asarray(seq[c:], dtype=np.int64)] = j
-    return part_of_class[classes]
+    part = np.zeros(len(seq), dtype=np.int64)
+    for j, c in enumerate(even_cuts(work, allowed, parts), start=1):
+        part[c:] = j
+    return classes, seq, part
+
+
+def class_devices(classes: np.ndarray, seq: list[int], part: np.ndarray) -> np.ndarray:
+    """Device per node from a device per position of the class sequence `seq` (every class on one device)."""
+    device_of_class = np.empty(len(seq), dtype=np.int64)
+    device_of_class[np.asarray(seq, dtype=np.int64)] = part
+    return device_of_class[classes]
+
+
+def even_devices(graph: CompGraph, cluster: Cluster) -> np.ndarray:
+    """The even split's device per node (module docstring), not checked for memory: what the reports'
+    baseline simulates, so that a split that does not fit can say by how much."""
+    return class_devices(*even_split(graph, cluster.num_devices))
 
 
 @register("even", uses_order=False)
-def even(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int) -> np.ndarray:
+def even(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int,
+         ties: np.ndarray | None = None) -> np.ndarray:
     """Baseline: the module sequence cut into equal-compute contiguous parts, part i on device i.
 
     As accelerate's `balanced` device_map (by compute, not parameter memory); cuts only where a module call
     begins; graphs without module info are cut along the topological order. Does not use the traversal
-    order. Memory-checked: raises NoFitError when the even split does not fit. No settings.
+    order. Memory-checked: raises NoFitError when the even split does not fit. No settings. It takes `ties`
+    so that `place` hands it the graph itself, with its module paths (a folded graph has none), and cuts
+    between whole tie classes of the graph (`tie_classes`: the classes `place` passes under the autograd
+    rule; without the rule any placement is allowed, and it still cuts a training graph between classes).
     """
     devices = even_devices(graph, cluster)
     result = DevplaceModel(graph, cluster).run(devices)

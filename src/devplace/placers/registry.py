@@ -176,7 +176,8 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     `autograd_rule` (on by default): a training step runs each backward and optimizer op on its forward op's
     device, and each input with its first consumer, whatever a placer says, so every tie class of `graph`
     (`devplace.graph.ties.tie_classes`) is one decision. A placer that takes `ties` (m-etf, m-sct, heft,
-    greedy: `PlacerSpec.handles_ties`) places `graph` itself and decides a class when it places its first op;
+    greedy, even, even-refine: `PlacerSpec.handles_ties`) places `graph` itself and keeps each class on one
+    device (the list schedulers decide a class when they place its first op);
     every other placer -- and one that takes `ties` but finds nothing that fits that way -- places the folded
     graph (`devplace.graph.ties.fold`: one node per class, with the compute and memory of all its ops) and
     every op of a class goes to its class's device (meta["ties"]: "native" or "folded"). Either way the

@@ -236,17 +236,54 @@ def test_reading_a_database_changes_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.sqlite"]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write read-only files")
+def _file_modes_enforced() -> None:
+    """preexec_fn of a child that obeys file modes even as root: drop the capabilities that override them
+    (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER) from its bounding set before it runs."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2, 3):
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def _devplace(*args: str) -> subprocess.CompletedProcess:
+    """`devplace ARGS` in a child process that cannot write read-only files (root included)."""
+    return subprocess.run([sys.executable, "-m", "devplace", *args], capture_output=True, text=True, timeout=300,
+                          preexec_fn=_file_modes_enforced if os.geteuid() == 0 else None)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="drops Linux capabilities for root")
 def test_read_only_database_can_be_reported_but_not_written(tmp_path):
-    db = _rollback_db(tmp_path / "r.sqlite")
+    from study_fixture import COLUMNS, fixture_rows
+
+    folder, out = tmp_path / "ro", tmp_path / "report"
+    folder.mkdir()
+    db = folder / "r.sqlite"
+    con = connect(db)
+    with con:
+        for r in fixture_rows():
+            con.execute(f"INSERT INTO cells ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                        tuple(r.get(c) for c in COLUMNS))
+    con.execute("PRAGMA journal_mode=DELETE")
+    con.close()
+    (tmp_path / "s.toml").write_text('graphs = ["cifar10/0"]\nclusters = ["3xGPU-placeto"]\nplacers = ["m-topo"]\n')
+    before = db.read_bytes()
     db.chmod(0o444)
-    tmp_path.chmod(0o555)
+    folder.chmod(0o555)
     try:
-        assert [r["key"] for r in read_cells(db)] == ["k"]
-        with pytest.raises(StoreError, match="read-only"):
-            connect(db)
+        probe = subprocess.run([sys.executable, "-c", f"open({str(db)!r}, 'ab')"], capture_output=True, text=True,
+                               preexec_fn=_file_modes_enforced if os.geteuid() == 0 else None)
+        assert "PermissionError" in probe.stderr, "the database is not really read-only for the child"
+        report = _devplace("study", "report", str(db), "-o", str(out))
+        assert report.returncode == 0, report.stderr  # was "not a devplace study database"
+        assert (out / "report.md").is_file()
+        ran = _devplace("study", "run", str(tmp_path / "s.toml"), "--db", str(db), "--quiet")
+        text = _one_error_line(ran.returncode, ran.stdout, ran.stderr)
+        assert "read-only" in text
     finally:
-        tmp_path.chmod(0o755)
+        folder.chmod(0o755)
+    assert db.read_bytes() == before and sorted(p.name for p in folder.iterdir()) == ["r.sqlite"]
 
 
 # ------------------------------------------------------------------------------------ item 8: foreign databases

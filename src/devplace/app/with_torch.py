@@ -328,10 +328,11 @@ class StudyRan:
 
 def study_run(study: Path | None, *, preset: str | None = None, db: Path = Path("study.sqlite"),
               backend: str = "local", workers: int = 1, address: str | None = None, retry_failed: bool = False,
-              progress: bool = True) -> StudyRan:
-    """`devplace study run`: run every unfinished cell of a study file or preset into `db`."""
+              progress: bool = True, max_cells: int | None = None) -> StudyRan:
+    """`devplace study run`: run every unfinished cell of a study file or preset into `db` (a grid of more
+    than `max_cells` cells, default DEVPLACE_MAX_CELLS or 1,000,000, is refused before any cell is made)."""
     if (study is None) == (preset is None):
         raise StudyError("give a study TOML file or --preset NAME (one of the two)")
-    spec = load_study(study if study is not None else preset, preset=preset is not None)
+    spec = load_study(study if study is not None else preset, preset=preset is not None, max_cells=max_cells)
     return StudyRan(run_study(spec, db, backend=backend, workers=workers, address=address,
-                              retry_failed=retry_failed, progress=progress))
+                              retry_failed=retry_failed, progress=progress, max_cells=max_cells))

@@ -27,6 +27,7 @@ from devplace.cli.common import (
     TraceOpt,
     busy,
     console,
+    one_line,
     parse_settings,
     print_json,
     progress_bar,
@@ -90,7 +91,7 @@ def info_cmd(graph: GraphArg, as_json: JsonOpt = False) -> None:
             value = fmt_time(value)
         elif isinstance(value, dict):
             value = ", ".join(f"{k} {v}" for k, v in value.items())
-        table.add_row(key, str(value))
+        table.add_row(key, one_line(str(value)))  # the graph's name and kinds come from the file: never markup
     console.print(table)
 
 

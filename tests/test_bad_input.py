@@ -180,6 +180,19 @@ def test_study_file_that_is_not_utf8(tmp_path, capsys, monkeypatch):
     ('name = "heft"\nsettings = {insertion = 1}', r"'insertion' must be bool"),
     ('name = "placeto"\nsettings = {sim_model = "fast"}', "sim_model"),
     ('name = "contiguous"\nsettings = {devices = "two"}', r"'devices' must be int, got 'two'"),
+    # the values, by the placers' own checks (PlacerSpec.check_settings), not only the types
+    ('name = "anneal"\nsettings = {steps = -5}', "anneal: steps must be an integer >= 0, got -5"),
+    ('name = "anneal"\nsettings = {swap_prob = 7}', r"swap_prob must be in \[0, 1\], got 7"),
+    ('name = "placeto"\nsettings = {lr = -1}', "placeto: lr must be a number > 0"),
+    ('name = "placeto"\nsettings = {encoder = "cnn"}', "unknown encoder 'cnn'"),
+    ('name = "seq2seq"\nsettings = {samples = 0}', "seq2seq: samples must be an integer >= 1"),
+    ('name = "partition"\nsettings = {imbalance = 0}', r"imbalance=0 must be in \(0, 10\]"),
+    ('name = "pipeline"\nsettings = {schedule = "gpipe2"}', "setting 'schedule' must be one of"),
+    ('name = "pipeline"\nsettings = {microbatches = 0}', "setting 'microbatches' must be an integer >= 1"),
+    ('name = "random"\nsettings = {tries = 0}', "setting 'tries' must be an integer >= 1"),
+    ('name = "m-sct"\nsettings = {threshold = 2}', r"setting 'threshold' must be a number in \[0, 1\]"),
+    ('name = "ilp"\nsettings = {time_limit_s = 0}', "ilp: time_limit_s=0 must be a number of seconds > 0"),
+    ('name = "placeto"\nsettings = {policy = "missing.pt"}', "setting 'policy' is 'missing.pt'.*not a file"),
 ])
 def test_every_placer_setting_is_checked_when_the_study_is_read(tmp_path, settings, message):
     body = f'graphs = ["cifar10/0"]\nclusters = ["3xGPU-placeto"]\n[[placers]]\n{settings}\n'
@@ -216,6 +229,33 @@ def test_log_resolves_in_the_study_folder_with_one_file_per_cell(tmp_path, monke
     again = expand(load_study(moved / "s.toml"))
     assert [cell.key for cell in again] == [cell.key for cell in cells]
     assert again[0].cell_log_path().parent == moved / "logs"
+
+
+def test_policy_resolves_in_the_study_folder(tmp_path, capsys, monkeypatch):
+    study_dir, elsewhere = tmp_path / "study", tmp_path / "cwd"
+    (study_dir / "policies").mkdir(parents=True)
+    elsewhere.mkdir()
+    save_graph(layered_graph(12, width=3, seed=0), study_dir / "g.json")
+    train = ["train", str(study_dir / "g.json"), "-c", "3xGPU-placeto", "--episodes", "1", "--hidden", "4",
+             "--rounds", "1", "-o", str(study_dir / "policies" / "p.pt"), "-q"]
+    code, _, err = run_cli(train, capsys, monkeypatch)
+    assert code == 0, err
+    (study_dir / "s.toml").write_text(
+        'graphs = ["g.json"]\nclusters = ["3xGPU-placeto"]\n[[placers]]\nname = "placeto"\n'
+        'settings = {episodes = 0, policy = "policies/p.pt"}\n')
+    monkeypatch.chdir(elsewhere)  # `policies/p.pt` is not there: it was read from the working directory
+    [cell] = expand(load_study(study_dir / "s.toml"))
+    assert cell.settings["policy"] == "policies/p.pt"  # the key holds the setting as written
+    row = run_cell(cell, load_graph(study_dir / "g.json"), load_cluster("3xGPU-placeto"))
+    assert row["status"] == "ok", row["error"]
+
+
+def test_study_defaults_are_devplace_defaults(tmp_path):
+    from devplace.defaults import DEFAULT_SEED, DEFAULT_SIM_MODEL, STUDY_DEFAULT_ORDERS
+
+    spec = parse_study('graphs = ["cifar10/0"]\nclusters = ["3xGPU-placeto"]\nplacers = ["m-topo"]\n',
+                       base_dir=tmp_path)
+    assert (spec.sim_model, spec.orders, spec.seeds) == (DEFAULT_SIM_MODEL, STUDY_DEFAULT_ORDERS, (DEFAULT_SEED,))
 
 
 def _rollback_db(path: Path) -> Path:

@@ -23,6 +23,10 @@ DEFAULT_ORDER = "auto"
 DEFAULT_SEED = 0
 """The seed of every random choice when none is given."""
 
+STUDY_DEFAULT_ORDERS = ("topo",)
+"""The traversal orders of a study file that names none (`auto` is a decision, not an order a study compares):
+topo, the baseline the study's report measures every order against."""
+
 SIM_DEVPLACE = "devplace"
 """The reference simulation model (DESIGN.md section 4): the one feasibility is judged under."""
 

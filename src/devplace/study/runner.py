@@ -122,6 +122,8 @@ def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[Placed, list
     """The placement simulated under the cell's model, the learning curve of RL placers, and their episode
     count."""
     settings = cell.settings
+    if cell.policy_path is not None:
+        settings["policy"] = str(cell.policy_path)  # as the study wrote it, read from the study's folder
     accepted = get_placer(cell.placer).settings
     if "sim_model" in accepted and "sim_model" not in settings:
         settings["sim_model"] = cell.sim_model  # RL placers learn under the study's simulation model

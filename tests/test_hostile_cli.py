@@ -150,7 +150,8 @@ REFUSED = [
     (["study", "run", "s.toml", "--db", "r.sqlite", "--max-cells", "0"], "max_cells must be a whole number"),
     (["study", "run", "adir"], "adir: no such study file"),
     (["study", "run", "s.toml", "--db", "adir"], "adir: not a file"),
-    (["study", "run", "one.json", "--db", "r.sqlite"], "missing key 'graphs'"),
+    (["study", "run", "one.json", "--db", "r.sqlite"], "one.json: not valid TOML"),
+    (["study", "run", "empty.json", "--db", "r.sqlite"], "missing key 'graphs'"),
     (["study", "report", "zero.sqlite", "-o", "rep"], "zero.sqlite has no result rows"),
     (["study", "report", "one.json", "-o", "rep"], "not a devplace study database"),
     (["plot-curve", "curve.csv", "-o", "x.png"], "not a learning curve"),
@@ -200,3 +201,9 @@ def test_max_input_bytes_flag_raises_the_limit_for_the_command(hostile, capsys, 
     code, out, err = run_cli(["--max-input-bytes", str(size), "info", str(big)], capsys, monkeypatch)
     assert code == 0 and "200" in out, err
     assert os.environ[MAX_INPUT_ENV] == str(size)  # what the command's worker processes inherit
+
+
+def test_study_named_like_markup_runs_and_prints_its_name(hostile, capsys, monkeypatch):
+    (hostile / "m.toml").write_text('name = "[/]bad"\n' + FILES["s.toml"].replace("seeds = 2", "seeds = 1"))
+    code, out, err = run_cli(["study", "run", "m.toml", "--db", "r.sqlite", "--quiet"], capsys, monkeypatch)
+    assert code == 0 and out.startswith("[/]bad: 1 cells run"), (out, err)

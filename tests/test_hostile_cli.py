@@ -16,6 +16,7 @@ from devplace.graph.compgraph import MAX_NAME_CHARS
 from devplace.graph.jsonio import MAX_INPUT_ENV
 from devplace.study.spec import MAX_CELLS_ENV
 from devplace.zoo.synthetic import layered_graph
+from study_fixture import write_fixture_db
 
 
 def _graph(nodes: list, edges: list | None = None, name: str = "g") -> str:
@@ -76,6 +77,7 @@ def hostile(tmp_path, monkeypatch):
     for name, text in FILES.items():
         (tmp_path / name).write_text(text)
     save_graph(layered_graph(12, width=3, seed=0), tmp_path / "g12.json")
+    write_fixture_db(tmp_path / "fx.sqlite")
     (tmp_path / "adir").mkdir()
     (tmp_path / "loop").symlink_to("loop")
     (tmp_path / "dangling").symlink_to("nowhere")
@@ -154,7 +156,15 @@ REFUSED = [
     (["study", "run", "empty.json", "--db", "r.sqlite"], "missing key 'graphs'"),
     (["study", "report", "zero.sqlite", "-o", "rep"], "zero.sqlite has no result rows"),
     (["study", "report", "one.json", "-o", "rep"], "not a devplace study database"),
+    (["study", "report", "fx.sqlite", "-o", "one.json"], "-o one.json: is a file, not a folder"),
+    (["study", "report", "fx.sqlite", "-o", "loop"], "-o loop: cannot make the folder"),
     (["plot-curve", "curve.csv", "-o", "x.png"], "not a learning curve"),
+    (["plot-curve", "curve.csv", "-o", "adir"], "--output adir: is a folder"),
+    # output files of training are checked before it: a checkpoint was written, then the log failed
+    (["train", "one.json", "-c", "2xK80", "--episodes", "1", "-o", "adir"], "--output adir: is a folder"),
+    (["train", "one.json", "-c", "2xK80", "--episodes", "1", "--log", "adir", "-o", "t.pt"], "--log adir: is a"),
+    (["place", "one.json", "-c", "2xK80", "--placer", "placeto", "--episodes", "1", "--log", "missing/x.csv"],
+     "--log missing/x.csv: folder missing does not exist"),
 ]
 
 

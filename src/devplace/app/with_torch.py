@@ -13,7 +13,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from devplace.app import check_outputs, load_graph_arg
+from devplace.app import check_outputs, load_graph_arg, log_setting
 from devplace.capture.onnx_import import load_onnx
 from devplace.capture.pipeline import Prepared, capture_zoo_model, family_graph, prepare, zoo_prepared
 from devplace.capture.profile import (
@@ -89,7 +89,7 @@ def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAUL
                    output: Path | None = None, trace: Path | None = None, plot: Path | None = None) -> Placed:
     """Place a prepared model's coarse graph, expand the placement to every op, simulate and write files
     (checked before placing)."""
-    check_outputs(output=output, trace=trace, plot=plot)
+    check_outputs(output=output, trace=trace, plot=plot, log=log_setting(settings))
     placed = place_graph(prepared.graph, cluster, placer=placer, order=order, seed=seed,
                          coarsening=prepared.coarsening, full=prepared.full, progress=progress,
                          try_orders=try_orders, try_with=try_with, **(settings or {}))
@@ -176,7 +176,9 @@ def training_graphs(graphs: Sequence[Path], *, family: str | None = None, indice
 
 def train_policy(graphs: list[CompGraph], cluster: str | Cluster, **settings: Any) -> TrainResult:
     """`devplace train`: one placeto policy trained over `graphs` (`settings`: those of
-    `devplace.placers.rl.trainer.train`; `encoder` by its name or an alias)."""
+    `devplace.placers.rl.trainer.train`; `encoder` by its name or an alias). The checkpoint and log files
+    are checked before training."""
+    check_outputs(output=settings.get("output"), log=settings.get("log"))
     if "encoder" in settings:
         settings["encoder"] = rl_encoder(settings["encoder"])
     return train(graphs, cluster if isinstance(cluster, Cluster) else load_cluster(cluster), **settings)
@@ -197,6 +199,7 @@ def check_learned_placer(placer: str) -> None:
 
 def plot_learning_curve(curve: Path, output: Path) -> int:
     """`devplace plot-curve`: draw a learning curve CSV; returns its row count."""
+    check_outputs(output=output)
     rows = read_curve(curve)
     plot_curve(rows, output, title=curve.stem)
     return len(rows)

@@ -166,7 +166,8 @@ def place_cmd(
                                    try_with=try_with, output=output, trace=trace, plot=plot)
     quiet = quiet or as_json
     if model is not None:
-        app.check_outputs(output=output, trace=trace, plot=plot)  # before the capture, not only before placing
+        # before the capture, not only before placing
+        app.check_outputs(output=output, trace=trace, plot=plot, log=app.log_setting(settings))
         with busy(f"capturing the training step of {model}", quiet):
             prepared = app.torch_tasks().prepare_model(model, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
                                                        optimizer=optimizer, device=c.devices[0])

@@ -67,6 +67,8 @@ FILES = {
     "p_hugeint.json": _placement({"a": 10**30}),
     "curve.csv": "",
     "zero.sqlite": "",
+    "deep.toml": "x = " + "[" * 100_000 + "]" * 100_000 + "\n",
+    "deep_tables.toml": "x = " + "{a = " * 50_000 + "1" + "}" * 50_000 + "\n",
     "s.toml": 'graphs = ["g12.json"]\nclusters = ["3xGPU-placeto"]\nseeds = 2\nplacers = ["m-topo"]\n',
 }
 
@@ -151,6 +153,8 @@ REFUSED = [
     (["study", "run", "s.toml", "--db", "r.sqlite", "--max-cells", "1"], "2 cells, more than the limit of 1"),
     (["study", "run", "s.toml", "--db", "r.sqlite", "--max-cells", "0"], "max_cells must be a whole number"),
     (["study", "run", "adir"], "adir: no such study file"),
+    (["study", "run", "deep.toml", "--db", "r.sqlite"], "deep.toml: not valid TOML: arrays or tables nested too"),
+    (["study", "run", "deep_tables.toml", "--db", "r.sqlite"], "not valid TOML: arrays or tables nested too"),
     (["study", "run", "s.toml", "--db", "adir"], "adir: not a file"),
     (["study", "run", "one.json", "--db", "r.sqlite"], "one.json: not valid TOML"),
     (["study", "run", "empty.json", "--db", "r.sqlite"], "missing key 'graphs'"),

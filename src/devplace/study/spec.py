@@ -151,6 +151,8 @@ def parse_study(text: str, *, base_dir: Path, source: str = "<string>", max_cell
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise StudyError(f"{source}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise StudyError(f"{source}: not valid TOML: arrays or tables nested too deep") from None
     where = source
     _known(doc, _TOP_KEYS, where)
     for required in ("graphs", "clusters", "placers"):

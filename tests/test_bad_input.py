@@ -180,6 +180,19 @@ def test_study_file_that_is_not_utf8(tmp_path, capsys, monkeypatch):
     ('name = "heft"\nsettings = {insertion = 1}', r"'insertion' must be bool"),
     ('name = "placeto"\nsettings = {sim_model = "fast"}', "sim_model"),
     ('name = "contiguous"\nsettings = {devices = "two"}', r"'devices' must be int, got 'two'"),
+    # the values, by the placers' own checks (PlacerSpec.check_settings), not only the types
+    ('name = "anneal"\nsettings = {steps = -5}', "anneal: steps must be an integer >= 0, got -5"),
+    ('name = "anneal"\nsettings = {swap_prob = 7}', r"swap_prob must be in \[0, 1\], got 7"),
+    ('name = "placeto"\nsettings = {lr = -1}', "placeto: lr must be a number > 0"),
+    ('name = "placeto"\nsettings = {encoder = "cnn"}', "unknown encoder 'cnn'"),
+    ('name = "seq2seq"\nsettings = {samples = 0}', "seq2seq: samples must be an integer >= 1"),
+    ('name = "partition"\nsettings = {imbalance = 0}', r"imbalance=0 must be in \(0, 10\]"),
+    ('name = "pipeline"\nsettings = {schedule = "gpipe2"}', "setting 'schedule' must be one of"),
+    ('name = "pipeline"\nsettings = {microbatches = 0}', "setting 'microbatches' must be an integer >= 1"),
+    ('name = "random"\nsettings = {tries = 0}', "setting 'tries' must be an integer >= 1"),
+    ('name = "m-sct"\nsettings = {threshold = 2}', r"setting 'threshold' must be a number in \[0, 1\]"),
+    ('name = "ilp"\nsettings = {time_limit_s = 0}', "ilp: time_limit_s=0 must be a number of seconds > 0"),
+    ('name = "placeto"\nsettings = {policy = "missing.pt"}', "setting 'policy' is 'missing.pt'.*not a file"),
 ])
 def test_every_placer_setting_is_checked_when_the_study_is_read(tmp_path, settings, message):
     body = f'graphs = ["cifar10/0"]\nclusters = ["3xGPU-placeto"]\n[[placers]]\n{settings}\n'
@@ -218,6 +231,33 @@ def test_log_resolves_in_the_study_folder_with_one_file_per_cell(tmp_path, monke
     assert again[0].cell_log_path().parent == moved / "logs"
 
 
+def test_policy_resolves_in_the_study_folder(tmp_path, capsys, monkeypatch):
+    study_dir, elsewhere = tmp_path / "study", tmp_path / "cwd"
+    (study_dir / "policies").mkdir(parents=True)
+    elsewhere.mkdir()
+    save_graph(layered_graph(12, width=3, seed=0), study_dir / "g.json")
+    train = ["train", str(study_dir / "g.json"), "-c", "3xGPU-placeto", "--episodes", "1", "--hidden", "4",
+             "--rounds", "1", "-o", str(study_dir / "policies" / "p.pt"), "-q"]
+    code, _, err = run_cli(train, capsys, monkeypatch)
+    assert code == 0, err
+    (study_dir / "s.toml").write_text(
+        'graphs = ["g.json"]\nclusters = ["3xGPU-placeto"]\n[[placers]]\nname = "placeto"\n'
+        'settings = {episodes = 0, policy = "policies/p.pt"}\n')
+    monkeypatch.chdir(elsewhere)  # `policies/p.pt` is not there: it was read from the working directory
+    [cell] = expand(load_study(study_dir / "s.toml"))
+    assert cell.settings["policy"] == "policies/p.pt"  # the key holds the setting as written
+    row = run_cell(cell, load_graph(study_dir / "g.json"), load_cluster("3xGPU-placeto"))
+    assert row["status"] == "ok", row["error"]
+
+
+def test_study_defaults_are_devplace_defaults(tmp_path):
+    from devplace.defaults import DEFAULT_SEED, DEFAULT_SIM_MODEL, STUDY_DEFAULT_ORDERS
+
+    spec = parse_study('graphs = ["cifar10/0"]\nclusters = ["3xGPU-placeto"]\nplacers = ["m-topo"]\n',
+                       base_dir=tmp_path)
+    assert (spec.sim_model, spec.orders, spec.seeds) == (DEFAULT_SIM_MODEL, STUDY_DEFAULT_ORDERS, (DEFAULT_SEED,))
+
+
 def _rollback_db(path: Path) -> Path:
     """A devplace results database in rollback-journal mode (as copied or checkpointed), one row."""
     con = connect(path)
@@ -236,17 +276,54 @@ def test_reading_a_database_changes_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.sqlite"]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write read-only files")
+def _file_modes_enforced() -> None:
+    """preexec_fn of a child that obeys file modes even as root: drop the capabilities that override them
+    (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER) from its bounding set before it runs."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2, 3):
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def _devplace(*args: str) -> subprocess.CompletedProcess:
+    """`devplace ARGS` in a child process that cannot write read-only files (root included)."""
+    return subprocess.run([sys.executable, "-m", "devplace", *args], capture_output=True, text=True, timeout=300,
+                          preexec_fn=_file_modes_enforced if os.geteuid() == 0 else None)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="drops Linux capabilities for root")
 def test_read_only_database_can_be_reported_but_not_written(tmp_path):
-    db = _rollback_db(tmp_path / "r.sqlite")
+    from study_fixture import COLUMNS, fixture_rows
+
+    folder, out = tmp_path / "ro", tmp_path / "report"
+    folder.mkdir()
+    db = folder / "r.sqlite"
+    con = connect(db)
+    with con:
+        for r in fixture_rows():
+            con.execute(f"INSERT INTO cells ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                        tuple(r.get(c) for c in COLUMNS))
+    con.execute("PRAGMA journal_mode=DELETE")
+    con.close()
+    (tmp_path / "s.toml").write_text('graphs = ["cifar10/0"]\nclusters = ["3xGPU-placeto"]\nplacers = ["m-topo"]\n')
+    before = db.read_bytes()
     db.chmod(0o444)
-    tmp_path.chmod(0o555)
+    folder.chmod(0o555)
     try:
-        assert [r["key"] for r in read_cells(db)] == ["k"]
-        with pytest.raises(StoreError, match="read-only"):
-            connect(db)
+        probe = subprocess.run([sys.executable, "-c", f"open({str(db)!r}, 'ab')"], capture_output=True, text=True,
+                               preexec_fn=_file_modes_enforced if os.geteuid() == 0 else None)
+        assert "PermissionError" in probe.stderr, "the database is not really read-only for the child"
+        report = _devplace("study", "report", str(db), "-o", str(out))
+        assert report.returncode == 0, report.stderr  # was "not a devplace study database"
+        assert (out / "report.md").is_file()
+        ran = _devplace("study", "run", str(tmp_path / "s.toml"), "--db", str(db), "--quiet")
+        text = _one_error_line(ran.returncode, ran.stdout, ran.stderr)
+        assert "read-only" in text
     finally:
-        tmp_path.chmod(0o755)
+        folder.chmod(0o755)
+    assert db.read_bytes() == before and sorted(p.name for p in folder.iterdir()) == ["r.sqlite"]
 
 
 # ------------------------------------------------------------------------------------ item 8: foreign databases

@@ -36,6 +36,7 @@ from devplace.sim import LowerBound, lower_bound
 from devplace.units import fmt_time
 
 __all__ = ["Bounded", "OutputPathError", "Recommended", "bound", "check_outputs", "graph_file", "load_graph_arg",
+           "log_setting",
            "plan_graph", "recommend", "simulate_file", "torch_tasks"]
 
 
@@ -72,6 +73,12 @@ def check_outputs(**paths: Path | None) -> None:
             raise OutputPathError(f"{name}: folder {parent} is not writable; choose another folder")
 
 
+def log_setting(settings: dict[str, Any] | None) -> Path | None:
+    """The learning-curve file a learned placer's `log` setting names (checked with the other outputs)."""
+    log = (settings or {}).get("log")
+    return Path(log) if isinstance(log, str | Path) else None
+
+
 def graph_file(path: str | Path) -> Path:
     """The graph file `path` names: `example` is the bundled example graph (unless a file of that name exists)."""
     path = Path(path)
@@ -91,7 +98,7 @@ def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer:
                output: Path | None = None, trace: Path | None = None, plot: Path | None = None) -> Placed:
     """`devplace place GRAPH`: place a graph (file, `example`, or CompGraph) on a cluster (preset, file or
     Cluster), simulate it, and write the placement, trace and timeline asked for (checked before placing)."""
-    check_outputs(output=output, trace=trace, plot=plot)
+    check_outputs(output=output, trace=trace, plot=plot, log=log_setting(settings))
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
     g = graph if isinstance(graph, CompGraph) else load_graph_arg(graph)
     placed = place_graph(g, c, placer=placer, order=order, seed=seed, progress=progress, try_orders=try_orders,

@@ -15,7 +15,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from devplace.app import check_outputs, load_graph_arg
+from devplace.app import check_outputs, load_graph_arg, log_setting
 from devplace.capture.custom import build_named_model, named_prepared
 from devplace.capture.onnx_import import load_onnx
 from devplace.capture.pipeline import Prepared, capture_zoo_model, family_graph, prepare
@@ -98,7 +98,7 @@ def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAUL
                    output: Path | None = None, trace: Path | None = None, plot: Path | None = None) -> Placed:
     """Place a prepared model's coarse graph, expand the placement to every op, simulate and write files
     (checked before placing)."""
-    check_outputs(output=output, trace=trace, plot=plot)
+    check_outputs(output=output, trace=trace, plot=plot, log=log_setting(settings))
     placed = place_graph(prepared.graph, cluster, placer=placer, order=order, seed=seed,
                          coarsening=prepared.coarsening, full=prepared.full, progress=progress,
                          try_orders=try_orders, try_with=try_with, **(settings or {}))
@@ -216,7 +216,8 @@ def training_graphs(graphs: Sequence[Path], *, family: str | None = None, indice
 def train_policy(graphs: list[CompGraph], cluster: str | Cluster, **settings: Any) -> TrainResult:
     """`devplace train`: one placeto policy trained over `graphs` (`settings`: those of
     `devplace.placers.rl.trainer.train`; a setting given as None takes that function's default, which is
-    `PlacetoHyper`'s)."""
+    `PlacetoHyper`'s). The checkpoint and log files are checked before training."""
+    check_outputs(output=settings.get("output"), log=settings.get("log"))
     given = {k: v for k, v in settings.items() if v is not None}
     return train(graphs, cluster if isinstance(cluster, Cluster) else load_cluster(cluster), **given)
 
@@ -230,6 +231,7 @@ def check_learned_placer(placer: str) -> None:
 
 def plot_learning_curve(curve: Path, output: Path) -> int:
     """`devplace plot-curve`: draw a learning curve CSV; returns its row count."""
+    check_outputs(output=output)
     rows = read_curve(curve)
     plot_curve(rows, output, title=curve.stem)
     return len(rows)
@@ -366,10 +368,11 @@ class StudyRan:
 
 def study_run(study: Path | None, *, preset: str | None = None, db: Path = Path("study.sqlite"),
               backend: str = "local", workers: int = 1, address: str | None = None, retry_failed: bool = False,
-              progress: bool = True) -> StudyRan:
-    """`devplace study run`: run every unfinished cell of a study file or preset into `db`."""
+              progress: bool = True, max_cells: int | None = None) -> StudyRan:
+    """`devplace study run`: run every unfinished cell of a study file or preset into `db` (a grid of more
+    than `max_cells` cells, default DEVPLACE_MAX_CELLS or 1,000,000, is refused before any cell is made)."""
     if (study is None) == (preset is None):
         raise StudyError("give a study TOML file or --preset NAME (one of the two)")
-    spec = load_study(study if study is not None else preset, preset=preset is not None)
+    spec = load_study(study if study is not None else preset, preset=preset is not None, max_cells=max_cells)
     return StudyRan(run_study(spec, db, backend=backend, workers=workers, address=address,
-                              retry_failed=retry_failed, progress=progress))
+                              retry_failed=retry_failed, progress=progress, max_cells=max_cells))

@@ -5,6 +5,7 @@ User errors print one line and exit 2; `--json` gives machine-readable output.""
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -13,6 +14,7 @@ from rich.text import Text
 from devplace.cli import capture, learning, placement, runtime, study
 from devplace.cli.common import one_line
 from devplace.errors import DevplaceError
+from devplace.graph.jsonio import MAX_INPUT_ENV, set_max_input_bytes
 
 __all__ = ["app", "main"]
 
@@ -34,11 +36,37 @@ app.add_typer(capture.zoo_app, name="zoo")
 app.add_typer(study.study_app, name="study")
 
 
+@app.callback()
+def global_options(
+    max_input_bytes: Annotated[int | None, typer.Option(
+        "--max-input-bytes", help=f"refuse input files longer than this many bytes (default 256 MiB; same as "
+                                  f"{MAX_INPUT_ENV}=N, which it sets for the command's worker processes too)")] = None,
+) -> None:
+    """Options of every command, given before the command's name."""
+    if max_input_bytes is not None:
+        set_max_input_bytes(max_input_bytes)
+
+
+def _error(message: str) -> None:
+    Console(stderr=True).print(Text.assemble(("error:", "bold red"), " ", one_line(message)), soft_wrap=True)
+
+
 def main() -> None:
-    """Entry point of the console script: DevplaceError -> one line on stderr (the message as plain text, not
-    markup), exit status 2."""
+    """Entry point of the console script: a DevplaceError or a usage error (a bad option value, a missing
+    argument, an unknown command) -> one line on stderr (the message as plain text, not markup), exit status
+    2."""
     try:
-        app()
+        code = app(standalone_mode=False)
     except DevplaceError as exc:
-        Console(stderr=True).print(Text.assemble(("error:", "bold red"), " ", one_line(str(exc))), soft_wrap=True)
+        _error(str(exc))
         sys.exit(2)
+    except typer.TyperException as exc:  # click's usage errors, raised to us without standalone mode
+        # a group called without a command has printed its help already (typer tells it by its class name too)
+        if type(exc).__name__ != "NoArgsIsHelpError":
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            _error(exc.format_message().rstrip(".") + hint)
+        sys.exit(exc.exit_code)
+    except typer.Abort:  # Ctrl-D at a prompt
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -97,7 +97,7 @@ def capture_cmd(
                                        optimizer=optimizer, costs=costs, device_kind=device_kind, dtype=dtype,
                                        amp=amp)
     tasks.save_prepared(prepared, output, full)
-    console.print(prepared.report.format())
+    console.print(prepared.report.format(), markup=False)  # op names of an ONNX file are user text
     say(f"{prepared.full.name}: {prepared.full.num_nodes} ops -> {prepared.graph.num_nodes} groups"
         f"{precision_text(prepared.full)}; wrote {output}" + (f" and {full}" if full else ""))
 
@@ -141,9 +141,9 @@ def calibrate_cmd(
             if as_json:
                 print_json(folded)
             else:
-                console.print(tasks.format_runs(folded), highlight=False, soft_wrap=True)
+                console.print(tasks.format_runs(folded), markup=False, highlight=False, soft_wrap=True)
             return
-        console.print(tasks.format_runs(folded), highlight=False)
+        console.print(tasks.format_runs(folded), markup=False, highlight=False)
     if costs is None:
         raise DevplaceError("give --costs TABLE (from `devplace profile`) and/or --runs FILE (from `devplace run`)")
     if model is None:
@@ -152,4 +152,4 @@ def calibrate_cmd(
     if as_json:
         print_json(cal)
     else:
-        console.print(tasks.format_calibration(cal), highlight=False)
+        console.print(tasks.format_calibration(cal), markup=False, highlight=False)

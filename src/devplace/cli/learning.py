@@ -56,6 +56,7 @@ def train_cmd(
     tasks.check_learned_placer(placer)
     require_cluster(cluster)
     c = load_cluster(cluster)
+    app.check_outputs(output=output, log=log)  # before capturing a family, not only before training
     with busy(f"capturing {family} graphs", quiet or family is None):
         gs = tasks.training_graphs(graphs or [], family=family, indices=indices, max_nodes=max_nodes)
     settings: dict[str, Any] = dict(order=order, episodes=episodes, seed=seed, encoder=encoder, hidden=hidden,

@@ -29,6 +29,7 @@ from devplace.cli.common import (
     TraceOpt,
     busy,
     console,
+    one_line,
     parse_settings,
     print_json,
     progress_bar,
@@ -99,7 +100,7 @@ def info_cmd(graph: GraphArg, as_json: JsonOpt = False) -> None:
             value = fmt_time(value)
         elif isinstance(value, dict):
             value = ", ".join(f"{k} {v}" for k, v in value.items())
-        table.add_row(key, str(value))
+        table.add_row(key, one_line(str(value)))  # the graph's name and kinds come from the file: never markup
     console.print(table)
 
 
@@ -192,7 +193,8 @@ def place_cmd(
     files = dict(output=output, trace=trace, plot=plot)
     quiet = quiet or as_json
     if model is not None:
-        app.check_outputs(**files)  # before the capture, not only before placing
+        # before the capture, not only before placing
+        app.check_outputs(output=output, trace=trace, plot=plot, log=app.log_setting(settings))
         with busy(f"capturing the training step of {model}", quiet):
             prepared = app.torch_tasks().prepare_model(model, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
                                                        optimizer=optimizer, device=c.devices[0], dtype=dtype, amp=amp)

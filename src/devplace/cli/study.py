@@ -9,6 +9,7 @@ import typer
 
 from devplace import app
 from devplace.cli.common import console, say
+from devplace.study.spec import DEFAULT_MAX_CELLS, MAX_CELLS_ENV
 
 study_app = typer.Typer(no_args_is_help=True, help="The traversal-order study: run a grid of cells, report on it.")
 
@@ -24,10 +25,13 @@ def study_run_cmd(
     address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (ray backend only)")] = None,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="rerun cells recorded as failed")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bar")] = False,
+    max_cells: Annotated[int | None, typer.Option(
+        "--max-cells", help=f"refuse a grid of more cells than this (default {DEFAULT_MAX_CELLS:,}; same as "
+                            f"{MAX_CELLS_ENV}=N)")] = None,
 ) -> None:
     """Run every unfinished cell of a study and write one row per cell to --db; rerun to resume."""
     ran = app.torch_tasks().study_run(study, preset=preset, db=db, backend=backend, workers=workers, address=address,
-                                      retry_failed=retry_failed, progress=not quiet)
+                                      retry_failed=retry_failed, progress=not quiet, max_cells=max_cells)
     console.print(ran)
 
 

@@ -34,27 +34,34 @@ MAX_TOTAL = 1e100
 MAX_NAME_CHARS = 1000
 
 
+def _short(value: Any) -> str:
+    """`value`'s repr cut to 40 characters: a 400-digit integer in an error message says no more than its start."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(text):,} characters)"
+
+
 def _number(value: Any, where: str) -> float:
     """A finite, non-negative number, or a GraphError naming `where`."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
-        raise GraphError(f"{where} must be a number, got {value!r}")
+        raise GraphError(f"{where} must be a number, got {_short(value)}")
     try:
         x = float(value)
     except OverflowError:
-        raise GraphError(f"{where} is {value!r}; it is too large for a float") from None
+        raise GraphError(f"{where} is {_short(value)}; it is too large for a float") from None
     if math.isnan(x) or math.isinf(x):
         raise GraphError(f"{where} is {value!r}; it must be a finite number")
     if x < 0:
-        raise GraphError(f"{where} is {value!r}; it must be >= 0")
+        raise GraphError(f"{where} is {_short(value)}; it must be >= 0")
     return x
 
 
-def check_name(name: Any, what: str, error: type[Exception] = GraphError) -> None:
-    """Refuse a `what` name that is not a string of at most MAX_NAME_CHARS characters."""
+def check_name(name: Any, what: str, error: type[Exception] = GraphError, noun: str = "name") -> None:
+    """Refuse a `what` name (or other `noun`: "id", "kind") that is not a string of at most MAX_NAME_CHARS
+    characters."""
     if not isinstance(name, str):
-        raise error(f"the {what} name must be a string, got {type(name).__name__}")
+        raise error(f"the {what} {noun} must be a string, got {type(name).__name__}")
     if len(name) > MAX_NAME_CHARS:
-        raise error(f"the {what} name is {len(name):,} characters long ({name[:40]!r}...); give a name of at "
+        raise error(f"the {what} {noun} is {len(name):,} characters long ({name[:40]!r}...); give a {noun} of at "
                     f"most {MAX_NAME_CHARS} characters")
 
 
@@ -114,7 +121,7 @@ class CompGraph:
         Raises GraphError for a duplicate id, an edge to an unknown node, a negative/NaN/inf number, a
         duplicate edge, edges of one (src, tensor) with different bytes, a cycle (naming its nodes), a total
         (compute_s, a byte column, memory or edge bytes summed over the graph) above MAX_TOTAL, or a name
-        longer than MAX_NAME_CHARS.
+        longer than MAX_NAME_CHARS (the graph's, a node's id, op, group or kind).
         """
         check_name(name, "graph")
         reserved = [k for k in (meta or {}) if k in DOC_KEYS]
@@ -130,7 +137,8 @@ class CompGraph:
                 raise GraphError(f"node #{i} must be a JSON object, got {rec!r}")
             nid = rec.get("id")
             if not isinstance(nid, str) or not nid:
-                raise GraphError(f"node #{i} needs a non-empty string \"id\", got {nid!r}")
+                raise GraphError(f"node #{i} needs a non-empty string \"id\", got {_short(nid)}")
+            check_name(nid, f"node #{i}", noun="id")
             if nid in index:
                 raise GraphError(f"duplicate node id {nid!r} (nodes #{index[nid]} and #{i}); ids must be unique")
             index[nid] = i
@@ -138,7 +146,8 @@ class CompGraph:
             for k in NODE_TEXT:
                 v = rec.get(k, "")
                 if not isinstance(v, str):
-                    raise GraphError(f"node {nid!r}: \"{k}\" must be a string, got {v!r}")
+                    raise GraphError(f"node {nid!r}: \"{k}\" must be a string, got {_short(v)}")
+                check_name(v, f"node {nid!r}", noun=f"\"{k}\"")
                 text[k].append(v)
             for j, k in enumerate(NODE_NUMERIC):
                 if k in rec:

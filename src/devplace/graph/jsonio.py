@@ -3,8 +3,8 @@ limit of every file devplace reads.
 
 Input files are read through `read_limited`, which stops after the limit (default 256 MiB, far above any real
 graph, cluster, placement or study file): a wrong path such as /dev/zero or a multi-GB file then fails with an
-error instead of filling memory. Raise the limit with the environment variable DEVPLACE_MAX_INPUT_BYTES or the
-functions' `max_bytes` keyword.
+error instead of filling memory. Raise the limit with the environment variable DEVPLACE_MAX_INPUT_BYTES, the
+command-line flag `devplace --max-input-bytes N` (`set_max_input_bytes`), or the functions' `max_bytes` keyword.
 """
 
 from __future__ import annotations
@@ -46,6 +46,16 @@ def max_input_bytes(max_bytes: int | None = None) -> int:
                      example=4 * DEFAULT_MAX_INPUT_BYTES)
 
 
+def set_max_input_bytes(max_bytes: int) -> int:
+    """Raise (or lower) the input-size limit of this process and of every process it starts (a study's workers
+    read graph and cluster files too): the limit is kept in DEVPLACE_MAX_INPUT_BYTES, which they inherit.
+    Returns the limit; a value that is not a whole number >= 1 raises FormatError and changes nothing."""
+    limit = env_limit(max_bytes, env=MAX_INPUT_ENV, default=DEFAULT_MAX_INPUT_BYTES, name="--max-input-bytes",
+                      unit="bytes", example=4 * DEFAULT_MAX_INPUT_BYTES)
+    os.environ[MAX_INPUT_ENV] = str(limit)
+    return limit
+
+
 def read_limited(path: str | Path, max_bytes: int | None = None) -> bytes:
     """The bytes of `path`, refusing a file (or device, or pipe) longer than the input limit.
 
@@ -63,7 +73,7 @@ def read_limited(path: str | Path, max_bytes: int | None = None) -> bytes:
         raise FormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if len(data) > limit:
         raise FormatError(f"{path}: longer than the input limit of {limit:,} bytes; check that it is the right "
-                          f"file, or raise the limit with {MAX_INPUT_ENV}=N (bytes)")
+                          f"file, or raise the limit with `devplace --max-input-bytes N` or {MAX_INPUT_ENV}=N (bytes)")
     return data
 
 

@@ -269,7 +269,7 @@ def load_cluster(name_or_path: str | Path, *, max_bytes: int | None = None) -> C
     if key in PRESETS:
         return PRESETS[key]()
     path = Path(key)
-    if not path.exists():
+    if not key or not path.exists():  # "" would be read as the folder "."
         raise ClusterError(f"{key!r} is neither a cluster preset nor a file; presets: {', '.join(PRESETS)}")
     doc = read_json(path, FORMAT, max_bytes=max_bytes)
     return Cluster.from_dict(doc, str(path))

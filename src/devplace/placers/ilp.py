@@ -62,7 +62,7 @@ import numpy as np
 
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
-from devplace.placers.common import silent_highs
+from devplace.placers.common import positive_int, silent_highs
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import PlacerError, register
 from devplace.sim.devplace_model import DevplaceModel
@@ -153,18 +153,23 @@ def _interchangeable(cluster: Cluster) -> bool:
                 and np.all(cluster.latency[off] == cluster.link.latency_s))
 
 
+def _check_settings(time_limit_s: float, max_nodes: int) -> None:
+    if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, int | float) or not 0 < time_limit_s < math.inf:
+        raise PlacerError(f"ilp: time_limit_s={time_limit_s!r} must be a number of seconds > 0")
+    positive_int(max_nodes, "max_nodes", "ilp")
+
+
 def solve_ilp(graph: CompGraph, cluster: Cluster, *, seed: int = 0, time_limit_s: float = 60.0,
               max_nodes: int = 30) -> IlpResult:
     """Solve the program of the module docstring; raise IlpTooLargeError above `max_nodes` ops and a
     NoFitError when no placement fits."""
+    _check_settings(time_limit_s, max_nodes)
     n, nd = graph.num_nodes, cluster.num_devices
     if n > max_nodes:
         raise IlpTooLargeError(
             f"placer 'ilp' places graphs of at most max_nodes={max_nodes} ops exactly, and {graph.name!r} has "
             f"{n}; its solve time grows exponentially with the number of ops. Coarsen the graph, use a "
             "heuristic placer (m-etf, heft, anneal), or raise max_nodes (with time_limit_s) at your own cost")
-    if time_limit_s <= 0:
-        raise PlacerError(f"ilp: time_limit_s={time_limit_s!r} must be > 0")
     t0 = time.perf_counter()
     model = DevplaceModel(graph, cluster)
     if n == 0:
@@ -388,7 +393,7 @@ def solve_ilp(graph: CompGraph, cluster: Cluster, *, seed: int = 0, time_limit_s
     return best
 
 
-@register("ilp", uses_order=False)
+@register("ilp", uses_order=False, check=_check_settings)
 def ilp(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0, time_limit_s: float = 60.0,
         max_nodes: int = 30) -> np.ndarray:
     """Exact placement and schedule of a small graph (mixed-integer program, HiGHS), for optimality gaps.

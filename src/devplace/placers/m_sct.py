@@ -155,7 +155,14 @@ def favourite_children(graph: CompGraph, cluster: Cluster, threshold: float) -> 
     return fav
 
 
-@register("m-sct", uses_order=True, cheap=True)
+def _check_settings(threshold: float, max_lp_nodes: int) -> None:
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0.0 <= threshold <= 1.0:
+        raise PlacerError(f"placer 'm-sct': setting 'threshold' must be a number in [0, 1], got {threshold!r}")
+    if isinstance(max_lp_nodes, bool) or not isinstance(max_lp_nodes, int) or max_lp_nodes < 0:
+        raise PlacerError(f"placer 'm-sct': setting 'max_lp_nodes' must be an integer >= 0, got {max_lp_nodes!r}")
+
+
+@register("m-sct", uses_order=True, cheap=True, check=_check_settings)
 def m_sct(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, threshold: float = 0.5,
           max_lp_nodes: int = 20000, ties: np.ndarray | None = None) -> np.ndarray:
     """Baechi's m-SCT: m-ETF that keeps a device for the favourite child chosen by an LP relaxation (HiGHS).
@@ -165,10 +172,7 @@ def m_sct(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, t
     `max_lp_nodes` ops skip the LP, which makes m-SCT the same as m-ETF. Deterministic; `seed` is unused.
     `ties` as for m-ETF (a favourite child tied elsewhere is kept only on its class's device).
     """
-    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0.0 <= threshold <= 1.0:
-        raise PlacerError(f"placer 'm-sct': setting 'threshold' must be a number in [0, 1], got {threshold!r}")
-    if isinstance(max_lp_nodes, bool) or not isinstance(max_lp_nodes, int) or max_lp_nodes < 0:
-        raise PlacerError(f"placer 'm-sct': setting 'max_lp_nodes' must be an integer >= 0, got {max_lp_nodes!r}")
+    _check_settings(threshold, max_lp_nodes)
     if graph.num_nodes <= max_lp_nodes:
         fav = favourite_children(graph, cluster, float(threshold))
     else:

@@ -397,7 +397,12 @@ def repair_memory(graph: CompGraph, cluster: Cluster, model: DevplaceModel, ug: 
 # --------------------------------------------------------------------------- the placer
 
 
-@register("partition", uses_order=False)
+def _check_settings(imbalance: float) -> None:
+    if isinstance(imbalance, bool) or not isinstance(imbalance, int | float) or not 0 < imbalance <= 10:
+        raise PlacerError(f"partition: imbalance={imbalance!r} must be in (0, 10], e.g. 0.03 for 3%")
+
+
+@register("partition", uses_order=False, check=_check_settings)
 def partition(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0, acyclic: bool = False,
               imbalance: float = 0.03) -> np.ndarray:
     """Balanced k-way min-cut (METIS): compute balanced by device speed, cut weighted by transfer time.
@@ -408,8 +413,7 @@ def partition(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: in
     traversal order; deterministic for a seed (METIS's own seed).
     """
     del order  # METIS partitions the whole graph at once
-    if not 0 < imbalance <= 10:
-        raise PlacerError(f"partition: imbalance={imbalance!r} must be in (0, 10], e.g. 0.03 for 3%")
+    _check_settings(imbalance)
     n = graph.num_nodes
     if n == 0:
         return np.zeros(0, dtype=np.int64)

@@ -327,6 +327,14 @@ class _Judge:
                 self.best = (*key, PipelinePlan(r.device, s, r, cuts))
 
 
+def _check_settings(schedule: str, microbatches: int | None, chunks: int | None) -> None:
+    if schedule not in KINDS:
+        raise PlacerError(f"placer 'pipeline': setting 'schedule' must be one of {', '.join(KINDS)}, got {schedule!r}")
+    for name, value in (("microbatches", microbatches), ("chunks", chunks)):
+        if value is not None:
+            positive_int(value, name, "pipeline")
+
+
 def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, schedule: str = "1f1b",
                   microbatches: int | None = None, chunks: int | None = None,
                  ties: np.ndarray | None = None) -> PipelinePlan:
@@ -335,8 +343,7 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
     `order` is the traversal as node indices; `ties` a tie class per node, each kept on one device (None:
     `devplace.graph.ties.tie_classes(graph)`). Raises NoFitError when no split fits memory under the
     schedule, PlacerError (a DevplaceError) for invalid settings."""
-    if schedule not in KINDS:
-        raise PlacerError(f"placer 'pipeline': setting 'schedule' must be one of {', '.join(KINDS)}, got {schedule!r}")
+    _check_settings(schedule, microbatches, chunks)
     counts = (MICROBATCH_CHOICES if microbatches is None
               else (positive_int(microbatches, "microbatches", "pipeline"),))
     if chunks is not None:
@@ -379,7 +386,7 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
     return best[3]
 
 
-@register("pipeline", uses_order=True)
+@register("pipeline", uses_order=True, check=_check_settings)
 def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, ties: np.ndarray | None = None,
              schedule: str = "1f1b", microbatches: int | None = None, chunks: int | None = None) -> PlacerOutput:
     """Pipeline stages: cut the traversal order into contiguous stages (one per device, or `chunks` per device

@@ -18,7 +18,11 @@ from devplace.placers.registry import register
 from devplace.sim.devplace_model import DevplaceModel
 
 
-@register("random", uses_order=False)
+def _check_settings(tries: int) -> None:
+    positive_int(tries, "tries", "random")
+
+
+@register("random", uses_order=False, check=_check_settings)
 def random_placement(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int,
                      tries: int = 20) -> np.ndarray:
     """A uniformly random device per node (PCG64(seed)); the first of `tries` draws that fits memory.

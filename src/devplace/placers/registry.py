@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -79,6 +79,17 @@ class PlacerSpec:
     # `order="auto"` places under every candidate order and keeps the best under the simulator; not cheap
     # (search and learned placers: anneal, placeto, seq2seq), the order model's rule decides alone
     cheap: bool = False
+    # check(**settings): the placer's own checks of its setting values that need no graph (ranges, names),
+    # run by `check_settings` so that a study file is refused when it is read, not when its first cell runs
+    check: Callable[..., None] | None = None
+
+    def check_settings(self, settings: Mapping[str, Any]) -> None:
+        """Raise the PlacerError the placer would raise for a bad setting value, without placing anything
+        (settings not given take their defaults; placers without a `check` accept any value here)."""
+        if self.check is None:
+            return
+        wanted = inspect.signature(self.check).parameters
+        self.check(**{k: v for k, v in {**self.settings, **settings}.items() if k in wanted})
 
     @property
     def summary(self) -> str:
@@ -106,13 +117,15 @@ _REGISTRY: dict[str, PlacerSpec] = {}
 _LOADED = False
 
 
-def register(name: str, *, uses_order: bool, cheap: bool = False) -> Callable[[PlacerFn], PlacerFn]:
+def register(name: str, *, uses_order: bool, cheap: bool = False,
+             check: Callable[..., None] | None = None) -> Callable[[PlacerFn], PlacerFn]:
     """Class the decorated function as placer `name`. `cheap=True` declares that one run costs about as much
-    as a few simulations of the graph, so that `order="auto"` may try every candidate order (see `place`)."""
+    as a few simulations of the graph, so that `order="auto"` may try every candidate order (see `place`).
+    `check` (keyword arguments: settings) raises PlacerError for bad setting values; the placer calls it too."""
     def deco(func: PlacerFn) -> PlacerFn:
         if name in _REGISTRY and _REGISTRY[name].func is not func:
             raise RuntimeError(f"placer {name!r} registered twice")
-        _REGISTRY[name] = PlacerSpec(name, func, uses_order, cheap)
+        _REGISTRY[name] = PlacerSpec(name, func, uses_order, cheap, check)
         return func
     return deco
 

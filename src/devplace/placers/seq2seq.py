@@ -363,7 +363,17 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
     return Seq2SeqResult(best, best_t, False, curve, nparams, wall)
 
 
-@register("seq2seq", uses_order=True)
+def _check_settings(episodes: int, samples: int, hidden: int, memory_penalty: float, sim_model: str) -> None:
+    for name, value, low in (("episodes", episodes, 0), ("samples", samples, 1), ("hidden", hidden, 1)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+            raise PlacerError(f"seq2seq: {name} must be an integer >= {low}, got {value!r}")
+    if not (isinstance(memory_penalty, int | float) and memory_penalty >= 0 and math.isfinite(memory_penalty)):
+        raise PlacerError(f"seq2seq: memory_penalty must be a number >= 0, got {memory_penalty!r}")
+    if sim_model_name(sim_model) not in SIM_MODELS:
+        raise PlacerError(f"seq2seq: unknown sim_model {sim_model!r}; choose one of: {', '.join(SIM_MODELS)}")
+
+
+@register("seq2seq", uses_order=True, check=_check_settings)
 def seq2seq(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0,
             episodes: int = Seq2SeqConfig.episodes, samples: int = Seq2SeqConfig.samples,
             hidden: int = Seq2SeqConfig.hidden, memory_penalty: float = Seq2SeqConfig.memory_penalty,
@@ -383,13 +393,7 @@ def seq2seq(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
     300 nodes on 2 CPU cores;
     coarsen graphs of thousands of nodes first.
     """
-    for name, value, low in (("episodes", episodes, 0), ("samples", samples, 1), ("hidden", hidden, 1)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-            raise PlacerError(f"seq2seq: {name} must be an integer >= {low}, got {value!r}")
-    if not (isinstance(memory_penalty, int | float) and memory_penalty >= 0 and math.isfinite(memory_penalty)):
-        raise PlacerError(f"seq2seq: memory_penalty must be a number >= 0, got {memory_penalty!r}")
-    if sim_model_name(sim_model) not in SIM_MODELS:
-        raise PlacerError(f"seq2seq: unknown sim_model {sim_model!r}; choose one of: {', '.join(SIM_MODELS)}")
+    _check_settings(episodes, samples, hidden, memory_penalty, sim_model)
     cfg = Seq2SeqConfig(episodes=int(episodes), samples=int(samples), hidden=int(hidden),
                         memory_penalty=float(memory_penalty), sim_model=sim_model, start=start)
     result = train_seq2seq(graph, cluster, order, seed=seed, config=cfg, progress=progress)

@@ -295,14 +295,18 @@ def _ray_call(driver: tuple[str, int], fn: Callable[..., Any], *args: Any) -> An
     return fn(*args)
 
 
-def make_backend(name: str, workers: int, address: str | None = None) -> LocalBackend | RayBackend:
-    """The backend called `name` ("local" or "ray") with `workers` parallel tasks."""
+def check_backend(name: str, workers: int, address: str | None = None) -> None:
+    """Refuse (BackendError) what `make_backend` could not start: an unknown backend, a worker count below 1,
+    or an --address for the local backend. Checked before a study touches its database."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise BackendError(f"workers must be an integer >= 1, got {workers!r}")
-    if name == "local":
-        if address is not None:
-            raise BackendError("--address is for the ray backend; add --backend ray")
-        return LocalBackend(workers)
-    if name == "ray":
-        return RayBackend(workers, address)
-    raise BackendError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+    if name not in BACKENDS:
+        raise BackendError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+    if name == "local" and address is not None:
+        raise BackendError("--address is for the ray backend; add --backend ray")
+
+
+def make_backend(name: str, workers: int, address: str | None = None) -> LocalBackend | RayBackend:
+    """The backend called `name` ("local" or "ray") with `workers` parallel tasks."""
+    check_backend(name, workers, address)
+    return LocalBackend(workers) if name == "local" else RayBackend(workers, address)

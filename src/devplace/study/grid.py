@@ -38,6 +38,8 @@ class Cell:
     # the placer's `log` setting resolved inside the study's folder; not part of the key (the setting as
     # written is), so moving the study's folder keeps its rows
     log_path: Path | None = field(default=None, compare=False)
+    # the `policy` setting resolved against the study's folder; not part of the key either
+    policy_path: Path | None = field(default=None, compare=False)
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -95,7 +97,7 @@ def expand(spec: StudySpec, *, max_cells: int | None = None) -> list[Cell]:
                                             spec.max_nodes, p.name, sj, o, s)
                         cells.append(Cell(key=key, study=spec.name, graph=g, cluster=c, sim_model=spec.sim_model,
                                           max_nodes=spec.max_nodes, placer=p.name, settings_json=sj, order_name=o,
-                                          seed=s, log_path=p.log_path))
+                                          seed=s, log_path=p.log_path, policy_path=p.policy_path))
     seen: set[str] = set()
     dupes = [c.describe() for c in cells if c.key in seen or seen.add(c.key)]  # type: ignore[func-returns-value]
     if dupes:

@@ -402,6 +402,16 @@ def _family_question(summary: list[dict[str, Any]], units: list[an.Unit],
     return [*lines, ""]
 
 
+def _make_folder(out: Path) -> None:
+    """Make the report's folder, or a ReportError saying why it cannot be (an existing file, /proc, a loop)."""
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"-o {out}: is a file, not a folder; give a folder for the report's files")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(f"-o {out}: cannot make the folder ({exc.strerror}); give another folder") from None
+
+
 def write_report(db_path: str | Path, out_dir: str | Path, *, command: str | None = None) -> list[Path]:
     """Write report.md, results.csv, the PNG plots and order_model.json for the study in `db_path` into
     `out_dir`; returns the paths written. ReportError when there is nothing to report on."""
@@ -413,7 +423,7 @@ def write_report(db_path: str | Path, out_dir: str | Path, *, command: str | Non
         raise ReportError(f"{db_path}: no cell of a placer that walks the graph in an order; a study needs one of "
                           f"the sequential placers (see `devplace placers`) to compare orders")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    _make_folder(out)
     written: list[Path] = []
     features_csv = write_csv(rows, out / "results.csv")
     written += [out / "results.csv", features_csv]

@@ -123,6 +123,8 @@ def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[Placed, list
     """The placement simulated under the cell's model, the learning curve of RL placers, and their episode
     count."""
     settings = cell.settings
+    if cell.policy_path is not None:
+        settings["policy"] = str(cell.policy_path)  # as the study wrote it, read from the study's folder
     accepted = get_placer(cell.placer).settings
     if "sim_model" in accepted and "sim_model" not in settings:
         settings["sim_model"] = cell.sim_model  # RL placers learn under the study's simulation model
@@ -211,6 +213,7 @@ def run_study(spec_or_path: StudySpec | str | Path, db: str | Path, *, backend: 
     cells (default DEVPLACE_MAX_CELLS or 1,000,000) is refused before any cell is made. One driver runs on
     a database at a time: a second one gets a StoreError (devplace.study.store.writer_lock).
     """
+    from devplace.study.backends import check_backend
     from devplace.study.spec import PRESETS
     from devplace.study.store import connect, writer_lock
 
@@ -221,6 +224,7 @@ def run_study(spec_or_path: StudySpec | str | Path, db: str | Path, *, backend: 
         is_preset = str(spec_or_path) in PRESETS and not Path(spec_or_path).exists()
         spec = load_study(spec_or_path, preset=is_preset, max_cells=max_cells)
     cells = expand(spec, max_cells=max_cells)
+    check_backend(backend, workers, address)  # a refused run leaves no database behind
     con = connect(db)
     try:
         with writer_lock(db):

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from devplace.defaults import CANONICAL_ORDER, DEFAULT_SIM_MODEL
+from devplace.defaults import CANONICAL_ORDER, DEFAULT_SEED, DEFAULT_SIM_MODEL
 from devplace.errors import DevplaceError
 from devplace.graph.jsonio import env_limit, read_limited
 
@@ -79,6 +79,7 @@ class PlacerEntry:
     orders: tuple[str, ...] | None = None
     seeds: tuple[int, ...] | None = None
     log_path: Path | None = None  # the `log` setting resolved against the TOML's folder (inside it)
+    policy_path: Path | None = None  # the `policy` setting (a file to read) resolved against the TOML's folder
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,8 @@ def parse_study(text: str, *, base_dir: Path, source: str = "<string>", max_cell
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise StudyError(f"{source}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise StudyError(f"{source}: not valid TOML: arrays or tables nested too deep") from None
     where = source
     _known(doc, _TOP_KEYS, where)
     for required in ("graphs", "clusters", "placers"):
@@ -174,7 +177,7 @@ def parse_study(text: str, *, base_dir: Path, source: str = "<string>", max_cell
     graphs = _graphs(doc["graphs"], base_dir, where)
     clusters = _clusters(doc["clusters"], base_dir, where)
     orders = _orders(doc.get("orders", [CANONICAL_ORDER]), f"{where}: orders")
-    seeds = _seeds(doc.get("seeds", [0]), f"{where}: seeds", limit)
+    seeds = _seeds(doc.get("seeds", [DEFAULT_SEED]), f"{where}: seeds", limit)
     placers = _placers(doc["placers"], where, base_dir, limit)
     spec = StudySpec(name=name, graphs=graphs, clusters=clusters, placers=placers, orders=orders, seeds=seeds,
                      sim_model=sim_model, max_nodes=max_nodes, description=description, source=source)
@@ -342,16 +345,19 @@ def _placers(value: Any, where: str, base_dir: Path, limit: int) -> tuple[Placer
                              f"its settings: {listed}")
         _check_settings(name, settings, what)
         log_path = _log_path(settings["log"], base_dir, what) if "log" in settings else None
+        policy_path = _policy_path(settings["policy"], base_dir, what) if "policy" in settings else None
         orders = _orders(item["orders"], f"{what}: orders") if "orders" in item else None
         seeds = _seeds(item["seeds"], f"{what}: seeds", limit) if "seeds" in item else None
-        out.append(PlacerEntry(name=name, settings=dict(settings), orders=orders, seeds=seeds, log_path=log_path))
+        out.append(PlacerEntry(name=name, settings=dict(settings), orders=orders, seeds=seeds, log_path=log_path,
+                               policy_path=policy_path))
     return tuple(out)
 
 
 def _check_settings(placer: str, settings: dict[str, Any], what: str) -> None:
     """Each setting against the type the placer's function declares for it (int, float, bool, str, or a
-    union of them), numbers finite, and names that must name something (`start`: a placer, `sim_model`:
-    a simulation model): so a typo fails when the study is read, not when its first cell runs."""
+    union of them), numbers finite, the placer's own checks of the values (`PlacerSpec.check_settings`:
+    ranges such as anneal's swap_prob in [0, 1]), and names that must name something (`start`: a placer,
+    `sim_model`: a simulation model): so a typo fails when the study is read, not when its first cell runs."""
     from devplace.placers.registry import get_placer
     from devplace.sim import MODELS
 
@@ -364,6 +370,10 @@ def _check_settings(placer: str, settings: dict[str, Any], what: str) -> None:
             raise StudyError(f"{at} must be {names}, got {value!r}"[:300])
         if isinstance(value, float) and not math.isfinite(value):
             raise StudyError(f"{at} must be a finite number, got {value!r}")
+    try:  # the placer's own checks of the values (ranges, names), as its first cell would run them
+        get_placer(placer).check_settings(settings)
+    except DevplaceError as exc:
+        raise StudyError(f"{what}: {exc}") from None
     if "start" in settings and placer == "anneal":
         try:
             get_placer(settings["start"])
@@ -398,4 +408,14 @@ def _log_path(value: Any, base_dir: Path, what: str) -> Path:
     if not path.is_relative_to(root) or path == root:
         raise StudyError(f"{what}: setting 'log' is {value!r}, which leads outside the study's folder {root}; give "
                          "a file name inside it, e.g. \"logs/curve.csv\" (each cell writes its own file beside it)")
+    return path
+
+
+def _policy_path(value: Any, base_dir: Path, what: str) -> Path:
+    """The `policy` setting (a trained policy to start from) as an existing file; a relative path is read from
+    the study's folder (base_dir), as graph and cluster files are, wherever the study is run from."""
+    path = base_dir / str(value)
+    if not path.is_file():
+        raise StudyError(f"{what}: setting 'policy' is {value!r}, but {path} is not a file; give a policy "
+                         "checkpoint (`devplace train -o`), relative to the study's folder")
     return path

@@ -215,6 +215,8 @@ def read_cells(db_path: str | Path, *, decode: bool = True, study: str | None = 
     """
     con = connect(db_path, create=False)
     try:
+        if not con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'cells'").fetchone():
+            return []  # an empty database (a 0-byte file, or one a driver created but never wrote): no cells yet
         con.row_factory = sqlite3.Row
         sql, args = "SELECT * FROM cells", ()
         if study is not None:

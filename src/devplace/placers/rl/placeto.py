@@ -721,7 +721,15 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, hyp
     return run
 
 
-@register("placeto", uses_order=True)
+def _check_placer_settings(episodes: int, memory_penalty: float, rounds: int, hidden: int, encoder: str,
+                           sim_model: str, lr: float, start: str) -> None:
+    """The `placeto` placer's settings checked as `train_placeto` checks them (for a study file, before any cell
+    runs)."""
+    check_settings(replace(PlacetoHyper(), episodes=episodes, memory_penalty=memory_penalty, rounds=rounds,
+                           hidden=hidden, encoder=encoder, sim_model=sim_model, lr=lr, start=start))
+
+
+@register("placeto", uses_order=True, check=_check_placer_settings)
 def placeto(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0,
             episodes: int = PlacetoHyper.episodes, memory_penalty: float = PlacetoHyper.memory_penalty,
             rounds: int = PlacetoHyper.rounds, hidden: int = PlacetoHyper.hidden, encoder: str = PlacetoHyper.encoder,

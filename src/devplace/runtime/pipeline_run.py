@@ -24,6 +24,8 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import io
+import pickle
 import statistics
 import tempfile
 import time
@@ -135,10 +137,11 @@ def _trace(module: nn.Module, export: PipelineExport, mb_kwargs: dict[str, Any])
 
 @dataclass(frozen=True)
 class _Job:
-    """What one process needs (inherited by the forked processes: a traced Pipe does not pickle)."""
+    """What every process needs (pickled by torch.multiprocessing): `stages[i]` is stage i's module with the
+    pipeline's graph, serialised by `_dump_stage`."""
 
     folder: str
-    pipe: Any  # the traced, split module (torch.distributed.pipelining.Pipe)
+    stages: list[bytes]
     tied: list[list[tuple[int, str]]]  # per tied parameter: (stage, name in that stage), by stage
     schedule: Schedule
     microbatches: list[dict[str, Any]]
@@ -155,20 +158,22 @@ def _worker(rank: int, job: _Job) -> None:
     """One pipeline stage: join the gloo group, build the stage, run the steps, save what the parent reads."""
     import torch.distributed as dist
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining.stage import _PipelineStage
 
     from devplace.capture.torch_capture import default_loss
     from devplace.runtime.run import _make_optimizer
 
     torch.manual_seed(job.seed)
-    torch.set_num_threads(1)  # one process per stage shares the cores (and keeps OpenMP out of forked children)
-    world = job.pipe.num_stages
+    torch.set_num_threads(1)  # the processes, one per stage, share the cores
+    mod, info = pickle.loads(job.stages[rank])
+    world = info.num_stages
     dist.init_process_group("gloo", init_method=f"file://{job.folder}/rendezvous", rank=rank, world_size=world,
                             timeout=timedelta(seconds=job.timeout_s))
     try:
         # every process creates every group, in the same order (new_group is collective)
         groups = [(dist.new_group([s for s, _ in users]), dict(users)) for users in job.tied]
-        mod = job.pipe.get_stage_module(rank)
-        stage = job.pipe.build_stage(rank, torch.device("cpu"))
+        # what Pipe.build_stage does, from the stage module and graph it sent (on the CPU, where they were traced)
+        stage = _PipelineStage(mod, rank, info, torch.device("cpu"))
         loss_of = job.loss_fn or default_loss
 
         def loss(output: Any, _target: Any) -> torch.Tensor:
@@ -220,6 +225,91 @@ def _tied(pipe: Any) -> list[list[tuple[int, str]]]:
     return [sorted((index[sub], name) for sub, name in users.items()) for users in pipe.replicated_params]
 
 
+def _start_method() -> str:
+    """"forkserver", with torch and the pipelining runtime imported in the server: it starts once per Python
+    process and forks each stage from there, so later runs skip those imports. Not "fork": a process that ran
+    autograd on another device than the CPU (as the capture does, on fake tensors) cannot run autograd in a
+    forked child."""
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed.pipelining", __name__])
+    return "forkserver"
+
+
+def _meta_tensor(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, grad: bool) -> torch.Tensor:
+    return torch.empty_strided(shape, stride, dtype=dtype, device="meta").requires_grad_(grad)
+
+
+def _aten_op(namespace: str, name: str, overload: str | None) -> Any:
+    packet = getattr(getattr(torch.ops, namespace), name)
+    return getattr(packet, overload) if overload is not None else packet
+
+
+@dataclass(frozen=True)
+class _NodeRef:
+    """A node named in another node's arguments, in a pickled graph."""
+
+    name: str
+
+
+def _graph_of(records: list[tuple[Any, ...]]) -> torch.fx.Graph:
+    """The graph `_StagePickler` wrote: nodes in order, each value's metadata ("val") restored."""
+    from torch.fx.node import map_aggregate
+
+    graph = torch.fx.Graph()
+    made: dict[str, torch.fx.Node] = {}
+
+    def node(a: Any) -> Any:
+        return made[a.name] if isinstance(a, _NodeRef) else a
+
+    for name, op, target, args, kwargs, type_expr, val in records:
+        made[name] = graph.create_node(op, target, map_aggregate(args, node), map_aggregate(kwargs, node), name=name,
+                                       type_expr=type_expr)
+        if val is not None:
+            made[name].meta["val"] = val
+    return graph
+
+
+def _graph_module_of(body: dict[str, Any], graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    root = nn.Module()
+    root.__dict__.update(body)
+    return torch.fx.GraphModule(root, graph)
+
+
+class _StagePickler(pickle.Pickler):
+    """Pickles a traced stage for its process: a graph as its nodes with each value's metadata ("val", which the
+    stage reads to allocate its receive buffers; the trace's fake tensors become meta tensors), operators by
+    name. Tracing in every process instead costs seconds per stage."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        from torch._ops import OpOverload, OpOverloadPacket
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch.fx.node import map_arg
+
+        if isinstance(obj, FakeTensor):
+            return _meta_tensor, (tuple(obj.shape), tuple(obj.stride()), obj.dtype, obj.requires_grad)
+        if isinstance(obj, OpOverload):
+            namespace, name = obj._schema.name.split("::")
+            return _aten_op, (namespace, name, obj._overloadname)
+        if isinstance(obj, OpOverloadPacket):
+            namespace, name = obj._qualified_op_name.split("::")
+            return _aten_op, (namespace, name, None)
+        if isinstance(obj, torch.fx.GraphModule):  # its code is generated again from the graph
+            return _graph_module_of, ({k: v for k, v in obj.__dict__.items() if k != "_graph"}, obj.graph)
+        if isinstance(obj, torch.fx.Graph):
+            records = [(n.name, n.op, n.target, map_arg(n.args, lambda a: _NodeRef(a.name)),
+                        map_arg(n.kwargs, lambda a: _NodeRef(a.name)), n.type, n.meta.get("val")) for n in obj.nodes]
+            return _graph_of, (records,)
+        return NotImplemented
+
+
+def _dump_stage(pipe: Any, i: int) -> bytes:
+    """Stage i's module and the pipeline's graph (`Pipe.info()`), what a process needs to build the stage."""
+    buf = io.BytesIO()
+    _StagePickler(buf).dump((pipe.get_stage_module(i), pipe.info()))
+    return buf.getvalue()
+
+
 def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mapping[str, Any] | str | Path, *,
                  processes: int | None = None, steps: int = 1, optimizer: str = "sgd",
                  loss_fn: Callable[[Any], torch.Tensor] | None = None, loss_reduction: str = "mean",
@@ -248,13 +338,18 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
         raise PipelineRunError(f"steps must be at least 1, got {steps}")
     if loss_reduction not in ("mean", "sum"):
         raise PipelineRunError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+    known = dict(module.named_modules())
+    missing = [pt for pt in ex.split_points if pt not in known]
+    if missing:
+        raise PipelineRunError(f"split point(s) {', '.join(missing)} are not modules of {type(module).__name__}; the "
+                               "export was made for another model")
     mbs = _microbatches(_named_inputs(module, inputs), ex.schedule.microbatches)
     pipe = _trace(module, ex, mbs[0])
     with tempfile.TemporaryDirectory(prefix="devplace-pipe-") as folder:
-        job = _Job(folder, pipe, _tied(pipe), ex.schedule, mbs, steps, optimizer, loss_fn,
-                   loss_reduction, return_grads, seed, timeout_s)
+        job = _Job(folder, [_dump_stage(pipe, i) for i in range(n)], _tied(pipe), ex.schedule, mbs, steps, optimizer,
+                   loss_fn, loss_reduction, return_grads, seed, timeout_s)
         try:
-            mp.start_processes(_worker, args=(job,), nprocs=n, join=True, start_method="fork")
+            mp.start_processes(_worker, args=(job,), nprocs=n, join=True, start_method=_start_method())
         except mp.ProcessRaisedException as exc:
             last = str(exc).strip().splitlines()[-1]
             raise DevplaceError(f"a pipeline stage failed: {last}") from exc

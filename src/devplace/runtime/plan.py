@@ -25,7 +25,7 @@ from devplace.sim import SimResult, lower_bound, simulate
 from devplace.sim.summary import result_view
 from devplace.units import fmt_time
 
-__all__ = ["FORMAT", "Plan", "load_plan", "plan", "plan_from_prepared", "rebuild_zoo_model",
+__all__ = ["FORMAT", "Plan", "build_source", "load_plan", "plan", "plan_from_prepared", "rebuild_zoo_model",
            "zoo_plan"]
 
 FORMAT = "devplace.plan/1"
@@ -181,13 +181,19 @@ def zoo_plan(name: str, cluster: Cluster | str, *, batch: int | None = None, seq
 
 def rebuild_zoo_model(p: Plan) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """The zoo module and inputs a plan made by `zoo_plan` was made for; an error for other plans."""
+    return build_source(p.settings.get("source"))
+
+
+def build_source(src: Any) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The zoo module and inputs of a plan's `source` setting (zoo name, batch, seq_len, build_seed; also what a
+    pipeline export made from the plan keeps); an error when the plan was made from a Python module."""
     from devplace.errors import DevplaceError
     from devplace.zoo.models import build_model
 
-    src = p.settings.get("source") or {}
     if not isinstance(src, Mapping) or "zoo" not in src:
         raise DevplaceError("this plan was made from a Python module, not a zoo model, so the command line cannot "
-                            "rebuild it; in Python, use plan.apply(model, devices) and devplace.runtime.run_steps")
+                            "rebuild it; in Python, use plan.apply(model, devices) and devplace.runtime.run_steps "
+                            "(or devplace.runtime.run_pipeline for a pipeline export)")
     module, inputs, _ = build_model(str(src["zoo"]), src.get("batch"), src.get("seq_len"),
                                     seed=int(src.get("build_seed", 0)))
     return module, inputs

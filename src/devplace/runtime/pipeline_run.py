@@ -2,15 +2,17 @@
 (docs/runtime.md, "Pipelined runs").
 
 `run_pipeline(module, inputs, export)` traces the module once, split at the export's split points
-(`pipeline()` with `SplitPoint.BEGINNING`), spawns one process per stage (`torch.multiprocessing`, a
-`file://` rendezvous in a temporary folder, the gloo backend), and runs training steps under the export's
-schedule (`ScheduleGPipe` or `Schedule1F1B`, M micro-batches): forward and backward of every micro-batch,
-then the gradients of a parameter held by several stages (tied weights: GPT-2's `wte` and `lm_head`) summed
-across those stages, then the optimizer step on each stage.
+(`pipeline()` with `SplitPoint.BEGINNING`), starts one process per stage (`torch.multiprocessing`'s
+forkserver, a `file://` rendezvous in a temporary folder, the gloo backend), sends each its stage (pickled
+by `_StagePickler`), and runs training steps under the export's schedule (`ScheduleGPipe` or
+`Schedule1F1B`, M micro-batches): forward and backward of every micro-batch, then the gradients of a
+parameter held by several stages (tied weights: GPT-2's `wte` and `lm_head`) summed across those stages,
+then the optimizer step on each stage.
 
-Inputs reach every stage as keyword arguments, so a later stage that reads a model input (the labels of the
-loss the module returns, as the zoo's models do) gets it; the first stage gets them all. Each micro-batch is
-a contiguous slice of the batch along dimension 0 of every tensor input.
+The inputs go to the first stage as keyword arguments, and the traced forward begins with a view of each, so
+a later stage that reads a model input (the labels of the loss the module returns, as the zoo's models do)
+receives it from the first stage. Each micro-batch is a contiguous slice of the batch along dimension 0 of
+every tensor input.
 
 The pipelined loss of a step is the mean of the micro-batch losses, and the gradients are averaged over the
 micro-batches (the schedule's `scale_grads`): the same as one step on the whole batch when the module's loss

@@ -97,7 +97,7 @@ def _microbatches(kwargs: dict[str, Any], m: int) -> list[dict[str, Any]]:
     b = batch.pop()
     if b % m:
         raise PipelineRunError(f"batch {b} does not divide into {m} equal micro-batches; use a batch that is a "
-                               f"multiple of {m} or another number of micro-batches")
+                               f"multiple of {m} or another number of micro-batches (devplace export --microbatches)")
     return [{k: (v[i * (b // m):(i + 1) * (b // m)] if k in sizes else v) for k, v in kwargs.items()}
             for i in range(m)]
 
@@ -322,10 +322,11 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
 
     `processes` must be the number of stages (default); `optimizer` "sgd", "adam" or "none" (as for
     `run_steps`); `loss_fn` maps the module's output to its loss (default: `default_loss`, the module's own
-    loss when it returns one); `loss_reduction` "mean" (the loss is a mean over the batch) or "sum". With
-    `return_grads`, the first step's gradient of every parameter name of `module` is returned (tied parameters
-    summed across their stages). The module itself is not changed. Errors: PipelineRunError (a user problem:
-    input, schedule, split); a failing stage raises with its process's message.
+    loss when it returns one; it is sent to the processes, so a module-level function, not a lambda);
+    `loss_reduction` "mean" (the loss is a mean over the batch) or "sum". With `return_grads`, the first
+    step's gradient of every parameter name of `module` is returned (tied parameters summed across their
+    stages). The module itself is not changed. Errors: PipelineRunError (a user problem: input, schedule,
+    split); a failing stage raises with its process's message.
     """
     import torch.multiprocessing as mp
 

@@ -62,7 +62,8 @@ def test_pipeline_split_builds_a_torch_pipeline():
     pipe = pipeline(model, mb_args=(x,), split_spec=split.split_spec())
     assert pipe.num_stages == 3
     doc = split.to_dict()
-    assert doc["format"] == "devplace.pipeline/1" and [s["module"] for s in doc["split_points"]] == ["2", "4"]
+    assert doc["format"] == "devplace.pipeline/2" and [s["module"] for s in doc["split_points"]] == ["2", "4"]
+    assert doc["schedule"]["kind"] == "1f1b" and doc["schedule"]["microbatches"] == 3  # the default: one per stage
 
 
 class _TwoOps(nn.Module):

@@ -4,6 +4,7 @@ commands that do not need them start without loading torch."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,15 +38,25 @@ from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, Device, load_cluster
 from devplace.hardware.cost import CostTable
 from devplace.hardware.presets import device_kind as kind_device
+from devplace.placers import schedule_of
 from devplace.placers.rl.curve import plot_curve, read_curve
 from devplace.placers.rl.trainer import TrainResult, mean_best_ratio, parse_indices, train
 from devplace.planning import MAP_PLACER, Placed, Progress, json_safe, place_graph, render_text
 from devplace.runtime.apply import normalize_devices
-from devplace.runtime.export import device_map, export_json, pipeline_split
+from devplace.runtime.export import (
+    PipelineExport,
+    default_schedule,
+    device_map,
+    export_json,
+    pipeline_split,
+    read_pipeline,
+)
 from devplace.runtime.module_map import placement_from_module_map, read_module_map
-from devplace.runtime.plan import Plan, load_plan, rebuild_zoo_model, zoo_plan
+from devplace.runtime.pipeline_run import PipelineRun, run_pipeline
+from devplace.runtime.plan import Plan, build_source, load_plan, rebuild_zoo_model, zoo_plan
 from devplace.runtime.run import RunResult, append_record, local_cluster, measure_plan
 from devplace.sim import simulate
+from devplace.sim.schedule import Schedule
 from devplace.study.report import write_report
 from devplace.study.runner import StudySummary, run_study
 from devplace.study.spec import StudyError, load_study
@@ -55,6 +66,7 @@ from devplace.zoo.models import MODELS, ModelSpec
 
 __all__ = [
     "Measured",
+    "PipelineRan",
     "StudyRan",
     "capture_graph",
     "check_learned_placer",
@@ -73,6 +85,7 @@ __all__ = [
     "prepare_model",
     "profile_model",
     "run_model",
+    "run_pipeline_export",
     "save_prepared",
     "study_report",
     "study_run",
@@ -321,17 +334,34 @@ def run_model(p: Plan, module: Any, inputs: Any, devices: str, *, steps: int = 5
     return Measured(p, run, rec, list(placed.devices), placed.granularity, placed.crossings, steps, record)
 
 
-def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None) -> tuple[dict[str, Any], str]:
-    """`devplace export`: (the JSON document, a one-line note) of a plan's placement as pipeline split points,
-    a device_map or plain JSON."""
+def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, *, schedule: str | None = None,
+                microbatches: int | None = None) -> tuple[dict[str, Any], str]:
+    """`devplace export`: (the JSON document, a one-line note) of a plan's placement as pipeline split points
+    with their schedule, a device_map or plain JSON. `schedule`/`microbatches` (pipeline only) replace the kind
+    and micro-batch count of the schedule the placement was made for (or of `default_schedule`)."""
+    if fmt != "pipeline" and (schedule is not None or microbatches is not None):
+        raise DevplaceError("--schedule and --microbatches belong to --format pipeline")
     p = load_plan(plan_file)
     names = [d.strip() for d in devices.split(",")] if devices else None
     if fmt == "pipeline":
-        split = pipeline_split(p.graph, p.placement)
+        sched = schedule_of(p.placement)
+        if schedule is not None or microbatches is not None:
+            stages = len(pipeline_split(p.graph, p.placement).devices)
+            base = sched or default_schedule(stages)
+            kind = schedule or base.kind
+            sched = Schedule(kind, microbatches or base.microbatches,
+                             base.chunks if kind == base.kind else None)
+        split = pipeline_split(p.graph, p.placement, p.cluster, schedule=sched)
         doc = split.to_dict()
         if names is not None:
             doc["stage_device_names"] = [names[d] for d in split.devices]
-        return doc, f"{len(split.devices)} pipeline stage(s), split at {', '.join(split.split_points) or 'nothing'}"
+        if isinstance(p.settings.get("source"), dict):
+            doc["source"] = p.settings["source"]  # so that `devplace run --pipeline` can rebuild a zoo model
+        s = split.schedule or default_schedule(len(split.devices))
+        timed = (f"; simulated pipelined step {fmt_time(split.pipelined_step_time_s)}"
+                 if split.pipelined_step_time_s is not None else "")
+        return doc, (f"{len(split.devices)} pipeline stage(s), split at {', '.join(split.split_points) or 'nothing'}; "
+                     f"{s.kind} schedule, {s.microbatches} micro-batch(es){timed}")
     if fmt == "device-map":
         dm = device_map(p.graph, p.placement, p.cluster)
         doc = {"format": "devplace.device_map/1", "device_map": dm.named(names), "step_time_s": dm.step_time_s,
@@ -341,6 +371,57 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None) 
     if fmt == "json":
         return export_json(p.graph, p.placement, names), f"{len(p.placement.assignment)} ops placed"
     raise DevplaceError(f"unknown export format {fmt!r}; choose pipeline, device-map or json")
+
+
+@dataclass(frozen=True)
+class PipelineRan:
+    """What `devplace run --pipeline` did: the pipelined steps and the unpipelined loss of the same batch."""
+
+    export: PipelineExport
+    run: PipelineRun
+    warmup: int
+    reference_loss: float
+
+    @property
+    def timed_s(self) -> list[float]:
+        """The timed steps' seconds (after the warm-up)."""
+        return self.run.step_times_s[self.warmup:]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (`devplace run --pipeline --json`)."""
+        return json_safe({"format": "devplace.pipeline-run/1", "source": self.export.source,
+                          "split_points": list(self.export.split_points), "schedule": self.export.schedule.to_dict(),
+                          "processes": self.run.processes, "backend": "gloo", "losses": self.run.losses,
+                          "reference_loss": self.reference_loss, "measured_steps_s": self.timed_s,
+                          "measured_step_s": statistics.median(self.timed_s),
+                          "simulated_step_s": self.export.doc.get("pipelined_step_time_s")})
+
+    def __rich__(self) -> Text:
+        s, r = self.export.schedule, self.run
+        sim = self.export.doc.get("pipelined_step_time_s")
+        return Text(f"{r.processes} stages in {r.processes} CPU processes (gloo), {s.kind} schedule, {s.microbatches} "
+                    f"micro-batches: measured step {fmt_time(statistics.median(self.timed_s))} (median of "
+                    f"{len(self.timed_s)}, wall clock)"
+                    + (f", simulated {fmt_time(float(sim))} on the plan's cluster" if sim is not None else "")
+                    + f"; first step's loss {r.losses[0]:.6g}, unpipelined {self.reference_loss:.6g}")
+
+    def text(self, width: int = 120) -> str:
+        """The report as plain text."""
+        return render_text(self, width)
+
+
+def run_pipeline_export(pipeline_file: Path, *, processes: int | None = None, steps: int = 5, warmup: int = 2,
+                        optimizer: str = "adam") -> PipelineRan:
+    """`devplace run --pipeline`: rebuild the export's zoo model and run `warmup` + `steps` pipelined training
+    steps in one CPU process per stage (gloo); also the unpipelined loss of the same batch, for comparison."""
+    if steps < 1 or warmup < 0:
+        raise DevplaceError(f"need --steps >= 1 and --warmup >= 0, got steps={steps}, warmup={warmup}")
+    ex = read_pipeline(pipeline_file)
+    module, inputs = build_source(ex.source)
+    with torch.no_grad():
+        reference = float(module(*inputs))
+    ran = run_pipeline(module, inputs, ex, processes=processes, steps=warmup + steps, optimizer=optimizer)
+    return PipelineRan(ex, ran, warmup, reference)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from devplace.cli.common import (
     say,
 )
 from devplace.defaults import DEFAULT_PLACER, DEFAULT_SEED
+from devplace.errors import DevplaceError
 
 
 def run_cmd(
@@ -45,6 +46,10 @@ def run_cmd(
     record: Annotated[Path | None, typer.Option(help="append the calibration record (JSON lines) here")] = Path(
         "devplace-runs.jsonl"),
     save_plan: Annotated[Path | None, typer.Option("--save-plan", help="write the plan made for --model here")] = None,
+    pipeline: Annotated[Path | None, typer.Option("--pipeline", help="a pipeline export (devplace export --format "
+                                                  "pipeline): run its stages in CPU processes with gloo")] = None,
+    processes: Annotated[int | None, typer.Option(help="with --pipeline: processes, one per stage (default: the "
+                                                  "export's stages)")] = None,
     as_json: JsonOpt = False,
     dtype: DtypeOpt = None,
     amp: AmpOpt = False,
@@ -56,8 +61,20 @@ def run_cmd(
     --devices, speeds measured on this machine); with --plan a saved plan is used. Steps run in the plan's
     precision. Logical device i runs on the i-th of --devices
     (a real device may repeat). Steps are timed with CUDA events where a GPU is used, wall clock otherwise.
+    With --pipeline, the export's zoo model runs pipelined (torch.distributed.pipelining, its schedule and
+    micro-batches), one CPU process per stage, and its first loss is shown next to the unpipelined one.
     """
     tasks = app.torch_tasks()
+    if pipeline is not None:
+        if model is not None or plan_file is not None:
+            raise DevplaceError("--pipeline runs an export on its own: drop --model/--plan")
+        with busy(f"running {warmup + steps} pipelined steps of {pipeline}", as_json):
+            ran = tasks.run_pipeline_export(pipeline, processes=processes, steps=steps, warmup=warmup)
+        if as_json:
+            print_json(ran.to_dict())
+        else:
+            console.print(ran)
+        return
     with busy(f"capturing and placing {model}", as_json or model is None):
         p, module, inputs = tasks.plan_for_run(model=model, plan_file=plan_file, devices=devices, cluster=cluster,
                                                batch=batch, seq_len=seq_len, max_nodes=max_nodes, placer=placer,
@@ -76,11 +93,15 @@ def export_cmd(
     devices: Annotated[str | None, typer.Option(help="real device names for the logical indices, e.g. "
                                                 "cuda:0,cuda:1")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the JSON here (default: stdout)")] = None,
+    schedule: Annotated[str | None, typer.Option(help="pipeline: schedule kind, gpipe or 1f1b (default: the "
+                                                 "placement's, else 1f1b)")] = None,
+    microbatches: Annotated[int | None, typer.Option(help="pipeline: micro-batches per step (default: the "
+                                                     "placement's, else one per stage)")] = None,
 ) -> None:
-    """Export a plan's placement: torch.distributed.pipelining split points (when the placement is contiguous
-    along the program), a Hugging Face style device_map (module -> device, with the simulated step-time
-    loss of that coarser mapping), or plain JSON."""
-    doc, note = app.torch_tasks().export_plan(plan_file, fmt, devices)
+    """Export a plan's placement: torch.distributed.pipelining split points with the micro-batch schedule
+    (devplace.pipeline/2; `devplace run --pipeline` runs it), a Hugging Face style device_map (module -> device,
+    with the simulated step-time loss of that coarser mapping), or plain JSON."""
+    doc, note = app.torch_tasks().export_plan(plan_file, fmt, devices, schedule=schedule, microbatches=microbatches)
     if output is None:
         print_json(doc)
         Console(stderr=True).print(note, highlight=False)

@@ -10,22 +10,28 @@ and its simulated step time is reported next to the placement's own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from devplace.errors import PlacementError
+from devplace.errors import FormatError, PlacementError
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.jsonio import read_json
 from devplace.graph.modules import ancestors, forward_ops, has_modules, module_of, module_starts
 from devplace.graph.placement import Placement, runtime_placement
 from devplace.hardware.cluster import Cluster
+from devplace.placers import schedule_of
 from devplace.runtime.module_map import placement_from_module_map
 from devplace.sim import simulate
+from devplace.sim.schedule import Schedule, ScheduleError
 
-__all__ = ["DeviceMap", "ExportError", "PipelineSplit", "callable_modules", "device_map", "export_json",
-           "pipeline_split"]
+__all__ = ["PIPELINE_FORMAT", "DeviceMap", "ExportError", "PipelineExport", "PipelineSplit", "callable_modules",
+           "default_schedule", "device_map", "export_json", "pipeline_split", "read_pipeline"]
+
+PIPELINE_FORMAT = "devplace.pipeline/2"
 
 
 class ExportError(PlacementError):
@@ -81,8 +87,10 @@ class PipelineSplit:
     `placement` is the op placement the stages run (forward ops by stage, the rest with their forward op);
     `moved_fraction` the share of the forward work (with its backward and optimizer ops) that it runs on
     another device than the exported placement did; `step_time_s` and `op_level_step_time_s` the simulated
-    step of the stages and of the exported placement as the runtime runs it, `feasible` whether the stages fit
-    memory (None without a cluster: moving work between devices can overfill one)."""
+    (unpipelined) step of the stages and of the exported placement as the runtime runs it, `feasible` whether
+    the stages fit memory (None without a cluster: moving work between devices can overfill one). `schedule`
+    is the micro-batch schedule the stages run; `pipelined_step_time_s` their step simulated under it (None
+    without a cluster, or when the stages do not run along the device indices, as the simulator requires)."""
 
     devices: tuple[int, ...]
     split_points: tuple[str, ...]
@@ -92,6 +100,8 @@ class PipelineSplit:
     step_time_s: float | None = None
     op_level_step_time_s: float | None = None
     feasible: bool | None = None
+    schedule: Schedule | None = None
+    pipelined_step_time_s: float | None = None
 
     @property
     def slowdown(self) -> float | None:
@@ -102,16 +112,93 @@ class PipelineSplit:
 
     def split_spec(self) -> dict[str, Any]:
         """`{module name: SplitPoint.BEGINNING}` for `torch.distributed.pipelining.pipeline(split_spec=...)`."""
-        from torch.distributed.pipelining import SplitPoint
-
-        return {name: SplitPoint.BEGINNING for name in self.split_points}
+        return _split_spec(self.split_points)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": "devplace.pipeline/1", "stage_devices": list(self.devices),
+        """The `devplace.pipeline/2` document (`read_pipeline` reads it back)."""
+        schedule = self.schedule or default_schedule(len(self.devices))
+        return {"format": PIPELINE_FORMAT, "stage_devices": list(self.devices),
                 "split_points": [{"module": m, "point": "beginning"} for m in self.split_points],
+                "schedule": schedule.to_dict(),
                 "stage_first_ops": list(self.first_ops), "moved_fraction": self.moved_fraction,
                 "step_time_s": self.step_time_s, "op_level_step_time_s": self.op_level_step_time_s,
-                "feasible": self.feasible}
+                "pipelined_step_time_s": self.pipelined_step_time_s, "feasible": self.feasible}
+
+
+def _split_spec(points: Sequence[str]) -> dict[str, Any]:
+    from torch.distributed.pipelining import SplitPoint
+
+    return {name: SplitPoint.BEGINNING for name in points}
+
+
+def default_schedule(stages: int) -> Schedule:
+    """The schedule an export gets when its placement was made without one: 1F1B with one micro-batch per
+    stage, the fewest that let every stage work at once."""
+    return Schedule("1f1b", microbatches=max(stages, 1))
+
+
+@dataclass(frozen=True)
+class PipelineExport:
+    """A `devplace.pipeline/2` document read back and checked: the split points (stage i > 0 begins at module
+    `split_points[i-1]`), the logical device of each stage, the schedule, the model `source` of the plan it
+    came from (a zoo name with batch and sequence length, as in `devplace.plan/1` settings; None when unknown),
+    and the whole document."""
+
+    split_points: tuple[str, ...]
+    stage_devices: tuple[int, ...]
+    schedule: Schedule
+    source: dict[str, Any] | None
+    doc: dict[str, Any]
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_devices)
+
+    def split_spec(self) -> dict[str, Any]:
+        """`{module name: SplitPoint.BEGINNING}` for `torch.distributed.pipelining.pipeline(split_spec=...)`."""
+        return _split_spec(self.split_points)
+
+
+def read_pipeline(source: str | Path | Mapping[str, Any]) -> PipelineExport:
+    """A pipeline export (a `devplace.pipeline/2` file or its parsed document), checked: split points are
+    distinct module names, one fewer than the stages, and the schedule is a valid `Schedule` with one model
+    chunk per device (interleaved schedules are not exported). An ExportError says what is wrong."""
+    where = str(source) if not isinstance(source, Mapping) else "pipeline export"
+    try:
+        doc = dict(source) if isinstance(source, Mapping) else read_json(source, PIPELINE_FORMAT)
+    except FormatError as exc:
+        raise ExportError(f"{exc}; re-export the plan with `devplace export PLAN --format pipeline`") from None
+    if doc.get("format") != PIPELINE_FORMAT:
+        raise ExportError(f"{where}: format {doc.get('format')!r} is not {PIPELINE_FORMAT!r} (the version that "
+                          "carries the schedule); re-export the plan with `devplace export PLAN --format pipeline`")
+    points = doc.get("split_points")
+    names: list[str] = []
+    if isinstance(points, list):
+        for pt in points:
+            if not isinstance(pt, dict) or not isinstance(pt.get("module"), str) or pt.get("point") != "beginning":
+                raise ExportError(f"{where}: each split point is {{\"module\": NAME, \"point\": \"beginning\"}}, "
+                                  f"got {pt!r}")
+            names.append(pt["module"])
+    else:
+        raise ExportError(f"{where}: split_points must be a list, got {points!r}")
+    if len(set(names)) != len(names):
+        raise ExportError(f"{where}: split points repeat a module: {names}")
+    devices = doc.get("stage_devices")
+    if (not isinstance(devices, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                 for d in devices) or len(devices) != len(names) + 1):
+        raise ExportError(f"{where}: stage_devices must list one device index >= 0 per stage ({len(names) + 1} "
+                          f"for {len(names)} split point(s)), got {devices!r}")
+    try:
+        schedule = Schedule.from_dict(doc.get("schedule"))
+    except ScheduleError as exc:
+        raise ExportError(f"{where}: {exc}") from None
+    if int(schedule.chunks or 1) != 1:
+        raise ExportError(f"{where}: a pipeline export runs one stage per device; schedule {schedule.kind!r} with "
+                          f"{schedule.chunks} chunks is not supported (use gpipe or 1f1b)")
+    source_doc = doc.get("source")
+    if source_doc is not None and not isinstance(source_doc, dict):
+        raise ExportError(f"{where}: source must be an object (the plan's model source), got {source_doc!r}")
+    return PipelineExport(tuple(names), tuple(devices), schedule, source_doc, doc)
 
 
 def _monotone_stages(cost: np.ndarray) -> list[int]:
@@ -143,7 +230,7 @@ def callable_modules(model: Any) -> set[str]:
 
 
 def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | None = None,
-                   model: Any = None) -> PipelineSplit:
+                   model: Any = None, schedule: Schedule | None = None) -> PipelineSplit:
     """Pipeline stages for any placement of a captured graph: one contiguous run of whole module calls per
     device, in program order, as near the placement as such a split gets.
 
@@ -158,7 +245,14 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
     simulated next to the placement's own (as the runtime runs it), so the loss of the approximation shows.
     With `model` (the captured module), a split point may be a module without ops of its own (an
     `nn.Sequential`); without it, the innermost module that begins there and has ops of its own is named.
+    `schedule` is the micro-batch schedule the export carries: by default the one the placement was made for
+    (`schedule_of`), else `default_schedule`; one stage per device, so not interleaved.
     """
+    schedule = schedule or schedule_of(placement)
+    if schedule is not None and int(schedule.chunks or 1) != 1:
+        raise ExportError(f"a pipeline export runs one stage per device, so it cannot carry the placement's "
+                          f"{schedule.kind} schedule with {schedule.chunks} chunks per device; export it with a "
+                          "gpipe or 1f1b schedule (`devplace export --schedule 1f1b`)")
     devs = _module_devices(graph, placement)
     fwd = forward_ops(graph)
     if not fwd:
@@ -210,8 +304,15 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
             first_ops.append(graph.ids[fwd[bounds[u]]])
     fw_total = float(fwork.sum())
     step, base, feasible = _costs(graph, cluster, placement, exported)
+    schedule = schedule or default_schedule(len(stage_devices))
+    pipelined = None
+    if cluster is not None:
+        try:
+            pipelined = simulate(graph, cluster, exported, schedule=schedule).step_time_s
+        except ScheduleError:
+            pipelined = None  # stages out of device order: the simulator cannot time them as a pipeline
     return PipelineSplit(tuple(stage_devices), tuple(points), tuple(first_ops), exported,
-                         moved / fw_total if fw_total > 0 else 0.0, step, base, feasible)
+                         moved / fw_total if fw_total > 0 else 0.0, step, base, feasible, schedule, pipelined)
 
 
 # ------------------------------------------------------------------------------------------ device map

@@ -161,7 +161,8 @@ def placement_from_module_map(graph: CompGraph, cluster: Cluster, module_map: Mo
 
 def read_module_map(path: str | Path) -> dict[str, Any] | list[str]:
     """A module map from a JSON file: an object module -> device, a list of split points, or what
-    `devplace export` writes (`devplace.device_map/1`'s "device_map", `devplace.pipeline/1`'s split points)."""
+    `devplace export` writes (`devplace.device_map/1`'s "device_map", `devplace.pipeline/1` or `/2`'s split
+    points)."""
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
@@ -171,7 +172,7 @@ def read_module_map(path: str | Path) -> dict[str, Any] | list[str]:
                              "module -> device or a list of split points") from exc
     if isinstance(doc, dict) and doc.get("format") == "devplace.device_map/1":
         doc = doc.get("device_map")
-    elif isinstance(doc, dict) and doc.get("format") == "devplace.pipeline/1":
+    elif isinstance(doc, dict) and doc.get("format") in ("devplace.pipeline/1", "devplace.pipeline/2"):
         points = doc.get("split_points")
         doc = [p.get("module") if isinstance(p, dict) else p for p in points] if isinstance(points, list) else None
     if isinstance(doc, dict) and "format" not in doc:
@@ -179,4 +180,4 @@ def read_module_map(path: str | Path) -> dict[str, Any] | list[str]:
     if isinstance(doc, list) and all(isinstance(p, str) for p in doc):
         return doc
     raise ModuleMapError(f"{path}: a module map is a JSON object module -> device (a Hugging Face device_map), a "
-                         "list of split-point module names, or a devplace.device_map/1 / devplace.pipeline/1 export")
+                         "list of split-point module names, or a devplace.device_map/1 or devplace.pipeline export")

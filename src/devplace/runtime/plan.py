@@ -34,7 +34,7 @@ from devplace.sim import SimResult, lower_bound, simulate
 from devplace.sim.summary import result_view
 from devplace.units import fmt_time
 
-__all__ = ["FORMAT", "Plan", "load_plan", "plan", "plan_from_prepared", "rebuild_zoo_model",
+__all__ = ["FORMAT", "Plan", "build_source", "load_plan", "plan", "plan_from_prepared", "rebuild_zoo_model",
            "zoo_plan"]
 
 FORMAT = "devplace.plan/1"
@@ -211,14 +211,25 @@ def zoo_plan(name: str, cluster: Cluster | str, *, batch: int | None = None, seq
 def rebuild_zoo_model(p: Plan) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """The zoo (or custom `package.module:factory`) module and inputs a plan made by `zoo_plan` was made for
     (and `p.loss_fn` set to the factory's loss); an error for other plans."""
+    module, inputs, p.loss_fn = _build_named_source(p.settings.get("source"))
+    return module, inputs
+
+
+def build_source(src: Any) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The zoo (or custom) module and inputs of a plan's `source` setting (model name, batch, seq_len,
+    build_seed; also what a pipeline export made from the plan keeps); an error when the plan was made from a
+    Python module."""
+    module, inputs, _ = _build_named_source(src)
+    return module, inputs
+
+
+def _build_named_source(src: Any) -> tuple[nn.Module, tuple[torch.Tensor, ...], Any]:
     from devplace.capture.custom import build_named_model
     from devplace.errors import DevplaceError
 
-    src = p.settings.get("source") or {}
-    name = src.get("zoo", src.get("custom")) if isinstance(src, Mapping) else None
+    name = (src.get("zoo", src.get("custom")) if isinstance(src, Mapping) else None)
     if not isinstance(name, str):
         raise DevplaceError("this plan was made from a Python module, not a zoo model, so the command line cannot "
-                            "rebuild it; in Python, use plan.apply(model, devices) and devplace.runtime.run_steps")
-    module, inputs, p.loss_fn = build_named_model(name, src.get("batch"), src.get("seq_len"),
-                                                  seed=int(src.get("build_seed", 0)))
-    return module, inputs
+                            "rebuild it; in Python, use plan.apply(model, devices) and devplace.runtime.run_steps "
+                            "(or devplace.runtime.run_pipeline for a pipeline export)")
+    return build_named_model(name, src.get("batch"), src.get("seq_len"), seed=int(src.get("build_seed", 0)))

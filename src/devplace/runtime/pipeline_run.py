@@ -1,0 +1,374 @@
+"""Run a pipeline export for real: `torch.distributed.pipelining` stages in CPU processes with gloo
+(docs/runtime.md, "Pipelined runs").
+
+`run_pipeline(module, inputs, export)` traces the module once, split at the export's split points
+(`pipeline()` with `SplitPoint.BEGINNING`), starts one process per stage (`torch.multiprocessing`'s
+forkserver, a `file://` rendezvous in a temporary folder, the gloo backend), sends each its stage (pickled
+by `_StagePickler`), and runs training steps under the export's schedule (`ScheduleGPipe` or
+`Schedule1F1B`, M micro-batches): forward and backward of every micro-batch, then the gradients of a
+parameter held by several stages (tied weights: GPT-2's `wte` and `lm_head`) summed across those stages,
+then the optimizer step on each stage.
+
+The inputs go to the first stage as keyword arguments, and the traced forward begins with a view of each, so
+a later stage that reads a model input (the labels of the loss the module returns, as the zoo's models do)
+receives it from the first stage. Each micro-batch is a contiguous slice of the batch along dimension 0 of
+every tensor input.
+
+The pipelined loss of a step is the mean of the micro-batch losses, and the gradients are averaged over the
+micro-batches (the schedule's `scale_grads`): the same as one step on the whole batch when the module's loss
+is a mean over equal-size micro-batches, which is why the batch must divide into M equal micro-batches. A
+loss that is a sum over the batch is `loss_reduction="sum"`. Batch normalisation computes its statistics per
+micro-batch, so such a model does not match its unpipelined step (that is pipelining, not this runner).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import io
+import pickle
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from devplace.errors import DevplaceError
+from devplace.runtime.export import PipelineExport, read_pipeline
+from devplace.sim.schedule import Schedule
+
+__all__ = ["PipelineRun", "PipelineRunError", "run_pipeline"]
+
+SCHEDULES = ("gpipe", "1f1b")  # the kinds with one stage per process
+
+
+class PipelineRunError(DevplaceError):
+    """A pipeline export cannot run on this module and inputs (the message says why)."""
+
+
+@dataclass
+class PipelineRun:
+    """Pipelined training steps: the loss of each step (before its optimizer update), each step's wall-clock
+    seconds (the slowest process), the parameter gradients of the first step by name (every name of the
+    module, tied names included; only with `return_grads=True`), the schedule and the number of processes."""
+
+    losses: list[float]
+    step_times_s: list[float]
+    schedule: Schedule
+    processes: int
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def step_time_s(self) -> float:
+        """Median of the steps."""
+        return statistics.median(self.step_times_s)
+
+
+def _named_inputs(module: nn.Module, inputs: Any) -> dict[str, Any]:
+    """The inputs as keyword arguments of `module.forward` (positional ones bound to their parameter names)."""
+    if isinstance(inputs, Mapping):
+        return dict(inputs)
+    args = tuple(inputs) if isinstance(inputs, tuple | list) else (inputs,)
+    sig = inspect.signature(module.forward)
+    if any(p.kind == p.VAR_POSITIONAL for p in sig.parameters.values()):
+        raise PipelineRunError(f"{type(module).__name__}.forward takes *args; a pipelined run passes the inputs to "
+                               "every stage by name, so give them as a dict of keyword arguments")
+    try:
+        return dict(sig.bind(*args).arguments)
+    except TypeError as exc:
+        raise PipelineRunError(f"the inputs do not fit {type(module).__name__}.forward: {exc}") from None
+
+
+def _microbatches(kwargs: dict[str, Any], m: int) -> list[dict[str, Any]]:
+    """`m` equal slices of every tensor input along dimension 0 (other inputs repeated)."""
+    sizes = {k: v.shape[0] for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
+    if not sizes:
+        raise PipelineRunError("no tensor input has a batch dimension to cut into micro-batches")
+    batch = set(sizes.values())
+    if len(batch) != 1:
+        raise PipelineRunError(f"the tensor inputs disagree on the batch size (dimension 0): {sizes}")
+    b = batch.pop()
+    if b % m:
+        raise PipelineRunError(f"batch {b} does not divide into {m} equal micro-batches; use a batch that is a "
+                               f"multiple of {m} or another number of micro-batches (devplace export --microbatches)")
+    return [{k: (v[i * (b // m):(i + 1) * (b // m)] if k in sizes else v) for k, v in kwargs.items()}
+            for i in range(m)]
+
+
+def _fed_from_first_stage(module: nn.Module) -> None:
+    """Make every tensor input of `module` a value of the first stage: its forward now begins with a view of
+    each tensor input, so a later stage that reads an input (the labels of the loss) receives it from the
+    first stage like any activation (the pipelining runtime feeds model inputs to the first stage only)."""
+    forward = module.forward
+
+    @functools.wraps(forward)  # keeps the signature: torch.export names the inputs after it
+    def fed(*args: Any, **kwargs: Any) -> Any:
+        def own(x: Any) -> Any:
+            return x.view_as(x) if isinstance(x, torch.Tensor) else x
+
+        return forward(*(own(a) for a in args), **{k: own(v) for k, v in kwargs.items()})
+
+    module.forward = fed  # type: ignore[method-assign]
+
+
+def _trace(module: nn.Module, export: PipelineExport, mb_kwargs: dict[str, Any]) -> Any:
+    from torch.distributed.pipelining import pipeline
+
+    split = copy.deepcopy(module)  # pipeline() annotates the module it is given
+    _fed_from_first_stage(split)
+    try:
+        pipe = pipeline(split, mb_args=(), mb_kwargs=mb_kwargs, split_spec=export.split_spec())
+    except Exception as exc:  # torch.export's errors are of many types; its first line says what failed
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PipelineRunError(f"{type(module).__name__} cannot be split for pipelining (torch.export could not "
+                               f"trace it, or a split point is not a module it calls): {type(exc).__name__}: "
+                               f"{first}") from exc
+    if pipe.num_stages != export.num_stages:
+        raise PipelineRunError(f"splitting {type(module).__name__} at {', '.join(export.split_points)} gave "
+                               f"{pipe.num_stages} stages, not the export's {export.num_stages}: a split point "
+                               "module is never called, or called twice")
+    return pipe
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every process needs (pickled by torch.multiprocessing): `stages[i]` is stage i's module with the
+    pipeline's graph, serialised by `_dump_stage`."""
+
+    folder: str
+    stages: list[bytes]
+    tied: list[list[tuple[int, str]]]  # per tied parameter: (stage, name in that stage), by stage
+    schedule: Schedule
+    microbatches: list[dict[str, Any]]
+    steps: int
+    optimizer: str
+    loss_fn: Callable[[Any], torch.Tensor] | None
+    loss_reduction: str
+    return_grads: bool
+    seed: int
+    timeout_s: float
+
+
+def _worker(rank: int, job: _Job) -> None:
+    """One pipeline stage: join the gloo group, build the stage, run the steps, save what the parent reads."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining.stage import _PipelineStage
+
+    from devplace.capture.torch_capture import default_loss
+    from devplace.runtime.run import _make_optimizer
+
+    torch.manual_seed(job.seed)
+    torch.set_num_threads(1)  # the processes, one per stage, share the cores
+    mod, info = pickle.loads(job.stages[rank])
+    world = info.num_stages
+    dist.init_process_group("gloo", init_method=f"file://{job.folder}/rendezvous", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=job.timeout_s))
+    try:
+        # every process creates every group, in the same order (new_group is collective)
+        groups = [(dist.new_group([s for s, _ in users]), dict(users)) for users in job.tied]
+        # what Pipe.build_stage does, from the stage module and graph it sent (on the CPU, where they were traced)
+        stage = _PipelineStage(mod, rank, info, torch.device("cpu"))
+        loss_of = job.loss_fn or default_loss
+
+        def loss(output: Any, _target: Any) -> torch.Tensor:
+            value = loss_of(output)
+            return value if value.numel() == 1 else value.sum()
+
+        kind = ScheduleGPipe if job.schedule.kind == "gpipe" else Schedule1F1B
+        sched = kind(stage, job.schedule.microbatches, loss_fn=loss, scale_grads=job.loss_reduction == "mean")
+        params = dict(mod.named_parameters())
+        opt = _make_optimizer(job.optimizer, [p for p in params.values() if p.requires_grad])
+        m = job.schedule.microbatches
+        mine = stage.is_first or stage.is_last
+        losses: list[float] = []
+        times: list[float] = []
+        grads: dict[str, torch.Tensor] = {}
+        for step in range(job.steps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            mb_losses: list[torch.Tensor] = []
+            sched.step(arg_mbs=[()] * m, kwarg_mbs=job.microbatches if stage.is_first else [{}] * m,
+                       target_mbs=[None] * m, losses=mb_losses if mine else None, return_outputs=False)
+            for group, users in groups:
+                if rank in users:
+                    p = params[users[rank]]
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    dist.all_reduce(p.grad, group=group)
+            if step == 0 and job.return_grads:
+                grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            else:
+                mod.zero_grad(set_to_none=True)
+            times.append(time.perf_counter() - t0)
+            if stage.is_last:
+                total = torch.stack([v.detach() for v in mb_losses]).sum()
+                losses.append(float(total / m if job.loss_reduction == "mean" else total))
+        torch.save({"losses": losses, "times": times, "grads": grads}, Path(job.folder) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _tied(pipe: Any) -> list[list[tuple[int, str]]]:
+    """Each parameter held by several stages (`Pipe.replicated_params`) as (stage, name) pairs by stage."""
+    from torch.distributed.pipelining._IR import get_submod_name
+
+    index = {get_submod_name(i): i for i in range(pipe.num_stages)}
+    return [sorted((index[sub], name) for sub, name in users.items()) for users in pipe.replicated_params]
+
+
+def _start_method() -> str:
+    """"forkserver", with torch and the pipelining runtime imported in the server: it starts once per Python
+    process and forks each stage from there, so later runs skip those imports. Not "fork": a process that ran
+    autograd on another device than the CPU (as the capture does, on fake tensors) cannot run autograd in a
+    forked child."""
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed.pipelining", __name__])
+    return "forkserver"
+
+
+def _meta_tensor(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype, grad: bool) -> torch.Tensor:
+    return torch.empty_strided(shape, stride, dtype=dtype, device="meta").requires_grad_(grad)
+
+
+def _aten_op(namespace: str, name: str, overload: str | None) -> Any:
+    packet = getattr(getattr(torch.ops, namespace), name)
+    return getattr(packet, overload) if overload is not None else packet
+
+
+@dataclass(frozen=True)
+class _NodeRef:
+    """A node named in another node's arguments, in a pickled graph."""
+
+    name: str
+
+
+def _graph_of(records: list[tuple[Any, ...]]) -> torch.fx.Graph:
+    """The graph `_StagePickler` wrote: nodes in order, each value's metadata ("val") restored."""
+    from torch.fx.node import map_aggregate
+
+    graph = torch.fx.Graph()
+    made: dict[str, torch.fx.Node] = {}
+
+    def node(a: Any) -> Any:
+        return made[a.name] if isinstance(a, _NodeRef) else a
+
+    for name, op, target, args, kwargs, type_expr, val in records:
+        made[name] = graph.create_node(op, target, map_aggregate(args, node), map_aggregate(kwargs, node), name=name,
+                                       type_expr=type_expr)
+        if val is not None:
+            made[name].meta["val"] = val
+    return graph
+
+
+def _graph_module_of(body: dict[str, Any], graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    root = nn.Module()
+    root.__dict__.update(body)
+    return torch.fx.GraphModule(root, graph)
+
+
+class _StagePickler(pickle.Pickler):
+    """Pickles a traced stage for its process: a graph as its nodes with each value's metadata ("val", which the
+    stage reads to allocate its receive buffers; the trace's fake tensors become meta tensors), operators by
+    name. Tracing in every process instead costs seconds per stage."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        from torch._ops import OpOverload, OpOverloadPacket
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch.fx.node import map_arg
+
+        if isinstance(obj, FakeTensor):
+            return _meta_tensor, (tuple(obj.shape), tuple(obj.stride()), obj.dtype, obj.requires_grad)
+        if isinstance(obj, OpOverload):
+            namespace, name = obj._schema.name.split("::")
+            return _aten_op, (namespace, name, obj._overloadname)
+        if isinstance(obj, OpOverloadPacket):
+            namespace, name = obj._qualified_op_name.split("::")
+            return _aten_op, (namespace, name, None)
+        if isinstance(obj, torch.fx.GraphModule):  # its code is generated again from the graph
+            return _graph_module_of, ({k: v for k, v in obj.__dict__.items() if k != "_graph"}, obj.graph)
+        if isinstance(obj, torch.fx.Graph):
+            records = [(n.name, n.op, n.target, map_arg(n.args, lambda a: _NodeRef(a.name)),
+                        map_arg(n.kwargs, lambda a: _NodeRef(a.name)), n.type, n.meta.get("val")) for n in obj.nodes]
+            return _graph_of, (records,)
+        return NotImplemented
+
+
+def _dump_stage(pipe: Any, i: int) -> bytes:
+    """Stage i's module and the pipeline's graph (`Pipe.info()`), what a process needs to build the stage."""
+    buf = io.BytesIO()
+    _StagePickler(buf).dump((pipe.get_stage_module(i), pipe.info()))
+    return buf.getvalue()
+
+
+def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mapping[str, Any] | str | Path, *,
+                 processes: int | None = None, steps: int = 1, optimizer: str = "sgd",
+                 loss_fn: Callable[[Any], torch.Tensor] | None = None, loss_reduction: str = "mean",
+                 return_grads: bool = False, seed: int = 0, timeout_s: float = 300.0) -> PipelineRun:
+    """Run `steps` pipelined training steps of `module` on `inputs` (a tuple of positional inputs or a dict of
+    keyword inputs, the whole batch) as the pipeline `export` says (a `read_pipeline` result, its document or
+    its file): one CPU process per stage, gloo, the export's schedule and micro-batch count.
+
+    `processes` must be the number of stages (default); `optimizer` "sgd", "adam" or "none" (as for
+    `run_steps`); `loss_fn` maps the module's output to its loss (default: `default_loss`, the module's own
+    loss when it returns one; it is sent to the processes, so a module-level function, not a lambda);
+    `loss_reduction` "mean" (the loss is a mean over the batch) or "sum". With `return_grads`, the first
+    step's gradient of every parameter name of `module` is returned (tied parameters summed across their
+    stages). The module itself is not changed. Errors: PipelineRunError (a user problem: input, schedule,
+    split); a failing stage raises with its process's message.
+    """
+    import torch.multiprocessing as mp
+
+    ex = export if isinstance(export, PipelineExport) else read_pipeline(export)
+    if ex.schedule.kind not in SCHEDULES:
+        raise PipelineRunError(f"schedule {ex.schedule.kind!r} is not run here; choose one of {', '.join(SCHEDULES)}")
+    n = ex.num_stages if processes is None else processes
+    if n != ex.num_stages:
+        raise PipelineRunError(f"the export has {ex.num_stages} stages, so it runs in {ex.num_stages} processes (one "
+                               f"stage each), not {n}")
+    if steps < 1:
+        raise PipelineRunError(f"steps must be at least 1, got {steps}")
+    if loss_reduction not in ("mean", "sum"):
+        raise PipelineRunError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+    known = dict(module.named_modules())
+    missing = [pt for pt in ex.split_points if pt not in known]
+    if missing:
+        raise PipelineRunError(f"split point(s) {', '.join(missing)} are not modules of {type(module).__name__}; the "
+                               "export was made for another model")
+    mbs = _microbatches(_named_inputs(module, inputs), ex.schedule.microbatches)
+    pipe = _trace(module, ex, mbs[0])
+    with tempfile.TemporaryDirectory(prefix="devplace-pipe-") as folder:
+        job = _Job(folder, [_dump_stage(pipe, i) for i in range(n)], _tied(pipe), ex.schedule, mbs, steps, optimizer,
+                   loss_fn, loss_reduction, return_grads, seed, timeout_s)
+        try:
+            mp.start_processes(_worker, args=(job,), nprocs=n, join=True, start_method=_start_method())
+        except mp.ProcessRaisedException as exc:
+            last = str(exc).strip().splitlines()[-1]
+            raise DevplaceError(f"a pipeline stage failed: {last}") from exc
+        results = [torch.load(Path(folder) / f"rank{r}.pt") for r in range(n)]
+    times = [max(r["times"][s] for r in results) for s in range(steps)]
+    grads: dict[str, torch.Tensor] = {}
+    if return_grads:
+        by_tensor = {id(p): name for name, p in module.named_parameters()}
+        for r in results:
+            for name, g in r["grads"].items():
+                grads.setdefault(name, g)
+        # a tied parameter has one gradient under each of its names
+        for name, p in module.named_parameters(remove_duplicate=False):
+            first = by_tensor[id(p)]
+            for alias in (name, first):
+                if alias in grads:
+                    grads.setdefault(name, grads[alias])
+                    grads.setdefault(first, grads[alias])
+    return PipelineRun(results[-1]["losses"], times, ex.schedule, n, grads)

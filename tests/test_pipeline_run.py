@@ -1,0 +1,212 @@
+"""A pipeline export run for real: `devplace.runtime.run_pipeline` builds torch.distributed.pipelining stages
+from a `devplace.pipeline/2` export and runs them in CPU processes with gloo; the loss and every parameter
+gradient match the unpipelined step. Also the export's schedule, reading exports back, and `devplace run
+--pipeline`."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import run_cli as _cli
+from devplace.runtime import plan
+from devplace.runtime.export import ExportError, pipeline_split, read_pipeline
+from devplace.runtime.module_map import placement_from_module_map
+from devplace.runtime.pipeline_run import PipelineRunError, run_pipeline
+from devplace.sim.schedule import Schedule, ScheduleError
+
+BATCH = 8
+
+
+class _LM(nn.Module):
+    """A tiny GPT-2 with tied embeddings, zoo-style: input_ids -> its own next-token loss (labels = inputs, so
+    the last stage reads a model input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
+                         embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, tie_word_embeddings=True)
+        self.model = GPT2LMHeadModel(cfg)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+
+
+class _CNN(nn.Module):
+    """A small CNN (no batch norm: its statistics are per micro-batch), zoo-style: images, labels -> loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+        self.block1 = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())
+        self.block2 = nn.Sequential(nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU())
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.block2(self.block1(self.stem(images))).mean(dim=(2, 3))
+        return F.cross_entropy(self.head(h), labels)
+
+
+def _build(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    if name == "gpt2":
+        return _LM(), (torch.randint(0, 64, (BATCH, 8)),)
+    return _CNN(), (torch.randn(BATCH, 3, 8, 8), torch.randint(0, 5, (BATCH,)))
+
+
+# split points (module names of the captured model) for 2 and 4 stages
+SPLITS = {"gpt2": {2: ["model.transformer.h.1"],
+                   4: ["model.transformer.h.0", "model.transformer.h.1", "model.transformer.ln_f"]},
+          "cnn": {2: ["block1"], 4: ["block1", "block2", "head"]}}
+
+
+@pytest.fixture(scope="module", params=["gpt2", "cnn"])
+def planned(request):
+    model, inputs = _build(request.param)
+    return request.param, model, inputs, plan(model, inputs, "4xV100-16GB", placer="single")
+
+
+def _export(name, model, p, stages: int, schedule: Schedule) -> dict:
+    """The devplace.pipeline/2 document of the pipeline placement cut at SPLITS[name][stages], via JSON text."""
+    placement = placement_from_module_map(p.graph, p.cluster, SPLITS[name][stages])
+    split = pipeline_split(p.graph, placement, p.cluster, model, schedule=schedule)
+    assert split.split_points == tuple(SPLITS[name][stages]) and split.moved_fraction == 0.0
+    assert split.pipelined_step_time_s is not None and split.pipelined_step_time_s > 0
+    return json.loads(json.dumps(split.to_dict()))
+
+
+# (stages, schedule, micro-batches): each model on 2 and 4 stages, under both schedules
+CASES = {"gpt2": [(2, "gpipe", 2), (4, "1f1b", 4)], "cnn": [(2, "1f1b", 2), (4, "gpipe", 4)]}
+
+
+@pytest.mark.parametrize("case", [0, 1])
+def test_pipelined_steps_match_the_unpipelined_steps(planned, case):
+    """Loss and every parameter gradient of the first step, then the loss after an SGD update."""
+    name, model, inputs, p = planned
+    stages, kind, microbatches = CASES[name][case]
+    doc = _export(name, model, p, stages, Schedule(kind, microbatches))
+    ex = read_pipeline(doc)
+    assert ex.schedule == Schedule(kind, microbatches) and ex.num_stages == stages
+    ran = run_pipeline(model, inputs, ex, steps=2, optimizer="sgd", return_grads=True)
+    assert ran.processes == stages and len(ran.step_times_s) == 2 and ran.step_time_s > 0
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(ref.parameters(), lr=1e-2, foreach=False)  # as run_steps/the capture set it up
+    loss = ref(*inputs)
+    loss.backward()
+    first = loss.item()
+    names = [n for n, _ in ref.named_parameters(remove_duplicate=False)]
+    if name == "gpt2":  # tied: one tensor, two names, in the first and the last stage
+        assert "model.lm_head.weight" in names and "model.transformer.wte.weight" in names
+    for n, param in ref.named_parameters(remove_duplicate=False):
+        assert n in ran.grads, n
+        assert torch.allclose(ran.grads[n], param.grad, rtol=1e-4, atol=1e-6), n
+    opt.step()
+    opt.zero_grad()
+    assert ran.losses == pytest.approx([first, ref(*inputs).item()], rel=1e-5)
+    # the module itself is left as it was (the runner splits a copy)
+    assert all(param.grad is None for param in model.parameters())
+
+
+def test_bad_exports_and_inputs_are_clear_errors(planned, tmp_path):
+    name, model, inputs, p = planned
+    doc = _export(name, model, p, 2, Schedule("1f1b", 2))
+    for broken, says in [({"format": "devplace.pipeline/1"}, "devplace.pipeline/2"),
+                         ({"schedule": None}, "schedule"),
+                         ({"schedule": {"kind": "zigzag", "microbatches": 2}}, "unknown schedule kind"),
+                         ({"schedule": {"kind": "interleaved-1f1b", "microbatches": 4, "chunks": 2}}, "one stage per"),
+                         ({"stage_devices": [0]}, "stage_devices"),
+                         ({"split_points": [{"module": "x", "point": "end"}]}, "beginning")]:
+        with pytest.raises(ExportError, match=says):
+            read_pipeline({**doc, **broken})
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(ExportError, match=r"bad\.json"):
+        read_pipeline(path)
+    with pytest.raises(PipelineRunError, match="3 equal micro-batches"):
+        run_pipeline(model, inputs, {**doc, "schedule": Schedule("1f1b", 3).to_dict()})
+    with pytest.raises(PipelineRunError, match="runs in 2 processes"):
+        run_pipeline(model, inputs, doc, processes=3)
+    with pytest.raises(PipelineRunError, match="not modules of"):
+        run_pipeline(model, inputs, {**doc, "split_points": [{"module": "nowhere", "point": "beginning"}]})
+
+
+class _Branchy(nn.Module):
+    """Data-dependent control flow: torch.export cannot trace it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        if h.sum() > 0:
+            h = h * 2
+        return self.b(h).mean()
+
+
+def test_an_untraceable_model_says_so_in_one_line():
+    doc = {"format": "devplace.pipeline/2", "stage_devices": [0, 1],
+           "split_points": [{"module": "b", "point": "beginning"}], "schedule": Schedule("gpipe", 2).to_dict()}
+    with pytest.raises(PipelineRunError, match="cannot be split for pipelining") as err:
+        run_pipeline(_Branchy(), (torch.randn(4, 4),), doc)
+    assert "\n" not in str(err.value)
+
+
+def test_export_carries_the_schedule_the_placement_was_made_for(planned):
+    name, _, _, p = planned
+    placement = placement_from_module_map(p.graph, p.cluster, SPLITS[name][2])
+    # a placement made without a schedule: 1F1B, one micro-batch per stage
+    assert pipeline_split(p.graph, placement, p.cluster).to_dict()["schedule"] == Schedule("1f1b", 2).to_dict()
+    placement.meta["schedule"] = Schedule("gpipe", 4).to_dict()  # as `place` records a pipeline placer's
+    assert read_pipeline(pipeline_split(p.graph, placement, p.cluster).to_dict()).schedule == Schedule("gpipe", 4)
+    placement.meta["schedule"] = Schedule("interleaved-1f1b", 4, 2).to_dict()
+    with pytest.raises(ExportError, match="one stage per device"):
+        pipeline_split(p.graph, placement, p.cluster)
+    with pytest.raises(ScheduleError):
+        Schedule("gpipe", 0)
+
+
+@pytest.fixture
+def cnn_zoo(monkeypatch):
+    from devplace.zoo import models
+
+    def factory(batch: int, seq_len: int | None) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+        return _CNN(), (torch.randn(batch, 3, 8, 8), torch.randint(0, 5, (batch,)))
+
+    spec = models.ModelSpec("cnn-test", factory, BATCH, None, 2000, "a small CNN for tests", "devplace")
+    monkeypatch.setitem(models.MODELS, "cnn-test", spec)
+    return "cnn-test"
+
+
+def test_cli_exports_a_plan_with_its_schedule_and_runs_it(cnn_zoo, tmp_path, capsys, monkeypatch):
+    plan_path, export_path = tmp_path / "plan.json", tmp_path / "pipe.json"
+    code, out, err = _cli(["run", "--model", cnn_zoo, "--devices", "cpu,cpu", "--placer", "round-robin",
+                           "--steps", "1", "--warmup", "0", "--record", str(tmp_path / "runs.jsonl"),
+                           "--save-plan", str(plan_path)], capsys, monkeypatch)
+    assert code == 0, err
+    code, out, err = _cli(["export", str(plan_path), "--format", "pipeline", "--schedule", "gpipe",
+                           "--microbatches", "4", "-o", str(export_path)], capsys, monkeypatch)
+    assert code == 0, err
+    doc = json.loads(export_path.read_text())
+    assert doc["format"] == "devplace.pipeline/2" and doc["schedule"]["kind"] == "gpipe"
+    assert doc["schedule"]["microbatches"] == 4 and doc["source"]["zoo"] == cnn_zoo
+    stages = len(doc["stage_devices"])
+    code, out, err = _cli(["run", "--pipeline", str(export_path), "--steps", "1", "--warmup", "0", "--json"],
+                          capsys, monkeypatch)
+    assert code == 0, err
+    ran = json.loads(out)
+    assert ran["processes"] == stages and ran["schedule"]["kind"] == "gpipe"
+    assert ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
+    code, out, err = _cli(["run", "--pipeline", str(export_path), "--processes", str(stages + 1)], capsys,
+                          monkeypatch)
+    assert code == 2 and f"runs in {stages} processes" in err
+    code, out, err = _cli(["export", str(plan_path), "--format", "json", "--schedule", "gpipe"], capsys, monkeypatch)
+    assert code == 2 and "--format pipeline" in err

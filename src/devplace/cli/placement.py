@@ -14,14 +14,17 @@ from devplace import app
 from devplace.cli.common import (
     SIM_MODEL_HELP,
     BatchOpt,
+    ChunksOpt,
     ClusterArg,
     GraphArg,
     JsonOpt,
     MaxNodesOpt,
+    MicrobatchesOpt,
     ModelOpt,
     OptimizerOpt,
     PlacerOpt,
     PlotOpt,
+    ScheduleOpt,
     SeedOpt,
     SeqOpt,
     TraceOpt,
@@ -138,6 +141,9 @@ def place_cmd(
                                                      "train -o`); same as --set policy=FILE")] = None,
     log: Annotated[Path | None, typer.Option(help="learned placers: write the learning curve CSV here (see "
                                                   "`devplace plot-curve`); same as --set log=FILE")] = None,
+    schedule: ScheduleOpt = None,
+    microbatches: MicrobatchesOpt = None,
+    chunks: ChunksOpt = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the placement JSON here")] = None,
     as_json: JsonOpt = False,
     trace: TraceOpt = None,
@@ -154,11 +160,13 @@ def place_cmd(
     require_cluster(cluster)
     c = load_cluster(cluster)
     settings = parse_settings(setting or [])
-    for key, value in (("episodes", episodes), ("policy", policy), ("log", log)):
+    for key, value in (("episodes", episodes), ("policy", policy), ("log", log), ("schedule", schedule),
+                       ("microbatches", microbatches), ("chunks", chunks)):
         if value is not None:
             if key in settings:
                 raise DevplaceError(f"--{key} and --set {key}=... both given; keep one")
-            settings[key] = value if key == "episodes" else str(value)
+            settings[key] = str(value) if isinstance(value, Path) else value
+    app.check_pipeline_settings(placer, c, settings)
     if (graph is None) == (model is None):
         raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`)")
     placing: dict[str, Any] = dict(placer=placer, order=order, seed=seed, settings=settings, try_orders=try_k,

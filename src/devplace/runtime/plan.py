@@ -20,6 +20,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.jsonio import read_json, write_json
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster, load_cluster
+from devplace.placers import schedule_of
 from devplace.planning import AsRun, as_run, place_graph, render_text
 from devplace.sim import SimResult, lower_bound, simulate
 from devplace.sim.summary import result_view
@@ -83,7 +84,8 @@ class Plan:
                     + (f"; as run by devplace.runtime ({moved} backward/optimizer ops follow their forward op): "
                        f"step time {fmt_time(rt.step_time_s)}, {'feasible' if rt.feasible else 'INFEASIBLE'}"
                        if moved else "; devplace.runtime runs this placement as simulated"))
-        view = Group(result_view(self.graph, self.cluster, self.result, lower_bound(self.graph, self.cluster)), line)
+        bound = lower_bound(self.graph, self.cluster, schedule_of(self.placement))
+        view = Group(result_view(self.graph, self.cluster, self.result, bound), line)
         return render_text(view) if text else view
 
     def to_dict(self) -> dict[str, Any]:
@@ -124,7 +126,9 @@ def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, place
 
     `cluster` is a `Cluster`, a preset name or a cluster JSON file. `order` is any order `devplace.place`
     accepts (when `"auto"` lands there, it works here unchanged). `loss_fn` and `optimizer` as for
-    `devplace.capture.capture`. Extra keyword arguments are placer settings.
+    `devplace.capture.capture`. Extra keyword arguments are placer settings: with `placer="pipeline"`,
+    `schedule="1f1b"`, `microbatches=8` (and `chunks` for interleaved-1f1b) make a pipeline, whose `result`
+    is the step under that schedule (`devplace.placers.schedule_of(plan.placement)`).
     """
     from devplace.capture.pipeline import prepare
     from devplace.capture.torch_capture import capture
@@ -156,7 +160,7 @@ def load_plan(path: str | Path) -> Plan:
     extra = {k: v for k, v in pdoc.items() if k not in ("format", "graph", "cluster", "assignment")}
     placement = Placement(dict(assignment), graph=str(pdoc.get("graph", "")), cluster=str(pdoc.get("cluster", "")),
                           meta=extra)
-    result = simulate(graph, cluster, placement)
+    result = simulate(graph, cluster, placement, schedule=schedule_of(placement))
     return Plan(graph, cluster, placement, result, dict(doc.get("settings") or {}))
 
 

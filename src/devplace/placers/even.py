@@ -90,6 +90,19 @@ def even_cuts(work: np.ndarray, allowed: list[bool], parts: int) -> list[int]:
     return cuts
 
 
+def even_split(graph: CompGraph, devices: int) -> np.ndarray:
+    """The even split's device per node (module docstring), unchecked for memory: also the equal-compute
+    split a pipeline is compared with under its schedule (`devplace demo`, benchmarks/pipeline.py)."""
+    classes = tie_classes(graph)
+    seq, allowed = _sequence(graph, classes)
+    work = np.bincount(classes, weights=graph.compute_s, minlength=len(seq))[seq]
+    cuts = even_cuts(work, allowed, devices)
+    part_of_class = np.zeros(len(seq), dtype=np.int64)
+    for j, c in enumerate(cuts, start=1):
+        part_of_class[np.asarray(seq[c:], dtype=np.int64)] = j
+    return part_of_class[classes]
+
+
 @register("even", uses_order=False)
 def even(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int) -> np.ndarray:
     """Baseline: the module sequence cut into equal-compute contiguous parts, part i on device i.
@@ -98,14 +111,7 @@ def even(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int) ->
     begins; graphs without module info are cut along the topological order. Does not use the traversal
     order. Memory-checked: raises NoFitError when the even split does not fit. No settings.
     """
-    classes = tie_classes(graph)
-    seq, allowed = _sequence(graph, classes)
-    work = np.bincount(classes, weights=graph.compute_s, minlength=len(seq))[seq]
-    cuts = even_cuts(work, allowed, cluster.num_devices)
-    part_of_class = np.zeros(len(seq), dtype=np.int64)
-    for j, c in enumerate(cuts, start=1):
-        part_of_class[np.asarray(seq[c:], dtype=np.int64)] = j
-    devices = part_of_class[classes]
+    devices = even_split(graph, cluster.num_devices)
     result = DevplaceModel(graph, cluster).run(devices)
     if not result.feasible:
         raise no_fit_error(graph, cluster, "even", f"the even split is over memory ({describe_oom(result)})")

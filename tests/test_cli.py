@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -80,14 +81,20 @@ def test_bound_info_clusters(files, capsys, monkeypatch):
     assert code == 0 and "8xV100-32GB-NVLink" in out
 
 
-def test_demo_captures_and_places_a_zoo_model(capsys, monkeypatch, tmp_path):
-    code, out, _ = run(["demo", "--out", str(tmp_path)], capsys, monkeypatch)
-    assert code == 0
-    assert "captured inception_v3-b32" in out and "inception_v3-b32 on 4xV100-16GB" in out
-    placement = json.loads((tmp_path / "inception_v3.placement.json").read_text())
-    assert placement["format"] == "devplace.placement/1" and placement["placer"] == "m-etf"
-    assert len(placement["assignment"]) == 3214  # every op of the full graph, not the 300 groups
-    assert (tmp_path / "inception_v3-timeline.png").exists() and (tmp_path / "inception_v3-trace.json").exists()
+def test_demo_captures_and_pipelines_a_zoo_model(capsys, monkeypatch, tmp_path):
+    # the README's demo is llama-1b (half a minute); bert-base runs the same path in a few seconds
+    code, out, err = run(["demo", "--model", "bert-base", "--out", str(tmp_path)], capsys, monkeypatch)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "schedule 1f1b: M = 8 micro-batches" in text
+    for row in ("single gpu0", "contiguous", "even split", "pipeline placer", "work / 4 devices", "ideal 1f1b"):
+        assert row in text
+    placement = json.loads((tmp_path / "bert-base.placement.json").read_text())
+    assert placement["placer"] == "pipeline" and placement["schedule"]["microbatches"] == 8
+    ops = int(re.search(r"captured bert-base-b32\S*: (\d+) ops", text).group(1))
+    assert len(placement["assignment"]) == ops  # every op of the full graph, not the groups
+    assert json.loads((tmp_path / "bert-base-trace.json").read_text())["traceEvents"]
+    assert (tmp_path / "bert-base-timeline.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_capture_place_model_zoo_commands(capsys, monkeypatch, tmp_path):

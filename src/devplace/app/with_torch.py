@@ -44,7 +44,6 @@ from devplace.runtime.export import device_map, export_json, pipeline_split
 from devplace.runtime.plan import Plan, load_plan, rebuild_zoo_model, zoo_plan
 from devplace.runtime.run import RunResult, append_record, local_cluster, measure_plan
 from devplace.sim import DevplaceModel, Schedule, ScheduleError, SimResult, simulate
-from devplace.sim.schedule import KINDS
 from devplace.study.report import write_report
 from devplace.study.runner import StudySummary, run_study
 from devplace.study.spec import StudyError, load_study
@@ -204,7 +203,7 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
     sched = schedule_of(placed.placement)
     assert sched is not None
     full, p = placed.graph, cluster.num_devices
-    label = f"{sched.kind} M={sched.microbatches}" + (f" V={sched.chunks}" if sched.kind == KINDS[2] else "")
+    label = f"{sched.kind} M={sched.microbatches}" + (f" V={sched.chunks}" if (sched.chunks or 1) > 1 else "")
     rows = []
     device, _, _ = placed.best_single_device
     single = DevplaceModel(full, cluster).run(np.full(full.num_nodes, device, dtype=np.int64))

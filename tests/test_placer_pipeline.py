@@ -233,3 +233,16 @@ def test_backward_and_optimizer_ops_without_ties_count_on_their_layers_stage():
     for i in range(8):
         assert pl.devices[g.index[f"g{i}"]] == pl.devices[g.index[f"l{i}"]] == pl.devices[g.index[f"o{i}"]]
     assert sorted(np.bincount(pl.devices[[g.index[f"l{i}"] for i in range(8)]], minlength=4)) == [2, 2, 2, 2]
+
+
+def test_parallel_edges_between_forward_ops_keep_every_op_in_the_sequence():
+    # two tensors from each layer to the next (a coarse group's outputs, x * x): the forward sequence must
+    # still hold every layer, so the chain is cut as it is without the second edges
+    g = layers([1.0] * 8)
+    doc = g.to_dict()
+    doc["edges"] += [{"src": f"l{i}", "dst": f"l{i + 1}", "bytes": 1.0, "tensor": 1} for i in range(7)]
+    twice = CompGraph.build("twice", doc["nodes"], doc["edges"])
+    c = cluster(4, bw=1e12)
+    one, two = plan(g, c, microbatches=8), plan(twice, c, microbatches=8)
+    assert [two.devices[twice.index[f"l{i}"]] for i in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert two.step_time_s == pytest.approx(one.step_time_s, rel=1e-6)

@@ -120,7 +120,8 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray) -> _Items:
     while heap:
         _, u = heapq.heappop(heap)
         seq.append(u)
-        for w in graph.successors(u):
+        for e in graph.out_edges(u).tolist():  # per edge, as indeg counts them (parallel edges included)
+            w = int(graph.edge_dst[e])
             if fwd[w]:
                 indeg[w] -= 1
                 if indeg[w] == 0:

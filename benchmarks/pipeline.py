@@ -1,14 +1,28 @@
-"""The `pipeline` placer against the bound and an equal-layer split, under one schedule, side by side.
+"""The `pipeline` placer against the bound, the even split and an equal-layer split under one schedule, and the
+best placement without micro-batches, side by side (issue 12, item 7).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/pipeline.py [--models gpt2 ...] [--cluster 4xV100-16GB]
-                                                           [--schedule 1f1b] [--microbatches 8]
+    PYTHONPATH=src .venv/bin/python benchmarks/pipeline.py [--models gpt2-xl llama-1b vit_b_16 ...]
+        [--cluster 4xV100-16GB] [--schedule 1f1b] [--microbatches 8] [--flat even,contiguous,m-etf]
 
-For each zoo model (captured, costed for a V100, colocated): the pipeline placer's simulated step (topo
-order) under the schedule; total work / devices (the bound without the bubble); the ideal pipeline
-(M + p - 1) / M times that; an equal-layer split (the transformer blocks split evenly over the devices,
-what a user writes by hand; layers found by their module path, e.g. `h.7`, embeddings on the first device,
-the head on the last) under the same schedule; and the non-pipelined `contiguous` placement of the same
-order. Ratios are of simulated step times, all in this run.
+Each model is a zoo name (default batch) or a case of benchmarks/beyond_zoo.py (its batch, chosen there so
+that the step does not fit one 16 GB V100; captured graphs cached as that script does). The training step is
+captured, costed for the cluster's first device and colocated (`prepare`); every step time is simulated on
+the full graph, in this run:
+
+- pipeline placer: `place_graph(..., placer="pipeline")` in topo order, as `devplace place --model` runs it
+  (placed on the colocation groups, expanded to every op, checked as run), under the schedule;
+- work / devices: total work over total speed, the bound no schedule beats; ideal: that times the slots of
+  an even pipeline, (M + p - 1) / M;
+- even split: `placers.even.even_devices` (equal compute per device at module boundaries, accelerate's
+  `balanced` by compute) under the same schedule;
+- equal-layer split: the numbered blocks (`h.7`, `layers.3`, `encoder_layer_11`, ...; t5's decoder blocks
+  after its encoder's, CLIP's vision tower after its text tower) split evenly over the devices, what a user
+  writes by hand (embeddings with the first block they feed, the head on the last device), under the same
+  schedule; "not a pipeline" where that split sends activations back to a lower device;
+- best without micro-batches: the fastest memory-feasible placement of the `--flat` placers (topo order),
+  one step, no schedule.
+
+Times are per sample (the step over the batch), in ms; ratios are of step times.
 """
 
 from __future__ import annotations
@@ -16,95 +30,140 @@ from __future__ import annotations
 import argparse
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 
-from devplace.capture.pipeline import zoo_prepared
+from beyond_zoo import CASES, captured
+from devplace.capture.pipeline import Prepared, capture_zoo_model, prepare
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.ties import tie_classes
+from devplace.hardware.cluster import Cluster
 from devplace.hardware.presets import PRESETS
-from devplace.orders import traversal_indices
-from devplace.placers import NoFitError, place
-from devplace.placers.pipeline import pipeline_plan
-from devplace.sim import Schedule, ScheduleError, simulate
+from devplace.placers import NoFitError
+from devplace.placers.even import even_devices
+from devplace.planning import place_graph
+from devplace.sim import Schedule, ScheduleError, SimResult, simulate
+from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.schedule import FORWARD, op_phases
+from devplace.zoo.models import MODELS
 
-LAYER = re.compile(r"\.(?:h|layers?|blocks?|block)\.(\d+)[./]")
+# a numbered block: `h.7`, `layers.3`, `block.0`, torchvision's `encoder_layer_11`; the text before the number
+# names its stack (t5's encoder and decoder, CLIP's two towers have blocks of the same numbers)
+LAYER = re.compile(r"^(.*?(?:\.(?:h|layers?|blocks?)\.|encoder_layer_))(\d+)[./]")
 
 
-def equal_layer_split(graph: CompGraph, devices: int) -> np.ndarray:
-    """Blocks 0..L-1 on device block * p // L; a tie class without a block goes to the first device if one of
-    its forward ops feeds block 0 (embeddings), else to the last (the head)."""
+def equal_layer_split(graph: CompGraph, devices: int) -> np.ndarray | None:
+    """The numbered blocks, in the order the program first runs them (the encoder's before the decoder's),
+    split evenly: block i of L on device i * p // L. A tie class without a block goes with the first block its
+    forward ops feed (embeddings), else to the last device (the head, the loss). None without blocks."""
     classes = tie_classes(graph)
     phase = op_phases(graph)
-    layer = np.full(graph.num_nodes, -1)
-    for v in range(graph.num_nodes):
-        found = LAYER.search(graph.ids[v]) or LAYER.search(graph.group[v])
+    index: dict[tuple[str, int], int] = {}
+    block = np.full(graph.num_nodes, -1)
+    for v in range(graph.num_nodes):  # node order: the order of the capture, the program's
+        found = LAYER.search(graph.group[v]) or LAYER.search(graph.ids[v])
         if found:
-            layer[v] = int(found.group(1))
-    n_layers = int(layer.max()) + 1
-    if n_layers == 0:
-        raise SystemExit(f"{graph.name}: no numbered blocks found in the op names")
-    feeds_first = set()  # forward ancestors of block 0's forward ops
-    todo = [v for v in range(graph.num_nodes) if layer[v] == 0 and phase[v] == FORWARD]
-    while todo:
-        for u in graph.predecessors(todo.pop()):
-            if phase[u] == FORWARD and layer[u] < 0 and u not in feeds_first:
-                feeds_first.add(u)
-                todo.append(u)
+            block[v] = index.setdefault((found.group(1), int(found.group(2))), len(index))
+    if not index:
+        return None
+    device_of = np.arange(len(index)) * devices // len(index)
+    feeds = np.full(graph.num_nodes, len(index))  # the first block an op's forward output reaches
+    for v in graph.topo_order[::-1].tolist():
+        if phase[v] == FORWARD:
+            for w in graph.successors(v):
+                if phase[w] == FORWARD:
+                    feeds[v] = min(feeds[v], block[w] if block[w] >= 0 else feeds[w])
     out = np.empty(graph.num_nodes, dtype=np.int64)
     for c in np.unique(classes):
         members = np.flatnonzero(classes == c)
-        blocks = layer[members][layer[members] >= 0]
-        if blocks.size:
-            d = int(blocks.min()) * devices // n_layers
-        else:
-            d = 0 if feeds_first.intersection(members.tolist()) else devices - 1
-        out[members] = d
+        blocks = block[members][block[members] >= 0]
+        first = int(blocks.min()) if blocks.size else int(feeds[members].min())
+        out[members] = device_of[first] if first < len(index) else devices - 1
     return out
+
+
+def prepared_model(name: str, cluster: Cluster, cache: Path) -> tuple[Prepared, int]:
+    """The prepared step of zoo model or beyond-zoo case `name`, and its batch."""
+    if name in MODELS:
+        return prepare(capture_zoo_model(name), device=cluster.devices[0]), MODELS[name].batch
+    cases = {c.name: c for c in CASES}
+    if name not in cases:
+        raise SystemExit(f"unknown model {name!r}: a zoo model ({', '.join(MODELS)}) or a case of "
+                         f"benchmarks/beyond_zoo.py ({', '.join(cases)})")
+    graph, _ = captured(cases[name], cache)
+    return prepare(graph, device=cluster.devices[0]), cases[name].batch
+
+
+def split_text(result: SimResult | None, ours: float, why: str, per: float) -> tuple[str, str]:
+    """(cell in ms per sample, `per` ms per second of step, and ratio to the placer's step) of a split
+    simulated under the schedule."""
+    if result is None:
+        return why, "-"
+    cell = f"{result.step_time_s * per:.2f}" + ("" if result.feasible else " (over memory)")
+    return cell, f"{result.step_time_s / ours:.3f}x"
+
+
+def under(full: CompGraph, cluster: Cluster, devices: np.ndarray | None, schedule: Schedule) -> SimResult | None:
+    """`devices` simulated under `schedule`, or None when they are no pipeline (or absent)."""
+    if devices is None:
+        return None
+    try:
+        return simulate(full, cluster, devices, schedule=schedule)
+    except ScheduleError:
+        return None
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=["gpt2"])
+    ap.add_argument("--models", nargs="+", default=["gpt2-xl", "llama-1b", "t5-small", "bert-base", "vit_b_16"])
     ap.add_argument("--cluster", default="4xV100-16GB")
     ap.add_argument("--schedule", default="1f1b")
     ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--flat", default="even,contiguous,m-etf", help="placers of the step without micro-batches")
+    ap.add_argument("--cache", type=Path, default=Path("/tmp/devplace-beyond-zoo"))
     args = ap.parse_args()
     cluster = PRESETS[args.cluster]()
-    p = cluster.num_devices
-    m = args.microbatches
+    p, m = cluster.num_devices, args.microbatches
     sched = Schedule(args.schedule, m)
-    print(f"{args.cluster}, {args.schedule}, M={m}; step times in ms (simulated), ratios side by side")
-    print("| model | groups | work/devices | ideal pipeline | pipeline placer | / work | peak GB | equal-layer split "
-          "| peak GB | placer vs equal | contiguous (no pipeline) | placer time (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"{args.cluster}, {args.schedule}, M={m}; simulated ms per sample; ratios to the pipeline placer's step")
+    print("| model | batch | ops | one device | work / devices | ideal | pipeline placer | / work | peak GB | "
+          "even split | even / placer | equal-layer split | equal-layer / placer | best without micro-batches "
+          "| that / placer | placer time (s) |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for name in args.models:
-        g = zoo_prepared(name).graph
-        order = traversal_indices(g, "topo", 0, cluster=cluster)
+        prepared, batch = prepared_model(name, cluster, args.cache)
+        full = prepared.full
         t0 = time.perf_counter()
-        plan = pipeline_plan(g, cluster, order, schedule=args.schedule, microbatches=m)
+        placed = place_graph(prepared.graph, cluster, placer="pipeline", order="topo", coarsening=prepared.coarsening,
+                             full=full, schedule=args.schedule, microbatches=m)
         took = time.perf_counter() - t0
-        work = float(g.compute_s.sum() / cluster.speeds.sum())
-        try:
-            even = simulate(g, cluster, equal_layer_split(g, p), schedule=sched)
-        except ScheduleError:  # e.g. t5: encoder and decoder blocks share their numbers
-            even = None
-        try:
-            flat_txt = f"{place(g, cluster, placer='contiguous', order='topo').meta['step_time_s'] * 1e3:.1f}"
-        except NoFitError:
-            flat_txt = "does not fit"
-        assert plan.result.feasible
-        if even is None:
-            even_txt, even_peak, gain = "not a pipeline", "-", "-"
-        else:
-            even_txt = f"{even.step_time_s * 1e3:.1f}" + ("" if even.feasible else " (over memory)")
-            even_peak = f"{even.peak_memory_bytes.max() / 1e9:.1f}"
-            gain = f"{even.step_time_s / plan.step_time_s:.3f}x"
-        print(f"| {name} | {g.num_nodes} | {work * 1e3:.1f} | {work * (m + p - 1) / m * 1e3:.1f} | "
-              f"{plan.step_time_s * 1e3:.1f} | {plan.step_time_s / work:.3f} | "
-              f"{plan.result.peak_memory_bytes.max() / 1e9:.1f} | {even_txt} | {even_peak} | {gain} | {flat_txt} | "
-              f"{took:.1f} |")
+        ours = placed.result.step_time_s
+        assert placed.result.feasible
+        per = 1e3 / batch
+        work = placed.bound.work_s
+        one = DevplaceModel(full, cluster).run(np.zeros(full.num_nodes, dtype=np.int64))
+        one_txt = (f"{one.step_time_s * per:.1f}" if one.feasible
+                   else f"does not fit ({one.peak_memory_bytes[0] / 1e9:.1f} GB)")
+        even = under(full, cluster, even_devices(full, cluster), sched)
+        even_txt, even_ratio = split_text(even, ours, "not a pipeline", per)
+        layers = equal_layer_split(full, p)
+        layer_txt, layer_ratio = split_text(under(full, cluster, layers, sched), ours,
+                                            "no blocks" if layers is None else "not a pipeline", per)
+        flat: list[tuple[float, str]] = []
+        for flat_placer in args.flat.split(","):
+            try:
+                r = place_graph(prepared.graph, cluster, placer=flat_placer, order="topo",
+                                coarsening=prepared.coarsening, full=full).result
+                flat.append((r.step_time_s, flat_placer))
+            except NoFitError:
+                pass
+        flat_txt, flat_ratio = ((f"{min(flat)[1]} {min(flat)[0] * per:.2f}", f"{min(flat)[0] / ours:.3f}x") if flat
+                                else ("none fits", "-"))
+        print(f"| {name} | {batch} | {full.num_nodes} | {one_txt} | {work * per:.2f} | "
+              f"{work * (m + p - 1) / m * per:.2f} | {ours * per:.2f} | {ours / work:.3f} | "
+              f"{placed.result.peak_memory_bytes.max() / 1e9:.1f} | {even_txt} | {even_ratio} | {layer_txt} | "
+              f"{layer_ratio} | {flat_txt} | {flat_ratio} | {took:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -80,14 +81,20 @@ def test_bound_info_clusters(files, capsys, monkeypatch):
     assert code == 0 and "8xV100-32GB-NVLink" in out
 
 
-def test_demo_captures_and_places_a_zoo_model(capsys, monkeypatch, tmp_path):
-    code, out, _ = run(["demo", "--out", str(tmp_path)], capsys, monkeypatch)
-    assert code == 0
-    assert "captured inception_v3-b32" in out and "inception_v3-b32 on 4xV100-16GB" in out
-    placement = json.loads((tmp_path / "inception_v3.placement.json").read_text())
-    assert placement["format"] == "devplace.placement/1" and placement["placer"] == "m-etf"
-    assert len(placement["assignment"]) == 3214  # every op of the full graph, not the 300 groups
-    assert (tmp_path / "inception_v3-timeline.png").exists() and (tmp_path / "inception_v3-trace.json").exists()
+def test_demo_captures_and_pipelines_a_zoo_model(capsys, monkeypatch, tmp_path):
+    # the README's demo is llama-1b (half a minute); bert-base runs the same path in a few seconds
+    code, out, err = run(["demo", "--model", "bert-base", "--out", str(tmp_path)], capsys, monkeypatch)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "schedule 1f1b: M = 8 micro-batches" in text
+    for row in ("single gpu0", "contiguous", "even split", "pipeline placer", "work / 4 devices", "ideal 1f1b"):
+        assert row in text
+    placement = json.loads((tmp_path / "bert-base.placement.json").read_text())
+    assert placement["placer"] == "pipeline" and placement["schedule"]["microbatches"] == 8
+    ops = int(re.search(r"captured bert-base-b32\S*: (\d+) ops", text).group(1))
+    assert len(placement["assignment"]) == ops  # every op of the full graph, not the groups
+    assert json.loads((tmp_path / "bert-base-trace.json").read_text())["traceEvents"]
+    assert (tmp_path / "bert-base-timeline.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_capture_place_model_zoo_commands(capsys, monkeypatch, tmp_path):
@@ -298,3 +305,64 @@ def test_simulate_warns_when_the_placement_was_made_for_another_graph(files, tmp
     assert err.startswith("warning: ") and "'not-t'" in err and "'t'" in err and err.count("\n") == 1
     code, _, err = run(["simulate", files["graph"], files["cluster"], files["placement"]], capsys, monkeypatch)
     assert code == 0 and err == ""
+
+
+# ------------------------------------------------------------------ issue 12: the pipeline placer's flags
+@pytest.fixture
+def layered(tmp_path):
+    """A training step of 4 tied layers (forward 1 s, backward 2 s) and a 2-device cluster."""
+    nodes = [{"id": f"l{i}", "kind": "forward", "compute_s": 1.0, "output_bytes": 8} for i in range(4)]
+    nodes += [{"id": f"g{i}", "kind": "backward", "group": f"l{i}", "compute_s": 2.0} for i in reversed(range(4))]
+    edges = [{"src": f"l{i}", "dst": f"l{i + 1}", "bytes": 8} for i in range(3)]
+    edges += [{"src": f"l{i}", "dst": f"g{i}", "bytes": 8} for i in range(4)]
+    edges += [{"src": f"g{i + 1}", "dst": f"g{i}", "bytes": 8} for i in range(3)]
+    g = tmp_path / "layers.json"
+    g.write_text(json.dumps({"format": "devplace.graph/1", "name": "layers", "nodes": nodes, "edges": edges}))
+    c = tmp_path / "c.json"
+    save_cluster(Cluster("two", (Device("g0", 1e6), Device("g1", 1e6)), Link(1e9, 0.0)), c)
+    return str(g), str(c)
+
+
+def test_place_pipeline_flags_on_a_graph_file_and_simulate_under_its_schedule(layered, tmp_path, capsys,
+                                                                              monkeypatch):
+    g, c = layered
+    out_p = tmp_path / "p.json"
+    code, out, err = run(["place", g, "-c", c, "--placer", "pipeline", "--schedule", "gpipe", "--microbatches", "4",
+                          "-o", str(out_p), "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["schedule"]["kind"] == "gpipe" and doc["schedule"]["microbatches"] == 4
+    # two stages of 2 layers: (M + p - 1) slots of 2 * (1 + 2) / 4 s
+    assert doc["step_time_s"] == pytest.approx(5 * 6.0 / 4)
+    assert doc["lower_bound_s"] == pytest.approx(12.0 / 2)  # the work per device; the whole-batch path is 12 s
+    assert doc["step_time_s"] >= doc["lower_bound_s"]
+    code, out, err = run(["simulate", g, c, str(out_p), "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    sim = json.loads(out)
+    assert (sim["step_time_s"], sim["schedule"], sim["lower_bound_s"]) == (doc["step_time_s"], doc["schedule"],
+                                                                         doc["lower_bound_s"])
+    code, out, err = run(["simulate", g, c, str(out_p)], capsys, monkeypatch)
+    assert "schedule gpipe: M = 4 micro-batches, 2 stages on 2 devices; bubble 20.0%" in " ".join(out.split())
+    code, _, err = run(["simulate", g, c, str(out_p), "--model", "placeto-sim"], capsys, monkeypatch)
+    assert _one_error_line(code, err).endswith("use --model devplace")
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--schedule", "zigzag"], "'schedule' must be one of gpipe, 1f1b, interleaved-1f1b"),
+    (["--microbatches", "0"], "'microbatches' must be an integer >= 1, got 0"),
+    (["--schedule", "1f1b", "--chunks", "2"], "1f1b runs one model chunk per device"),
+    (["--schedule", "interleaved-1f1b", "--microbatches", "3"], "multiple of the 2 devices"),
+    (["--microbatches", "8", "--set", "microbatches=4"], "--microbatches and --set microbatches"),
+    (["--placer", "m-etf", "--microbatches", "8"], "--microbatches is a setting of the pipeline placer"),
+])
+def test_bad_pipeline_flags_are_one_line_before_any_capture(flags, message, layered, capsys, monkeypatch):
+    import devplace.app
+
+    def no_capture():
+        raise AssertionError("the model was captured before its flags were checked")
+
+    monkeypatch.setattr(devplace.app, "torch_tasks", no_capture)
+    placer = [] if "--placer" in flags else ["--placer", "pipeline"]
+    for source in (["--model", "gpt2-xl"], [layered[0]]):
+        code, _, err = run(["place", *source, "-c", layered[1], *placer, *flags], capsys, monkeypatch)
+        assert message in _one_error_line(code, err)

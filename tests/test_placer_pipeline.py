@@ -208,3 +208,41 @@ def test_anneal_can_start_from_the_pipeline_placement():
     g, c = layers([1.0] * 6), cluster(3, bw=1e12)
     p = place(g, c, placer="anneal", order="topo", start="pipeline", steps=20)
     assert "schedule" not in p.meta and simulate(g, c, p).feasible
+
+
+def untied_layers(n: int, params: float) -> CompGraph:
+    """`layers` without tie groups and with an optimizer op per layer holding its parameters and state, as in
+    the bundled example graph: backward op g_i reads the upstream gradient first, then l_i's activations."""
+    nodes = [{"id": f"l{i}", "kind": "forward", "compute_s": 1.0, "output_bytes": 10.0} for i in range(n)]
+    nodes += [{"id": f"g{i}", "kind": "backward", "compute_s": 2.0} for i in reversed(range(n))]
+    nodes += [{"id": f"o{i}", "kind": "optimizer", "compute_s": 0.1, "param_bytes": params} for i in range(n)]
+    edges = [{"src": f"l{i}", "dst": f"l{i + 1}", "bytes": 10.0} for i in range(n - 1)]
+    edges += [{"src": f"g{i + 1}", "dst": f"g{i}", "bytes": 1.0} for i in range(n - 1)]
+    edges += [{"src": f"l{i}", "dst": f"g{i}", "bytes": 10.0} for i in range(n)]
+    edges += [{"src": f"g{i}", "dst": f"o{i}", "bytes": 1.0} for i in range(n)]
+    return CompGraph.build("untied", nodes, edges)
+
+
+def test_backward_and_optimizer_ops_without_ties_count_on_their_layers_stage():
+    # 8 layers of 10 bytes of parameters on 4 devices of 30: only two layers' worth per device fits, so the
+    # placer must know that each optimizer op goes with its layer (not with the last stage, where the
+    # gradient chain starts)
+    g, c = untied_layers(8, params=10.0), cluster(4, bw=1e12, mem=30.0 + 8 * 10.0)
+    pl = plan(g, c, microbatches=8)
+    assert pl.result.feasible
+    for i in range(8):
+        assert pl.devices[g.index[f"g{i}"]] == pl.devices[g.index[f"l{i}"]] == pl.devices[g.index[f"o{i}"]]
+    assert sorted(np.bincount(pl.devices[[g.index[f"l{i}"] for i in range(8)]], minlength=4)) == [2, 2, 2, 2]
+
+
+def test_parallel_edges_between_forward_ops_keep_every_op_in_the_sequence():
+    # two tensors from each layer to the next (a coarse group's outputs, x * x): the forward sequence must
+    # still hold every layer, so the chain is cut as it is without the second edges
+    g = layers([1.0] * 8)
+    doc = g.to_dict()
+    doc["edges"] += [{"src": f"l{i}", "dst": f"l{i + 1}", "bytes": 1.0, "tensor": 1} for i in range(7)]
+    twice = CompGraph.build("twice", doc["nodes"], doc["edges"])
+    c = cluster(4, bw=1e12)
+    one, two = plan(g, c, microbatches=8), plan(twice, c, microbatches=8)
+    assert [two.devices[twice.index[f"l{i}"]] for i in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert two.step_time_s == pytest.approx(one.step_time_s, rel=1e-6)

@@ -238,3 +238,22 @@ def test_forward_on_three_fake_gpus_keeps_every_op_on_one_device(build, monkeypa
     # homes are read from the trace here; test_placed_training_step_equals_unplaced runs the real move)
     (_, _, homes), = placed._traces.values()
     assert len(set(homes.values())) >= 2
+
+
+def test_plan_with_the_pipeline_placer_reports_and_keeps_the_scheduled_step(tmp_path):
+    from devplace.placers import schedule_of
+    from devplace.sim import ScheduledResult, simulate
+
+    model, inputs = _transformer()
+    p = devplace.plan(model, inputs, "3xGPU-placeto", placer="pipeline", schedule="1f1b", microbatches=4)
+    schedule = schedule_of(p.placement)
+    assert (schedule.kind, schedule.microbatches) == ("1f1b", 4)
+    assert isinstance(p.result, ScheduledResult)
+    assert p.result.step_time_s == simulate(p.graph, p.cluster, p.placement, schedule=schedule).step_time_s
+    assert p.result.step_time_s < simulate(p.graph, p.cluster, p.placement).step_time_s  # M = 4 overlaps stages
+    assert "schedule 1f1b: M = 4 micro-batches" in " ".join(p.summary(text=True).split())
+    path = tmp_path / "plan.json"
+    p.save(path)
+    q = load_plan(path)
+    assert schedule_of(q.placement) == schedule
+    assert q.result.step_time_s == p.result.step_time_s

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import devplace
 from conftest import cluster
 from devplace.graph import CompGraph
-from devplace.sim import Schedule, ScheduledResult, ScheduleError, simulate
+from devplace.sim import Schedule, ScheduledResult, ScheduleError, lower_bound, simulate
 from devplace.sim.schedule import actions
 from reference_pipeline import RefScheduleError, reference_schedule
 
@@ -221,3 +221,32 @@ def test_schedule_simulation_matches_plain_python_reference(case):
         v_ = g.index[nid]
         assert r.microbatch_start_s[:, v_].tolist() == [ref.start[x] for x in runs]
         assert r.microbatch_finish_s[:, v_].tolist() == [ref.finish[x] for x in runs]
+
+
+@settings(max_examples=100, deadline=None)
+@given(pipelines())
+def test_no_pipelined_step_beats_the_lower_bound_under_its_schedule(case):
+    nodes, edges, p, placement, kind, m, v, bw, lat, micro = case
+    g = CompGraph.build("t", nodes, edges)
+    c = cluster(p, bw=bw, lat=lat)
+    s = Schedule(kind, m, chunks=v, microbatch_graph=micro)
+    try:
+        r = simulate(g, c, np.array([placement[nid] for nid in g.ids]), schedule=s)
+    except ScheduleError:
+        return
+    assert r.step_time_s >= lower_bound(g, c, schedule=s).value_s * (1 - 1e-12)
+
+
+def test_lower_bound_under_a_schedule_counts_one_microbatch_on_the_path():
+    p, m, f, b = 4, 8, 1.0, 2.0
+    g, c = chain(p, f * m, b * m), cluster(p, bw=1e9)
+    whole = lower_bound(g, c)
+    piped = lower_bound(g, c, schedule=Schedule("1f1b", m))
+    assert whole.critical_path_s == pytest.approx(p * m * (f + b))  # the whole batch through every stage
+    assert piped.critical_path_s == pytest.approx(p * (f + b))  # one micro-batch through every stage
+    assert piped.work_s == pytest.approx(whole.work_s)
+    exact = lower_bound(chain(p, f, b), c, schedule=Schedule("1f1b", m, microbatch_graph=True))
+    assert (exact.work_s, exact.critical_path_s) == pytest.approx((piped.work_s, piped.critical_path_s))
+    r = simulate(g, c, on_stages(p, p), schedule=Schedule("1f1b", m))
+    assert r.step_time_s >= piped.value_s  # and the whole-batch path would claim more than the step takes
+    assert r.step_time_s < whole.critical_path_s

@@ -21,7 +21,14 @@ import numpy as np
 from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
-from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, DEFAULT_SIM_MODEL
+from devplace.defaults import (
+    DEFAULT_ORDER,
+    DEFAULT_PLACER,
+    DEFAULT_SEED,
+    DEFAULT_SIM_MODEL,
+    SIM_DEVPLACE,
+    sim_model_name,
+)
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement, runtime_placement, save_placement
@@ -89,10 +96,11 @@ class AsRun:
 
 
 def as_run(graph: CompGraph, cluster: Cluster, placement: Placement, result: SimResult) -> AsRun:
-    """The as-run view of `placement` (whose simulation is `result`): simulated again only when ops move."""
+    """The as-run view of `placement` (whose simulation is `result`): simulated again, under the placement's
+    schedule if it has one, only when ops move."""
     rp = runtime_placement(graph, placement)
     moved = sum(1 for k, d in rp.assignment.items() if placement.assignment[k] != d)
-    return AsRun(rp, simulate(graph, cluster, rp) if moved else result, moved)
+    return AsRun(rp, simulate(graph, cluster, rp, schedule=schedule_of(placement)) if moved else result, moved)
 
 
 def _write_timelines(graph: CompGraph, cluster: Cluster, result: SimResult, bound_s: float, trace: Path | None,
@@ -226,8 +234,9 @@ class Placed:
 
     @cached_property
     def bound(self) -> LowerBound:
-        """The lower bound of the graph on the cluster (DESIGN.md section 8)."""
-        return lower_bound(self.graph, self.cluster)
+        """The lower bound of the graph on the cluster (DESIGN.md section 8), of the pipelined step for a
+        placement made for a schedule."""
+        return lower_bound(self.graph, self.cluster, schedule_of(self.placement))
 
     @cached_property
     def baselines(self) -> tuple[Baseline, Baseline]:
@@ -359,6 +368,12 @@ class Simulated:
 
 def simulate_placement(graph: CompGraph, cluster: Cluster, placement: Placement, *,
                        model: str = DEFAULT_SIM_MODEL) -> Simulated:
-    """Simulate `placement` of `graph` on `cluster` under simulation `model`, with the lower bound."""
-    return Simulated(graph, cluster, placement, simulate(graph, cluster, placement, model=model),
-                     lower_bound(graph, cluster))
+    """Simulate `placement` of `graph` on `cluster` under simulation `model`, with the lower bound; a placement
+    made for a micro-batch schedule (meta["schedule"], the `pipeline` placer's) is simulated under it, which
+    only the devplace model can."""
+    schedule = schedule_of(placement)
+    if schedule is not None and sim_model_name(model) != SIM_DEVPLACE:
+        raise DevplaceError(f"this placement was made for a {schedule.kind} pipeline schedule, which only the "
+                            f"{SIM_DEVPLACE} model simulates; use --model {SIM_DEVPLACE}")
+    return Simulated(graph, cluster, placement, simulate(graph, cluster, placement, model=model, schedule=schedule),
+                     lower_bound(graph, cluster, schedule))

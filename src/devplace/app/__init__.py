@@ -31,13 +31,13 @@ from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.orders.auto import Recommendation, load_order_model, recommend_order
 from devplace.placers import get_placer
+from devplace.placers.pipeline import pipeline_schedules
 from devplace.planning import Placed, Progress, Simulated, json_safe, place_graph, render_text, simulate_placement
 from devplace.sim import LowerBound, lower_bound
 from devplace.units import fmt_time
 
-__all__ = ["Bounded", "OutputPathError", "Recommended", "bound", "check_outputs", "graph_file", "load_graph_arg",
-           "log_setting",
-           "plan_graph", "recommend", "simulate_file", "torch_tasks"]
+__all__ = ["Bounded", "OutputPathError", "Recommended", "bound", "check_outputs", "check_pipeline_settings",
+           "graph_file", "load_graph_arg", "log_setting", "plan_graph", "recommend", "simulate_file", "torch_tasks"]
 
 
 def torch_tasks() -> ModuleType:
@@ -90,6 +90,24 @@ def graph_file(path: str | Path) -> Path:
 def load_graph_arg(path: str | Path) -> CompGraph:
     """Load the graph a command-line argument names (`example` included)."""
     return load_graph(graph_file(path))
+
+
+PIPELINE_SETTINGS = ("schedule", "microbatches", "chunks")  # the placer settings --schedule etc. give
+
+
+def check_pipeline_settings(placer: str, cluster: Cluster, settings: dict[str, Any]) -> None:
+    """Refuse, before any work (a model's capture takes a while), pipeline settings (`schedule`,
+    `microbatches`, `chunks`) given to a placer that has none, or invalid for the `pipeline` placer on
+    `cluster` (bad kind, M < 1, chunks for a one-chunk schedule, interleaved M not a multiple of the devices)."""
+    given = [k for k in PIPELINE_SETTINGS if k in settings]
+    if not given:
+        return
+    accepted = get_placer(placer).settings
+    if any(k not in accepted for k in given):
+        raise DevplaceError(f"--{given[0]} is a setting of the pipeline placer; add --placer pipeline (got --placer "
+                            f"{placer})")
+    pipeline_schedules(settings.get("schedule", accepted["schedule"]), settings.get("microbatches"),
+                       settings.get("chunks"), cluster.num_devices)
 
 
 def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer: str = DEFAULT_PLACER,

@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from devplace.app import check_outputs, load_graph_arg, log_setting
+from devplace.app import check_outputs, check_pipeline_settings, load_graph_arg, log_setting
 from devplace.capture.custom import build_named_model, named_prepared
 from devplace.capture.onnx_import import load_onnx
 from devplace.capture.pipeline import Prepared, capture_zoo_model, family_graph, prepare
@@ -38,7 +39,8 @@ from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, Device, load_cluster
 from devplace.hardware.cost import CostTable
 from devplace.hardware.presets import device_kind as kind_device
-from devplace.placers import schedule_of
+from devplace.placers import NoFitError, get_placer, schedule_of
+from devplace.placers.even import even_devices
 from devplace.placers.rl.curve import plot_curve, read_curve
 from devplace.placers.rl.trainer import TrainResult, mean_best_ratio, parse_indices, train
 from devplace.planning import MAP_PLACER, Placed, Progress, json_safe, place_graph, render_text
@@ -55,8 +57,7 @@ from devplace.runtime.module_map import placement_from_module_map, read_module_m
 from devplace.runtime.pipeline_run import PipelineRun, run_pipeline
 from devplace.runtime.plan import Plan, build_source, load_plan, rebuild_zoo_model, zoo_plan
 from devplace.runtime.run import RunResult, append_record, local_cluster, measure_plan
-from devplace.sim import simulate
-from devplace.sim.schedule import Schedule
+from devplace.sim import DevplaceModel, Schedule, ScheduleError, SimResult, simulate
 from devplace.study.report import write_report
 from devplace.study.runner import StudySummary, run_study
 from devplace.study.spec import StudyError, load_study
@@ -65,7 +66,9 @@ from devplace.zoo.families import FAMILIES, FAMILY_SIZE
 from devplace.zoo.models import MODELS, ModelSpec
 
 __all__ = [
+    "Compared",
     "Measured",
+    "PipelineDemo",
     "PipelineRan",
     "StudyRan",
     "capture_graph",
@@ -78,6 +81,7 @@ __all__ = [
     "mean_best_ratio",
     "model_calibration",
     "model_tensor_names",
+    "pipeline_demo",
     "place_by_map",
     "place_prepared",
     "plan_for_run",
@@ -141,6 +145,127 @@ def model_tensor_names(model: str, *, batch: int | None = None, seq_len: int | N
     with torch.device("meta"):
         module, _, _ = build_named_model(model, batch, seq_len)
     return [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]
+
+
+@dataclass(frozen=True)
+class Compared:
+    """One row of `devplace demo`'s comparison: a placement, the schedule it runs under ("none": one step
+    without micro-batches) and its simulation (None when no placement fits; `note` says why)."""
+
+    label: str
+    schedule: str
+    result: SimResult | None
+    note: str = ""
+
+
+@dataclass(eq=False)
+class PipelineDemo:
+    """What `devplace demo` reports: a model that needs several devices placed by the `pipeline` placer
+    (`placed`), against the even split under the same schedule, a placement without micro-batches and the
+    best single device (`compared`, the pipeline placer's row last), with the bound of the pipelined step."""
+
+    placed: Placed
+    compared: list[Compared]
+
+    @property
+    def schedule(self) -> Schedule:
+        s = schedule_of(self.placed.placement)
+        assert s is not None  # the pipeline placer always returns one
+        return s
+
+    @property
+    def ideal_s(self) -> float:
+        """The work per device times the slots of an even pipeline, (V M + p - 1) / (V M): its step when every
+        stage takes the same time and nothing waits for a transfer."""
+        s, p = self.schedule, self.placed.cluster.num_devices
+        vm = s.microbatches * int(s.chunks or 1)
+        return self.placed.bound.work_s * (vm + p - 1) / vm
+
+    def to_dict(self) -> dict[str, Any]:
+        """The comparison as a JSON object (the pipeline placement itself: `devplace place --json`)."""
+        return json_safe({
+            "graph": self.placed.graph.name, "cluster": self.placed.cluster.name,
+            "schedule": self.schedule.to_dict(), "work_per_device_s": self.placed.bound.work_s,
+            "ideal_pipeline_s": self.ideal_s,
+            "compared": [{"placement": r.label, "schedule": r.schedule,
+                          "step_time_s": r.result.step_time_s if r.result else None,
+                          "feasible": bool(r.result.feasible) if r.result else False,
+                          "peak_memory_bytes": float(r.result.peak_memory_bytes.max()) if r.result else None,
+                          "note": r.note} for r in self.compared]})
+
+    def __rich__(self) -> Group:
+        ours = self.placed.result.step_time_s
+        work = self.placed.bound.work_s
+        table = Table(header_style="bold", show_edge=False)
+        for col, justify in (("placement", "left"), ("schedule", "left"), ("step", "right"), ("/ placer", "right"),
+                             ("peak", "right"), ("memory", "left")):
+            table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        for r in self.compared:
+            if r.result is None:
+                table.add_row(Text(r.label), r.schedule, "-", "-", "-", Text("no fit", style="red"))
+                continue
+            fits = (Text("fits") if r.result.feasible
+                    else Text(f"over by {fmt_bytes(max(r.result.oom.values()))}", style="red"))
+            table.add_row(Text(r.label), r.schedule, fmt_time(r.result.step_time_s),
+                          f"{r.result.step_time_s / ours:.3f}x", fmt_bytes(float(r.result.peak_memory_bytes.max())),
+                          fits)
+        s, p = self.schedule, self.placed.cluster.num_devices
+        table.add_row(f"work / {p} devices", "", fmt_time(work), f"{work / ours:.3f}x", "", "")
+        table.add_row(f"ideal {s.kind}", self.compared[-1].schedule, fmt_time(self.ideal_s),
+                      f"{self.ideal_s / ours:.3f}x", "", "")
+        vm = "VM" if (s.chunks or 1) > 1 else "M"
+        notes = Text("; ".join(f"{r.label}: {r.note}" for r in self.compared if r.note)
+                     + f"; work / {p} devices: no schedule beats it; ideal {s.kind}: that x ({vm}+p-1)/{vm}, every "
+                     "stage equal and no wait for a transfer. Peak: the largest device's. Steps simulated on the "
+                     "full graph with the devplace model.")
+        return Group(self.placed, Text(""), table, notes)
+
+    def text(self, width: int = 120) -> str:
+        """The report as plain text."""
+        return render_text(self, width)
+
+
+def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b", microbatches: int | None = 8,
+                  chunks: int | None = None, baseline: str = "contiguous", out: Path | None = None,
+                  name: str = "demo") -> PipelineDemo:
+    """`devplace demo`: place a prepared model with the `pipeline` placer under `schedule` with `microbatches`
+    (None: the placer chooses) and compare it, on the full graph, with the even split (`placers.even`: equal
+    compute at module boundaries) under the same schedule, the non-pipelined placement `baseline` makes, and
+    the best single device. Writes `<name>.placement.json`, `<name>-trace.json` and `<name>-timeline.png`
+    (the pipeline's) into `out` if given."""
+    settings: dict[str, Any] = {"schedule": schedule, "microbatches": microbatches}
+    if chunks is not None:
+        settings["chunks"] = chunks
+    check_pipeline_settings("pipeline", cluster, settings)
+    if "schedule" in get_placer(baseline).settings:
+        raise DevplaceError(f"the baseline is a placement without micro-batches, but placer {baseline!r} makes "
+                            "pipelines; choose another --baseline, e.g. contiguous or m-etf")
+    files = ({"output": out / f"{name}.placement.json", "trace": out / f"{name}-trace.json",
+              "plot": out / f"{name}-timeline.png"} if out is not None else {})
+    placed = place_prepared(prepared, cluster, placer="pipeline", settings=settings, **files)
+    sched = schedule_of(placed.placement)
+    assert sched is not None
+    full, p = placed.graph, cluster.num_devices
+    label = f"{sched.kind} M={sched.microbatches}" + (f" V={sched.chunks}" if (sched.chunks or 1) > 1 else "")
+    rows = []
+    device, _, _ = placed.best_single_device
+    single = DevplaceModel(full, cluster).run(np.full(full.num_nodes, device, dtype=np.int64))
+    rows.append(Compared(f"single {cluster.devices[device].name}", "none", single,
+                         "the whole step on the best device" + ("" if single.feasible else ", which cannot hold it")))
+    walked = f" in the {placed.order} order" if get_placer(baseline).uses_order else ""
+    try:
+        flat = place_prepared(prepared, cluster, placer=baseline, order=placed.order or "topo").result
+        rows.append(Compared(baseline, "none", flat, f"its placement without micro-batches{walked}"))
+    except NoFitError:
+        rows.append(Compared(baseline, "none", None, f"no placement without micro-batches{walked} fits memory"))
+    even_label = "even split"
+    try:
+        even = simulate(full, cluster, even_devices(full, cluster), schedule=sched)
+        rows.append(Compared(even_label, label, even, f"equal compute in {p} parts at module boundaries"))
+    except ScheduleError as exc:
+        rows.append(Compared(even_label, label, None, f"not a pipeline: {exc}"))
+    rows.append(Compared("pipeline placer", label, placed.result, f"order {placed.order}"))
+    return PipelineDemo(placed, rows)
 
 
 def cost_device(kind: str) -> Device:

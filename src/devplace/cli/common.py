@@ -40,6 +40,12 @@ PlacerOpt = Annotated[str, typer.Option(help="placer name (see `devplace placers
 SeedOpt = Annotated[int, typer.Option(help="seed for every random choice", callback=check_seed)]
 TraceOpt = Annotated[Path | None, typer.Option(help="write a Chrome trace-event JSON (Perfetto)")]
 PlotOpt = Annotated[Path | None, typer.Option(help="write a Gantt chart PNG")]
+ScheduleOpt = Annotated[str | None, typer.Option(help="--placer pipeline: micro-batch schedule, gpipe, 1f1b (default) "
+                                                      "or interleaved-1f1b; same as --set schedule=KIND")]
+MicrobatchesOpt = Annotated[int | None, typer.Option(help="--placer pipeline: micro-batches per step (default: the "
+                                                          "best of 1-32 by simulation); same as --set microbatches=M")]
+ChunksOpt = Annotated[int | None, typer.Option(help="--placer pipeline with interleaved-1f1b: model chunks per device "
+                                                    "(default 2); same as --set chunks=V")]
 
 SIM_MODEL_HELP = (f"simulation model: {' or '.join(SIM_MODELS)}"
                   + "".join(f" ({alias}: same as {name})" for alias, name in SIM_MODEL_ALIASES.items()))

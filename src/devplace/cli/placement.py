@@ -15,15 +15,18 @@ from devplace.cli.common import (
     SIM_MODEL_HELP,
     AmpOpt,
     BatchOpt,
+    ChunksOpt,
     ClusterArg,
     DtypeOpt,
     GraphArg,
     JsonOpt,
     MaxNodesOpt,
+    MicrobatchesOpt,
     ModelOpt,
     OptimizerOpt,
     PlacerOpt,
     PlotOpt,
+    ScheduleOpt,
     SeedOpt,
     SeqOpt,
     TraceOpt,
@@ -149,6 +152,9 @@ def place_cmd(
                                                      "train -o`); same as --set policy=FILE")] = None,
     log: Annotated[Path | None, typer.Option(help="learned placers: write the learning curve CSV here (see "
                                                   "`devplace plot-curve`); same as --set log=FILE")] = None,
+    schedule: ScheduleOpt = None,
+    microbatches: MicrobatchesOpt = None,
+    chunks: ChunksOpt = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the placement JSON here")] = None,
     as_json: JsonOpt = False,
     trace: TraceOpt = None,
@@ -171,11 +177,13 @@ def place_cmd(
     require_cluster(cluster)
     c = load_cluster(cluster)
     settings = parse_settings(setting or [])
-    for key, value in (("episodes", episodes), ("policy", policy), ("log", log)):
+    for key, value in (("episodes", episodes), ("policy", policy), ("log", log), ("schedule", schedule),
+                       ("microbatches", microbatches), ("chunks", chunks)):
         if value is not None:
             if key in settings:
                 raise DevplaceError(f"--{key} and --set {key}=... both given; keep one")
-            settings[key] = value if key == "episodes" else str(value)
+            settings[key] = str(value) if isinstance(value, Path) else value
+    app.check_pipeline_settings(placer, c, settings)
     if (graph is None) == (model is None):
         raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`, or "
                             "package.module:factory)")
@@ -321,24 +329,33 @@ def recommend_cmd(
 
 def demo_cmd(
     out: Annotated[Path, typer.Option(help="folder for the placement, trace and timeline")] = Path("out"),
-    model: Annotated[str, typer.Option(help="zoo model")] = "inception_v3",
+    model: Annotated[str, typer.Option(help="zoo model (one that needs several devices)")] = "llama-1b",
     cluster: Annotated[str, typer.Option(help="cluster preset")] = "4xV100-16GB",
-    placer: PlacerOpt = DEFAULT_PLACER,
-    max_nodes: Annotated[int, typer.Option("--max-nodes", help="coarsen to at most this many groups")] = 300,
+    schedule: Annotated[str, typer.Option(help="micro-batch schedule: gpipe, 1f1b or interleaved-1f1b")] = "1f1b",
+    microbatches: Annotated[int, typer.Option(help="micro-batches per step")] = 8,
+    chunks: ChunksOpt = None,
+    baseline: Annotated[str, typer.Option(help="placer of the placement without micro-batches it is compared "
+                                               "with (m-etf: devplace's default, slower to give up)")
+                        ] = "contiguous",
+    max_nodes: MaxNodesOpt = None,
 ) -> None:
-    """Capture a real model's training step (Inception-v3, batch 32), place it on 4xV100-16GB and report.
+    """Why devplace exists: capture a model that does not fit one device (Llama 1B, batch 4, 2048 tokens,
+    Adam), place it on 4xV100-16GB with the `pipeline` placer (1F1B, 8 micro-batches) and print its step
+    against the even split under the same schedule, a placement without micro-batches and the best single
+    device.
 
-    Writes the placement, a Perfetto trace and a timeline PNG into OUT.
+    Writes the pipeline's placement, a Perfetto trace and a timeline PNG into OUT.
     """
-    out.mkdir(parents=True, exist_ok=True)
     c = load_cluster(cluster)
+    app.check_pipeline_settings("pipeline", c, {"schedule": schedule, "microbatches": microbatches,
+                                                **({"chunks": chunks} if chunks is not None else {})})
+    get_placer(baseline)
+    out.mkdir(parents=True, exist_ok=True)
     with busy(f"capturing the training step of {model}", False):
         prepared = app.torch_tasks().prepare_model(model, max_nodes=max_nodes, device=c.devices[0])
-    say(f"captured {prepared.full.name}: {prepared.full.num_nodes} ops, colocated and coarsened to "
-        f"{prepared.graph.num_nodes} groups; op times analytic for {c.devices[0].kind}")
-    with progress_bar(f"{prepared.graph.name} with {placer}", False) as progress:
-        placed = app.torch_tasks().place_prepared(prepared, c, placer=placer, progress=progress,
-                                                  output=out / f"{model}.placement.json",
-                                                  trace=out / f"{model}-trace.json",
-                                                  plot=out / f"{model}-timeline.png")
-    console.print(placed)
+    say(f"captured {prepared.full.name}: {prepared.full.num_nodes} ops, colocated into {prepared.graph.num_nodes} "
+        f"groups; op times analytic for {c.devices[0].kind}")
+    with busy(f"placing {prepared.graph.name} with pipeline and the baselines", False):
+        demo = app.torch_tasks().pipeline_demo(prepared, c, schedule=schedule, microbatches=microbatches,
+                                               chunks=chunks, baseline=baseline, out=out, name=model)
+    console.print(demo)

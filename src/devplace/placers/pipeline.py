@@ -9,8 +9,9 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    nearest topological one). Each tie class is carried by its last forward op in that sequence: its compute
    per micro-batch (forward + backward ops of the class, / M), its once-per-step compute, its parameters, and
    its *stash* (the output bytes of its forward ops, held from the forward to the backward of a micro-batch).
-   A graph without kinds is all forward; a class without a forward op goes with its first placed
-   predecessor (else successor, else the last stage).
+   A graph without kinds is all forward; an op of a class without a forward op goes with the item of its
+   first forward predecessor (else first predecessor, else first successor, else the last item), and
+   counts there.
 2. *Stages.* K = p * V stages (p devices, V chunks per device for interleaved-1f1b), stage k on device
    k mod p; consecutive runs of the item sequence, possibly empty (so fewer devices may be used).
 3. *Cost model.* With t_k a stage's time per micro-batch (its compute divided by its device's speed) and
@@ -54,7 +55,16 @@ from devplace.hardware.cluster import Cluster
 from devplace.placers.common import positive_int
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import PlacerError, PlacerOutput, register
-from devplace.sim.schedule import FORWARD, KINDS, PER_STEP, Schedule, ScheduledResult, op_phases, simulate_schedule
+from devplace.sim.schedule import (
+    FORWARD,
+    KINDS,
+    PER_STEP,
+    Schedule,
+    ScheduledResult,
+    ScheduleError,
+    op_phases,
+    simulate_schedule,
+)
 
 MICROBATCH_CHOICES = (1, 2, 4, 8, 16, 32)
 CANDIDATES = 2  # splits simulated per micro-batch count and way of counting transfers
@@ -83,7 +93,7 @@ class PipelinePlan:
 @dataclass(frozen=True)
 class _Items:
     nodes: np.ndarray  # int64[n], the forward op carrying each item, in sequence order
-    owner: np.ndarray  # int64[V], the item whose device each node takes (-1: orphan class, placed later)
+    owner: np.ndarray  # int64[V], the item whose device each node takes
     work: np.ndarray  # float64[n], compute of the class run per micro-batch (whole batch)
     step_work: np.ndarray  # float64[n], compute of the class run once per step
     params: np.ndarray  # float64[n]
@@ -111,7 +121,8 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray) -> _Items:
     while heap:
         _, u = heapq.heappop(heap)
         seq.append(u)
-        for w in graph.successors(u):
+        for e in graph.out_edges(u).tolist():  # per edge, as indeg counts them (parallel edges included)
+            w = int(graph.edge_dst[e])
             if fwd[w]:
                 indeg[w] -= 1
                 if indeg[w] == 0:
@@ -121,18 +132,30 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray) -> _Items:
         class_item[int(classes[v])] = i  # the last one: an input tied to its consumer goes with the consumer
     owner = np.array([class_item.get(int(c), -1) for c in classes], dtype=np.int64)
     n = len(seq)
-    has = owner >= 0
-    per_mb = has & (phase != PER_STEP)
+    # an op of a class without a forward op goes with the item of its first forward predecessor (a backward
+    # op with the activations it reads), else of its first predecessor (an optimizer op with its gradient),
+    # else of its first successor, else the last item; so its compute, parameters and optimizer state count
+    # where it will run. On a graph without tie groups every backward and optimizer op is such an op.
+    for v in graph.topo_order.tolist():
+        if owner[v] < 0:
+            placed = sorted((not fwd[u], k, int(owner[u])) for k, u in enumerate(graph.predecessors(v))
+                            if owner[u] >= 0)
+            owner[v] = placed[0][2] if placed else -1
+    for v in graph.topo_order[::-1].tolist():
+        if owner[v] < 0:
+            placed = [int(owner[w]) for w in graph.successors(v) if owner[w] >= 0]
+            owner[v] = placed[0] if placed else n - 1
+    per_mb = phase != PER_STEP
     work = np.bincount(owner[per_mb], weights=graph.compute_s[per_mb], minlength=n)
-    step = has & (phase == PER_STEP)
+    step = ~per_mb
     step_work = np.bincount(owner[step], weights=graph.compute_s[step], minlength=n)
-    params = np.bincount(owner[has], weights=graph.param_bytes[has], minlength=n)
-    stash = np.bincount(owner[has & fwd], weights=graph.output_bytes[has & fwd], minlength=n)
+    params = np.bincount(owner, weights=graph.param_bytes, minlength=n)
+    stash = np.bincount(owner[fwd], weights=graph.output_bytes[fwd], minlength=n)
     peak_op = np.zeros(n)
     np.maximum.at(peak_op, owner[per_mb], (graph.output_bytes + graph.temp_bytes)[per_mb])
     # cut i (before item i) is crossed by a tensor whose producer's item and a consumer's item lie on
     # different sides: forward from the producer to its last consumer, backward to its first
-    ipos = np.where(has, owner, 0)
+    ipos = owner
     diff = np.zeros(n + 2)
     groups = tensor_groups(graph)
     consumer = ipos[graph.edge_dst]
@@ -280,23 +303,11 @@ class _Search:
         return float(t.sum() / v + comm + m * load.max() - t.max() + step.max())
 
     def devices(self, cuts: tuple[int, ...]) -> np.ndarray:
-        """Device per node: items by stage (stage k on device k mod p), tie classes with their item, classes
-        without a forward op with their first placed predecessor, else successor, else the last stage."""
-        p = self.cluster.num_devices
-        g, it = self.graph, self.items
+        """Device per node: items by stage (stage k on device k mod p), every op with its owning item (tie
+        classes with their item, classes without a forward op as `_items` says)."""
+        it = self.items
         stage_of_item = np.searchsorted(np.asarray(cuts), np.arange(it.nodes.shape[0]), side="right")
-        dev = np.full(g.num_nodes, -1, dtype=np.int64)
-        has = it.owner >= 0
-        dev[has] = stage_of_item[it.owner[has]] % p
-        last = (len(cuts) - 1) % p
-        for v in g.topo_order:
-            if dev[v] < 0:
-                placed = [int(dev[u]) for u in g.predecessors(int(v)) if dev[u] >= 0]
-                dev[v] = placed[0] if placed else -1
-        for v in g.topo_order[::-1]:
-            if dev[v] < 0:
-                placed = [int(dev[w]) for w in g.successors(int(v)) if dev[w] >= 0]
-                dev[v] = placed[0] if placed else last
+        dev = stage_of_item[it.owner] % self.cluster.num_devices
         return dev
 
 
@@ -335,6 +346,27 @@ def _check_settings(schedule: str, microbatches: int | None, chunks: int | None)
             positive_int(value, name, "pipeline")
 
 
+def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | None, devices: int) -> list[Schedule]:
+    """The schedules the placer tries on `devices` devices for its settings (one per micro-batch count: the
+    given one, else every one of `MICROBATCH_CHOICES` the schedule can run), or a PlacerError (a
+    DevplaceError) for invalid settings; what `devplace place` checks before capturing a model."""
+    if schedule not in KINDS:
+        raise PlacerError(f"placer 'pipeline': setting 'schedule' must be one of {', '.join(KINDS)}, got {schedule!r}")
+    counts = (MICROBATCH_CHOICES if microbatches is None
+              else (positive_int(microbatches, "microbatches", "pipeline"),))
+    if chunks is not None:
+        chunks = positive_int(chunks, "chunks", "pipeline")
+    try:
+        schedules = [Schedule(schedule, m, chunks) for m in counts]
+    except ScheduleError as exc:  # e.g. chunks for a one-chunk schedule
+        raise PlacerError(f"placer 'pipeline': {exc}") from None
+    schedules = [s for s in schedules if s.kind != "interleaved-1f1b" or s.microbatches % devices == 0]
+    if not schedules:
+        raise PlacerError(f"placer 'pipeline': interleaved-1f1b needs microbatches to be a multiple of the "
+                          f"{devices} devices, got {microbatches}")
+    return schedules
+
+
 def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, schedule: str = "1f1b",
                   microbatches: int | None = None, chunks: int | None = None,
                  ties: np.ndarray | None = None) -> PipelinePlan:
@@ -343,20 +375,8 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
     `order` is the traversal as node indices; `ties` a tie class per node, each kept on one device (None:
     `devplace.graph.ties.tie_classes(graph)`). Raises NoFitError when no split fits memory under the
     schedule, PlacerError (a DevplaceError) for invalid settings."""
-    _check_settings(schedule, microbatches, chunks)
-    counts = (MICROBATCH_CHOICES if microbatches is None
-              else (positive_int(microbatches, "microbatches", "pipeline"),))
-    if chunks is not None:
-        chunks = positive_int(chunks, "chunks", "pipeline")
+    schedules = pipeline_schedules(schedule, microbatches, chunks, cluster.num_devices)
     p = cluster.num_devices
-    schedules = []
-    for m in counts:
-        s = Schedule(schedule, m, chunks)
-        if s.kind != "interleaved-1f1b" or m % p == 0:
-            schedules.append(s)
-    if not schedules:
-        raise PlacerError(f"placer 'pipeline': interleaved-1f1b needs microbatches to be a multiple of the "
-                          f"{p} devices, got {microbatches}")
     classes = tie_classes(graph) if ties is None else np.asarray(ties, dtype=np.int64)
     search = _Search(graph, cluster, order, classes)
     judge = _Judge(graph, cluster, search)

@@ -20,6 +20,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.jsonio import read_json, write_json
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster, load_cluster
+from devplace.placers import schedule_of
 from devplace.planning import (
     AsRun,
     Baseline,
@@ -102,7 +103,8 @@ class Plan:
                     + (f"; as run by devplace.runtime ({moved} backward/optimizer ops follow their forward op): "
                        f"step time {fmt_time(rt.step_time_s)}, {'feasible' if rt.feasible else 'INFEASIBLE'}"
                        if moved else "; devplace.runtime runs this placement as simulated"))
-        view = Group(result_view(self.graph, self.cluster, self.result, lower_bound(self.graph, self.cluster)), line,
+        bound = lower_bound(self.graph, self.cluster, schedule_of(self.placement))
+        view = Group(result_view(self.graph, self.cluster, self.result, bound), line,
                      baselines_line(self.cluster, self.baselines, rt.step_time_s))
         return render_text(view) if text else view
 
@@ -147,7 +149,9 @@ def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, place
     accepts (when `"auto"` lands there, it works here unchanged). `loss_fn`, `optimizer` and the precision
     (`dtype` "fp32"/"bf16"/"fp16", `amp` for autocast) as for `devplace.capture.capture`; the plan records the
     precision, and `devplace.runtime.run.measure_plan` runs the steps in it. Extra keyword arguments are
-    placer settings.
+    placer settings: with `placer="pipeline"`, `schedule="1f1b"`, `microbatches=8` (and `chunks` for
+    interleaved-1f1b) make a pipeline, whose `result` is the step under that schedule
+    (`devplace.placers.schedule_of(plan.placement)`).
     """
     from devplace.capture.pipeline import prepare
     from devplace.capture.torch_capture import capture
@@ -180,7 +184,7 @@ def load_plan(path: str | Path) -> Plan:
     extra = {k: v for k, v in pdoc.items() if k not in ("format", "graph", "cluster", "assignment")}
     placement = Placement(dict(assignment), graph=str(pdoc.get("graph", "")), cluster=str(pdoc.get("cluster", "")),
                           meta=extra)
-    result = simulate(graph, cluster, placement)
+    result = simulate(graph, cluster, placement, schedule=schedule_of(placement))
     return Plan(graph, cluster, placement, result, dict(doc.get("settings") or {}))
 
 

@@ -4,6 +4,7 @@ Its number formats are `devplace.units`' (`fmt_bytes`, `fmt_time`)."""
 
 from __future__ import annotations
 
+import numpy as np
 from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
@@ -13,6 +14,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.sim.bounds import LowerBound
 from devplace.sim.result import SimResult
+from devplace.sim.schedule import ScheduledResult
 from devplace.units import fmt_bytes, fmt_time
 
 
@@ -41,4 +43,30 @@ def result_view(graph: CompGraph, cluster: Cluster, result: SimResult, bound: Lo
         note = f"[red]over by {fmt_bytes(oom[d])}[/]" if d in oom else ""
         table.add_row(Text(f"{d} {dev.name}"), str(counts[d]), fmt_time(busy), f"{util:.0%}",
                       fmt_bytes(float(result.peak_memory_bytes[d])), fmt_bytes(dev.memory_bytes), note)
-    return Group(head, table)
+    return Group(head, *([schedule_line(result)] if isinstance(result, ScheduledResult) else []), table)
+
+
+def pipeline_bubble(result: ScheduledResult) -> tuple[int, float, float]:
+    """(p, ideal, idle) of a pipelined step: p the devices holding pipeline stages, `ideal` the bubble of an
+    even pipeline of p devices under the schedule, (p - 1) / (V M + p - 1) (V chunks per device, M
+    micro-batches), and `idle` the share of those devices' time that they do not compute in this step
+    (bubble, uneven stages and waits for transfers together)."""
+    s = result.schedule
+    used = np.unique(result.device[result.stage >= 0])
+    p = int(used.size)
+    v = int(s.chunks or 1)
+    ideal = (p - 1) / (v * s.microbatches + p - 1) if p else 0.0
+    busy = float(result.device_busy_s[used].sum())
+    idle = 1.0 - busy / (p * result.step_time_s) if p and result.step_time_s > 0 else 0.0
+    return p, ideal, idle
+
+
+def schedule_line(result: ScheduledResult) -> Text:
+    """The schedule of a pipelined step, its micro-batches and stages, and its bubble."""
+    s = result.schedule
+    p, ideal, idle = pipeline_bubble(result)
+    stages = int(result.stage.max()) + 1 if result.stage.size else 0
+    chunks = f", {s.chunks} chunks per device" if (s.chunks or 1) > 1 else ""
+    return Text(f"schedule {s.kind}: M = {s.microbatches} micro-batches, {stages} stages on {p} devices{chunks}; "
+                f"bubble {ideal:.1%} for even stages ((p-1)/({'VM' if chunks else 'M'}+p-1)), stage devices idle "
+                f"{idle:.1%} of the step")

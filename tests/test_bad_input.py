@@ -251,11 +251,11 @@ def test_policy_resolves_in_the_study_folder(tmp_path, capsys, monkeypatch):
 
 
 def test_study_defaults_are_devplace_defaults(tmp_path):
-    from devplace.defaults import DEFAULT_SEED, DEFAULT_SIM_MODEL, STUDY_DEFAULT_ORDERS
+    from devplace.defaults import CANONICAL_ORDER, DEFAULT_SEED, DEFAULT_SIM_MODEL
 
     spec = parse_study('graphs = ["cifar10/0"]\nclusters = ["3xGPU-placeto"]\nplacers = ["m-topo"]\n',
                        base_dir=tmp_path)
-    assert (spec.sim_model, spec.orders, spec.seeds) == (DEFAULT_SIM_MODEL, STUDY_DEFAULT_ORDERS, (DEFAULT_SEED,))
+    assert (spec.sim_model, spec.orders, spec.seeds) == (DEFAULT_SIM_MODEL, (CANONICAL_ORDER,), (DEFAULT_SEED,))
 
 
 def _rollback_db(path: Path) -> Path:

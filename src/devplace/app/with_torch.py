@@ -248,7 +248,7 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
     full, p = placed.graph, cluster.num_devices
     label = f"{sched.kind} M={sched.microbatches}" + (f" V={sched.chunks}" if (sched.chunks or 1) > 1 else "")
     rows = []
-    device, _, _ = placed.best_single_device
+    device = placed.baselines[0].device  # the best single device (its only device, whether or not it fits)
     single = DevplaceModel(full, cluster).run(np.full(full.num_nodes, device, dtype=np.int64))
     rows.append(Compared(f"single {cluster.devices[device].name}", "none", single,
                          "the whole step on the best device" + ("" if single.feasible else ", which cannot hold it")))

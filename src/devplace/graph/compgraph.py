@@ -371,45 +371,16 @@ def canonical_topo_order(graph: CompGraph) -> np.ndarray:
 
     Returns fewer than V nodes when the graph has a cycle (the nodes on or after a cycle are missing).
     """
-    n = graph.num_nodes
-    dst = graph.edge_dst.tolist()
-    succ_edges = graph.succ_edges.tolist()
-    ptr = graph.succ_ptr.tolist()
-    # distinct predecessors per node: an edge counts unless an earlier edge joined the same pair
-    first = _first_of_parallel(graph)
-    deg = [0] * n
-    for e in range(len(dst)):
-        if first[e]:
-            deg[dst[e]] += 1
-    order = np.empty(n, dtype=np.int64)
-    head = tail = 0
-    for v in range(n):
-        if deg[v] == 0:
-            order[tail] = v
-            tail += 1
-    while head < tail:
-        u = int(order[head])
-        head += 1
-        for k in range(ptr[u], ptr[u + 1]):
-            e = succ_edges[k]
-            if not first[e]:
-                continue
-            w = dst[e]
-            deg[w] -= 1
-            if deg[w] == 0:
-                order[tail] = w
-                tail += 1
-    return order[:tail]
+    from devplace.graph.kahn import kahn_fifo  # compiled; imported here so that importing a graph costs no numba
+
+    return kahn_fifo(graph.num_nodes, graph.edge_dst, graph.succ_ptr, graph.succ_edges, _first_of_parallel(graph))
 
 
-def _first_of_parallel(graph: CompGraph) -> list[bool]:
+def _first_of_parallel(graph: CompGraph) -> np.ndarray:
     """first[e] is False when an earlier edge has the same (src, dst): parallel edges count once."""
-    seen: set[tuple[int, int]] = set()
-    first = []
-    for pair in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), strict=True):
-        first.append(pair not in seen)
-        seen.add(pair)
-    return first
+    from devplace.graph.kahn import first_of_parallel
+
+    return first_of_parallel(graph.edge_src, graph.edge_dst, graph.num_nodes)
 
 
 def find_cycle(graph: CompGraph, partial_topo: Iterable[int]) -> list[str]:

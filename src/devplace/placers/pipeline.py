@@ -70,6 +70,7 @@ MICROBATCH_CHOICES = (1, 2, 4, 8, 16, 32)
 CANDIDATES = 2  # splits simulated per micro-batch count and way of counting transfers
 GRID_RATIO = 1.02  # spacing of the bounds on the slowest stage
 ROUNDS = 6  # rounds that learn memory allowances from the simulator
+REFINE_SIMULATIONS = 64  # at most this many simulated moves of a cut when refining the judged best split
 
 
 @dataclass(frozen=True)
@@ -399,14 +400,45 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
             break
         for s in schedules:
             allowance[s] += judge.excess[s]
-    best = judge.best
-    if best is None:
+    if judge.best is None:
         raise no_fit_error(graph, cluster, "pipeline", f"no split of the order into {schedule} pipeline stages "
                            "fits memory under the schedule")
-    return best[3]
+    return _refine(judge, judge.best[3])
 
 
-@register("pipeline", uses_order=True, check=_check_settings)
+def _refine(judge: _Judge, plan: PipelinePlan) -> PipelinePlan:
+    """Pattern search on the cut points of the judged best split, the simulator judging each move: move one
+    cut at a time by `step` items either way (a stage may become empty), keep the first move that shortens the
+    simulated step within memory, halve `step` when no move helps; at most `REFINE_SIMULATIONS` simulations.
+    The cost model ranks splits only approximately (transfers and the schedule's waits are estimated), so
+    the best split it finds is often a few items off the simulator's best."""
+    s, cuts = plan.schedule, plan.cuts
+    step = max(1, cuts[-1] // (4 * len(cuts)))
+    spent = 0
+    while step >= 1 and spent < REFINE_SIMULATIONS:
+        moved = False
+        for k in range(len(cuts) - 1):  # the last cut is the end of the sequence
+            lo = cuts[k - 1] if k else 0
+            for new in (cuts[k] + step, cuts[k] - step):
+                trial = (*cuts[:k], new, *cuts[k + 1:])
+                if not lo <= new <= cuts[k + 1] or (s, trial) in judge.simulated:
+                    continue
+                assert judge.best is not None
+                before = judge.best[0]
+                judge.consider(s, trial, CANDIDATES)
+                spent += 1
+                if judge.best[0] < before:
+                    cuts, moved = trial, True
+                    break
+            if spent >= REFINE_SIMULATIONS:
+                break
+        if not moved:
+            step //= 2
+    assert judge.best is not None
+    return judge.best[3]
+
+
+@register("pipeline", uses_order=True, cheap=True, check=_check_settings)
 def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, ties: np.ndarray | None = None,
              schedule: str = "1f1b", microbatches: int | None = None, chunks: int | None = None) -> PlacerOutput:
     """Pipeline stages: cut the traversal order into contiguous stages (one per device, or `chunks` per device

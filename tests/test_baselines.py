@@ -54,3 +54,18 @@ def test_an_even_split_over_memory_names_its_fullest_device():
     assert even.to_dict(c, 1.0) == {"fits": False, "step_time_s": split.step_time_s, "speedup": None,
                                     "device": worst, "device_name": f"gpu{worst}", "needs_bytes": even.needs_bytes,
                                     "has_bytes": 10.0}
+
+
+def test_a_pipeline_is_compared_with_the_even_split_under_its_schedule():
+    from devplace.sim import Schedule
+
+    g = graph([{"id": v, "kind": "forward", "compute_s": 1.0, "output_bytes": 4.0} for v in "abcd"],
+              [("a", "b", 4), ("b", "c", 4), ("c", "d", 4)])
+    c = cluster(2, mem=1e9)
+    placed = place_graph(g, c, placer="pipeline", order="topo", schedule="1f1b", microbatches=4)
+    _, even = placed.baselines
+    piped = simulate(g, c, even_devices(g, c), schedule=Schedule("1f1b", 4))
+    assert even.name == "even split (1f1b M=4)" and even.step_time_s == piped.step_time_s
+    assert piped.step_time_s != simulate(g, c, even_devices(g, c)).step_time_s  # not the unpipelined step
+    assert placed.to_dict()["even_split"]["step_time_s"] == piped.step_time_s
+    assert "even split (1f1b M=4)" in placed.text()

@@ -35,7 +35,7 @@ from devplace.graph.placement import Placement, runtime_placement, save_placemen
 from devplace.hardware.cluster import Cluster
 from devplace.placers import place, place_expanded, schedule_of
 from devplace.placers.even import even_devices
-from devplace.sim import DevplaceModel, LowerBound, SimResult, lower_bound, simulate
+from devplace.sim import DevplaceModel, LowerBound, Schedule, ScheduleError, SimResult, lower_bound, simulate
 from devplace.sim.summary import result_view
 from devplace.sim.timeline import plot_timeline, write_trace
 from devplace.units import fmt_bytes, fmt_time
@@ -194,15 +194,24 @@ def baselines_line(cluster: Cluster, pair: tuple[Baseline, Baseline], step_s: fl
     return Text("baselines: " + "; ".join(b.describe(cluster, step_s) for b in pair))
 
 
-def baselines(graph: CompGraph, cluster: Cluster) -> tuple[Baseline, Baseline]:
+def baselines(graph: CompGraph, cluster: Cluster, schedule: Schedule | None = None) -> tuple[Baseline, Baseline]:
     """(best single device, even split) of `graph` on `cluster`: the baselines every place/plan report shows.
     The best single device is the fastest one that holds the step, else the fastest one (ties: lowest index);
-    the even split is the `even` placer's split, simulated whether or not it fits."""
+    the even split is the `even` placer's split, simulated whether or not it fits -- under `schedule` when
+    the placement compared with it runs one (a pipeline is compared with the even split pipelined alike; where
+    that split is no pipeline under it, the even split without micro-batches, and its name says so)."""
     model = DevplaceModel(graph, cluster)
     runs = [(model.run(np.full(graph.num_nodes, d, dtype=np.int64)), d) for d in range(cluster.num_devices)]
     result, d = min(runs, key=lambda rd: (not rd[0].feasible, rd[0].step_time_s, rd[1]))
-    return (_baseline("best single device", result, d),
-            _baseline("even split", model.run(even_devices(graph, cluster)), -1))
+    even = even_devices(graph, cluster)
+    if schedule is None:
+        split, name = model.run(even), "even split"
+    else:
+        try:
+            split, name = simulate(graph, cluster, even, schedule=schedule), f"even split ({schedule.label})"
+        except ScheduleError:
+            split, name = model.run(even), f"even split (no {schedule.kind} pipeline: without micro-batches)"
+    return _baseline("best single device", result, d), _baseline(name, split, -1)
 
 
 @dataclass(eq=False)
@@ -240,8 +249,8 @@ class Placed:
 
     @cached_property
     def baselines(self) -> tuple[Baseline, Baseline]:
-        """The best single device and the even split (`baselines`)."""
-        return baselines(self.graph, self.cluster)
+        """The best single device and the even split (`baselines`; under the placement's schedule if any)."""
+        return baselines(self.graph, self.cluster, schedule_of(self.placement))
 
     @cached_property
     def as_run(self) -> AsRun:

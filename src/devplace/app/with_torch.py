@@ -246,7 +246,7 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
     sched = schedule_of(placed.placement)
     assert sched is not None
     full, p = placed.graph, cluster.num_devices
-    label = f"{sched.kind} M={sched.microbatches}" + (f" V={sched.chunks}" if (sched.chunks or 1) > 1 else "")
+    label = sched.label
     rows = []
     device = placed.baselines[0].device  # the best single device (its only device, whether or not it fits)
     single = DevplaceModel(full, cluster).run(np.full(full.num_nodes, device, dtype=np.int64))

@@ -82,9 +82,10 @@ class Plan:
 
     @property
     def baselines(self) -> tuple[Baseline, Baseline]:
-        """The best single device and the even split of this graph (`devplace.planning.baselines`)."""
+        """The best single device and the even split of this graph (`devplace.planning.baselines`; the even
+        split under the placement's schedule if it has one)."""
         if self._baselines is None:
-            self._baselines = baselines(self.graph, self.cluster)
+            self._baselines = baselines(self.graph, self.cluster, schedule_of(self.placement))
         return self._baselines
 
     @property

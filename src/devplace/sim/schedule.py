@@ -80,6 +80,11 @@ class Schedule:
         if not isinstance(self.microbatch_graph, bool):
             raise ScheduleError(f"Schedule: microbatch_graph must be True or False, got {self.microbatch_graph!r}")
 
+    @property
+    def label(self) -> str:
+        """Short form for reports: "1f1b M=8", "interleaved-1f1b M=8 V=2"."""
+        return f"{self.kind} M={self.microbatches}" + (f" V={self.chunks}" if (self.chunks or 1) > 1 else "")
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {"kind": self.kind, "microbatches": self.microbatches, "chunks": self.chunks,

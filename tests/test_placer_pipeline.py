@@ -272,3 +272,17 @@ def test_no_move_of_one_cut_shortens_the_simulated_step(costs, bw, m):
                 cuts = (*pl.cuts[:k], new, *pl.cuts[k + 1:])
                 r = simulate(g, c, split_devices(g, cuts, 3), schedule=pl.schedule)
                 assert not r.feasible or r.step_time_s >= pl.step_time_s, (cuts, pl.cuts)
+
+
+def test_no_stage_ends_where_a_tie_class_would_send_activations_back():
+    # l1 is tied to l6 (a coarse group can hold ops that far apart): both run where l6's stage is, so l1's
+    # output would flow back to l2..l5 if a stage ended among them; those cuts are blocked
+    base = layers([1.0] * 8)
+    nodes = [{**base.node_record(v), **({"tie": "t"} if base.ids[v] in ("l1", "l6") else {})}
+             for v in range(base.num_nodes)]
+    g, c = CompGraph.build("spanned", nodes, [base.edge_record(e) for e in range(base.num_edges)]), cluster(4)
+    for m in (2, 8):
+        pl = plan(g, c, microbatches=m)
+        assert len({int(pl.devices[g.index[f"l{i}"]]) for i in range(1, 7)}) == 1
+        again = simulate(g, c, pl.devices, schedule=pl.schedule)  # a pipeline: no ScheduleError
+        assert again.feasible and again.step_time_s == pl.step_time_s

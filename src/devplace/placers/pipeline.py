@@ -13,7 +13,9 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    first forward predecessor (else first predecessor, else first successor, else the last item), and
    counts there.
 2. *Stages.* K = p * V stages (p devices, V chunks per device for interleaved-1f1b), stage k on device
-   k mod p; consecutive runs of the item sequence, possibly empty (so fewer devices may be used).
+   k mod p; consecutive runs of the item sequence, possibly empty (so fewer devices may be used). A cut is
+   *blocked* where a forward op's output would flow back to an earlier stage (its tie class is carried by an
+   item after the cut, a consumer's before it): no schedule runs that, so no stage ends there.
 3. *Cost model.* With t_k a stage's time per micro-batch (its compute divided by its device's speed) and
    load_d the sum of device d's t_k, a pipelined step takes about sum_k t_k / V + M max_d load_d - max_k t_k
    (for V = 1: sum + (M - 1) max, the (M + p - 1)-slot formula of GPipe and 1F1B on a uniform chain without
@@ -32,6 +34,13 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    each way for the M that did best; the fastest memory-feasible one wins (ties: smaller M, then the cost
    model's rank). Devices over memory in the simulator get their allowance raised by the largest measured
    excess, and the search runs again, up to `ROUNDS` times; nothing feasible: NoFitError.
+6. *Refine.* The winner's cuts are moved one at a time by `step` items either way under the simulator (pattern
+   search: keep a move that shortens the simulated step within memory, halve `step` when none does), at most
+   `REFINE_SIMULATIONS` simulations: the cost model ranks splits, the simulator has the last word on each cut.
+
+The placer is registered cheap (a run is some tens of simulations, as greedy's), so `order="auto"` places
+under every candidate order and keeps the fastest pipeline: which order gives the best forward sequence
+depends on the model (two parallel towers, as CLIP's, are cut better in an order that walks one tower first).
 
 Settings: `schedule` ("gpipe", "1f1b", "interleaved-1f1b"), `microbatches` (None: choose), `chunks` (None: 1,
 or 2 for interleaved). The placer returns its devices with the chosen schedule (`PlacerOutput`), so
@@ -101,6 +110,7 @@ class _Items:
     stash: np.ndarray  # float64[n], forward output bytes (whole batch)
     peak_op: np.ndarray  # float64[n], the largest output + temp of one op of the class (whole batch)
     cross: np.ndarray  # float64[n + 1], bytes crossing a cut before item i, both directions (whole batch)
+    blocked: np.ndarray  # bool[n + 1], True where a cut before item i would send activations to an earlier stage
 
 
 def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray) -> _Items:
@@ -175,19 +185,30 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray) -> _Items:
             diff[lo + 1] += b
             diff[a + 1] -= b
     cross = np.cumsum(diff)[: n + 1]
-    return _Items(np.asarray(seq, dtype=np.int64), owner, work, step_work, params, stash, peak_op, cross)
+    # a forward edge u -> v runs from the stage of u's item to the stage of v's item; where u's item comes
+    # later (u's tie class is carried by a later op), every cut between the two would make it flow back to an
+    # earlier stage, which no schedule runs: those cuts are blocked
+    inside = np.zeros(n + 2, dtype=np.int64)
+    fe = fwd[graph.edge_src] & fwd[graph.edge_dst]
+    lo, hi = owner[graph.edge_dst[fe]], owner[graph.edge_src[fe]]
+    back = lo < hi
+    np.add.at(inside, lo[back] + 1, 1)
+    np.add.at(inside, hi[back] + 1, -1)
+    blocked = np.cumsum(inside)[: n + 1] > 0
+    return _Items(np.asarray(seq, dtype=np.int64), owner, work, step_work, params, stash, peak_op, cross, blocked)
 
 
 # --------------------------------------------------------------------------- the dynamic program
 
 
 @njit(cache=True)
-def _split(bound, pre_work, pre_param, pre_stash, peak_op, cross, speed, cap, inflight, m, comm_Bps,
+def _split(bound, pre_work, pre_param, pre_stash, peak_op, cross, blocked, speed, cap, inflight, m, comm_Bps,
            latency, waits):  # pragma: no cover - compiled
-    """Cut ends (one per stage) minimising sum of stage times with every stage time <= bound and every stage
-    within memory; per-micro-batch figures are whole-batch ones / m. A stage's time per micro-batch is its
-    compute plus, with `waits`, the transfer of what crosses its first cut (activations forward, gradients
-    back); without, that transfer only adds to the sum (it overlaps the other micro-batches' compute).
+    """Cut ends (one per stage, none at a `blocked` cut) minimising sum of stage times with every stage time
+    <= bound and every stage within memory; per-micro-batch figures are whole-batch ones / m. A stage's time
+    per micro-batch is its compute plus, with `waits`, the transfer of what crosses its first cut (activations
+    forward, gradients back); without, that transfer only adds to the sum (it overlaps the other micro-batches'
+    compute).
     Returns the stage ends, or ends[0] = -1 when nothing fits."""
     n = pre_work.shape[0] - 1
     k_stages = speed.shape[0]
@@ -214,6 +235,8 @@ def _split(bound, pre_work, pre_param, pre_stash, peak_op, cross, speed, cap, in
                 mem = (pre_param[j] - pre_param[i]) + inflight[k] * (pre_stash[j] - pre_stash[i]) / m + big / m
                 if t > bound or mem > cap[k]:
                     break
+                if blocked[j]:
+                    continue
                 c = base + t + (0.0 if waits else comm)
                 if c < dp[k + 1, j]:
                     dp[k + 1, j] = c
@@ -272,7 +295,7 @@ class _Search:
         bound = lo
         while True:
             ends = _split(bound, self.pre_work, self.pre_param, self.pre_stash, self.items.peak_op, self.items.cross,
-                          speed, cap, inflight, float(m), self.comm_Bps, self.latency, waits)
+                          self.items.blocked, speed, cap, inflight, float(m), self.comm_Bps, self.latency, waits)
             if ends[0] >= 0:
                 cuts = tuple(int(x) for x in ends)
                 found.setdefault(cuts, self.model_time(cuts, schedule, speed, waits))
@@ -421,7 +444,7 @@ def _refine(judge: _Judge, plan: PipelinePlan) -> PipelinePlan:
             lo = cuts[k - 1] if k else 0
             for new in (cuts[k] + step, cuts[k] - step):
                 trial = (*cuts[:k], new, *cuts[k + 1:])
-                if not lo <= new <= cuts[k + 1] or (s, trial) in judge.simulated:
+                if not lo <= new <= cuts[k + 1] or judge.search.items.blocked[new] or (s, trial) in judge.simulated:
                     continue
                 assert judge.best is not None
                 before = judge.best[0]

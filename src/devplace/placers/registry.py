@@ -75,7 +75,7 @@ class PlacerSpec:
     name: str
     func: PlacerFn
     uses_order: bool
-    # cheap: one run costs about as much as a few simulations of the graph (list schedulers, greedy), so
+    # cheap: one run costs at most some tens of simulations of the graph (list schedulers, greedy, pipeline), so
     # `order="auto"` places under every candidate order and keeps the best under the simulator; not cheap
     # (search and learned placers: anneal, placeto, seq2seq), the order model's rule decides alone
     cheap: bool = False
@@ -119,8 +119,8 @@ _LOADED = False
 
 def register(name: str, *, uses_order: bool, cheap: bool = False,
              check: Callable[..., None] | None = None) -> Callable[[PlacerFn], PlacerFn]:
-    """Class the decorated function as placer `name`. `cheap=True` declares that one run costs about as much
-    as a few simulations of the graph, so that `order="auto"` may try every candidate order (see `place`).
+    """Class the decorated function as placer `name`. `cheap=True` declares that one run costs at most some
+    tens of simulations of the graph, so that `order="auto"` may try every candidate order (see `place`).
     `check` (keyword arguments: settings) raises PlacerError for bad setting values; the placer calls it too."""
     def deco(func: PlacerFn) -> PlacerFn:
         if name in _REGISTRY and _REGISTRY[name].func is not func:

@@ -9,8 +9,9 @@ that the step does not fit one 16 GB V100; captured graphs cached as that script
 captured, costed for the cluster's first device and colocated (`prepare`); every step time is simulated on
 the full graph, in this run:
 
-- pipeline placer: `place_graph(..., placer="pipeline")` in topo order, as `devplace place --model` runs it
-  (placed on the colocation groups, expanded to every op, checked as run), under the schedule;
+- pipeline placer: `place_graph(..., placer="pipeline")` with `--order` (default `auto`, which tries every
+  order for this cheap placer), as `devplace place --model` runs it (placed on the colocation groups, expanded
+  to every op, checked as run), under the schedule; the order it walked is printed;
 - work / devices: total work over total speed, the bound no schedule beats; ideal: that times the slots of
   an even pipeline, (M + p - 1) / M;
 - even split: `placers.even.even_devices` (equal compute per device at module boundaries, accelerate's
@@ -121,22 +122,23 @@ def main() -> None:
     ap.add_argument("--schedule", default="1f1b")
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--flat", default="even,contiguous,m-etf", help="placers of the step without micro-batches")
+    ap.add_argument("--order", default="auto", help="order of the pipeline placer (auto: the best of every order)")
     ap.add_argument("--cache", type=Path, default=Path("/tmp/devplace-beyond-zoo"))
     args = ap.parse_args()
     cluster = PRESETS[args.cluster]()
     p, m = cluster.num_devices, args.microbatches
     sched = Schedule(args.schedule, m)
     print(f"{args.cluster}, {args.schedule}, M={m}; simulated ms per sample; ratios to the pipeline placer's step")
-    print("| model | batch | ops | one device | work / devices | ideal | pipeline placer | / work | peak GB | "
+    print("| model | batch | ops | one device | work / devices | ideal | pipeline placer | order | / work | peak GB | "
           "even split | even / placer | equal-layer split | equal-layer / placer | best without micro-batches "
           "| that / placer | placer time (s) |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
+    print("|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for name in args.models:
         prepared, batch = prepared_model(name, cluster, args.cache)
         full = prepared.full
         t0 = time.perf_counter()
-        placed = place_graph(prepared.graph, cluster, placer="pipeline", order="topo", coarsening=prepared.coarsening,
-                             full=full, schedule=args.schedule, microbatches=m)
+        placed = place_graph(prepared.graph, cluster, placer="pipeline", order=args.order,
+                             coarsening=prepared.coarsening, full=full, schedule=args.schedule, microbatches=m)
         took = time.perf_counter() - t0
         ours = placed.result.step_time_s
         assert placed.result.feasible
@@ -161,7 +163,7 @@ def main() -> None:
         flat_txt, flat_ratio = ((f"{min(flat)[1]} {min(flat)[0] * per:.2f}", f"{min(flat)[0] / ours:.3f}x") if flat
                                 else ("none fits", "-"))
         print(f"| {name} | {batch} | {full.num_nodes} | {one_txt} | {work * per:.2f} | "
-              f"{work * (m + p - 1) / m * per:.2f} | {ours * per:.2f} | {ours / work:.3f} | "
+              f"{work * (m + p - 1) / m * per:.2f} | {ours * per:.2f} | {placed.order} | {ours / work:.3f} | "
               f"{placed.result.peak_memory_bytes.max() / 1e9:.1f} | {even_txt} | {even_ratio} | {layer_txt} | "
               f"{layer_ratio} | {flat_txt} | {flat_ratio} | {took:.1f} |", flush=True)
 

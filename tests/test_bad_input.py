@@ -357,6 +357,24 @@ def test_foreign_databases_are_refused_and_left_unchanged(tmp_path, sql, message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.sqlite"]  # no -wal, -shm or graph cache
 
 
+@pytest.mark.parametrize("command", ["run", "report"])
+def test_refused_wal_database_gets_no_wal_or_shm_file(tmp_path, capsys, monkeypatch, command):
+    # a results file of a newer devplace is in WAL mode: opening it read-only to check it made -wal and -shm files
+    db = tmp_path / "newer.sqlite"
+    con = connect(db)
+    con.execute("UPDATE meta SET value = '999' WHERE name = 'schema_version'")
+    con.commit()
+    con.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["newer.sqlite"]
+    before = db.read_bytes()
+    (tmp_path / "s.toml").write_text('graphs = ["cifar10/0"]\nclusters = ["3xGPU-placeto"]\nplacers = ["m-topo"]\n')
+    args = (["study", "run", str(tmp_path / "s.toml"), "--db", str(db)] if command == "run" else
+            ["study", "report", str(db), "-o", str(tmp_path / "rep")])
+    text = _one_error_line(*run_cli(args, capsys, monkeypatch))
+    assert "schema version '999'" in text and db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["newer.sqlite", "s.toml"]
+
+
 def test_cli_foreign_database_is_one_error_line(tmp_path, capsys, monkeypatch):
     db = _foreign(tmp_path / "other.sqlite", ["CREATE TABLE cells (id INTEGER, colour TEXT)"])
     before = db.read_bytes()

@@ -217,6 +217,13 @@ def test_max_input_bytes_flag_raises_the_limit_for_the_command(hostile, capsys, 
     assert os.environ[MAX_INPUT_ENV] == str(size)  # what the command's worker processes inherit
 
 
+def test_grid_limit_message_names_the_flag_that_raises_it(hostile, capsys, monkeypatch):
+    (hostile / "big.toml").write_text(FILES["s.toml"].replace("seeds = 2", "seeds = 100000000"))
+    code, out, err = run_cli(["study", "run", "big.toml", "--db", "r.sqlite"], capsys, monkeypatch)
+    assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1, (out, err)
+    assert "100,000,000 cells" in err and "--max-cells N" in err  # the flag, as --max-input-bytes' message does
+
+
 def test_study_named_like_markup_runs_and_prints_its_name(hostile, capsys, monkeypatch):
     (hostile / "m.toml").write_text('name = "[/]bad"\n' + FILES["s.toml"].replace("seeds = 2", "seeds = 1"))
     code, out, err = run_cli(["study", "run", "m.toml", "--db", "r.sqlite", "--quiet"], capsys, monkeypatch)

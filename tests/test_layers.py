@@ -153,3 +153,41 @@ def test_help_graph_commands_and_classic_placers_do_not_load_torch(args: list[st
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr or f"devplace {' '.join(args)} imported torch"
     assert shows in done.stdout
+
+
+# ------------------------------------------------------------------------------ one place for each default
+def _literal_defaults(tree: ast.AST) -> list[tuple[int, object]]:
+    """(line, value) of every literal default of a function parameter (typer options included)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for d in [*node.args.defaults, *node.args.kw_defaults]:
+                if isinstance(d, ast.Constant):
+                    out.append((d.lineno, d.value))
+    return out
+
+
+def test_defaults_are_written_once():
+    """No parameter defaults to a literal copy of a value `devplace.defaults` holds: it names the constant."""
+    from devplace import defaults
+
+    held = {getattr(defaults, n) for n in ("DEFAULT_PLACER", "DEFAULT_ORDER", "CANONICAL_ORDER", "RECOMMEND_PLACER",
+                                           "SIM_DEVPLACE", "SIM_PLACETO", "LEARNED_PLACER", "ENCODER_PLACETO",
+                                           "FAMILY_MAX_NODES", "TRAIN_FAMILY_GRAPHS")}
+    copies = [f"{path.relative_to(SRC)}:{line}: {value!r}"
+              for path in sorted(PACKAGE.rglob("*.py")) if path.name != "defaults.py"
+              for line, value in _literal_defaults(ast.parse(path.read_text()))
+              if isinstance(value, str | int) and not isinstance(value, bool) and value in held]
+    assert not copies, "defaults written outside devplace/defaults.py:\n" + "\n".join(copies)
+
+
+def test_the_policy_network_defaults_to_placeto_hyper():
+    import inspect
+
+    pytest.importorskip("torch")
+    from devplace.placers.rl.placeto import PlacetoHyper, PlacetoPolicy
+
+    params = inspect.signature(PlacetoPolicy).parameters
+    hyper = PlacetoHyper()
+    assert {n: params[n].default for n in ("hidden", "rounds", "encoder")} == {
+        "hidden": hyper.hidden, "rounds": hyper.rounds, "encoder": hyper.encoder}

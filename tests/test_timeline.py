@@ -18,12 +18,11 @@ from devplace.sim.result import SimResult, Transfers
 from devplace.sim.timeline import (
     channel_label,
     device_label,
-    format_bytes,
-    format_time,
     plot_timeline,
     trace_events,
     write_trace,
 )
+from devplace.units import fmt_bytes, fmt_time
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 KINDS = ("forward", "backward", "optimizer", "")
@@ -287,11 +286,12 @@ def test_larger_random_case(tmp_path: Path) -> None:
 
 
 def test_formatters() -> None:
-    assert format_time(0.0123) == "12.3 ms"
-    assert format_time(2.5) == "2.5 s"
-    assert format_time(4.2e-5) == "42 µs"
-    assert format_bytes(1.5e9) == "1.5 GB"
-    assert format_bytes(12) == "12 B"
+    """The timeline's labels: devplace.units' formatters in their compact style (significant digits)."""
+    assert fmt_time(0.0123, digits=4) == "12.3 ms"
+    assert fmt_time(2.5, digits=4) == "2.5 s"
+    assert fmt_time(4.2e-5, digits=4) == "42 µs"
+    assert fmt_bytes(1.5e9, digits=3) == "1.5 GB"
+    assert fmt_bytes(12, digits=3) == "12 B"
 
 
 # ----------------------------------------------------------------------------------------- pipelined steps

@@ -29,6 +29,14 @@ CANONICAL_ORDER = "topo"
 """DESIGN.md's canonical traversal order: what takes the place of an order where none is chosen (a placer
 without a rule in the order model, `devplace order`, `devplace train`, a study without an `orders` list)."""
 
+FAMILY_MAX_NODES = 300
+"""Captured graphs of the study's families (and study cells' zoo models) are coarsened to at most this many
+groups unless told otherwise: `devplace zoo family`, `devplace train --family`, a study's `max_nodes`. The seed
+study's graphs had a few hundred groups after Placeto's grouping."""
+
+TRAIN_FAMILY_GRAPHS = "0-23"
+"""The family members `devplace train --family` trains on when `--graphs` is not given."""
+
 RECOMMEND_PLACER = "greedy"
 """The placer `devplace recommend` and `recommend_order` recommend an order for when none is named."""
 

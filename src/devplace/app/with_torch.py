@@ -31,7 +31,15 @@ from devplace.capture.profile import (
     profile_graph,
     read_runs,
 )
-from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, LEARNED_PLACER
+from devplace.defaults import (
+    CANONICAL_ORDER,
+    DEFAULT_ORDER,
+    DEFAULT_PLACER,
+    DEFAULT_SEED,
+    FAMILY_MAX_NODES,
+    LEARNED_PLACER,
+    TRAIN_FAMILY_GRAPHS,
+)
 from devplace.errors import DevplaceError
 from devplace.graph import save_graph
 from devplace.graph.coarsen import Coarsening
@@ -254,7 +262,7 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
                          "the whole step on the best device" + ("" if single.feasible else ", which cannot hold it")))
     walked = f" in the {placed.order} order" if get_placer(baseline).uses_order else ""
     try:
-        flat = place_prepared(prepared, cluster, placer=baseline, order=placed.order or "topo").result
+        flat = place_prepared(prepared, cluster, placer=baseline, order=placed.order or CANONICAL_ORDER).result
         rows.append(Compared(baseline, "none", flat, f"its placement without micro-batches{walked}"))
     except NoFitError:
         rows.append(Compared(baseline, "none", None, f"no placement without micro-batches{walked} fits memory"))
@@ -340,8 +348,8 @@ def model_calibration(costs: Path, model: str, *, batch: int | None = None,
     return calibrate(graph, table, roofline=roofline)
 
 
-def training_graphs(graphs: Sequence[Path], *, family: str | None = None, indices: str = "0-23",
-                    max_nodes: int = 300) -> list[CompGraph]:
+def training_graphs(graphs: Sequence[Path], *, family: str | None = None, indices: str = TRAIN_FAMILY_GRAPHS,
+                    max_nodes: int = FAMILY_MAX_NODES) -> list[CompGraph]:
     """The graphs `devplace train` trains on: graph files, or the members `indices` of a study family
     (captured and coarsened to `max_nodes`)."""
     if (family is None) == (not graphs):

@@ -14,15 +14,12 @@ from typing import Any
 import torch
 
 from devplace.capture.torch_capture import capture
+from devplace.defaults import FAMILY_MAX_NODES
 from devplace.graph.coarsen import Coarsening, coarsen, colocate
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Device
 from devplace.hardware.cost import CostReport, CostTable, apply_costs
 from devplace.hardware.presets import device_kind
-
-# The seed study's graphs had a few hundred groups after Placeto's grouping; families are coarsened to
-# this many nodes unless told otherwise.
-FAMILY_MAX_NODES = 300
 
 
 @dataclass(frozen=True)

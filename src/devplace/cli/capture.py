@@ -25,6 +25,7 @@ from devplace.cli.common import (
     progress_bar,
     say,
 )
+from devplace.defaults import FAMILY_MAX_NODES
 from devplace.errors import DevplaceError
 from devplace.graph.info import graph_info
 from devplace.planning import precision_text
@@ -57,7 +58,8 @@ def zoo_list_cmd(as_json: JsonOpt = False) -> None:
 def zoo_family_cmd(
     name: Annotated[str, typer.Argument(help="cifar10, ptb or nmt")],
     index: Annotated[int, typer.Option(help="graph index, 0-31")] = 0,
-    max_nodes: Annotated[int | None, typer.Option("--max-nodes", help="coarsen to at most this many groups")] = 300,
+    max_nodes: Annotated[int | None, typer.Option("--max-nodes", help="coarsen to at most this many groups")
+                         ] = FAMILY_MAX_NODES,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the graph JSON here")] = None,
     as_json: JsonOpt = False,
 ) -> None:

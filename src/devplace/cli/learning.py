@@ -9,7 +9,15 @@ import typer
 
 from devplace import app
 from devplace.cli.common import SIM_MODEL_HELP, SeedOpt, busy, require_cluster, rounds_bar, say
-from devplace.defaults import CANONICAL_ORDER, DEFAULT_SEED, ENCODER_ALIASES, ENCODERS, LEARNED_PLACER
+from devplace.defaults import (
+    CANONICAL_ORDER,
+    DEFAULT_SEED,
+    ENCODER_ALIASES,
+    ENCODERS,
+    FAMILY_MAX_NODES,
+    LEARNED_PLACER,
+    TRAIN_FAMILY_GRAPHS,
+)
 from devplace.hardware.cluster import load_cluster
 from devplace.units import fmt_time
 
@@ -26,8 +34,10 @@ def train_cmd(
     placer: Annotated[str, typer.Option(help=f"the learned placer to train ({LEARNED_PLACER} only)")
                       ] = LEARNED_PLACER,
     family: Annotated[str | None, typer.Option(help="train on a study family: cifar10, ptb or nmt")] = None,
-    indices: Annotated[str, typer.Option("--graphs", help="family graph indices, e.g. 0-23 or 0,3,5-7")] = "0-23",
-    max_nodes: Annotated[int, typer.Option("--max-nodes", help="coarsen family graphs to this many groups")] = 300,
+    indices: Annotated[str, typer.Option("--graphs", help="family graph indices, e.g. 0-23 or 0,3,5-7")
+                       ] = TRAIN_FAMILY_GRAPHS,
+    max_nodes: Annotated[int, typer.Option("--max-nodes", help="coarsen family graphs to this many groups")
+                         ] = FAMILY_MAX_NODES,
     order: Annotated[str | None, typer.Option(help="traversal order of the episodes (see `devplace orders`; "
                                                    f"default: {CANONICAL_ORDER})")] = None,
     episodes: Annotated[int | None, typer.Option(help=f"rounds: one sampling episode per graph each{PLACER_DEFAULT}")

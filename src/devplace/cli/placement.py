@@ -335,7 +335,7 @@ def demo_cmd(
     microbatches: Annotated[int, typer.Option(help="micro-batches per step")] = 8,
     chunks: ChunksOpt = None,
     baseline: Annotated[str, typer.Option(help="placer of the placement without micro-batches it is compared "
-                                               "with (m-etf: devplace's default, slower to give up)")
+                                               f"with ({DEFAULT_PLACER}: devplace's default, slower to give up)")
                         ] = "contiguous",
     max_nodes: MaxNodesOpt = None,
 ) -> None:

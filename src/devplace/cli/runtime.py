@@ -25,7 +25,7 @@ from devplace.cli.common import (
     print_json,
     say,
 )
-from devplace.defaults import DEFAULT_PLACER, DEFAULT_SEED
+from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
 from devplace.errors import DevplaceError
 
 
@@ -41,7 +41,7 @@ def run_cmd(
     seq_len: SeqOpt = None,
     max_nodes: MaxNodesOpt = None,
     placer: PlacerOpt = DEFAULT_PLACER,
-    order: Annotated[str, typer.Option(help="traversal order (see `devplace orders`), or auto")] = "auto",
+    order: Annotated[str, typer.Option(help="traversal order (see `devplace orders`), or auto")] = DEFAULT_ORDER,
     seed: SeedOpt = DEFAULT_SEED,
     record: Annotated[Path | None, typer.Option(help="append the calibration record (JSON lines) here")] = Path(
         "devplace-runs.jsonl"),

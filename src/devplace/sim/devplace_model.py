@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from devplace.defaults import SIM_DEVPLACE
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.heap import heap_pop, heap_push
 from devplace.graph.tensors import tensor_groups
@@ -273,7 +274,7 @@ class DevplaceModel:
     """The graph- and cluster-derived arrays of the `devplace` model, prepared once; `run(devices)` then
     simulates one placement. Placers that simulate many placements of one graph keep one of these."""
 
-    name = "devplace"
+    name = SIM_DEVPLACE
 
     def __init__(self, graph: CompGraph, cluster: Cluster) -> None:
         self.graph = graph

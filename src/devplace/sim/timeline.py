@@ -33,6 +33,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.sim.result import SimResult
 from devplace.sim.schedule import ScheduledResult
+from devplace.units import fmt_bytes, fmt_time, time_unit
 
 DEVICES_PID = 1
 CHANNELS_PID = 2
@@ -301,31 +302,6 @@ def _action_spans(graph: CompGraph, result: ScheduledResult, s: _Schedule) -> li
             for (d, _, ph, k), a, b in zip(uniq.tolist(), lo.tolist(), hi.tolist(), strict=True)]
 
 
-def _time_unit(extent_s: float) -> tuple[str, float]:
-    """Axis unit and scale for times up to `extent_s` seconds."""
-    if extent_s >= 1.0:
-        return "s", 1.0
-    if extent_s >= 1e-3:
-        return "ms", 1e3
-    return "µs", 1e6
-
-
-def format_time(seconds: float) -> str:
-    """A duration with a unit chosen by magnitude: "12.35 ms"."""
-    if not math.isfinite(seconds):
-        return str(seconds)
-    unit, scale = _time_unit(abs(seconds))
-    return f"{seconds * scale:.4g} {unit}"
-
-
-def format_bytes(nbytes: float) -> str:
-    """A size in decimal units: "1.2 GB"."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(nbytes) >= scale * 0.9995:  # 999.7 MB prints as "1 GB", not "1e+03 MB"
-            return f"{nbytes / scale:.3g} {unit}"
-    return f"{nbytes:.0f} B"
-
-
 def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: max(limit - 1, 1)] + "…"
 
@@ -382,7 +358,7 @@ def plot_timeline(graph: CompGraph, cluster: Cluster, result: SimResult, path: s
                     float(s.tr_finish.max()) if s.tr.size else 0.0])
     if extent <= 0:
         extent = 1e-6
-    unit, scale = _time_unit(extent)
+    unit, scale = time_unit(extent)
     xmax = extent * scale * 1.02
 
     # Row geometry: devices on top (pitch 1), channels below (pitch 0.6), a gap between.
@@ -481,10 +457,10 @@ def plot_timeline(graph: CompGraph, cluster: Cluster, result: SimResult, path: s
     top = blended_transform_factory(ax.transData, ax.transAxes)
     lines = []
     if math.isfinite(step):
-        lines.append((step, "black", "-", f"step {format_time(step)}"))
+        lines.append((step, "black", "-", f"step {fmt_time(step, digits=4)}"))
     if math.isfinite(lb):
         ratio = f", step/LB {step / lb:.3g}" if math.isfinite(step) and lb > 0 else ""
-        lines.append((lb, "#C44E52", "--", f"lower bound {format_time(lb)}{ratio}"))
+        lines.append((lb, "#C44E52", "--", f"lower bound {fmt_time(lb, digits=4)}{ratio}"))
     lines.sort(key=lambda item: item[0])
     for level, (x, color, style, label) in enumerate(lines):
         ax.axvline(x * scale, color=color, ls=style, lw=1.3, zorder=5)
@@ -498,13 +474,13 @@ def plot_timeline(graph: CompGraph, cluster: Cluster, result: SimResult, path: s
     right = blended_transform_factory(ax.transAxes, ax.transData)
     busy = np.bincount(s.op_dev, weights=s.op_finish - s.op_start, minlength=n_dev)
     for d in range(n_dev):
-        note = f"{busy[d] / step:.0%} busy" if math.isfinite(step) and step > 0 else format_time(busy[d])
+        note = f"{busy[d] / step:.0%} busy" if math.isfinite(step) and step > 0 else fmt_time(busy[d], digits=4)
         ax.text(1.005, dev_y[d], note, transform=right, ha="left", va="center", fontsize=7, color="#444444")
     if n_chan:
         nbytes = np.asarray(result.transfers.nbytes, dtype=np.float64)[s.tr]
         per_chan = np.bincount(s.tr_chan, weights=nbytes, minlength=n_chan)
         for k in range(n_chan):
-            ax.text(1.005, chan_y[k], format_bytes(per_chan[k]), transform=right, ha="left", va="center",
+            ax.text(1.005, chan_y[k], fmt_bytes(per_chan[k], digits=3), transform=right, ha="left", va="center",
                     fontsize=6, color="#666666")
         ax.axhline(n_dev - 0.35, color="#999999", lw=0.6, zorder=1)
 
@@ -525,13 +501,13 @@ def plot_timeline(graph: CompGraph, cluster: Cluster, result: SimResult, path: s
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
 
-    head = title if title is not None else f"{graph.name} on {cluster.name}: step {format_time(step)}"
+    head = title if title is not None else f"{graph.name} on {cluster.name}: step {fmt_time(step, digits=4)}"
     info = [f"model {result.model}", f"{graph.num_nodes} ops on {n_dev} devices",
             *([f"{result.schedule.kind}, {result.schedule.microbatches} micro-batches"]
               if isinstance(result, ScheduledResult) else []),
-            f"{len(result.transfers)} transfers ({format_bytes(float(result.comm_bytes))})"]
+            f"{len(result.transfers)} transfers ({fmt_bytes(float(result.comm_bytes), digits=3)})"]
     if title is not None:
-        info.insert(0, f"step {format_time(step)}")
+        info.insert(0, f"step {fmt_time(step, digits=4)}")
     if not result.feasible:
         info.append("INFEASIBLE: out of memory on " + ", ".join(cluster.devices[d].name for d in result.oom))
     if s.skipped_ops:

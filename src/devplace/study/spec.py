@@ -19,13 +19,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from devplace.defaults import CANONICAL_ORDER, DEFAULT_SEED, DEFAULT_SIM_MODEL
+from devplace.defaults import CANONICAL_ORDER, DEFAULT_SEED, DEFAULT_SIM_MODEL, FAMILY_MAX_NODES
 from devplace.errors import DevplaceError
 from devplace.graph.jsonio import env_limit, read_limited
 
 PRESETS: tuple[str, ...] = ("quick", "paper", "extended")
 NO_ORDER = "-"  # order_name of cells whose placer ignores the traversal order
-DEFAULT_MAX_NODES = 300  # coarsening limit for captured graphs (the seed study's graphs had a few hundred groups)
 
 _TOP_KEYS = ("name", "description", "graphs", "max_nodes", "clusters", "sim_model", "placers", "orders", "seeds")
 _PLACER_KEYS = ("name", "settings", "orders", "seeds")
@@ -93,7 +92,7 @@ class StudySpec:
     orders: tuple[str, ...]
     seeds: tuple[int, ...]
     sim_model: str = DEFAULT_SIM_MODEL
-    max_nodes: int | None = DEFAULT_MAX_NODES
+    max_nodes: int | None = FAMILY_MAX_NODES
     description: str = ""
     source: str = ""  # the file or preset it came from
 
@@ -111,7 +110,8 @@ def cell_limit(limit: int | None = None) -> int:
 def too_many_cells(where: str, count: int, limit: int) -> StudyError:
     """The error for a grid of `count` cells over the limit, saying how to raise it."""
     return StudyError(f"{where}: the study has {count:,} cells, more than the limit of {limit:,}; check the seed "
-                      f"counts and member ranges, or raise the limit with {MAX_CELLS_ENV}=N (or max_cells=N)")
+                      f"counts and member ranges, or raise the limit with `devplace study run --max-cells N` or "
+                      f"{MAX_CELLS_ENV}=N (max_cells=N in Python)")
 
 
 def load_study(path_or_name: str | Path, *, preset: bool = False, max_cells: int | None = None) -> StudySpec:
@@ -169,7 +169,7 @@ def parse_study(text: str, *, base_dir: Path, source: str = "<string>", max_cell
 
     if sim_model not in MODELS:
         raise StudyError(f"{where}: sim_model {sim_model!r} is unknown; choose one of: {', '.join(MODELS)}")
-    max_nodes = doc.get("max_nodes", DEFAULT_MAX_NODES)
+    max_nodes = doc.get("max_nodes", FAMILY_MAX_NODES)
     if max_nodes == 0:
         max_nodes = None  # 0: no coarsening beyond colocation
     if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 2):

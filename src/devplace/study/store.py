@@ -101,10 +101,14 @@ def connect(db_path: str | Path, *, create: bool = True) -> sqlite3.Connection:
     return con
 
 
-def _open_read_only(path: Path) -> sqlite3.Connection:
+def _open_read_only(path: Path, *, leave_no_files: bool = False) -> sqlite3.Connection:
     """A read-only connection; `immutable` where SQLite cannot even make its shared-memory file (a read-only
-    folder), which is exact once no writer is running."""
+    folder), which is exact once no writer is running. With `leave_no_files`, also where the database has no
+    -wal file: no writer has it open then, and a read-only connection to a WAL-mode file would otherwise make
+    -wal and -shm files beside it and leave them there."""
     uri = path.resolve().as_uri()
+    if leave_no_files and not Path(f"{path}-wal").exists():
+        return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, timeout=30.0)
     try:
         con = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=30.0)
         con.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
@@ -114,9 +118,10 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
 
 
 def _check_database(path: Path, *, writing: bool) -> None:
-    """Refuse a file that is not a devplace study database of this schema, reading it only."""
+    """Refuse a file that is not a devplace study database of this schema, reading it only (and leaving no
+    -wal or -shm file beside a refused one)."""
     try:
-        con = _open_read_only(path)
+        con = _open_read_only(path, leave_no_files=True)
         try:
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             columns = [r[1] for r in con.execute("PRAGMA table_info(cells)")] if "cells" in tables else []

@@ -248,8 +248,8 @@ class PlacetoPolicy(nn.Module):
     "gat" (graph attention).
     No weight depends on the graph; only the head's last layer on the number of devices."""
 
-    def __init__(self, num_features: int, num_devices: int, hidden: int = 32, rounds: int = 8,
-                 encoder: str = ENCODER_PLACETO) -> None:
+    def __init__(self, num_features: int, num_devices: int, hidden: int = PlacetoHyper.hidden,
+                 rounds: int = PlacetoHyper.rounds, encoder: str = PlacetoHyper.encoder) -> None:
         super().__init__()
         encoder = encoder_name(encoder)
         d = hidden

@@ -247,6 +247,16 @@ def test_user_text_in_errors_is_never_markup_and_stays_one_line(tmp_json, capsys
     assert "'[/]'" in line
 
 
+@pytest.mark.parametrize("command", [["place", "G", "-c", "2xK80", "--placer", "m-etf", "--order", "topo"],
+                                     ["order", "G"], ["info", "G"], ["bound", "G", "2xK80"]])
+def test_names_in_successful_output_cannot_drive_the_terminal(command, tmp_json, capsys, monkeypatch):
+    doc = json.loads(_graph_doc(["a\x1b[2J", "b\x07"], [("a\x1b[2J", "b\x07")]))
+    path = tmp_json(json.dumps({**doc, "name": "g\x1b[31m"}))
+    code, out, err = run([str(path) if a == "G" else a for a in command], capsys, monkeypatch)
+    assert code == 0, err
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b" in out  # written as escapes, not sent
+
+
 def test_errors_leave_stdout_empty(capsys, monkeypatch):
     code, out, err = run(["place", "example", "-c", "4xV100-16GB", "--placer", "nope"], capsys, monkeypatch)
     assert code == 2 and out == "", (out, err)

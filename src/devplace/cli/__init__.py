@@ -8,11 +8,10 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
 from devplace.cli import capture, learning, placement, runtime, study
-from devplace.cli.common import one_line
+from devplace.cli.common import guarded_console, one_line
 from devplace.errors import DevplaceError
 from devplace.graph.jsonio import MAX_INPUT_ENV, set_max_input_bytes
 
@@ -48,7 +47,7 @@ def global_options(
 
 
 def _error(message: str) -> None:
-    Console(stderr=True).print(Text.assemble(("error:", "bold red"), " ", one_line(message)), soft_wrap=True)
+    guarded_console(stderr=True).print(Text.assemble(("error:", "bold red"), " ", one_line(message)), soft_wrap=True)
 
 
 def main() -> None:

@@ -11,15 +11,47 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType, RenderHook, RenderResult
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.segment import Segment
 from rich.text import Text
 
 from devplace.defaults import SIM_MODEL_ALIASES, SIM_MODELS
 from devplace.errors import DevplaceError
 from devplace.planning import check_seed, json_safe
 
-console = Console()
+
+def _escaped(text: str, keep: str = "") -> str:
+    """`text` with every control character (terminal escape codes, newlines unless kept) written as an escape."""
+    return "".join(ch if ch.isprintable() or ch in keep else ch.encode("unicode_escape").decode("ascii")
+                   for ch in text)
+
+
+class _Escaping:
+    """A renderable as printed, with control characters in its text written as escapes (rich's own styles and
+    cursor moves are control segments, kept): a graph, device or node name cannot drive the terminal."""
+
+    def __init__(self, inner: RenderableType) -> None:
+        self.inner = inner
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for seg in console.render(self.inner, options):
+            yield seg if seg.control or seg.text.isprintable() else Segment(_escaped(seg.text, "\n\t"), seg.style)
+
+
+class _EscapeHook(RenderHook):
+    def process_renderables(self, renderables: list[Any]) -> list[Any]:
+        return [_Escaping(r) for r in renderables]
+
+
+def guarded_console(**kwargs: Any) -> Console:
+    """A rich console (keyword arguments as Console's) that writes user text's control characters as escapes."""
+    out = Console(**kwargs)
+    out.push_render_hook(_EscapeHook())
+    return out
+
+
+console = guarded_console()
 
 GraphArg = Annotated[Path, typer.Argument(help="graph file (devplace.graph/1 JSON), or `example` for the bundled one")]
 ClusterArg = Annotated[str, typer.Argument(help="cluster preset name (see `devplace clusters`) or cluster JSON file")]
@@ -59,7 +91,7 @@ def print_json(doc: Any) -> None:
 def one_line(text: str) -> Text:
     """User text as printed: never read as rich markup, and control characters (newlines, terminal escape
     codes) written as escapes, so that a message stays one line and cannot drive the terminal."""
-    return Text("".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text))
+    return Text(_escaped(text))
 
 
 def say(text: str) -> None:
@@ -69,7 +101,7 @@ def say(text: str) -> None:
 
 def warn(message: str) -> None:
     """Print a one-line warning on stderr."""
-    Console(stderr=True).print(Text.assemble(("warning:", "yellow"), " ", one_line(message)), soft_wrap=True)
+    guarded_console(stderr=True).print(Text.assemble(("warning:", "yellow"), " ", one_line(message)), soft_wrap=True)
 
 
 def busy(message: str, quiet: bool) -> Any:

@@ -262,7 +262,7 @@ def order_cmd(
     if as_json:
         print_json({"graph": g.name, "order": order, "seed": seed, "nodes": ids})
     else:
-        sys.stdout.write("".join(f"{nid}\n" for nid in ids))
+        sys.stdout.write("".join(f"{one_line(nid).plain}\n" for nid in ids))  # one id per line, escaped
 
 
 def features_cmd(

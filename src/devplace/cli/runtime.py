@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from devplace import app
 from devplace.cli.common import (
@@ -22,6 +21,7 @@ from devplace.cli.common import (
     SeqOpt,
     busy,
     console,
+    guarded_console,
     print_json,
     say,
 )
@@ -104,7 +104,7 @@ def export_cmd(
     doc, note = app.torch_tasks().export_plan(plan_file, fmt, devices, schedule=schedule, microbatches=microbatches)
     if output is None:
         print_json(doc)
-        Console(stderr=True).print(note, highlight=False)
+        guarded_console(stderr=True).print(note, highlight=False)
     else:
         output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
         say(f"{note}; wrote {output}")

@@ -88,6 +88,13 @@ def reference_schedule(nodes: list[dict], edges: list[dict], speeds: list[float]
     byid = {n["id"]: n for n in nodes}
     phase = {i: ("F" if byid[i].get("kind", "") in ("", "forward") else "B" if byid[i]["kind"] == "backward"
                  else "S") for i in ids}
+    changed = True
+    while changed:  # a forward op that depends on a backward op runs in the backward pass
+        changed = False
+        for e in edges:
+            if phase[e["src"]] == "B" and phase[e["dst"]] == "F":
+                phase[e["dst"]] = "B"
+                changed = True
     for e in edges:
         if phase[e["src"]] == "S" and phase[e["dst"]] != "S":
             raise RefScheduleError("per-step op feeds a micro-batch op")

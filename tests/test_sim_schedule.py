@@ -132,6 +132,23 @@ def test_an_input_tied_to_the_loss_leaves_the_loss_gradient_in_the_last_stage():
     assert r.step_time_s == pytest.approx(2 * 6.0 + (2 - 1) * 3.0)
 
 
+def test_a_forward_kind_op_that_reads_a_gradient_runs_in_the_backward_pass():
+    # a captured mobilenet_v3_large has forward-kind clones fed by backward ops; as forward ops they made every
+    # pipeline deadlock (the forward action waited for its own backward one)
+    base = chain(2, 1.0, 2.0)
+    nodes = [base.node_record(v) for v in range(base.num_nodes)] + [
+        {"id": "c1", "compute_s": 0.5, "kind": "forward", "group": "f1"}]
+    edges = [base.edge_record(e) for e in range(base.num_edges)] + [
+        {"src": "b1", "dst": "c1", "bytes": 4.0, "tensor": 1}, {"src": "c1", "dst": "b0", "bytes": 4.0}]
+    g, c = CompGraph.build("clone", nodes, edges), cluster(2, bw=1e12)
+    devs = np.array([0, 1, 0, 1, 1])
+    r = simulate(g, c, devs, schedule=Schedule("1f1b", 4))
+    ref, _, _ = reference_schedule(nodes, edges, [1.0, 1.0], {(0, 1): (1e12, 0.0), (1, 0): (1e12, 0.0)},
+                                   dict(zip(g.ids, devs.tolist(), strict=True)), "1f1b", 4, 1)
+    assert r.step_time_s == ref.step_time_s
+    assert r.stage[g.index["c1"]] == r.stage[g.index["b1"]]  # runs with the stage's backward actions
+
+
 def test_placements_that_are_not_pipelines_are_rejected():
     g, c = chain(2, 1.0, 1.0), cluster(2, bw=1e9)
     with pytest.raises(ScheduleError, match="from lower to higher device indices"):

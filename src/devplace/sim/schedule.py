@@ -116,10 +116,16 @@ class Stages:
 
 
 def op_phases(graph: CompGraph) -> np.ndarray:
-    """FORWARD for kind "forward" or "", BACKWARD for "backward", PER_STEP for any other kind."""
+    """FORWARD for kind "forward" or "", BACKWARD for "backward", PER_STEP for any other kind -- except that an
+    op of the forward kind that depends on a backward op is BACKWARD: it cannot run before the backward pass
+    (a captured mobilenet_v3_large has forward-kind clones that read gradients)."""
     kinds = graph.kind
-    return np.fromiter((FORWARD if k in ("", "forward") else BACKWARD if k == "backward" else PER_STEP
-                        for k in kinds), dtype=np.int64, count=graph.num_nodes)
+    phase = np.fromiter((FORWARD if k in ("", "forward") else BACKWARD if k == "backward" else PER_STEP
+                         for k in kinds), dtype=np.int64, count=graph.num_nodes)
+    for v in graph.topo_order.tolist():
+        if phase[v] == FORWARD and (phase[graph.edge_src[graph.in_edges(v)]] == BACKWARD).any():
+            phase[v] = BACKWARD
+    return phase
 
 
 def pipeline_stages(graph: CompGraph, devices: np.ndarray, chunks: int) -> Stages:

@@ -122,6 +122,8 @@ def op_phases(graph: CompGraph) -> np.ndarray:
     kinds = graph.kind
     phase = np.fromiter((FORWARD if k in ("", "forward") else BACKWARD if k == "backward" else PER_STEP
                          for k in kinds), dtype=np.int64, count=graph.num_nodes)
+    if not ((phase[graph.edge_src] == BACKWARD) & (phase[graph.edge_dst] == FORWARD)).any():
+        return phase  # the common case, checked at once: every simulation of a schedule asks
     for v in graph.topo_order.tolist():
         if phase[v] == FORWARD and (phase[graph.edge_src[graph.in_edges(v)]] == BACKWARD).any():
             phase[v] = BACKWARD

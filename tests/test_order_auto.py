@@ -212,3 +212,23 @@ def test_place_takes_an_explicit_or_callable_order(placer: str) -> None:
         place(g, cluster(2), placer=placer, order=["a", "b", "c"])
     with pytest.raises(PlacerError, match=r"needs order='auto'.*'custom'"):
         place(g, cluster(2), placer=placer, order=ids, try_orders=2)
+
+
+@pytest.mark.parametrize("placer", ["m-etf", "contiguous"])
+def test_auto_on_a_coarsened_graph_compares_the_orders_on_the_full_graph(placer) -> None:
+    from devplace.graph.coarsen import coarsen
+    from devplace.placers import place_expanded
+
+    nodes = [(f"{b}{i}", 1.0 + ((3 * i + len(b)) % 4)) for b in ("p", "qq", "rrr") for i in range(6)]
+    edges = [(f"{b}{i}", f"{b}{i + 1}", 4e8) for b in ("p", "qq", "rrr") for i in range(5)]
+    edges += [("p0", "qq0", 4e8), ("p0", "rrr0", 4e8), ("qq5", "p5", 4e8), ("rrr5", "p5", 4e8)]
+    full, c = graph(nodes, edges, name="three"), cluster(3, bw=1e9)
+    coarsening = coarsen(full, 7)
+    ex = place_expanded(coarsening, full, c, placer=placer, order="auto")
+    auto = ex.placement.meta["order_auto"]
+    assert auto == ex.coarse.meta["order_auto"] and "of the full graph" in auto["why"]
+    tried = auto["tried"]
+    assert len(tried) == len(candidate_orders(recommend_order(coarsening.graph, c, placer=placer)))
+    for name, step in tried.items():  # each the full graph's step under that order, not the coarse graph's
+        assert step == place_expanded(coarsening, full, c, placer=placer, order=name).result.step_time_s
+    assert ex.result.step_time_s == min(tried.values()) and auto["order"] == _first_best(tried)

@@ -345,62 +345,94 @@ def _caps_text(caps: np.ndarray) -> str:
     return ", ".join(fmt_bytes(max(float(c), 0.0)) for c in caps)
 
 
-def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int, progress: Progress | None,
-                try_orders: int | None, try_with: str | None, autograd_rule: bool,
-                settings: dict[str, Any]) -> Placement:
-    """`order="auto"` (see `place`): which orders are placed and why.
+@dataclass(frozen=True)
+class AutoOrders:
+    """What `order="auto"` does for a placer on a graph (`auto_orders`): `candidates`, the orders to place under
+    and keep the best of (empty: the model's `model_order` alone, one run); `mode` and `reason` say which and
+    why; `base` is the recommendation model's part of meta["order_auto"]."""
 
-    - `try_orders=K`: the model's K highest-ranked orders (placed by `try_with` when given);
+    candidates: list[str]
+    model_order: str
+    mode: str
+    reason: str
+    base: dict[str, Any]
+
+
+def auto_orders(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, try_orders: int | None) -> AutoOrders:
+    """The orders `order="auto"` tries (see `place`):
+
+    - `try_orders=K`: the model's K highest-ranked orders;
     - else, a placer registered `cheap` that walks an order: every candidate order (`candidate_orders`);
-    - else (an expensive placer, or one that ignores the order): the model's rule alone, one run.
-    The best is the smallest simulated step time; ties keep the model's higher-ranked order."""
+    - else (an expensive placer, or one that ignores the order): none, the model's rule alone."""
     if try_orders is not None and (isinstance(try_orders, bool) or not isinstance(try_orders, int)
                                    or try_orders < 1):
         raise PlacerError(f"try_orders (--try) must be an integer >= 1, got {try_orders!r}")
     rec = recommend_order(graph, cluster, placer=spec.name, uses_order=spec.uses_order)
     base = {"rule": rec.rule, "model_order": rec.order, "expected_gain": rec.expected_gain, "source": rec.source}
     if not spec.uses_order or (try_orders is None and not spec.cheap):
-        placement = place(graph, cluster, placer=spec.name, order=rec.order, seed=seed, progress=progress,
-                          autograd_rule=autograd_rule, **settings)
         why = (rec.rule if not spec.uses_order else
                f"placer {spec.name!r} is not registered cheap, so the orders are not tried (try_orders=K, --try K, "
                f"tries K): the model's rule decides")
-        return Placement(placement.assignment, graph=placement.graph, cluster=placement.cluster,
-                         meta={**placement.meta, "order_auto": {"order": rec.order, "mode": "model", **base,
-                                                                "why": why}})
+        return AutoOrders([], rec.order, "model", why, base)
     if try_orders is None:
         candidates = candidate_orders(rec)
-        mode = f"try all {len(candidates)}"
-        reason = (f"placer {spec.name!r} is registered cheap: placed under every candidate order (the model's "
-                  f"ranking first), kept the smallest simulated step time")
-    else:
-        candidates = list(rec.ranking[:try_orders])
-        mode = f"try {len(candidates)}"
-        reason = f"smallest simulated step time of the model's {len(candidates)} most promising orders"
-    trial = get_placer(try_with) if try_with is not None else spec
-    trial_settings = settings if trial is spec else {}
+        return AutoOrders(candidates, rec.order, f"try all {len(candidates)}",
+                          f"placer {spec.name!r} is registered cheap: placed under every candidate order (the "
+                          "model's ranking first), kept the smallest simulated step time", base)
+    candidates = list(rec.ranking[:try_orders])
+    return AutoOrders(candidates, rec.order, f"try {len(candidates)}",
+                      f"smallest simulated step time of the model's {len(candidates)} most promising orders", base)
+
+
+def best_order(candidates: list[str], attempt: Callable[[str], Any],
+               step_of: Callable[[Any], float]) -> tuple[str, Any, dict[str, Any]]:
+    """(order, its result, tried) of the candidate whose `attempt(order)` has the smallest `step_of`; ties keep
+    the earlier candidate (the model's higher-ranked order). An order whose attempt raises NoFitError is
+    recorded in `tried` with the error and skipped; when every one does, the first error is raised (any other
+    error is the same under every order and is raised at once)."""
     tried: dict[str, Any] = {}
-    best: Placement | None = None
+    best: tuple[str, Any, float] | None = None
     first_error: NoFitError | None = None
     for name in candidates:
         try:
-            p = place(graph, cluster, placer=trial.name, order=name, seed=seed,
-                      progress=progress if trial is spec else None, autograd_rule=autograd_rule, **trial_settings)
-        except NoFitError as exc:  # an order whose placement does not fit: record it, try the next (a bad
-            # setting or any other user error is the same under every order, so it is raised at once)
+            out = attempt(name)
+        except NoFitError as exc:
             tried[name] = f"{type(exc).__name__}: {exc}"
             first_error = first_error or exc
             continue
-        tried[name] = p.meta["step_time_s"]
-        # strictly smaller only: ties keep the model's higher-ranked order
-        if best is None or p.meta["step_time_s"] < best.meta["step_time_s"]:
-            best = p
+        step = tried[name] = step_of(out)
+        if best is None or step < best[2]:  # strictly smaller only
+            best = (name, out, step)
     if best is None:
         assert first_error is not None
         raise first_error
-    why = {"order": best.meta["order"], "mode": mode, "tried": tried, **base, "why": reason}
+    return best[0], best[1], tried
+
+
+def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int, progress: Progress | None,
+                try_orders: int | None, try_with: str | None, autograd_rule: bool,
+                settings: dict[str, Any]) -> Placement:
+    """`order="auto"` (see `place`): the orders of `auto_orders` placed (by `try_with` when given), the one
+    with the smallest simulated step time kept."""
+    auto = auto_orders(graph, cluster, spec, try_orders)
+    if not auto.candidates:
+        placement = place(graph, cluster, placer=spec.name, order=auto.model_order, seed=seed, progress=progress,
+                          autograd_rule=autograd_rule, **settings)
+        return Placement(placement.assignment, graph=placement.graph, cluster=placement.cluster,
+                         meta={**placement.meta, "order_auto": {"order": auto.model_order, "mode": auto.mode,
+                                                                **auto.base, "why": auto.reason}})
+    trial = get_placer(try_with) if try_with is not None else spec
+    trial_settings = settings if trial is spec else {}
+    name, best, tried = best_order(
+        auto.candidates,
+        lambda order: place(graph, cluster, placer=trial.name, order=order, seed=seed,
+                            progress=progress if trial is spec else None, autograd_rule=autograd_rule,
+                            **trial_settings),
+        lambda p: p.meta["step_time_s"])
+    why = {"order": name, "mode": auto.mode, "tried": tried, **auto.base, "why": auto.reason}
     if trial is not spec:
-        why.update(mode=f"{mode} with {trial.name}", tried_with=trial.name, why=f"{reason} when placed by {trial.name}")
-        best = place(graph, cluster, placer=spec.name, order=best.meta["order"], seed=seed, progress=progress,
+        why.update(mode=f"{auto.mode} with {trial.name}", tried_with=trial.name,
+                   why=f"{auto.reason} when placed by {trial.name}")
+        best = place(graph, cluster, placer=spec.name, order=name, seed=seed, progress=progress,
                      autograd_rule=autograd_rule, **settings)
     return Placement(best.assignment, graph=best.graph, cluster=best.cluster, meta={**best.meta, "order_auto": why})

@@ -14,7 +14,10 @@ as many groups (at most `REFINE_STEPS` times): finer groups mix fewer classes.
 `order="auto"` for a placer that tries orders (registered cheap, or `try_orders`) compares the orders on the
 full graph: each candidate is placed and expanded, and the smallest step of the full graph as run is kept. The
 coarse graph's step can rank orders differently (mobilenet_v3_large at 200 groups, 1F1B M=8 on 4xV100-16GB:
-the coarse graph's best order ran 9.9 ms on the full graph, topo's 9.3 ms).
+the coarse graph's best order ran 9.9 ms on the full graph, topo's 9.3 ms). Where no order fits on its own,
+`place` chooses among them on the coarse graph at every lowered cap, as without this comparison (an order
+that fits at one cap can be another than at the next: mobilenet_v3_large at batch 384 on 4xV100-16GB with
+m-etf).
 """
 
 from __future__ import annotations
@@ -89,15 +92,19 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
     if order == "auto" and try_with is None:
         auto = auto_orders(coarsening.graph, cluster, get_placer(placer), try_orders)
         if auto.candidates:  # compared on the full graph (module docstring)
-            name, best, tried = best_order(
-                auto.candidates,
-                lambda o: place_expanded(coarsening, full, cluster, placer=placer, order=o, seed=seed,
-                                         progress=progress, autograd_rule=autograd_rule, **settings),
-                lambda ex: ex.result.step_time_s)
-            why = {"order": name, "mode": auto.mode, "tried": tried, **auto.base,
-                   "why": f"{auto.reason} of the full graph"}
-            return replace(best, coarse=_with_meta(best.coarse, order_auto=why),
-                           placement=_with_meta(best.placement, order_auto=why))
+            try:
+                name, best, tried = best_order(
+                    auto.candidates,
+                    lambda o: place_expanded(coarsening, full, cluster, placer=placer, order=o, seed=seed,
+                                             progress=progress, autograd_rule=autograd_rule, **settings),
+                    lambda ex: ex.result.step_time_s)
+            except NoFitError:
+                pass  # no order fits on its own; below, `place` chooses the order again at every lowered cap
+            else:
+                why = {"order": name, "mode": auto.mode, "tried": tried, **auto.base,
+                       "why": f"{auto.reason} of the full graph"}
+                return replace(best, coarse=_with_meta(best.coarse, order_auto=why),
+                               placement=_with_meta(best.placement, order_auto=why))
     refined = 0
     while True:
         try:

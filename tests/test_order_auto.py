@@ -214,16 +214,22 @@ def test_place_takes_an_explicit_or_callable_order(placer: str) -> None:
         place(g, cluster(2), placer=placer, order=ids, try_orders=2)
 
 
-@pytest.mark.parametrize("placer", ["m-etf", "contiguous"])
-def test_auto_on_a_coarsened_graph_compares_the_orders_on_the_full_graph(placer) -> None:
+def three_branches():
+    """A graph of three uneven branches, its coarsening to 7 groups and a 3-device cluster."""
     from devplace.graph.coarsen import coarsen
-    from devplace.placers import place_expanded
 
     nodes = [(f"{b}{i}", 1.0 + ((3 * i + len(b)) % 4)) for b in ("p", "qq", "rrr") for i in range(6)]
     edges = [(f"{b}{i}", f"{b}{i + 1}", 4e8) for b in ("p", "qq", "rrr") for i in range(5)]
     edges += [("p0", "qq0", 4e8), ("p0", "rrr0", 4e8), ("qq5", "p5", 4e8), ("rrr5", "p5", 4e8)]
-    full, c = graph(nodes, edges, name="three"), cluster(3, bw=1e9)
-    coarsening = coarsen(full, 7)
+    full = graph(nodes, edges, name="three")
+    return full, coarsen(full, 7), cluster(3, bw=1e9)
+
+
+@pytest.mark.parametrize("placer", ["m-etf", "contiguous"])
+def test_auto_on_a_coarsened_graph_compares_the_orders_on_the_full_graph(placer) -> None:
+    from devplace.placers import place_expanded
+
+    full, coarsening, c = three_branches()
     ex = place_expanded(coarsening, full, c, placer=placer, order="auto")
     auto = ex.placement.meta["order_auto"]
     assert auto == ex.coarse.meta["order_auto"] and "of the full graph" in auto["why"]
@@ -232,3 +238,19 @@ def test_auto_on_a_coarsened_graph_compares_the_orders_on_the_full_graph(placer)
     for name, step in tried.items():  # each the full graph's step under that order, not the coarse graph's
         assert step == place_expanded(coarsening, full, c, placer=placer, order=name).result.step_time_s
     assert ex.result.step_time_s == min(tried.values()) and auto["order"] == _first_best(tried)
+
+
+def test_auto_on_a_coarsened_graph_falls_back_to_the_coarse_choice_when_no_order_fits_alone(monkeypatch) -> None:
+    # where every order alone is NoFitError on the full graph, auto chooses again on the coarse graph at every
+    # lowered cap (as before the full-graph comparison), which can fit where no fixed order does
+    import devplace.placers.expanded as expanded
+    from devplace.placers import NoFitError, place_expanded
+
+    def no_order_fits(candidates, attempt, step_of):
+        raise NoFitError("no order fits alone")
+
+    full, coarsening, c = three_branches()
+    monkeypatch.setattr(expanded, "best_order", no_order_fits)
+    ex = place_expanded(coarsening, full, c, placer="m-etf", order="auto")
+    auto = ex.placement.meta["order_auto"]
+    assert ex.result.feasible and "of the full graph" not in auto["why"] and auto["mode"].startswith("try all")

@@ -250,7 +250,7 @@ def test_auto_on_a_coarsened_graph_falls_back_to_the_coarse_choice_when_no_order
         raise NoFitError("no order fits alone")
 
     full, coarsening, c = three_branches()
-    monkeypatch.setattr(expanded, "best_order", no_order_fits)
+    monkeypatch.setattr(expanded, "best_of", no_order_fits)
     ex = place_expanded(coarsening, full, c, placer="m-etf", order="auto")
     auto = ex.placement.meta["order_auto"]
     assert ex.result.feasible and "of the full graph" not in auto["why"] and auto["mode"].startswith("try all")

@@ -14,7 +14,18 @@ where users already type it):
 
 from __future__ import annotations
 
-DEFAULT_PLACER = "m-etf"
+AUTO_PLACER = "auto"
+"""Not a placer but a decision, as the order "auto" is: place with each of `AUTO_PLACERS` (each at its default
+settings and under the order asked for) and keep the smallest simulated step -- of the full graph as run, for
+a coarsened model."""
+
+AUTO_PLACERS = ("m-etf", "greedy", "even-refine")
+"""The placers `AUTO_PLACER` tries. On the 21 models of benchmarks/beyond_zoo.py on 4xV100-16GB (none fits one
+device) the best of these three fits every model, is at least as fast as the even split on all 21 and within
+3.4% of the best of all nine placers run, while m-etf alone found no placement for 6 of them and was slower
+than the even split on 7 more (docs/performance.md, "Beyond the zoo")."""
+
+DEFAULT_PLACER = AUTO_PLACER
 """The placer `devplace place`, `devplace.place` and `devplace.plan` use when none is named."""
 
 DEFAULT_ORDER = "auto"

@@ -277,8 +277,9 @@ class Placed:
                    speedup_over_single_device=single.speedup(step), placed_groups=self.placed_groups,
                    precision=precision_of(self.graph),
                    assignment=self.placement.assignment)
-        if "order_auto" in self.placement.meta:
-            doc["order_auto"] = self.placement.meta["order_auto"]
+        for key in ("order_auto", "placer_auto"):
+            if key in self.placement.meta:
+                doc[key] = self.placement.meta[key]
         if self.coarsening is not None:
             doc["as_run"] = {"ops_moved": self.as_run.moved, "step_time_s": self.as_run.result.step_time_s,
                              "feasible": self.as_run.result.feasible}
@@ -287,6 +288,11 @@ class Placed:
     def lines(self) -> list[Text]:
         """The lines under the table: the order `auto` chose, how it was placed, the as-run view, files."""
         out = []
+        chosen = self.placement.meta.get("placer_auto")
+        if isinstance(chosen, dict):
+            tried = ", ".join(f"{p} {fmt_time(t)}" if isinstance(t, float) else f"{p} no fit"
+                              for p, t in chosen["tried"].items())
+            out.append(Text(f"placer auto -> {chosen['placer']} ({tried})"))
         auto = self.placement.meta.get("order_auto")
         if isinstance(auto, dict):
             out.append(Text(f"order auto -> {auto['order']} ({auto.get('why') or auto['rule']})"))
@@ -341,7 +347,9 @@ def place_graph(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLA
     schedule = schedule_of(placement)  # a pipeline placement is timed under the schedule it was made for
     result = (simulate(graph, cluster, placement, schedule=schedule) if schedule is not None
               else simulate(graph, cluster, placement, model=simulation_model))
-    return Placed(graph, cluster, placement, result, placer, seed, dict(settings), elapsed, groups, coarsening)
+    # placer "auto" (the default) reports the placer it kept; meta["placer_auto"] says which it tried
+    return Placed(graph, cluster, placement, result, placement.meta.get("placer", placer), seed, dict(settings),
+                  elapsed, groups, coarsening)
 
 
 @dataclass(eq=False)

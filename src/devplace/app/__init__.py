@@ -24,7 +24,14 @@ from typing import Any
 from rich.console import Group
 from rich.text import Text
 
-from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, DEFAULT_SIM_MODEL, RECOMMEND_PLACER
+from devplace.defaults import (
+    AUTO_PLACER,
+    DEFAULT_ORDER,
+    DEFAULT_PLACER,
+    DEFAULT_SEED,
+    DEFAULT_SIM_MODEL,
+    RECOMMEND_PLACER,
+)
 from devplace.errors import DevplaceError
 from devplace.graph import load_graph, load_placement
 from devplace.graph.compgraph import CompGraph
@@ -102,7 +109,7 @@ def check_pipeline_settings(placer: str, cluster: Cluster, settings: dict[str, A
     given = [k for k in PIPELINE_SETTINGS if k in settings]
     if not given:
         return
-    accepted = get_placer(placer).settings
+    accepted = get_placer(placer).settings if placer != AUTO_PLACER else {}
     if any(k not in accepted for k in given):
         raise DevplaceError(f"--{given[0]} is a setting of the pipeline placer; add --placer pipeline (got --placer "
                             f"{placer})")

@@ -32,6 +32,7 @@ from devplace.capture.profile import (
     read_runs,
 )
 from devplace.defaults import (
+    AUTO_PLACER,
     CANONICAL_ORDER,
     DEFAULT_ORDER,
     DEFAULT_PLACER,
@@ -245,7 +246,8 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
     if chunks is not None:
         settings["chunks"] = chunks
     check_pipeline_settings("pipeline", cluster, settings)
-    if "schedule" in get_placer(baseline).settings:
+    spec = None if baseline == AUTO_PLACER else get_placer(baseline)
+    if spec is not None and "schedule" in spec.settings:
         raise DevplaceError(f"the baseline is a placement without micro-batches, but placer {baseline!r} makes "
                             "pipelines; choose another --baseline, e.g. contiguous or m-etf")
     files = ({"output": out / f"{name}.placement.json", "trace": out / f"{name}-trace.json",
@@ -260,7 +262,7 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
     single = DevplaceModel(full, cluster).run(np.full(full.num_nodes, device, dtype=np.int64))
     rows.append(Compared(f"single {cluster.devices[device].name}", "none", single,
                          "the whole step on the best device" + ("" if single.feasible else ", which cannot hold it")))
-    walked = f" in the {placed.order} order" if get_placer(baseline).uses_order else ""
+    walked = f" in the {placed.order} order" if spec is None or spec.uses_order else ""
     try:
         flat = place_prepared(prepared, cluster, placer=baseline, order=placed.order or CANONICAL_ORDER).result
         rows.append(Compared(baseline, "none", flat, f"its placement without micro-batches{walked}"))

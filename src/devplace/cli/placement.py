@@ -41,6 +41,7 @@ from devplace.cli.common import (
     warn,
 )
 from devplace.defaults import (
+    AUTO_PLACER,
     CANONICAL_ORDER,
     DEFAULT_ORDER,
     DEFAULT_PLACER,
@@ -335,7 +336,8 @@ def demo_cmd(
     microbatches: Annotated[int, typer.Option(help="micro-batches per step")] = 8,
     chunks: ChunksOpt = None,
     baseline: Annotated[str, typer.Option(help="placer of the placement without micro-batches it is compared "
-                                               f"with ({DEFAULT_PLACER}: devplace's default, slower to give up)")
+                                               f"with ({AUTO_PLACER}: devplace's default, the best of several, "
+                                               "slower to give up)")
                         ] = "contiguous",
     max_nodes: MaxNodesOpt = None,
 ) -> None:
@@ -349,7 +351,8 @@ def demo_cmd(
     c = load_cluster(cluster)
     app.check_pipeline_settings("pipeline", c, {"schedule": schedule, "microbatches": microbatches,
                                                 **({"chunks": chunks} if chunks is not None else {})})
-    get_placer(baseline)
+    if baseline != AUTO_PLACER:  # a placer's name, checked before the capture
+        get_placer(baseline)
     out.mkdir(parents=True, exist_ok=True)
     with busy(f"capturing the training step of {model}", False):
         prepared = app.torch_tasks().prepare_model(model, max_nodes=max_nodes, device=c.devices[0])

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
+from devplace.defaults import AUTO_PLACER, AUTO_PLACERS, DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
 from devplace.errors import GraphError
 from devplace.graph.coarsen import Coarsening, coarsen
 from devplace.graph.compgraph import CompGraph
@@ -38,9 +38,11 @@ from devplace.placers.registry import (
     PlacerOutput,
     Progress,
     auto_orders,
-    best_order,
+    best_of,
+    check_auto_placer,
     get_placer,
     place,
+    placer_auto_meta,
     schedule_of,
     within_memory,
 )
@@ -89,11 +91,21 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
     if coarsening.original and coarsening.original != full.name:
         raise GraphError(f"the coarsening was made from graph {coarsening.original!r}, not {full.name!r}; pass the "
                          "full graph it was made from (e.g. Prepared.full with Prepared.coarsening)")
+    if placer == AUTO_PLACER:  # each placer judged on the full graph as run
+        check_auto_placer(settings)
+        name, best, tried = best_of(
+            AUTO_PLACERS,
+            lambda p: place_expanded(coarsening, full, cluster, placer=p, order=order, seed=seed, progress=progress,
+                                     try_orders=try_orders, try_with=try_with, autograd_rule=autograd_rule),
+            lambda ex: ex.result.step_time_s)
+        why = placer_auto_meta(name, tried)
+        return replace(best, coarse=_with_meta(best.coarse, placer_auto=why),
+                       placement=_with_meta(best.placement, placer_auto=why))
     if order == "auto" and try_with is None:
         auto = auto_orders(coarsening.graph, cluster, get_placer(placer), try_orders)
         if auto.candidates:  # compared on the full graph (module docstring)
             try:
-                name, best, tried = best_order(
+                name, best, tried = best_of(
                     auto.candidates,
                     lambda o: place_expanded(coarsening, full, cluster, placer=placer, order=o, seed=seed,
                                              progress=progress, autograd_rule=autograd_rule, **settings),

@@ -13,13 +13,13 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
+from devplace.defaults import AUTO_PLACER, AUTO_PLACERS, DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
@@ -156,6 +156,20 @@ def placer_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def check_auto_placer(settings: Mapping[str, Any]) -> None:
+    """Placer "auto" takes no settings: each placer it tries runs at its defaults."""
+    if settings:
+        raise PlacerError(f"placer {AUTO_PLACER!r} tries {', '.join(AUTO_PLACERS)} at their default settings; to "
+                          f"give settings ({', '.join(map(repr, settings))}), name the placer (--placer NAME)")
+
+
+def placer_auto_meta(name: str, tried: dict[str, Any]) -> dict[str, Any]:
+    """meta["placer_auto"] of a placement made by placer "auto": the placer kept, each one's step (or its
+    NoFitError) and why."""
+    return {"placer": name, "tried": tried,
+            "why": f"smallest simulated step time of {', '.join(AUTO_PLACERS)} (placer {AUTO_PLACER!r})"}
+
+
 def get_placer(name: str) -> PlacerSpec:
     """The registered placer `name`, or a PlacerError listing the valid names.
 
@@ -171,7 +185,8 @@ def get_placer(name: str) -> PlacerSpec:
     if name not in _REGISTRY:
         _load_all()
     if name not in _REGISTRY:
-        raise PlacerError(f"unknown placer {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}")
+        raise PlacerError(f"unknown placer {name!r}; choose one of: {', '.join(sorted(_REGISTRY))} (or "
+                          f"{AUTO_PLACER!r}: the best of {', '.join(AUTO_PLACERS)})")
     return _REGISTRY[name]
 
 
@@ -216,6 +231,15 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     the order that did best there: for expensive placers (placeto, seq2seq), at the risk that the cheap
     placer's best order is not theirs. The Placement's meta["order_auto"] records the chosen order and why.
     """
+    if placer == AUTO_PLACER:
+        check_auto_placer(settings)
+        name, best, tried = best_of(
+            AUTO_PLACERS,
+            lambda p: place(graph, cluster, placer=p, order=order, seed=seed, progress=progress, try_orders=try_orders,
+                            try_with=try_with, autograd_rule=autograd_rule),
+            lambda pl: pl.meta["step_time_s"])
+        return Placement(best.assignment, graph=best.graph, cluster=best.cluster,
+                         meta={**best.meta, "placer_auto": placer_auto_meta(name, tried)})
     spec = get_placer(placer)
     order = check_order(order, allow_auto=True)
     if try_orders is not None and order != "auto":
@@ -384,12 +408,12 @@ def auto_orders(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, try_orders
                       f"smallest simulated step time of the model's {len(candidates)} most promising orders", base)
 
 
-def best_order(candidates: list[str], attempt: Callable[[str], Any],
-               step_of: Callable[[Any], float]) -> tuple[str, Any, dict[str, Any]]:
-    """(order, its result, tried) of the candidate whose `attempt(order)` has the smallest `step_of`; ties keep
-    the earlier candidate (the model's higher-ranked order). An order whose attempt raises NoFitError is
-    recorded in `tried` with the error and skipped; when every one does, the first error is raised (any other
-    error is the same under every order and is raised at once)."""
+def best_of(candidates: Sequence[str], attempt: Callable[[str], Any],
+            step_of: Callable[[Any], float]) -> tuple[str, Any, dict[str, Any]]:
+    """(name, its result, tried) of the candidate (an order, a placer) whose `attempt(name)` has the smallest
+    `step_of`; ties keep the earlier candidate (the model's higher-ranked order). A candidate whose attempt
+    raises NoFitError is recorded in `tried` with the error and skipped; when every one does, the first error is
+    raised (any other error, a bad setting say, is the same for every candidate and is raised at once)."""
     tried: dict[str, Any] = {}
     best: tuple[str, Any, float] | None = None
     first_error: NoFitError | None = None
@@ -423,7 +447,7 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
                                                                 **auto.base, "why": auto.reason}})
     trial = get_placer(try_with) if try_with is not None else spec
     trial_settings = settings if trial is spec else {}
-    name, best, tried = best_order(
+    name, best, tried = best_of(
         auto.candidates,
         lambda order: place(graph, cluster, placer=trial.name, order=order, seed=seed,
                             progress=progress if trial is spec else None, autograd_rule=autograd_rule,

@@ -133,7 +133,7 @@ def plan_from_prepared(prepared: Any, cluster: Cluster, *, placer: str = DEFAULT
     (`devplace.planning.place_graph`)."""
     placed = place_graph(prepared.graph, cluster, placer=placer, order=order, seed=seed,
                          coarsening=prepared.coarsening, full=prepared.full, **placer_settings)
-    s = {"placer": placer, "order": placed.placement.meta.get("order", order), "seed": seed,
+    s = {"placer": placed.placer, "order": placed.placement.meta.get("order", order), "seed": seed,
          "placer_settings": dict(placer_settings),
          **(settings or {}), "source": dict(source or {})}
     return Plan(placed.graph, cluster, placed.placement, placed.result, s, prepared.coarsening)

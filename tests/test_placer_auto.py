@@ -1,0 +1,49 @@
+"""Placer "auto" (the default): the best of `AUTO_PLACERS`, each at its defaults, judged as order "auto" is."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import cluster, graph
+from conftest import run_cli as run
+from devplace.defaults import AUTO_PLACER, AUTO_PLACERS, DEFAULT_PLACER
+from devplace.placers import PlacerError, place, place_expanded
+from test_order_auto import three_branches
+
+
+def test_the_default_placer_keeps_the_fastest_of_its_placers() -> None:
+    assert DEFAULT_PLACER == AUTO_PLACER
+    full, _, c = three_branches()
+    p = place(full, c, order="topo")
+    auto = p.meta["placer_auto"]
+    assert list(auto["tried"]) == list(AUTO_PLACERS)
+    for name, step in auto["tried"].items():
+        assert step == place(full, c, placer=name, order="topo").meta["step_time_s"]
+    assert p.meta["step_time_s"] == min(auto["tried"].values()) and p.meta["placer"] == auto["placer"]
+
+
+def test_on_a_coarsened_model_each_placer_is_judged_on_the_full_graph() -> None:
+    full, coarsening, c = three_branches()
+    ex = place_expanded(coarsening, full, c, placer=AUTO_PLACER, order="topo")
+    tried = ex.placement.meta["placer_auto"]["tried"]
+    for name, step in tried.items():
+        assert step == place_expanded(coarsening, full, c, placer=name, order="topo").result.step_time_s
+    assert ex.result.step_time_s == min(tried.values()) and ex.coarse.meta["placer_auto"]["tried"] == tried
+
+
+def test_settings_need_a_named_placer() -> None:
+    g, c = graph([("a", 1.0), ("b", 1.0)], [("a", "b", 1.0)]), cluster(2)
+    with pytest.raises(PlacerError, match="name the placer"):
+        place(g, c, placer=AUTO_PLACER, steps=10)
+
+
+def test_the_cli_reports_the_placer_it_kept(capsys, monkeypatch) -> None:
+    import json
+
+    code, out, err = run(["place", "example", "-c", "4xV100-16GB", "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["placer"] == doc["placer_auto"]["placer"] in AUTO_PLACERS
+    assert doc["step_time_s"] == min(doc["placer_auto"]["tried"].values())
+    code, out, err = run(["place", "example", "-c", "4xV100-16GB"], capsys, monkeypatch)
+    assert f"placer auto -> {doc['placer']}" in " ".join(out.split())

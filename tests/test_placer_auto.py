@@ -47,3 +47,10 @@ def test_the_cli_reports_the_placer_it_kept(capsys, monkeypatch) -> None:
     assert doc["step_time_s"] == min(doc["placer_auto"]["tried"].values())
     code, out, err = run(["place", "example", "-c", "4xV100-16GB"], capsys, monkeypatch)
     assert f"placer auto -> {doc['placer']}" in " ".join(out.split())
+
+
+def test_where_one_placer_is_needed_auto_is_refused_with_the_names() -> None:
+    from devplace.placers import get_placer
+
+    with pytest.raises(PlacerError, match=r"is not one placer; here name one of: .*m-etf"):
+        get_placer(AUTO_PLACER)

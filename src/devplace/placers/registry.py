@@ -176,6 +176,9 @@ def get_placer(name: str) -> PlacerSpec:
     The module named like the placer (`m-etf`: `placers/m_etf.py`) is imported first, and every module only
     when that does not register `name`: placing with a classic placer then does not import the learned
     placers' modules, and with them torch (about 3.5 s of CPU here, more than the rest of `devplace place`)."""
+    if name == AUTO_PLACER:  # a decision that `place` makes, not a placer to look up
+        raise PlacerError(f"placer {AUTO_PLACER!r} (the best of {', '.join(AUTO_PLACERS)}) is not one placer; here "
+                          f"name one of: {', '.join(placer_names())}")
     if name not in _REGISTRY and isinstance(name, str) and name.replace("-", "_").isidentifier():
         try:
             importlib.import_module(f"{__package__}.{name.replace('-', '_')}")

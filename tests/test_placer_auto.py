@@ -54,3 +54,16 @@ def test_where_one_placer_is_needed_auto_is_refused_with_the_names() -> None:
 
     with pytest.raises(PlacerError, match=r"is not one placer; here name one of: .*m-etf"):
         get_placer(AUTO_PLACER)
+
+
+def test_when_nothing_fits_the_error_gives_each_placers_reason_and_points_to_micro_batches() -> None:
+    from devplace.placers import NoFitError
+
+    # parameters fit the cluster, the activations held from forward to backward do not
+    g = graph([{"id": "a", "compute_s": 1.0, "output_bytes": 60.0, "param_bytes": 5.0},
+               {"id": "b", "compute_s": 1.0, "output_bytes": 60.0, "param_bytes": 5.0}], [("a", "b", 60.0)])
+    with pytest.raises(NoFitError) as info:
+        place(g, cluster(2, mem=50.0), order="topo")
+    text = str(info.value)
+    assert text.startswith("placer 'auto' found no placement") and "--placer pipeline" in text
+    assert all(f"{p}: " in text for p in AUTO_PLACERS) and "\n" not in text

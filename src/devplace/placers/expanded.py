@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from devplace.defaults import AUTO_PLACER, AUTO_PLACERS, DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
+from devplace.defaults import AUTO_PLACER, DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
 from devplace.errors import GraphError
 from devplace.graph.coarsen import Coarsening, coarsen
 from devplace.graph.compgraph import CompGraph
@@ -39,6 +39,7 @@ from devplace.placers.registry import (
     Progress,
     auto_orders,
     best_of,
+    best_placer,
     check_auto_placer,
     get_placer,
     place,
@@ -93,8 +94,8 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
                          "full graph it was made from (e.g. Prepared.full with Prepared.coarsening)")
     if placer == AUTO_PLACER:  # each placer judged on the full graph as run
         check_auto_placer(settings)
-        name, best, tried = best_of(
-            AUTO_PLACERS,
+        name, best, tried = best_placer(
+            full, cluster,
             lambda p: place_expanded(coarsening, full, cluster, placer=p, order=order, seed=seed, progress=progress,
                                      try_orders=try_orders, try_with=try_with, autograd_rule=autograd_rule),
             lambda ex: ex.result.step_time_s)

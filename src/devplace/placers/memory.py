@@ -15,7 +15,10 @@ from devplace.units import fmt_bytes
 
 
 class NoFitError(DevplaceError):
-    """No memory-feasible placement was found: the message gives the memory needed and available."""
+    """No memory-feasible placement was found: the message gives the memory needed and available; `reason`
+    the placer's own words (what a message that wraps this one quotes)."""
+
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,4 +78,6 @@ def no_fit_error(graph: CompGraph, cluster: Cluster, placer: str, why: str = "")
         msg += f", or the preset {min(fits)[2]!r}." if fits else "."
     if needs.largest_op_bytes > largest and fits:
         msg += f" The smallest preset that would hold it: {min(fits)[2]!r}."
-    return NoFitError(msg)
+    err = NoFitError(msg)
+    err.reason = why
+    return err

@@ -27,7 +27,7 @@ from devplace.graph.ties import fold, tie_classes, untied, violations
 from devplace.hardware.cluster import Cluster
 from devplace.orders import Order, check_order, order_label, traversal_indices
 from devplace.orders.auto import candidate_orders, recommend_order
-from devplace.placers.memory import NoFitError, no_fit_error
+from devplace.placers.memory import NoFitError, memory_needs, no_fit_error
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.result import SimResult
 from devplace.sim.schedule import Schedule, ScheduledResult, simulate_schedule
@@ -163,6 +163,31 @@ def check_auto_placer(settings: Mapping[str, Any]) -> None:
                           f"give settings ({', '.join(map(repr, settings))}), name the placer (--placer NAME)")
 
 
+def best_placer(graph: CompGraph, cluster: Cluster, attempt: Callable[[str], Any],
+                step_of: Callable[[Any], float]) -> tuple[str, Any, dict[str, Any]]:
+    """`best_of` over `AUTO_PLACERS` (placer "auto"); when none fits, one NoFitError for `graph` that gives
+    each placer's reason and points to the pipeline placer."""
+    reasons: dict[str, str] = {}
+
+    def noting(p: str) -> Any:
+        try:
+            return attempt(p)
+        except NoFitError as exc:
+            reasons[p] = exc.reason or str(exc)
+            raise
+
+    try:
+        return best_of(AUTO_PLACERS, noting, step_of)
+    except NoFitError:
+        why = "; ".join(f"{p}: {r}" for p, r in reasons.items())
+        err = no_fit_error(graph, cluster, AUTO_PLACER, f"none of {', '.join(AUTO_PLACERS)} fits ({why})")
+        if memory_needs(graph).params_bytes >= float(cluster.memory.sum()):
+            raise err from None
+        raise NoFitError(f"{err} Without micro-batches a device holds the activations of the whole batch from "
+                         "the forward to the backward pass; the pipeline placer (--placer pipeline) runs the "
+                         "step in micro-batches and holds fewer.") from None
+
+
 def placer_auto_meta(name: str, tried: dict[str, Any]) -> dict[str, Any]:
     """meta["placer_auto"] of a placement made by placer "auto": the placer kept, each one's step (or its
     NoFitError) and why."""
@@ -236,8 +261,8 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     """
     if placer == AUTO_PLACER:
         check_auto_placer(settings)
-        name, best, tried = best_of(
-            AUTO_PLACERS,
+        name, best, tried = best_placer(
+            graph, cluster,
             lambda p: place(graph, cluster, placer=p, order=order, seed=seed, progress=progress, try_orders=try_orders,
                             try_with=try_with, autograd_rule=autograd_rule),
             lambda pl: pl.meta["step_time_s"])
@@ -340,7 +365,8 @@ def within_memory(graph: CompGraph, view: CompGraph, cluster: Cluster, placer: s
             if attempt == 0:
                 raise
             raise no_fit_error(graph, cluster, placer, f"as run, its placement was over memory; with the device "
-                               f"caps lowered to {_caps_text(caps)} to make room, it found none: {exc}") from exc
+                               f"caps lowered to {_caps_text(caps)} to make room, it found none "
+                               f"({exc.reason or exc})") from exc
         devices = expand(out.devices)
         result = simulate_output(graph, cluster, devices, out.schedule)
         if result.feasible:

@@ -213,8 +213,7 @@ def get_placer(name: str) -> PlacerSpec:
     if name not in _REGISTRY:
         _load_all()
     if name not in _REGISTRY:
-        raise PlacerError(f"unknown placer {name!r}; choose one of: {', '.join(sorted(_REGISTRY))} (or "
-                          f"{AUTO_PLACER!r}: the best of {', '.join(AUTO_PLACERS)})")
+        raise PlacerError(f"unknown placer {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
 
 

@@ -56,14 +56,30 @@ def test_where_one_placer_is_needed_auto_is_refused_with_the_names() -> None:
         get_placer(AUTO_PLACER)
 
 
-def test_when_nothing_fits_the_error_gives_each_placers_reason_and_points_to_micro_batches() -> None:
+def two_big_layers():
+    # parameters fit a 50-byte device, the activations held from forward to backward (120 B) do not
+    return graph([{"id": "a", "compute_s": 1.0, "output_bytes": 60.0, "param_bytes": 5.0},
+                  {"id": "b", "compute_s": 1.0, "output_bytes": 60.0, "param_bytes": 5.0}], [("a", "b", 60.0)])
+
+
+def test_when_no_placement_without_micro_batches_fits_auto_pipelines_the_step() -> None:
+    from devplace.placers import schedule_of
+    from devplace.sim import simulate
+
+    g, c = two_big_layers(), cluster(2, mem=50.0)
+    p = place(g, c, order="topo")
+    auto = p.meta["placer_auto"]
+    assert p.meta["placer"] == auto["placer"] == "pipeline" and "micro-batches" in auto["why"]
+    assert all(auto["tried"][name].startswith("NoFitError: ") for name in AUTO_PLACERS)
+    again = simulate(g, c, p, schedule=schedule_of(p))
+    assert again.feasible and auto["tried"]["pipeline"] == again.step_time_s == p.meta["step_time_s"]
+
+
+def test_when_nothing_fits_the_error_gives_each_placers_reason() -> None:
     from devplace.placers import NoFitError
 
-    # parameters fit the cluster, the activations held from forward to backward do not
-    g = graph([{"id": "a", "compute_s": 1.0, "output_bytes": 60.0, "param_bytes": 5.0},
-               {"id": "b", "compute_s": 1.0, "output_bytes": 60.0, "param_bytes": 5.0}], [("a", "b", 60.0)])
     with pytest.raises(NoFitError) as info:
-        place(g, cluster(2, mem=50.0), order="topo")
+        place(two_big_layers(), cluster(2, mem=12.0), order="topo")  # one layer's parameters and output: 65 B
     text = str(info.value)
-    assert text.startswith("placer 'auto' found no placement") and "--placer pipeline" in text
-    assert all(f"{p}: " in text for p in AUTO_PLACERS) and "\n" not in text
+    assert text.startswith("placer 'auto' found no placement") and "\n" not in text
+    assert all(f"{p}: " in text for p in (*AUTO_PLACERS, "pipeline"))

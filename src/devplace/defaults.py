@@ -25,6 +25,10 @@ device) the best of these three fits every model, is at least as fast as the eve
 3.4% of the best of all nine placers run, while m-etf alone found no placement for 6 of them and was slower
 than the even split on 7 more (docs/performance.md, "Beyond the zoo")."""
 
+AUTO_FALLBACK = "pipeline"
+"""What `AUTO_PLACER` places with when none of `AUTO_PLACERS` fits but the parameters do: the step in
+micro-batches (1F1B, the micro-batch count chosen), which holds the activations of fewer samples at once."""
+
 DEFAULT_PLACER = AUTO_PLACER
 """The placer `devplace place`, `devplace.place` and `devplace.plan` use when none is named."""
 

@@ -264,8 +264,10 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
                          "the whole step on the best device" + ("" if single.feasible else ", which cannot hold it")))
     walked = f" in the {placed.order} order" if spec is None or spec.uses_order else ""
     try:
-        flat = place_prepared(prepared, cluster, placer=baseline, order=placed.order or CANONICAL_ORDER).result
-        rows.append(Compared(baseline, "none", flat, f"its placement without micro-batches{walked}"))
+        flat = place_prepared(prepared, cluster, placer=baseline, order=placed.order or CANONICAL_ORDER)
+        if schedule_of(flat.placement) is not None:  # placer auto pipelines where nothing else fits
+            raise NoFitError("no placement without micro-batches fits")
+        rows.append(Compared(baseline, "none", flat.result, f"its placement without micro-batches{walked}"))
     except NoFitError:
         rows.append(Compared(baseline, "none", None, f"no placement without micro-batches{walked} fits memory"))
     even_label = "even split"

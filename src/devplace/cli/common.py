@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressC
 from rich.segment import Segment
 from rich.text import Text
 
-from devplace.defaults import AUTO_PLACER, AUTO_PLACERS, SIM_MODEL_ALIASES, SIM_MODELS
+from devplace.defaults import AUTO_FALLBACK, AUTO_PLACER, AUTO_PLACERS, SIM_MODEL_ALIASES, SIM_MODELS
 from devplace.errors import DevplaceError
 from devplace.planning import check_seed, json_safe
 
@@ -69,7 +69,8 @@ SeqOpt = Annotated[int | None, typer.Option("--seq-len", help="sequence length (
 MaxNodesOpt = Annotated[int | None, typer.Option("--max-nodes", help="coarsen to at most this many groups")]
 OptimizerOpt = Annotated[str, typer.Option(help="optimizer of the captured step: adam, sgd or none")]
 PlacerOpt = Annotated[str, typer.Option(help=f"placer name (see `devplace placers`), or {AUTO_PLACER} (the best of "
-                                              f"{', '.join(AUTO_PLACERS)}, each at its defaults)")]
+                                              f"{', '.join(AUTO_PLACERS)}, each at its defaults; {AUTO_FALLBACK} "
+                                              "where none fits)")]
 SeedOpt = Annotated[int, typer.Option(help="seed for every random choice", callback=check_seed)]
 TraceOpt = Annotated[Path | None, typer.Option(help="write a Chrome trace-event JSON (Perfetto)")]
 PlotOpt = Annotated[Path | None, typer.Option(help="write a Gantt chart PNG")]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from devplace.defaults import AUTO_PLACER, AUTO_PLACERS, DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
+from devplace.defaults import AUTO_FALLBACK, AUTO_PLACER, AUTO_PLACERS, DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
@@ -165,8 +165,9 @@ def check_auto_placer(settings: Mapping[str, Any]) -> None:
 
 def best_placer(graph: CompGraph, cluster: Cluster, attempt: Callable[[str], Any],
                 step_of: Callable[[Any], float]) -> tuple[str, Any, dict[str, Any]]:
-    """`best_of` over `AUTO_PLACERS` (placer "auto"); when none fits, one NoFitError for `graph` that gives
-    each placer's reason and points to the pipeline placer."""
+    """`best_of` over `AUTO_PLACERS` (placer "auto"). When none fits but the parameters do, `AUTO_FALLBACK`
+    places the step in micro-batches (tried records it too); when that does not fit either, one NoFitError for
+    `graph` that gives each placer's reason."""
     reasons: dict[str, str] = {}
 
     def noting(p: str) -> Any:
@@ -179,20 +180,26 @@ def best_placer(graph: CompGraph, cluster: Cluster, attempt: Callable[[str], Any
     try:
         return best_of(AUTO_PLACERS, noting, step_of)
     except NoFitError:
-        why = "; ".join(f"{p}: {r}" for p, r in reasons.items())
-        err = no_fit_error(graph, cluster, AUTO_PLACER, f"none of {', '.join(AUTO_PLACERS)} fits ({why})")
-        if memory_needs(graph).params_bytes >= float(cluster.memory.sum()):
-            raise err from None
-        raise NoFitError(f"{err} Without micro-batches a device holds the activations of the whole batch from "
-                         "the forward to the backward pass; the pipeline placer (--placer pipeline) runs the "
-                         "step in micro-batches and holds fewer.") from None
+        tried: dict[str, Any] = {p: f"NoFitError: {r}" for p, r in reasons.items()}
+    if memory_needs(graph).params_bytes < float(cluster.memory.sum()):
+        try:
+            out = noting(AUTO_FALLBACK)
+        except NoFitError:
+            pass
+        else:
+            return AUTO_FALLBACK, out, {**tried, AUTO_FALLBACK: step_of(out)}
+    why = "; ".join(f"{p}: {r}" for p, r in reasons.items())
+    raise no_fit_error(graph, cluster, AUTO_PLACER, f"none of {', '.join(reasons)} fits ({why})") from None
 
 
 def placer_auto_meta(name: str, tried: dict[str, Any]) -> dict[str, Any]:
     """meta["placer_auto"] of a placement made by placer "auto": the placer kept, each one's step (or its
     NoFitError) and why."""
-    return {"placer": name, "tried": tried,
-            "why": f"smallest simulated step time of {', '.join(AUTO_PLACERS)} (placer {AUTO_PLACER!r})"}
+    why = (f"smallest simulated step time of {', '.join(AUTO_PLACERS)} (placer {AUTO_PLACER!r})"
+           if name != AUTO_FALLBACK else
+           f"none of {', '.join(AUTO_PLACERS)} fits without micro-batches; {AUTO_FALLBACK} runs the step in "
+           "micro-batches, which hold the activations of fewer samples at once")
+    return {"placer": name, "tried": tried, "why": why}
 
 
 def get_placer(name: str) -> PlacerSpec:

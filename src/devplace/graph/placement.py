@@ -59,6 +59,10 @@ class Placement:
             devs[v] = d
         return devs
 
+    def with_meta(self, **meta: object) -> Placement:
+        """The same placement with `meta` added to (or replacing keys of) its meta."""
+        return Placement(self.assignment, graph=self.graph, cluster=self.cluster, meta={**self.meta, **meta})
+
     def to_dict(self) -> dict[str, object]:
         return {"format": FORMAT, "graph": self.graph, "cluster": self.cluster, **self.meta,
                 "assignment": dict(self.assignment)}

@@ -100,8 +100,8 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
                                      try_orders=try_orders, try_with=try_with, autograd_rule=autograd_rule),
             lambda ex: ex.result.step_time_s)
         why = placer_auto_meta(name, tried)
-        return replace(best, coarse=_with_meta(best.coarse, placer_auto=why),
-                       placement=_with_meta(best.placement, placer_auto=why))
+        return replace(best, coarse=best.coarse.with_meta(placer_auto=why),
+                       placement=best.placement.with_meta(placer_auto=why))
     if order == "auto" and try_with is None:
         auto = auto_orders(coarsening.graph, cluster, get_placer(placer), try_orders)
         if auto.candidates:  # compared on the full graph (module docstring)
@@ -116,8 +116,8 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
             else:
                 why = {"order": name, "mode": auto.mode, "tried": tried, **auto.base,
                        "why": f"{auto.reason} of the full graph"}
-                return replace(best, coarse=_with_meta(best.coarse, order_auto=why),
-                               placement=_with_meta(best.placement, order_auto=why))
+                return replace(best, coarse=best.coarse.with_meta(order_auto=why),
+                               placement=best.placement.with_meta(order_auto=why))
     refined = 0
     while True:
         try:
@@ -136,10 +136,6 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
         coarse = Placement(coarse.assignment, graph=coarse.graph, cluster=cluster.name, meta=meta)
         placement = Placement(placement.assignment, graph=full.name, cluster=cluster.name, meta=meta)
     return ExpandedPlacement(coarse, placement, result, retries, coarsening)
-
-
-def _with_meta(p: Placement, **meta: Any) -> Placement:
-    return Placement(p.assignment, graph=p.graph, cluster=p.cluster, meta={**p.meta, **meta})
 
 
 def _place_on(coarsening: Coarsening, full: CompGraph, cluster: Cluster, placer: str,

@@ -272,8 +272,7 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
             lambda p: place(graph, cluster, placer=p, order=order, seed=seed, progress=progress, try_orders=try_orders,
                             try_with=try_with, autograd_rule=autograd_rule),
             lambda pl: pl.meta["step_time_s"])
-        return Placement(best.assignment, graph=best.graph, cluster=best.cluster,
-                         meta={**best.meta, "placer_auto": placer_auto_meta(name, tried)})
+        return best.with_meta(placer_auto=placer_auto_meta(name, tried))
     spec = get_placer(placer)
     order = check_order(order, allow_auto=True)
     if try_orders is not None and order != "auto":
@@ -477,9 +476,8 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
     if not auto.candidates:
         placement = place(graph, cluster, placer=spec.name, order=auto.model_order, seed=seed, progress=progress,
                           autograd_rule=autograd_rule, **settings)
-        return Placement(placement.assignment, graph=placement.graph, cluster=placement.cluster,
-                         meta={**placement.meta, "order_auto": {"order": auto.model_order, "mode": auto.mode,
-                                                                **auto.base, "why": auto.reason}})
+        return placement.with_meta(order_auto={"order": auto.model_order, "mode": auto.mode, **auto.base,
+                                               "why": auto.reason})
     trial = get_placer(try_with) if try_with is not None else spec
     trial_settings = settings if trial is spec else {}
     name, best, tried = best_of(
@@ -494,4 +492,4 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
                    why=f"{auto.reason} when placed by {trial.name}")
         best = place(graph, cluster, placer=spec.name, order=name, seed=seed, progress=progress,
                      autograd_rule=autograd_rule, **settings)
-    return Placement(best.assignment, graph=best.graph, cluster=best.cluster, meta={**best.meta, "order_auto": why})
+    return best.with_meta(order_auto=why)

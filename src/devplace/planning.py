@@ -201,7 +201,11 @@ def baselines(graph: CompGraph, cluster: Cluster, schedule: Schedule | None = No
     the placement compared with it runs one (a pipeline is compared with the even split pipelined alike; where
     that split is no pipeline under it, the even split without micro-batches, and its name says so)."""
     model = DevplaceModel(graph, cluster)
-    runs = [(model.run(np.full(graph.num_nodes, d, dtype=np.int64)), d) for d in range(cluster.num_devices)]
+    # a graph of one micro-batch (captured at batch / M) is a whole step only under its schedule: on one device
+    # that runs the M micro-batches one after another (gradient accumulation)
+    accumulate = schedule if schedule is not None and schedule.microbatch_graph else None
+    runs = [(simulate(graph, cluster, np.full(graph.num_nodes, d, dtype=np.int64), schedule=accumulate), d)
+            for d in range(cluster.num_devices)]
     result, d = min(runs, key=lambda rd: (not rd[0].feasible, rd[0].step_time_s, rd[1]))
     even = even_devices(graph, cluster)
     if schedule is None:
@@ -211,7 +215,8 @@ def baselines(graph: CompGraph, cluster: Cluster, schedule: Schedule | None = No
             split, name = simulate(graph, cluster, even, schedule=schedule), f"even split ({schedule.label})"
         except ScheduleError:
             split, name = model.run(even), f"even split (no {schedule.kind} pipeline: without micro-batches)"
-    return _baseline("best single device", result, d), _baseline(name, split, -1)
+    single = "best single device" + (f" ({accumulate.microbatches} micro-batches accumulated)" if accumulate else "")
+    return _baseline(single, result, d), _baseline(name, split, -1)
 
 
 @dataclass(eq=False)
@@ -277,7 +282,7 @@ class Placed:
                    speedup_over_single_device=single.speedup(step), placed_groups=self.placed_groups,
                    precision=precision_of(self.graph),
                    assignment=self.placement.assignment)
-        for key in ("order_auto", "placer_auto"):
+        for key in ("order_auto", "placer_auto", "microbatch_search"):
             if key in self.placement.meta:
                 doc[key] = self.placement.meta[key]
         if self.coarsening is not None:
@@ -293,6 +298,12 @@ class Placed:
             tried = ", ".join(f"{p} {fmt_time(t)}" if isinstance(t, float) else f"{p} no fit"
                               for p, t in chosen["tried"].items())
             out.append(Text(f"placer auto -> {chosen['placer']} ({tried})"))
+        search = self.placement.meta.get("microbatch_search")
+        if isinstance(search, dict):
+            tried = ", ".join(f"M={m} {fmt_time(t)}" if isinstance(t, float) else f"M={m} no fit"
+                              for m, t in search["tried"].items())
+            out.append(Text(f"micro-batches: batch {search['batch']} split into M={search['kept']} ({tried}); each "
+                            "micro-batch captured and costed at its own size"))
         auto = self.placement.meta.get("order_auto")
         if isinstance(auto, dict):
             out.append(Text(f"order auto -> {auto['order']} ({auto.get('why') or auto['rule']})"))

@@ -102,10 +102,12 @@ def load_graph_arg(path: str | Path) -> CompGraph:
 PIPELINE_SETTINGS = ("schedule", "microbatches", "chunks")  # the placer settings --schedule etc. give
 
 
-def check_pipeline_settings(placer: str, cluster: Cluster, settings: dict[str, Any]) -> None:
+def check_pipeline_settings(placer: str, cluster: Cluster, settings: dict[str, Any], *,
+                            batch: int | None = None) -> None:
     """Refuse, before any work (a model's capture takes a while), pipeline settings (`schedule`,
     `microbatches`, `chunks`) given to a placer that has none, or invalid for the `pipeline` placer on
-    `cluster` (bad kind, M < 1, chunks for a one-chunk schedule, interleaved M not a multiple of the devices)."""
+    `cluster` (bad kind, M < 1, chunks for a one-chunk schedule, interleaved M not a multiple of the devices,
+    M that does not divide `batch` when it is known)."""
     given = [k for k in PIPELINE_SETTINGS if k in settings]
     if not given:
         return
@@ -114,7 +116,7 @@ def check_pipeline_settings(placer: str, cluster: Cluster, settings: dict[str, A
         raise DevplaceError(f"--{given[0]} is a setting of the pipeline placer; add --placer pipeline (got --placer "
                             f"{placer})")
     pipeline_schedules(settings.get("schedule", accepted["schedule"]), settings.get("microbatches"),
-                       settings.get("chunks"), cluster.num_devices)
+                       settings.get("chunks"), cluster.num_devices, batch=batch)
 
 
 def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer: str = DEFAULT_PLACER,

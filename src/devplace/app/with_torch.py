@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from devplace.app import check_outputs, check_pipeline_settings, load_graph_arg, log_setting
-from devplace.capture.custom import build_named_model, named_prepared
+from devplace.capture.custom import build_named_model, microbatch_prepared, named_prepared
 from devplace.capture.onnx_import import load_onnx
 from devplace.capture.pipeline import Prepared, capture_zoo_model, family_graph, prepare
 from devplace.capture.profile import (
@@ -43,6 +43,7 @@ from devplace.defaults import (
 )
 from devplace.errors import DevplaceError
 from devplace.graph import save_graph
+from devplace.graph.batch import graph_batch
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, Device, load_cluster
@@ -50,9 +51,10 @@ from devplace.hardware.cost import CostTable
 from devplace.hardware.presets import device_kind as kind_device
 from devplace.placers import NoFitError, get_placer, schedule_of
 from devplace.placers.even import even_devices
+from devplace.placers.pipeline import pipeline_schedules
 from devplace.placers.rl.curve import plot_curve, read_curve
 from devplace.placers.rl.trainer import TrainResult, mean_best_ratio, parse_indices, train
-from devplace.planning import MAP_PLACER, Placed, Progress, json_safe, place_graph, render_text
+from devplace.planning import MAP_PLACER, Placed, Progress, baselines, json_safe, place_graph, render_text
 from devplace.runtime.apply import normalize_devices
 from devplace.runtime.export import (
     PipelineExport,
@@ -125,11 +127,60 @@ def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAUL
     """Place a prepared model's coarse graph, expand the placement to every op, simulate and write files
     (checked before placing)."""
     check_outputs(output=output, trace=trace, plot=plot, log=log_setting(settings))
-    placed = place_graph(prepared.graph, cluster, placer=placer, order=order, seed=seed,
-                         coarsening=prepared.coarsening, full=prepared.full, progress=progress,
-                         try_orders=try_orders, try_with=try_with, **(settings or {}))
+    how: dict[str, Any] = dict(order=order, seed=seed, progress=progress, try_orders=try_orders, try_with=try_with)
+    settings = dict(settings or {})
+    exact = prepared.model is not None and graph_batch(prepared.full) is not None
+    if placer == "pipeline" and exact:
+        placed = _pipeline_microbatches(prepared, cluster, settings, how)
+    else:
+        placed = place_graph(prepared.graph, cluster, placer=placer, coarsening=prepared.coarsening,
+                             full=prepared.full, **how, **settings)
+        scaled = schedule_of(placed.placement)
+        if exact and scaled is not None and scaled.microbatches > 1 and not scaled.microbatch_graph:
+            # placer auto's pipeline fallback chose M on the whole step's costs / M: place the pipeline again on
+            # micro-batches captured at their own size, keeping what auto compared
+            again = _pipeline_microbatches(prepared, cluster, {"schedule": scaled.kind, "chunks": scaled.chunks}, how)
+            keep = {k: placed.placement.meta[k] for k in ("placer_auto",) if k in placed.placement.meta}
+            placed = replace(again, placement=again.placement.with_meta(**keep),
+                             placement_time_s=placed.placement_time_s + again.placement_time_s)
     placed.write(output=output, trace=trace, plot=plot)
     return placed
+
+
+def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[str, Any],
+                           how: dict[str, Any]) -> Placed:
+    """The `pipeline` placer on a captured model, one micro-batch count at a time (the given one, else each of
+    the placer's choices that divides the batch), each on the model captured at batch / M (every op costed at
+    the micro-batch's size); the fastest feasible pipeline is kept and meta["microbatch_search"] records each
+    count's step (or why it did not fit). NoFitError when none fits."""
+    batch = graph_batch(prepared.full)
+    chunks = settings.get("chunks")
+    counts = [s.microbatches for s in pipeline_schedules(settings.get("schedule", "1f1b"), settings.get("microbatches"),
+                                                          chunks, cluster.num_devices, batch=batch)]
+    rest = {k: v for k, v in settings.items() if k != "microbatches" and v is not None}
+    tried: dict[str, Any] = {}
+    best: Placed | None = None
+    t0 = time.perf_counter()
+    for m in counts:
+        micro = microbatch_prepared(prepared, m)
+        try:
+            placed = place_graph(micro.graph, cluster, placer="pipeline", coarsening=micro.coarsening,
+                                 full=micro.full, microbatches=m, **how, **rest)
+        except NoFitError as exc:
+            tried[str(m)] = exc.reason or str(exc)
+            continue
+        tried[str(m)] = placed.result.step_time_s
+        if best is None or placed.result.step_time_s < best.result.step_time_s:
+            best = placed
+    if best is None:
+        reasons = "; ".join(f"M={m}: {why}" for m, why in tried.items())
+        err = NoFitError(f"placer 'pipeline' found no pipeline of {prepared.full.name} on {cluster.name} that fits "
+                         f"memory at any micro-batch count the batch of {batch} allows ({reasons})")
+        err.reason = f"no micro-batch count the batch of {batch} allows fits ({reasons})"
+        raise err
+    search = {"batch": batch, "tried": tried, "kept": schedule_of(best.placement).microbatches}  # type: ignore[union-attr]
+    return replace(best, placement=best.placement.with_meta(microbatch_search=search),
+                   placement_time_s=time.perf_counter() - t0)  # the whole search's, captures included
 
 
 def place_by_map(graph: CompGraph, cluster: Cluster, module_map: Path, *, coarsening: Coarsening | None = None,
@@ -258,8 +309,9 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
     full, p = placed.graph, cluster.num_devices
     label = sched.label
     rows = []
-    device = placed.baselines[0].device  # the best single device (its only device, whether or not it fits)
-    single = DevplaceModel(full, cluster).run(np.full(full.num_nodes, device, dtype=np.int64))
+    whole = prepared.full  # the whole batch's step (the pipeline's graph may be one micro-batch of it)
+    device = baselines(whole, cluster)[0].device  # the best single device (its only device, whether or not it fits)
+    single = DevplaceModel(whole, cluster).run(np.full(whole.num_nodes, device, dtype=np.int64))
     rows.append(Compared(f"single {cluster.devices[device].name}", "none", single,
                          "the whole step on the best device" + ("" if single.feasible else ", which cannot hold it")))
     walked = f" in the {placed.order} order" if spec is None or spec.uses_order else ""

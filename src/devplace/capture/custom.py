@@ -21,9 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from devplace.capture.pipeline import Prepared, capture_zoo_model, precision_suffix, prepare
+from devplace.capture.pipeline import ModelRef, Prepared, capture_zoo_model, precision_suffix, prepare
 from devplace.capture.torch_capture import capture
 from devplace.errors import DevplaceError
+from devplace.graph.batch import MICROBATCHES_META_KEY, divisors_text, graph_batch
 from devplace.graph.compgraph import CompGraph
 
 __all__ = ["CustomModelError", "build_custom_model", "build_named_model", "capture_named_model", "is_custom",
@@ -143,7 +144,31 @@ def capture_named_model(name: str, *, batch: int | None = None, seq_len: int | N
 
 def named_prepared(name: str, *, batch: int | None = None, seq_len: int | None = None, optimizer: str = "adam",
                    seed: int = 0, dtype: str | None = None, amp: bool = False, **options: Any) -> Prepared:
-    """`capture_named_model` then `prepare` (device, costs, max_nodes as `capture.pipeline.prepare`)."""
+    """`capture_named_model` then `prepare` (device, costs, max_nodes as `capture.pipeline.prepare`); the result
+    keeps a `ModelRef`, so `microbatch_prepared` can capture one micro-batch of the same step."""
     graph = capture_named_model(name, batch=batch, seq_len=seq_len, optimizer=optimizer, seed=seed, dtype=dtype,
                                 amp=amp)
-    return prepare(graph, **options)
+    ref = ModelRef(name, seq_len, optimizer, seed, dtype, amp, tuple(sorted(options.items())))
+    return prepare(graph, model=ref, **options)
+
+
+def microbatch_prepared(prepared: Prepared, microbatches: int) -> Prepared:
+    """One of `microbatches` equal micro-batches of the step `prepared` holds: the same model captured again at
+    batch / M and prepared alike, its graphs marked as one micro-batch of M (`graph_microbatches`), so that a
+    schedule runs it M times and every op is costed at the micro-batch's size (not the whole batch's / M). M = 1
+    gives `prepared` itself. DevplaceError when `prepared` has no model to capture or records no batch, or when
+    M does not divide the batch."""
+    if microbatches == 1:
+        return prepared
+    ref, batch = prepared.model, graph_batch(prepared.full)
+    if ref is None or batch is None:
+        raise DevplaceError(f"graph {prepared.full.name!r} was not captured from a model with a batch here, so its "
+                            "micro-batches cannot be captured at their own size; place it with --model")
+    if batch % microbatches:
+        raise DevplaceError(f"{microbatches} micro-batches do not split the batch of {batch} into equal "
+                            f"micro-batches; with batch {batch} use one of {divisors_text(batch)}, or a batch that "
+                            f"{microbatches} divides")
+    graph = capture_named_model(ref.name, batch=batch // microbatches, seq_len=ref.seq_len, optimizer=ref.optimizer,
+                                seed=ref.seed, dtype=ref.dtype, amp=ref.amp)
+    graph.meta[MICROBATCHES_META_KEY] = microbatches  # a fresh capture's own dict: mark it before it is costed
+    return prepare(graph, model=ref, **dict(ref.options))

@@ -23,13 +23,30 @@ from devplace.hardware.presets import device_kind
 
 
 @dataclass(frozen=True)
+class ModelRef:
+    """How a prepared graph was made from a model, so that the same step can be captured again at another
+    batch (one micro-batch of it): the model's name (zoo or `package.module:factory`), its capture settings,
+    and the options of `prepare` (device, costs, max_nodes)."""
+
+    name: str
+    seq_len: int | None = None
+    optimizer: str = "adam"
+    seed: int = 0
+    dtype: str | None = None
+    amp: bool = False
+    options: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
 class Prepared:
     """A captured graph costed for a device (`full`), its coarsening (`coarsening.graph` is what placers
-    get; `coarsening.expand(...)` maps a coarse placement back to `full`), and the cost report."""
+    get; `coarsening.expand(...)` maps a coarse placement back to `full`), the cost report, and (for a
+    captured model) the `ModelRef` that makes it again at another batch."""
 
     full: CompGraph
     coarsening: Coarsening
     report: CostReport
+    model: ModelRef | None = None
 
     @property
     def graph(self) -> CompGraph:
@@ -37,15 +54,16 @@ class Prepared:
 
 
 def prepare(graph: CompGraph, *, device: Device | None = None, costs: CostTable | None = None,
-            max_nodes: int | None = None, dtype: str | None = None) -> Prepared:
+            max_nodes: int | None = None, dtype: str | None = None, model: ModelRef | None = None) -> Prepared:
     """Cost `graph` for `device` (a V100 by default; from `costs` where the table has an op, analytic
     otherwise), then colocate it and, with `max_nodes`, coarsen it to at most that many groups.
 
     `dtype` is the precision assumed for nodes that carry none (graphs from ONNX or JSON files; a capture
-    records every node's own), see `apply_costs`."""
+    records every node's own), see `apply_costs`; `model` how the graph was captured (kept in the result)."""
     costed, report = apply_costs(graph, device or device_kind("V100"), costs if costs is not None else "analytic",
                                  dtype=dtype)
-    return Prepared(costed, coarsen(costed, max_nodes) if max_nodes is not None else colocate(costed), report)
+    return Prepared(costed, coarsen(costed, max_nodes) if max_nodes is not None else colocate(costed), report,
+                    model)
 
 
 def zoo_prepared(name: str, *, batch: int | None = None, seq_len: int | None = None, optimizer: str = "adam",

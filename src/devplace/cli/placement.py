@@ -184,7 +184,7 @@ def place_cmd(
             if key in settings:
                 raise DevplaceError(f"--{key} and --set {key}=... both given; keep one")
             settings[key] = str(value) if isinstance(value, Path) else value
-    app.check_pipeline_settings(placer, c, settings)
+    app.check_pipeline_settings(placer, c, settings, batch=batch)
     if (graph is None) == (model is None):
         raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`, or "
                             "package.module:factory)")
@@ -333,7 +333,9 @@ def demo_cmd(
     model: Annotated[str, typer.Option(help="zoo model (one that needs several devices)")] = "llama-1b",
     cluster: Annotated[str, typer.Option(help="cluster preset")] = "4xV100-16GB",
     schedule: Annotated[str, typer.Option(help="micro-batch schedule: gpipe, 1f1b or interleaved-1f1b")] = "1f1b",
-    microbatches: Annotated[int, typer.Option(help="micro-batches per step")] = 8,
+    batch: Annotated[int, typer.Option(help="samples per step (the global batch), split into the micro-batches",
+                                       min=1)] = 8,
+    microbatches: Annotated[int, typer.Option(help="micro-batches per step (must divide --batch)")] = 8,
     chunks: ChunksOpt = None,
     baseline: Annotated[str, typer.Option(help="placer of the placement without micro-batches it is compared "
                                                f"with ({AUTO_PLACER}: devplace's default, the best of several, "
@@ -341,21 +343,21 @@ def demo_cmd(
                         ] = "contiguous",
     max_nodes: MaxNodesOpt = None,
 ) -> None:
-    """Why devplace exists: capture a model that does not fit one device (Llama 1B, batch 4, 2048 tokens,
-    Adam), place it on 4xV100-16GB with the `pipeline` placer (1F1B, 8 micro-batches) and print its step
-    against the even split under the same schedule, a placement without micro-batches and the best single
-    device.
+    """Why devplace exists: capture a model that does not fit one device (Llama 1B, batch 8, 2048 tokens,
+    Adam), place it on 4xV100-16GB with the `pipeline` placer (1F1B, 8 micro-batches of one sample, each
+    captured and costed at its own size) and print its step against the even split under the same schedule, a
+    placement without micro-batches and the best single device.
 
     Writes the pipeline's placement, a Perfetto trace and a timeline PNG into OUT.
     """
     c = load_cluster(cluster)
     app.check_pipeline_settings("pipeline", c, {"schedule": schedule, "microbatches": microbatches,
-                                                **({"chunks": chunks} if chunks is not None else {})})
+                                                **({"chunks": chunks} if chunks is not None else {})}, batch=batch)
     if baseline != AUTO_PLACER:  # a placer's name, checked before the capture
         get_placer(baseline)
     out.mkdir(parents=True, exist_ok=True)
     with busy(f"capturing the training step of {model}", False):
-        prepared = app.torch_tasks().prepare_model(model, max_nodes=max_nodes, device=c.devices[0])
+        prepared = app.torch_tasks().prepare_model(model, batch=batch, max_nodes=max_nodes, device=c.devices[0])
     say(f"captured {prepared.full.name}: {prepared.full.num_nodes} ops, colocated into {prepared.graph.num_nodes} "
         f"groups; op times analytic for {c.devices[0].kind}")
     with busy(f"placing {prepared.graph.name} with pipeline and the baselines", False):

@@ -58,6 +58,7 @@ import numpy as np
 from numba import njit
 
 from devplace.errors import DevplaceError
+from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches, microbatch_counts
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.tensors import tensor_groups
 from devplace.graph.ties import tie_classes
@@ -206,7 +207,8 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray) -> _Items:
 def _split(bound, pre_work, pre_param, pre_stash, peak_op, cross, blocked, speed, cap, inflight, m, comm_Bps,
            latency, waits):  # pragma: no cover - compiled
     """Cut ends (one per stage, none at a `blocked` cut) minimising sum of stage times with every stage time
-    <= bound and every stage within memory; per-micro-batch figures are whole-batch ones / m. A stage's time
+    <= bound and every stage within memory; per-micro-batch figures are the graph's / m (M for a whole step's
+    graph, 1 for one captured at the micro-batch size). A stage's time
     per micro-batch is its compute plus, with `waits`, the transfer of what crosses its first cut (activations
     forward, gradients back); without, that transfer only adds to the sum (it overlaps the other micro-batches'
     compute).
@@ -267,6 +269,12 @@ def _inflight(schedule: Schedule, p: int) -> np.ndarray:
     return out
 
 
+def _per_microbatch(schedule: Schedule) -> float:
+    """What a micro-batch's compute and bytes are divided by: M when the graph is the whole step's, 1 when it
+    was captured at the micro-batch size."""
+    return 1.0 if schedule.microbatch_graph else float(schedule.microbatches)
+
+
 class _Search:
     def __init__(self, graph: CompGraph, cluster: Cluster, order: np.ndarray, classes: np.ndarray) -> None:
         self.graph, self.cluster = graph, cluster
@@ -285,7 +293,7 @@ class _Search:
         `_split`)."""
         p = self.cluster.num_devices
         v = int(schedule.chunks or 1)
-        m = schedule.microbatches
+        m = _per_microbatch(schedule)
         dev = np.arange(p * v) % p
         speed = self.cluster.speeds[dev].astype(np.float64)
         cap = ((self.cluster.memory[dev] - allowance[dev]) / v).astype(np.float64)
@@ -310,15 +318,16 @@ class _Search:
         stages per micro-batch (exact on a uniform chain for any V, where the bubble is (p - 1) t_k), plus the
         largest once-per-step compute of a device (its optimizer runs after its last micro-batch)."""
         m, v, p = schedule.microbatches, int(schedule.chunks or 1), self.cluster.num_devices
+        div = _per_microbatch(schedule)
         starts = (0, *cuts[:-1])
         n = self.pre_work.shape[0] - 1
         t = np.zeros(len(cuts))
         comm = 0.0
         for k, (i, j) in enumerate(zip(starts, cuts, strict=True)):
             if j > i:
-                t[k] = (self.pre_work[j] - self.pre_work[i]) / m / speed[k]
+                t[k] = (self.pre_work[j] - self.pre_work[i]) / div / speed[k]
                 if 0 < i < n:
-                    c = self.latency + float(self.items.cross[i]) / m / self.comm_Bps
+                    c = self.latency + float(self.items.cross[i]) / div / self.comm_Bps
                     t[k] += c if waits else 0.0
                     comm += 0.0 if waits else c
         on = np.arange(len(cuts)) % p
@@ -371,24 +380,42 @@ def _check_settings(schedule: str, microbatches: int | None, chunks: int | None)
             positive_int(value, name, "pipeline")
 
 
-def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | None, devices: int) -> list[Schedule]:
+def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | None, devices: int, *,
+                       batch: int | None = None, own: int | None = None) -> list[Schedule]:
     """The schedules the placer tries on `devices` devices for its settings (one per micro-batch count: the
-    given one, else every one of `MICROBATCH_CHOICES` the schedule can run), or a PlacerError (a
-    DevplaceError) for invalid settings; what `devplace place` checks before capturing a model."""
+    given one, else every one of `MICROBATCH_CHOICES` that divides `batch` and the schedule can run), or a
+    PlacerError (a DevplaceError) for invalid settings; what `devplace place` checks before capturing a model.
+
+    `batch`: the step's batch (None: unknown, every count allowed); `own`: M of a graph captured at the
+    micro-batch size (`graph_microbatches`), the only count it runs under (`microbatch_graph=True`)."""
     if schedule not in KINDS:
         raise PlacerError(f"placer 'pipeline': setting 'schedule' must be one of {', '.join(KINDS)}, got {schedule!r}")
-    counts = (MICROBATCH_CHOICES if microbatches is None
-              else (positive_int(microbatches, "microbatches", "pipeline"),))
+    if microbatches is not None:
+        microbatches = positive_int(microbatches, "microbatches", "pipeline")
+    if own is not None:
+        if microbatches not in (None, own):
+            raise PlacerError(f"placer 'pipeline': the graph is one of {own} micro-batches of a step (captured at "
+                              f"the micro-batch size), so it runs with microbatches={own}, not {microbatches}")
+        counts: tuple[int, ...] = (own,)
+    elif microbatches is None:
+        counts = microbatch_counts(batch, MICROBATCH_CHOICES)
+    else:
+        if batch is not None and batch % microbatches:
+            raise PlacerError(f"placer 'pipeline': microbatches={microbatches} does not split the batch of {batch} "
+                              f"into equal micro-batches; with batch {batch} use one of {divisors_text(batch)}, or a "
+                              f"batch that {microbatches} divides")
+        counts = (microbatches,)
     if chunks is not None:
         chunks = positive_int(chunks, "chunks", "pipeline")
     try:
-        schedules = [Schedule(schedule, m, chunks) for m in counts]
+        schedules = [Schedule(schedule, m, chunks, microbatch_graph=own is not None) for m in counts]
     except ScheduleError as exc:  # e.g. chunks for a one-chunk schedule
         raise PlacerError(f"placer 'pipeline': {exc}") from None
     schedules = [s for s in schedules if s.kind != "interleaved-1f1b" or s.microbatches % devices == 0]
     if not schedules:
         raise PlacerError(f"placer 'pipeline': interleaved-1f1b needs microbatches to be a multiple of the "
-                          f"{devices} devices, got {microbatches}")
+                          f"{devices} devices, got {', '.join(str(m) for m in counts)}"
+                          + (f" (the counts that divide the batch of {batch})" if microbatches is None else ""))
     return schedules
 
 
@@ -400,7 +427,8 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
     `order` is the traversal as node indices; `ties` a tie class per node, each kept on one device (None:
     `devplace.graph.ties.tie_classes(graph)`). Raises NoFitError when no split fits memory under the
     schedule, PlacerError (a DevplaceError) for invalid settings."""
-    schedules = pipeline_schedules(schedule, microbatches, chunks, cluster.num_devices)
+    schedules = pipeline_schedules(schedule, microbatches, chunks, cluster.num_devices, batch=graph_batch(graph),
+                                   own=graph_microbatches(graph))
     p = cluster.num_devices
     classes = tie_classes(graph) if ties is None else np.asarray(ties, dtype=np.int64)
     search = _Search(graph, cluster, order, classes)

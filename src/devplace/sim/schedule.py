@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from devplace.errors import DevplaceError, GraphError
+from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster
@@ -98,6 +99,27 @@ class Schedule:
         if not isinstance(doc, dict) or set(doc) - set(keys) or "kind" not in doc:
             raise ScheduleError(f"a schedule is an object with keys {', '.join(keys)} (kind required), got {doc!r}")
         return cls(**doc)
+
+
+# --------------------------------------------------------------------------- micro-batches of a batch
+
+def check_microbatches(graph: CompGraph, schedule: Schedule) -> None:
+    """ScheduleError unless `schedule` can run `graph`: a micro-batch graph (`graph_microbatches`) only under
+    its own M with `microbatch_graph=True`; a whole step only with an M that divides its batch (when the graph
+    records one), so that every micro-batch exists and the global batch is the one captured."""
+    m = schedule.microbatches
+    own = graph_microbatches(graph)
+    if own is not None:
+        if m != own or not schedule.microbatch_graph:
+            raise ScheduleError(f"graph {graph.name!r} is one of {own} micro-batches of a step (captured at the "
+                                f"micro-batch size); it runs under a schedule of M={own} with microbatch_graph=True, "
+                                f"got M={m}{'' if schedule.microbatch_graph else ' scaled from a whole batch'}")
+        return
+    batch = graph_batch(graph)
+    if batch is not None and not schedule.microbatch_graph and batch % m:
+        raise ScheduleError(f"M={m} micro-batches do not split the batch of {batch} of graph {graph.name!r} into "
+                            f"equal micro-batches; with batch {batch} M can be {divisors_text(batch)} (or capture "
+                            "with a batch that M divides)")
 
 
 # --------------------------------------------------------------------------- stages of a placement
@@ -362,6 +384,7 @@ class ScheduledResult(SimResult):
 
 def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, schedule: Schedule) -> ScheduledResult:
     """Simulate one pipelined step of `graph` under `devices` (validated device index per node)."""
+    check_microbatches(graph, schedule)
     devices = np.asarray(devices, dtype=np.int64)
     stages = pipeline_stages(graph, devices, int(schedule.chunks or 1))
     u = unroll(graph, devices, schedule, stages)

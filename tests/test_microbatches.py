@@ -1,0 +1,116 @@
+"""Micro-batches that exist (issue 21, item 0): a micro-batch count must split the captured batch into equal
+micro-batches, and a captured model's pipeline is placed on its micro-batch captured at batch / M, so every op is
+costed at the micro-batch's size rather than the whole batch's divided by M."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from devplace.app.with_torch import place_prepared, prepare_model
+from devplace.capture.custom import microbatch_prepared
+from devplace.capture.pipeline import prepare
+from devplace.capture.torch_capture import capture
+from devplace.errors import DevplaceError
+from devplace.graph.batch import graph_batch, graph_microbatches
+from devplace.hardware.cluster import load_cluster as get_preset
+from devplace.placers import place, schedule_of
+from devplace.placers.pipeline import pipeline_schedules
+from devplace.sim import Schedule, ScheduleError, simulate
+
+NETS = '''
+import torch
+from torch import nn
+
+
+def build(batch=8):
+    torch.manual_seed(0)
+    layers = [m for _ in range(4) for m in (nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())]
+    model = nn.Sequential(*layers, nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
+    return model, torch.randn(batch, 8, 8, 8)
+'''
+
+
+@pytest.fixture
+def convnet(tmp_path, monkeypatch):
+    pkg = tmp_path / "mb_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "nets.py").write_text(textwrap.dedent(NETS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "mb_pkg.nets:build"
+    for name in [n for n in sys.modules if n.startswith("mb_pkg")]:
+        del sys.modules[name]
+
+
+def _mlp_graph(batch: int):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    return prepare(capture(model, (torch.randn(batch, 32),), loss_fn=lambda out: out.square().mean())).full
+
+
+def test_a_schedule_whose_count_does_not_divide_the_batch_is_refused_with_the_counts_that_do():
+    g = _mlp_graph(6)
+    assert graph_batch(g) == 6
+    devices = np.zeros(g.num_nodes, dtype=np.int64)
+    with pytest.raises(ScheduleError, match=r"M=4 micro-batches do not split the batch of 6 .* M can be 1, 2, 3, 6"):
+        simulate(g, get_preset("2xK80"), devices, schedule=Schedule("1f1b", 4))
+    assert simulate(g, get_preset("2xK80"), devices, schedule=Schedule("1f1b", 3)).feasible
+
+
+def test_the_pipeline_placer_only_tries_counts_that_divide_the_batch():
+    assert [s.microbatches for s in pipeline_schedules("1f1b", None, None, 2, batch=12)] == [1, 2, 4]
+    assert [s.microbatches for s in pipeline_schedules("1f1b", None, None, 2)] == [1, 2, 4, 8, 16, 32]
+    with pytest.raises(DevplaceError, match=r"microbatches=8 does not split the batch of 12 .* 1, 2, 3, 4, 6, 12"):
+        pipeline_schedules("1f1b", 8, None, 2, batch=12)
+    g = _mlp_graph(6)
+    p = place(g, get_preset("2xK80"), placer="pipeline", order="topo")
+    assert 6 % schedule_of(p).microbatches == 0
+
+
+def test_a_micro_batch_graph_runs_only_under_its_own_count():
+    g = _mlp_graph(4)
+    g.meta["microbatches"] = 2  # what microbatch_prepared writes: one of 2 micro-batches of a batch of 8
+    devices = np.zeros(g.num_nodes, dtype=np.int64)
+    with pytest.raises(ScheduleError, match="one of 2 micro-batches"):
+        simulate(g, get_preset("2xK80"), devices, schedule=Schedule("1f1b", 4, microbatch_graph=True))
+    with pytest.raises(ScheduleError, match="one of 2 micro-batches"):
+        simulate(g, get_preset("2xK80"), devices, schedule=Schedule("1f1b", 2))
+    assert simulate(g, get_preset("2xK80"), devices, schedule=Schedule("1f1b", 2, microbatch_graph=True)).feasible
+
+
+def test_a_micro_batch_is_captured_and_costed_at_its_own_size(convnet):
+    whole = prepare_model(convnet, batch=8)
+    micro = microbatch_prepared(whole, 4)
+    assert graph_microbatches(micro.full) == 4 and graph_batch(micro.full) == 2
+    assert graph_microbatches(micro.graph) == 4  # the coarse graph the placers get says so too
+    # a small conv's time does not shrink with its batch: a quarter of the batch costs more than a quarter
+    assert micro.full.compute_s.sum() > whole.full.compute_s.sum() / 4 * 1.05
+    assert micro.full.param_bytes.sum() == whole.full.param_bytes.sum()
+    with pytest.raises(DevplaceError, match=r"3 micro-batches do not split the batch of 8 .* 1, 2, 4, 8"):
+        microbatch_prepared(whole, 3)
+    assert microbatch_prepared(whole, 1) is whole
+
+
+def test_a_captured_model_is_pipelined_on_micro_batches_of_its_own_size(convnet):
+    whole = prepare_model(convnet, batch=8)
+    cluster = get_preset("2xK80")
+    placed = place_prepared(whole, cluster, placer="pipeline", order="topo")
+    sched = schedule_of(placed.placement)
+    search = placed.placement.meta["microbatch_search"]
+    assert search["batch"] == 8 and set(search["tried"]) == {"1", "2", "4", "8"}
+    assert sched.microbatches == search["kept"] and sched.microbatch_graph == (sched.microbatches > 1)
+    assert placed.result.step_time_s == min(t for t in search["tried"].values() if isinstance(t, float))
+    if sched.microbatches > 1:
+        assert graph_batch(placed.graph) == 8 // sched.microbatches
+    text = " ".join(placed.text().split())
+    assert f"batch 8 split into M={sched.microbatches}" in text
+    # a count given by the user is the only one placed
+    fixed = place_prepared(whole, cluster, placer="pipeline", order="topo", settings={"microbatches": 2})
+    assert schedule_of(fixed.placement) == Schedule("1f1b", 2, microbatch_graph=True)
+    assert fixed.result.step_time_s == search["tried"]["2"]

@@ -244,7 +244,8 @@ def test_plan_with_the_pipeline_placer_reports_and_keeps_the_scheduled_step(tmp_
     from devplace.placers import schedule_of
     from devplace.sim import ScheduledResult, simulate
 
-    model, inputs = _transformer()
+    model, _ = _transformer()
+    inputs = (torch.randint(0, 17, (4, 6)),)  # 4 micro-batches of one sequence each
     p = devplace.plan(model, inputs, "3xGPU-placeto", placer="pipeline", schedule="1f1b", microbatches=4)
     schedule = schedule_of(p.placement)
     assert (schedule.kind, schedule.microbatches) == ("1f1b", 4)

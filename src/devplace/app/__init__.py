@@ -227,7 +227,7 @@ def recommend(graph: str | Path | None, *, model: str | None = None, batch: int 
         raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`)")
     if model is not None:
         g = torch_tasks().prepare_model(model, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
-                                        device=c.devices[0] if c is not None else None).graph
+                                        cluster=c).graph
     else:
         assert graph is not None
         g = load_graph_arg(graph)

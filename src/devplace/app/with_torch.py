@@ -47,7 +47,7 @@ from devplace.graph.batch import graph_batch
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, Device, load_cluster
-from devplace.hardware.cost import CostTable
+from devplace.hardware.cost import CostTable, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
 from devplace.placers import NoFitError, get_placer, schedule_of
 from devplace.placers.even import even_devices
@@ -112,12 +112,16 @@ __all__ = [
 
 
 def prepare_model(model: str, *, batch: int | None = None, seq_len: int | None = None, max_nodes: int | None = None,
-                  optimizer: str = "adam", device: Device | None = None, costs: CostTable | None = None,
-                  dtype: str | None = None, amp: bool = False) -> Prepared:
+                  optimizer: str = "adam", device: Device | None = None, cluster: Cluster | None = None,
+                  costs: CostTable | None = None, dtype: str | None = None, amp: bool = False) -> Prepared:
     """Capture the training step of zoo model `model` (or a custom `package.module:factory` one) in precision
-    `dtype` / `amp`, cost it for `device`, colocate it (and coarsen it)."""
+    `dtype` / `amp`, cost it for `device` or for every device kind of `cluster` (`cost_devices`), colocate it
+    (and coarsen it)."""
+    kinds: tuple[Device, ...] = ()
+    if cluster is not None:
+        device, kinds = cost_devices(cluster)
     return named_prepared(model, batch=batch, seq_len=seq_len, optimizer=optimizer, dtype=dtype, amp=amp,
-                          max_nodes=max_nodes, device=device, costs=costs)
+                          max_nodes=max_nodes, device=device, costs=costs, kinds=kinds)
 
 
 def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAULT_PLACER,

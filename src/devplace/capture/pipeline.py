@@ -54,14 +54,16 @@ class Prepared:
 
 
 def prepare(graph: CompGraph, *, device: Device | None = None, costs: CostTable | None = None,
-            max_nodes: int | None = None, dtype: str | None = None, model: ModelRef | None = None) -> Prepared:
+            max_nodes: int | None = None, dtype: str | None = None, model: ModelRef | None = None,
+            kinds: tuple[Device, ...] = ()) -> Prepared:
     """Cost `graph` for `device` (a V100 by default; from `costs` where the table has an op, analytic
-    otherwise), then colocate it and, with `max_nodes`, coarsen it to at most that many groups.
+    otherwise) and for each device kind of `kinds` (`hardware.cost.cost_devices`: a cluster of several kinds),
+    then colocate it and, with `max_nodes`, coarsen it to at most that many groups.
 
     `dtype` is the precision assumed for nodes that carry none (graphs from ONNX or JSON files; a capture
     records every node's own), see `apply_costs`; `model` how the graph was captured (kept in the result)."""
     costed, report = apply_costs(graph, device or device_kind("V100"), costs if costs is not None else "analytic",
-                                 dtype=dtype)
+                                 dtype=dtype, kinds=kinds)
     return Prepared(costed, coarsen(costed, max_nodes) if max_nodes is not None else colocate(costed), report,
                     model)
 

@@ -206,7 +206,7 @@ def place_cmd(
         app.check_outputs(output=output, trace=trace, plot=plot, log=app.log_setting(settings))
         with busy(f"capturing the training step of {model}", quiet):
             prepared = app.torch_tasks().prepare_model(model, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
-                                                       optimizer=optimizer, device=c.devices[0], dtype=dtype, amp=amp)
+                                                       optimizer=optimizer, cluster=c, dtype=dtype, amp=amp)
         if module_map is not None:
             tensors = app.torch_tasks().model_tensor_names(model, batch=batch, seq_len=seq_len)
             placed = app.torch_tasks().place_by_map(prepared.full, c, module_map, coarsening=prepared.coarsening,
@@ -357,9 +357,9 @@ def demo_cmd(
         get_placer(baseline)
     out.mkdir(parents=True, exist_ok=True)
     with busy(f"capturing the training step of {model}", False):
-        prepared = app.torch_tasks().prepare_model(model, batch=batch, max_nodes=max_nodes, device=c.devices[0])
+        prepared = app.torch_tasks().prepare_model(model, batch=batch, max_nodes=max_nodes, cluster=c)
     say(f"captured {prepared.full.name}: {prepared.full.num_nodes} ops, colocated into {prepared.graph.num_nodes} "
-        f"groups; op times analytic for {c.devices[0].kind}")
+        f"groups; op times analytic for {', '.join(dict.fromkeys(d.kind for d in c.devices))}")
     with busy(f"placing {prepared.graph.name} with pipeline and the baselines", False):
         demo = app.torch_tasks().pipeline_demo(prepared, c, schedule=schedule, microbatches=microbatches,
                                                chunks=chunks, baseline=baseline, out=out, name=model)

@@ -41,7 +41,7 @@ import numpy as np
 from numba import njit
 
 from devplace.errors import GraphError, PlacementError
-from devplace.graph.compgraph import CompGraph
+from devplace.graph.compgraph import KIND_COMPUTE_KEY, CompGraph
 from devplace.graph.heap import heap_pop, heap_push
 from devplace.graph.io import load_graph, save_graph
 from devplace.graph.jsonio import dump_number
@@ -788,6 +788,9 @@ def _build(graph: CompGraph, root: np.ndarray, stage1_root: np.ndarray, names: d
                "output_bytes": dump_number(float(out_bytes[g])),
                "param_bytes": dump_number(math.fsum(graph.param_bytes[mem].tolist())),
                "temp_bytes": dump_number(float(temp[g]))}
+        if graph.kind_compute:
+            rec[KIND_COMPUTE_KEY] = {k: dump_number(math.fsum(col[mem].tolist()))
+                                     for k, col in graph.kind_compute.items()}
         for key in SUMMED_EXTRAS:
             vals = [graph.node_extra[v].get(key) for v in mem] if graph.node_extra else []
             nums = [x for x in vals if isinstance(x, int | float) and not isinstance(x, bool)]

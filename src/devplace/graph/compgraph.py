@@ -12,6 +12,7 @@ import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,9 @@ FORMAT = "devplace.graph/1"
 NODE_NUMERIC = ("compute_s", "output_bytes", "param_bytes", "temp_bytes")
 NODE_TEXT = ("op", "group", "kind")
 EDGE_KEYS = ("src", "dst", "bytes", "tensor")
+# A node's time on each device kind it was costed for ({kind: seconds on a device of that kind}); absent: every
+# device takes compute_s / speed (DESIGN.md section 4)
+KIND_COMPUTE_KEY = "compute_s_by_kind"
 DOC_KEYS = ("format", "name", "nodes", "edges")  # graph-level keys with a meaning; every other one is `meta`
 # Limits that keep every derived number finite. A step time is at most a sum of graph totals divided by
 # cluster rates; with totals <= MAX_TOTAL and rates >= 1 / MAX_TOTAL (hardware.cluster) it stays below
@@ -65,10 +69,12 @@ def check_name(name: Any, what: str, error: type[Exception] = GraphError, noun: 
                     f"most {MAX_NAME_CHARS} characters")
 
 
-def _check_totals(name: str, numeric: np.ndarray, edge_bytes: np.ndarray) -> None:
+def _check_totals(name: str, numeric: np.ndarray, edge_bytes: np.ndarray,
+                  kind_compute: Mapping[str, np.ndarray]) -> None:
     """Each of the graph's totals (sums over nodes or edges) must be at most MAX_TOTAL: a larger one overflows
     sums, features and step times to infinity (four ops of 1e308 s already sum to inf)."""
     totals = [(f"\"{k}\" over all nodes", numeric[j]) for j, k in enumerate(NODE_NUMERIC)]
+    totals += [(f"\"{KIND_COMPUTE_KEY}\" {k!r} over all nodes", col) for k, col in kind_compute.items()]
     totals.append(("memory (output_bytes + param_bytes + temp_bytes) over all nodes", numeric[1:].ravel()))
     totals.append(("edge \"bytes\" over all edges", edge_bytes))
     for what, values in totals:
@@ -106,6 +112,9 @@ class CompGraph:
     edge_extra: tuple[dict[str, Any], ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
     index: dict[str, int] = field(default_factory=dict)
+    # device kind -> float64[V], every node's seconds on a device of that kind (`compute_s_by_kind` in JSON); a
+    # device of a kind listed here takes these times, any other compute_s / speed (`hardware.op_times`)
+    kind_compute: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -132,6 +141,7 @@ class CompGraph:
         text: dict[str, list[str]] = {k: [] for k in NODE_TEXT}
         numeric = np.zeros((len(NODE_NUMERIC), len(nodes)), dtype=np.float64)
         node_extra: list[dict[str, Any]] = []
+        by_kind: list[Mapping[str, Any]] = []
         for i, rec in enumerate(nodes):
             if not isinstance(rec, Mapping):
                 raise GraphError(f"node #{i} must be a JSON object, got {rec!r}")
@@ -152,8 +162,10 @@ class CompGraph:
             for j, k in enumerate(NODE_NUMERIC):
                 if k in rec:
                     numeric[j, i] = _number(rec[k], f"node {nid!r}: \"{k}\"")
+            by_kind.append(_kind_times(rec.get(KIND_COMPUTE_KEY, {}), nid))
             node_extra.append({k: v for k, v in rec.items() if k != "id" and k not in NODE_TEXT
-                               and k not in NODE_NUMERIC})
+                               and k not in NODE_NUMERIC and k != KIND_COMPUTE_KEY})
+        kind_compute = _kind_columns(by_kind, ids)
 
         n_e = len(edges)
         src = np.empty(n_e, dtype=np.int64)
@@ -199,7 +211,7 @@ class CompGraph:
             src[e], dst[e], ebytes[e], tensor[e] = u, v, b, t
             edge_extra.append({k: val for k, val in rec.items() if k not in EDGE_KEYS})
 
-        _check_totals(name, numeric, ebytes)
+        _check_totals(name, numeric, ebytes, kind_compute)
         n = len(ids)
         succ_ptr, succ_edges = _csr(src, n)
         pred_ptr, pred_edges = _csr(dst, n)
@@ -211,6 +223,7 @@ class CompGraph:
             edge_src=src, edge_dst=dst, edge_bytes=ebytes, edge_tensor=tensor,
             succ_ptr=succ_ptr, succ_edges=succ_edges, pred_ptr=pred_ptr, pred_edges=pred_edges,
             node_extra=tuple(node_extra), edge_extra=tuple(edge_extra), meta=dict(meta or {}), index=index,
+            kind_compute=kind_compute,
         )
         return _finish(graph)
 
@@ -219,7 +232,7 @@ class CompGraph:
         cls, name: str, ids: Sequence[str], op: Sequence[str], kind: Sequence[str], group: Sequence[str],
         compute_s: np.ndarray, output_bytes: np.ndarray, param_bytes: np.ndarray, temp_bytes: np.ndarray,
         edge_src: np.ndarray, edge_dst: np.ndarray, edge_bytes: np.ndarray, edge_tensor: np.ndarray,
-        meta: Mapping[str, Any] | None = None,
+        meta: Mapping[str, Any] | None = None, kind_compute: Mapping[str, np.ndarray] | None = None,
     ) -> CompGraph:
         """Build a graph from columns that are valid already -- what code that derives a graph from another
         one (the unrolled step of a schedule) has -- without `build`'s per-record checks: the caller guarantees
@@ -230,7 +243,8 @@ class CompGraph:
         cols = [np.array(x, dtype=np.float64) for x in (compute_s, output_bytes, param_bytes, temp_bytes)]
         ecols = [np.array(edge_src, dtype=np.int64), np.array(edge_dst, dtype=np.int64),
                  np.array(edge_bytes, dtype=np.float64), np.array(edge_tensor, dtype=np.int64)]
-        if any(len(x) != n for x in (op, kind, group, *cols)) or any(x.shape != (n_e,) for x in ecols):
+        kcols = {k: np.array(x, dtype=np.float64) for k, x in (kind_compute or {}).items()}
+        if any(len(x) != n for x in (op, kind, group, *cols, *kcols.values())) or any(x.shape != (n_e,) for x in ecols):
             raise GraphError(f"graph {name!r}: node columns must all have {n} entries and edge columns {n_e}")
         src, dst, ebytes, tensor = ecols
         ids_t = tuple(ids)
@@ -241,7 +255,7 @@ class CompGraph:
             compute_s=cols[0], output_bytes=cols[1], param_bytes=cols[2], temp_bytes=cols[3],
             edge_src=src, edge_dst=dst, edge_bytes=ebytes, edge_tensor=tensor,
             succ_ptr=succ_ptr, succ_edges=succ_edges, pred_ptr=pred_ptr, pred_edges=pred_edges,
-            meta=dict(meta or {}), index={nid: i for i, nid in enumerate(ids_t)},
+            meta=dict(meta or {}), index={nid: i for i, nid in enumerate(ids_t)}, kind_compute=kcols,
         )
         return _finish(graph)
 
@@ -298,6 +312,8 @@ class CompGraph:
             if x:
                 rec[k] = dump_number(x)
         rec.update(self.node_extra[v] if self.node_extra else {})
+        if self.kind_compute:
+            rec[KIND_COMPUTE_KEY] = {k: dump_number(float(t[v])) for k, t in self.kind_compute.items()}
         return rec
 
     def edge_record(self, e: int) -> dict[str, Any]:
@@ -346,14 +362,42 @@ def _finish(graph: CompGraph) -> CompGraph:
     """Freeze the arrays and store the canonical topological order, or GraphError naming a cycle."""
     for arr in (graph.compute_s, graph.output_bytes, graph.param_bytes, graph.temp_bytes, graph.edge_src,
                 graph.edge_dst, graph.edge_bytes, graph.edge_tensor, graph.succ_ptr, graph.succ_edges,
-                graph.pred_ptr, graph.pred_edges):
+                graph.pred_ptr, graph.pred_edges, *graph.kind_compute.values()):
         arr.setflags(write=False)
+    object.__setattr__(graph, "kind_compute", MappingProxyType(dict(graph.kind_compute)))
     topo = canonical_topo_order(graph)
     if len(topo) < graph.num_nodes:
         raise GraphError(f"graph {graph.name!r} has a cycle: {' -> '.join(find_cycle(graph, topo))}; "
                          "a training step must be a DAG")
     object.__setattr__(graph, "_topo", topo)
     return graph
+
+
+def _kind_times(value: Any, nid: str) -> Mapping[str, Any]:
+    """A node's `compute_s_by_kind`: an object of device kind -> seconds."""
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and k for k in value):
+        raise GraphError(f"node {nid!r}: \"{KIND_COMPUTE_KEY}\" must be an object of device kind -> seconds on a "
+                         f"device of that kind, got {_short(value)}")
+    return value
+
+
+def _kind_columns(by_kind: list[Mapping[str, Any]], ids: list[str]) -> dict[str, np.ndarray]:
+    """The per-kind time columns of `build`: every node lists the same kinds, or none does."""
+    if not by_kind or not by_kind[0]:
+        if any(by_kind):
+            i = next(i for i, d in enumerate(by_kind) if d)
+            raise GraphError(f"node {ids[i]!r} has \"{KIND_COMPUTE_KEY}\" but node {ids[0]!r} has none; give every "
+                             "node the same device kinds, or none")
+        return {}
+    kinds = list(by_kind[0])
+    cols = {k: np.zeros(len(ids)) for k in kinds}
+    for i, d in enumerate(by_kind):
+        if set(d) != set(kinds):
+            raise GraphError(f"node {ids[i]!r}: \"{KIND_COMPUTE_KEY}\" lists {sorted(d)}, node {ids[0]!r} "
+                             f"{sorted(kinds)}; give every node the same device kinds")
+        for k in kinds:
+            cols[k][i] = _number(d[k], f"node {ids[i]!r}: \"{KIND_COMPUTE_KEY}\" {k!r}")
+    return cols
 
 
 def _csr(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

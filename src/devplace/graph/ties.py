@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from devplace.graph.compgraph import CompGraph
+from devplace.graph.compgraph import KIND_COMPUTE_KEY, CompGraph
 
 TIE_KEY = "tie"  # node extra key: nodes with equal non-empty labels run on one device
 COARSENING_META_KEY = "coarsening"  # the meta key `devplace.graph.coarsen` writes (kept equal to its META_KEY)
@@ -124,7 +124,7 @@ def fold(graph: CompGraph, classes: np.ndarray | None = None) -> Folding:
     layers and the loss, so a placer's own simulation of it is optimistic about overlap, which is why
     `devplace.place` simulates and checks the expanded placement on the real graph.
 
-    A folded node sums its members' compute_s, param_bytes and output_bytes (and the extras
+    A folded node sums its members' compute_s (and per-kind times), param_bytes and output_bytes (and the extras
     flops/mem_access_bytes), so the time and memory of the tied ops count when its device is chosen;
     temp_bytes is the members' largest, as temporaries live only while their own op runs. Each original
     tensor that crosses classes forward stays one tensor of the folded producer (sent once per device, as in
@@ -145,6 +145,7 @@ def fold(graph: CompGraph, classes: np.ndarray | None = None) -> Folding:
         return np.bincount(classes, weights=x, minlength=k)
 
     compute, out_b, param_b = summed(graph.compute_s), summed(graph.output_bytes), summed(graph.param_bytes)
+    by_kind = {kind: summed(col) for kind, col in graph.kind_compute.items()}
     temp = np.zeros(k, dtype=np.float64)
     np.maximum.at(temp, classes, graph.temp_bytes)
     members: list[list[int]] = [[] for _ in range(k)]
@@ -157,6 +158,8 @@ def fold(graph: CompGraph, classes: np.ndarray | None = None) -> Folding:
                                "kind": graph.kind[r], "compute_s": float(compute[c]),
                                "output_bytes": float(out_b[c]), "param_bytes": float(param_b[c]),
                                "temp_bytes": float(temp[c])}
+        if by_kind:
+            rec[KIND_COMPUTE_KEY] = {kind: float(col[c]) for kind, col in by_kind.items()}
         for key in SUMMED_EXTRAS:
             nums = [x for v in members[c] if isinstance(x := graph.node_extra[v].get(key), int | float)
                     and not isinstance(x, bool)] if graph.node_extra else []

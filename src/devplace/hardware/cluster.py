@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from devplace.errors import ClusterError
-from devplace.graph.compgraph import MAX_TOTAL, check_name
+from devplace.graph.compgraph import MAX_TOTAL, CompGraph, check_name
 from devplace.graph.jsonio import check_format, dump_number, read_json, write_json
 
 FORMAT = "devplace.cluster/1"
@@ -254,6 +254,25 @@ def _parse_link(rec: Any, where: str, known: tuple[str, ...] = ("bandwidth_Bps",
     _known_keys(rec, known, where)
     return Link(bandwidth_Bps=_positive(rec["bandwidth_Bps"], f"{where}: \"bandwidth_Bps\"", rate=True),
                 latency_s=_positive(rec.get("latency_s", 0.0), f"{where}: \"latency_s\"", allow_zero=True))
+
+
+def op_times(graph: CompGraph, cluster: Cluster) -> np.ndarray:
+    """float64[V, D]: every op's seconds on every device. A device of a kind the graph was costed for
+    (`graph.kind_compute`, written per kind by the cost model for a cluster of several kinds) takes that kind's
+    time; any other device compute_s / speed (DESIGN.md section 4, rule 1)."""
+    cols = [graph.kind_compute[d.kind] if d.kind in graph.kind_compute else graph.compute_s / d.speed
+            for d in cluster.devices]
+    return np.ascontiguousarray(np.stack(cols, axis=1), dtype=np.float64)
+
+
+def effective_speeds(graph: CompGraph, cluster: Cluster) -> np.ndarray:
+    """Per device, the speed at which it runs this graph's whole compute: its `speed`, or, where the graph was
+    costed for the device's kind, sum(compute_s) / (its seconds for every op) -- for heuristics that balance
+    compute against one speed per device."""
+    if not any(d.kind in graph.kind_compute for d in cluster.devices):
+        return cluster.speeds
+    total = op_times(graph, cluster).sum(axis=0)
+    return np.where(total > 0, float(graph.compute_s.sum()) / np.where(total > 0, total, 1.0), cluster.speeds)
 
 
 def _link_dict(lk: Link) -> dict[str, Any]:

@@ -28,15 +28,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from devplace.errors import DevplaceError, FormatError
-from devplace.graph.compgraph import CompGraph
+from devplace.graph.compgraph import KIND_COMPUTE_KEY, CompGraph
 from devplace.graph.jsonio import check_format, dump_number, read_json, write_json
-from devplace.hardware.cluster import Device
+from devplace.hardware.cluster import Cluster, Device
 
 __all__ = [
     "CPU_ROOFLINE", "FORMAT", "GPU_ROOFLINE", "MATRIX_CLASSES", "OP_CLASSES", "TF32_DEFAULTS", "ClassRow",
@@ -377,6 +377,14 @@ def analytic_node_time(rec: Mapping[str, Any], device: Device, roofline: Rooflin
 
 
 # ================================================================================== cost tables
+def _time_on(rec: Mapping[str, Any], device: Device, how: tuple[Roofline, CostTable | None],
+             tf32: Mapping[str, bool], dtype: str | None) -> float:
+    """A node's seconds on `device`: the table's measurement where it has one, else the roofline."""
+    rl, table = how
+    t = table.lookup(rec.get("sig")) if table is not None else None
+    return t if t is not None else analytic_node_time(rec, device, rl, tf32=tf32, default_dtype=dtype or "")
+
+
 def _device_dict(d: Device) -> dict[str, Any]:
     return {f.name: (dump_number(getattr(d, f.name)) if isinstance(getattr(d, f.name), float) else getattr(d, f.name))
             for f in fields(Device)}
@@ -526,8 +534,24 @@ class CostReport:
         return self.format()
 
 
+def cost_devices(cluster: Cluster) -> tuple[Device, tuple[Device, ...]]:
+    """(the device a graph placed on `cluster` is costed for, the devices of every kind it is costed for as
+    well). A cluster of one kind: its first device, and nothing more (compute_s / speed is then exact). Several
+    kinds: one device of each kind, by kind name, the first of them the reference -- so that the costs, and with
+    them every placement, do not depend on the order in which a cluster file lists its devices."""
+    by_kind: dict[str, Device] = {}
+    for d in cluster.devices:
+        if d.kind:
+            by_kind.setdefault(d.kind, d)
+    if len(by_kind) <= 1:
+        return cluster.devices[0], ()
+    kinds = tuple(by_kind[k] for k in sorted(by_kind))
+    return kinds[0], kinds
+
+
 def apply_costs(graph: CompGraph, device: Device, model: str | CostTable = "analytic", *,
-                roofline: Roofline | None = None, dtype: str | None = None) -> tuple[CompGraph, CostReport]:
+                roofline: Roofline | None = None, dtype: str | None = None,
+                kinds: Sequence[Device] = ()) -> tuple[CompGraph, CostReport]:
     """A copy of `graph` whose nodes' `compute_s` is their time on `device` in speed-1.0 units, and a report.
 
     Each node's time t on `device` comes from the cost table (by `signature_key(node["sig"])`) when `model`
@@ -539,6 +563,10 @@ def apply_costs(graph: CompGraph, device: Device, model: str | CostTable = "anal
     `dtype` ("fp32", "bf16", "fp16" or a torch dtype name) is assumed for nodes that have none (graphs from
     ONNX, JSON files or older captures; None: `device.peak_flops`). TF32 use follows the capture's
     `meta.capture.tf32` flags, else PyTorch's defaults (`TF32_DEFAULTS`).
+
+    `kinds`: devices of other kinds the step may run on (`cost_devices`); each node also gets its time on each
+    of them (`compute_s_by_kind`, from the table where it was measured on that kind, else the roofline with that
+    kind's peak for the node's dtype), which the simulator and the placers use for devices of those kinds.
 
     Raises CostError when the device lacks peak_flops/mem_bandwidth_Bps for an op that needs the analytic
     model, or when the table was measured on another device kind than `device.kind`.
@@ -563,6 +591,8 @@ def apply_costs(graph: CompGraph, device: Device, model: str | CostTable = "anal
     tf32 = {k: bool(flags.get(k, v)) for k, v in TF32_DEFAULTS.items()} if isinstance(flags, Mapping) \
         else dict(TF32_DEFAULTS)
 
+    kind_tables = {k.kind: (roofline_for(k), table if table is not None and table.device_kind == k.kind else None)
+                   for k in kinds}
     nodes = []
     per_class: dict[str, list[float]] = {}
     profiled = 0
@@ -577,6 +607,9 @@ def apply_costs(graph: CompGraph, device: Device, model: str | CostTable = "anal
         else:
             t = analytic_node_time(rec, device, rl, tf32=tf32, default_dtype=dtype or "")
         rec["compute_s"] = dump_number(t * device.speed)
+        if kinds:
+            rec[KIND_COMPUTE_KEY] = {k.kind: dump_number(_time_on(rec, k, kind_tables[k.kind], tf32, dtype))
+                                     for k in kinds}
         nodes.append(rec)
         acc = per_class.setdefault(cls, [0, 0.0])
         acc[0] += 1
@@ -591,5 +624,7 @@ def apply_costs(graph: CompGraph, device: Device, model: str | CostTable = "anal
     meta = dict(graph.meta)
     meta["cost"] = {"model": name, "device_kind": device.kind, "speed": dump_number(device.speed),
                     "profiled_nodes": profiled, "nodes": graph.num_nodes, "tf32": tf32}
+    if kinds:
+        meta["cost"]["kinds"] = [k.kind for k in kinds]
     edges = [graph.edge_record(e) for e in range(graph.num_edges)]
     return CompGraph.build(graph.name, nodes, edges, meta), report

@@ -28,6 +28,7 @@ import numpy as np
 
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
+from devplace.hardware.cluster import op_times
 
 if TYPE_CHECKING:
     from devplace.hardware.cluster import Cluster
@@ -285,7 +286,7 @@ def bottom_levels(graph: CompGraph, cluster: Cluster | None = None) -> np.ndarra
         ce = np.zeros(graph.num_edges, dtype=np.float64)
     else:
         speeds = np.asarray(cluster.speeds, dtype=np.float64)
-        t = graph.compute_s * float(np.mean(1.0 / speeds))
+        t = op_times(graph, cluster).mean(axis=1)
         d = speeds.shape[0]
         if d > 1:
             off = ~np.eye(d, dtype=bool)

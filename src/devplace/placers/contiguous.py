@@ -4,7 +4,8 @@ What a human expert or a pipeline framework does: the order is split at k - 1 cu
 S_0, S_1, ... (a chunk may be empty), and chunk i runs on device i, in device index order (devices may
 differ in speed and memory). Uses `order`: the chunks are runs of consecutive nodes of the order.
 
-Optimises: the bottleneck max_i time(S_i), time(S) = (sum of compute_s over S) / speed of its device,
+Optimises: the bottleneck max_i time(S_i), time(S) = the sum of S's ops' seconds on its device (`op_times`:
+compute_s / speed, or the op's time on the device's kind where the graph was costed per kind),
 subject to every chunk fitting its device's memory. Setting `devices` (default None = all k): use at
 most that many devices, the first ones by index.
 
@@ -43,8 +44,8 @@ exact because both constraints are monotone (a sub-interval of a fitting chunk f
 after device i is never before the end of any valid split's chunk i. The optimum B* is the smallest
 float64 B with a yes, found by bisection over the ordered bit patterns of non-negative doubles (at most
 64 tests); the split returned is the greedy one at B*, which fills lower-index devices first. Chunk
-times are computed as (C[e] - C[s]) / speed from the prefix sums C of compute_s in order, the same way
-everywhere, so the bisection is exact in floating point.
+times are computed as C_i[e] - C_i[s] from the prefix sums C_i of the ops' seconds on device i in order, the
+same way everywhere, so the bisection is exact in floating point.
 
 Complexity: O(V + E log E) to prepare; the longest fitting chunk from every start, by a two-pointer
 sweep, O(V + E) per distinct device capacity for U and O(V) per device and round for L; the search
@@ -61,7 +62,7 @@ from numba import njit
 
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.tensors import tensor_groups
-from devplace.hardware.cluster import Cluster
+from devplace.hardware.cluster import Cluster, op_times
 from devplace.placers.common import describe_oom, positive_int
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import register
@@ -216,7 +217,6 @@ class _Split:
         n = graph.num_nodes
         self.n, self.m = n, num_devices
         self.order = order
-        self.speeds = cluster.speeds[:num_devices]
         self.memory = cluster.memory[:num_devices]
         pos = np.empty(n, dtype=np.int64)
         pos[order] = np.arange(n, dtype=np.int64)
@@ -226,7 +226,8 @@ class _Split:
 
         edge_key, key_prod, key_bytes = _tensors(graph)
         kept, self.run_u, self.run_l = (x[order] for x in _node_terms(graph, key_prod, key_bytes))
-        self.pre_time = prefix(graph.compute_s)
+        # [devices, n + 1]: prefix sums of the ops' seconds on each device, in order positions
+        self.pre_time = np.stack([prefix(col) for col in op_times(graph, cluster)[:, :num_devices].T])
         self.pre_param = prefix(graph.param_bytes)
         self.pre_kept = np.concatenate([[0.0], np.cumsum(kept)])
         # tensors consumed at each position (one per in-edge), and distinct tensors produced there
@@ -260,16 +261,15 @@ class _Split:
     def greedy(self, bound: float, ends: list[np.ndarray]) -> list[int] | None:
         """Chunk ends when each device takes the longest prefix of the rest with time <= bound that fits;
         None when nodes are left over."""
-        c = self.pre_time
         s, cuts = 0, []
         for i in range(self.m):
             if s == self.n:
                 cuts.append(s)
                 continue
-            lo, hi, speed = s, int(ends[i][s]), float(self.speeds[i])
-            while lo < hi:  # the largest e in [s, hi] with (c[e] - c[s]) / speed <= bound
+            lo, hi, c = s, int(ends[i][s]), self.pre_time[i]
+            while lo < hi:  # the largest e in [s, hi] with c[e] - c[s] <= bound (device i's seconds)
                 mid = (lo + hi + 1) // 2
-                if (c[mid] - c[s]) / speed <= bound:
+                if c[mid] - c[s] <= bound:
                     lo = mid
                 else:
                     hi = mid - 1
@@ -280,7 +280,7 @@ class _Split:
     def best(self, allowance: np.ndarray) -> tuple[list[int], float] | None:
         """The optimal split under the estimate (chunk ends and bottleneck), or None if none fits."""
         ends = self.ends(allowance)
-        top = float(self.pre_time[-1] / self.speeds.min()) if self.n else 0.0
+        top = float(self.pre_time[:, -1].max()) if self.n else 0.0
         if self.greedy(top, ends) is None:  # no chunk time exceeds `top`: only memory can fail
             return None
         lo, hi = 0, _bits(top)

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from devplace.graph.compgraph import CompGraph
-from devplace.hardware.cluster import Cluster
+from devplace.hardware.cluster import Cluster, op_times
 from devplace.placers.common import positive_int, silent_highs
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import PlacerError, register
@@ -174,8 +174,8 @@ def solve_ilp(graph: CompGraph, cluster: Cluster, *, seed: int = 0, time_limit_s
     model = DevplaceModel(graph, cluster)
     if n == 0:
         return IlpResult(np.zeros(0, dtype=np.int64), 0.0, 0.0, 0.0, True, 0, 0.0)
-    speeds, mem = cluster.speeds, cluster.memory.copy()
-    p = graph.compute_s[:, None] / speeds[None, :]  # [V, D] seconds
+    mem = cluster.memory.copy()
+    p = op_times(graph, cluster)  # [V, D] seconds
     param, live = graph.param_bytes, graph.output_bytes + graph.temp_bytes
 
     # merged pairs u -> v and their transfer time on each link
@@ -192,7 +192,7 @@ def solve_ilp(graph: CompGraph, cluster: Cluster, *, seed: int = 0, time_limit_s
 
     # a starting placement: everything on the fastest device it fits on (by the program's own rows)
     start_dev, start_res = None, None
-    for d in np.argsort(-speeds, kind="stable").tolist():
+    for d in np.argsort(p.sum(axis=0), kind="stable").tolist():
         if param.sum() + (live[graph.compute_s > 0].max(initial=0.0)) <= mem[d]:
             cand = np.full(n, d, dtype=np.int64)
             r = model.run(cand)

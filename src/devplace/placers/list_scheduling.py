@@ -64,7 +64,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.heap import heap_pop, heap_push
 from devplace.graph.tensors import tensor_groups
 from devplace.graph.ties import untied
-from devplace.hardware.cluster import Cluster
+from devplace.hardware.cluster import Cluster, op_times
 from devplace.placers.common import describe_oom
 from devplace.placers.memory import no_fit_error
 from devplace.sim.devplace_model import DevplaceModel
@@ -454,7 +454,7 @@ class ListScheduler:
         self.tie = np.ascontiguousarray(untied(g) if ties is None else ties, dtype=np.int64)
         self.class_params = np.bincount(self.tie, weights=g.param_bytes,
                                         minlength=int(self.tie.max(initial=-1)) + 1).astype(np.float64)
-        self.dur = np.ascontiguousarray(g.compute_s[:, None] / cluster.speeds[None, :])
+        self.dur = op_times(g, cluster)
         # tensor groups: one per (producer, tensor index), numbered in (producer, tensor) order
         groups = tensor_groups(g)
         self.edge_gid = groups.edge_group

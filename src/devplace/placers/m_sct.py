@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from devplace.graph.compgraph import CompGraph
-from devplace.hardware.cluster import Cluster
+from devplace.hardware.cluster import Cluster, op_times
 from devplace.placers.common import silent_highs
 from devplace.placers.list_scheduling import ListScheduler, place_within_memory
 from devplace.placers.m_etf import order_keys
@@ -56,8 +56,7 @@ def lp_relaxation(graph: CompGraph, cluster: Cluster) -> tuple[np.ndarray, np.nd
     import highspy
 
     n = graph.num_nodes
-    speeds = cluster.speeds
-    p = graph.compute_s * float(np.mean(1.0 / speeds))
+    p = op_times(graph, cluster).mean(axis=1)
     nd = cluster.num_devices
     if nd > 1:
         off = ~np.eye(nd, dtype=bool)

@@ -58,7 +58,7 @@ import numpy as np
 from numba import njit
 
 from devplace.graph.compgraph import CompGraph
-from devplace.hardware.cluster import Cluster
+from devplace.hardware.cluster import Cluster, effective_speeds
 from devplace.placers.memory import NoFitError, no_fit_error
 from devplace.placers.registry import PlacerError, register
 from devplace.sim.devplace_model import DevplaceModel
@@ -118,7 +118,7 @@ def metis_parts(graph: CompGraph, cluster: Cluster, ug: UndirectedGraph, *, seed
     n, nd = graph.num_nodes, cluster.num_devices
     if nd == 1 or n == 0:
         return np.zeros(n, dtype=np.int64)
-    speeds = cluster.speeds
+    speeds = effective_speeds(graph, cluster)
     vw = _int_weights(graph.compute_s)
     if n < nd:
         # METIS refuses more parts than vertices: the heaviest ops go to the fastest devices, one each
@@ -275,7 +275,8 @@ def make_acyclic(graph: CompGraph, cluster: Cluster, parts: np.ndarray, model: D
     total_c, total_p = float(graph.compute_s.sum()), float(graph.param_bytes.sum())
     w = memory_weight if total_p > 0 else 0.0
     cost_v = (1 - w) * graph.compute_s / (total_c or 1.0) + w * graph.param_bytes / (total_p or 1.0)
-    share_d = (1 - w) * cluster.speeds / cluster.speeds.sum() + w * cluster.memory / cluster.memory.sum()
+    speeds = effective_speeds(graph, cluster)
+    share_d = (1 - w) * speeds / speeds.sum() + w * cluster.memory / cluster.memory.sum()
     best: tuple[float, np.ndarray, np.ndarray] | None = None
     for dev_at in orders:
         pos_of = np.empty(nd, dtype=np.int64)
@@ -306,7 +307,7 @@ def repair_memory(graph: CompGraph, cluster: Cluster, model: DevplaceModel, ug: 
     n, nd = graph.num_nodes, cluster.num_devices
     dev = np.array(devices, dtype=np.int64)
     cap = cluster.memory
-    speeds = cluster.speeds
+    speeds = effective_speeds(graph, cluster)
     param, out, temp = graph.param_bytes, graph.output_bytes, graph.temp_bytes
     footprint = param + out + temp
     nbr_ptr, nbrs, nbr_w = ug.xadj.tolist(), ug.adjncy.tolist(), ug.weight_s.tolist()

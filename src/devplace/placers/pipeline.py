@@ -16,7 +16,7 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    k mod p; consecutive runs of the item sequence, possibly empty (so fewer devices may be used). A cut is
    *blocked* where a forward op's output would flow back to an earlier stage (its tie class is carried by an
    item after the cut, a consumer's before it): no schedule runs that, so no stage ends there.
-3. *Cost model.* With t_k a stage's time per micro-batch (its compute divided by its device's speed) and
+3. *Cost model.* With t_k a stage's time per micro-batch (its ops' seconds on its device, `op_times`) and
    load_d the sum of device d's t_k, a pipelined step takes about sum_k t_k / V + M max_d load_d - max_k t_k
    (for V = 1: sum + (M - 1) max, the (M + p - 1)-slot formula of GPipe and 1F1B on a uniform chain without
    communication; for V chunks, M V + p - 1 slots, Megatron-LM's interleaved bubble). The transfer of the
@@ -62,7 +62,7 @@ from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches,
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.tensors import tensor_groups
 from devplace.graph.ties import tie_classes
-from devplace.hardware.cluster import Cluster
+from devplace.hardware.cluster import Cluster, op_times
 from devplace.placers.common import positive_int
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import PlacerError, PlacerOutput, register
@@ -106,8 +106,8 @@ class PipelinePlan:
 class _Items:
     nodes: np.ndarray  # int64[n], the forward op carrying each item, in sequence order
     owner: np.ndarray  # int64[V], the item whose device each node takes
-    work: np.ndarray  # float64[n], compute of the class run per micro-batch (whole batch)
-    step_work: np.ndarray  # float64[n], compute of the class run once per step
+    work: np.ndarray  # float64[n, D], seconds of the class run per micro-batch on each device (the graph's batch)
+    step_work: np.ndarray  # float64[n, D], seconds of the class run once per step on each device
     params: np.ndarray  # float64[n]
     stash: np.ndarray  # float64[n], forward output bytes (whole batch)
     peak_op: np.ndarray  # float64[n], the largest output + temp of one op of the class (whole batch)
@@ -115,7 +115,7 @@ class _Items:
     blocked: np.ndarray  # bool[n + 1], True where a cut before item i would send activations to an earlier stage
 
 
-def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray) -> _Items:
+def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.ndarray) -> _Items:
     n_nodes = graph.num_nodes
     phase = op_phases(graph)
     fwd = phase == FORWARD
@@ -159,9 +159,9 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray) -> _Items:
             placed = [int(owner[w]) for w in graph.successors(v) if owner[w] >= 0]
             owner[v] = placed[0] if placed else n - 1
     per_mb = phase != PER_STEP
-    work = np.bincount(owner[per_mb], weights=graph.compute_s[per_mb], minlength=n)
     step = ~per_mb
-    step_work = np.bincount(owner[step], weights=graph.compute_s[step], minlength=n)
+    work = np.stack([np.bincount(owner[per_mb], weights=col[per_mb], minlength=n) for col in times.T], axis=1)
+    step_work = np.stack([np.bincount(owner[step], weights=col[step], minlength=n) for col in times.T], axis=1)
     params = np.bincount(owner, weights=graph.param_bytes, minlength=n)
     stash = np.bincount(owner[fwd], weights=graph.output_bytes[fwd], minlength=n)
     peak_op = np.zeros(n)
@@ -204,7 +204,7 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray) -> _Items:
 
 
 @njit(cache=True)
-def _split(bound, pre_work, pre_param, pre_stash, peak_op, cross, blocked, speed, cap, inflight, m, comm_Bps,
+def _split(bound, pre_time, pre_param, pre_stash, peak_op, cross, blocked, cap, inflight, m, comm_Bps,
            latency, waits):  # pragma: no cover - compiled
     """Cut ends (one per stage, none at a `blocked` cut) minimising sum of stage times with every stage time
     <= bound and every stage within memory; per-micro-batch figures are the graph's / m (M for a whole step's
@@ -213,8 +213,8 @@ def _split(bound, pre_work, pre_param, pre_stash, peak_op, cross, blocked, speed
     forward, gradients back); without, that transfer only adds to the sum (it overlaps the other micro-batches'
     compute).
     Returns the stage ends, or ends[0] = -1 when nothing fits."""
-    n = pre_work.shape[0] - 1
-    k_stages = speed.shape[0]
+    n = pre_time.shape[1] - 1
+    k_stages = pre_time.shape[0]
     inf = np.inf
     dp = np.full((k_stages + 1, n + 1), inf)
     back = np.full((k_stages + 1, n + 1), -1, dtype=np.int64)
@@ -234,7 +234,7 @@ def _split(bound, pre_work, pre_param, pre_stash, peak_op, cross, blocked, speed
             for j in range(i + 1, n + 1):
                 if peak_op[j - 1] > big:
                     big = peak_op[j - 1]
-                t = (pre_work[j] - pre_work[i]) / m / speed[k] + (comm if waits else 0.0)
+                t = (pre_time[k, j] - pre_time[k, i]) / m + (comm if waits else 0.0)
                 mem = (pre_param[j] - pre_param[i]) + inflight[k] * (pre_stash[j] - pre_stash[i]) / m + big / m
                 if t > bound or mem > cap[k]:
                     break
@@ -278,11 +278,12 @@ def _per_microbatch(schedule: Schedule) -> float:
 class _Search:
     def __init__(self, graph: CompGraph, cluster: Cluster, order: np.ndarray, classes: np.ndarray) -> None:
         self.graph, self.cluster = graph, cluster
-        self.items = it = _items(graph, order, classes)
-        self.pre_work = np.concatenate([[0.0], np.cumsum(it.work)])
+        self.items = it = _items(graph, order, classes, op_times(graph, cluster))
+        # [D, n + 1] prefix sums of the items' seconds on each device
+        self.pre_work = np.concatenate([np.zeros((1, cluster.num_devices)), np.cumsum(it.work, axis=0)]).T.copy()
         self.pre_param = np.concatenate([[0.0], np.cumsum(it.params)])
         self.pre_stash = np.concatenate([[0.0], np.cumsum(it.stash)])
-        self.pre_step = np.concatenate([[0.0], np.cumsum(it.step_work)])
+        self.pre_step = np.concatenate([np.zeros((1, cluster.num_devices)), np.cumsum(it.step_work, axis=0)]).T.copy()
         bw = cluster.bandwidth[~np.eye(cluster.num_devices, dtype=bool)]
         lat = cluster.latency[~np.eye(cluster.num_devices, dtype=bool)]
         self.comm_Bps = float(bw.min()) if bw.size else math.inf
@@ -295,37 +296,40 @@ class _Search:
         v = int(schedule.chunks or 1)
         m = _per_microbatch(schedule)
         dev = np.arange(p * v) % p
-        speed = self.cluster.speeds[dev].astype(np.float64)
+        pre = np.ascontiguousarray(self.pre_work[dev])  # [K, n + 1]: stage k's prefix sums on its device
         cap = ((self.cluster.memory[dev] - allowance[dev]) / v).astype(np.float64)
         inflight = _inflight(schedule, p)
-        total = float(self.pre_work[-1]) / m / float(speed.min())
-        lo = max(float(self.items.work.max(initial=0.0)) / m / float(speed.max()), total / (p * v))
+        total = float(pre[:, -1].max()) / m
+        # no split's slowest stage is below the one where every stage's device does an equal share of the time:
+        # stage k doing a fraction f_k of the work takes f_k * total_k, and the fractions sum to 1
+        share = 1.0 / float(np.sum(m / pre[:, -1])) if np.all(pre[:, -1] > 0) else 0.0
+        lo = max(float(self.items.work.min(axis=1).max(initial=0.0)) / m, share)
         found: dict[tuple[int, ...], float] = {}
         bound = lo
         while True:
-            ends = _split(bound, self.pre_work, self.pre_param, self.pre_stash, self.items.peak_op, self.items.cross,
-                          self.items.blocked, speed, cap, inflight, float(m), self.comm_Bps, self.latency, waits)
+            ends = _split(bound, pre, self.pre_param, self.pre_stash, self.items.peak_op, self.items.cross,
+                          self.items.blocked, cap, inflight, float(m), self.comm_Bps, self.latency, waits)
             if ends[0] >= 0:
                 cuts = tuple(int(x) for x in ends)
-                found.setdefault(cuts, self.model_time(cuts, schedule, speed, waits))
+                found.setdefault(cuts, self.model_time(cuts, schedule, waits))
             if bound >= total or lo <= 0:
                 break
             bound = min(bound * GRID_RATIO, total)
         return sorted((t, c) for c, t in found.items())
 
-    def model_time(self, cuts: tuple[int, ...], schedule: Schedule, speed: np.ndarray, waits: bool) -> float:
+    def model_time(self, cuts: tuple[int, ...], schedule: Schedule, waits: bool) -> float:
         """The cost model's step: sum_k t_k / V + M max_d load_d - max_k t_k, load_d = the time of device d's
         stages per micro-batch (exact on a uniform chain for any V, where the bubble is (p - 1) t_k), plus the
         largest once-per-step compute of a device (its optimizer runs after its last micro-batch)."""
         m, v, p = schedule.microbatches, int(schedule.chunks or 1), self.cluster.num_devices
         div = _per_microbatch(schedule)
         starts = (0, *cuts[:-1])
-        n = self.pre_work.shape[0] - 1
+        n = self.pre_work.shape[1] - 1
         t = np.zeros(len(cuts))
         comm = 0.0
         for k, (i, j) in enumerate(zip(starts, cuts, strict=True)):
             if j > i:
-                t[k] = (self.pre_work[j] - self.pre_work[i]) / div / speed[k]
+                t[k] = (self.pre_work[k % p, j] - self.pre_work[k % p, i]) / div
                 if 0 < i < n:
                     c = self.latency + float(self.items.cross[i]) / div / self.comm_Bps
                     t[k] += c if waits else 0.0
@@ -333,7 +337,7 @@ class _Search:
         on = np.arange(len(cuts)) % p
         load = np.bincount(on, weights=t, minlength=p)
         ends, begins = np.asarray(cuts), np.asarray(starts)
-        step = np.bincount(on, weights=(self.pre_step[ends] - self.pre_step[begins]) / speed, minlength=p)
+        step = np.bincount(on, weights=self.pre_step[on, ends] - self.pre_step[on, begins], minlength=p)
         return float(t.sum() / v + comm + m * load.max() - t.max() + step.max())
 
     def devices(self, cuts: tuple[int, ...]) -> np.ndarray:

@@ -68,7 +68,7 @@ from torch import nn
 
 from devplace.defaults import DEFAULT_SIM_MODEL, SIM_DEVPLACE, SIM_MODELS, sim_model_name
 from devplace.graph.compgraph import CompGraph
-from devplace.hardware.cluster import Cluster
+from devplace.hardware.cluster import Cluster, op_times
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import PlacerError, Progress, get_placer, register
 from devplace.placers.rl.curve import write_curve
@@ -320,7 +320,7 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
     # rewards from the chosen model; a sample becomes the answer only if it also fits under devplace (`place`'s check)
     ref = DevplaceModel(graph, cluster)
     model = ref if sim_model_name(cfg.sim_model) == SIM_DEVPLACE else PlacetoSimModel(graph, cluster)
-    serial_s = max(float(graph.compute_s.sum()) / float(cluster.speeds.max()), 1e-30)
+    serial_s = max(float(op_times(graph, cluster).sum(axis=0).min()), 1e-30)
     b_np, x_np = encode_order(graph, order, cfg.op_buckets)
     buckets, numeric = torch.from_numpy(b_np), torch.from_numpy(x_np)
     links = earlier_links(graph, order) if cfg.stay_target == "graph" else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from devplace.graph.compgraph import CompGraph
-from devplace.hardware.cluster import Cluster
+from devplace.hardware.cluster import Cluster, op_times
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import register
 from devplace.sim.devplace_model import DevplaceModel
@@ -25,8 +25,8 @@ def single(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int) 
     Does not use the traversal order. No settings.
     """
     model = DevplaceModel(graph, cluster)
-    speeds = cluster.speeds
-    by_speed = sorted(range(cluster.num_devices), key=lambda d: (-speeds[d], d))
+    serial = op_times(graph, cluster).sum(axis=0)  # the whole step's compute on each device
+    by_speed = sorted(range(cluster.num_devices), key=lambda d: (serial[d], d))
     peaks = []
     for d in by_speed:
         devices = np.full(graph.num_nodes, d, dtype=np.int64)

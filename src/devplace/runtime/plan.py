@@ -20,6 +20,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.jsonio import read_json, write_json
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster, load_cluster
+from devplace.hardware.cost import cost_devices
 from devplace.placers import schedule_of
 from devplace.planning import (
     AsRun,
@@ -159,7 +160,8 @@ def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, place
 
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
     graph = capture(model, example_inputs, loss_fn=loss_fn, optimizer=optimizer, dtype=dtype, amp=amp)
-    prepared = prepare(graph, device=c.devices[0], max_nodes=max_nodes)
+    device, kinds = cost_devices(c)
+    prepared = prepare(graph, device=device, kinds=kinds, max_nodes=max_nodes)
     p = plan_from_prepared(prepared, c, placer=placer, order=order, seed=seed,
                            settings={"optimizer": optimizer, "max_nodes": max_nodes, "dtype": dtype, "amp": amp},
                            source={"module": type(model).__name__}, **placer_settings)

@@ -6,10 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import sparse
+from scipy.optimize import linprog
 
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.info import longest_path
-from devplace.hardware.cluster import Cluster
+from devplace.hardware.cluster import Cluster, op_times
 from devplace.sim.schedule import PER_STEP, Schedule, op_phases
 
 
@@ -18,8 +20,8 @@ class LowerBound:
     """`value_s` = max(`work_s`, `critical_path_s`); `critical_path` lists the node indices of one longest path."""
 
     value_s: float
-    work_s: float  # total compute / total speed: every device busy all the time
-    critical_path_s: float  # longest path at the fastest speed, no communication
+    work_s: float  # total compute / total speed (or the kinds' shared work): every device busy all the time
+    critical_path_s: float  # longest path with every op on its fastest device, no communication
     critical_path: tuple[int, ...]
 
     @property
@@ -28,25 +30,56 @@ class LowerBound:
 
 
 def lower_bound(graph: CompGraph, cluster: Cluster, schedule: Schedule | None = None) -> LowerBound:
-    """LB = max(sum compute / sum speeds, critical path at the fastest speed without communication).
+    """LB = max(work bound, critical path at each op's fastest device without communication).
+
+    The work bound is sum compute / sum speeds where every device takes compute_s / speed; where the graph was
+    costed per device kind (`graph.kind_compute`, ops faster on one kind than its speed says), it is the least
+    time in which the devices could share the work if any op could be split between them (a linear program:
+    every op's fractions sum to 1, each kind's devices finish their share by then).
 
     With a micro-batch `schedule`, the bound of the step that schedule runs (docs/simulation.md, "Pipeline
     schedules"): forward and backward ops run M times at 1/M of their compute (at all of it for a
     `microbatch_graph`, captured at batch/M), per-step ops once. The work is the unrolled step's; the critical
     path is one micro-batch's ops followed by per-step ops, which the unrolled step holds for its last
     micro-batch."""
-    speeds = cluster.speeds
-    compute = graph.compute_s
-    work_compute = compute
+    times = op_times(graph, cluster)  # [V, D]
+    work_times = times
     if schedule is not None:
-        per_mb = op_phases(graph) != PER_STEP
+        per_mb = (op_phases(graph) != PER_STEP)[:, None]
         m = schedule.microbatches
         if schedule.microbatch_graph:
-            work_compute = np.where(per_mb, compute * m, compute)
+            work_times = np.where(per_mb, times * m, times)
         else:
-            compute = np.where(per_mb, compute / m, compute)
-    work = float(work_compute.sum() / speeds.sum())
-    t = (compute / speeds.max()).tolist()
+            times = work_times = np.where(per_mb, times / m, times)
+    if any(d.kind in graph.kind_compute for d in cluster.devices):
+        work = _shared_work(work_times)
+    else:
+        work = float(work_times[:, 0].sum() * cluster.speeds[0] / cluster.speeds.sum()) if times.size else 0.0
+    t = times.min(axis=1).tolist()
     path = longest_path(graph, t)
     cp = sum(t[v] for v in path)
     return LowerBound(value_s=max(work, cp), work_s=work, critical_path_s=cp, critical_path=tuple(path))
+
+
+def _shared_work(times: np.ndarray) -> float:
+    """min T such that fractions x[v, k] >= 0 of every op over the device kinds k (identical columns of `times`,
+    n_k devices each) sum to 1 per op and sum_v x[v, k] t[v, k] <= n_k T: no placement's busiest device is
+    less loaded, so no step is shorter."""
+    cols, counts = np.unique(times, axis=1, return_counts=True)
+    n, k = cols.shape
+    if n == 0:
+        return 0.0
+    if k == 1:
+        return float(cols[:, 0].sum() / counts[0])
+    # variables: x[v, k] row-major, then T
+    rows_eq = np.repeat(np.arange(n), k)
+    a_eq = sparse.csr_matrix((np.ones(n * k), (rows_eq, np.arange(n * k))), shape=(n, n * k + 1))
+    a_ub = sparse.hstack([sparse.csr_matrix((cols.ravel(), (np.tile(np.arange(k), n), np.arange(n * k))),
+                                            shape=(k, n * k)),
+                          sparse.csr_matrix(-counts.astype(np.float64).reshape(k, 1))]).tocsr()
+    cost = np.zeros(n * k + 1)
+    cost[-1] = 1.0
+    res = linprog(cost, A_ub=a_ub, b_ub=np.zeros(k), A_eq=a_eq, b_eq=np.ones(n), bounds=(0, None), method="highs")
+    if res.status != 0:  # cannot happen for finite times; the serial bound is still valid then
+        return float(cols.min(axis=1).sum() / counts.sum())
+    return float(res.x[-1]) * (1 - 1e-9)  # the solver's tolerance must not lift the bound above a real step

@@ -19,7 +19,7 @@ from devplace.defaults import SIM_DEVPLACE
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.heap import heap_pop, heap_push
 from devplace.graph.tensors import tensor_groups
-from devplace.hardware.cluster import Cluster
+from devplace.hardware.cluster import Cluster, op_times
 from devplace.sim.result import SimResult, Transfers
 
 # --------------------------------------------------------------------------- the event loop
@@ -283,7 +283,7 @@ class DevplaceModel:
         self.tsorted_edges = tensor_groups(graph).edges
         self.indeg = np.bincount(graph.edge_dst, minlength=graph.num_nodes).astype(np.int64)
         self.all_active = np.ones(graph.num_nodes, dtype=np.bool_)
-        self.speeds = cluster.speeds
+        self.times = op_times(graph, cluster)
         self.memory = cluster.memory
         self.bandwidth = np.ascontiguousarray(cluster.bandwidth)
         self.latency = np.ascontiguousarray(cluster.latency)
@@ -302,7 +302,7 @@ class DevplaceModel:
             active = np.ascontiguousarray(active, dtype=np.bool_)
             live = active[g.edge_src] & active[g.edge_dst]
             indeg = np.bincount(g.edge_dst[live], minlength=g.num_nodes).astype(np.int64)
-        dur = np.where(active, g.compute_s / self.speeds[dev], 0.0)
+        dur = np.where(active, self.times[np.arange(g.num_nodes), dev], 0.0)
         nd = self.cluster.num_devices
         (start, finish, start_i, finish_i, n_times, t_node, t_tensor, t_dst, t_bytes, t_start, t_finish, t_start_i,
          t_finish_i, edge_transfer) = _schedule(dev, dur, active, g.topo_rank, nd, g.succ_ptr, self.tsorted_edges,

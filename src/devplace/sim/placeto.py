@@ -36,7 +36,7 @@ from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.heap import heap_pop, heap_push
 from devplace.graph.tensors import tensor_groups
-from devplace.hardware.cluster import Cluster
+from devplace.hardware.cluster import Cluster, op_times
 from devplace.sim.result import SimResult, Transfers
 
 MODEL = SIM_PLACETO  # "placeto-sim": the Placeto paper's simulator (not the placer, not its encoder)
@@ -292,7 +292,7 @@ class PlacetoSimModel:
         self.delta2_s = _check_param("delta2_s", delta2_s)
         self.bus_Bps = _check_param("bus_Bps", cluster.link.bandwidth_Bps if bus_Bps is None else bus_Bps,
                                     positive=True)
-        self.speeds = cluster.speeds
+        self.times = op_times(graph, cluster)
         self.memory = cluster.memory
         n, n_e = graph.num_nodes, graph.num_edges
         src, dst, tensor = graph.edge_src, graph.edge_dst, graph.edge_tensor
@@ -320,7 +320,7 @@ class PlacetoSimModel:
         g = self.graph
         nd = self.cluster.num_devices
         dev = np.ascontiguousarray(devices, dtype=np.int64)
-        dur = g.compute_s / self.speeds[dev]
+        dur = self.times[np.arange(g.num_nodes), dev]
         pause = np.where(dur == 0.0, 0.0, self.delta1_s)
         start, finish, step, t_node, t_tensor, t_bytes, t_start, t_finish = _schedule(
             dev, dur, pause, self.dep_rank, nd, self.kptr, self.kdst, self.kslot, self.slot_tensor,

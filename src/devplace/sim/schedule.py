@@ -295,7 +295,9 @@ def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: St
             np.concatenate([src, np.asarray(bar_src, dtype=np.int64)]),
             np.concatenate([dst, np.asarray(bar_dst, dtype=np.int64)]),
             np.concatenate([ebytes, np.zeros(len(bar_src))]),
-            np.concatenate([graph.edge_tensor[e_of], np.asarray(bar_tensor, dtype=np.int64)]))
+            np.concatenate([graph.edge_tensor[e_of], np.asarray(bar_tensor, dtype=np.int64)]),
+            kind_compute={k: np.concatenate([col[source] * mult, np.zeros(nb)])
+                          for k, col in graph.kind_compute.items()})
     except GraphError as exc:  # a cycle: the action order waits for something that comes later
         raise ScheduleError(f"the {schedule.kind} schedule deadlocks on this placement (the order of a device's "
                             f"actions contradicts the data flow: {exc}); place the ops as a pipeline, stage by "

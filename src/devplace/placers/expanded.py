@@ -42,8 +42,10 @@ from devplace.placers.registry import (
     best_placer,
     check_auto_placer,
     get_placer,
+    no_worse_than_start,
     place,
     placer_auto_meta,
+    relabel_start,
     schedule_of,
     within_memory,
 )
@@ -118,7 +120,7 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
                        "why": f"{auto.reason} of the full graph"}
                 return replace(best, coarse=best.coarse.with_meta(order_auto=why),
                                placement=best.placement.with_meta(order_auto=why))
-    refined = 0
+    given, refined = coarsening, 0
     while True:
         try:
             coarse, placement, result, retries = _place_on(coarsening, full, cluster, placer, order=order, seed=seed,
@@ -135,7 +137,15 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
         meta = {**coarse.meta, "refined_groups": coarsening.num_groups}
         coarse = Placement(coarse.assignment, graph=coarse.graph, cluster=cluster.name, meta=meta)
         placement = Placement(placement.assignment, graph=full.name, cluster=cluster.name, meta=meta)
-    return ExpandedPlacement(coarse, placement, result, retries, coarsening)
+    mine = ExpandedPlacement(coarse, placement, result, retries, coarsening)
+    # a refining placer's start judged on the full graph too: the coarse graph can rank them the other way
+    return no_worse_than_start(
+        get_placer(placer), settings, mine,
+        lambda start: place_expanded(given, full, cluster, placer=start, order=order, seed=seed,
+                                     autograd_rule=autograd_rule),
+        lambda ex: ex.result.step_time_s,
+        lambda chosen, ours, why: replace(chosen, coarse=relabel_start(chosen.coarse, ours.coarse, why),
+                                          placement=relabel_start(chosen.placement, ours.placement, why)))
 
 
 def _place_on(coarsening: Coarsening, full: CompGraph, cluster: Cluster, placer: str,

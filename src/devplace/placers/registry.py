@@ -82,6 +82,14 @@ class PlacerSpec:
     # check(**settings): the placer's own checks of its setting values that need no graph (ranges, names),
     # run by `check_settings` so that a study file is refused when it is read, not when its first cell runs
     check: Callable[..., None] | None = None
+    # refines(settings with defaults) -> the placer whose placement this one starts from and improves (even-refine:
+    # "even"; anneal: its `start`): `place` and `place_expanded` judge that start as they judge this placer and
+    # keep it when it is faster, so a refining placer never ends worse than its start as the caller sees it
+    refines: Callable[[Mapping[str, Any]], str] | None = None
+
+    def start_placer(self, settings: Mapping[str, Any]) -> str | None:
+        """The placer whose placement this one refines under `settings` (None: not a refining placer)."""
+        return None if self.refines is None else self.refines({**self.settings, **settings})
 
     def check_settings(self, settings: Mapping[str, Any]) -> None:
         """Raise the PlacerError the placer would raise for a bad setting value, without placing anything
@@ -117,15 +125,16 @@ _REGISTRY: dict[str, PlacerSpec] = {}
 _LOADED = False
 
 
-def register(name: str, *, uses_order: bool, cheap: bool = False,
-             check: Callable[..., None] | None = None) -> Callable[[PlacerFn], PlacerFn]:
+def register(name: str, *, uses_order: bool, cheap: bool = False, check: Callable[..., None] | None = None,
+             refines: Callable[[Mapping[str, Any]], str] | None = None) -> Callable[[PlacerFn], PlacerFn]:
     """Class the decorated function as placer `name`. `cheap=True` declares that one run costs at most some
     tens of simulations of the graph, so that `order="auto"` may try every candidate order (see `place`).
-    `check` (keyword arguments: settings) raises PlacerError for bad setting values; the placer calls it too."""
+    `check` (keyword arguments: settings) raises PlacerError for bad setting values; the placer calls it too.
+    `refines(settings)` names the placer whose placement this one starts from (`PlacerSpec.refines`)."""
     def deco(func: PlacerFn) -> PlacerFn:
         if name in _REGISTRY and _REGISTRY[name].func is not func:
             raise RuntimeError(f"placer {name!r} registered twice")
-        _REGISTRY[name] = PlacerSpec(name, func, uses_order, cheap, check)
+        _REGISTRY[name] = PlacerSpec(name, func, uses_order, cheap, check, refines)
         return func
     return deco
 
@@ -339,7 +348,42 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
         meta["schedule"] = result.schedule.to_dict()
     if tied:
         meta.update(tie_classes=int(classes.max()) + 1, ties=mode, cap_retries=retries)
-    return Placement(placement.assignment, graph=graph.name, cluster=cluster.name, meta=meta)
+    mine = Placement(placement.assignment, graph=graph.name, cluster=cluster.name, meta=meta)
+    return no_worse_than_start(
+        spec, settings, mine,
+        lambda start: place(graph, cluster, placer=start, order=order, seed=seed, autograd_rule=autograd_rule),
+        lambda p: p.meta["step_time_s"], relabel_start)
+
+
+def no_worse_than_start(spec: PlacerSpec, settings: Mapping[str, Any], mine: Any, attempt: Callable[[str], Any],
+                        step_of: Callable[[Any], float], relabel: Callable[[Any, Any, dict[str, Any]], Any]) -> Any:
+    """The promise of a refining placer (`PlacerSpec.refines`): `mine`, its result as the caller judges it, unless
+    `attempt(start)` -- its start placer's result judged the same way (`place` on the same graph, `place_expanded`
+    on the same coarsening) -- is faster; then that, relabelled by `relabel(start result, mine, meta)`. A
+    refiner searches a view of the step (a folded or coarse graph, caps lowered for memory) and the step as run
+    can rank two placements the other way. meta["refined_from"] records the start, its step and which was kept.
+    A start that does not fit or runs pipelined (anneal from `pipeline` anneals its devices unpipelined) is not
+    compared."""
+    start = spec.start_placer(settings)
+    if start is None:
+        return mine
+    try:
+        theirs = attempt(start)
+    except NoFitError:
+        return mine
+    if getattr(theirs, "placement", theirs).meta.get("schedule") is not None:
+        return mine
+    kept = step_of(theirs) < step_of(mine)
+    meta = {"placer": start, "step_time_s": step_of(theirs), "refined_step_time_s": step_of(mine),
+            "kept": "start" if kept else "refined"}
+    return relabel(theirs, mine, meta) if kept else relabel(mine, mine, meta)
+
+
+def relabel_start(chosen: Placement, mine: Placement, refined_from: dict[str, Any]) -> Placement:
+    """`chosen`'s assignment with `mine`'s meta (the placer asked for, its settings) and the judged step time."""
+    how = {k: chosen.meta[k] for k in ("ties", "tie_classes", "cap_retries", "full_cap_retries") if k in chosen.meta}
+    meta = {**mine.meta, **how, "step_time_s": chosen.meta["step_time_s"], "refined_from": refined_from}
+    return Placement(chosen.assignment, graph=chosen.graph, cluster=chosen.cluster, meta=meta)
 
 
 CAP_RETRIES = 4  # placer reruns with lowered device caps when the graph as run is over memory

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -62,6 +63,40 @@ def simulate_output(graph: CompGraph, cluster: Cluster, devices: np.ndarray, sch
 PlacerFn = Callable[..., np.ndarray | PlacerOutput]
 # progress(done, total): placers with long loops accept a `progress` keyword and call it now and then
 Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    """A `Progress` for a search over candidates (placer "auto", `order="auto"`, nested): `show(fraction of the
+    whole search done, label)`, the label naming the candidate running at every level ("placer greedy (2/3) ·
+    order bfs (4/10)"). Candidate i of n gets the i-th n-th of its parent's share, so the fraction only grows
+    from one candidate to the next and the bar does not restart with each one. A plain callback given instead
+    sees each candidate's own (done, total), restarting."""
+
+    show: Callable[[float, str], None]
+    lo: float = 0.0
+    hi: float = 1.0
+    label: str = ""
+
+    def __call__(self, done: int, total: int) -> None:
+        share = min(max(done / total, 0.0), 1.0) if total else 0.0
+        self.show(self.lo + (self.hi - self.lo) * share, self.label)
+
+    def candidate(self, index: int, count: int, what: str) -> SearchProgress:
+        """The progress of candidate `index` (from 0) of `count`, described by `what` ("placer m-etf"), shown
+        at once."""
+        width = (self.hi - self.lo) / count
+        here = f"{what} ({index + 1}/{count})"
+        sub = SearchProgress(self.show, self.lo + index * width, self.lo + (index + 1) * width,
+                             f"{self.label} · {here}" if self.label else here)
+        sub(0, 1)
+        return sub
+
+
+def candidate_progress(progress: Progress | None, index: int, count: int, what: str) -> Progress | None:
+    """`progress` for candidate `index` of `count` of a search (`SearchProgress.candidate`; another callback as
+    given)."""
+    return progress.candidate(index, count, what) if isinstance(progress, SearchProgress) else progress
 
 
 class PlacerError(DevplaceError):
@@ -172,43 +207,47 @@ def check_auto_placer(settings: Mapping[str, Any]) -> None:
                           f"give settings ({', '.join(map(repr, settings))}), name the placer (--placer NAME)")
 
 
-def best_placer(graph: CompGraph, cluster: Cluster, attempt: Callable[[str], Any],
-                step_of: Callable[[Any], float]) -> tuple[str, Any, dict[str, Any]]:
+def best_placer(graph: CompGraph, cluster: Cluster, attempt: Callable[[str, Progress | None], Any],
+                step_of: Callable[[Any], float], progress: Progress | None = None) -> Best:
     """`best_of` over `AUTO_PLACERS` (placer "auto"). When none fits but the parameters do, `AUTO_FALLBACK`
-    places the step in micro-batches (tried records it too); when that does not fit either, one NoFitError for
-    `graph` that gives each placer's reason."""
+    places the step in micro-batches (tried and times record it too); when that does not fit either, one
+    NoFitError for `graph` that gives each placer's reason."""
     reasons: dict[str, str] = {}
 
-    def noting(p: str) -> Any:
+    def noting(p: str, sub: Progress | None) -> Any:
         try:
-            return attempt(p)
+            return attempt(p, sub)
         except NoFitError as exc:
             reasons[p] = exc.reason or str(exc)
             raise
 
+    times: dict[str, float] = {}
     try:
-        return best_of(AUTO_PLACERS, noting, step_of)
+        return best_of(AUTO_PLACERS, noting, step_of, progress=progress, what="placer", times=times)
     except NoFitError:
         tried: dict[str, Any] = {p: f"NoFitError: {r}" for p, r in reasons.items()}
     if memory_needs(graph).params_bytes < float(cluster.memory.sum()):
+        t0 = time.perf_counter()
         try:
-            out = noting(AUTO_FALLBACK)
+            out = noting(AUTO_FALLBACK, candidate_progress(progress, len(AUTO_PLACERS), len(AUTO_PLACERS) + 1,
+                                                           f"placer {AUTO_FALLBACK} (none of the others fits)"))
         except NoFitError:
             pass
         else:
-            return AUTO_FALLBACK, out, {**tried, AUTO_FALLBACK: step_of(out)}
+            times[AUTO_FALLBACK] = time.perf_counter() - t0
+            return Best(AUTO_FALLBACK, out, {**tried, AUTO_FALLBACK: step_of(out)}, times)
     why = "; ".join(f"{p}: {r}" for p, r in reasons.items())
     raise no_fit_error(graph, cluster, AUTO_PLACER, f"none of {', '.join(reasons)} fits ({why})") from None
 
 
-def placer_auto_meta(name: str, tried: dict[str, Any]) -> dict[str, Any]:
+def placer_auto_meta(best: Best) -> dict[str, Any]:
     """meta["placer_auto"] of a placement made by placer "auto": the placer kept, each one's step (or its
-    NoFitError) and why."""
+    NoFitError), the seconds each one's search took (`time_s`) and why."""
     why = (f"smallest simulated step time of {', '.join(AUTO_PLACERS)} (placer {AUTO_PLACER!r})"
-           if name != AUTO_FALLBACK else
+           if best.name != AUTO_FALLBACK else
            f"none of {', '.join(AUTO_PLACERS)} fits without micro-batches; {AUTO_FALLBACK} runs the step in "
            "micro-batches, which hold the activations of fewer samples at once")
-    return {"placer": name, "tried": tried, "why": why}
+    return {"placer": best.name, "tried": best.tried, "time_s": best.times, "why": why}
 
 
 def get_placer(name: str) -> PlacerSpec:
@@ -276,12 +315,12 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     """
     if placer == AUTO_PLACER:
         check_auto_placer(settings)
-        name, best, tried = best_placer(
+        best = best_placer(
             graph, cluster,
-            lambda p: place(graph, cluster, placer=p, order=order, seed=seed, progress=progress, try_orders=try_orders,
-                            try_with=try_with, autograd_rule=autograd_rule),
-            lambda pl: pl.meta["step_time_s"])
-        return best.with_meta(placer_auto=placer_auto_meta(name, tried))
+            lambda p, sub: place(graph, cluster, placer=p, order=order, seed=seed, progress=sub,
+                                 try_orders=try_orders, try_with=try_with, autograd_rule=autograd_rule),
+            lambda pl: pl.meta["step_time_s"], progress)
+        return best.result.with_meta(placer_auto=placer_auto_meta(best))
     spec = get_placer(placer)
     order = check_order(order, allow_auto=True)
     if try_orders is not None and order != "auto":
@@ -486,29 +525,46 @@ def auto_orders(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, try_orders
                       f"smallest simulated step time of the model's {len(candidates)} most promising orders", base)
 
 
-def best_of(candidates: Sequence[str], attempt: Callable[[str], Any],
-            step_of: Callable[[Any], float]) -> tuple[str, Any, dict[str, Any]]:
-    """(name, its result, tried) of the candidate (an order, a placer) whose `attempt(name)` has the smallest
-    `step_of`; ties keep the earlier candidate (the model's higher-ranked order). A candidate whose attempt
-    raises NoFitError is recorded in `tried` with the error and skipped; when every one does, the first error is
-    raised (any other error, a bad setting say, is the same for every candidate and is raised at once)."""
+@dataclass(frozen=True)
+class Best:
+    """What `best_of` keeps: the candidate `name`, its `result`, `tried` (each candidate's step, or its
+    NoFitError) and `times` (the seconds each candidate's attempt took)."""
+
+    name: str
+    result: Any
+    tried: dict[str, Any]
+    times: dict[str, float]
+
+
+def best_of(candidates: Sequence[str], attempt: Callable[[str, Progress | None], Any],
+            step_of: Callable[[Any], float], *, progress: Progress | None = None, what: str = "order",
+            times: dict[str, float] | None = None) -> Best:
+    """The candidate (an order, a placer: `what`) whose `attempt(name, progress)` has the smallest `step_of`;
+    ties keep the earlier candidate (the model's higher-ranked order). A candidate whose attempt raises
+    NoFitError is recorded in `tried` with the error and skipped; when every one does, the first error is raised
+    (any other error, a bad setting say, is the same for every candidate and is raised at once). Each attempt
+    gets `progress` scoped to it (`candidate_progress`); its time goes to `times` (given: filled in place)."""
     tried: dict[str, Any] = {}
+    times = {} if times is None else times
     best: tuple[str, Any, float] | None = None
     first_error: NoFitError | None = None
-    for name in candidates:
+    for i, name in enumerate(candidates):
+        t0 = time.perf_counter()
         try:
-            out = attempt(name)
+            out = attempt(name, candidate_progress(progress, i, len(candidates), f"{what} {name}"))
         except NoFitError as exc:
             tried[name] = f"{type(exc).__name__}: {exc}"
             first_error = first_error or exc
             continue
+        finally:
+            times[name] = time.perf_counter() - t0
         step = tried[name] = step_of(out)
         if best is None or step < best[2]:  # strictly smaller only
             best = (name, out, step)
     if best is None:
         assert first_error is not None
         raise first_error
-    return best[0], best[1], tried
+    return Best(best[0], best[1], tried, times)
 
 
 def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int, progress: Progress | None,
@@ -524,16 +580,18 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
                                                "why": auto.reason})
     trial = get_placer(try_with) if try_with is not None else spec
     trial_settings = settings if trial is spec else {}
-    name, best, tried = best_of(
+    found = best_of(
         auto.candidates,
-        lambda order: place(graph, cluster, placer=trial.name, order=order, seed=seed,
-                            progress=progress if trial is spec else None, autograd_rule=autograd_rule,
-                            **trial_settings),
-        lambda p: p.meta["step_time_s"])
-    why = {"order": name, "mode": auto.mode, "tried": tried, **auto.base, "why": auto.reason}
+        lambda order, sub: place(graph, cluster, placer=trial.name, order=order, seed=seed,
+                                 progress=sub if trial is spec else None, autograd_rule=autograd_rule,
+                                 **trial_settings),
+        lambda p: p.meta["step_time_s"], progress=progress)
+    why = {"order": found.name, "mode": auto.mode, "tried": found.tried, "time_s": found.times, **auto.base,
+           "why": auto.reason}
+    best = found.result
     if trial is not spec:
         why.update(mode=f"{auto.mode} with {trial.name}", tried_with=trial.name,
                    why=f"{auto.reason} when placed by {trial.name}")
-        best = place(graph, cluster, placer=spec.name, order=name, seed=seed, progress=progress,
+        best = place(graph, cluster, placer=spec.name, order=found.name, seed=seed, progress=progress,
                      autograd_rule=autograd_rule, **settings)
     return best.with_meta(order_auto=why)

@@ -22,6 +22,7 @@ from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
 from devplace.defaults import (
+    AUTO_PLACER,
     DEFAULT_ORDER,
     DEFAULT_PLACER,
     DEFAULT_SEED,
@@ -312,7 +313,7 @@ class Placed:
         how = (f"module map {self.settings.get('module_map')}" if self.placer == MAP_PLACER else
                f"placer {self.placer}" + (f", order {self.order}" if self.order else " (no order)")
                + f", seed {self.seed}")
-        out.append(Text(f"{how}: placed{groups} in {self.placement_time_s:.2f} s" + precision_text(self.graph)))
+        out.append(Text(f"{how}: placed{groups}{self._search_time()}" + precision_text(self.graph)))
         out.append(baselines_line(self.cluster, self.baselines, self.result.step_time_s))
         if self.coarsening is not None and self.as_run.moved:
             rt = self.as_run.result
@@ -320,6 +321,18 @@ class Placed:
                             f"forward op, as autograd does): step time {fmt_time(rt.step_time_s)}, "
                             f"{'feasible' if rt.feasible else 'OVER MEMORY'}"))
         return out + _wrote(self.written)
+
+    def _search_time(self) -> str:
+        """" in 12.30 s", or for a search over candidates (placer auto, order auto) the whole search's time and
+        each placer's: the time is never one candidate's alone."""
+        chosen, auto = self.placement.meta.get("placer_auto"), self.placement.meta.get("order_auto")
+        if isinstance(chosen, dict) and chosen.get("time_s"):
+            each = ", ".join(f"{p} {t:.2f} s" for p, t in chosen["time_s"].items())
+            return f"; the whole search (placer {AUTO_PLACER}) took {self.placement_time_s:.2f} s ({each})"
+        if isinstance(auto, dict) and auto.get("time_s"):
+            return (f"; the whole search over {len(auto['time_s'])} orders took {self.placement_time_s:.2f} s "
+                    "(each order's time: --json, order_auto.time_s)")
+        return f" in {self.placement_time_s:.2f} s"
 
     def __rich__(self) -> Group:
         return Group(result_view(self.graph, self.cluster, self.result, self.bound), *self.lines())

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from devplace.defaults import AUTO_FALLBACK, AUTO_PLACER, AUTO_PLACERS, SIM_MODEL_ALIASES, SIM_MODELS
 from devplace.errors import DevplaceError
+from devplace.placers import SearchProgress
 from devplace.planning import check_seed, json_safe
 
 
@@ -123,7 +124,13 @@ def progress_bar(description: str, quiet: bool, label: str = "placing {task.desc
     columns = (TextColumn(label, markup=False), BarColumn(), TaskProgressColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(description, total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+        def show(fraction: float, candidate: str) -> None:
+            # one bar for the whole search (placer auto, order auto): the share done of all of it, and which
+            # candidate runs, so that it neither restarts with each candidate nor hides which one is slow
+            bar.update(task, completed=fraction, total=1.0,
+                       description=f"{description}: {candidate}" if candidate else description)
+        yield SearchProgress(show)
 
 
 @contextmanager

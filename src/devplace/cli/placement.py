@@ -81,9 +81,16 @@ def simulate_cmd(
         console.print(sim)
 
 
-def bound_cmd(graph: GraphArg, cluster: ClusterArg, as_json: JsonOpt = False) -> None:
-    """Lower bound on the step time of GRAPH on CLUSTER, valid for every placement and schedule."""
-    bounded = app.bound(graph, cluster)
+def bound_cmd(graph: GraphArg, cluster: ClusterArg, as_json: JsonOpt = False,
+              schedule: Annotated[str | None, typer.Option(
+                  help="bound the step under this micro-batch schedule (gpipe, 1f1b, interleaved-1f1b); needs "
+                       "--microbatches")] = None,
+              microbatches: Annotated[int | None, typer.Option(help="micro-batches per step of --schedule")] = None,
+              chunks: Annotated[int | None, typer.Option(help="model chunks per device of --schedule "
+                                                             "interleaved-1f1b (default 2)")] = None) -> None:
+    """Lower bound on the step time of GRAPH on CLUSTER for every placement and schedule (or, with --schedule and
+    --microbatches, under that schedule), with the higher bound without micro-batches."""
+    bounded = app.bound(graph, cluster, schedule=schedule, microbatches=microbatches, chunks=chunks)
     if as_json:
         print_json(bounded.to_dict())
     else:

@@ -42,8 +42,10 @@ from devplace.placers.registry import (
     best_placer,
     check_auto_placer,
     get_placer,
+    no_worse_than_start,
     place,
     placer_auto_meta,
+    relabel_start,
     schedule_of,
     within_memory,
 )
@@ -94,31 +96,32 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
                          "full graph it was made from (e.g. Prepared.full with Prepared.coarsening)")
     if placer == AUTO_PLACER:  # each placer judged on the full graph as run
         check_auto_placer(settings)
-        name, best, tried = best_placer(
+        found = best_placer(
             full, cluster,
-            lambda p: place_expanded(coarsening, full, cluster, placer=p, order=order, seed=seed, progress=progress,
-                                     try_orders=try_orders, try_with=try_with, autograd_rule=autograd_rule),
-            lambda ex: ex.result.step_time_s)
-        why = placer_auto_meta(name, tried)
+            lambda p, sub: place_expanded(coarsening, full, cluster, placer=p, order=order, seed=seed, progress=sub,
+                                          try_orders=try_orders, try_with=try_with, autograd_rule=autograd_rule),
+            lambda ex: ex.result.step_time_s, progress)
+        why, best = placer_auto_meta(found), found.result
         return replace(best, coarse=best.coarse.with_meta(placer_auto=why),
                        placement=best.placement.with_meta(placer_auto=why))
     if order == "auto" and try_with is None:
         auto = auto_orders(coarsening.graph, cluster, get_placer(placer), try_orders)
         if auto.candidates:  # compared on the full graph (module docstring)
             try:
-                name, best, tried = best_of(
+                found = best_of(
                     auto.candidates,
-                    lambda o: place_expanded(coarsening, full, cluster, placer=placer, order=o, seed=seed,
-                                             progress=progress, autograd_rule=autograd_rule, **settings),
-                    lambda ex: ex.result.step_time_s)
+                    lambda o, sub: place_expanded(coarsening, full, cluster, placer=placer, order=o, seed=seed,
+                                                  progress=sub, autograd_rule=autograd_rule, **settings),
+                    lambda ex: ex.result.step_time_s, progress=progress)
             except NoFitError:
                 pass  # no order fits on its own; below, `place` chooses the order again at every lowered cap
             else:
-                why = {"order": name, "mode": auto.mode, "tried": tried, **auto.base,
-                       "why": f"{auto.reason} of the full graph"}
+                why = {"order": found.name, "mode": auto.mode, "tried": found.tried, "time_s": found.times,
+                       **auto.base, "why": f"{auto.reason} of the full graph"}
+                best = found.result
                 return replace(best, coarse=best.coarse.with_meta(order_auto=why),
                                placement=best.placement.with_meta(order_auto=why))
-    refined = 0
+    given, refined = coarsening, 0
     while True:
         try:
             coarse, placement, result, retries = _place_on(coarsening, full, cluster, placer, order=order, seed=seed,
@@ -135,7 +138,15 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
         meta = {**coarse.meta, "refined_groups": coarsening.num_groups}
         coarse = Placement(coarse.assignment, graph=coarse.graph, cluster=cluster.name, meta=meta)
         placement = Placement(placement.assignment, graph=full.name, cluster=cluster.name, meta=meta)
-    return ExpandedPlacement(coarse, placement, result, retries, coarsening)
+    mine = ExpandedPlacement(coarse, placement, result, retries, coarsening)
+    # a refining placer's start judged on the full graph too: the coarse graph can rank them the other way
+    return no_worse_than_start(
+        get_placer(placer), settings, mine,
+        lambda start: place_expanded(given, full, cluster, placer=start, order=order, seed=seed,
+                                     autograd_rule=autograd_rule),
+        lambda ex: ex.result.step_time_s,
+        lambda chosen, ours, why: replace(chosen, coarse=relabel_start(chosen.coarse, ours.coarse, why),
+                                          placement=relabel_start(chosen.placement, ours.placement, why)))
 
 
 def _place_on(coarsening: Coarsening, full: CompGraph, cluster: Cluster, placer: str,

@@ -110,7 +110,7 @@ def test_the_learned_placers_start_op_by_op_when_the_caller_places_op_by_op():
 
     g, c = _all_tied("autograd"), cluster(3, bw=1e12, mem=1e12)
     metf = place(g, c, placer="m-etf", order="topo", semantics="op-by-op").meta["step_time_s"]
-    devices, result, _ = best_classic(g, c, DevplaceModel(g, c))
+    _, result, _ = best_classic(g, c, DevplaceModel(g, c))
     assert result.step_time_s <= metf
     learned = place(g, c, placer="placeto", order="topo", semantics="op-by-op", episodes=1, hidden=8, rounds=2)
     assert learned.meta["step_time_s"] <= metf
@@ -153,3 +153,16 @@ def test_family_training_places_tie_classes_and_judges_on_the_graph_itself():
     assert step <= one and step <= result.start_step_time_s[g.name]
     op = train([g], c, episodes=1, hidden=8, rounds=2, seed=0, semantics="op-by-op")
     assert len(op.best[g.name][0]) == g.num_nodes
+
+
+def test_the_seed_preset_keeps_the_seeds_design():
+    from devplace.study.spec import load_study
+
+    spec = load_study("seed", preset=True)
+    assert spec.semantics == "op-by-op" and spec.sim_model == "placeto" and spec.seeds == (0, 1, 2)
+    assert {g.family for g in spec.graphs} == {"cifar10", "ptb", "nmt"} and len(spec.graphs) == 12
+    assert set(spec.orders) == {"lexicographic", "topo", "reversed-topo", "dfs-preorder", "dfs-postorder", "bfs"}
+    placeto = next(p for p in spec.placers if p.name == "placeto")
+    assert placeto.settings["episodes"] == 50
+    cells = expand(spec)
+    assert len(cells) == 12 * 6 * (3 + 4) and all(c.semantics == "op-by-op" for c in cells)

@@ -122,14 +122,16 @@ def check_pipeline_settings(placer: str, cluster: Cluster, settings: dict[str, A
 def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer: str = DEFAULT_PLACER,
                order: str = DEFAULT_ORDER, seed: int = DEFAULT_SEED, settings: dict[str, Any] | None = None,
                try_orders: int | None = None, try_with: str | None = None, progress: Progress | None = None,
-               output: Path | None = None, trace: Path | None = None, plot: Path | None = None) -> Placed:
+               output: Path | None = None, trace: Path | None = None, plot: Path | None = None,
+               semantics: str | None = None) -> Placed:
     """`devplace place GRAPH`: place a graph (file, `example`, or CompGraph) on a cluster (preset, file or
-    Cluster), simulate it, and write the placement, trace and timeline asked for (checked before placing)."""
+    Cluster), simulate it, and write the placement, trace and timeline asked for (checked before placing);
+    `semantics` overrides the graph's placement semantics (`devplace.graph.semantics`)."""
     check_outputs(output=output, trace=trace, plot=plot, log=log_setting(settings))
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
     g = graph if isinstance(graph, CompGraph) else load_graph_arg(graph)
     placed = place_graph(g, c, placer=placer, order=order, seed=seed, progress=progress, try_orders=try_orders,
-                         try_with=try_with, **(settings or {}))
+                         try_with=try_with, semantics=semantics, **(settings or {}))
     placed.write(output=output, trace=trace, plot=plot)
     return placed
 

@@ -32,6 +32,7 @@ from devplace.errors import GraphError
 from devplace.graph.coarsen import Coarsening, coarsen
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
+from devplace.graph.semantics import Semantics, semantics_of
 from devplace.hardware.cluster import Cluster
 from devplace.placers.memory import NoFitError
 from devplace.placers.registry import (
@@ -75,7 +76,7 @@ REFINE_STEPS = 2
 
 def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER,
                    order: str = DEFAULT_ORDER, seed: int = DEFAULT_SEED, progress: Progress | None = None,
-                   try_orders: int | None = None, try_with: str | None = None, autograd_rule: bool = True,
+                   try_orders: int | None = None, try_with: str | None = None, semantics: Semantics | str | None = None,
                    **settings: Any) -> ExpandedPlacement:
     """Place `coarsening.graph` with `devplace.place` (same arguments), expand it to `full` (the graph the
     coarsening was made from) and simulate `full`: the result is never over memory as run on the full graph.
@@ -84,7 +85,8 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
     lowered to min(cap, the coarse placement's peak there) x capacity / the full graph's peak there (at most
     `CAP_RETRIES` times);
     if it still does not fit, NoFitError with the memory the step needs, the cluster's and a suggestion.
-    With `autograd_rule` (default) every backward and optimizer op runs with its forward op, so the
+    `semantics` (None: the full graph's own, `semantics_of(full)`) is the coarse graph's placing semantics
+    too; under "autograd" (a captured model's) every backward and optimizer op runs with its forward op, so the
     placement is what autograd runs and `result` is its as-run step time. A placer that returns a schedule
     (`pipeline`) has the full graph simulated under it (`result` is a ScheduledResult, meta["schedule"] kept).
     When that raises NoFitError with fewer groups than the full graph has ops, the full graph is coarsened
@@ -94,12 +96,13 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
     if coarsening.original and coarsening.original != full.name:
         raise GraphError(f"the coarsening was made from graph {coarsening.original!r}, not {full.name!r}; pass the "
                          "full graph it was made from (e.g. Prepared.full with Prepared.coarsening)")
+    semantics = semantics_of(full, semantics)
     if placer == AUTO_PLACER:  # each placer judged on the full graph as run
         check_auto_placer(settings)
         found = best_placer(
             full, cluster,
             lambda p, sub: place_expanded(coarsening, full, cluster, placer=p, order=order, seed=seed, progress=sub,
-                                          try_orders=try_orders, try_with=try_with, autograd_rule=autograd_rule),
+                                          try_orders=try_orders, try_with=try_with, semantics=semantics),
             lambda ex: ex.result.step_time_s, progress)
         why, best = placer_auto_meta(found), found.result
         return replace(best, coarse=best.coarse.with_meta(placer_auto=why),
@@ -111,7 +114,7 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
                 found = best_of(
                     auto.candidates,
                     lambda o, sub: place_expanded(coarsening, full, cluster, placer=placer, order=o, seed=seed,
-                                                  progress=sub, autograd_rule=autograd_rule, **settings),
+                                                  progress=sub, semantics=semantics, **settings),
                     lambda ex: ex.result.step_time_s, progress=progress)
             except NoFitError:
                 pass  # no order fits on its own; below, `place` chooses the order again at every lowered cap
@@ -126,11 +129,12 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
         try:
             coarse, placement, result, retries = _place_on(coarsening, full, cluster, placer, order=order, seed=seed,
                                                            progress=progress, try_orders=try_orders,
-                                                           try_with=try_with, autograd_rule=autograd_rule,
+                                                           try_with=try_with, semantics=semantics,
                                                            **settings)
             break
         except NoFitError:
-            if refined == REFINE_STEPS or not autograd_rule or coarsening.num_groups >= full.num_nodes:
+            if (refined == REFINE_STEPS or semantics is not Semantics.AUTOGRAD
+                    or coarsening.num_groups >= full.num_nodes):
                 raise
             refined += 1
             coarsening = coarsen(full, coarsening.num_groups * REFINE_FACTOR)
@@ -143,7 +147,7 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
     return no_worse_than_start(
         get_placer(placer), settings, mine,
         lambda start: place_expanded(given, full, cluster, placer=start, order=order, seed=seed,
-                                     autograd_rule=autograd_rule),
+                                     semantics=semantics),
         lambda ex: ex.result.step_time_s,
         lambda chosen, ours, why: replace(chosen, coarse=relabel_start(chosen.coarse, ours.coarse, why),
                                           placement=relabel_start(chosen.placement, ours.placement, why)))

@@ -24,6 +24,7 @@ from devplace.defaults import AUTO_FALLBACK, AUTO_PLACER, AUTO_PLACERS, DEFAULT_
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
+from devplace.graph.semantics import Semantics, semantics_of
 from devplace.graph.ties import fold, tie_classes, untied, violations
 from devplace.hardware.cluster import Cluster
 from devplace.orders import Order, check_order, order_label, traversal_indices
@@ -58,6 +59,21 @@ def simulate_output(graph: CompGraph, cluster: Cluster, devices: np.ndarray, sch
     if schedule is None:
         return DevplaceModel(graph, cluster).run(devices)
     return simulate_schedule(graph, cluster, devices, schedule)
+
+
+@dataclass(frozen=True, eq=False)
+class FullGraph:
+    """The graph a placer's nodes stand for, passed by `place` to placers that take a `full` keyword (the
+    learned ones, which judge their answer on it): `graph`, and `expand` (a device per node the placer sees ->
+    a device per node of `graph`; the folded graph's classes under the autograd semantics, else the identity)."""
+
+    graph: CompGraph
+    expand: Callable[[np.ndarray], np.ndarray]
+
+    @staticmethod
+    def same(graph: CompGraph) -> FullGraph:
+        """`graph` standing for itself (placed op by op, or native)."""
+        return FullGraph(graph, lambda devices: np.asarray(devices, dtype=np.int64))
 
 
 PlacerFn = Callable[..., np.ndarray | PlacerOutput]
@@ -143,7 +159,8 @@ class PlacerSpec:
         """Keyword settings beyond order and seed, with their defaults."""
         params = inspect.signature(self.func).parameters.values()
         return {p.name: p.default for p in params
-                if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("order", "seed", "progress", "ties")}
+                if p.kind is inspect.Parameter.KEYWORD_ONLY
+                and p.name not in ("order", "seed", "progress", "ties", "full")}
 
     @property
     def reports_progress(self) -> bool:
@@ -152,7 +169,7 @@ class PlacerSpec:
     @property
     def handles_ties(self) -> bool:
         """True when the placer takes `ties` (a tie class per node) and keeps every class on one device
-        itself; `place` folds the graph for the others (see `place`'s autograd_rule)."""
+        itself; `place` folds the graph for the others (see `place`'s semantics)."""
         return "ties" in inspect.signature(self.func).parameters
 
 
@@ -274,7 +291,7 @@ def get_placer(name: str) -> PlacerSpec:
 
 def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, order: Order = DEFAULT_ORDER,
           seed: int = DEFAULT_SEED, progress: Progress | None = None, try_orders: int | None = None,
-          try_with: str | None = None, autograd_rule: bool = True, **settings: Any) -> Placement:
+          try_with: str | None = None, semantics: Semantics | str | None = None, **settings: Any) -> Placement:
     """Place every node of `graph` on a device of `cluster` with `placer`, walking the graph in `order`.
 
     Settings are the placer's keyword arguments (see `devplace placers`). The result is always
@@ -283,8 +300,10 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     called now and then by placers with long loops (greedy, anneal). `order` is an order name, "auto", a
     sequence listing every node id once, or a callable graph -> such a sequence (meta["order"] is then "custom").
 
-    `autograd_rule` (on by default): a training step runs each backward and optimizer op on its forward op's
-    device, and each input with its first consumer, whatever a placer says, so every tie class of `graph`
+    `semantics` (`devplace.graph.semantics`; None: the graph's own, `semantics_of(graph)` -- op by op unless
+    the graph says "autograd", as a captured model does): "op-by-op" places every node on its own. "autograd":
+    a training step runs each backward and optimizer op on its forward op's device, and each input with its
+    first consumer, whatever a placer says, so every tie class of `graph`
     (`devplace.graph.ties.tie_classes`) is one decision. A placer that takes `ties` (m-etf, m-sct, heft,
     greedy, even, even-refine: `PlacerSpec.handles_ties`) places `graph` itself and keeps each class on one
     device (the list schedulers decide a class when they place its first op);
@@ -294,10 +313,9 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     placement is simulated and checked on `graph` itself, so the reported step time is the one autograd
     runs. When the placer's view fits but `graph` does not, the placer runs again with the device caps it
     sees lowered in proportion to the overflow (`within_memory`, at most `CAP_RETRIES` times), else
-    NoFitError. `autograd_rule=False` places every node on its own, for graphs that are not autograd
-    training steps (generated families, hand-written JSON graphs); a graph without ties is placed the same
-    either way. meta["autograd_rule"] records the setting and, where classes were tied, meta["tie_classes"]
-    their number, meta["ties"] how they were placed and meta["cap_retries"] the reruns.
+    NoFitError. A graph without ties is placed the same either way. meta["semantics"] records the semantics
+    placed under and, where classes were tied, meta["tie_classes"] their number, meta["ties"] how they were
+    placed and meta["cap_retries"] the reruns.
 
     A placer that returns a `PlacerOutput` with a schedule (the `pipeline` placer) is checked, here and in
     every rerun, with `devplace.sim.simulate(..., schedule=)`: meta["step_time_s"] is then the pipelined step
@@ -313,12 +331,13 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     the order that did best there: for expensive placers (placeto, seq2seq), at the risk that the cheap
     placer's best order is not theirs. The Placement's meta["order_auto"] records the chosen order and why.
     """
+    semantics = semantics_of(graph, semantics)
     if placer == AUTO_PLACER:
         check_auto_placer(settings)
         best = best_placer(
             graph, cluster,
             lambda p, sub: place(graph, cluster, placer=p, order=order, seed=seed, progress=sub,
-                                 try_orders=try_orders, try_with=try_with, autograd_rule=autograd_rule),
+                                 try_orders=try_orders, try_with=try_with, semantics=semantics),
             lambda pl: pl.meta["step_time_s"], progress)
         return best.result.with_meta(placer_auto=placer_auto_meta(best))
     spec = get_placer(placer)
@@ -329,7 +348,7 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
         raise PlacerError("try_with (--try-with) names the placer that tries the orders of try_orders (--try K); "
                           "give both")
     if order == "auto":
-        return _place_auto(graph, cluster, spec, seed, progress, try_orders, try_with, autograd_rule, settings)
+        return _place_auto(graph, cluster, spec, seed, progress, try_orders, try_with, semantics, settings)
     accepted = spec.settings
     unknown = sorted(set(settings) - set(accepted))
     if unknown:
@@ -337,13 +356,16 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
         raise PlacerError(f"placer {placer!r} has no setting {', '.join(map(repr, unknown))}; its settings: {listed}")
     if float(graph.param_bytes.sum()) > float(cluster.memory.sum()):
         raise no_fit_error(graph, cluster, placer, "the parameters alone exceed the cluster's memory")
-    classes = tie_classes(graph) if autograd_rule else untied(graph)
+    classes = tie_classes(graph) if semantics is Semantics.AUTOGRAD else untied(graph)
     tied = bool(classes.size) and int(classes.max()) + 1 < classes.size
     extra: dict[str, Any] = {"progress": progress} if progress is not None and spec.reports_progress else {}
 
-    def runner(target: CompGraph, ties: np.ndarray) -> Callable[[Cluster], PlacerOutput]:
+    takes_full = "full" in inspect.signature(spec.func).parameters
+
+    def runner(target: CompGraph, ties: np.ndarray, full: FullGraph) -> Callable[[Cluster], PlacerOutput]:
         visit = traversal_indices(target, order, seed, cluster=cluster)
-        call = {**settings, **extra, **({"ties": ties} if spec.handles_ties else {})}
+        call = {**settings, **extra, **({"ties": ties} if spec.handles_ties else {}),
+                **({"full": full} if takes_full else {})}
 
         def run(seen: Cluster) -> PlacerOutput:
             out = as_output(spec.func(target, seen, order=visit, seed=seed, **call))
@@ -355,7 +377,7 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
         return run
 
     if not tied:
-        out = runner(graph, classes)(cluster)
+        out = runner(graph, classes, FullGraph.same(graph))(cluster)
         devices = out.devices
         result = simulate_output(graph, cluster, devices, out.schedule)
         if not result.feasible:
@@ -367,10 +389,11 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
         modes = ("native", "folded") if spec.handles_ties else ("folded",)
         for mode in modes:
             if mode == "native":
-                run, expand = runner(graph, classes), np.asarray
+                run, expand = runner(graph, classes, FullGraph.same(graph)), np.asarray
             else:
                 folding = fold(graph, classes)
-                run, expand = runner(folding.graph, untied(folding.graph)), folding.expand
+                run, expand = (runner(folding.graph, untied(folding.graph), FullGraph(graph, folding.expand)),
+                               folding.expand)
             try:
                 devices, result, retries = within_memory(graph, graph if mode == "native" else folding.graph,
                                                          cluster, placer, run, expand)
@@ -382,7 +405,7 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
             raise RuntimeError(f"placer {placer!r} split a tie class although it takes `ties`")
     placement = Placement.from_array(graph, devices, cluster=cluster.name)
     meta = {"placer": placer, "order": order_label(order) if spec.uses_order else None, "seed": seed,
-            "settings": dict(settings), "step_time_s": result.step_time_s, "autograd_rule": autograd_rule}
+            "settings": dict(settings), "step_time_s": result.step_time_s, "semantics": semantics.value}
     if isinstance(result, ScheduledResult):
         meta["schedule"] = result.schedule.to_dict()
     if tied:
@@ -390,7 +413,7 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     mine = Placement(placement.assignment, graph=graph.name, cluster=cluster.name, meta=meta)
     return no_worse_than_start(
         spec, settings, mine,
-        lambda start: place(graph, cluster, placer=start, order=order, seed=seed, autograd_rule=autograd_rule),
+        lambda start: place(graph, cluster, placer=start, order=order, seed=seed, semantics=semantics),
         lambda p: p.meta["step_time_s"], relabel_start)
 
 
@@ -568,14 +591,14 @@ def best_of(candidates: Sequence[str], attempt: Callable[[str, Progress | None],
 
 
 def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int, progress: Progress | None,
-                try_orders: int | None, try_with: str | None, autograd_rule: bool,
+                try_orders: int | None, try_with: str | None, semantics: Semantics,
                 settings: dict[str, Any]) -> Placement:
     """`order="auto"` (see `place`): the orders of `auto_orders` placed (by `try_with` when given), the one
     with the smallest simulated step time kept."""
     auto = auto_orders(graph, cluster, spec, try_orders)
     if not auto.candidates:
         placement = place(graph, cluster, placer=spec.name, order=auto.model_order, seed=seed, progress=progress,
-                          autograd_rule=autograd_rule, **settings)
+                          semantics=semantics, **settings)
         return placement.with_meta(order_auto={"order": auto.model_order, "mode": auto.mode, **auto.base,
                                                "why": auto.reason})
     trial = get_placer(try_with) if try_with is not None else spec
@@ -583,7 +606,7 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
     found = best_of(
         auto.candidates,
         lambda order, sub: place(graph, cluster, placer=trial.name, order=order, seed=seed,
-                                 progress=sub if trial is spec else None, autograd_rule=autograd_rule,
+                                 progress=sub if trial is spec else None, semantics=semantics,
                                  **trial_settings),
         lambda p: p.meta["step_time_s"], progress=progress)
     why = {"order": found.name, "mode": auto.mode, "tried": found.tried, "time_s": found.times, **auto.base,
@@ -593,5 +616,5 @@ def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int,
         why.update(mode=f"{auto.mode} with {trial.name}", tried_with=trial.name,
                    why=f"{auto.reason} when placed by {trial.name}")
         best = place(graph, cluster, placer=spec.name, order=found.name, seed=seed, progress=progress,
-                     autograd_rule=autograd_rule, **settings)
+                     semantics=semantics, **settings)
     return best.with_meta(order_auto=why)

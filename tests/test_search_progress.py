@@ -13,7 +13,7 @@ from devplace.zoo import layered_graph
 def test_placer_auto_with_order_auto_reports_one_growing_fraction_and_names_each_candidate():
     g, c = layered_graph(24, width=3, seed=1), cluster(3)
     seen: list[tuple[float, str]] = []
-    place(g, c, placer="auto", order="auto", autograd_rule=False,
+    place(g, c, placer="auto", order="auto", semantics="op-by-op",
           progress=SearchProgress(lambda fraction, label: seen.append((fraction, label))))
     fractions = [f for f, _ in seen]
     assert fractions == sorted(fractions) and fractions[0] >= 0.0 and fractions[-1] <= 1.0

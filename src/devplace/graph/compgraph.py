@@ -12,7 +12,6 @@ import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -364,7 +363,7 @@ def _finish(graph: CompGraph) -> CompGraph:
                 graph.edge_dst, graph.edge_bytes, graph.edge_tensor, graph.succ_ptr, graph.succ_edges,
                 graph.pred_ptr, graph.pred_edges, *graph.kind_compute.values()):
         arr.setflags(write=False)
-    object.__setattr__(graph, "kind_compute", MappingProxyType(dict(graph.kind_compute)))
+    object.__setattr__(graph, "kind_compute", dict(graph.kind_compute))  # a plain dict: graphs are pickled to workers
     topo = canonical_topo_order(graph)
     if len(topo) < graph.num_nodes:
         raise GraphError(f"graph {graph.name!r} has a cycle: {' -> '.join(find_cycle(graph, topo))}; "

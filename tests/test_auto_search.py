@@ -89,3 +89,20 @@ def test_auto_on_a_captured_model_compares_unpipelined_and_pipelined_micro_batch
     assert schedule_of(flat.placement) is None
     assert set(flat.placement.meta["placer_auto"]["time_s"]) == {"unpipelined"}
     assert flat.result.step_time_s == steps["unpipelined"]
+
+
+def test_order_auto_places_the_pipeline_once_per_forward_sequence():
+    from devplace.orders import ORDERS, traversal_indices
+    from devplace.placers.pipeline import forward_sequence
+
+    candidates = [o for o in ORDERS if o != "random"]
+
+    g = _graph(8)
+    c = _slow_links(2)
+    p = place(g, c, placer="pipeline", order="auto", microbatches=4)
+    tried = p.meta["order_auto"]["tried"]
+    sequences = {forward_sequence(g, traversal_indices(g, o, 0, cluster=c)).tobytes() for o in candidates}
+    assert len(tried) == len(sequences) < len(candidates)
+    assert "placed once" in p.meta["order_auto"]["why"]
+    every = [place(g, c, placer="pipeline", order=o, microbatches=4).meta["step_time_s"] for o in candidates]
+    assert p.meta["step_time_s"] == min(every)  # the orders left out could not have done better

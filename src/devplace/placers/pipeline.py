@@ -115,12 +115,18 @@ class _Items:
     blocked: np.ndarray  # bool[n + 1], True where a cut before item i would send activations to an earlier stage
 
 
-def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.ndarray) -> _Items:
+def _forward_ops(graph: CompGraph) -> np.ndarray:
+    """bool per node: the ops that make the items (forward ops; every op of a graph without one)."""
+    fwd = op_phases(graph) == FORWARD
+    return fwd if fwd.any() else np.ones(graph.num_nodes, dtype=bool)
+
+
+def forward_sequence(graph: CompGraph, order: np.ndarray) -> np.ndarray:
+    """The items' sequence (step 1 of the module docstring): the forward ops in the topological order nearest
+    to `order` (Kahn's algorithm over the forward ops, the ready op earliest in `order` first). The placer's
+    result depends on the order only through it, so orders with equal sequences place alike."""
     n_nodes = graph.num_nodes
-    phase = op_phases(graph)
-    fwd = phase == FORWARD
-    if not fwd.any():  # nothing is forward (e.g. a backward-only graph): every op is an item
-        fwd = np.ones(n_nodes, dtype=bool)
+    fwd = _forward_ops(graph)
     pos = np.empty(n_nodes, dtype=np.int64)
     pos[np.asarray(order, dtype=np.int64)] = np.arange(n_nodes)
     # Kahn over the forward ops, the ready op earliest in `order` first
@@ -140,6 +146,13 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.n
                 indeg[w] -= 1
                 if indeg[w] == 0:
                     heapq.heappush(heap, (int(pos[w]), w))
+    return np.asarray(seq, dtype=np.int64)
+
+
+def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.ndarray) -> _Items:
+    phase = op_phases(graph)
+    fwd = _forward_ops(graph)
+    seq = forward_sequence(graph, order).tolist()
     class_item: dict[int, int] = {}
     for i, v in enumerate(seq):
         class_item[int(classes[v])] = i  # the last one: an input tied to its consumer goes with the consumer
@@ -494,7 +507,8 @@ def _refine(judge: _Judge, plan: PipelinePlan) -> PipelinePlan:
     return judge.best[3]
 
 
-@register("pipeline", uses_order=True, cheap=True, check=_check_settings)
+@register("pipeline", uses_order=True, cheap=True, check=_check_settings,
+          order_key=lambda graph, visit: forward_sequence(graph, visit).tobytes())
 def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, ties: np.ndarray | None = None,
              schedule: str = "1f1b", microbatches: int | None = None, chunks: int | None = None) -> PlacerOutput:
     """Pipeline stages: cut the traversal order into contiguous stages (one per device, or `chunks` per device

@@ -14,7 +14,7 @@ import importlib
 import inspect
 import pkgutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -147,6 +147,9 @@ class PlacerSpec:
     # "even"; anneal: its `start`): `place` and `place_expanded` judge that start as they judge this placer and
     # keep it when it is faster, so a refining placer never ends worse than its start as the caller sees it
     refines: Callable[[Mapping[str, Any]], str] | None = None
+    # order_key(graph, visit) -> what of the order the placer's result depends on (the pipeline placer: the forward
+    # ops' sequence); `order="auto"` places under one of the orders with equal keys only
+    order_key: Callable[[CompGraph, np.ndarray], Hashable] | None = None
 
     def start_placer(self, settings: Mapping[str, Any]) -> str | None:
         """The placer whose placement this one refines under `settings` (None: not a refining placer)."""
@@ -188,15 +191,17 @@ _LOADED = False
 
 
 def register(name: str, *, uses_order: bool, cheap: bool = False, check: Callable[..., None] | None = None,
-             refines: Callable[[Mapping[str, Any]], str] | None = None) -> Callable[[PlacerFn], PlacerFn]:
+             refines: Callable[[Mapping[str, Any]], str] | None = None,
+             order_key: Callable[[CompGraph, np.ndarray], Hashable] | None = None) -> Callable[[PlacerFn], PlacerFn]:
     """Class the decorated function as placer `name`. `cheap=True` declares that one run costs at most some
     tens of simulations of the graph, so that `order="auto"` may try every candidate order (see `place`).
     `check` (keyword arguments: settings) raises PlacerError for bad setting values; the placer calls it too.
-    `refines(settings)` names the placer whose placement this one starts from (`PlacerSpec.refines`)."""
+    `refines(settings)` names the placer whose placement this one starts from (`PlacerSpec.refines`);
+    `order_key(graph, visit)` what of an order its result depends on (`PlacerSpec.order_key`)."""
     def deco(func: PlacerFn) -> PlacerFn:
         if name in _REGISTRY and _REGISTRY[name].func is not func:
             raise RuntimeError(f"placer {name!r} registered twice")
-        _REGISTRY[name] = PlacerSpec(name, func, uses_order, cheap, check, refines)
+        _REGISTRY[name] = PlacerSpec(name, func, uses_order, cheap, check, refines, order_key)
         return func
     return deco
 
@@ -579,9 +584,18 @@ def auto_orders(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, try_orders
         return AutoOrders([], rec.order, "model", why, base)
     if try_orders is None:
         candidates = candidate_orders(rec)
+        same = ""
+        if spec.order_key is not None:  # orders the placer cannot tell apart are placed once
+            kept: dict[Hashable, list[str]] = {}
+            for name in candidates:
+                key = spec.order_key(graph, traversal_indices(graph, name, DEFAULT_SEED, cluster=cluster))
+                kept.setdefault(key, []).append(name)
+            candidates = [names[0] for names in kept.values()]
+            merged = [f"{names[0]} for {', '.join(names[1:])}" for names in kept.values() if len(names) > 1]
+            same = f"; orders it cannot tell apart placed once ({'; '.join(merged)})" if merged else ""
         return AutoOrders(candidates, rec.order, f"try all {len(candidates)}",
                           f"placer {spec.name!r} is registered cheap: placed under every candidate order (the "
-                          "model's ranking first), kept the smallest simulated step time", base)
+                          f"model's ranking first), kept the smallest simulated step time{same}", base)
     candidates = list(rec.ranking[:try_orders])
     return AutoOrders(candidates, rec.order, f"try {len(candidates)}",
                       f"smallest simulated step time of the model's {len(candidates)} most promising orders", base)

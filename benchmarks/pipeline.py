@@ -4,14 +4,16 @@ best placement without micro-batches, side by side (issue 12, item 7).
     PYTHONPATH=src .venv/bin/python benchmarks/pipeline.py [--models gpt2-xl llama-1b vit_b_16 ...]
         [--cluster 4xV100-16GB] [--schedule 1f1b] [--microbatches 8] [--flat even,contiguous,m-etf]
 
-Each model is a zoo name (default batch) or a case of benchmarks/beyond_zoo.py (its batch, chosen there so
-that the step does not fit one 16 GB V100; captured graphs cached as that script does). The training step is
-captured, costed for the cluster's first device and colocated (`prepare`); every step time is simulated on
-the full graph, in this run:
+Each model is a zoo name (its default batch rounded up to a multiple of M, so that the micro-batches exist) or
+a case of benchmarks/beyond_zoo.py (its batch, chosen there so that the step does not fit one 16 GB V100, which
+M must divide; captured graphs cached as that script does). The training step is captured, costed for every
+device kind of the cluster and colocated; every step time is simulated on the full graph, in this run:
 
-- pipeline placer: `place_graph(..., placer="pipeline")` with `--order` (default `auto`, which tries every
-  order for this cheap placer), as `devplace place --model` runs it (placed on the colocation groups, expanded
-  to every op, checked as run), under the schedule; the order it walked is printed;
+- pipeline placer: `place_prepared(..., placer="pipeline")` with `--order` (default `auto`, which tries every
+  order for this cheap placer), as `devplace place --model` runs it: a zoo model's pipeline on one micro-batch
+  captured at batch / M (a beyond-zoo case's on its whole step's costs / M), placed on the colocation groups,
+  expanded to every op, checked as run, under the schedule; the order it walked is printed; the even and
+  equal-layer splits are simulated on the same micro-batch graph;
 - work / devices: total work over total speed, the bound no schedule beats; ideal: that times the slots of
   an even pipeline, (M + p - 1) / M;
 - even split: `placers.even.even_devices` (equal compute per device at module boundaries, accelerate's
@@ -36,12 +38,14 @@ from pathlib import Path
 import numpy as np
 
 from beyond_zoo import CASES, captured
-from devplace.capture.pipeline import Prepared, capture_zoo_model, prepare
+from devplace.app.with_torch import place_prepared, prepare_model
+from devplace.capture.pipeline import Prepared, prepare
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster
+from devplace.hardware.cost import cost_devices
 from devplace.hardware.presets import PRESETS
-from devplace.placers import NoFitError
+from devplace.placers import NoFitError, schedule_of
 from devplace.placers.even import even_devices
 from devplace.planning import place_graph
 from devplace.sim import Schedule, ScheduleError, SimResult, simulate
@@ -84,16 +88,23 @@ def equal_layer_split(graph: CompGraph, devices: int) -> np.ndarray | None:
     return out
 
 
-def prepared_model(name: str, cluster: Cluster, cache: Path) -> tuple[Prepared, int]:
-    """The prepared step of zoo model or beyond-zoo case `name`, and its batch."""
+def prepared_model(name: str, cluster: Cluster, cache: Path, microbatches: int) -> tuple[Prepared, int]:
+    """The prepared step of zoo model or beyond-zoo case `name`, and its batch: a zoo model's default batch
+    rounded up to a multiple of `microbatches` (micro-batches must exist), captured with its `ModelRef` so that
+    the pipeline is placed on micro-batches captured at their own size; a beyond-zoo case at its own batch, which
+    `microbatches` must divide (its pipeline's micro-batches are the whole step's costs / M: no model ref)."""
+    kinds = cost_devices(cluster)
     if name in MODELS:
-        return prepare(capture_zoo_model(name), device=cluster.devices[0]), MODELS[name].batch
+        batch = -(-MODELS[name].batch // microbatches) * microbatches
+        return prepare_model(name, batch=batch, cluster=cluster), batch
     cases = {c.name: c for c in CASES}
     if name not in cases:
         raise SystemExit(f"unknown model {name!r}: a zoo model ({', '.join(MODELS)}) or a case of "
                          f"benchmarks/beyond_zoo.py ({', '.join(cases)})")
+    if cases[name].batch % microbatches:
+        raise SystemExit(f"{name}: its batch of {cases[name].batch} has no {microbatches} equal micro-batches")
     graph, _ = captured(cases[name], cache)
-    return prepare(graph, device=cluster.devices[0]), cases[name].batch
+    return prepare(graph, device=kinds[0], kinds=kinds[1]), cases[name].batch
 
 
 def split_text(result: SimResult | None, ours: float, why: str, per: float) -> tuple[str, str]:
@@ -127,24 +138,24 @@ def main() -> None:
     args = ap.parse_args()
     cluster = PRESETS[args.cluster]()
     p, m = cluster.num_devices, args.microbatches
-    sched = Schedule(args.schedule, m)
     print(f"{args.cluster}, {args.schedule}, M={m}; simulated ms per sample; ratios to the pipeline placer's step")
     print("| model | batch | ops | one device | work / devices | ideal | pipeline placer | order | / work | peak GB | "
           "even split | even / placer | equal-layer split | equal-layer / placer | best without micro-batches "
           "| that / placer | placer time (s) |")
     print("|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for name in args.models:
-        prepared, batch = prepared_model(name, cluster, args.cache)
-        full = prepared.full
+        prepared, batch = prepared_model(name, cluster, args.cache, m)
         t0 = time.perf_counter()
-        placed = place_graph(prepared.graph, cluster, placer="pipeline", order=args.order,
-                             coarsening=prepared.coarsening, full=full, schedule=args.schedule, microbatches=m)
+        placed = place_prepared(prepared, cluster, placer="pipeline", order=args.order,
+                                settings={"schedule": args.schedule, "microbatches": m})
         took = time.perf_counter() - t0
+        full = placed.graph  # one micro-batch, captured at batch / M, for a zoo model
+        sched = schedule_of(placed.placement)
         ours = placed.result.step_time_s
         assert placed.result.feasible
         per = 1e3 / batch
         work = placed.bound.work_s
-        one = DevplaceModel(full, cluster).run(np.zeros(full.num_nodes, dtype=np.int64))
+        one = DevplaceModel(prepared.full, cluster).run(np.zeros(prepared.full.num_nodes, dtype=np.int64))
         one_txt = (f"{one.step_time_s * per:.1f}" if one.feasible
                    else f"does not fit ({one.peak_memory_bytes[0] / 1e9:.1f} GB)")
         even = under(full, cluster, even_devices(full, cluster), sched)
@@ -156,7 +167,7 @@ def main() -> None:
         for flat_placer in args.flat.split(","):
             try:
                 r = place_graph(prepared.graph, cluster, placer=flat_placer, order="topo",
-                                coarsening=prepared.coarsening, full=full).result
+                                coarsening=prepared.coarsening, full=prepared.full).result
                 flat.append((r.step_time_s, flat_placer))
             except NoFitError:
                 pass

@@ -97,3 +97,23 @@ def test_placers_on_a_mixed_cluster_fit_and_stay_above_the_bound(placer):
         placed = place_prepared(prepare(_captured(), device=ref, kinds=kinds), c, placer=placer, order="topo")
         assert placed.result.feasible
         assert placed.bound.value_s <= placed.result.step_time_s * (1 + 1e-12)
+
+
+def test_the_pipeline_on_the_same_gpus_in_another_order_gives_the_same_step():
+    from devplace.placers import place, schedule_of
+    from devplace.placers.pipeline import device_orders
+
+    g = _captured(512, 256)
+    steps = []
+    for fast_first in (True, False):
+        c = _mixed(fast_first)
+        ref, kinds = cost_devices(c)
+        costed = prepare(g, device=ref, kinds=kinds).full
+        orders = device_orders(costed, c)
+        kind_of = [[c.devices[d].kind for d in o] for o in orders]
+        assert kind_of == [["A100-SXM4-40GB"] * 2 + ["V100-PCIe-16GB"] * 2,
+                           ["V100-PCIe-16GB"] * 2 + ["A100-SXM4-40GB"] * 2]  # fastest first, slowest first
+        p = place(costed, c, placer="pipeline", order="topo", microbatches=4, semantics="autograd")
+        assert (schedule_of(p).device_order or (0, 1, 2, 3)) in orders  # None: by index
+        steps.append(p.meta["step_time_s"])
+    assert steps[0] == pytest.approx(steps[1], rel=1e-9)

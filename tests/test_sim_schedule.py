@@ -151,12 +151,25 @@ def test_a_forward_kind_op_that_reads_a_gradient_runs_in_the_backward_pass():
 
 def test_placements_that_are_not_pipelines_are_rejected():
     g, c = chain(2, 1.0, 1.0), cluster(2, bw=1e9)
-    with pytest.raises(ScheduleError, match="from lower to higher device indices"):
+    with pytest.raises(ScheduleError, match="along its device order only"):
         simulate(g, c, np.array([1, 0, 1, 0]), schedule=Schedule("1f1b", 2))
     with pytest.raises(ScheduleError, match="multiple of the pipeline's 2 devices"):
         simulate(chain(4, 1.0, 1.0), c, on_stages(4, 2), schedule=Schedule("interleaved-1f1b", 3))
     with pytest.raises(ScheduleError, match="with the devplace model only"):
         simulate(g, c, on_stages(2, 2), model="placeto", schedule=Schedule())
+
+
+def test_a_device_order_lets_any_device_run_any_stage():
+    g, c = chain(3, 1.0, 2.0), cluster(3, bw=1e9)
+    forward = simulate(g, c, on_stages(3, 3), schedule=Schedule("1f1b", 4))
+    backwards = [2 - d for d in on_stages(3, 3).tolist()]  # stage 0 on device 2, stage 2 on device 0
+    s = Schedule("1f1b", 4, device_order=(2, 1, 0))
+    r = simulate(g, c, np.array(backwards), schedule=s)
+    assert r.step_time_s == forward.step_time_s and r.feasible  # identical devices: only the labels move
+    assert Schedule.from_dict(s.to_dict()) == s and s.to_dict()["device_order"] == [2, 1, 0]
+    assert "device_order" not in Schedule("1f1b", 4).to_dict()
+    with pytest.raises(ScheduleError, match="distinct device indices"):
+        Schedule("1f1b", 4, device_order=(0, 0))
 
 
 # ----------------------------------------------------------------------------- random pipelines

@@ -12,8 +12,10 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    A graph without kinds is all forward; an op of a class without a forward op goes with the item of its
    first forward predecessor (else first predecessor, else first successor, else the last item), and
    counts there.
-2. *Stages.* K = p * V stages (p devices, V chunks per device for interleaved-1f1b), stage k on device
-   k mod p; consecutive runs of the item sequence, possibly empty (so fewer devices may be used). A cut is
+2. *Stages.* K = p * V stages (p devices, V chunks per device for interleaved-1f1b), stage k on the device at
+   position k mod p of a device order (`device_orders`: by index on a cluster of identical devices; else
+   fastest first and slowest first, each searched, and the schedule records it as its `device_order`);
+   consecutive runs of the item sequence, possibly empty (so fewer devices may be used). A cut is
    *blocked* where a forward op's output would flow back to an earlier stage (its tie class is carried by an
    item after the cut, a consumer's before it): no schedule runs that, so no stage ends there.
 3. *Cost model.* With t_k a stage's time per micro-batch (its ops' seconds on its device, `op_times`) and
@@ -52,7 +54,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import njit
@@ -288,9 +290,24 @@ def _per_microbatch(schedule: Schedule) -> float:
     return 1.0 if schedule.microbatch_graph else float(schedule.microbatches)
 
 
+def device_orders(graph: CompGraph, cluster: Cluster) -> list[tuple[int, ...]]:
+    """The orders of the devices along the pipeline that the placer tries (position r runs stage r): by index
+    on a cluster whose devices all take the same time for the graph; else fastest first and slowest first (the
+    slow devices early can be the better, as they hold the most micro-batches' activations under 1F1B), so that
+    the answer does not depend on the order a cluster file lists its devices in (ties: by index)."""
+    total = op_times(graph, cluster).sum(axis=0)
+    if np.all(total == total[0]):
+        return [tuple(range(cluster.num_devices))]
+    fast = tuple(int(d) for d in np.lexsort((np.arange(total.size), total)))
+    slow = tuple(int(d) for d in np.lexsort((np.arange(total.size), -total)))
+    return list(dict.fromkeys([fast, slow]))
+
+
 class _Search:
-    def __init__(self, graph: CompGraph, cluster: Cluster, order: np.ndarray, classes: np.ndarray) -> None:
+    def __init__(self, graph: CompGraph, cluster: Cluster, order: np.ndarray, classes: np.ndarray,
+                 device_order: tuple[int, ...]) -> None:
         self.graph, self.cluster = graph, cluster
+        self.perm = np.asarray(device_order, dtype=np.int64)  # the device at each pipeline position
         self.items = it = _items(graph, order, classes, op_times(graph, cluster))
         # [D, n + 1] prefix sums of the items' seconds on each device
         self.pre_work = np.concatenate([np.zeros((1, cluster.num_devices)), np.cumsum(it.work, axis=0)]).T.copy()
@@ -308,7 +325,7 @@ class _Search:
         p = self.cluster.num_devices
         v = int(schedule.chunks or 1)
         m = _per_microbatch(schedule)
-        dev = np.arange(p * v) % p
+        dev = self.perm[np.arange(p * v) % p]
         pre = np.ascontiguousarray(self.pre_work[dev])  # [K, n + 1]: stage k's prefix sums on its device
         cap = ((self.cluster.memory[dev] - allowance[dev]) / v).astype(np.float64)
         inflight = _inflight(schedule, p)
@@ -342,7 +359,7 @@ class _Search:
         comm = 0.0
         for k, (i, j) in enumerate(zip(starts, cuts, strict=True)):
             if j > i:
-                t[k] = (self.pre_work[k % p, j] - self.pre_work[k % p, i]) / div
+                t[k] = (self.pre_work[self.perm[k % p], j] - self.pre_work[self.perm[k % p], i]) / div
                 if 0 < i < n:
                     c = self.latency + float(self.items.cross[i]) / div / self.comm_Bps
                     t[k] += c if waits else 0.0
@@ -350,16 +367,16 @@ class _Search:
         on = np.arange(len(cuts)) % p
         load = np.bincount(on, weights=t, minlength=p)
         ends, begins = np.asarray(cuts), np.asarray(starts)
-        step = np.bincount(on, weights=self.pre_step[on, ends] - self.pre_step[on, begins], minlength=p)
+        step = np.bincount(on, weights=self.pre_step[self.perm[on], ends] - self.pre_step[self.perm[on], begins],
+                           minlength=p)
         return float(t.sum() / v + comm + m * load.max() - t.max() + step.max())
 
     def devices(self, cuts: tuple[int, ...]) -> np.ndarray:
-        """Device per node: items by stage (stage k on device k mod p), every op with its owning item (tie
-        classes with their item, classes without a forward op as `_items` says)."""
+        """Device per node: items by stage (stage k on the device at position k mod p), every op with its owning
+        item (tie classes with their item, classes without a forward op as `_items` says)."""
         it = self.items
         stage_of_item = np.searchsorted(np.asarray(cuts), np.arange(it.nodes.shape[0]), side="right")
-        dev = stage_of_item[it.owner] % self.cluster.num_devices
-        return dev
+        return self.perm[stage_of_item[it.owner] % self.cluster.num_devices]
 
 
 class _Judge:
@@ -446,9 +463,25 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
     schedule, PlacerError (a DevplaceError) for invalid settings."""
     schedules = pipeline_schedules(schedule, microbatches, chunks, cluster.num_devices, batch=graph_batch(graph),
                                    own=graph_microbatches(graph))
-    p = cluster.num_devices
     classes = tie_classes(graph) if ties is None else np.asarray(ties, dtype=np.int64)
-    search = _Search(graph, cluster, order, classes)
+    plans = []
+    for device_order in device_orders(graph, cluster):
+        identity = device_order == tuple(range(cluster.num_devices))
+        ordered = [s if identity else replace(s, device_order=device_order) for s in schedules]
+        plan = _plan_in_order(graph, cluster, _Search(graph, cluster, order, classes, device_order), ordered)
+        if plan is not None:
+            plans.append(plan)
+    if not plans:
+        raise no_fit_error(graph, cluster, "pipeline", f"no split of the order into {schedule} pipeline stages "
+                           "fits memory under the schedule")
+    return min(plans, key=lambda pl: (pl.step_time_s, pl.schedule.microbatches))  # of equals the first order's
+
+
+def _plan_in_order(graph: CompGraph, cluster: Cluster, search: _Search,
+                   schedules: list[Schedule]) -> PipelinePlan | None:
+    """Steps 4-6 of the module docstring for one order of the devices along the pipeline (`search.perm`):
+    the best split found, judged and refined, or None when none fits memory."""
+    p = cluster.num_devices
     judge = _Judge(graph, cluster, search)
     allowance = {s: np.zeros(p) for s in schedules}
     for _ in range(ROUNDS):
@@ -469,10 +502,7 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
             break
         for s in schedules:
             allowance[s] += judge.excess[s]
-    if judge.best is None:
-        raise no_fit_error(graph, cluster, "pipeline", f"no split of the order into {schedule} pipeline stages "
-                           "fits memory under the schedule")
-    return _refine(judge, judge.best[3])
+    return None if judge.best is None else _refine(judge, judge.best[3])
 
 
 def _refine(judge: _Judge, plan: PipelinePlan) -> PipelinePlan:

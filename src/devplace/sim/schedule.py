@@ -58,12 +58,14 @@ class Schedule:
     """A micro-batch pipeline schedule: `kind` ("gpipe", "1f1b" or "interleaved-1f1b"), `microbatches` M,
     `chunks` V (model chunks per device; 1 except for interleaved-1f1b, where it defaults to 2), and
     `microbatch_graph` (True: the graph given to the simulator was captured at batch/M, so nothing is scaled;
-    False: it is the whole batch's step and forward/backward ops are scaled by 1/M)."""
+    False: it is the whole batch's step and forward/backward ops are scaled by 1/M), and `device_order` (the
+    devices in pipeline order, stage 0's first; None: by index), so that any device can run any stage."""
 
     kind: str = "1f1b"
     microbatches: int = 1
     chunks: int | None = None
     microbatch_graph: bool = False
+    device_order: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -80,6 +82,12 @@ class Schedule:
         object.__setattr__(self, "chunks", chunks)
         if not isinstance(self.microbatch_graph, bool):
             raise ScheduleError(f"Schedule: microbatch_graph must be True or False, got {self.microbatch_graph!r}")
+        if self.device_order is not None:
+            order = self.device_order
+            if (not isinstance(order, tuple | list) or len(set(order)) != len(order)
+                    or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0 for d in order)):
+                raise ScheduleError(f"Schedule: device_order must list distinct device indices, got {order!r}")
+            object.__setattr__(self, "device_order", tuple(int(d) for d in order))
 
     @property
     def label(self) -> str:
@@ -87,17 +95,23 @@ class Schedule:
         return f"{self.kind} M={self.microbatches}" + (f" V={self.chunks}" if (self.chunks or 1) > 1 else "")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"kind": self.kind, "microbatches": self.microbatches, "chunks": self.chunks,
-                "microbatch_graph": self.microbatch_graph}
+        """JSON-ready form (`device_order` only where it is set)."""
+        doc: dict[str, Any] = {"kind": self.kind, "microbatches": self.microbatches, "chunks": self.chunks,
+                               "microbatch_graph": self.microbatch_graph}
+        if self.device_order is not None:
+            doc["device_order"] = list(self.device_order)
+        return doc
 
     @classmethod
     def from_dict(cls, doc: Any) -> Schedule:
         """The schedule of a `to_dict()` document (a placement's meta["schedule"]); ScheduleError for anything
         else."""
-        keys = ("kind", "microbatches", "chunks", "microbatch_graph")
+        keys = ("kind", "microbatches", "chunks", "microbatch_graph", "device_order")
         if not isinstance(doc, dict) or set(doc) - set(keys) or "kind" not in doc:
             raise ScheduleError(f"a schedule is an object with keys {', '.join(keys)} (kind required), got {doc!r}")
+        doc = dict(doc)
+        if isinstance(doc.get("device_order"), list):
+            doc["device_order"] = tuple(doc["device_order"])
         return cls(**doc)
 
 
@@ -152,9 +166,11 @@ def op_phases(graph: CompGraph) -> np.ndarray:
     return phase
 
 
-def pipeline_stages(graph: CompGraph, devices: np.ndarray, chunks: int) -> Stages:
+def pipeline_stages(graph: CompGraph, devices: np.ndarray, chunks: int,
+                    device_order: tuple[int, ...] | None = None) -> Stages:
     """The stage of every op under `devices` (see the module docstring), or a ScheduleError when the
-    placement is not a pipeline with at most `chunks` chunks per device."""
+    placement is not a pipeline with at most `chunks` chunks per device. The pipeline's devices are in
+    `device_order` (devices it does not list after, by index), else by index."""
     phase = op_phases(graph)
     n = graph.num_nodes
     for e in range(graph.num_edges):
@@ -163,7 +179,9 @@ def pipeline_stages(graph: CompGraph, devices: np.ndarray, chunks: int) -> Stage
             raise ScheduleError(f"op {graph.ids[u]!r} (kind {graph.kind[u]!r}) runs once per step but feeds "
                                 f"{graph.ids[v]!r}, which runs once per micro-batch; only forward and backward "
                                 "ops may feed micro-batch ops (set their kind)")
-    used = sorted({int(devices[v]) for v in range(n) if phase[v] != PER_STEP})
+    rank = {d: i for i, d in enumerate(device_order or ())}
+    used = sorted({int(devices[v]) for v in range(n) if phase[v] != PER_STEP},
+                  key=lambda d: (rank.get(d, len(rank)), d))
     pos = {d: r for r, d in enumerate(used)}
     chunk = np.full(n, -1, dtype=np.int64)
     classes = tie_classes(graph)
@@ -179,7 +197,8 @@ def pipeline_stages(graph: CompGraph, devices: np.ndarray, chunks: int) -> Stage
                 wrap = pos[int(devices[u])] > pos[int(devices[v])]
                 c = max(c, int(chunk[u]) + int(wrap))
         if c >= chunks:
-            what = ("a pipeline sends activations from lower to higher device indices only" if chunks == 1
+            what = ("a pipeline sends activations along its device order only (by index unless the schedule "
+                    "gives a device_order)" if chunks == 1
                     else f"the pipeline wraps around the devices more than chunks={chunks} times")
             raise ScheduleError(f"forward op {graph.ids[int(v)]!r} on device {int(devices[v])} would be in chunk {c}"
                                 f": {what}; place the forward ops in stages along the device indices")
@@ -388,7 +407,7 @@ def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, s
     """Simulate one pipelined step of `graph` under `devices` (validated device index per node)."""
     check_microbatches(graph, schedule)
     devices = np.asarray(devices, dtype=np.int64)
-    stages = pipeline_stages(graph, devices, int(schedule.chunks or 1))
+    stages = pipeline_stages(graph, devices, int(schedule.chunks or 1), schedule.device_order)
     u = unroll(graph, devices, schedule, stages)
     r = DevplaceModel(u.graph, cluster).run(u.devices)
     n, m = graph.num_nodes, schedule.microbatches

@@ -106,3 +106,16 @@ def test_order_auto_places_the_pipeline_once_per_forward_sequence():
     assert "placed once" in p.meta["order_auto"]["why"]
     every = [place(g, c, placer="pipeline", order=o, microbatches=4).meta["step_time_s"] for o in candidates]
     assert p.meta["step_time_s"] == min(every)  # the orders left out could not have done better
+
+
+def test_auto_leaves_quadratic_placers_out_on_large_graphs_and_says_so(monkeypatch):
+    import devplace.placers.registry as registry
+
+    g = _graph(1)  # one sample: no pipeline candidate either
+    monkeypatch.setattr(registry, "AUTO_QUADRATIC_NODES", g.num_nodes - 1)
+    p = place(g, _slow_links(), order="topo")
+    meta = p.meta["placer_auto"]
+    assert "greedy" not in meta["time_s"] and meta["tried"]["greedy"].startswith("skipped: its time grows")
+    assert set(meta["time_s"]) == {"m-etf", "even-refine"}
+    monkeypatch.setattr(registry, "AUTO_QUADRATIC_NODES", g.num_nodes)
+    assert "greedy" in place(g, _slow_links(), order="topo").meta["placer_auto"]["time_s"]

@@ -30,6 +30,11 @@ AUTO_PIPELINE = "pipeline"
 micro-batch count chosen among those that divide the batch), compared with `AUTO_PLACERS` whenever the graph
 records a batch that can be split, and tried when none of them fits but the parameters do."""
 
+AUTO_QUADRATIC_NODES = 5000
+"""Placer auto leaves out the placers whose time grows with the square of the graph (greedy) on graphs of more
+nodes than this: greedy takes about 4.7 s per order at 5,000 nodes and 68 s at 20,000 on this project's 2-core
+machine, and auto would run it under every candidate order."""
+
 AUTO_SCHEDULES = ("none",)
 """What `AUTO_PLACER` takes as its `schedule` setting besides a schedule kind: "none", no micro-batches
 (only `AUTO_PLACERS`); a kind (gpipe, 1f1b, interleaved-1f1b): only `AUTO_PIPELINE` under it; not given: both

@@ -26,7 +26,7 @@ from devplace.sim.devplace_model import DevplaceModel
 from devplace.units import fmt_bytes
 
 
-@register("greedy", uses_order=True, cheap=True)
+@register("greedy", uses_order=True, cheap=True, quadratic=True)
 def greedy(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0,
            progress: Progress | None = None, ties: np.ndarray | None = None) -> np.ndarray:
     """Visit ops in the order; put each on the device giving the shortest simulated step time of the partial placement.

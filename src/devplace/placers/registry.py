@@ -24,6 +24,7 @@ from devplace.defaults import (
     AUTO_PIPELINE,
     AUTO_PLACER,
     AUTO_PLACERS,
+    AUTO_QUADRATIC_NODES,
     AUTO_SCHEDULES,
     DEFAULT_ORDER,
     DEFAULT_PLACER,
@@ -150,6 +151,9 @@ class PlacerSpec:
     # order_key(graph, visit) -> what of the order the placer's result depends on (the pipeline placer: the forward
     # ops' sequence); `order="auto"` places under one of the orders with equal keys only
     order_key: Callable[[CompGraph, np.ndarray], Hashable] | None = None
+    # quadratic: one run's time grows with the square of the graph (greedy: V x D simulations of up to V ops);
+    # placer "auto" leaves it out on graphs of more than AUTO_QUADRATIC_NODES nodes, and says so
+    quadratic: bool = False
 
     def start_placer(self, settings: Mapping[str, Any]) -> str | None:
         """The placer whose placement this one refines under `settings` (None: not a refining placer)."""
@@ -192,16 +196,18 @@ _LOADED = False
 
 def register(name: str, *, uses_order: bool, cheap: bool = False, check: Callable[..., None] | None = None,
              refines: Callable[[Mapping[str, Any]], str] | None = None,
-             order_key: Callable[[CompGraph, np.ndarray], Hashable] | None = None) -> Callable[[PlacerFn], PlacerFn]:
+             order_key: Callable[[CompGraph, np.ndarray], Hashable] | None = None,
+             quadratic: bool = False) -> Callable[[PlacerFn], PlacerFn]:
     """Class the decorated function as placer `name`. `cheap=True` declares that one run costs at most some
     tens of simulations of the graph, so that `order="auto"` may try every candidate order (see `place`).
     `check` (keyword arguments: settings) raises PlacerError for bad setting values; the placer calls it too.
     `refines(settings)` names the placer whose placement this one starts from (`PlacerSpec.refines`);
-    `order_key(graph, visit)` what of an order its result depends on (`PlacerSpec.order_key`)."""
+    `order_key(graph, visit)` what of an order its result depends on (`PlacerSpec.order_key`); `quadratic` that
+    its time grows with the square of the graph (`PlacerSpec.quadratic`)."""
     def deco(func: PlacerFn) -> PlacerFn:
         if name in _REGISTRY and _REGISTRY[name].func is not func:
             raise RuntimeError(f"placer {name!r} registered twice")
-        _REGISTRY[name] = PlacerSpec(name, func, uses_order, cheap, check, refines, order_key)
+        _REGISTRY[name] = PlacerSpec(name, func, uses_order, cheap, check, refines, order_key, quadratic)
         return func
     return deco
 
@@ -250,12 +256,24 @@ def check_auto_placer(settings: Mapping[str, Any]) -> str | None:
 def auto_candidates(graph: CompGraph, schedule: str | None) -> tuple[str, ...]:
     """The placers placer "auto" compares under `schedule` (`check_auto_placer`): `AUTO_PLACERS` unless a
     schedule kind is asked for, and `AUTO_PIPELINE` unless "none" is, when the graph records a batch of at least
-    2 samples (a graph of unknown batch is pipelined only when nothing else fits, `best_placer`)."""
+    2 samples (a graph of unknown batch is pipelined only when nothing else fits, `best_placer`). On a graph of
+    more than `AUTO_QUADRATIC_NODES` nodes the placers whose time grows with its square are left out
+    (`auto_skipped`)."""
     if schedule in SCHEDULE_KINDS:
         return (AUTO_PIPELINE,)
     batch = graph_batch(graph)
     split = schedule is None and graph_microbatches(graph) is None and batch is not None and batch >= 2
-    return (*AUTO_PLACERS, AUTO_PIPELINE) if split else AUTO_PLACERS
+    kept = tuple(p for p in AUTO_PLACERS if p not in auto_skipped(graph))
+    return (*kept, AUTO_PIPELINE) if split else kept
+
+
+def auto_skipped(graph: CompGraph) -> dict[str, str]:
+    """The placers of `AUTO_PLACERS` that placer "auto" leaves out on `graph`, each with the reason."""
+    if graph.num_nodes <= AUTO_QUADRATIC_NODES:
+        return {}
+    return {p: (f"skipped: its time grows with the square of the graph, and {graph.name!r} has "
+                f"{graph.num_nodes:,} nodes (more than {AUTO_QUADRATIC_NODES:,}); name it with --placer to run it")
+            for p in AUTO_PLACERS if get_placer(p).quadratic}
 
 
 def best_placer(graph: CompGraph, cluster: Cluster, attempt: Callable[[str, Progress | None], Any],
@@ -274,11 +292,13 @@ def best_placer(graph: CompGraph, cluster: Cluster, attempt: Callable[[str, Prog
             raise
 
     candidates = auto_candidates(graph, schedule)
+    skipped = auto_skipped(graph) if schedule not in SCHEDULE_KINDS else {}
     times: dict[str, float] = {}
     try:
-        return best_of(candidates, noting, step_of, progress=progress, what="placer", times=times)
+        best = best_of(candidates, noting, step_of, progress=progress, what="placer", times=times)
+        return replace(best, tried={**skipped, **best.tried})
     except NoFitError:
-        tried: dict[str, Any] = {p: f"NoFitError: {r}" for p, r in reasons.items()}
+        tried: dict[str, Any] = {**skipped, **{p: f"NoFitError: {r}" for p, r in reasons.items()}}
     if (AUTO_PIPELINE not in candidates and schedule is None
             and memory_needs(graph).params_bytes < float(cluster.memory.sum())):
         t0 = time.perf_counter()
@@ -302,7 +322,7 @@ def auto_settings(placer: str, schedule: str | None) -> dict[str, Any]:
 def placer_auto_meta(best: Best) -> dict[str, Any]:
     """meta["placer_auto"] of a placement made by placer "auto": the placer kept, each one's step (or its
     NoFitError), the seconds each one's search took (`time_s`) and why."""
-    compared = ", ".join(best.tried)
+    compared = ", ".join(best.times)  # the placers run (not those skipped)
     why = (f"smallest simulated step time of {compared} (placer {AUTO_PLACER!r})"
            if best.name != AUTO_PIPELINE or AUTO_PLACERS[0] not in best.tried or len(best.tried) > len(AUTO_PLACERS)
            else f"none of {', '.join(AUTO_PLACERS)} fits without micro-batches; {AUTO_PIPELINE} runs the step in "

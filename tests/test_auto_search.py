@@ -119,3 +119,22 @@ def test_auto_leaves_quadratic_placers_out_on_large_graphs_and_says_so(monkeypat
     assert set(meta["time_s"]) == {"m-etf", "even-refine"}
     monkeypatch.setattr(registry, "AUTO_QUADRATIC_NODES", g.num_nodes)
     assert "greedy" in place(g, _slow_links(), order="topo").meta["placer_auto"]["time_s"]
+
+
+def test_the_report_says_how_many_simulations_the_answer_took():
+    from devplace.planning import place_graph
+    from devplace.sim import simulate
+    from devplace.sim.count import counting
+
+    g = _graph(8)
+    with counting() as outer:
+        with counting() as inner:
+            simulate(g, _slow_links(), [0] * g.num_nodes)
+        assert inner.runs == 1
+    assert outer.runs == 1  # nested counts each see the run
+    one = place_graph(g, _slow_links(), placer="m-etf", order="topo")
+    assert one.simulations is not None and one.simulations >= 2  # m-etf's check and the final simulation
+    many = place_graph(g, _slow_links(), order="auto")
+    assert many.simulations > one.simulations
+    assert many.to_dict()["simulations"] == many.simulations
+    assert f"{many.simulations:,} simulations" in " ".join(many.text().split())

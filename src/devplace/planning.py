@@ -38,6 +38,7 @@ from devplace.hardware.cluster import Cluster
 from devplace.placers import place, place_expanded, schedule_of
 from devplace.placers.even import even_devices
 from devplace.sim import DevplaceModel, LowerBound, Schedule, ScheduleError, SimResult, lower_bound, simulate
+from devplace.sim.count import counting
 from devplace.sim.summary import result_view
 from devplace.sim.timeline import plot_timeline, write_trace
 from devplace.units import fmt_bytes, fmt_time
@@ -242,6 +243,7 @@ class Placed:
     placed_groups: int
     coarsening: Coarsening | None = None
     written: list[tuple[str, Path]] = field(default_factory=list)
+    simulations: int | None = None  # steps simulated to find it (`devplace.sim.count`), the final one included
 
     @property
     def order(self) -> str | None:
@@ -284,7 +286,7 @@ class Placed:
         doc = self.result.to_dict()
         doc.update(graph=self.graph.name, cluster=self.cluster.name, placer=self.placer, order=self.order,
                    seed=self.seed, settings=self.settings, semantics=self.semantics,
-                   placement_time_s=self.placement_time_s,
+                   placement_time_s=self.placement_time_s, simulations=self.simulations,
                    lower_bound_s=self.bound.value_s,
                    step_over_lower_bound=_over_bound(self.result.step_time_s, self.bound),
                    best_single_device=single.to_dict(self.cluster, step), even_split=even.to_dict(self.cluster, step),
@@ -333,16 +335,17 @@ class Placed:
         return out + _wrote(self.written)
 
     def _search_time(self) -> str:
-        """" in 12.30 s", or for a search over candidates (placer auto, order auto) the whole search's time and
-        each placer's: the time is never one candidate's alone."""
+        """" in 12.30 s (410 simulations)", or for a search over candidates (placer auto, order auto) the whole
+        search's time and each placer's: the time is never one candidate's alone."""
         chosen, auto = self.placement.meta.get("placer_auto"), self.placement.meta.get("order_auto")
+        sims = f", {self.simulations:,} simulations" if self.simulations is not None else ""
         if isinstance(chosen, dict) and chosen.get("time_s"):
             each = ", ".join(f"{p} {t:.2f} s" for p, t in chosen["time_s"].items())
-            return f"; the whole search (placer {AUTO_PLACER}) took {self.placement_time_s:.2f} s ({each})"
+            return f"; the whole search (placer {AUTO_PLACER}) took {self.placement_time_s:.2f} s{sims} ({each})"
         if isinstance(auto, dict) and auto.get("time_s"):
-            return (f"; the whole search over {len(auto['time_s'])} orders took {self.placement_time_s:.2f} s "
+            return (f"; the whole search over {len(auto['time_s'])} orders took {self.placement_time_s:.2f} s{sims} "
                     "(each order's time: --json, order_auto.time_s)")
-        return f" in {self.placement_time_s:.2f} s"
+        return f" in {self.placement_time_s:.2f} s{sims and f' ({sims[2:]})'}"
 
     def __rich__(self) -> Group:
         return Group(result_view(self.graph, self.cluster, self.result, self.bound), *self.lines())
@@ -370,22 +373,23 @@ def place_graph(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLA
     check_seed(seed)
     t0 = time.perf_counter()
     groups = graph.num_nodes
-    if coarsening is not None and full is not None:
-        # placed on the coarse graph, checked (and placed again with lowered caps if need be) on the full graph
-        placement = place_expanded(coarsening, full, cluster, placer=placer, order=order, seed=seed,
-                                   progress=progress, try_orders=try_orders, try_with=try_with,
-                                   semantics=semantics, **settings).placement
-        graph = full
-    else:
-        placement = place(graph, cluster, placer=placer, order=order, seed=seed, progress=progress,
-                          try_orders=try_orders, try_with=try_with, semantics=semantics, **settings)
-    elapsed = time.perf_counter() - t0
-    schedule = schedule_of(placement)  # a pipeline placement is timed under the schedule it was made for
-    result = (simulate(graph, cluster, placement, schedule=schedule) if schedule is not None
-              else simulate(graph, cluster, placement, model=simulation_model))
+    with counting() as count:
+        if coarsening is not None and full is not None:
+            # placed on the coarse graph, checked (and placed again with lowered caps if need be) on the full graph
+            placement = place_expanded(coarsening, full, cluster, placer=placer, order=order, seed=seed,
+                                       progress=progress, try_orders=try_orders, try_with=try_with,
+                                       semantics=semantics, **settings).placement
+            graph = full
+        else:
+            placement = place(graph, cluster, placer=placer, order=order, seed=seed, progress=progress,
+                              try_orders=try_orders, try_with=try_with, semantics=semantics, **settings)
+        elapsed = time.perf_counter() - t0
+        schedule = schedule_of(placement)  # a pipeline placement is timed under the schedule it was made for
+        result = (simulate(graph, cluster, placement, schedule=schedule) if schedule is not None
+                  else simulate(graph, cluster, placement, model=simulation_model))
     # placer "auto" (the default) reports the placer it kept; meta["placer_auto"] says which it tried
     return Placed(graph, cluster, placement, result, placement.meta.get("placer", placer), seed, dict(settings),
-                  elapsed, groups, coarsening)
+                  elapsed, groups, coarsening, simulations=count.runs)
 
 
 @dataclass(eq=False)

@@ -72,6 +72,7 @@ from devplace.runtime.pipeline_run import PipelineRun, run_pipeline
 from devplace.runtime.plan import Plan, build_source, load_plan, rebuild_zoo_model, zoo_plan
 from devplace.runtime.run import RunResult, append_record, local_cluster, measure_plan
 from devplace.sim import DevplaceModel, Schedule, ScheduleError, SimResult, simulate
+from devplace.sim.count import counting
 from devplace.study.report import write_report
 from devplace.study.runner import StudySummary, run_study
 from devplace.study.spec import StudyError, load_study
@@ -165,13 +166,19 @@ def _auto_with_microbatches(prepared: Prepared, cluster: Cluster, schedule: str 
     found: list[tuple[str, Placed]] = []
     captured: dict[int, Prepared] = {}  # each micro-batch size captured once for every schedule kind
 
+    sims = 0
+
     def attempt(name: str, run: Callable[[], Placed]) -> None:
+        nonlocal sims
         t0 = time.perf_counter()
         try:
-            placed = run()
+            with counting() as count:
+                placed = run()
         except (NoFitError, PlacerError) as exc:  # e.g. no micro-batch count divides the batch for interleaving
             tried[name] = f"{type(exc).__name__}: {getattr(exc, 'reason', '') or exc}"
+            sims += count.runs
         else:
+            sims += count.runs
             inner = placed.placement.meta.get("placer_auto")
             tried.update(inner["tried"] if isinstance(inner, dict) else {})
             tried[name] = placed.result.step_time_s
@@ -201,7 +208,8 @@ def _auto_with_microbatches(prepared: Prepared, cluster: Cluster, schedule: str 
     kept = best.placer if name == "unpipelined" else name
     meta = {"placer": kept, "tried": tried, "time_s": times,
             "why": f"smallest simulated step time of {', '.join(times)} (placer {AUTO_PLACER!r})"}
-    return replace(best, placement=best.placement.with_meta(placer_auto=meta), placement_time_s=sum(times.values()))
+    return replace(best, placement=best.placement.with_meta(placer_auto=meta), placement_time_s=sum(times.values()),
+                   simulations=sims)
 
 
 def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[str, Any],
@@ -223,20 +231,21 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
     walk = dict(how)
     chosen_at: int | None = None
     t0 = time.perf_counter()
-    for m in counts:
-        micro = captured[m] if m in captured else captured.setdefault(m, microbatch_prepared(prepared, m))
-        try:
-            placed = place_graph(micro.graph, cluster, placer="pipeline", coarsening=micro.coarsening,
-                                 full=micro.full, microbatches=m, **walk, **rest)
-        except NoFitError as exc:
-            tried[str(m)] = exc.reason or str(exc)
-            continue
-        if walk.get("order") == "auto" and placed.order is not None:
-            walk.update(order=placed.order, try_orders=None, try_with=None)
-            chosen_at = m
-        tried[str(m)] = placed.result.step_time_s
-        if best is None or placed.result.step_time_s < best.result.step_time_s:
-            best = placed
+    with counting() as count:
+        for m in counts:
+            micro = captured[m] if m in captured else captured.setdefault(m, microbatch_prepared(prepared, m))
+            try:
+                placed = place_graph(micro.graph, cluster, placer="pipeline", coarsening=micro.coarsening,
+                                     full=micro.full, microbatches=m, **walk, **rest)
+            except NoFitError as exc:
+                tried[str(m)] = exc.reason or str(exc)
+                continue
+            if walk.get("order") == "auto" and placed.order is not None:
+                walk.update(order=placed.order, try_orders=None, try_with=None)
+                chosen_at = m
+            tried[str(m)] = placed.result.step_time_s
+            if best is None or placed.result.step_time_s < best.result.step_time_s:
+                best = placed
     if best is None:
         reasons = "; ".join(f"M={m}: {why}" for m, why in tried.items())
         err = NoFitError(f"placer 'pipeline' found no pipeline of {prepared.full.name} on {cluster.name} that fits "
@@ -246,7 +255,8 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
     search = {"batch": batch, "tried": tried, "kept": schedule_of(best.placement).microbatches,  # type: ignore[union-attr]
               "order_chosen_at": chosen_at}
     return replace(best, placement=best.placement.with_meta(microbatch_search=search),
-                   placement_time_s=time.perf_counter() - t0)  # the whole search's, captures included
+                   placement_time_s=time.perf_counter() - t0,  # the whole search's, captures included
+                   simulations=count.runs)
 
 
 def place_by_map(graph: CompGraph, cluster: Cluster, module_map: Path, *, coarsening: Coarsening | None = None,

@@ -20,6 +20,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.heap import heap_pop, heap_push
 from devplace.graph.tensors import tensor_groups
 from devplace.hardware.cluster import Cluster, op_times
+from devplace.sim.count import note_simulation
 from devplace.sim.result import SimResult, Transfers
 
 # --------------------------------------------------------------------------- the event loop
@@ -294,6 +295,7 @@ class DevplaceModel:
         With `active` (bool per node), only the subgraph induced by the active nodes is simulated: inactive
         nodes and every edge touching one are ignored (a sequential placer's partial placement).
         """
+        note_simulation()
         g = self.graph
         dev = np.ascontiguousarray(devices, dtype=np.int64)
         if active is None:

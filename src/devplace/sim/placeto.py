@@ -37,6 +37,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.heap import heap_pop, heap_push
 from devplace.graph.tensors import tensor_groups
 from devplace.hardware.cluster import Cluster, op_times
+from devplace.sim.count import note_simulation
 from devplace.sim.result import SimResult, Transfers
 
 MODEL = SIM_PLACETO  # "placeto-sim": the Placeto paper's simulator (not the placer, not its encoder)
@@ -317,6 +318,7 @@ class PlacetoSimModel:
 
     def run(self, devices: np.ndarray) -> SimResult:
         """Simulate one step with `devices[v]` the device index of node v (already validated)."""
+        note_simulation()
         g = self.graph
         nd = self.cluster.num_devices
         dev = np.ascontiguousarray(devices, dtype=np.int64)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
+from devplace.files import MAX_INPUT_ENV
 from devplace.graph import CompGraph, save_graph
 from devplace.graph.compgraph import MAX_NAME_CHARS
-from devplace.graph.jsonio import MAX_INPUT_ENV
 from devplace.study.spec import MAX_CELLS_ENV
 from devplace.zoo.synthetic import layered_graph
 from study_fixture import write_fixture_db

@@ -17,7 +17,14 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from devplace.app import check_outputs, check_pipeline_settings, load_graph_arg, log_setting
+from devplace.app import (
+    GRAPH_FILE,
+    PLACEMENT_FILE,
+    check_outputs,
+    check_pipeline_settings,
+    load_graph_arg,
+    log_setting,
+)
 from devplace.capture.custom import build_named_model, named_prepared
 from devplace.capture.onnx_import import load_onnx
 from devplace.capture.pipeline import Prepared, capture_zoo_model, family_graph, prepare
@@ -42,6 +49,7 @@ from devplace.defaults import (
     TRAIN_FAMILY_GRAPHS,
 )
 from devplace.errors import DevplaceError
+from devplace.files import CHECKPOINT, PNG, json_kind
 from devplace.graph import save_graph
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
@@ -124,7 +132,7 @@ def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAUL
                    output: Path | None = None, trace: Path | None = None, plot: Path | None = None) -> Placed:
     """Place a prepared model's coarse graph, expand the placement to every op, simulate and write files
     (checked before placing)."""
-    check_outputs(output=output, trace=trace, plot=plot, log=log_setting(settings))
+    check_outputs({"output": PLACEMENT_FILE}, output=output, trace=trace, plot=plot, log=log_setting(settings))
     placed = place_graph(prepared.graph, cluster, placer=placer, order=order, seed=seed,
                          coarsening=prepared.coarsening, full=prepared.full, progress=progress,
                          try_orders=try_orders, try_with=try_with, **(settings or {}))
@@ -138,7 +146,7 @@ def place_by_map(graph: CompGraph, cluster: Cluster, module_map: Path, *, coarse
     """`devplace place --map FILE`: `graph` (a captured graph, every op) placed by a hand-made module map
     (`devplace.runtime.module_map`), as autograd runs it, simulated and reported like a placer's output,
     baselines included; `tensors`: parameter/buffer names the map may name; files written as `place_prepared`."""
-    check_outputs(output=output, trace=trace, plot=plot)
+    check_outputs({"output": PLACEMENT_FILE}, inputs=[module_map], output=output, trace=trace, plot=plot)
     t0 = time.perf_counter()
     placement = placement_from_module_map(graph, cluster, read_module_map(module_map), tensors=tensors)
     elapsed = time.perf_counter() - t0
@@ -322,6 +330,7 @@ def zoo_catalogue() -> tuple[dict[str, ModelSpec], tuple[str, ...], int]:
 
 def zoo_family_graph(name: str, index: int, *, max_nodes: int | None, output: Path | None = None) -> CompGraph:
     """`devplace zoo family`: graph `index` of a study family, coarsened; saved to `output` if given."""
+    check_outputs({"output": GRAPH_FILE}, output=output)
     g = family_graph(name, index, max_nodes=max_nodes)
     if output is not None:
         save_graph(g, output)
@@ -332,6 +341,7 @@ def profile_model(model: str, output: Path, *, batch: int | None = None, seq_len
                   device: str = "cpu", repeats: int = 10, max_ops: int | None = None,
                   progress: Callable[[int, int, Any], None] | None = None) -> tuple[CompGraph, CostTable]:
     """`devplace profile`: time every distinct op of a zoo model's step for real; the table is saved."""
+    check_outputs({"output": json_kind("devplace.costs")}, output=output)
     graph = capture_zoo_model(model, batch=batch, seq_len=seq_len)
     table = profile_graph(graph, device, repeats=repeats, max_ops=max_ops, progress=progress)
     table.save(output)
@@ -367,7 +377,7 @@ def train_policy(graphs: list[CompGraph], cluster: str | Cluster, **settings: An
     """`devplace train`: one placeto policy trained over `graphs` (`settings`: those of
     `devplace.placers.rl.trainer.train`; a setting given as None takes that function's default, which is
     `PlacetoHyper`'s). The checkpoint and log files are checked before training."""
-    check_outputs(output=settings.get("output"), log=settings.get("log"))
+    check_outputs({"output": CHECKPOINT}, output=settings.get("output"), log=settings.get("log"))
     given = {k: v for k, v in settings.items() if v is not None}
     return train(graphs, cluster if isinstance(cluster, Cluster) else load_cluster(cluster), **given)
 
@@ -381,8 +391,8 @@ def check_learned_placer(placer: str) -> None:
 
 def plot_learning_curve(curve: Path, output: Path) -> int:
     """`devplace plot-curve`: draw a learning curve CSV; returns its row count."""
-    check_outputs(output=output)
     rows = read_curve(curve)
+    check_outputs({"output": PNG}, output=output)
     plot_curve(rows, output, title=curve.stem)
     return len(rows)
 
@@ -438,19 +448,21 @@ def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, dev
                  cluster: str | None = None, batch: int | None = None, seq_len: int | None = None,
                  max_nodes: int | None = None, placer: str = DEFAULT_PLACER, order: str = DEFAULT_ORDER,
                  seed: int = DEFAULT_SEED, save_plan: Path | None = None, dtype: str | None = None,
-                 amp: bool = False) -> tuple[Plan, Any, Any]:
+                 amp: bool = False, trust_model: bool = False, record: Path | None = None) -> tuple[Plan, Any, Any]:
     """The plan `devplace run` runs, with its module and inputs: a saved plan file's zoo (or custom) model
     rebuilt, or model `model` (a zoo name or package.module:factory) captured in precision `dtype` / `amp` and
-    placed on `cluster` (default: the `devices`, speeds measured)."""
-    if (model is None) == (plan_file is None):
+    placed on `cluster` (default: the `devices`, speeds measured). A custom model a plan file names is imported
+    only with `trust_model` or when `model` repeats it. The `save_plan` and `record` outputs are checked first."""
+    if model is None and plan_file is None:
         raise DevplaceError("give either --model NAME (see `devplace zoo list`, or package.module:factory) or "
                             "--plan FILE")
+    check_outputs(inputs=[plan_file], save_plan=save_plan, record=record)
     real = normalize_devices(devices)
     if plan_file is not None:
         if dtype is not None or amp:
             raise DevplaceError("--dtype/--amp are for --model: a plan file runs in the precision it was made in")
         p = load_plan(plan_file)
-        module, inputs = rebuild_zoo_model(p)
+        module, inputs = rebuild_zoo_model(p, trust_model=trust_model or (model or False), where=str(plan_file))
         return p, module, inputs
     assert model is not None
     c = load_cluster(cluster) if cluster else local_cluster(real)
@@ -548,13 +560,14 @@ class PipelineRan:
 
 
 def run_pipeline_export(pipeline_file: Path, *, processes: int | None = None, steps: int = 5, warmup: int = 2,
-                        optimizer: str = "adam") -> PipelineRan:
+                        optimizer: str = "adam", trust_model: bool | str = False) -> PipelineRan:
     """`devplace run --pipeline`: rebuild the export's zoo model and run `warmup` + `steps` pipelined training
-    steps in one CPU process per stage (gloo); also the unpipelined loss of the same batch, for comparison."""
+    steps in one CPU process per stage (gloo); also the unpipelined loss of the same batch, for comparison. A
+    custom model the export names is imported only when `trust_model` is True or its name."""
     if steps < 1 or warmup < 0:
         raise DevplaceError(f"need --steps >= 1 and --warmup >= 0, got steps={steps}, warmup={warmup}")
     ex = read_pipeline(pipeline_file)
-    module, inputs = build_source(ex.source)
+    module, inputs = build_source(ex.source, trust_model=trust_model, where=str(pipeline_file))
     with torch.no_grad():
         reference = float(module(*inputs))
     ran = run_pipeline(module, inputs, ex, processes=processes, steps=warmup + steps, optimizer=optimizer)

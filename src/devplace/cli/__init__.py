@@ -11,9 +11,9 @@ import typer
 from rich.text import Text
 
 from devplace.cli import capture, learning, placement, runtime, study
-from devplace.cli.common import guarded_console, one_line
+from devplace.cli.common import guarded_console, one_line, quiet_libraries
 from devplace.errors import DevplaceError
-from devplace.graph.jsonio import MAX_INPUT_ENV, set_max_input_bytes
+from devplace.files import MAX_INPUT_ENV, begin_command, end_command, set_max_input_bytes
 
 __all__ = ["app", "main"]
 
@@ -37,11 +37,18 @@ app.add_typer(study.study_app, name="study")
 
 @app.callback()
 def global_options(
+    ctx: typer.Context,
     max_input_bytes: Annotated[int | None, typer.Option(
-        "--max-input-bytes", help=f"refuse input files longer than this many bytes (default 256 MiB; same as "
-                                  f"{MAX_INPUT_ENV}=N, which it sets for the command's worker processes too)")] = None,
+        "--max-input-bytes", help=f"refuse input files longer than this many bytes (default 256 MiB, at most 1 TiB; "
+                                  f"same as {MAX_INPUT_ENV}=N, which it sets for the command's worker processes "
+                                  "too)")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", help="show the warnings of the libraries devplace uses "
+                                          "(torch, matplotlib, Ray), hidden otherwise")] = False,
 ) -> None:
     """Options of every command, given before the command's name."""
+    begin_command()  # from here on, every file read is an input no output of this command may replace
+    ctx.call_on_close(end_command)
+    quiet_libraries(not verbose)
     if max_input_bytes is not None:
         set_max_input_bytes(max_input_bytes)
 

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from devplace.errors import DevplaceError
+from devplace.files import JSON_LINES_RUN, append_output
 
 __all__ = ["RUN_FORMAT", "PrecisionError", "RunResult", "append_record", "local_cluster", "measure_plan",
            "plan_precision", "run_record", "run_steps"]
@@ -153,9 +154,8 @@ def run_record(run: RunResult, *, graph: str, cluster: Any, devices: Sequence[to
 
 
 def append_record(path: str | Path, record: dict[str, Any]) -> None:
-    """Append `record` as one JSON line to `path`."""
-    with Path(path).open("a", encoding="utf-8") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
+    """Append `record` as one JSON line to `path` (atomically; only to a file of such records, unless --force)."""
+    append_output(path, json.dumps(record, sort_keys=True) + "\n", "--record", JSON_LINES_RUN)
 
 
 # Assumed links of a machine's own devices (not measured): PCIe gen3 x16 effective between two GPUs and between

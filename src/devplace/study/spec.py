@@ -21,7 +21,7 @@ from typing import Any
 
 from devplace.defaults import CANONICAL_ORDER, DEFAULT_SEED, DEFAULT_SIM_MODEL, FAMILY_MAX_NODES
 from devplace.errors import DevplaceError
-from devplace.graph.jsonio import env_limit, read_limited
+from devplace.files import env_limit, read_limited
 
 PRESETS: tuple[str, ...] = ("quick", "paper", "extended")
 NO_ORDER = "-"  # order_name of cells whose placer ignores the traversal order

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from devplace.errors import DevplaceError
+from devplace.files import protect
 
 SCHEMA_VERSION = 1
 
@@ -68,6 +69,7 @@ def connect(db_path: str | Path, *, create: bool = True) -> sqlite3.Connection:
     else read-only. An existing file is checked first, read-only, and refused (StoreError, file unchanged)
     when it is not a devplace study database of this schema or, for writing, when it cannot be written."""
     path = Path(db_path)
+    protect(path)  # no output of this command may replace the database
     if not create and not path.is_file():
         raise StoreError(f"{path}: no such results database; run `devplace study run ... --db {path}` first")
     exists = path.exists()

@@ -9,12 +9,14 @@ before the encoder was named `placeto-gnn` say "placeto", read as the same), `hi
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from devplace.defaults import ENCODERS, encoder_name
+from devplace.files import CHECKPOINT, output_file, read_limited
 from devplace.placers.registry import PlacerError
 from devplace.placers.rl.placeto import PlacetoPolicy
 
@@ -34,19 +36,19 @@ def save_policy(path: str | Path, policy: PlacetoPolicy, training: dict[str, Any
     if training is not None:
         doc["training"] = training
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise PolicyFileError(f"cannot write the policy to {path}: folder {path.parent} does not exist")
-    torch.save(doc, path)
+    with output_file(path, "--output", CHECKPOINT, binary=True) as fh:
+        torch.save(doc, fh)
     return path
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """The checkpoint dict at `path`, checked for its format; PolicyFileError when it is not one."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise PolicyFileError(f"no policy file {path}; train one with `devplace train ... -o {path}`")
+    data = io.BytesIO(read_limited(path))
     try:
-        doc = torch.load(path, map_location="cpu", weights_only=True)
+        doc = torch.load(data, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch.load raises many kinds of error on a file that is not a checkpoint
         # torch's message for a refused object starts with advice to retry with weights_only=False, which
         # would run the file's code: keep only the paragraphs that say what was refused

@@ -183,11 +183,12 @@ def read_limited(path: str | Path, max_bytes: int | None = None) -> bytes:
         raise FormatError(f"{path}: no such file") from None
     except OSError as exc:
         raise FormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise FormatError(f"{path}: is {what}; give a regular file")
     with os.fdopen(fd, "rb") as fh:
-        mode = os.fstat(fh.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            what = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
-            raise FormatError(f"{path}: is {what}; give a regular file")
         try:
             data = fh.read(limit + 1)
         except OSError as exc:

@@ -391,8 +391,8 @@ def check_learned_placer(placer: str) -> None:
 
 def plot_learning_curve(curve: Path, output: Path) -> int:
     """`devplace plot-curve`: draw a learning curve CSV; returns its row count."""
-    rows = read_curve(curve)
     check_outputs({"output": PNG}, output=output)
+    rows = read_curve(curve)
     plot_curve(rows, output, title=curve.stem)
     return len(rows)
 

@@ -78,10 +78,11 @@ PlacerOpt = Annotated[str, typer.Option(help=f"placer name (see `devplace placer
 SeedOpt = Annotated[int, typer.Option(help="seed for every random choice", callback=check_seed)]
 
 
-def output_path(raw: str) -> Path:
-    """An output file option's value (typer's `parser`): a name ending in / names a folder, refused here because
-    the path typer makes drops the slash (and a file named like the folder would be written)."""
-    if raw.endswith(("/", os.sep)):
+def output_path(raw: str | Path) -> Path:
+    """An output file option's value (typer's `parser`; a default arrives as a Path): a name ending in / names a
+    folder, refused here because the path typer makes drops the slash (and a file named like the folder would be
+    written)."""
+    if isinstance(raw, str) and raw.endswith(("/", os.sep)):
         raise typer.BadParameter(f"{raw} names a folder (it ends in /); give a file name, e.g. {raw}out.json")
     return Path(raw)
 

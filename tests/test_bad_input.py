@@ -22,9 +22,9 @@ import pytest
 
 from conftest import cluster, run_cli
 from devplace.errors import ClusterError, FormatError, GraphError
+from devplace.files import MAX_INPUT_ENV
 from devplace.graph import CompGraph, load_graph, save_graph
 from devplace.graph.compgraph import MAX_NAME_CHARS, MAX_TOTAL
-from devplace.files import MAX_INPUT_ENV
 from devplace.graph.jsonio import read_json
 from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.placers import NoFitError, place

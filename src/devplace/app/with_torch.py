@@ -73,7 +73,7 @@ from devplace.runtime.export import (
 from devplace.runtime.module_map import placement_from_module_map, read_module_map
 from devplace.runtime.pipeline_run import PipelineRun, run_pipeline
 from devplace.runtime.plan import Plan, build_source, load_plan, rebuild_zoo_model, zoo_plan
-from devplace.runtime.run import RunResult, append_record, local_cluster, measure_plan
+from devplace.runtime.run import RunResult, append_record, check_steps, local_cluster, measure_plan
 from devplace.sim import DevplaceModel, Schedule, ScheduleError, SimResult, simulate
 from devplace.study.report import write_report
 from devplace.study.runner import StudySummary, run_study
@@ -498,7 +498,7 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
             stages = len(pipeline_split(p.graph, p.placement).devices)
             base = sched or default_schedule(stages)
             kind = schedule or base.kind
-            sched = Schedule(kind, microbatches or base.microbatches,
+            sched = Schedule(kind, base.microbatches if microbatches is None else microbatches,
                              base.chunks if kind == base.kind else None)
         split = pipeline_split(p.graph, p.placement, p.cluster, schedule=sched)
         doc = split.to_dict()
@@ -564,8 +564,7 @@ def run_pipeline_export(pipeline_file: Path, *, processes: int | None = None, st
     """`devplace run --pipeline`: rebuild the export's zoo model and run `warmup` + `steps` pipelined training
     steps in one CPU process per stage (gloo); also the unpipelined loss of the same batch, for comparison. A
     custom model the export names is imported only when `trust_model` is True or its name."""
-    if steps < 1 or warmup < 0:
-        raise DevplaceError(f"need --steps >= 1 and --warmup >= 0, got steps={steps}, warmup={warmup}")
+    check_steps(steps, warmup)
     ex = read_pipeline(pipeline_file)
     module, inputs = build_source(ex.source, trust_model=trust_model, where=str(pipeline_file))
     with torch.no_grad():

@@ -87,6 +87,7 @@ def run_cmd(
         else:
             console.print(ran)
         return
+    tasks.check_steps(steps, warmup)  # before capturing and placing
     with busy(f"capturing and placing {model}", as_json or model is None):
         p, module, inputs = tasks.plan_for_run(model=model, plan_file=plan_file, devices=devices, cluster=cluster,
                                                batch=batch, seq_len=seq_len, max_nodes=max_nodes, placer=placer,

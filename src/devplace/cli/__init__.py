@@ -4,6 +4,9 @@ User errors print one line and exit 2; `--json` gives machine-readable output.""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import sys
 from typing import Annotated
 
@@ -75,4 +78,17 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except typer.Abort:  # Ctrl-D at a prompt
         sys.exit(1)
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRNOS:
+            raise
+        # standard output on a full disk or a closed pipe: one line, and nothing more written to it at exit
+        _error(f"cannot write the output: {exc.strerror}")
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+# the errors of writing an output that are the machine's, not devplace's (files devplace writes report them as
+# OutputPathError; these are standard output's)
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EPIPE, errno.EIO, errno.EFBIG})

@@ -323,3 +323,42 @@ def test_study_database_is_protected_while_reading(work):
     finally:
         files.end_command()
     assert sqlite3.connect(str(db)).execute("SELECT COUNT(*) FROM cells").fetchone()[0] > 0
+
+
+@pytest.mark.parametrize(("sql", "column"), [
+    ("UPDATE cells SET step_time_s = 'fast' WHERE rowid = 1", "step_time_s"),
+    ("UPDATE cells SET step_time_s = 9e999 WHERE rowid = 1", "step_time_s"),
+    ("UPDATE cells SET features = '{not json' WHERE rowid = 1", "features"),
+])
+def test_a_report_on_an_altered_database_names_row_and_column(work, sql, column, capsys, monkeypatch):
+    db = write_fixture_db(work / "db.sqlite")
+    with sqlite3.connect(str(db)) as con:
+        con.execute(sql)
+    text = _one_line(*run_cli(["study", "report", "db.sqlite", "-o", "rep"], capsys, monkeypatch))
+    assert "db.sqlite: row" in text and repr(column) in text
+
+
+def test_a_full_disk_leaves_the_old_output(work, capsys, monkeypatch):
+    import errno
+
+    from devplace import files
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    assert run_cli(["simulate", "g.json", "2xK80", "p.json", "--trace", "t.json"], capsys, monkeypatch)[0] == 0
+    old = (work / "t.json").read_bytes()
+    monkeypatch.setattr(files.os, "fsync", full)
+    text = _one_line(*run_cli(["simulate", "g.json", "2xK80", "p.json", "--trace", "t.json"], capsys, monkeypatch))
+    assert "No space left on device" in text and (work / "t.json").read_bytes() == old
+    assert sorted(p.name for p in work.iterdir() if p.name.startswith(".")) == []  # no temporary file left
+
+
+def test_standard_output_on_a_full_disk_is_one_line(work):
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # this devplace, installed or not
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "devplace", "info", "g.json", "--json"], stdout=full,
+                              stderr=subprocess.PIPE, text=True, cwd=work, env=env)
+    assert done.returncode == 2 and done.stderr.strip() == "error: cannot write the output: No space left on device"

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from devplace.errors import PlacementError
+from devplace.errors import FormatError, PlacementError
 from devplace.files import read_limited
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.modules import ancestors, forward_ops, module_of
@@ -166,6 +166,8 @@ def read_module_map(path: str | Path) -> dict[str, Any] | list[str]:
     points)."""
     try:
         doc = json.loads(read_limited(path).decode("utf-8"))
+    except FormatError as exc:  # missing, not a regular file, too large
+        raise ModuleMapError(f"cannot read module map {exc}") from None
     except UnicodeDecodeError as exc:
         raise ModuleMapError(f"{path}: not UTF-8 text; a module map is a JSON file") from exc
     except json.JSONDecodeError as exc:

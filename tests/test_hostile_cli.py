@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
+from devplace.files import MAX_INPUT_ENV
 from devplace.graph import CompGraph, save_graph
 from devplace.graph.compgraph import MAX_NAME_CHARS
-from devplace.graph.jsonio import MAX_INPUT_ENV
 from devplace.study.spec import MAX_CELLS_ENV
 from devplace.zoo.synthetic import layered_graph
 from study_fixture import write_fixture_db
@@ -102,7 +102,7 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
 REFUSED = [
     (["info", "empty.json"], "empty.json:1:1: malformed JSON"),
     (["info", "blank.json"], "malformed JSON"),
-    (["info", "adir"], "adir: cannot read: Is a directory"),
+    (["info", "adir"], "adir: is a folder; give a regular file"),
     (["info", "loop"], "loop: cannot read: Too many levels of symbolic links"),
     (["info", "dangling"], "dangling: no such file"),
     (["info", "g/[/x].json"], "g/[/x].json: no such file"),  # brackets in a path are not markup
@@ -124,13 +124,13 @@ REFUSED = [
     (["bound", "one.json", "c_devdict.json"], "\"devices\" must be a non-empty list"),
     (["bound", "one.json", "c_linkstr.json"], "\"link\" needs \"bandwidth_Bps\""),
     (["bound", "one.json", "c_speed0.json"], "\"speed\" must be > 0"),
-    (["bound", "one.json", "adir"], "adir: cannot read"),
+    (["bound", "one.json", "adir"], "adir: is a folder"),
     (["bound", "one.json", ""], "neither a cluster preset nor a file"),
     (["simulate", "one.json", "2xK80", "p_float.json"], "device indices are integers"),
     (["simulate", "one.json", "2xK80", "p_bool.json"], "device indices are integers"),
     (["simulate", "one.json", "2xK80", "p_extra.json"], "not in graph 'g'"),
     (["simulate", "one.json", "2xK80", "p_hugeint.json"], "devices 0..1"),
-    (["simulate", "one.json", "2xK80", "adir"], "adir: cannot read"),
+    (["simulate", "one.json", "2xK80", "adir"], "adir: is a folder"),
     (["place", "one.json", "-c", "2xK80", "--seed", "abc"], "Invalid value for '--seed'"),
     (["place", "one.json", "-c", "2xK80", "--seed", "99999999999999999999"], "seed must be an integer from 0"),
     (["place", "one.json", "-c"], "Option '-c' requires an argument"),
@@ -139,7 +139,7 @@ REFUSED = [
     (["place", "one.json", "-c", "2xK80", "--order", "[/]"], "unknown traversal order '[/]'"),
     (["place", "one.json", "-c", "2xK80", "--placer", "anneal", "--set", "steps=1e400"], "steps must be"),
     (["place", "one.json", "-c", "2xK80", "--placer", "anneal", "--set", "swap_prob=-0.5"], "swap_prob"),
-    (["place", "one.json", "-c", "2xK80", "--placer", "placeto", "--policy", "adir"], "no policy file adir"),
+    (["place", "one.json", "-c", "2xK80", "--placer", "placeto", "--policy", "adir"], "adir: is a folder"),
     (["place", "one.json", "-c", "2xK80", "--placer", "placeto", "--policy", "empty.json"],
      "not a devplace policy checkpoint"),
     (["nocmd"], "No such command 'nocmd'"),

@@ -17,7 +17,7 @@ PACKAGE = SRC / "devplace"
 DEVELOPERS = Path(__file__).resolve().parent.parent / "DEVELOPERS.md"
 
 # The bottom helpers every layer may import (DEVELOPERS.md: "imports nothing" / "nothing of devplace").
-BOTTOM = frozenset({"errors", "defaults", "units", "graph.heap"})
+BOTTOM = frozenset({"errors", "defaults", "units", "files", "graph.heap"})
 # Layer -> the layers it may import besides itself, as DEVELOPERS.md's "may import" column states them.
 # graph/ may import only errors (and heap, which lives in it).
 BELOW_PLANNING = frozenset({"placers", "sim", "orders", "capture", "zoo", "hardware", "graph"})
@@ -33,10 +33,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "capture": frozenset({"zoo", "hardware", "graph"}) | BOTTOM,
     "zoo": frozenset({"graph"}) | BOTTOM,
     "hardware": frozenset({"graph"}) | BOTTOM,
-    "graph": frozenset({"errors", "graph.heap"}),
+    "graph": frozenset({"errors", "files", "graph.heap"}),
     "graph.heap": frozenset(),
     "units": frozenset(),
     "errors": frozenset(),
+    "files": frozenset({"errors"}),
     "defaults": frozenset(),
 }
 # Above the table: the package's public API (`devplace/__init__.py`) and `python -m devplace`.

@@ -311,7 +311,7 @@ def test_subgraph_reads_outer_tensor(tmp_path):
 def test_errors_for_bad_files(tmp_path):
     with pytest.raises(FormatError, match="no such file"):
         load_onnx(tmp_path / "missing.onnx")
-    with pytest.raises(FormatError, match="directory"):
+    with pytest.raises(FormatError, match="is a folder"):
         load_onnx(tmp_path)
     (tmp_path / "empty.onnx").write_bytes(b"")
     with pytest.raises(FormatError, match="empty file"):

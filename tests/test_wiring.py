@@ -80,9 +80,13 @@ def test_custom_model_captures_places_and_runs_in_the_precision_asked(nets, tmp_
     assert "precision bfloat16" in text and "baselines: best single device" in text
     rec = json.loads(record.read_text().splitlines()[-1])
     assert rec["settings"]["source"] == {"custom": f"{nets}:build", "batch": 4, "seq_len": None, "build_seed": 0}
-    # the saved plan rebuilds the custom model and runs it in bf16 again
-    code, out, err = run(["run", "--plan", str(plan_file), "--devices", "cpu,cpu", "--steps", "1", "--warmup", "0",
-                          "--record", str(record)], capsys, monkeypatch)
+    # the saved plan rebuilds the custom model and runs it in bf16 again, once the user repeats its name (a plan
+    # file alone runs no code: issue 24)
+    again = ["run", "--plan", str(plan_file), "--devices", "cpu,cpu", "--steps", "1", "--warmup", "0", "--record",
+             str(record)]
+    code, out, err = run(again, capsys, monkeypatch)
+    assert code == 2 and "--trust-model" in err and len(record.read_text().splitlines()) == 1
+    code, out, err = run([*again, "--model", f"{nets}:build"], capsys, monkeypatch)
     assert code == 0, err
     assert len(record.read_text().splitlines()) == 2
 
@@ -125,8 +129,8 @@ def test_place_a_captured_graph_file_by_a_map(nets, tmp_path, capsys, monkeypatc
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["capture", "--model", "{m}:broken", "-o", "{tmp}/g.json"], "the factory raised ValueError: no weights here; a "
-                                                                 "factory is a function returning (module, example_"),
+    (["capture", "--model", "{m}:broken", "-o", "{tmp}/g.json"], "custom model 'wiring_pkg.nets:broken' failed: "
+                                                                 "ValueError: no weights here"),
     (["capture", "--model", "{m}:no_inputs", "-o", "{tmp}/g.json"], "example_inputs must be a tensor or a non-empty"),
     (["capture", "--model", "{m}:nothing", "-o", "{tmp}/g.json"], "has no attribute 'nothing'"),
     (["place", "--model", "wiring_missing.nets:build", "-c", "2xK80"], "cannot import module 'wiring_missing.nets'"),

@@ -101,3 +101,24 @@ def sim_model_name(name: str) -> str:
 def encoder_name(name: str) -> str:
     """The encoder's name for `name` or one of its aliases (unknown names are returned as given)."""
     return ENCODER_ALIASES.get(name, name)
+
+# Upper limits of the settings that scale work, checked before any work starts, the limit named in the message
+# (docs/limits.md lists them). Far above any useful value, low enough that a typo (10**8 for 8) fails at once
+# instead of running for hours or filling memory.
+MAX_DEVICES = 1024
+"""Devices of a cluster (or `devplace run --devices`): the simulator's channels grow with its square."""
+
+MAX_MICROBATCHES = 1024
+"""Micro-batches per step of a pipeline schedule (the simulated graph grows with them)."""
+
+MAX_STEPS = 100_000
+"""Timed and warm-up training steps of `devplace run`."""
+
+MAX_EPISODES = 100_000
+"""Training episodes of the learned placers (`devplace train --episodes`: rounds of one episode per graph)."""
+
+MAX_ROUNDS = 64
+"""Message-passing rounds per direction of placeto's graph encoder."""
+
+MAX_HIDDEN = 4096
+"""Embedding width of the learned placers' policies (parameters grow with its square)."""

@@ -14,7 +14,7 @@ it: the placer registry imports every placer module, the learned ones (torch) in
 from __future__ import annotations
 
 import importlib
-import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -33,6 +33,18 @@ from devplace.defaults import (
     RECOMMEND_PLACER,
 )
 from devplace.errors import DevplaceError
+from devplace.files import (
+    CSV_CURVE,
+    JSON_LINES_RUN,
+    PNG,
+    TRACE,
+    Kind,
+    OutputPathError,
+    check_output,
+    json_kind,
+    output_folder,
+    protect,
+)
 from devplace.graph import load_graph, load_placement
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, load_cluster
@@ -44,8 +56,9 @@ from devplace.planning import Placed, Progress, Simulated, json_safe, place_grap
 from devplace.sim import LowerBound, Schedule, ScheduleError, any_schedule_bound, lower_bound
 from devplace.units import fmt_time
 
-__all__ = ["Bounded", "OutputPathError", "Recommended", "bound", "check_outputs", "check_pipeline_settings",
-           "graph_file", "load_graph_arg", "log_setting", "plan_graph", "recommend", "simulate_file", "torch_tasks"]
+__all__ = ["GRAPH_FILE", "OUTPUT_KINDS", "PLACEMENT_FILE", "Bounded", "OutputPathError", "Recommended", "bound",
+           "check_outputs", "check_pipeline_settings", "graph_file", "load_graph_arg", "log_setting", "output_folder",
+           "plan_graph", "recommend", "simulate_file", "torch_tasks"]
 
 
 def torch_tasks() -> ModuleType:
@@ -55,30 +68,28 @@ def torch_tasks() -> ModuleType:
     return importlib.import_module("devplace.app.with_torch")
 
 
-class OutputPathError(DevplaceError):
-    """An output file that cannot be written: a folder, in a missing folder, or not writable."""
+# the kind of devplace file each output option writes (`devplace.files.Kind`): an existing file of another kind is
+# replaced only with --force
+OUTPUT_KINDS: dict[str, Kind] = {"trace": TRACE, "plot": PNG, "log": CSV_CURVE, "record": JSON_LINES_RUN,
+                                 "save_plan": json_kind("devplace.plan"), "full": json_kind("devplace.graph")}
+PLACEMENT_FILE = json_kind("devplace.placement")
+GRAPH_FILE = json_kind("devplace.graph")
 
 
-def check_outputs(**paths: Path | None) -> None:
-    """Refuse, before any work, output files that cannot be written (keyword: what the file is, e.g.
-    `trace=...`): a folder, a file in a folder that does not exist, or a file or folder not writable.
+def check_outputs(kinds: Mapping[str, Kind] | None = None, *, inputs: Sequence[Path | None] = (),
+                  **paths: Path | None) -> None:
+    """Refuse, before any work, output files that cannot or must not be written (keyword: the option, e.g.
+    `trace=...`; `devplace.files.check_output`): a folder, a file in a missing or read-only folder, one of the
+    command's `inputs` or of the files it read so far, a symbolic link or a file devplace did not write (those
+    two unless --force). `kinds` gives the kind of the outputs OUTPUT_KINDS does not know (e.g. `output`).
     Nothing is created or changed."""
+    for path in inputs:
+        if path is not None:
+            protect(path)
+    known = {**OUTPUT_KINDS, **(kinds or {})}
     for what, path in paths.items():
-        if path is None:
-            continue
-        name = f"--{what} {path}"
-        if str(path).endswith(("/", os.sep)) or path.is_dir():
-            raise OutputPathError(f"{name}: is a folder; give the name of a file (in it, or elsewhere)")
-        parent = path.parent
-        if not parent.is_dir():
-            raise OutputPathError(f"{name}: folder {parent} does not exist; create it first (mkdir -p {parent})")
-        if path.exists():
-            try:  # append mode changes nothing, and fails where writing would (e.g. files under /proc)
-                path.open("ab").close()
-            except OSError as exc:
-                raise OutputPathError(f"{name}: cannot be written ({exc.strerror}); choose another file") from None
-        elif not os.access(parent, os.W_OK):
-            raise OutputPathError(f"{name}: folder {parent} is not writable; choose another folder")
+        if path is not None:
+            check_output(path, "--" + what.replace("_", "-"), known.get(what))
 
 
 def log_setting(settings: dict[str, Any] | None) -> Path | None:
@@ -134,6 +145,8 @@ def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer:
     check_outputs(output=output, trace=trace, plot=plot, log=log_setting(settings))
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
     g = graph if isinstance(graph, CompGraph) else load_graph_arg(graph)
+    # after reading the inputs (quick), so that an output naming one of them is refused before placing
+    check_outputs({"output": PLACEMENT_FILE}, output=output, trace=trace, plot=plot, log=log_setting(settings))
     placed = place_graph(g, c, placer=placer, order=order, seed=seed, progress=progress, try_orders=try_orders,
                          try_with=try_with, semantics=semantics, **(settings or {}))
     placed.write(output=output, trace=trace, plot=plot)
@@ -144,10 +157,10 @@ def simulate_file(graph: str | Path, cluster: str | Cluster, placement: str | Pa
                   model: str = DEFAULT_SIM_MODEL, trace: Path | None = None, plot: Path | None = None) -> Simulated:
     """`devplace simulate`: simulate a placement file of a graph file on a cluster under simulation `model`.
     A placement made for another graph or cluster (by the names it records) is simulated with a warning."""
-    check_outputs(trace=trace, plot=plot)
     g = load_graph_arg(graph)
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
     p = load_placement(placement)
+    check_outputs(trace=trace, plot=plot)
     sim = simulate_placement(g, c, p, model=model)
     for what, recorded, given in (("graph", p.graph, g.name), ("cluster", p.cluster, c.name)):
         if recorded and recorded != given:

@@ -17,7 +17,14 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from devplace.app import check_outputs, check_pipeline_settings, load_graph_arg, log_setting
+from devplace.app import (
+    GRAPH_FILE,
+    PLACEMENT_FILE,
+    check_outputs,
+    check_pipeline_settings,
+    load_graph_arg,
+    log_setting,
+)
 from devplace.capture.custom import build_named_model, microbatch_prepared, named_prepared
 from devplace.capture.onnx_import import load_onnx
 from devplace.capture.pipeline import Prepared, capture_zoo_model, family_graph, prepare
@@ -43,6 +50,7 @@ from devplace.defaults import (
     TRAIN_FAMILY_GRAPHS,
 )
 from devplace.errors import DevplaceError
+from devplace.files import CHECKPOINT, PNG, json_kind
 from devplace.graph import save_graph
 from devplace.graph.batch import graph_batch
 from devplace.graph.coarsen import Coarsening
@@ -70,7 +78,7 @@ from devplace.runtime.export import (
 from devplace.runtime.module_map import placement_from_module_map, read_module_map
 from devplace.runtime.pipeline_run import PipelineRun, run_pipeline
 from devplace.runtime.plan import Plan, build_source, load_plan, rebuild_zoo_model, zoo_plan
-from devplace.runtime.run import RunResult, append_record, local_cluster, measure_plan
+from devplace.runtime.run import RunResult, append_record, check_steps, local_cluster, measure_plan
 from devplace.sim import DevplaceModel, Schedule, ScheduleError, SimResult, simulate
 from devplace.sim.count import counting
 from devplace.study.report import write_report
@@ -135,7 +143,7 @@ def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAUL
                    semantics: str | None = None) -> Placed:
     """Place a prepared model's coarse graph, expand the placement to every op, simulate and write files
     (checked before placing); `semantics` overrides the graph's ("autograd" for a captured model)."""
-    check_outputs(output=output, trace=trace, plot=plot, log=log_setting(settings))
+    check_outputs({"output": PLACEMENT_FILE}, output=output, trace=trace, plot=plot, log=log_setting(settings))
     how: dict[str, Any] = dict(order=order, seed=seed, progress=progress, try_orders=try_orders, try_with=try_with,
                                 semantics=semantics)
     settings = dict(settings or {})
@@ -265,7 +273,7 @@ def place_by_map(graph: CompGraph, cluster: Cluster, module_map: Path, *, coarse
     """`devplace place --map FILE`: `graph` (a captured graph, every op) placed by a hand-made module map
     (`devplace.runtime.module_map`), as autograd runs it, simulated and reported like a placer's output,
     baselines included; `tensors`: parameter/buffer names the map may name; files written as `place_prepared`."""
-    check_outputs(output=output, trace=trace, plot=plot)
+    check_outputs({"output": PLACEMENT_FILE}, inputs=[module_map], output=output, trace=trace, plot=plot)
     t0 = time.perf_counter()
     placement = placement_from_module_map(graph, cluster, read_module_map(module_map), tensors=tensors)
     elapsed = time.perf_counter() - t0
@@ -450,6 +458,7 @@ def zoo_catalogue() -> tuple[dict[str, ModelSpec], tuple[str, ...], int]:
 
 def zoo_family_graph(name: str, index: int, *, max_nodes: int | None, output: Path | None = None) -> CompGraph:
     """`devplace zoo family`: graph `index` of a study family, coarsened; saved to `output` if given."""
+    check_outputs({"output": GRAPH_FILE}, output=output)
     g = family_graph(name, index, max_nodes=max_nodes)
     if output is not None:
         save_graph(g, output)
@@ -460,6 +469,7 @@ def profile_model(model: str, output: Path, *, batch: int | None = None, seq_len
                   device: str = "cpu", repeats: int = 10, max_ops: int | None = None,
                   progress: Callable[[int, int, Any], None] | None = None) -> tuple[CompGraph, CostTable]:
     """`devplace profile`: time every distinct op of a zoo model's step for real; the table is saved."""
+    check_outputs({"output": json_kind("devplace.costs")}, output=output)
     graph = capture_zoo_model(model, batch=batch, seq_len=seq_len)
     table = profile_graph(graph, device, repeats=repeats, max_ops=max_ops, progress=progress)
     table.save(output)
@@ -495,7 +505,7 @@ def train_policy(graphs: list[CompGraph], cluster: str | Cluster, **settings: An
     """`devplace train`: one placeto policy trained over `graphs` (`settings`: those of
     `devplace.placers.rl.trainer.train`; a setting given as None takes that function's default, which is
     `PlacetoHyper`'s). The checkpoint and log files are checked before training."""
-    check_outputs(output=settings.get("output"), log=settings.get("log"))
+    check_outputs({"output": CHECKPOINT}, output=settings.get("output"), log=settings.get("log"))
     given = {k: v for k, v in settings.items() if v is not None}
     return train(graphs, cluster if isinstance(cluster, Cluster) else load_cluster(cluster), **given)
 
@@ -509,7 +519,7 @@ def check_learned_placer(placer: str) -> None:
 
 def plot_learning_curve(curve: Path, output: Path) -> int:
     """`devplace plot-curve`: draw a learning curve CSV; returns its row count."""
-    check_outputs(output=output)
+    check_outputs({"output": PNG}, output=output)
     rows = read_curve(curve)
     plot_curve(rows, output, title=curve.stem)
     return len(rows)
@@ -566,19 +576,21 @@ def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, dev
                  cluster: str | None = None, batch: int | None = None, seq_len: int | None = None,
                  max_nodes: int | None = None, placer: str = DEFAULT_PLACER, order: str = DEFAULT_ORDER,
                  seed: int = DEFAULT_SEED, save_plan: Path | None = None, dtype: str | None = None,
-                 amp: bool = False) -> tuple[Plan, Any, Any]:
+                 amp: bool = False, trust_model: bool = False, record: Path | None = None) -> tuple[Plan, Any, Any]:
     """The plan `devplace run` runs, with its module and inputs: a saved plan file's zoo (or custom) model
     rebuilt, or model `model` (a zoo name or package.module:factory) captured in precision `dtype` / `amp` and
-    placed on `cluster` (default: the `devices`, speeds measured)."""
-    if (model is None) == (plan_file is None):
+    placed on `cluster` (default: the `devices`, speeds measured). A custom model a plan file names is imported
+    only with `trust_model` or when `model` repeats it. The `save_plan` and `record` outputs are checked first."""
+    if model is None and plan_file is None:
         raise DevplaceError("give either --model NAME (see `devplace zoo list`, or package.module:factory) or "
                             "--plan FILE")
+    check_outputs(inputs=[plan_file], save_plan=save_plan, record=record)
     real = normalize_devices(devices)
     if plan_file is not None:
         if dtype is not None or amp:
             raise DevplaceError("--dtype/--amp are for --model: a plan file runs in the precision it was made in")
         p = load_plan(plan_file)
-        module, inputs = rebuild_zoo_model(p)
+        module, inputs = rebuild_zoo_model(p, trust_model=trust_model or (model or False), where=str(plan_file))
         return p, module, inputs
     assert model is not None
     c = load_cluster(cluster) if cluster else local_cluster(real)
@@ -614,7 +626,7 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
             stages = len(pipeline_split(p.graph, p.placement).devices)
             base = sched or default_schedule(stages)
             kind = schedule or base.kind
-            sched = Schedule(kind, microbatches or base.microbatches,
+            sched = Schedule(kind, base.microbatches if microbatches is None else microbatches,
                              base.chunks if kind == base.kind else None)
         split = pipeline_split(p.graph, p.placement, p.cluster, schedule=sched)
         doc = split.to_dict()
@@ -676,13 +688,13 @@ class PipelineRan:
 
 
 def run_pipeline_export(pipeline_file: Path, *, processes: int | None = None, steps: int = 5, warmup: int = 2,
-                        optimizer: str = "adam") -> PipelineRan:
+                        optimizer: str = "adam", trust_model: bool | str = False) -> PipelineRan:
     """`devplace run --pipeline`: rebuild the export's zoo model and run `warmup` + `steps` pipelined training
-    steps in one CPU process per stage (gloo); also the unpipelined loss of the same batch, for comparison."""
-    if steps < 1 or warmup < 0:
-        raise DevplaceError(f"need --steps >= 1 and --warmup >= 0, got steps={steps}, warmup={warmup}")
+    steps in one CPU process per stage (gloo); also the unpipelined loss of the same batch, for comparison. A
+    custom model the export names is imported only when `trust_model` is True or its name."""
+    check_steps(steps, warmup)
     ex = read_pipeline(pipeline_file)
-    module, inputs = build_source(ex.source)
+    module, inputs = build_source(ex.source, trust_model=trust_model, where=str(pipeline_file))
     with torch.no_grad():
         reference = float(module(*inputs))
     ran = run_pipeline(module, inputs, ex, processes=processes, steps=warmup + steps, optimizer=optimizer)

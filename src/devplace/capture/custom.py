@@ -9,12 +9,20 @@ seeded random generator (the caller's global RNG is untouched).
 
 `build_named_model`, `capture_named_model` and `named_prepared` take a zoo name or a custom one, so a
 command that accepts one accepts both.
+
+A custom name is code: importing it runs the module's top-level code. A name typed by the user (`--model`) is
+imported; a name read from a data file (a plan, a pipeline export) only when the user allows it
+(`check_trusted`), so that a file passed around cannot run code.
+
+Whatever the user's code raises while importing or building (any BaseException: SystemExit and
+KeyboardInterrupt included) becomes one CustomModelError, "custom model 'x:f' failed: <type>: <message>".
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,14 +35,16 @@ from devplace.errors import DevplaceError
 from devplace.graph.batch import MICROBATCHES_META_KEY, divisors_text, graph_batch
 from devplace.graph.compgraph import CompGraph
 
-__all__ = ["CustomModelError", "build_custom_model", "build_named_model", "capture_named_model", "is_custom",
-           "load_factory", "named_prepared"]
+__all__ = ["CustomModelError", "build_custom_model", "build_named_model", "capture_named_model", "check_trusted",
+           "is_custom", "load_factory", "named_prepared"]
 
 # how a factory must look, for the messages about one that does not
 FACTORY_SHAPE = ("a factory is a function returning (module, example_inputs) or (module, example_inputs, loss_fn), "
                  "module(*example_inputs) being the forward")
 
 Built = tuple[nn.Module, tuple[Any, ...], Callable[..., torch.Tensor] | None]
+
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 class CustomModelError(DevplaceError):
@@ -46,17 +56,38 @@ def is_custom(name: str) -> bool:
     return ":" in name
 
 
+def check_trusted(spec: str, trust: bool | str, where: str) -> None:
+    """Refuse to import custom model `spec` that a data file (`where`, e.g. "plan.json") names, unless the user
+    allows it: `trust` True (`--trust-model`) or equal to `spec` (the user repeated it as `--model`)."""
+    if trust is True or trust == spec:
+        return
+    if isinstance(trust, str) and trust:
+        raise CustomModelError(f"--model {trust} differs from the custom model {where} names ({spec!r}); give "
+                               f"--model {spec} to run it, or drop --model")
+    raise CustomModelError(f"{where} asks to import and run custom model {spec!r} (Python code on this machine); "
+                           f"a data file runs no code unless you allow it: repeat it as --model {spec}, or pass "
+                           "--trust-model")
+
+
+def _failed(spec: str, exc: BaseException) -> CustomModelError:
+    return CustomModelError(f"custom model {spec!r} failed: {type(exc).__name__}: {exc}")
+
+
 def load_factory(spec: str) -> Callable[..., Any]:
     """The callable that `package.module:factory` names (`factory` may be a dotted attribute path)."""
     mod_name, _, attr = spec.partition(":")
-    if not mod_name or not attr:
-        raise CustomModelError(f"custom model {spec!r} must be written package.module:factory, e.g. "
-                               "mymodels.towers:build")
+    if not _DOTTED.fullmatch(mod_name) or not _DOTTED.fullmatch(attr):
+        raise CustomModelError(f"custom model {spec!r} must be written package.module:factory (dotted Python names, "
+                               "no relative import), e.g. mymodels.towers:build")
     try:
         obj: Any = importlib.import_module(mod_name)
     except ModuleNotFoundError as exc:
-        raise CustomModelError(f"custom model {spec!r}: cannot import module {mod_name!r} ({exc}); is it on "
-                               "PYTHONPATH (or installed), and is the name spelled right?") from exc
+        if exc.name is not None and mod_name.startswith(exc.name):  # the named module itself, not one it imports
+            raise CustomModelError(f"custom model {spec!r}: cannot import module {mod_name!r} ({exc}); is it on "
+                                   "PYTHONPATH (or installed), and is the name spelled right?") from exc
+        raise _failed(spec, exc) from exc
+    except BaseException as exc:  # the module's own code: a syntax error, an exception, even sys.exit() at import
+        raise _failed(spec, exc) from exc
     for part in attr.split("."):
         if not hasattr(obj, part):
             have = sorted(n for n in dir(obj) if not n.startswith("_"))[:8]
@@ -94,9 +125,8 @@ def build_custom_model(spec: str, batch: int | None = None, seq_len: int | None 
         torch.manual_seed(seed)
         try:
             out = factory(**kwargs)
-        except Exception as exc:  # the user's code: its error, as one line that says whose it is
-            raise CustomModelError(f"custom model {spec!r}: the factory raised {type(exc).__name__}: {exc}; "
-                                   f"{FACTORY_SHAPE}") from exc
+        except BaseException as exc:  # the user's code (SystemExit too): one line that says whose error it is
+            raise _failed(spec, exc) from exc
     if not isinstance(out, tuple | list) or len(out) not in (2, 3):
         raise CustomModelError(f"custom model {spec!r}: the factory must return (module, example_inputs) or "
                                f"(module, example_inputs, loss_fn), got {type(out).__name__}"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from devplace.errors import DevplaceError, FormatError
+from devplace.files import read_limited
 from devplace.graph.compgraph import CompGraph
 
 OPTIMIZERS = {"adam": 2, "sgd": 0, "none": 0}  # optimizer states per parameter element
@@ -171,14 +172,10 @@ def _read_model(path: Path) -> Any:
     import onnx
     from google.protobuf.message import DecodeError
 
-    if not path.exists():
-        raise OnnxImportError(f"{path}: no such file")
-    if path.is_dir():
-        raise OnnxImportError(f"{path}: is a directory; give the path of an .onnx file")
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise OnnxImportError(f"{path}: cannot read: {exc}") from None
+        data = read_limited(path)
+    except FormatError as exc:
+        raise OnnxImportError(str(exc)) from None
     hint = ""
     if data.lstrip()[:1] in (b"{", b"["):
         hint = " (it looks like JSON; a devplace graph file is read with load_graph, not as ONNX)"

@@ -365,13 +365,13 @@ def read_runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     import json
 
     from devplace.errors import FormatError
+    from devplace.files import read_limited
 
     out: list[dict[str, Any]] = []
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError as exc:
-        raise FormatError(f"{path}: cannot read: {exc}") from None
+        lines = read_limited(path).decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise FormatError(f"{path}: not UTF-8 text; expected one devplace.run/1 JSON object a line") from None
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue

@@ -4,6 +4,9 @@ User errors print one line and exit 2; `--json` gives machine-readable output.""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import sys
 from typing import Annotated
 
@@ -11,9 +14,9 @@ import typer
 from rich.text import Text
 
 from devplace.cli import capture, learning, placement, runtime, study
-from devplace.cli.common import guarded_console, one_line
+from devplace.cli.common import guarded_console, one_line, quiet_libraries
 from devplace.errors import DevplaceError
-from devplace.graph.jsonio import MAX_INPUT_ENV, set_max_input_bytes
+from devplace.files import MAX_INPUT_ENV, begin_command, end_command, set_max_input_bytes
 
 __all__ = ["app", "main"]
 
@@ -37,11 +40,18 @@ app.add_typer(study.study_app, name="study")
 
 @app.callback()
 def global_options(
+    ctx: typer.Context,
     max_input_bytes: Annotated[int | None, typer.Option(
-        "--max-input-bytes", help=f"refuse input files longer than this many bytes (default 256 MiB; same as "
-                                  f"{MAX_INPUT_ENV}=N, which it sets for the command's worker processes too)")] = None,
+        "--max-input-bytes", help=f"refuse input files longer than this many bytes (default 256 MiB, at most 1 TiB; "
+                                  f"same as {MAX_INPUT_ENV}=N, which it sets for the command's worker processes "
+                                  "too)")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", help="show the warnings of the libraries devplace uses "
+                                          "(torch, matplotlib, Ray), hidden otherwise")] = False,
 ) -> None:
     """Options of every command, given before the command's name."""
+    begin_command()  # from here on, every file read is an input no output of this command may replace
+    ctx.call_on_close(end_command)
+    quiet_libraries(not verbose)
     if max_input_bytes is not None:
         set_max_input_bytes(max_input_bytes)
 
@@ -68,4 +78,17 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except typer.Abort:  # Ctrl-D at a prompt
         sys.exit(1)
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRNOS:
+            raise
+        # standard output on a full disk or a closed pipe: one line, and nothing more written to it at exit
+        _error(f"cannot write the output: {exc.strerror}")
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+# the errors of writing an output that are the machine's, not devplace's (files devplace writes report them as
+# OutputPathError; these are standard output's)
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EPIPE, errno.EIO, errno.EFBIG})

@@ -14,6 +14,7 @@ from devplace.cli.common import (
     AmpOpt,
     BatchOpt,
     DtypeOpt,
+    ForceOpt,
     JsonOpt,
     MaxNodesOpt,
     ModelOpt,
@@ -21,6 +22,7 @@ from devplace.cli.common import (
     SeqOpt,
     busy,
     console,
+    output_path,
     print_json,
     progress_bar,
     say,
@@ -60,8 +62,10 @@ def zoo_family_cmd(
     index: Annotated[int, typer.Option(help="graph index, 0-31")] = 0,
     max_nodes: Annotated[int | None, typer.Option("--max-nodes", help="coarsen to at most this many groups")
                          ] = FAMILY_MAX_NODES,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the graph JSON here")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", parser=output_path,
+                                                help="write the graph JSON here")] = None,
     as_json: JsonOpt = False,
+    force: ForceOpt = False,
 ) -> None:
     """Capture graph INDEX of a study family, coarsened to --max-nodes, and print its size (or save it)."""
     g = app.torch_tasks().zoo_family_graph(name, index, max_nodes=max_nodes, output=output)
@@ -74,7 +78,7 @@ def zoo_family_cmd(
 
 
 def capture_cmd(
-    output: Annotated[Path, typer.Option("-o", "--output", help="write the graph JSON here")],
+    output: Annotated[Path, typer.Option("-o", "--output", parser=output_path, help="write the graph JSON here")],
     model: ModelOpt = None,
     onnx: Annotated[Path | None, typer.Option("--onnx", help="an ONNX forward graph to import instead")] = None,
     batch: BatchOpt = None,
@@ -83,9 +87,11 @@ def capture_cmd(
     optimizer: OptimizerOpt = "adam",
     costs: Annotated[Path | None, typer.Option("--costs", help="cost table from `devplace profile`")] = None,
     device_kind: Annotated[str, typer.Option("--device-kind", help=DEVICE_KIND_HELP)] = "V100",
-    full: Annotated[Path | None, typer.Option("--full", help="also write the uncoarsened graph here")] = None,
+    full: Annotated[Path | None, typer.Option("--full", parser=output_path,
+                                              help="also write the uncoarsened graph here")] = None,
     dtype: DtypeOpt = None,
     amp: AmpOpt = False,
+    force: ForceOpt = False,
 ) -> None:
     """Capture a training step (forward + backward + optimizer) and write its costed, colocated graph.
 
@@ -93,6 +99,7 @@ def capture_cmd(
     members of every group and the precision (--dtype, --amp). Op times: the analytic roofline for
     --device-kind at each op's precision, or a --costs table.
     """
+    app.check_outputs({"output": app.GRAPH_FILE}, inputs=[onnx, costs], output=output, full=full)
     tasks = app.torch_tasks()
     with busy("capturing", False):
         prepared = tasks.capture_graph(model=model, onnx=onnx, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
@@ -105,22 +112,23 @@ def capture_cmd(
 
 
 def profile_cmd(
-    output: Annotated[Path, typer.Option("-o", "--output", help="write the cost table JSON here")],
+    output: Annotated[Path, typer.Option("-o", "--output", parser=output_path, help="write the cost table JSON here")],
     model: ModelOpt = None,
     batch: BatchOpt = None,
     seq_len: SeqOpt = None,
     device: Annotated[str, typer.Option(help="where to run the ops: cpu or cuda[:i]")] = "cpu",
     repeats: Annotated[int, typer.Option(help="timed runs per op (after 3 warm-up runs)")] = 10,
     max_ops: Annotated[int | None, typer.Option("--max-ops", help="profile at most this many distinct ops")] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Run every distinct op of a zoo model's training step for real and write their times as a cost table."""
     if model is None:
         raise DevplaceError("--model NAME is required (see `devplace zoo list`)")
     with progress_bar(f"profiling {model} on {device}", False, label="{task.description}") as update:
-        assert update is not None
+        # no bar (update None) when the output is not a terminal: CI, a pipe, a redirect
         graph, table = app.torch_tasks().profile_model(
             model, output, batch=batch, seq_len=seq_len, device=device, repeats=repeats, max_ops=max_ops,
-            progress=lambda done, total, _t: update(done, total))
+            progress=None if update is None else lambda done, total, _t: update(done, total))
     say(f"{graph.name}: {len(table)} distinct ops timed on {device}"
         f"{f', {len(table.skipped)} skipped (listed in the table)' if table.skipped else ''}; wrote {output}")
 

@@ -4,7 +4,10 @@ and `--set key=value` parsing. Presentation only: the work is done by `devplace.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -18,6 +21,7 @@ from rich.text import Text
 
 from devplace.defaults import AUTO_PIPELINE, AUTO_PLACER, AUTO_PLACERS, SIM_MODEL_ALIASES, SIM_MODELS
 from devplace.errors import DevplaceError
+from devplace.files import set_force
 from devplace.graph.semantics import parse_semantics
 from devplace.placers import SearchProgress
 from devplace.planning import check_seed, json_safe
@@ -75,8 +79,19 @@ PlacerOpt = Annotated[str, typer.Option(help=f"placer name (see `devplace placer
                                               f"{AUTO_PIPELINE}, each at its defaults; --schedule none: no "
                                               "micro-batches)")]
 SeedOpt = Annotated[int, typer.Option(help="seed for every random choice", callback=check_seed)]
-TraceOpt = Annotated[Path | None, typer.Option(help="write a Chrome trace-event JSON (Perfetto)")]
-PlotOpt = Annotated[Path | None, typer.Option(help="write a Gantt chart PNG")]
+
+
+def output_path(raw: str | Path) -> Path:
+    """An output file option's value (typer's `parser`; a default arrives as a Path): a name ending in / names a
+    folder, refused here because the path typer makes drops the slash (and a file named like the folder would be
+    written)."""
+    if isinstance(raw, str) and raw.endswith(("/", os.sep)):
+        raise typer.BadParameter(f"{raw} names a folder (it ends in /); give a file name, e.g. {raw}out.json")
+    return Path(raw)
+
+
+TraceOpt = Annotated[Path | None, typer.Option(parser=output_path, help="write a Chrome trace-event JSON (Perfetto)")]
+PlotOpt = Annotated[Path | None, typer.Option(parser=output_path, help="write a Gantt chart PNG")]
 ScheduleOpt = Annotated[str | None, typer.Option(help="micro-batch schedule: gpipe, 1f1b or interleaved-1f1b (with "
                                                       "--placer pipeline, default 1f1b; with --placer auto, only "
                                                       "pipelines under it), or none (--placer auto: no "
@@ -163,6 +178,33 @@ def rounds_bar(description: str, total: int | None, quiet: bool) -> Iterator[Cal
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(description, total=total)
         yield lambda done, text, total: bar.update(task, completed=done, description=text, total=total)
+
+
+def _force(value: bool) -> bool:
+    set_force(value)
+    return value
+
+
+# --force acts through devplace.files (which every output goes through), set as the option is parsed: the command
+# itself only declares it
+ForceOpt = Annotated[bool, typer.Option("--force", callback=_force, help="replace an existing output file devplace "
+                                        "did not write, or a symbolic link (the link, not its target); an input "
+                                        "of the command is never replaced")]
+
+_QUIET_ENV = "PYTHONWARNINGS"
+
+
+def quiet_libraries(quiet: bool) -> None:
+    """Keep the warnings of third-party libraries (Python warnings and the loggers of torch and Ray) off the
+    user's output when `quiet` (the default; `devplace --verbose` shows them), in worker processes too. devplace's
+    own warnings are printed lines, not Python warnings, so they stay."""
+    if not quiet:
+        return
+    warnings.simplefilter("ignore")
+    warnings.filterwarnings("default", module=r"devplace\.")  # devplace's own (e.g. a traced forward's mismatch)
+    os.environ.setdefault(_QUIET_ENV, "ignore")  # inherited by a study's workers and `run --pipeline`'s stages
+    for name in ("torch", "ray", "matplotlib", "py.warnings"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def parse_settings(pairs: list[str]) -> dict[str, Any]:

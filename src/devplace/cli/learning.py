@@ -8,7 +8,17 @@ from typing import Annotated, Any
 import typer
 
 from devplace import app
-from devplace.cli.common import SIM_MODEL_HELP, SeedOpt, SemanticsOpt, busy, require_cluster, rounds_bar, say
+from devplace.cli.common import (
+    SIM_MODEL_HELP,
+    ForceOpt,
+    SeedOpt,
+    SemanticsOpt,
+    busy,
+    output_path,
+    require_cluster,
+    rounds_bar,
+    say,
+)
 from devplace.defaults import (
     CANONICAL_ORDER,
     DEFAULT_SEED,
@@ -18,6 +28,7 @@ from devplace.defaults import (
     LEARNED_PLACER,
     TRAIN_FAMILY_GRAPHS,
 )
+from devplace.files import CHECKPOINT
 from devplace.hardware.cluster import load_cluster
 from devplace.units import fmt_time
 
@@ -52,14 +63,16 @@ def train_cmd(
     sim_model: Annotated[str | None, typer.Option("--sim-model", help=f"simulator of the reward; {SIM_MODEL_HELP}"
                                                                       f"{PLACER_DEFAULT}")] = None,
     lr: Annotated[float | None, typer.Option(help=f"Adam learning rate{PLACER_DEFAULT}")] = None,
-    output: Annotated[Path, typer.Option("-o", "--output", help="write the policy checkpoint here")] \
+    output: Annotated[Path, typer.Option("-o", "--output", parser=output_path,
+                                         help="write the policy checkpoint here")] \
     = Path("policy.pt"),
     resume: Annotated[Path | None, typer.Option(help="continue training this checkpoint")] = None,
-    log: Annotated[Path | None, typer.Option(help="write the learning curve CSV here")] = None,
+    log: Annotated[Path | None, typer.Option(parser=output_path, help="write the learning curve CSV here")] = None,
     backend: Annotated[str, typer.Option(help="rollout workers: local (processes) or ray")] = "local",
     address: Annotated[str | None, typer.Option(help="Ray cluster address (default: start Ray locally)")] = None,
     workers: Annotated[int, typer.Option(help="rollout workers (local: 1 runs in this process)")] = 1,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    force: ForceOpt = False,
 ) -> None:
     """Train one placeto policy over several graphs (a family's, or GRAPHS files) and save it for
     `devplace place --placer placeto --set policy=policy.pt` on graphs it never saw."""
@@ -67,7 +80,8 @@ def train_cmd(
     tasks.check_learned_placer(placer)
     require_cluster(cluster)
     c = load_cluster(cluster)
-    app.check_outputs(output=output, log=log)  # before capturing a family, not only before training
+    # before capturing a family, not only before training
+    app.check_outputs({"output": CHECKPOINT}, inputs=[*(graphs or []), resume], output=output, log=log)
     with busy(f"capturing {family} graphs", quiet or family is None):
         gs = tasks.training_graphs(graphs or [], family=family, indices=indices, max_nodes=max_nodes)
     settings: dict[str, Any] = dict(order=order, episodes=episodes, seed=seed, encoder=encoder, hidden=hidden,
@@ -89,7 +103,9 @@ def train_cmd(
 
 def plot_curve_cmd(
     curve: Annotated[Path, typer.Argument(help="learning curve CSV from `devplace train --log` or --set log=...")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="write the PNG here")] = Path("curve.png"),
+    output: Annotated[Path, typer.Option("-o", "--output", parser=output_path,
+                                         help="write the PNG here")] = Path("curve.png"),
+    force: ForceOpt = False,
 ) -> None:
     """Draw a learning curve: step time per episode and best so far (per graph), and the policy's entropy."""
     rows = app.torch_tasks().plot_learning_curve(curve, output)

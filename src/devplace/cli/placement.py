@@ -18,6 +18,7 @@ from devplace.cli.common import (
     ChunksOpt,
     ClusterArg,
     DtypeOpt,
+    ForceOpt,
     GraphArg,
     JsonOpt,
     MaxNodesOpt,
@@ -34,6 +35,7 @@ from devplace.cli.common import (
     busy,
     console,
     one_line,
+    output_path,
     parse_settings,
     print_json,
     progress_bar,
@@ -71,6 +73,7 @@ def simulate_cmd(
     trace: TraceOpt = None,
     plot: PlotOpt = None,
     per_op: Annotated[bool, typer.Option("--per-op", help="with --json: each op's device, start, finish")] = False,
+    force: ForceOpt = False,
 ) -> None:
     """Simulate one training step of GRAPH on CLUSTER under PLACEMENT."""
     sim = app.simulate_file(graph, cluster, placement, model=model, trace=trace, plot=plot)
@@ -160,12 +163,14 @@ def place_cmd(
                                                       "it zero-shot); same as --set episodes=N")] = None,
     policy: Annotated[Path | None, typer.Option(help="learned placers: start from this trained policy (`devplace "
                                                      "train -o`); same as --set policy=FILE")] = None,
-    log: Annotated[Path | None, typer.Option(help="learned placers: write the learning curve CSV here (see "
+    log: Annotated[Path | None, typer.Option(parser=output_path,
+                                             help="learned placers: write the learning curve CSV here (see "
                                                   "`devplace plot-curve`); same as --set log=FILE")] = None,
     schedule: ScheduleOpt = None,
     microbatches: MicrobatchesOpt = None,
     chunks: ChunksOpt = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the placement JSON here")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", parser=output_path,
+                                                help="write the placement JSON here")] = None,
     as_json: JsonOpt = False,
     trace: TraceOpt = None,
     plot: PlotOpt = None,
@@ -175,6 +180,7 @@ def place_cmd(
     module_map: Annotated[Path | None, typer.Option("--map", help="place by this hand-made module map instead of a "
                                                     "placer: a JSON device_map (module -> device), a list of "
                                                     "split points, or a `devplace export` file")] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Place GRAPH (or a zoo or custom --model, captured on the fly) on a cluster and print the predicted step
     time and memory per device, with the best single device and the even split as baselines.
@@ -213,7 +219,8 @@ def place_cmd(
     quiet = quiet or as_json
     if model is not None:
         # before the capture, not only before placing
-        app.check_outputs(output=output, trace=trace, plot=plot, log=app.log_setting(settings))
+        app.check_outputs({"output": app.PLACEMENT_FILE}, inputs=[module_map], output=output, trace=trace, plot=plot,
+                          log=app.log_setting(settings))
         with busy(f"capturing the training step of {model}", quiet):
             prepared = app.torch_tasks().prepare_model(model, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
                                                        optimizer=optimizer, cluster=c, dtype=dtype, amp=amp)
@@ -352,6 +359,7 @@ def demo_cmd(
                                                "slower to give up)")
                         ] = "contiguous",
     max_nodes: MaxNodesOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Why devplace exists: capture a model that does not fit one device (Llama 1B, batch 8, 2048 tokens,
     Adam), place it on 4xV100-16GB with the `pipeline` placer (1F1B, 8 micro-batches of one sample, each
@@ -365,7 +373,7 @@ def demo_cmd(
                                                 **({"chunks": chunks} if chunks is not None else {})}, batch=batch)
     if baseline != AUTO_PLACER:  # a placer's name, checked before the capture
         get_placer(baseline)
-    out.mkdir(parents=True, exist_ok=True)
+    app.output_folder(out, "--out")
     with busy(f"capturing the training step of {model}", False):
         prepared = app.torch_tasks().prepare_model(model, batch=batch, max_nodes=max_nodes, cluster=c)
     say(f"captured {prepared.full.name}: {prepared.full.num_nodes} ops, colocated into {prepared.graph.num_nodes} "

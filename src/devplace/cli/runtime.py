@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +12,7 @@ from devplace.cli.common import (
     AmpOpt,
     BatchOpt,
     DtypeOpt,
+    ForceOpt,
     JsonOpt,
     MaxNodesOpt,
     ModelOpt,
@@ -22,11 +22,14 @@ from devplace.cli.common import (
     busy,
     console,
     guarded_console,
+    output_path,
     print_json,
     say,
 )
 from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
 from devplace.errors import DevplaceError
+from devplace.files import ANY_JSON
+from devplace.graph.jsonio import write_json
 
 
 def run_cmd(
@@ -43,9 +46,11 @@ def run_cmd(
     placer: PlacerOpt = DEFAULT_PLACER,
     order: Annotated[str, typer.Option(help="traversal order (see `devplace orders`), or auto")] = DEFAULT_ORDER,
     seed: SeedOpt = DEFAULT_SEED,
-    record: Annotated[Path | None, typer.Option(help="append the calibration record (JSON lines) here")] = Path(
+    record: Annotated[Path | None, typer.Option(parser=output_path,
+                                                help="append the calibration record (JSON lines) here")] = Path(
         "devplace-runs.jsonl"),
-    save_plan: Annotated[Path | None, typer.Option("--save-plan", help="write the plan made for --model here")] = None,
+    save_plan: Annotated[Path | None, typer.Option("--save-plan", parser=output_path,
+                                                   help="write the plan made for --model here")] = None,
     pipeline: Annotated[Path | None, typer.Option("--pipeline", help="a pipeline export (devplace export --format "
                                                   "pipeline): run its stages in CPU processes with gloo")] = None,
     processes: Annotated[int | None, typer.Option(help="with --pipeline: processes, one per stage (default: the "
@@ -53,6 +58,10 @@ def run_cmd(
     as_json: JsonOpt = False,
     dtype: DtypeOpt = None,
     amp: AmpOpt = False,
+    trust_model: Annotated[bool, typer.Option("--trust-model", help="with --plan/--pipeline: import and run the "
+                                              "custom model (package.module:factory) the file names; same as "
+                                              "repeating it as --model")] = False,
+    force: ForceOpt = False,
 ) -> None:
     """Run real training steps of a placed zoo or custom model and compare measured with simulated step time
     and memory.
@@ -61,24 +70,29 @@ def run_cmd(
     --devices, speeds measured on this machine); with --plan a saved plan is used. Steps run in the plan's
     precision. Logical device i runs on the i-th of --devices
     (a real device may repeat). Steps are timed with CUDA events where a GPU is used, wall clock otherwise.
+    A plan or export that names a custom model (package.module:factory) runs its code only when you allow it:
+    repeat the name as --model, or pass --trust-model.
     With --pipeline, the export's zoo model runs pipelined (torch.distributed.pipelining, its schedule and
     micro-batches), one CPU process per stage, and its first loss is shown next to the unpipelined one.
     """
     tasks = app.torch_tasks()
     if pipeline is not None:
-        if model is not None or plan_file is not None:
-            raise DevplaceError("--pipeline runs an export on its own: drop --model/--plan")
+        if plan_file is not None:
+            raise DevplaceError("--pipeline runs an export on its own: drop --plan")
         with busy(f"running {warmup + steps} pipelined steps of {pipeline}", as_json):
-            ran = tasks.run_pipeline_export(pipeline, processes=processes, steps=steps, warmup=warmup)
+            ran = tasks.run_pipeline_export(pipeline, processes=processes, steps=steps, warmup=warmup,
+                                            trust_model=trust_model or (model or False))
         if as_json:
             print_json(ran.to_dict())
         else:
             console.print(ran)
         return
+    tasks.check_steps(steps, warmup)  # before capturing and placing
     with busy(f"capturing and placing {model}", as_json or model is None):
         p, module, inputs = tasks.plan_for_run(model=model, plan_file=plan_file, devices=devices, cluster=cluster,
                                                batch=batch, seq_len=seq_len, max_nodes=max_nodes, placer=placer,
-                                               order=order, seed=seed, save_plan=save_plan, dtype=dtype, amp=amp)
+                                               order=order, seed=seed, save_plan=save_plan, dtype=dtype, amp=amp,
+                                               trust_model=trust_model, record=record)
     with busy(f"running {steps} timed steps on {devices}", as_json):
         measured = tasks.run_model(p, module, inputs, devices, steps=steps, warmup=warmup, record=record)
     if as_json:
@@ -92,19 +106,22 @@ def export_cmd(
     fmt: Annotated[str, typer.Option("--format", "-f", help="pipeline, device-map or json")] = "json",
     devices: Annotated[str | None, typer.Option(help="real device names for the logical indices, e.g. "
                                                 "cuda:0,cuda:1")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="write the JSON here (default: stdout)")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", parser=output_path,
+                                                help="write the JSON here (default: stdout)")] = None,
     schedule: Annotated[str | None, typer.Option(help="pipeline: schedule kind, gpipe or 1f1b (default: the "
                                                  "placement's, else 1f1b)")] = None,
     microbatches: Annotated[int | None, typer.Option(help="pipeline: micro-batches per step (default: the "
                                                      "placement's, else one per stage)")] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Export a plan's placement: torch.distributed.pipelining split points with the micro-batch schedule
     (devplace.pipeline/2; `devplace run --pipeline` runs it), a Hugging Face style device_map (module -> device,
     with the simulated step-time loss of that coarser mapping), or plain JSON."""
+    app.check_outputs({"output": ANY_JSON}, inputs=[plan_file], output=output)
     doc, note = app.torch_tasks().export_plan(plan_file, fmt, devices, schedule=schedule, microbatches=microbatches)
     if output is None:
         print_json(doc)
         guarded_console(stderr=True).print(note, highlight=False)
     else:
-        output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        write_json(output, doc, "--output")
         say(f"{note}; wrote {output}")

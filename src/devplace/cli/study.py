@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from devplace import app
-from devplace.cli.common import console, say
+from devplace.cli.common import ForceOpt, console, say
 from devplace.study.spec import DEFAULT_MAX_CELLS, MAX_CELLS_ENV
 
 study_app = typer.Typer(no_args_is_help=True, help="The traversal-order study: run a grid of cells, report on it.")
@@ -40,6 +40,7 @@ def study_report_cmd(
     db: Annotated[Path, typer.Argument(help="results database written by `devplace study run`")],
     out: Annotated[Path, typer.Option("-o", "--output", help="folder for report.md, results.csv, plots")] = Path(
         "study-report"),
+    force: ForceOpt = False,
 ) -> None:
     """Write a study's report: report.md (results section), results.csv, PNG plots and the fitted order model."""
     written = app.torch_tasks().study_report(db, out)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from devplace.defaults import MAX_DEVICES
 from devplace.errors import ClusterError
 from devplace.graph.compgraph import MAX_TOTAL, CompGraph, check_name
 from devplace.graph.jsonio import check_format, dump_number, read_json, write_json
@@ -160,6 +161,8 @@ class Cluster:
         raw_devs = doc.get("devices")
         if not isinstance(raw_devs, list) or not raw_devs:
             raise ClusterError(f"{where}: \"devices\" must be a non-empty list of devices")
+        if len(raw_devs) > MAX_DEVICES:
+            raise ClusterError(f"{where}: {len(raw_devs):,} devices, more than the limit of {MAX_DEVICES:,}")
         devices = []
         for i, rec in enumerate(raw_devs):
             at = f"{where}: device #{i}"

@@ -48,6 +48,7 @@ from typing import Any
 
 from devplace.defaults import CANONICAL_ORDER, RECOMMEND_PLACER
 from devplace.errors import DevplaceError, FormatError
+from devplace.files import json_kind, read_limited, write_output
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.hardware.features import graph_features
@@ -127,16 +128,16 @@ class OrderModel:
         """Read a model file; FormatError for bad JSON or another format/version."""
         p = Path(path)
         try:
-            doc = json.loads(p.read_text())
-        except OSError as exc:
-            raise FormatError(f"cannot read order model {p}: {exc.strerror}") from None
+            doc = json.loads(read_limited(p).decode("utf-8"))
+        except UnicodeDecodeError:
+            raise FormatError(f"{p} is not UTF-8 text; an order model is a JSON file") from None
         except json.JSONDecodeError as exc:
             raise FormatError(f"{p} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
         return cls(doc, str(p))
 
     def save(self, path: str | Path) -> None:
         """Write the model as indented JSON with sorted-free, stable key order (as built)."""
-        Path(path).write_text(json.dumps(self.doc, indent=1) + "\n")
+        write_output(path, json.dumps(self.doc, indent=1) + "\n", "order model", json_kind("devplace.order-model"))
 
     @property
     def placers(self) -> list[str]:

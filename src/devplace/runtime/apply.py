@@ -39,6 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from devplace.capture.torch_capture import FORWARD, Recorder, module_hooks
+from devplace.defaults import MAX_DEVICES
 from devplace.errors import PlacementError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement, runtime_placement
@@ -176,12 +177,16 @@ def state_first_ops(model: nn.Module, example_inputs: Any) -> dict[str, str]:
 def normalize_devices(devices: Sequence[str | torch.device] | str) -> list[torch.device]:
     """Real devices, one per logical device index (`"cuda:0,cuda:1"` or a list); checked to exist."""
     items = devices.split(",") if isinstance(devices, str) else list(devices)
+    if len(items) > MAX_DEVICES:
+        raise ApplyError(f"{len(items):,} devices given, more than the limit of {MAX_DEVICES:,}")
     out: list[torch.device] = []
     for d in items:
         try:
             dev = torch.device(d.strip() if isinstance(d, str) else d)
         except (RuntimeError, TypeError) as exc:
             raise ApplyError(f"{d!r} is not a torch device; use e.g. cpu, cuda:0, cuda:1") from exc
+        if dev.type not in ("cpu", "cuda"):  # meta holds no data, mps/xla/... are not what apply moves modules to
+            raise ApplyError(f"device {dev} cannot run training steps here; use cpu or cuda devices")
         if dev.type == "cuda":
             if not torch.cuda.is_available():
                 raise ApplyError(f"device {dev} needs CUDA, and torch sees no CUDA GPU; use cpu devices "

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from devplace.errors import PlacementError
+from devplace.errors import FormatError, PlacementError
+from devplace.files import read_limited
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.modules import ancestors, forward_ops, module_of
 from devplace.graph.placement import Placement, runtime_placement
@@ -164,9 +165,11 @@ def read_module_map(path: str | Path) -> dict[str, Any] | list[str]:
     `devplace export` writes (`devplace.device_map/1`'s "device_map", `devplace.pipeline/1` or `/2`'s split
     points)."""
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ModuleMapError(f"cannot read module map {path}: {exc.strerror or exc}") from exc
+        doc = json.loads(read_limited(path).decode("utf-8"))
+    except FormatError as exc:  # missing, not a regular file, too large
+        raise ModuleMapError(f"cannot read module map {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ModuleMapError(f"{path}: not UTF-8 text; a module map is a JSON file") from exc
     except json.JSONDecodeError as exc:
         raise ModuleMapError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); a module map is a JSON object "
                              "module -> device or a list of split points") from exc

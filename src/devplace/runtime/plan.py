@@ -188,8 +188,12 @@ def load_plan(path: str | Path) -> Plan:
     extra = {k: v for k, v in pdoc.items() if k not in ("format", "graph", "cluster", "assignment")}
     placement = Placement(dict(assignment), graph=str(pdoc.get("graph", "")), cluster=str(pdoc.get("cluster", "")),
                           meta=extra)
+    settings = doc.get("settings", {})
+    if not isinstance(settings, Mapping) or not isinstance(settings.get("source", {}), Mapping | None):
+        raise FormatError(f"{path}: \"settings\" must be a JSON object (and its \"source\" too); is this a devplace "
+                          "plan file?")
     result = simulate(graph, cluster, placement, schedule=schedule_of(placement))
-    return Plan(graph, cluster, placement, result, dict(doc.get("settings") or {}))
+    return Plan(graph, cluster, placement, result, dict(settings))
 
 
 def zoo_plan(name: str, cluster: Cluster | str, *, batch: int | None = None, seq_len: int | None = None,
@@ -216,23 +220,28 @@ def zoo_plan(name: str, cluster: Cluster | str, *, batch: int | None = None, seq
     return p, module, inputs
 
 
-def rebuild_zoo_model(p: Plan) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+def rebuild_zoo_model(p: Plan, *, trust_model: bool | str = False, where: str = "the plan"
+                      ) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """The zoo (or custom `package.module:factory`) module and inputs a plan made by `zoo_plan` was made for
-    (and `p.loss_fn` set to the factory's loss); an error for other plans."""
-    module, inputs, p.loss_fn = _build_named_source(p.settings.get("source"))
+    (and `p.loss_fn` set to the factory's loss); an error for other plans. A custom model is code, imported only
+    when `trust_model` is True or equal to its name (`devplace.capture.custom.check_trusted`); `where` names the
+    plan in messages."""
+    module, inputs, p.loss_fn = _build_named_source(p.settings.get("source"), trust_model, where)
     return module, inputs
 
 
-def build_source(src: Any) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+def build_source(src: Any, *, trust_model: bool | str = False, where: str = "the pipeline file",
+                 ) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """The zoo (or custom) module and inputs of a plan's `source` setting (model name, batch, seq_len,
     build_seed; also what a pipeline export made from the plan keeps); an error when the plan was made from a
-    Python module."""
-    module, inputs, _ = _build_named_source(src)
+    Python module. A custom model is imported only when trusted, as for `rebuild_zoo_model`."""
+    module, inputs, _ = _build_named_source(src, trust_model, where)
     return module, inputs
 
 
-def _build_named_source(src: Any) -> tuple[nn.Module, tuple[torch.Tensor, ...], Any]:
-    from devplace.capture.custom import build_named_model
+def _build_named_source(src: Any, trust_model: bool | str, where: str) -> tuple[nn.Module, tuple[torch.Tensor, ...],
+                                                                                 Any]:
+    from devplace.capture.custom import build_named_model, check_trusted, is_custom
     from devplace.errors import DevplaceError
 
     name = (src.get("zoo", src.get("custom")) if isinstance(src, Mapping) else None)
@@ -240,4 +249,21 @@ def _build_named_source(src: Any) -> tuple[nn.Module, tuple[torch.Tensor, ...], 
         raise DevplaceError("this plan was made from a Python module, not a zoo model, so the command line cannot "
                             "rebuild it; in Python, use plan.apply(model, devices) and devplace.runtime.run_steps "
                             "(or devplace.runtime.run_pipeline for a pipeline export)")
-    return build_named_model(name, src.get("batch"), src.get("seq_len"), seed=int(src.get("build_seed", 0)))
+    assert isinstance(src, Mapping)
+    # a zoo name has no colon: a "zoo" entry holding one names code as much as a "custom" entry does
+    if is_custom(name):
+        check_trusted(name, trust_model, where)
+    elif isinstance(trust_model, str) and trust_model != name:
+        raise DevplaceError(f"--model {trust_model} differs from the model {where} names ({name}); drop --model")
+    sizes = [_source_int(src, key, where, 1, 2**31 - 1) for key in ("batch", "seq_len")]
+    seed = _source_int(src, "build_seed", where, 0, 2**63 - 1)
+    return build_named_model(name, sizes[0], sizes[1], seed=0 if seed is None else seed)
+
+
+def _source_int(src: Mapping[str, Any], key: str, where: str, low: int, high: int) -> int | None:
+    """Field `key` of a model source: absent/null, or a whole number in [low, high]; FormatError naming it."""
+    value = src.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+        raise FormatError(f"{where}: the model source's {key!r} must be a whole number from {low} to {high}, got "
+                          f"{value!r}; the file is damaged or was edited: make it again")
+    return value

@@ -26,9 +26,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from devplace.defaults import MAX_STEPS
 from devplace.errors import DevplaceError
+from devplace.files import JSON_LINES_RUN, append_output
 
-__all__ = ["RUN_FORMAT", "PrecisionError", "RunResult", "append_record", "local_cluster", "measure_plan",
+__all__ = ["RUN_FORMAT", "PrecisionError", "RunResult", "append_record", "check_steps", "local_cluster", "measure_plan",
            "plan_precision", "run_record", "run_steps"]
 
 RUN_FORMAT = "devplace.run/1"
@@ -75,6 +77,13 @@ def _autocast(dtype: torch.dtype | None) -> Any:
     return torch.autocast("cpu", dtype=dtype) if dtype is not None else nullcontext()
 
 
+def check_steps(steps: int, warmup: int) -> None:
+    """Refuse, before any work, step counts out of range (1..MAX_STEPS timed, 0..MAX_STEPS warm-up)."""
+    if not 1 <= steps <= MAX_STEPS or not 0 <= warmup <= MAX_STEPS:
+        raise DevplaceError(f"need --steps from 1 to {MAX_STEPS:,} and --warmup from 0 to {MAX_STEPS:,}, got "
+                            f"steps={steps}, warmup={warmup}")
+
+
 def run_steps(module: nn.Module, inputs: Any, *, steps: int = 5, warmup: int = 2, optimizer: str = "adam",
               loss_fn: Callable[[Any], torch.Tensor] | None = None,
               devices: Sequence[torch.device] | None = None, autocast: torch.dtype | None = None) -> RunResult:
@@ -82,8 +91,7 @@ def run_steps(module: nn.Module, inputs: Any, *, steps: int = 5, warmup: int = 2
     on `inputs` and time the last `steps`. `devices`: the real devices in use (default: those of the
     module's parameters), to synchronise and to read peak memory from. `autocast`: run the forward and the
     loss under `torch.autocast` to this dtype, as `capture(amp=True)` records them."""
-    if steps < 1 or warmup < 0:
-        raise DevplaceError(f"need --steps >= 1 and warm-up >= 0, got steps={steps}, warmup={warmup}")
+    check_steps(steps, warmup)
     from devplace.capture.torch_capture import default_loss
 
     loss_of = loss_fn or default_loss
@@ -153,9 +161,8 @@ def run_record(run: RunResult, *, graph: str, cluster: Any, devices: Sequence[to
 
 
 def append_record(path: str | Path, record: dict[str, Any]) -> None:
-    """Append `record` as one JSON line to `path`."""
-    with Path(path).open("a", encoding="utf-8") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
+    """Append `record` as one JSON line to `path` (atomically; only to a file of such records, unless --force)."""
+    append_output(path, json.dumps(record, sort_keys=True) + "\n", "--record", JSON_LINES_RUN)
 
 
 # Assumed links of a machine's own devices (not measured): PCIe gen3 x16 effective between two GPUs and between

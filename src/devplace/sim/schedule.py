@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from devplace.defaults import MAX_MICROBATCHES
 from devplace.errors import DevplaceError, GraphError
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.compgraph import CompGraph
@@ -47,9 +48,11 @@ class ScheduleError(DevplaceError):
     """An invalid schedule, or a placement that the schedule cannot run as a pipeline."""
 
 
-def _int_at_least(value: object, name: str, low: int) -> int:
+def _int_at_least(value: object, name: str, low: int, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise ScheduleError(f"Schedule: {name} must be an integer >= {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ScheduleError(f"Schedule: {name} must be at most {high:,}, got {value:,}")
     return int(value)
 
 
@@ -70,7 +73,8 @@ class Schedule:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ScheduleError(f"unknown schedule kind {self.kind!r}; choose one of: {', '.join(KINDS)}")
-        object.__setattr__(self, "microbatches", _int_at_least(self.microbatches, "microbatches", 1))
+        object.__setattr__(self, "microbatches", _int_at_least(self.microbatches, "microbatches", 1,
+                                                                    MAX_MICROBATCHES))
         interleaved = self.kind == "interleaved-1f1b"
         chunks = (2 if interleaved else 1) if self.chunks is None else _int_at_least(self.chunks, "chunks", 1)
         if interleaved and chunks < 2:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from devplace.errors import DevplaceError
+from devplace.files import TRACE, save_png, write_output
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.sim.result import SimResult
@@ -256,7 +257,7 @@ def write_trace(graph: CompGraph, cluster: Cluster, result: SimResult, path: str
     `cat` its kind) and process "channels" (a track per channel used, each transfer an "X" event named
     "<node id>:<tensor>" with its bytes in `args`). One event per line; same input, same bytes.
     Ops that did not run (non-finite times or no device) are left out and counted in `otherData`."""
-    Path(path).write_text("\n".join(_trace_lines(graph, cluster, result)) + "\n", encoding="utf-8")
+    write_output(path, "\n".join(_trace_lines(graph, cluster, result)) + "\n", "--trace", TRACE)
 
 
 # ----------------------------------------------------------------------------------------- plot
@@ -516,4 +517,4 @@ def plot_timeline(graph: CompGraph, cluster: Cluster, result: SimResult, path: s
     ax.set_title(_shorten(" · ".join(info), 200), fontsize=8, color="#444444", loc="left", pad=28)
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 7), fontsize=8,
                frameon=False)
-    fig.savefig(path, format="png", metadata={"Software": None})
+    save_png(fig, path, "--plot")

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from devplace.errors import DevplaceError
+from devplace.files import Kind, output_file, output_folder, save_png, write_output
 from devplace.graph.features import FEATURE_NAMES
 from devplace.study import analysis as an
 from devplace.study.recommend import fit_order_model, make_dataset, validate
@@ -41,6 +42,14 @@ def _p(x: float) -> str:
     return "< 1e-10" if x < 1e-10 else f"{x:.2g}"
 
 
+# the report's own files, recognised so that a report is rewritten in place but another file of the same name in
+# the folder is replaced only with --force (`devplace.files.Kind`)
+RESULTS_CSV = Kind("study results CSV", lambda head: head.startswith(b"key,study,graph,"))
+FEATURES_CSV = Kind("graph features CSV", lambda head: head.startswith(b"graph,cluster"))
+REPORT_MD = Kind("study report", lambda head: head.startswith(b"# Traversal-order study"))
+VALIDATION_JSON = Kind("report validation JSON", lambda head: head.startswith(b"{\n") or head == b"{}\n")
+
+
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
 
@@ -54,7 +63,7 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
 
     cols = [c for c in list(COLUMN_NAMES) + sorted({k for r in rows for k in r} - set(COLUMN_NAMES))
             if c != "features"]
-    with path.open("w", newline="") as fh:
+    with output_file(path, "report", RESULTS_CSV, newline="") as fh:
         w = csv.writer(fh)
         w.writerow(cols)
         for r in rows:
@@ -69,7 +78,7 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
             per_graph.setdefault((str(r.get("graph")), str(r.get("cluster"))), feats)
     names = sorted({k for f in per_graph.values() for k in f})
     features_path = path.with_name("features.csv")
-    with features_path.open("w", newline="") as fh:
+    with output_file(features_path, "report", FEATURES_CSV, newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["graph", "cluster", *names])
         for (g, c), f in sorted(per_graph.items()):
@@ -108,7 +117,7 @@ def plot_family_bars(summary: list[dict[str, Any]], family: str, path: Path) -> 
     ax.set_title(f"{family}: step time relative to each graph's best order")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, "report", dpi=110)
     plt.close(fig)
 
 
@@ -152,7 +161,7 @@ def plot_cd(fr: dict[str, Any], title: str, path: Path) -> None:
     ax.set_title(title + f"  (Friedman p = {_p(fr['p'])}, N = {fr['n']})", fontsize=8)
     ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, "report", dpi=110)
     plt.close(fig)
 
 
@@ -181,7 +190,7 @@ def plot_heatmap(summary: list[dict[str, Any]], path: Path) -> None:
         ax.set_title(placer)
         fig.colorbar(im, ax=ax, label="% slower than best", shrink=0.8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, "report", dpi=110)
     plt.close(fig)
 
 
@@ -207,7 +216,7 @@ def plot_curves(rows: Sequence[dict[str, Any]], placer: str, path: Path) -> bool
     ax.set_title(f"{placer}: learning curves by order")
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, "report", dpi=110)
     plt.close(fig)
     return True
 
@@ -402,16 +411,6 @@ def _family_question(summary: list[dict[str, Any]], units: list[an.Unit],
     return [*lines, ""]
 
 
-def _make_folder(out: Path) -> None:
-    """Make the report's folder, or a ReportError saying why it cannot be (an existing file, /proc, a loop)."""
-    if out.exists() and not out.is_dir():
-        raise ReportError(f"-o {out}: is a file, not a folder; give a folder for the report's files")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ReportError(f"-o {out}: cannot make the folder ({exc.strerror}); give another folder") from None
-
-
 def write_report(db_path: str | Path, out_dir: str | Path, *, command: str | None = None) -> list[Path]:
     """Write report.md, results.csv, the PNG plots and order_model.json for the study in `db_path` into
     `out_dir`; returns the paths written. ReportError when there is nothing to report on."""
@@ -422,8 +421,7 @@ def write_report(db_path: str | Path, out_dir: str | Path, *, command: str | Non
     if not units:
         raise ReportError(f"{db_path}: no cell of a placer that walks the graph in an order; a study needs one of "
                           f"the sequential placers (see `devplace placers`) to compare orders")
-    out = Path(out_dir)
-    _make_folder(out)
+    out = output_folder(out_dir, "-o")
     written: list[Path] = []
     features_csv = write_csv(rows, out / "results.csv")
     written += [out / "results.csv", features_csv]
@@ -454,7 +452,8 @@ def write_report(db_path: str | Path, out_dir: str | Path, *, command: str | Non
     model.save(out / "order_model.json")
     written.append(out / "order_model.json")
     rec_lines, validation = _recommend_section(units, model)
-    (out / "validation.json").write_text(json.dumps(validation, indent=1, sort_keys=True) + "\n")
+    write_output(out / "validation.json", json.dumps(validation, indent=1, sort_keys=True) + "\n", "report",
+                 VALIDATION_JSON)
     written.append(out / "validation.json")
 
     title = ", ".join(sorted({str(r.get("study")) for r in rows}))
@@ -468,7 +467,7 @@ def write_report(db_path: str | Path, out_dir: str | Path, *, command: str | Non
     md += _family_question(summary, units, validation)
     md += ["## Learning curves", ""]
     md += [f"![{f}]({f})" for f in curve_files] or ["No cell recorded a learning curve (no RL placer in this study)."]
-    (out / "report.md").write_text("\n".join(md) + "\n")
+    write_output(out / "report.md", "\n".join(md) + "\n", "report", REPORT_MD)
     written.append(out / "report.md")
     return written
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from devplace.defaults import CANONICAL_ORDER
+from devplace.files import output_folder
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.semantics import semantics_of
 from devplace.hardware.cluster import Cluster
@@ -192,7 +193,7 @@ def _load_graphs(refs: list[GraphRef], max_nodes: int | None, cache: Path, backe
             out[ref.spec] = _error_text(exc)
     if not missing:
         return out
-    cache.mkdir(parents=True, exist_ok=True)
+    output_folder(cache, "the study's graph cache")  # a file of that name: one line, not a traceback
     bar.start("graphs", len(missing))
     for spec, result in backend.run(prepare_graph, ((r.spec, (r, max_nodes)) for r in missing)):
         ref = next(r for r in missing if r.spec == spec)

@@ -21,8 +21,9 @@ from typing import Any
 
 from devplace.defaults import CANONICAL_ORDER, DEFAULT_SEED, DEFAULT_SIM_MODEL, FAMILY_MAX_NODES
 from devplace.errors import DevplaceError
-from devplace.graph.jsonio import env_limit, read_limited
+from devplace.files import env_limit, read_limited
 from devplace.graph.semantics import SemanticsError, parse_semantics
+from devplace.planning import MAX_SEED
 
 PRESETS: tuple[str, ...] = ("quick", "seed", "paper", "extended")
 NO_ORDER = "-"  # order_name of cells whose placer ignores the traversal order
@@ -318,8 +319,9 @@ def _seeds(value: Any, what: str, limit: int) -> tuple[int, ...]:
     if isinstance(value, list) and len(value) > limit:
         raise too_many_cells(what, len(value), limit)
     if (not isinstance(value, list) or not value
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)):
-        raise StudyError(f"{what} must be a count N (seeds 0..N-1) or a list of integers >= 0, got {value!r}"[:300])
+            or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED for s in value)):
+        raise StudyError(f"{what} must be a count N (seeds 0..N-1) or a list of integers from 0 to {MAX_SEED}, got "
+                         f"{value!r}"[:300])
     if len(set(value)) != len(value):
         raise StudyError(f"{what}: a seed is listed twice")
     return tuple(value)

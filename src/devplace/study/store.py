@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import sqlite3
 from collections.abc import Iterator, Mapping
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from devplace.errors import DevplaceError
+from devplace.files import protect
 
 SCHEMA_VERSION = 1
 
@@ -69,6 +71,7 @@ def connect(db_path: str | Path, *, create: bool = True) -> sqlite3.Connection:
     else read-only. An existing file is checked first, read-only, and refused (StoreError, file unchanged)
     when it is not a devplace study database of this schema or, for writing, when it cannot be written."""
     path = Path(db_path)
+    protect(path)  # no output of this command may replace the database
     if not create and not path.is_file():
         raise StoreError(f"{path}: no such results database; run `devplace study run ... --db {path}` first")
     exists = path.exists()
@@ -228,9 +231,35 @@ def read_cells(db_path: str | Path, *, decode: bool = True, study: str | None = 
         if study is not None:
             sql, args = sql + " WHERE study = ?", (study,)
         rows = [dict(r) for r in con.execute(sql + " ORDER BY key", args)]
+    except sqlite3.DatabaseError as exc:  # damage past the header, which the check on opening does not read
+        raise StoreError(f"{db_path}: damaged results database ({exc}); restore it or run the study again") from None
     finally:
         con.close()
+    for row in rows:
+        _check_row(row, db_path)
     return [decode_row(r) for r in rows] if decode else rows
+
+
+_NUMERIC = tuple(name for name, sql_type in COLUMNS if sql_type in ("REAL", "INTEGER"))
+
+
+def _check_row(row: Mapping[str, Any], db_path: str | Path) -> None:
+    """Refuse a stored row with a number column that is not a finite number, or a JSON column that is not
+    JSON, naming the file, the row's key and the column (SQLite keeps whatever was written)."""
+    where = f"{db_path}: row {str(row.get('key'))[:40]!r}"
+    for name in _NUMERIC:
+        value = row.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or not math.isfinite(value)):
+            raise StoreError(f"{where}: column {name!r} must be a finite number, got {value!r:.40}; the database "
+                             "was altered: run the study again into a new --db")
+    for name in JSON_COLUMNS:
+        if isinstance(row.get(name), str):
+            try:
+                json.loads(row[name])
+            except (ValueError, RecursionError):
+                raise StoreError(f"{where}: column {name!r} is not valid JSON; the database was altered: run the "
+                                 "study again into a new --db") from None
 
 
 def count_rows(db_path: str | Path) -> int:

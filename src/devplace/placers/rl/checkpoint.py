@@ -9,16 +9,19 @@ before the encoder was named `placeto-gnn` say "placeto", read as the same), `hi
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from devplace.defaults import ENCODERS, encoder_name
+from devplace.defaults import ENCODERS, MAX_DEVICES, MAX_HIDDEN, MAX_ROUNDS, encoder_name
+from devplace.files import CHECKPOINT, output_file, read_limited
 from devplace.placers.registry import PlacerError
 from devplace.placers.rl.placeto import PlacetoPolicy
 
 FORMAT = "devplace.policy/1"
+MAX_FEATURES = 10_000  # node features a policy reads (devplace's have a few dozen): a larger count is damage
 
 
 class PolicyFileError(PlacerError):
@@ -34,19 +37,19 @@ def save_policy(path: str | Path, policy: PlacetoPolicy, training: dict[str, Any
     if training is not None:
         doc["training"] = training
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise PolicyFileError(f"cannot write the policy to {path}: folder {path.parent} does not exist")
-    torch.save(doc, path)
+    with output_file(path, "--output", CHECKPOINT, binary=True) as fh:
+        torch.save(doc, fh)
     return path
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """The checkpoint dict at `path`, checked for its format; PolicyFileError when it is not one."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise PolicyFileError(f"no policy file {path}; train one with `devplace train ... -o {path}`")
+    data = io.BytesIO(read_limited(path))
     try:
-        doc = torch.load(path, map_location="cpu", weights_only=True)
+        doc = torch.load(data, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch.load raises many kinds of error on a file that is not a checkpoint
         # torch's message for a refused object starts with advice to retry with weights_only=False, which
         # would run the file's code: keep only the paragraphs that say what was refused
@@ -62,7 +65,35 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     missing = [k for k in ("encoder", "hidden", "rounds", "num_features", "num_devices", "state_dict") if k not in doc]
     if missing or not isinstance(doc["encoder"], str) or encoder_name(doc["encoder"]) not in ENCODERS:
         raise PolicyFileError(f"{path}: damaged policy checkpoint (missing or bad: {', '.join(missing) or 'encoder'})")
+    for key, high in (("hidden", MAX_HIDDEN), ("rounds", MAX_ROUNDS), ("num_features", MAX_FEATURES),
+                      ("num_devices", MAX_DEVICES)):
+        _check_int(doc[key], f"{path}: field {key!r}", 1, high)
+    _check_tensors(doc["state_dict"], f"{path}: field 'state_dict'")
+    training = doc.get("training")
+    if training is not None:
+        if not isinstance(training, dict):
+            raise PolicyFileError(f"{path}: field 'training' must be the training state (an object), got "
+                                  f"{type(training).__name__}; the checkpoint is damaged")
+        _check_int(training.get("episodes_done", 0), f"{path}: field 'training.episodes_done'", 0, 2**62)
+        if not isinstance(training.get("optimizer") or {}, dict):
+            raise PolicyFileError(f"{path}: field 'training.optimizer' must be an optimizer state (an object); the "
+                                  "checkpoint is damaged")
+        for key in ("best", "baselines"):
+            _check_tensors(training.get(key, {}), f"{path}: field 'training.{key}'")
     return doc
+
+
+def _check_int(value: Any, what: str, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise PolicyFileError(f"{what} must be a whole number from {low} to {high:,}, got {value!r:.60}; the "
+                              "checkpoint is damaged or was not written by devplace")
+
+
+def _check_tensors(value: Any, what: str) -> None:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor)
+                                              for k, t in value.items()):
+        raise PolicyFileError(f"{what} must map names to tensors, got {type(value).__name__}; the checkpoint is "
+                              "damaged or was not written by devplace")
 
 
 def load_policy(path: str | Path, *, num_devices: int | None = None) -> tuple[PlacetoPolicy, dict[str, Any]]:

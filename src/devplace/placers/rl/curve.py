@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from devplace.errors import DevplaceError
+from devplace.files import CSV_CURVE, output_file, read_limited, save_png
 
 COLUMNS = ("episode", "graph", "step_time_s", "best_step_time_s", "entropy", "wall_s", "greedy")
 
@@ -21,35 +23,38 @@ class CurveError(DevplaceError):
 def write_curve(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:
     """Write `rows` (dicts with the COLUMNS keys) as CSV to `path`; returns the path."""
     path = Path(path)
-    try:
-        with path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-            w.writeheader()
-            for row in rows:
-                w.writerow({k: (repr(v) if isinstance(v, float) else v) for k, v in row.items()})
-    except OSError as exc:
-        raise CurveError(f"cannot write the learning curve to {path}: {exc.strerror}") from None
+    with output_file(path, "--log", CSV_CURVE, newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: (repr(v) if isinstance(v, float) else v) for k, v in row.items()})
     return path
 
 
 def read_curve(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a curve CSV, numbers parsed."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise CurveError(f"no learning-curve file {path} (write one with `devplace train ... --log {path}`)")
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
+    try:
+        text = read_limited(path).decode("utf-8")
+    except UnicodeDecodeError:
+        raise CurveError(f"{path} is not a learning curve: not UTF-8 text") from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    rows = []
+    try:  # csv refuses a field over its limit (128 KiB): no learning curve has one
         have = reader.fieldnames or []
         missing = [c for c in ("episode", "graph", "step_time_s", "best_step_time_s") if c not in have]
         if missing:
             raise CurveError(f"{path} is not a learning curve: no column {', '.join(missing)}")
-        rows = []
         for raw in reader:
             row: dict[str, Any] = {"graph": raw["graph"]}
             for k in COLUMNS:
                 if k != "graph" and raw.get(k) not in (None, ""):
                     row[k] = float(raw[k])
             rows.append(row)
+    except (csv.Error, ValueError) as exc:
+        raise CurveError(f"{path}:{reader.line_num}: not a learning-curve row ({exc})") from None
     return rows
 
 
@@ -88,6 +93,6 @@ def plot_curve(rows: list[dict[str, Any]], output: str | Path, title: str = "") 
     ax.set_title(title or "learning curve (thin: episode's final state, thick: best so far)", fontsize=10)
     fig.tight_layout()
     output = Path(output)
-    fig.savefig(output, dpi=110)
+    save_png(fig, output, "--output", dpi=110)
     plt.close(fig)
     return output

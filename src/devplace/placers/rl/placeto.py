@@ -98,6 +98,9 @@ from devplace.defaults import (
     ENCODER_ALIASES,
     ENCODER_PLACETO,
     ENCODERS,
+    MAX_EPISODES,
+    MAX_HIDDEN,
+    MAX_ROUNDS,
     SIM_DEVPLACE,
     SIM_MODEL_ALIASES,
     SIM_MODELS,
@@ -635,11 +638,11 @@ def check_settings(hyper: PlacetoHyper) -> None:
                           f"{_choices(SIM_MODELS, SIM_MODEL_ALIASES)}")
     if hyper.start not in STARTS:
         raise PlacerError(f"placeto: unknown start {hyper.start!r}; choose one of: {', '.join(STARTS)}")
-    for name in ("episodes", "rounds", "hidden"):
+    for name, high in (("episodes", MAX_EPISODES), ("rounds", MAX_ROUNDS), ("hidden", MAX_HIDDEN)):
         value = getattr(hyper, name)
         low = 0 if name == "episodes" else 1
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-            raise PlacerError(f"placeto: {name} must be an integer >= {low}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or not low <= value <= high:
+            raise PlacerError(f"placeto: {name} must be an integer from {low} to {high:,}, got {value!r}")
     if not (isinstance(hyper.memory_penalty, int | float) and 0 <= hyper.memory_penalty < math.inf):
         raise PlacerError(f"placeto: memory_penalty must be a number >= 0, got {hyper.memory_penalty!r}")
     if not (isinstance(hyper.discount, int | float) and 0 <= hyper.discount <= 1):

@@ -270,7 +270,12 @@ def _train(graphs: list[CompGraph], names: list[str], fulls: list[FullGraph], cl
         policy = new_policy(ctxs[0].num_features, cluster.num_devices, hyper, seed)
     opt = torch.optim.Adam(policy.parameters(), lr=hyper.lr)
     if state.get("optimizer"):
-        opt.load_state_dict(state["optimizer"])
+        try:
+            opt.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError, TypeError, RuntimeError) as exc:  # torch's errors for a state of other shapes
+            raise PolicyFileError(f"the checkpoint's optimizer state does not fit its policy ({type(exc).__name__}: "
+                                  f"{str(exc)[:200]}); the checkpoint is damaged: start a new run without --resume"
+                                  ) from None
     done = int(state.get("episodes_done", 0))
     result = TrainResult(policy, num_parameters=num_parameters(policy), episodes_done=done)
     best = {}

@@ -1,0 +1,364 @@
+"""Hostile files (issue 24): data files that name code, outputs that would destroy inputs, symlinks, foreign files,
+FIFOs and endless devices, huge settings, damaged checkpoints and plans, user code that raises anything. Each case
+is one `error:` line and exit 2 (or a valid result), changes no file the command did not create, and imports no
+code a data file names. Tiny inputs only."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli
+from devplace.capture.custom import CustomModelError, build_custom_model
+from devplace.hardware.cluster import load_cluster
+from devplace.placers.rl.checkpoint import PolicyFileError, read_checkpoint
+from devplace.runtime.plan import build_source
+from study_fixture import write_fixture_db
+
+GRAPH = {"format": "devplace.graph/1", "name": "g",
+         "nodes": [{"id": "a", "compute_s": 1e-3, "output_bytes": 1000}, {"id": "b", "compute_s": 2e-3}],
+         "edges": [{"src": "a", "dst": "b", "bytes": 1000}]}
+PLACEMENT = {"format": "devplace.placement/1", "graph": "g", "cluster": "2xK80", "assignment": {"a": 0, "b": 1}}
+
+
+def _one_line(code: int, out: str, err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, out, err)
+    return lines[0]
+
+
+def _plan(source: object, settings: object = None) -> dict:
+    return {"format": "devplace.plan/1", "settings": {"source": source} if settings is None else settings,
+            "cluster": load_cluster("2xK80").to_dict(), "placement": PLACEMENT, "graph": GRAPH}
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """A working directory with g.json (graph), p.json (its placement) and a package `evil` whose import
+    writes `imported` (the proof that a data file ran code) and whose factories raise what their name says."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.json").write_text(json.dumps(GRAPH))
+    (tmp_path / "p.json").write_text(json.dumps(PLACEMENT))
+    (tmp_path / "evil").mkdir()
+    (tmp_path / "evil" / "__init__.py").write_text("")
+    (tmp_path / "evil" / "m.py").write_text(
+        "import pathlib, sys\npathlib.Path('imported').write_text('ran')\n"
+        "def boom():\n    raise ValueError('no weights here')\n"
+        "def leave():\n    sys.exit(3)\n"
+        "def interrupt():\n    raise KeyboardInterrupt\n")
+    (tmp_path / "evil" / "syntax.py").write_text("def f(:\n")
+    (tmp_path / "evil" / "raising.py").write_text("raise RuntimeError('at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [n for n in sys.modules if n == "evil" or n.startswith("evil.")]:  # this test's copy of it
+        del sys.modules[name]
+
+
+def _bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and not p.is_symlink()}
+
+
+# ---------------------------------------------------------------------------------- data files name no code
+
+
+@pytest.mark.parametrize("source", [{"custom": "evil.m:boom"}, {"zoo": "evil.m:boom"}, {"custom": "tempfile:mkdtemp"}])
+def test_a_plan_naming_code_imports_nothing_without_consent(work, source, capsys, monkeypatch):
+    (work / "plan.json").write_text(json.dumps(_plan(source)))
+    before = sorted(os.listdir(work))
+    text = _one_line(*run_cli(["run", "--plan", "plan.json", "--record", "r.jsonl"], capsys, monkeypatch))
+    assert "asks to import and run custom model" in text and "--trust-model" in text
+    assert sorted(os.listdir(work)) == before  # nothing imported, no record written
+    # another --model than the file's is no consent either
+    text = _one_line(*run_cli(["run", "--plan", "plan.json", "--model", "evil.m:leave"], capsys, monkeypatch))
+    assert "differs" in text and not (work / "imported").exists()
+
+
+def test_consent_imports_the_custom_model_and_its_failure_is_one_line(work, capsys, monkeypatch):
+    (work / "plan.json").write_text(json.dumps(_plan({"custom": "evil.m:boom"})))
+    text = _one_line(*run_cli(["run", "--plan", "plan.json", "--trust-model"], capsys, monkeypatch))
+    assert text == "error: custom model 'evil.m:boom' failed: ValueError: no weights here"
+    assert (work / "imported").exists()
+
+
+def test_the_python_api_takes_the_consent_explicitly(work):
+    with pytest.raises(CustomModelError, match="asks to import"):
+        build_source({"custom": "evil.m:boom"})
+    assert not (work / "imported").exists()
+    with pytest.raises(CustomModelError, match="failed: ValueError"):
+        build_source({"custom": "evil.m:boom"}, trust_model="evil.m:boom")
+    assert (work / "imported").exists()
+
+
+@pytest.mark.parametrize(("source", "field"), [
+    ({"zoo": "mlp", "build_seed": "abc"}, "build_seed"), ({"zoo": "mlp", "build_seed": float("inf")}, "build_seed"),
+    ({"zoo": "mlp", "batch": -3}, "batch")])
+def test_a_plan_with_bad_source_fields_is_one_line_naming_the_field(work, source, field, capsys, monkeypatch):
+    (work / "plan.json").write_text(json.dumps(_plan(source)))
+    text = _one_line(*run_cli(["run", "--plan", "plan.json"], capsys, monkeypatch))
+    assert "plan.json" in text and repr(field) in text
+
+
+@pytest.mark.parametrize("fmt", ["json", "pipeline", "device-map"])
+def test_a_plan_whose_settings_are_not_an_object_is_one_line(work, fmt, capsys, monkeypatch):
+    (work / "plan.json").write_text(json.dumps(_plan(None, settings=[1, 2])))
+    text = _one_line(*run_cli(["export", "plan.json", "--format", fmt], capsys, monkeypatch))
+    assert "\"settings\" must be a JSON object" in text
+
+
+# ---------------------------------------------------------------------------------------- user code's errors
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("evil.m:boom", "custom model 'evil.m:boom' failed: ValueError: no weights here"),
+    ("evil.m:leave", "custom model 'evil.m:leave' failed: SystemExit: 3"),
+    ("evil.m:interrupt", "custom model 'evil.m:interrupt' failed: KeyboardInterrupt: "),
+    ("evil.syntax:f", "custom model 'evil.syntax:f' failed: SyntaxError: "),
+    ("evil.raising:f", "custom model 'evil.raising:f' failed: RuntimeError: at import"),
+    (".m:f", "must be written package.module:factory"),
+])
+def test_whatever_user_code_raises_is_one_error(work, spec, message):
+    with pytest.raises(CustomModelError) as info:
+        build_custom_model(spec)
+    assert message in str(info.value)
+
+
+def test_a_factory_calling_sys_exit_is_one_line_on_the_command_line(work, capsys, monkeypatch):
+    text = _one_line(*run_cli(["capture", "--model", "evil.m:leave", "-o", "out.json"], capsys, monkeypatch))
+    assert text == "error: custom model 'evil.m:leave' failed: SystemExit: 3" and not (work / "out.json").exists()
+
+
+# -------------------------------------------------------------------------------------- never overwrite inputs
+
+
+@pytest.mark.parametrize("args", [
+    ["place", "g.json", "-c", "2xK80", "--placer", "m-etf", "-o", "g.json"],
+    ["simulate", "g.json", "2xK80", "p.json", "--trace", "p.json"],
+    ["simulate", "g.json", "2xK80", "p.json", "--plot", "g.json"],
+    ["place", "g.json", "-c", "2xK80", "--placer", "m-etf", "-o", "link-to-g.json"],
+])
+def test_an_output_that_is_an_input_is_refused(work, args, capsys, monkeypatch):
+    (work / "link-to-g.json").symlink_to("g.json")
+    before = _bytes(work)
+    text = _one_line(*run_cli(args, capsys, monkeypatch))
+    assert "an input of this command" in text and _bytes(work) == before
+
+
+def test_symlinks_and_foreign_files_are_replaced_only_with_force(work, capsys, monkeypatch):
+    (work / "notes.txt").write_text("mine")
+    (work / "link.json").symlink_to("notes.txt")
+    (work / "dangling.json").symlink_to("nowhere/x.json")
+    place = ["place", "g.json", "-c", "2xK80", "--placer", "m-etf", "-o"]
+    assert "symbolic link" in _one_line(*run_cli([*place, "link.json"], capsys, monkeypatch))
+    assert "symbolic link" in _one_line(*run_cli([*place, "dangling.json"], capsys, monkeypatch))
+    assert "not a devplace.placement JSON" in _one_line(*run_cli([*place, "notes.txt"], capsys, monkeypatch))
+    assert (work / "notes.txt").read_text() == "mine"
+    # --force replaces the link itself, never its target
+    assert run_cli([*place, "link.json", "--force"], capsys, monkeypatch)[0] == 0
+    assert not (work / "link.json").is_symlink() and (work / "notes.txt").read_text() == "mine"
+    # devplace's own output of that kind is rewritten without --force
+    assert run_cli([*place, "link.json"], capsys, monkeypatch)[0] == 0
+    assert json.loads((work / "link.json").read_text())["format"] == "devplace.placement/1"
+
+
+def test_an_output_name_ending_in_a_slash_is_a_folder(work, capsys, monkeypatch):
+    text = _one_line(*run_cli(["place", "g.json", "-c", "2xK80", "--placer", "m-etf", "-o", "newdir/"], capsys,
+                              monkeypatch))
+    assert "names a folder" in text and not (work / "newdir").exists()
+
+
+def test_a_study_report_never_overwrites_its_database(work, capsys, monkeypatch):
+    (work / "out").mkdir()
+    db = write_fixture_db(work / "out" / "results.csv")
+    before = db.read_bytes()
+    text = _one_line(*run_cli(["study", "report", str(db), "-o", "out"], capsys, monkeypatch))
+    assert "an input of this command" in text and db.read_bytes() == before
+
+
+def test_run_never_appends_its_record_to_the_plan(work, capsys, monkeypatch):
+    (work / "plan.json").write_text(json.dumps(_plan({"zoo": "mlp"})))
+    before = (work / "plan.json").read_bytes()
+    text = _one_line(*run_cli(["run", "--plan", "plan.json", "--record", "plan.json"], capsys, monkeypatch))
+    assert "--record plan.json" in text and (work / "plan.json").read_bytes() == before
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(work):
+    from devplace.files import output_file
+
+    target = work / "t.json"
+    target.write_text("old")
+    with pytest.raises(RuntimeError), output_file(target, "--trace") as fh:
+        fh.write("half")
+        raise RuntimeError("interrupted")
+    assert target.read_text() == "old" and sorted(os.listdir(work)) == sorted(["evil", "g.json", "p.json", "t.json"])
+
+
+def test_a_name_no_file_can_hold_is_refused_before_anything_is_written(work, capsys, monkeypatch):
+    (work / "s.json").write_text(json.dumps(GRAPH).replace('"b"', '"\\ud800"'))  # a lone surrogate, valid JSON
+    (work / "sp.json").write_text(json.dumps({**PLACEMENT, "assignment": {"a": 0, "\ud800": 1}}))
+    text = _one_line(*run_cli(["simulate", "s.json", "2xK80", "sp.json", "--trace", "t.json"], capsys, monkeypatch))
+    assert "lone surrogate" in text and not (work / "t.json").exists()
+
+
+# ------------------------------------------------------------------------------------------- no hangs, limits
+
+
+def test_fifos_and_endless_devices_are_refused_without_reading(work, capsys, monkeypatch):
+    os.mkfifo(work / "fifo")  # opened for reading with no writer: a plain open() would block forever
+    for args in (["info", "fifo"], ["simulate", "g.json", "2xK80", "fifo"], ["bound", "g.json", "fifo"],
+                 ["features", "fifo"], ["train", "fifo", "-c", "2xK80", "-o", "x.pt"],
+                 ["capture", "--onnx", "fifo", "-o", "x.json"], ["calibrate", "--runs", "/dev/zero"],
+                 ["place", "g.json", "-c", "2xK80", "--placer", "m-etf", "-o", "fifo"]):
+        text = _one_line(*run_cli(args, capsys, monkeypatch))
+        assert "FIFO" in text or "not a regular file" in text, args
+
+
+@pytest.mark.parametrize(("args", "limit"), [
+    (["place", "g.json", "-c", "2xK80", "--placer", "pipeline", "--microbatches", "100000000"], "1,024"),
+    (["train", "g.json", "-c", "2xK80", "--hidden", "200000", "-o", "x.pt"], "4,096"),
+    (["train", "g.json", "-c", "2xK80", "--rounds", "100000000", "-o", "x.pt"], "64"),
+    (["train", "g.json", "-c", "2xK80", "--episodes", "100000000", "-o", "x.pt"], "100,000"),
+    (["run", "--model", "mlp", "--steps", "1000000000"], "100,000"),
+    (["run", "--plan", "p.json", "--devices", "meta,meta"], "cannot run training steps"),
+    (["--max-input-bytes", str(2**63 - 1), "info", "g.json"], "1,099,511,627,776"),
+])
+def test_settings_that_scale_work_have_stated_limits(work, args, limit, capsys, monkeypatch):
+    assert limit in _one_line(*run_cli(args, capsys, monkeypatch))
+    assert not (work / "x.pt").exists()
+
+
+def test_the_device_count_is_capped(work, capsys, monkeypatch):
+    devices = [{"name": f"d{i}", "memory_bytes": 1e9} for i in range(2000)]
+    (work / "c.json").write_text(json.dumps({"format": "devplace.cluster/1", "name": "c", "devices": devices,
+                                             "link": {"bandwidth_Bps": 1e9, "latency_s": 0}}))
+    assert "more than the limit of 1,024" in _one_line(*run_cli(["bound", "g.json", "c.json"], capsys, monkeypatch))
+
+
+def test_a_study_seed_beyond_64_bits_is_refused_before_the_database_is_made(work, capsys, monkeypatch):
+    (work / "s.toml").write_text(f'graphs = ["g.json"]\nclusters = ["2xK80"]\nplacers = ["m-topo"]\n'
+                                 f"seeds = [{2**63}]\n")
+    text = _one_line(*run_cli(["study", "run", "s.toml", "--db", "s.sqlite"], capsys, monkeypatch))
+    assert str(2**63 - 1) in text and not (work / "s.sqlite").exists()
+
+
+def test_the_input_limit_applies_to_every_reader(work, monkeypatch):
+    from devplace.files import MAX_INPUT_ENV, read_limited
+
+    monkeypatch.setenv(MAX_INPUT_ENV, "100")
+    (work / "big.csv").write_text("episode,graph\n" + "1,g\n" * 100)
+    with pytest.raises(Exception, match="input limit of 100 bytes"):
+        read_limited(work / "big.csv")
+    from devplace.placers.rl.curve import read_curve
+
+    with pytest.raises(Exception, match="input limit"):
+        read_curve(work / "big.csv")
+
+
+# ----------------------------------------------------------------------------------- stored fields validated
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"hidden": "abc"}, "hidden"), ({"hidden": float("nan")}, "hidden"), ({"hidden": -1}, "hidden"),
+    ({"hidden": 10**6}, "hidden"), ({"rounds": 10**8}, "rounds"), ({"state_dict": "weights"}, "state_dict"),
+    ({"training": {"episodes_done": "many"}}, "training.episodes_done"), ({"training": [1]}, "training"),
+])
+def test_a_checkpoint_with_hostile_values_names_the_field(work, change, field):
+    doc = {"format": "devplace.policy/1", "placer": "placeto", "encoder": "placeto-gnn", "hidden": 8, "rounds": 2,
+           "num_features": 4, "num_devices": 2, "state_dict": {"w": torch.zeros(2)}, **change}
+    torch.save(doc, work / "bad.pt")
+    with pytest.raises(PolicyFileError, match=f"field '{field}'"):
+        read_checkpoint(work / "bad.pt")
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe not utf-8", b"episode,graph\n1," + b"x" * 200_000 + b"\n"])
+def test_plot_curve_on_a_damaged_curve_is_one_line(work, content, capsys, monkeypatch):
+    (work / "c.csv").write_bytes(content)
+    text = _one_line(*run_cli(["plot-curve", "c.csv", "-o", "c.png"], capsys, monkeypatch))
+    assert "c.csv" in text and not (work / "c.png").exists()
+
+
+# ---------------------------------------------------------------------------------------------- presentation
+
+
+def test_profile_runs_without_a_terminal(work, capsys, monkeypatch):
+    """CI, a pipe or a redirect: no progress bar, and the task gets no progress callback (it crashed)."""
+    from devplace import app
+
+    seen = []
+
+    def fake_profile(model, output, *, progress=None, **_):  # the timing itself is test_cost's
+        seen.append(progress)
+        return _Named("g"), _Table()
+
+    monkeypatch.setattr(app.torch_tasks(), "profile_model", fake_profile)
+    code, _out, err = run_cli(["profile", "--model", "mlp", "-o", "c.json"], capsys, monkeypatch)
+    assert code == 0 and seen == [None], err
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Table(list):
+    skipped: tuple = ()
+
+
+def test_study_database_is_protected_while_reading(work):
+    from devplace import files
+
+    files.begin_command()
+    try:
+        db = write_fixture_db(work / "db.sqlite")
+        from devplace.study.store import connect
+
+        connect(db, create=False).close()
+        with pytest.raises(files.OutputPathError, match="an input"):
+            files.check_output(db, "-o")
+    finally:
+        files.end_command()
+    assert sqlite3.connect(str(db)).execute("SELECT COUNT(*) FROM cells").fetchone()[0] > 0
+
+
+@pytest.mark.parametrize(("sql", "column"), [
+    ("UPDATE cells SET step_time_s = 'fast' WHERE rowid = 1", "step_time_s"),
+    ("UPDATE cells SET step_time_s = 9e999 WHERE rowid = 1", "step_time_s"),
+    ("UPDATE cells SET features = '{not json' WHERE rowid = 1", "features"),
+])
+def test_a_report_on_an_altered_database_names_row_and_column(work, sql, column, capsys, monkeypatch):
+    db = write_fixture_db(work / "db.sqlite")
+    with sqlite3.connect(str(db)) as con:
+        con.execute(sql)
+    text = _one_line(*run_cli(["study", "report", "db.sqlite", "-o", "rep"], capsys, monkeypatch))
+    assert "db.sqlite: row" in text and repr(column) in text
+
+
+def test_a_full_disk_leaves_the_old_output(work, capsys, monkeypatch):
+    import errno
+
+    from devplace import files
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    assert run_cli(["simulate", "g.json", "2xK80", "p.json", "--trace", "t.json"], capsys, monkeypatch)[0] == 0
+    old = (work / "t.json").read_bytes()
+    monkeypatch.setattr(files.os, "fsync", full)
+    text = _one_line(*run_cli(["simulate", "g.json", "2xK80", "p.json", "--trace", "t.json"], capsys, monkeypatch))
+    assert "No space left on device" in text and (work / "t.json").read_bytes() == old
+    assert sorted(p.name for p in work.iterdir() if p.name.startswith(".")) == []  # no temporary file left
+
+
+def test_standard_output_on_a_full_disk_is_one_line(work):
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # this devplace, installed or not
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "devplace", "info", "g.json", "--json"], stdout=full,
+                              stderr=subprocess.PIPE, text=True, cwd=work, env=env)
+    assert done.returncode == 2 and done.stderr.strip() == "error: cannot write the output: No space left on device"

@@ -142,7 +142,6 @@ def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer:
     """`devplace place GRAPH`: place a graph (file, `example`, or CompGraph) on a cluster (preset, file or
     Cluster), simulate it, and write the placement, trace and timeline asked for (checked before placing);
     `semantics` overrides the graph's placement semantics (`devplace.graph.semantics`)."""
-    check_outputs(output=output, trace=trace, plot=plot, log=log_setting(settings))
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
     g = graph if isinstance(graph, CompGraph) else load_graph_arg(graph)
     # after reading the inputs (quick), so that an output naming one of them is refused before placing

@@ -321,12 +321,13 @@ def auto_settings(placer: str, schedule: str | None) -> dict[str, Any]:
 
 def placer_auto_meta(best: Best) -> dict[str, Any]:
     """meta["placer_auto"] of a placement made by placer "auto": the placer kept, each one's step (or its
-    NoFitError), the seconds each one's search took (`time_s`) and why."""
-    compared = ", ".join(best.times)  # the placers run (not those skipped)
-    why = (f"smallest simulated step time of {compared} (placer {AUTO_PLACER!r})"
-           if best.name != AUTO_PIPELINE or AUTO_PLACERS[0] not in best.tried or len(best.tried) > len(AUTO_PLACERS)
-           else f"none of {', '.join(AUTO_PLACERS)} fits without micro-batches; {AUTO_PIPELINE} runs the step in "
-           "micro-batches, which hold the activations of fewer samples at once")
+    NoFitError, or why it was skipped), the seconds each one's search took (`time_s`) and why."""
+    flat = [best.tried[p] for p in AUTO_PLACERS if p in best.times]
+    if best.name == AUTO_PIPELINE and flat and all(isinstance(t, str) for t in flat):
+        why = (f"none of {', '.join(AUTO_PLACERS)} fits without micro-batches; {AUTO_PIPELINE} runs the step in "
+               "micro-batches, which hold the activations of fewer samples at once")
+    else:
+        why = f"smallest simulated step time of {', '.join(best.times)} (placer {AUTO_PLACER!r})"
     return {"placer": best.name, "tried": best.tried, "time_s": best.times, "why": why}
 
 

@@ -362,3 +362,31 @@ def test_standard_output_on_a_full_disk_is_one_line(work):
         done = subprocess.run([sys.executable, "-m", "devplace", "info", "g.json", "--json"], stdout=full,
                               stderr=subprocess.PIPE, text=True, cwd=work, env=env)
     assert done.returncode == 2 and done.stderr.strip() == "error: cannot write the output: No space left on device"
+
+
+@pytest.mark.parametrize("args", [
+    ["capture", "--model", "evil.m:boom", "-o", "nowhere/g.json"],
+    ["capture", "--model", "evil.m:boom", "-o", "g2.json", "--full", "nowhere/full.json"],
+    ["zoo", "family", "cifar10", "-o", "nowhere/g.json"],
+    ["run", "--model", "evil.m:boom", "--save-plan", "nowhere/plan.json"],
+    ["run", "--model", "evil.m:boom", "--record", "nowhere/runs.jsonl"],
+    ["demo", "--out", "g.json"],
+])
+def test_outputs_are_checked_before_any_work(work, args, capsys, monkeypatch):
+    """The factory `evil.m:boom` would fail (and its import leave a mark) if the work started first."""
+    text = _one_line(*run_cli(args, capsys, monkeypatch))
+    assert ("does not exist" in text or "not a folder" in text) and not (work / "imported").exists()
+
+
+def test_library_warnings_are_hidden_unless_verbose(monkeypatch):
+    import warnings
+
+    from devplace.cli.common import quiet_libraries
+
+    monkeypatch.setenv("PYTHONWARNINGS", "default")  # the test's own setting, restored after it
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_libraries(True)
+        warnings.warn_explicit("Glyph 7 missing from font", UserWarning, "text.py", 1, module="matplotlib.text")
+        warnings.warn_explicit("traced forward differs", UserWarning, "apply.py", 1, module="devplace.runtime.apply")
+    assert [str(w.message) for w in seen] == ["traced forward differs"]

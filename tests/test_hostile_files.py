@@ -390,3 +390,15 @@ def test_library_warnings_are_hidden_unless_verbose(monkeypatch):
         warnings.warn_explicit("Glyph 7 missing from font", UserWarning, "text.py", 1, module="matplotlib.text")
         warnings.warn_explicit("traced forward differs", UserWarning, "apply.py", 1, module="devplace.runtime.apply")
     assert [str(w.message) for w in seen] == ["traced forward differs"]
+
+
+def test_a_database_damaged_in_the_middle_is_refused_unchanged(work, capsys, monkeypatch):
+    db = write_fixture_db(work / "db.sqlite")
+    data = bytearray(db.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 3000] = b"\x07" * 3000  # a page in the middle, header and schema intact
+    db.write_bytes(data)
+    for args in (["study", "report", "db.sqlite", "-o", "rep"],
+                 ["study", "run", "s.toml", "--db", "db.sqlite", "--quiet"]):
+        (work / "s.toml").write_text('graphs = ["g.json"]\nclusters = ["2xK80"]\nplacers = ["m-topo"]\n')
+        text = _one_line(*run_cli(args, capsys, monkeypatch))
+        assert "damaged results database" in text and db.read_bytes() == data

@@ -202,7 +202,7 @@ def test_a_name_no_file_can_hold_is_refused_before_anything_is_written(work, cap
     (work / "s.json").write_text(json.dumps(GRAPH).replace('"b"', '"\\ud800"'))  # a lone surrogate, valid JSON
     (work / "sp.json").write_text(json.dumps({**PLACEMENT, "assignment": {"a": 0, "\ud800": 1}}))
     text = _one_line(*run_cli(["simulate", "s.json", "2xK80", "sp.json", "--trace", "t.json"], capsys, monkeypatch))
-    assert "lone surrogate" in text and not (work / "t.json").exists()
+    assert "surrogate" in text and not (work / "t.json").exists()
 
 
 # ------------------------------------------------------------------------------------------- no hangs, limits
@@ -402,3 +402,11 @@ def test_a_database_damaged_in_the_middle_is_refused_unchanged(work, capsys, mon
         (work / "s.toml").write_text('graphs = ["g.json"]\nclusters = ["2xK80"]\nplacers = ["m-topo"]\n')
         text = _one_line(*run_cli(args, capsys, monkeypatch))
         assert "damaged results database" in text and db.read_bytes() == data
+
+
+def test_the_writer_refuses_text_no_file_can_hold(work):
+    from devplace.files import OutputPathError, write_output
+
+    with pytest.raises(OutputPathError, match="lone surrogate"):
+        write_output(work / "t.txt", "ok \ud800", "--trace")
+    assert not (work / "t.txt").exists()

@@ -410,3 +410,14 @@ def test_the_writer_refuses_text_no_file_can_hold(work):
     with pytest.raises(OutputPathError, match="lone surrogate"):
         write_output(work / "t.txt", "ok \ud800", "--trace")
     assert not (work / "t.txt").exists()
+
+
+def test_train_settings_are_checked_before_a_family_is_captured(work, capsys, monkeypatch):
+    from devplace import app
+
+    def no_capture(*_a, **_k):
+        raise AssertionError("captured before the settings were checked")
+
+    monkeypatch.setattr(app.torch_tasks(), "training_graphs", no_capture)
+    args = ["train", "--family", "cifar10", "-c", "2xK80", "--hidden", "200000", "-o", "x.pt"]
+    assert "4,096" in _one_line(*run_cli(args, capsys, monkeypatch))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ from devplace.hardware.presets import device_kind as kind_device
 from devplace.placers import NoFitError, get_placer, schedule_of
 from devplace.placers.even import even_devices
 from devplace.placers.rl.curve import plot_curve, read_curve
+from devplace.placers.rl.placeto import PlacetoHyper, check_settings
 from devplace.placers.rl.trainer import TrainResult, mean_best_ratio, parse_indices, train
 from devplace.planning import MAP_PLACER, Placed, Progress, json_safe, place_graph, render_text
 from devplace.runtime.apply import normalize_devices
@@ -380,6 +381,12 @@ def train_policy(graphs: list[CompGraph], cluster: str | Cluster, **settings: An
     check_outputs({"output": CHECKPOINT}, output=settings.get("output"), log=settings.get("log"))
     given = {k: v for k, v in settings.items() if v is not None}
     return train(graphs, cluster if isinstance(cluster, Cluster) else load_cluster(cluster), **given)
+
+
+def check_training_settings(**settings: Any) -> None:
+    """Refuse bad hyperparameters of `devplace train` (episodes, rounds, hidden, lr, ...; None: the default)
+    before its graphs are captured, not only before training."""
+    check_settings(replace(PlacetoHyper(), **{k: v for k, v in settings.items() if v is not None}))
 
 
 def check_learned_placer(placer: str) -> None:

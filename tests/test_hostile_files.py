@@ -202,7 +202,7 @@ def test_a_name_no_file_can_hold_is_refused_before_anything_is_written(work, cap
     (work / "s.json").write_text(json.dumps(GRAPH).replace('"b"', '"\\ud800"'))  # a lone surrogate, valid JSON
     (work / "sp.json").write_text(json.dumps({**PLACEMENT, "assignment": {"a": 0, "\ud800": 1}}))
     text = _one_line(*run_cli(["simulate", "s.json", "2xK80", "sp.json", "--trace", "t.json"], capsys, monkeypatch))
-    assert "lone surrogate" in text and not (work / "t.json").exists()
+    assert "surrogate" in text and not (work / "t.json").exists()
 
 
 # ------------------------------------------------------------------------------------------- no hangs, limits
@@ -362,3 +362,62 @@ def test_standard_output_on_a_full_disk_is_one_line(work):
         done = subprocess.run([sys.executable, "-m", "devplace", "info", "g.json", "--json"], stdout=full,
                               stderr=subprocess.PIPE, text=True, cwd=work, env=env)
     assert done.returncode == 2 and done.stderr.strip() == "error: cannot write the output: No space left on device"
+
+
+@pytest.mark.parametrize("args", [
+    ["capture", "--model", "evil.m:boom", "-o", "nowhere/g.json"],
+    ["capture", "--model", "evil.m:boom", "-o", "g2.json", "--full", "nowhere/full.json"],
+    ["zoo", "family", "cifar10", "-o", "nowhere/g.json"],
+    ["run", "--model", "evil.m:boom", "--save-plan", "nowhere/plan.json"],
+    ["run", "--model", "evil.m:boom", "--record", "nowhere/runs.jsonl"],
+    ["demo", "--out", "g.json"],
+])
+def test_outputs_are_checked_before_any_work(work, args, capsys, monkeypatch):
+    """The factory `evil.m:boom` would fail (and its import leave a mark) if the work started first."""
+    text = _one_line(*run_cli(args, capsys, monkeypatch))
+    assert ("does not exist" in text or "not a folder" in text) and not (work / "imported").exists()
+
+
+def test_library_warnings_are_hidden_unless_verbose(monkeypatch):
+    import warnings
+
+    from devplace.cli.common import quiet_libraries
+
+    monkeypatch.setenv("PYTHONWARNINGS", "default")  # the test's own setting, restored after it
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_libraries(True)
+        warnings.warn_explicit("Glyph 7 missing from font", UserWarning, "text.py", 1, module="matplotlib.text")
+        warnings.warn_explicit("traced forward differs", UserWarning, "apply.py", 1, module="devplace.runtime.apply")
+    assert [str(w.message) for w in seen] == ["traced forward differs"]
+
+
+def test_a_database_damaged_in_the_middle_is_refused_unchanged(work, capsys, monkeypatch):
+    db = write_fixture_db(work / "db.sqlite")
+    data = bytearray(db.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 3000] = b"\x07" * 3000  # a page in the middle, header and schema intact
+    db.write_bytes(data)
+    for args in (["study", "report", "db.sqlite", "-o", "rep"],
+                 ["study", "run", "s.toml", "--db", "db.sqlite", "--quiet"]):
+        (work / "s.toml").write_text('graphs = ["g.json"]\nclusters = ["2xK80"]\nplacers = ["m-topo"]\n')
+        text = _one_line(*run_cli(args, capsys, monkeypatch))
+        assert "damaged results database" in text and db.read_bytes() == data
+
+
+def test_the_writer_refuses_text_no_file_can_hold(work):
+    from devplace.files import OutputPathError, write_output
+
+    with pytest.raises(OutputPathError, match="lone surrogate"):
+        write_output(work / "t.txt", "ok \ud800", "--trace")
+    assert not (work / "t.txt").exists()
+
+
+def test_train_settings_are_checked_before_a_family_is_captured(work, capsys, monkeypatch):
+    from devplace import app
+
+    def no_capture(*_a, **_k):
+        raise AssertionError("captured before the settings were checked")
+
+    monkeypatch.setattr(app.torch_tasks(), "training_graphs", no_capture)
+    args = ["train", "--family", "cifar10", "-c", "2xK80", "--hidden", "200000", "-o", "x.pt"]
+    assert "4,096" in _one_line(*run_cli(args, capsys, monkeypatch))

@@ -64,6 +64,7 @@ from devplace.placers.memory import memory_needs
 from devplace.placers.pipeline import pipeline_schedules
 from devplace.placers.registry import PlacerError, check_auto_placer
 from devplace.placers.rl.curve import plot_curve, read_curve
+from devplace.placers.rl.placeto import PlacetoHyper, check_settings
 from devplace.placers.rl.trainer import TrainResult, mean_best_ratio, parse_indices, train
 from devplace.planning import MAP_PLACER, Placed, Progress, baselines, json_safe, place_graph, render_text
 from devplace.runtime.apply import normalize_devices
@@ -508,6 +509,12 @@ def train_policy(graphs: list[CompGraph], cluster: str | Cluster, **settings: An
     check_outputs({"output": CHECKPOINT}, output=settings.get("output"), log=settings.get("log"))
     given = {k: v for k, v in settings.items() if v is not None}
     return train(graphs, cluster if isinstance(cluster, Cluster) else load_cluster(cluster), **given)
+
+
+def check_training_settings(**settings: Any) -> None:
+    """Refuse bad hyperparameters of `devplace train` (episodes, rounds, hidden, lr, ...; None: the default)
+    before its graphs are captured, not only before training."""
+    check_settings(replace(PlacetoHyper(), **{k: v for k, v in settings.items() if v is not None}))
 
 
 def check_learned_placer(placer: str) -> None:

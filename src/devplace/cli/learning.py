@@ -82,6 +82,8 @@ def train_cmd(
     c = load_cluster(cluster)
     # before capturing a family, not only before training
     app.check_outputs({"output": CHECKPOINT}, inputs=[*(graphs or []), resume], output=output, log=log)
+    tasks.check_training_settings(episodes=episodes, encoder=encoder, hidden=hidden, rounds=rounds,
+                                  memory_penalty=memory_penalty, sim_model=sim_model, lr=lr)
     with busy(f"capturing {family} graphs", quiet or family is None):
         gs = tasks.training_graphs(graphs or [], family=family, indices=indices, max_nodes=max_nodes)
     settings: dict[str, Any] = dict(order=order, episodes=episodes, seed=seed, encoder=encoder, hidden=hidden,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,9 @@ def _number(value: Any, where: str) -> float:
     return x
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def check_name(name: Any, what: str, error: type[Exception] = GraphError, noun: str = "name") -> None:
     """Refuse a `what` name (or other `noun`: "id", "kind") that is not a string of at most MAX_NAME_CHARS
     characters."""
@@ -66,6 +70,10 @@ def check_name(name: Any, what: str, error: type[Exception] = GraphError, noun: 
     if len(name) > MAX_NAME_CHARS:
         raise error(f"the {what} {noun} is {len(name):,} characters long ({name[:40]!r}...); give a {noun} of at "
                     f"most {MAX_NAME_CHARS} characters")
+    lone = _SURROGATE.search(name)
+    if lone is not None:  # JSON's \ud800 escapes decode to these; no file (trace, plot, CSV) can hold them
+        raise error(f"the {what} {noun} {name[:40]!a} holds {lone.group()!a}, half of a UTF-16 surrogate pair and "
+                    "not a character; fix the name")
 
 
 def _check_totals(name: str, numeric: np.ndarray, edge_bytes: np.ndarray,

@@ -131,12 +131,19 @@ def _check_database(path: Path, *, writing: bool) -> None:
             columns = [r[1] for r in con.execute("PRAGMA table_info(cells)")] if "cells" in tables else []
             version = (con.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
                        if "meta" in tables else None)
+            # damage past the header and schema (a torn copy, a bad sector) shows only when its page is read:
+            # read them all now, rather than fail in the middle of a study or a report
+            health = con.execute("PRAGMA quick_check").fetchone()[0] if tables else "ok"
         finally:
             con.close()
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"{path}: not a devplace study database ({exc}); give another --db file") from None
     if not tables:
         return  # an empty SQLite database: the tables are made when writing
+    if health != "ok":
+        check = " ".join(str(health).split())[:200]  # SQLite's report spans lines
+        raise StoreError(f"{path}: damaged results database (SQLite's check: {check}); nothing was changed: restore "
+                         "it from a copy, or run the study again into a new --db")
     foreign = [c for c in columns if c not in COLUMN_NAMES]
     if "cells" not in tables or "key" not in columns or foreign:
         what = ("no `cells` table" if "cells" not in tables else

@@ -1,14 +1,17 @@
 """Learned placers against the classic ones, side by side in one run (issue 5's benchmark).
 
-The seed study's setting: family graphs (cifar10, ptb, nmt; graph `--index` of each, coarsened to 300
-groups), 3 identical devices (`3xGPU-placeto`), both simulation models. For each family, model, learned
-placer (placeto, seq2seq) and order (topo, dfs-preorder): the best step time after `--episodes` training
-episodes divided by the lower bound, against the best classic placer (m-etf, m-sct, heft, m-topo,
-contiguous, single; placed as `devplace place` does, then simulated under the same model); episodes per
-second and wall time. Also writes one placeto learning-curve PNG.
+The seed study's setting: family graphs (cifar10, ptb, nmt; graphs `--indices` of each, coarsened to 300
+groups and placed op by op, as the families say), 3 identical devices (`3xGPU-placeto`), both simulation
+models. For each family, model, learned placer (placeto, seq2seq) and order (topo, dfs-preorder): the best
+step time after `--episodes` training episodes divided by the lower bound, against the best classic placer
+(m-etf, m-sct, heft, m-topo, contiguous, single; placed as `devplace place` does, then simulated under the
+same model); episodes per second and wall time. Also writes one placeto learning-curve PNG.
 
 The lower bound is devplace's (compute only, no communication); under the placeto model step times also
 carry its per-op and per-send pauses, so "/ LB" there is a looser ratio.
+
+Issue 22 item 3 ran `--indices 0-3 --episodes 50 --models placeto --placers placeto --orders topo`: per
+family, the geometric mean of learned / best classic and the runs where it is at most 1.
 
 Run: `.venv/bin/python benchmarks/rl.py` (10 episodes per run; `--episodes 50`, the study's budget, took
 16 minutes on 2 shared CPU cores, the default 2.7 minutes); `--families cifar10 --models placeto`
@@ -19,8 +22,9 @@ Prints Markdown tables.
 git commit COMMIT (checked out into a temporary `git worktree`, removed after), side by side in one run:
 the same graph (captured once here, handed to both as a file), cluster, order and seeds, each run in a fresh
 process with the numba kernels compiled before the clock starts, the two alternating per seed so that both
-see the same load on a shared machine. This checkout runs with `start="device0"` (the start COMMIT's code
-had), so both learn the same thing; `--speed-episodes` episodes per run.
+see the same load on a shared machine. Both run with `start=--speed-start` (default "device0": the answer
+then depends on what was learned, and the start costs nothing), so both learn the same thing;
+`--speed-episodes` episodes per run.
 """
 
 from __future__ import annotations
@@ -45,9 +49,11 @@ from devplace.orders import traversal_indices
 from devplace.placers import place
 from devplace.placers.rl.curve import plot_curve, write_curve
 from devplace.placers.rl.placeto import PlacetoHyper, train_placeto
+from devplace.placers.rl.trainer import parse_indices
 from devplace.placers.seq2seq import Seq2SeqConfig, train_seq2seq
 from devplace.sim import DevplaceModel, lower_bound
 from devplace.sim.placeto import PlacetoModel
+from devplace.zoo.families import FAMILY_SIZE
 
 CLASSIC = ("m-etf", "m-sct", "heft", "m-topo", "contiguous", "single")
 
@@ -76,6 +82,7 @@ from devplace.graph import load_graph
 from devplace.hardware.cluster import load_cluster
 from devplace.orders import traversal_indices
 from devplace.placers.rl.placeto import PlacetoHyper, train_placeto
+from devplace.placers.rl.trainer import parse_indices
 from devplace.sim import DevplaceModel
 path, cluster, order, seed, episodes, extra = sys.argv[1:]
 g, c = load_graph(path), load_cluster(cluster)
@@ -99,7 +106,7 @@ def _timed_run(src: Path, graph_path: Path, args: argparse.Namespace, seed: int,
 def speed(args: argparse.Namespace) -> None:
     """Episodes per second and learning curves of placeto: this checkout against commit `args.speed`."""
     root = Path(__file__).resolve().parent.parent
-    g = family_graph(args.families.split(",")[0], args.index)
+    g = family_graph(args.families.split(",")[0], parse_indices(args.indices, FAMILY_SIZE)[0])
     seeds = [int(s) for s in args.speed_seeds.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         graph_path = Path(tmp) / "graph.json"
@@ -110,9 +117,10 @@ def speed(args: argparse.Namespace) -> None:
         try:
             rows = []
             for i, seed in enumerate(seeds):
-                pair = [("before", old / "src", {}), ("after", root / "src", {"start": "device0"})]
-                res = dict((name, _timed_run(src, graph_path, args, seed, extra))
-                           for name, src, extra in (pair if i % 2 == 0 else pair[::-1]))
+                extra = {"start": args.speed_start}
+                pair = [("before", old / "src", extra), ("after", root / "src", extra)]
+                res = dict((name, _timed_run(src, graph_path, args, seed, settings))
+                           for name, src, settings in (pair if i % 2 == 0 else pair[::-1]))
                 rows.append((seed, res["before"], res["after"]))
                 print(f"  seed {seed}: before {(args.speed_episodes + 1) / res['before']['wall_s']:.2f} ep/s, "
                       f"after {(args.speed_episodes + 1) / res['after']['wall_s']:.2f} ep/s", flush=True)
@@ -137,7 +145,7 @@ def speed(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--families", default="cifar10,ptb,nmt")
-    ap.add_argument("--index", type=int, default=0, help="graph index in each family")
+    ap.add_argument("--indices", default="0", help="graph indices in each family, e.g. 0 or 0-3")
     ap.add_argument("--episodes", type=int, default=10)
     ap.add_argument("--orders", default="topo,dfs-preorder")
     ap.add_argument("--models", default="devplace,placeto")
@@ -149,6 +157,7 @@ def main() -> None:
     ap.add_argument("--speed-episodes", type=int, default=10)
     ap.add_argument("--speed-seeds", default="0,1,2")
     ap.add_argument("--speed-order", default="topo")
+    ap.add_argument("--speed-start", default="device0", help="placeto's start in both runs (device0 or classic)")
     args = ap.parse_args()
     if args.speed:
         speed(args)
@@ -157,9 +166,9 @@ def main() -> None:
     orders, sims, placers = args.orders.split(","), args.models.split(","), args.placers.split(",")
     rows, curve_rows = [], None
     t_all = time.perf_counter()
-    for fam in args.families.split(","):
+    for fam, index in [(f, i) for f in args.families.split(",") for i in parse_indices(args.indices, FAMILY_SIZE)]:
         t0 = time.perf_counter()
-        g = family_graph(fam, args.index)
+        g = family_graph(fam, index)
         capture_s = time.perf_counter() - t0
         models = {"devplace": DevplaceModel(g, c), "placeto": PlacetoModel(g, c)}
         lb = lower_bound(g, c).value_s
@@ -199,6 +208,13 @@ def main() -> None:
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]:.3f} | {r[5]} | {r[6]:.3f} | {r[7]:.3f} | {r[8]:.2f} "
               f"| {r[9]:.1f} |")
+    for fam in args.families.split(","):  # per family: geometric mean of learned / best classic, and wins
+        for sim in sims:
+            for placer in placers:
+                fr = [r[7] for r in rows if r[0].startswith(f"{fam}-") and r[1] == sim and r[2] == placer]
+                if fr:
+                    print(f"{fam} {sim} {placer}: learned / best classic {math.exp(np.mean(np.log(fr))):.3f} "
+                          f"(geometric mean), at most 1.0 on {sum(x <= 1.0 + 1e-9 for x in fr)} of {len(fr)} runs")
     pl = [r for r in rows if r[2] == "placeto"]
     if pl:
         eps = float(np.mean([r[8] for r in pl]))

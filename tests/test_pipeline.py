@@ -50,6 +50,18 @@ def test_family_graphs_are_seeded_and_coarsened():
     assert other.meta["family"]["arch"] != a.meta["family"]["arch"]
 
 
+def test_a_family_graph_is_placed_op_by_op_unless_told_otherwise():
+    # issue 22: under the autograd rule the families collapsed (ptb graph 0: 300 groups, 3 units)
+    from devplace.hardware import load_cluster
+    from devplace.placers import place
+
+    g, c = family_graph("cifar10", 3, max_nodes=120), load_cluster("3xGPU-placeto")
+    assert g.meta["semantics"] == "op-by-op"
+    placed = place(g, c, placer="m-topo", order="topo")
+    assert placed.meta["semantics"] == "op-by-op" and "tie_classes" not in placed.meta  # every group a unit
+    assert place(g, c, placer="m-topo", order="topo", semantics="autograd").meta["tie_classes"] < g.num_nodes
+
+
 def test_unknown_model_is_a_clear_error():
     with pytest.raises(DevplaceError, match="resnet50"):
         zoo_prepared("resnet-9000")

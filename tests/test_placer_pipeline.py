@@ -151,7 +151,7 @@ def test_place_judges_the_pipeline_under_its_schedule_and_records_it():
     g = layers([1.0] * 8, act=10.0, params=1.0)
     c = cluster(4, bw=1e12, mem=2 * 1.0 + 4 * 2 * 10.0 / 8 + 10.0)
     assert not simulate(g, c, plan(g, c, microbatches=8).devices).feasible
-    p = place(g, c, placer="pipeline", order="topo", microbatches=8, semantics="autograd")
+    p = place(g, c, placer="pipeline", order="topo", microbatches=8, semantics="autograd")  # a hand-made graph
     assert p.meta["ties"] == "native"  # the placer takes `ties`: it places the graph itself, not the folded one
     assert p.meta["schedule"] == Schedule("1f1b", 8).to_dict() and schedule_of(p) == Schedule("1f1b", 8)
     r = simulate(g, c, p, schedule=schedule_of(p))

@@ -38,7 +38,7 @@ def test_registered_as_a_sequential_placer_with_its_settings():
     assert spec.uses_order and spec.reports_progress
     assert spec.settings == {"episodes": 50, "memory_penalty": 1.0, "rounds": 8, "hidden": 32,
                              "encoder": "placeto-gnn", "sim_model": "devplace", "lr": 1e-3, "start": "classic",
-                             "policy": None, "log": None}
+                             "parallel": 1, "update_fraction": 1.0, "policy": None, "log": None}
     # the defaults are PlacetoHyper's, the one place they are written
     hyper = PlacetoHyper()
     assert all(getattr(hyper, k) == v for k, v in spec.settings.items() if k not in ("policy", "log"))
@@ -321,3 +321,26 @@ def test_classic_start_is_the_best_classic_placement_and_the_answer_is_no_worse(
     assert device0.start_step_time_s > 1.5 * classic
     with pytest.raises(PlacerError, match="unknown start 'best'; choose one of: classic, device0"):
         place(g, c, placer="placeto", start="best")
+
+
+def test_parallel_episodes_and_a_partial_update_are_deterministic_and_keep_the_contract():
+    # issue 22 item 4: episodes sampled side by side, each update re-embedding part of its states
+    g = layered_graph(30, width=4, seed=3)
+    c = cluster(3, bw=1e9, lat=1e-5)
+    hyper = PlacetoHyper(episodes=5, parallel=3, update_fraction=0.5, hidden=8, rounds=2, start="device0")
+    runs = [train_placeto(g, c, traversal_indices(g, "topo"), 4, hyper) for _ in range(2)]
+    assert runs[0].curve == runs[1].curve and runs[0].devices.tolist() == runs[1].devices.tolist()
+    assert len(runs[0].curve) == 5 and [r["episode"] for r in runs[0].rows] == list(range(6))
+    assert runs[0].step_time_s <= runs[0].start_step_time_s
+
+
+def test_update_steps_draws_a_sorted_fraction_or_takes_all():
+    from devplace.placers.rl.placeto import update_steps
+
+    rng = np.random.Generator(np.random.PCG64(0))
+    assert update_steps(300, PlacetoHyper(), rng) is None
+    steps = update_steps(300, PlacetoHyper(update_fraction=0.25), rng)
+    assert len(steps) == 75 and len(set(steps.tolist())) == 75 and steps.tolist() == sorted(steps.tolist())
+    for bad in ({"parallel": 0}, {"update_fraction": 0.0}, {"update_fraction": 1.5}):
+        with pytest.raises(PlacerError, match=next(iter(bad))):
+            place(layered_graph(10, seed=0), cluster(2), placer="placeto", episodes=1, **bad)

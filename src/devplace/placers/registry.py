@@ -184,6 +184,12 @@ class PlacerSpec:
         return "progress" in inspect.signature(self.func).parameters
 
     @property
+    def takes_full(self) -> bool:
+        """True when the placer takes `full` (a `FullGraph`: the graph its nodes stand for) to judge its answer
+        on the graph that runs (the learned placers)."""
+        return "full" in inspect.signature(self.func).parameters
+
+    @property
     def handles_ties(self) -> bool:
         """True when the placer takes `ties` (a tie class per node) and keeps every class on one device
         itself; `place` folds the graph for the others (see `place`'s semantics)."""
@@ -373,7 +379,9 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     device (the list schedulers decide a class when they place its first op);
     every other placer -- and one that takes `ties` but finds nothing that fits that way -- places the folded
     graph (`devplace.graph.ties.fold`: one node per class, with the compute and memory of all its ops) and
-    every op of a class goes to its class's device (meta["ties"]: "native" or "folded"). Either way the
+    every op of a class goes to its class's device (meta["ties"]: "native" or "folded"); a placer that takes
+    `full` (`PlacerSpec.takes_full`: placeto, seq2seq) is also given `FullGraph(graph, expand)` to judge its
+    answer on `graph` itself. Either way the
     placement is simulated and checked on `graph` itself, so the reported step time is the one autograd
     runs. When the placer's view fits but `graph` does not, the placer runs again with the device caps it
     sees lowered in proportion to the overflow (`within_memory`, at most `CAP_RETRIES` times), else
@@ -425,12 +433,10 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     tied = bool(classes.size) and int(classes.max()) + 1 < classes.size
     extra: dict[str, Any] = {"progress": progress} if progress is not None and spec.reports_progress else {}
 
-    takes_full = "full" in inspect.signature(spec.func).parameters
-
     def runner(target: CompGraph, ties: np.ndarray, full: FullGraph) -> Callable[[Cluster], PlacerOutput]:
         visit = traversal_indices(target, order, seed, cluster=cluster)
         call = {**settings, **extra, **({"ties": ties} if spec.handles_ties else {}),
-                **({"full": full} if takes_full else {})}
+                **({"full": full} if spec.takes_full else {})}
 
         def run(seen: Cluster) -> PlacerOutput:
             out = as_output(spec.func(target, seen, order=visit, seed=seed, **call))

@@ -34,11 +34,14 @@ model; skipped when the device did not change) and reward the decrease of the lo
 memory also costs `memory_penalty x` its relative overflow (the largest over devices of bytes over / bytes
 available, capped at `overflow_cap`). V actions and at most V + 1 simulations per episode.
 
-Learning: REINFORCE with discount `discount` (0.5); the baseline for step t is the mean return at step t over
-the last `baseline_window` episodes (this one included); the advantages (return - baseline) are divided by
-their std over the episode (`normalize_advantage`); loss = -mean_t(advantage_t log pi(a_t)) - entropy_weight
-mean_t(entropy_t) (a mean over steps, not a sum, so the gradient does not grow with the graph; entropy weight
-0.1); gradient clipped to global norm 1.25; Adam (lr 1e-3), one update per episode.
+Learning: REINFORCE with discount `discount` (0.5); `parallel` (1) episodes are sampled side by side from the same
+start with the same weights, their states embedded in one batched product per step, then each episode makes one
+update in turn (the later ones a few updates off-policy), re-embedding `update_fraction` (all) of its states,
+drawn uniformly (an unbiased estimate of the mean over all its steps); the baseline for step t is the mean return
+at step t over the last `baseline_window` episodes (this one included); the advantages (return - baseline) are
+divided by their std over the episode (`normalize_advantage`); loss = -mean_t(advantage_t log pi(a_t)) -
+entropy_weight mean_t(entropy_t) (a mean over steps, not a sum, so the gradient does not grow with the graph;
+entropy weight 0.1); gradient clipped to global norm 1.25; Adam (lr 1e-3), one update per episode.
 Why not discount 1 and raw advantages (the earlier defaults): on the study's family graphs (100 groups,
 3xGPU-placeto) the policy then stayed near uniform (entropy 0.8-1.09 nats after 50 episodes in 11 of 12 runs,
 ln 3 = 1.10) and episodes ended 1.2-4.7x the start, a random placement: the return of step t summed the noise of ~V
@@ -142,6 +145,16 @@ class PlacetoHyper:
     entropy_weight: float = 0.1
     grad_clip: float = 1.25  # global gradient norm
     baseline_window: int = 10  # episodes averaged by the per-step baseline (this one included)
+    # training episodes sampled side by side from the same start (the best so far) with the same weights, their
+    # states embedded in one batched product per step; then one Adam step per episode, in order (one step on the
+    # batch's mean gradient learnt too little in 50 episodes: 7 updates). Off by default: faster per episode
+    # but the policy learns slower per episode (docs/learned-placers.md, "Cost": 8 -> entropy 1.09 -> 0.58
+    # after 25 episodes where 1 reaches 0.08)
+    parallel: int = 1
+    # the fraction of an episode's steps whose states the learning step re-embeds with gradients, drawn
+    # uniformly (an unbiased estimate of the mean over all of them; the re-embedding is ~2/3 of an episode).
+    # 1: all, the default, for the same reason (0.25 -> entropy 0.92 after 25 episodes)
+    update_fraction: float = 1.0
     overflow_cap: float = 4.0  # cap on the relative overflow in the memory penalty
     pool_exact_max_nodes: int = 2000  # above this, pool only the `pool_nearest` closest in start time
     pool_nearest: int = 256
@@ -506,53 +519,85 @@ def run_episode(policy: PlacetoPolicy, ctx: _GraphContext, start: np.ndarray, st
                 order: np.ndarray, best: _Best, gen: torch.Generator | None, *, memory_penalty: float,
                 keep_states: bool) -> EpisodeLog:
     """One pass over `order` from placement `start`: sample (gen given) or argmax (gen None) each node's device."""
+    return run_episodes(policy, ctx, start, start_result, order, best, gen, 1, memory_penalty=memory_penalty,
+                        keep_states=keep_states)[0]
+
+
+def run_episodes(policy: PlacetoPolicy, ctx: _GraphContext, start: np.ndarray, start_result: SimResult,
+                 order: np.ndarray, best: _Best, gen: torch.Generator | None, count: int, *, memory_penalty: float,
+                 keep_states: bool) -> list[EpisodeLog]:
+    """`count` episodes side by side, each one pass over `order` from placement `start`: at every step the
+    `count` states are embedded in one batched product (the same sums as one at a time, a fraction of the
+    calls), then each samples (gen given; one draw per episode from `gen`) or takes the argmax (gen None)."""
     n = ctx.n
-    devices = start.copy()
-    result = start_result
+    devices = [start.copy() for _ in range(count)]
+    results = [start_result] * count
     done = np.zeros(n, dtype=np.float32)
-    log = EpisodeLog([], [], [], start_result.step_time_s)
+    logs = [EpisodeLog([], [], [], start_result.step_time_s) for _ in range(count)]
     if keep_states:
-        log.states = np.empty((n, n, ctx.num_features), dtype=np.float32)
-        log.pool_masks = np.empty((n, 3, n), dtype=np.bool_)
-    with torch.inference_mode():  # the weights do not change during the episode: stack them once
+        for log in logs:
+            log.states = np.empty((n, n, ctx.num_features), dtype=np.float32)
+            log.pool_masks = np.empty((n, 3, n), dtype=np.bool_)
+    with torch.inference_mode():  # the weights do not change during the episodes: stack them once
         w = policy.stacked()
-    current = torch.zeros(1, dtype=torch.long)
+    current = torch.zeros(count, dtype=torch.long)
+    x = np.empty((count, n, ctx.num_features), dtype=np.float32)
+    masks = np.empty((count, 3, n), dtype=np.bool_)
+    # the pools depend on start times only on graphs cut to the nearest members; else one set serves all
+    shared_pools = n <= ctx.hyper.pool_exact_max_nodes
     for t, v in enumerate(np.asarray(order, dtype=np.int64).tolist()):
-        x = ctx.features(devices, result.start_s, done, v)
-        masks = ctx.pools(v, result.start_s)
-        if keep_states:
-            log.states[t], log.pool_masks[t] = x, masks
-        current[0] = v
+        for k in range(count):
+            x[k] = ctx.features(devices[k], results[k].start_s, done, v)
+            if k == 0 or not shared_pools:
+                masks[k] = ctx.pools(v, results[k].start_s)
+            else:
+                masks[k] = masks[0]
+            if keep_states:
+                logs[k].states[t], logs[k].pool_masks[t] = x[k], masks[k]
+        current[:] = v
         with torch.inference_mode():
-            logits = policy(torch.from_numpy(x)[None], ctx.adj, current,
-                            torch.from_numpy(masks[None].astype(np.float32)), w)[0]
+            logits = policy(torch.from_numpy(x), ctx.adj, current, torch.from_numpy(masks.astype(np.float32)), w)
             logp = torch.log_softmax(logits, dim=-1)
             p = logp.exp()
-            log.entropies.append(float(-(p * logp).sum()))
+            entropies = (-(p * logp).sum(dim=-1)).tolist()
             # argmax in evaluation (gen None), else a sample
-            a = int(torch.argmax(logits)) if gen is None else int(torch.multinomial(p, 1, generator=gen))
-        prev_t = result.step_time_s
-        if a != devices[v]:
-            devices[v] = a
-            result = ctx.model.run(devices)
-            best.offer(devices, result)
-        reward = _log_time(prev_t) - _log_time(result.step_time_s)
-        if not result.feasible:
-            reward -= memory_penalty * ctx.overflow(result)
+            actions = (torch.argmax(logits, dim=-1) if gen is None else
+                       torch.multinomial(p, 1, generator=gen)[:, 0]).tolist()
+        for k, (a, log) in enumerate(zip(actions, logs, strict=True)):
+            prev_t = results[k].step_time_s
+            if a != devices[k][v]:
+                devices[k][v] = a
+                results[k] = ctx.model.run(devices[k])
+                best.offer(devices[k], results[k])
+            reward = _log_time(prev_t) - _log_time(results[k].step_time_s)
+            if not results[k].feasible:
+                reward -= memory_penalty * ctx.overflow(results[k])
+            log.entropies.append(entropies[k])
+            log.visited.append(v)
+            log.actions.append(a)
+            log.rewards.append(reward)
         done[v] = 1.0
-        log.visited.append(v)
-        log.actions.append(a)
-        log.rewards.append(reward)
-    log.final_step_time_s = result.step_time_s
-    return log
+    for log, result in zip(logs, results, strict=True):
+        log.final_step_time_s = result.step_time_s
+    return logs
 
 
 def _update(policy: PlacetoPolicy, opt: torch.optim.Optimizer, ctx: _GraphContext, log: EpisodeLog,
-            advantage: np.ndarray, hyper: PlacetoHyper) -> None:
-    """One REINFORCE step on the episode's states, re-embedded in chunks (weights are those of the rollout)."""
+            advantage: np.ndarray, hyper: PlacetoHyper, rng: np.random.Generator) -> None:
+    """One REINFORCE step on the episode's `update_steps` states, re-embedded in chunks with the current weights
+    (those of the rollout, or a few updates later for the later episodes of a `parallel` batch)."""
     opt.zero_grad()
-    accumulate_gradient(policy, ctx, log, advantage, hyper)
+    accumulate_gradient(policy, ctx, log, advantage, hyper, steps=update_steps(len(log.actions), hyper, rng))
     apply_gradient(policy, opt, hyper)
+
+
+def update_steps(count: int, hyper: PlacetoHyper, rng: np.random.Generator) -> np.ndarray | None:
+    """The steps of a `count`-step episode whose states the learning step re-embeds: `update_fraction` of them
+    drawn from `rng` without replacement, in order (None: all of them)."""
+    if hyper.update_fraction >= 1.0 or count == 0:
+        return None
+    size = max(1, round(count * hyper.update_fraction))
+    return np.sort(rng.choice(count, size=size, replace=False))
 
 
 def apply_gradient(policy: PlacetoPolicy, opt: torch.optim.Optimizer, hyper: PlacetoHyper) -> None:
@@ -562,21 +607,25 @@ def apply_gradient(policy: PlacetoPolicy, opt: torch.optim.Optimizer, hyper: Pla
 
 
 def accumulate_gradient(policy: PlacetoPolicy, ctx: _GraphContext, log: EpisodeLog, advantage: np.ndarray,
-                        hyper: PlacetoHyper, weight: float = 1.0) -> None:
-    """Add `weight` x the REINFORCE gradient of one episode to the policy's .grad (states re-embedded in chunks)."""
-    steps = len(log.actions)
+                        hyper: PlacetoHyper, weight: float = 1.0, steps: np.ndarray | None = None) -> None:
+    """Add `weight` x the REINFORCE gradient of one episode to the policy's .grad (states re-embedded in chunks):
+    the mean over the episode's steps, or over `steps` (step indices) only -- an unbiased estimate of it when
+    they are drawn uniformly."""
+    chosen_steps = np.arange(len(log.actions)) if steps is None else np.asarray(steps, dtype=np.int64)
+    count = len(chosen_steps)
     chunk = max(1, hyper.update_chunk_floats // max(1, (ctx.num_edges + ctx.n) * 2 * hyper.hidden))
     visited = torch.as_tensor(log.visited, dtype=torch.long)
     actions = torch.as_tensor(log.actions, dtype=torch.long)
     adv = torch.as_tensor(advantage, dtype=torch.float32)
-    for lo in range(0, steps, chunk):
-        hi = min(steps, lo + chunk)
-        logits = policy(torch.from_numpy(log.states[lo:hi]), ctx.adj, visited[lo:hi],
-                        torch.from_numpy(log.pool_masks[lo:hi].astype(np.float32)))
+    for lo in range(0, count, chunk):
+        idx = chosen_steps[lo:lo + chunk]
+        at = torch.from_numpy(idx)
+        logits = policy(torch.from_numpy(log.states[idx]), ctx.adj, visited[at],
+                        torch.from_numpy(log.pool_masks[idx].astype(np.float32)))
         logp = torch.log_softmax(logits, dim=-1)
-        chosen = logp.gather(1, actions[lo:hi, None]).squeeze(1)
+        chosen = logp.gather(1, actions[at, None]).squeeze(1)
         entropy = -(logp.exp() * logp).sum(dim=-1)
-        loss = -(adv[lo:hi] * chosen).sum() / steps - hyper.entropy_weight * entropy.sum() / steps
+        loss = -(adv[at] * chosen).sum() / count - hyper.entropy_weight * entropy.sum() / count
         (loss * weight).backward()
 
 
@@ -638,7 +687,9 @@ def check_settings(hyper: PlacetoHyper) -> None:
                           f"{_choices(SIM_MODELS, SIM_MODEL_ALIASES)}")
     if hyper.start not in STARTS:
         raise PlacerError(f"placeto: unknown start {hyper.start!r}; choose one of: {', '.join(STARTS)}")
-    for name, high in (("episodes", MAX_EPISODES), ("rounds", MAX_ROUNDS), ("hidden", MAX_HIDDEN)):
+    # parallel: episodes embedded side by side, bounded like the episodes they sample
+    for name, high in (("episodes", MAX_EPISODES), ("rounds", MAX_ROUNDS), ("hidden", MAX_HIDDEN),
+                       ("parallel", MAX_EPISODES)):
         value = getattr(hyper, name)
         low = 0 if name == "episodes" else 1
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or not low <= value <= high:
@@ -647,6 +698,8 @@ def check_settings(hyper: PlacetoHyper) -> None:
         raise PlacerError(f"placeto: memory_penalty must be a number >= 0, got {hyper.memory_penalty!r}")
     if not (isinstance(hyper.discount, int | float) and 0 <= hyper.discount <= 1):
         raise PlacerError(f"placeto: discount must be a number in [0, 1], got {hyper.discount!r}")
+    if not (isinstance(hyper.update_fraction, int | float) and 0 < hyper.update_fraction <= 1):
+        raise PlacerError(f"placeto: update_fraction must be a number in (0, 1], got {hyper.update_fraction!r}")
     if not (isinstance(hyper.lr, int | float) and 0 < hyper.lr < math.inf):
         raise PlacerError(f"placeto: lr must be a number > 0, got {hyper.lr!r}")
 
@@ -708,37 +761,46 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, hyp
     if n == 0 or ctx.nd == 1:
         return run
     gen = torch.Generator().manual_seed(seed)
+    steps_rng = np.random.Generator(np.random.PCG64([seed, 1]))  # the update's steps (`update_steps`)
     opt = torch.optim.Adam(policy.parameters(), lr=hyper.lr)
     best = new_best(ctx, start, start_result.step_time_s)
     recent: deque[np.ndarray] = deque(maxlen=hyper.baseline_window)
-    for ep in range(hyper.episodes + 1):
+    ep = 0
+    while ep <= hyper.episodes:  # batches of `parallel` training episodes, then the argmax episode
         if progress is not None:
             progress(ep, hyper.episodes + 1)
         training = ep < hyper.episodes
+        count = min(hyper.parallel, hyper.episodes - ep) if training else 1
         begin = best.devices
         begin_result = ctx.model.run(begin)
-        log = run_episode(policy, ctx, begin, begin_result, order, best, gen if training else None,
-                          memory_penalty=hyper.memory_penalty, keep_states=training)
-        run.visits.append(log.visited)
-        if training:
-            _update(policy, opt, ctx, log, advantages_of(returns_of(log, hyper.discount), recent, hyper), hyper)
-            run.curve.append(log.final_step_time_s)
-            run.best_curve.append(best.step_time_s)
-        else:
-            run.eval_step_time_s = log.final_step_time_s
-        run.rows.append({"episode": ep, "graph": graph.name, "step_time_s": log.final_step_time_s,
-                         "best_step_time_s": best.step_time_s, "entropy": float(np.mean(log.entropies)),
-                         "wall_s": time.perf_counter() - t0, "greedy": int(not training)})
+        logs = run_episodes(policy, ctx, begin, begin_result, order, best, gen if training else None, count,
+                            memory_penalty=hyper.memory_penalty, keep_states=training)
+        for j, log in enumerate(logs):
+            if progress is not None and j:  # the batch's later episodes: reported as their updates run
+                progress(ep, hyper.episodes + 1)
+            run.visits.append(log.visited)
+            if training:
+                _update(policy, opt, ctx, log, advantages_of(returns_of(log, hyper.discount), recent, hyper), hyper,
+                        steps_rng)
+                run.curve.append(log.final_step_time_s)
+                run.best_curve.append(best.step_time_s)
+            else:
+                run.eval_step_time_s = log.final_step_time_s
+            run.rows.append({"episode": ep, "graph": graph.name, "step_time_s": log.final_step_time_s,
+                             "best_step_time_s": best.step_time_s, "entropy": float(np.mean(log.entropies)),
+                             "wall_s": time.perf_counter() - t0, "greedy": int(not training)})
+            ep += 1
     run.devices, run.step_time_s = best.devices.copy(), best.step_time_s
     return run
 
 
 def _check_placer_settings(episodes: int, memory_penalty: float, rounds: int, hidden: int, encoder: str,
-                           sim_model: str, lr: float, start: str) -> None:
+                           sim_model: str, lr: float, start: str, parallel: int, update_fraction: float) -> None:
     """The `placeto` placer's settings checked as `train_placeto` checks them (for a study file, before any cell
     runs)."""
     check_settings(replace(PlacetoHyper(), episodes=episodes, memory_penalty=memory_penalty, rounds=rounds,
-                           hidden=hidden, encoder=encoder, sim_model=sim_model, lr=lr, start=start))
+                           hidden=hidden, encoder=encoder, sim_model=sim_model, lr=lr, start=start,
+                           parallel=parallel, update_fraction=update_fraction))
 
 
 @register("placeto", uses_order=True, check=_check_placer_settings)
@@ -746,6 +808,7 @@ def placeto(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
             episodes: int = PlacetoHyper.episodes, memory_penalty: float = PlacetoHyper.memory_penalty,
             rounds: int = PlacetoHyper.rounds, hidden: int = PlacetoHyper.hidden, encoder: str = PlacetoHyper.encoder,
             sim_model: str = PlacetoHyper.sim_model, lr: float = PlacetoHyper.lr, start: str = PlacetoHyper.start,
+            parallel: int = PlacetoHyper.parallel, update_fraction: float = PlacetoHyper.update_fraction,
             policy: str | None = None, log: str | None = None, progress: Progress | None = None,
             full: FullGraph | None = None) -> np.ndarray:
     """Placeto-style RL: a GNN policy improves the best placement node by node, visiting nodes in the order.
@@ -758,13 +821,16 @@ def placeto(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
     episodes, then one argmax episode. The graph embedding is `rounds` rounds of message passing forward and
     backward, width `hidden`, `encoder` "placeto-gnn", "sage" (GraphSAGE) or "gat" (graph attention). `policy`: a
     checkpoint from `devplace train` to start from (its encoder, hidden and rounds win; `episodes=0` applies it
-    zero-shot). `log`: write the learning curve CSV there. Returns the best feasible placement seen, judged on
+    zero-shot). `parallel` episodes are sampled side by side (one batched embedding per step) and each update
+    re-embeds `update_fraction` of an episode's states: faster per episode, slower to learn per episode (see
+    `PlacetoHyper`). `log`: write the learning curve CSV there. Returns the best feasible placement seen, judged on
     `full` (given by `devplace.place`: the graph this one's nodes stand for) against the start and each single
     device.
     Deterministic for a seed. See `devplace.placers.rl.placeto` for the full description and costs.
     """
     hyper = replace(PlacetoHyper(), episodes=episodes, memory_penalty=memory_penalty, rounds=rounds, hidden=hidden,
-                    encoder=encoder, sim_model=sim_model, lr=lr, start=start)
+                    encoder=encoder, sim_model=sim_model, lr=lr, start=start, parallel=parallel,
+                    update_fraction=update_fraction)
     net = None
     if policy is not None:
         from devplace.placers.rl.checkpoint import load_policy

@@ -55,6 +55,7 @@ from devplace.placers.rl.placeto import (
     run_episode,
     single_thread,
     start_placement,
+    update_steps,
 )
 from devplace.placers.rl.start import Judge
 
@@ -309,7 +310,8 @@ def _train(graphs: list[CompGraph], names: list[str], fulls: list[FullGraph], cl
                 if ro.best_step_time_s < best[i].step_time_s:
                     best[i].devices, best[i].step_time_s = ro.best_devices.copy(), ro.best_step_time_s
                 adv = advantages_of(returns_of(ro.log, hyper.discount), recent[i], hyper)
-                accumulate_gradient(policy, ctx, ro.log, adv, hyper, weight=1.0 / len(trainable))
+                steps = update_steps(len(ro.log.actions), hyper, np.random.Generator(np.random.PCG64([seed, r, i])))
+                accumulate_gradient(policy, ctx, ro.log, adv, hyper, weight=1.0 / len(trainable), steps=steps)
                 rows.append({"episode": r, "graph": names[i], "step_time_s": ro.log.final_step_time_s,
                              "best_step_time_s": best[i].step_time_s, "entropy": float(np.mean(ro.log.entropies)),
                              "wall_s": time.perf_counter() - t0, "greedy": 0})

@@ -31,6 +31,7 @@ import pickle
 import statistics
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -157,6 +158,30 @@ class _Job:
 
 
 def _worker(rank: int, job: _Job) -> None:
+    """One pipeline stage (`_stage`); a failure's traceback is saved where the parent reads it, since the
+    stages that lose their peer then fail too, with only a connection error of their own."""
+    try:
+        _stage(rank, job)
+    except BaseException:
+        (Path(job.folder) / f"rank{rank}.err").write_text(traceback.format_exc(), encoding="utf-8")
+        raise
+
+
+def _failure(folder: str, n: int, fallback: str) -> str:
+    """The failing stage's own error, with the end of its traceback: the first stage whose error is not a lost
+    connection to a peer (gloo's 'Connection reset by peer', 'Connection closed'), else the first that failed."""
+    errors = [(r, (Path(folder) / f"rank{r}.err").read_text(encoding="utf-8"))
+              for r in range(n) if (Path(folder) / f"rank{r}.err").exists()]
+    if not errors:
+        return fallback
+    lost = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket Timeout")
+    rank, text = next(((r, t) for r, t in errors if not any(k in t for k in lost)), errors[0])
+    lines = text.strip().splitlines()
+    frames = [ln.strip() for ln in lines if ln.lstrip().startswith('File "')]
+    return f"stage {rank}: {lines[-1]}" + (f" (raised at {frames[-1]})" if frames else "")
+
+
+def _stage(rank: int, job: _Job) -> None:
     """One pipeline stage: join the gloo group, build the stage, run the steps, save what the parent reads."""
     import torch.distributed as dist
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
@@ -337,6 +362,11 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
     if n != ex.num_stages:
         raise PipelineRunError(f"the export has {ex.num_stages} stages, so it runs in {ex.num_stages} processes (one "
                                f"stage each), not {n}")
+    if ex.schedule.kind == "1f1b" and ex.schedule.microbatches < n:
+        # torch.distributed.pipelining's 1F1B fills the pipeline before its first backward
+        raise PipelineRunError(f"1f1b runs at least as many micro-batches as stages: {ex.schedule.microbatches} "
+                               f"micro-batch(es) for {n} stages; export with --microbatches {n} (or more), or "
+                               "--schedule gpipe")
     if steps < 1:
         raise PipelineRunError(f"steps must be at least 1, got {steps}")
     if loss_reduction not in ("mean", "sum"):
@@ -346,6 +376,13 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
     if missing:
         raise PipelineRunError(f"split point(s) {', '.join(missing)} are not modules of {type(module).__name__}; the "
                                "export was made for another model")
+    if loss_fn is not None:
+        try:  # the processes get it by pickle: a lambda or closure cannot go
+            pickle.dumps(loss_fn)
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise PipelineRunError(f"the model's loss function {getattr(loss_fn, '__qualname__', loss_fn)!r} cannot be "
+                                   f"sent to the pipeline's processes ({exc}); define it as a module-level function "
+                                   "(of the output alone, per micro-batch) and return it from the factory") from None
     mbs = _microbatches(_named_inputs(module, inputs), ex.schedule.microbatches)
     pipe = _trace(module, ex, mbs[0])
     with tempfile.TemporaryDirectory(prefix="devplace-pipe-") as folder:
@@ -354,8 +391,8 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
         try:
             mp.start_processes(_worker, args=(job,), nprocs=n, join=True, start_method=_start_method())
         except mp.ProcessRaisedException as exc:
-            last = str(exc).strip().splitlines()[-1]
-            raise DevplaceError(f"a pipeline stage failed: {last}") from exc
+            raise PipelineRunError(f"a pipeline stage failed, {_failure(folder, n, str(exc).strip().splitlines()[-1])}"
+                                   ) from exc
         results = [torch.load(Path(folder) / f"rank{r}.pt") for r in range(n)]
     times = [max(r["times"][s] for r in results) for s in range(steps)]
     grads: dict[str, torch.Tensor] = {}

@@ -271,3 +271,47 @@ def test_a_placement_goes_from_place_to_export_and_run_through_files(cnn_zoo, tm
                            "--microbatches", "2", "--steps", "1", "--warmup", "0", "--json"], capsys, monkeypatch)
     assert code == 0, err
     assert json.loads(out)["schedule"]["kind"] == "gpipe"
+
+
+class _HF(nn.Module):
+    """A tiny transformers model, zoo-style: input_ids -> its own loss (labels = inputs). "llama": a Llama-style
+    decoder (rotary positions, grouped-query attention); "t5": an encoder-decoder with tied embeddings, one
+    copy before the cut under two names (the encoder's and the decoder's) and one after it (the LM head)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        import transformers as tf
+
+        if kind == "llama":
+            self.model = tf.LlamaForCausalLM(tf.LlamaConfig(
+                vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, max_position_embeddings=32))
+        else:
+            self.model = tf.T5ForConditionalGeneration(tf.T5Config(
+                vocab_size=64, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=2,
+                dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+
+
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_a_placer_placement_exports_at_block_boundaries_and_runs_like_the_unpipelined_step(kind):
+    """Issue 23 item 1: the export of a placer's placement (not a hand split) cuts where no decoder layer or
+    encoder/decoder block is entered midway, and the pipelined step's loss and gradients match the model's."""
+    from devplace.graph.modules import inside_block
+
+    torch.manual_seed(0)
+    model = _HF(kind).eval()  # no dropout: the two runs compute the same step
+    inputs = (torch.randint(1, 64, (4, 8)),)
+    p = plan(model, inputs, "2xK80", placer="even")
+    split = pipeline_split(p.graph, p.placement, p.cluster, model, schedule=Schedule("gpipe", 2))
+    assert len(split.split_points) == 1 and not inside_block(split.split_points[0])
+    ran = run_pipeline(model, inputs, json.loads(json.dumps(split.to_dict())), steps=1, optimizer="sgd",
+                       return_grads=True)
+    model.zero_grad()
+    loss = model(*inputs)
+    loss.backward()
+    assert ran.losses[0] == pytest.approx(float(loss.detach()), rel=1e-5)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(ran.grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -87,7 +87,7 @@ from devplace.runtime.plan import (
     rebuild_zoo_model,
     zoo_plan,
 )
-from devplace.runtime.run import RunResult, append_record, check_steps, local_cluster, measure_plan
+from devplace.runtime.run import NOISY_SPREAD, RunResult, append_record, check_steps, local_cluster, measure_plan
 from devplace.sim import DevplaceModel, Schedule, ScheduleError, SimResult, simulate
 from devplace.sim.count import counting
 from devplace.study.report import write_report
@@ -589,17 +589,28 @@ class Measured:
         return json_safe(self.record)
 
     def __rich__(self) -> Group:
-        p, run = self.plan, self.run
-        line = Text(f"measured step {fmt_time(run.step_time_s)} (median of {self.steps}, {run.timer}) vs simulated "
-                    f"{fmt_time(p.runtime_result.step_time_s)} as run: measured/simulated = "
-                    f"{self.record['ratio']:.2f}; placed at {self.granularity} granularity, {self.crossings} device "
+        p, run, rec = self.plan, self.run, self.record
+        shared = (" (logical devices that share a real device simulated on it, one op at a time; on separate "
+                  f"devices {fmt_time(rec['settings']['as_run_on_separate_devices_s'])})"
+                  if rec["settings"].get("shared_devices") else "")
+        line = Text(f"measured step {fmt_time(run.step_time_s)} (median of {self.steps}, spread "
+                    f"{run.spread:.0%} of it, {run.timer}, {rec['threads']} thread(s)) vs simulated "
+                    f"{fmt_time(rec['simulated_step_s'])} as run{shared}: measured/simulated = "
+                    f"{rec['ratio']:.2f}; placed at {self.granularity} granularity, {self.crossings} device "
                     "crossings per forward")
+        if run.spread > NOISY_SPREAD:
+            line.append(f"\nwarning: the timed steps vary by {run.spread:.0%} of their median (more than "
+                        f"{NOISY_SPREAD:.0%}): something else shares the machine, or the steps are too short; the "
+                        "ratio is not to be trusted (run more --steps, on an idle machine, or with --threads N)",
+                        style="yellow")
         table = Table(header_style="bold", show_edge=False)
         for col in ("real device", "logical devices", "simulated peak", "measured peak"):
             table.add_column(col)
-        for dev in dict.fromkeys(self.devices):
+        peaks = rec["simulated_peak_memory_bytes"]
+        for r, dev in enumerate(dict.fromkeys(self.devices)):
             logical = [i for i, d in enumerate(self.devices) if d == dev and i < p.cluster.num_devices]
-            sim = sum(float(p.runtime_result.peak_memory_bytes[i]) for i in logical)
+            sim = (float(peaks[r]) if rec["settings"].get("shared_devices")
+                   else sum(float(peaks[i]) for i in logical))
             meas = run.peak_memory_bytes.get(str(dev))
             table.add_row(str(dev), ",".join(map(str, logical)), fmt_bytes(sim),
                           fmt_bytes(meas) if meas is not None else "not measured (CPU)")
@@ -664,9 +675,13 @@ def load_plan_file(path: Path) -> Plan:
 
 
 def run_model(p: Plan, module: Any, inputs: Any, devices: str, *, steps: int = 5, warmup: int = 2,
-              record: Path | None = None) -> Measured:
-    """`devplace run`: run and time real training steps of plan `p` on `devices` and append the calibration
-    record to `record` (JSON lines) if given."""
+              record: Path | None = None, threads: int | None = None) -> Measured:
+    """`devplace run`: run and time real training steps of plan `p` on `devices` (with `threads` CPU threads
+    when given: `torch.set_num_threads`) and append the calibration record to `record` (JSON lines) if given."""
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise DevplaceError(f"--threads must be an integer >= 1, got {threads!r}")
+        torch.set_num_threads(threads)
     placed, run, rec = measure_plan(p, module, inputs, normalize_devices(devices), steps=steps, warmup=warmup)
     if record is not None:
         append_record(record, rec)
@@ -733,14 +748,18 @@ class PipelineRan:
                           "processes": self.run.processes, "backend": "gloo", "losses": self.run.losses,
                           "reference_loss": self.reference_loss, "measured_steps_s": self.timed_s,
                           "measured_step_s": statistics.median(self.timed_s),
+                          "measured_spread": RunResult(self.timed_s, "wall clock").spread,
                           "simulated_step_s": self.export.doc.get("pipelined_step_time_s")})
 
     def __rich__(self) -> Text:
         s, r = self.export.schedule, self.run
         sim = self.export.doc.get("pipelined_step_time_s")
+        spread = RunResult(self.timed_s, "wall clock").spread
         return Text(f"{r.processes} stages in {r.processes} CPU processes (gloo), {s.kind} schedule, {s.microbatches} "
                     f"micro-batches: measured step {fmt_time(statistics.median(self.timed_s))} (median of "
-                    f"{len(self.timed_s)}, wall clock)"
+                    f"{len(self.timed_s)}, spread {spread:.0%} of it, wall clock, 1 thread per process)"
+                    + (f" [warning: steps vary by more than {NOISY_SPREAD:.0%}; not to be trusted]"
+                       if spread > NOISY_SPREAD else "")
                     + (f", simulated {fmt_time(float(sim))} on the plan's cluster" if sim is not None else "")
                     + f"; first step's loss {r.losses[0]:.6g}, unpipelined {self.reference_loss:.6g}")
 
@@ -778,8 +797,7 @@ def _run_pipelined(ex: PipelineExport, module: Any, inputs: Any, loss_fn: Any, *
                    steps: int, warmup: int, optimizer: str) -> PipelineRan:
     """Run export `ex` of `module` (`run_pipeline`, with the model's own `loss_fn` where it has one) and the
     unpipelined loss of the same batch, computed as the capture computes it."""
-    if steps < 1 or warmup < 0:
-        raise DevplaceError(f"need --steps >= 1 and --warmup >= 0, got steps={steps}, warmup={warmup}")
+    check_steps(steps, warmup)
     with torch.no_grad():
         out = module(*inputs)
         reference = float(loss_fn(out) if loss_fn is not None else default_loss(out))

@@ -68,6 +68,8 @@ def run_cmd(
     schedule: ScheduleOpt = None,
     microbatches: MicrobatchesOpt = None,
     chunks: ChunksOpt = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads for the steps (torch.set_num_threads; default: "
+                                                "torch's); the report gives the number used")] = None,
 ) -> None:
     """Run real training steps of a placed zoo or custom model and compare measured with simulated step time
     and memory.
@@ -112,7 +114,8 @@ def run_cmd(
             console.print(ran)
         return
     with busy(f"running {steps} timed steps on {devices}", as_json):
-        measured = tasks.run_model(p, module, inputs, devices, steps=steps, warmup=warmup, record=record)
+        measured = tasks.run_model(p, module, inputs, devices, steps=steps, warmup=warmup, record=record,
+                                   threads=threads)
     if as_json:
         print_json(measured.to_dict())
     else:

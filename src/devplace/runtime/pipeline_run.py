@@ -135,7 +135,33 @@ def _trace(module: nn.Module, export: PipelineExport, mb_kwargs: dict[str, Any])
         raise PipelineRunError(f"splitting {type(module).__name__} at {', '.join(export.split_points)} gave "
                                f"{pipe.num_stages} stages, not the export's {export.num_stages}: a split point "
                                "module is never called, or called twice")
+    for i in range(pipe.num_stages):
+        _contiguous_boundaries(pipe.get_stage_module(i))
     return pipe
+
+
+def _contiguous_boundaries(stage: torch.fx.GraphModule) -> None:
+    """Make every tensor a stage sends or receives contiguous: the runtime receives into a buffer with the traced
+    strides, and gloo refuses a non-contiguous one ('input tensor has to be contiguous': T5's transposed
+    position bias, a permuted attention output). Outputs go through `.contiguous()`; inputs are expected so."""
+    graph = stage.graph
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder" and isinstance(val, torch.Tensor) and not val.is_contiguous():
+            node.meta["val"] = val.contiguous()
+    out = next(n for n in graph.nodes if n.op == "output")
+
+    def contiguous(arg: Any) -> Any:
+        val = arg.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.is_contiguous():
+            return arg
+        with graph.inserting_before(out):
+            made = graph.call_method("contiguous", (arg,))
+        made.meta["val"] = val.contiguous()
+        return made
+
+    out.args = torch.fx.node.map_arg(out.args, contiguous)
+    stage.recompile()
 
 
 @dataclass(frozen=True)
@@ -197,8 +223,12 @@ def _stage(rank: int, job: _Job) -> None:
     dist.init_process_group("gloo", init_method=f"file://{job.folder}/rendezvous", rank=rank, world_size=world,
                             timeout=timedelta(seconds=job.timeout_s))
     try:
-        # every process creates every group, in the same order (new_group is collective)
-        groups = [(dist.new_group([s for s, _ in users]), dict(users)) for users in job.tied]
+        # every process creates every group, in the same order (new_group is collective); a tie held by one
+        # stage only (T5's encoder and decoder embeddings, both before the cut) needs no group
+        ties = []
+        for users in job.tied:
+            ranks = sorted({s for s, _ in users})
+            ties.append((dist.new_group(ranks) if len(ranks) > 1 else None, [n for s, n in users if s == rank]))
         # what Pipe.build_stage does, from the stage module and graph it sent (on the CPU, where they were traced)
         stage = _PipelineStage(mod, rank, info, torch.device("cpu"))
         loss_of = job.loss_fn or default_loss
@@ -222,12 +252,17 @@ def _stage(rank: int, job: _Job) -> None:
             mb_losses: list[torch.Tensor] = []
             sched.step(arg_mbs=[()] * m, kwarg_mbs=job.microbatches if stage.is_first else [{}] * m,
                        target_mbs=[None] * m, losses=mb_losses if mine else None, return_outputs=False)
-            for group, users in groups:
-                if rank in users:
-                    p = params[users[rank]]
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    dist.all_reduce(p.grad, group=group)
+            for group, names in ties:
+                if not names:
+                    continue
+                # a tied parameter's gradient is the sum over its copies, here and in the other stages
+                total = sum((params[n].grad if params[n].grad is not None else torch.zeros_like(params[n])
+                             for n in names[1:]), start=params[names[0]].grad
+                            if params[names[0]].grad is not None else torch.zeros_like(params[names[0]]))
+                if group is not None:
+                    dist.all_reduce(total, group=group)
+                for n in names:
+                    params[n].grad = total.clone()
             if step == 0 and job.return_grads:
                 grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
             if opt is not None:
@@ -244,12 +279,17 @@ def _stage(rank: int, job: _Job) -> None:
         dist.destroy_process_group()
 
 
-def _tied(pipe: Any) -> list[list[tuple[int, str]]]:
-    """Each parameter held by several stages (`Pipe.replicated_params`) as (stage, name) pairs by stage."""
-    from torch.distributed.pipelining._IR import get_submod_name
-
-    index = {get_submod_name(i): i for i in range(pipe.num_stages)}
-    return [sorted((index[sub], name) for sub, name in users.items()) for users in pipe.replicated_params]
+def _tied(pipe: Any, module: nn.Module) -> list[list[tuple[int, str]]]:
+    """Each parameter of `module` that the stages hold as several copies, as (stage, name) pairs by stage: the
+    copies in different stages (`Pipe.replicated_params` names one per stage) and those in one stage (a
+    parameter under two names there, which the trace makes two parameters)."""
+    names_of: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    tied = [set(names) for names in names_of.values() if len(names) > 1]
+    held = [[n for n, _ in pipe.get_stage_module(i).named_parameters()] for i in range(pipe.num_stages)]
+    out = [[(i, n) for i in range(pipe.num_stages) for n in held[i] if n in names] for names in tied]
+    return [users for users in out if len(users) > 1]
 
 
 def _start_method() -> str:
@@ -386,8 +426,8 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
     mbs = _microbatches(_named_inputs(module, inputs), ex.schedule.microbatches)
     pipe = _trace(module, ex, mbs[0])
     with tempfile.TemporaryDirectory(prefix="devplace-pipe-") as folder:
-        job = _Job(folder, [_dump_stage(pipe, i) for i in range(n)], _tied(pipe), ex.schedule, mbs, steps, optimizer,
-                   loss_fn, loss_reduction, return_grads, seed, timeout_s)
+        job = _Job(folder, [_dump_stage(pipe, i) for i in range(n)], _tied(pipe, module), ex.schedule, mbs, steps,
+                   optimizer, loss_fn, loss_reduction, return_grads, seed, timeout_s)
         try:
             mp.start_processes(_worker, args=(job,), nprocs=n, join=True, start_method=_start_method())
         except mp.ProcessRaisedException as exc:

@@ -304,13 +304,13 @@ def _hidden_back_edge():
 def test_stages_that_are_no_pipeline_as_run_are_a_no_fit_error_naming_why():
     full, coarsening, c = _hidden_back_edge()
     with pytest.raises(NoFitError, match=r"no pipeline on the graph as it runs .*would be in chunk 1.*another --order"):
-        place_expanded(coarsening, full, c, placer="pipeline", order="topo", microbatches=2, autograd_rule=False)
+        place_expanded(coarsening, full, c, placer="pipeline", order="topo", microbatches=2, semantics="op-by-op")
 
 
 def test_order_auto_skips_orders_that_cannot_stage_and_says_why():
     full, coarsening, c = _hidden_back_edge()
     with pytest.raises(NoFitError):  # no order stages this view; every one was tried, none stopped the search
-        place_expanded(coarsening, full, c, placer="pipeline", order="auto", microbatches=2, autograd_rule=False)
+        place_expanded(coarsening, full, c, placer="pipeline", order="auto", microbatches=2, semantics="op-by-op")
     g = layers([1.0, 3.0, 1.0, 2.0, 1.0, 1.0])
     ok = place(g, cluster(3, bw=1e12), placer="pipeline", order="auto", microbatches=2)
     assert ok.meta["order_auto"]["tried"]

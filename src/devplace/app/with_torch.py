@@ -87,7 +87,15 @@ from devplace.runtime.plan import (
     rebuild_zoo_model,
     zoo_plan,
 )
-from devplace.runtime.run import NOISY_SPREAD, RunResult, append_record, check_steps, local_cluster, measure_plan
+from devplace.runtime.run import (
+    NOISY_SPREAD,
+    RunResult,
+    append_record,
+    check_steps,
+    local_cluster,
+    measure_plan,
+    plan_precision,
+)
 from devplace.sim import DevplaceModel, Schedule, ScheduleError, SimResult, simulate
 from devplace.sim.count import counting
 from devplace.study.report import write_report
@@ -651,6 +659,10 @@ def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, dev
     assert model is not None
     c = load_cluster(cluster) if cluster else local_cluster(real)
     check_pipeline_settings(placer, c, settings, batch=batch)
+    if placer == AUTO_PLACER and "schedule" not in settings:
+        # `run` times in this process what runs here: auto's placements without micro-batches, unless a schedule
+        # is asked for (a pipelined plan runs in one process per stage, `run_plan_pipelined`)
+        settings["schedule"] = "none"
     p, module, inputs = zoo_plan(model, c, batch=batch, seq_len=seq_len, placer=placer, order=order,
                                  max_nodes=max_nodes, seed=seed, dtype=dtype, amp=amp, **settings)
     if save_plan is not None:
@@ -786,6 +798,10 @@ def run_plan_pipelined(p: Plan, module: Any, inputs: Any, *, steps: int = 5, war
     placement exported as pipeline stages under its schedule (as `devplace export --format pipeline` writes them)
     and run as `devplace run --pipeline` runs an export, so that the measured step is the pipelined one the
     simulation predicts, not the placement run unpipelined."""
+    inputs, autocast = plan_precision(p, module, inputs)
+    if autocast is not None:
+        raise DevplaceError("a pipelined run does not autocast (--amp): plan the pipeline without --amp, or with "
+                            "--dtype, to run it pipelined")
     doc = pipeline_split(p.graph, p.placement, p.cluster, schedule=schedule_of(p.placement)).to_dict()
     if isinstance(p.settings.get("source"), dict):
         doc["source"] = p.settings["source"]
@@ -798,9 +814,9 @@ def _run_pipelined(ex: PipelineExport, module: Any, inputs: Any, loss_fn: Any, *
     """Run export `ex` of `module` (`run_pipeline`, with the model's own `loss_fn` where it has one) and the
     unpipelined loss of the same batch, computed as the capture computes it."""
     check_steps(steps, warmup)
-    with torch.no_grad():
+    with torch.enable_grad():  # the default loss looks for an output that depends on a trainable parameter
         out = module(*inputs)
-        reference = float(loss_fn(out) if loss_fn is not None else default_loss(out))
+        reference = float((loss_fn(out) if loss_fn is not None else default_loss(out)).detach())
     ran = run_pipeline(module, inputs, ex, processes=processes, steps=warmup + steps, optimizer=optimizer,
                        loss_fn=loss_fn)
     return PipelineRan(ex, ran, warmup, reference)

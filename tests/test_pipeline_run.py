@@ -133,6 +133,8 @@ def test_bad_exports_and_inputs_are_clear_errors(planned, tmp_path):
         run_pipeline(model, inputs, {**doc, "schedule": Schedule("1f1b", 3).to_dict()})
     with pytest.raises(PipelineRunError, match="runs in 2 processes"):
         run_pipeline(model, inputs, doc, processes=3)
+    with pytest.raises(PipelineRunError, match=r"at least as many micro-batches as stages: 2 micro-batch.* 4 stages"):
+        run_pipeline(model, inputs, _export(name, model, p, 4, Schedule("1f1b", 2)))
     with pytest.raises(PipelineRunError, match="not modules of"):
         run_pipeline(model, inputs, {**doc, "split_points": [{"module": "nowhere", "point": "beginning"}]})
 
@@ -150,6 +152,19 @@ class _Branchy(nn.Module):
         if h.sum() > 0:
             h = h * 2
         return self.b(h).mean()
+
+
+def _failing_loss(output: torch.Tensor) -> torch.Tensor:
+    raise ValueError("no loss here")
+
+
+def test_a_failing_stage_shows_its_own_error_and_where(planned):
+    """The last stage fails (its loss); the first then loses its peer: the error is the last stage's own."""
+    name, model, inputs, p = planned
+    if name != "cnn":
+        pytest.skip("one model is enough")
+    with pytest.raises(PipelineRunError, match=r"stage 1: ValueError: no loss here \(raised at File .*_failing_loss"):
+        run_pipeline(model, inputs, _export(name, model, p, 2, Schedule("gpipe", 2)), loss_fn=_failing_loss)
 
 
 def test_an_untraceable_model_says_so_in_one_line():
@@ -210,3 +225,93 @@ def test_cli_exports_a_plan_with_its_schedule_and_runs_it(cnn_zoo, tmp_path, cap
     assert code == 2 and f"runs in {stages} processes" in err
     code, out, err = _cli(["export", str(plan_path), "--format", "json", "--schedule", "gpipe"], capsys, monkeypatch)
     assert code == 2 and "--format pipeline" in err
+
+
+def test_a_placement_goes_from_place_to_export_and_run_through_files(cnn_zoo, tmp_path, capsys, monkeypatch):
+    """Issue 23 item 3: `place --save-plan` writes a plan (placement, schedule, model, precision) that `export`
+    and `run --plan` take; `place --map --schedule --microbatches` judges a hand split under a schedule; `run`
+    takes --schedule/--microbatches and runs such a plan pipelined; a placement file is refused with the way on."""
+    plan_path, placement_path = tmp_path / "plan.json", tmp_path / "placement.json"
+    code, out, err = _cli(["place", "--model", cnn_zoo, "-c", "2xK80", "--placer", "pipeline", "--schedule", "gpipe",
+                           "--microbatches", "2", "--save-plan", str(plan_path), "-o", str(placement_path), "--json"],
+                          capsys, monkeypatch)
+    assert code == 0, err
+    placed = json.loads(out)
+    plan = json.loads(plan_path.read_text())
+    assert plan["format"] == "devplace.plan/1" and plan["settings"]["source"]["zoo"] == cnn_zoo
+    assert plan["settings"]["source"]["batch"] == BATCH and plan["settings"]["dtype"] is None
+    assert plan["placement"]["schedule"] == placed["schedule"] and placed["schedule"]["kind"] == "gpipe"
+    for fmt in ("pipeline", "device-map"):
+        code, out, err = _cli(["export", str(plan_path), "--format", fmt], capsys, monkeypatch)
+        assert code == 0, err
+    assert json.loads(out)["format"] == "devplace.device_map/1"
+    code, _, err = _cli(["export", str(placement_path), "--format", "device-map"], capsys, monkeypatch)
+    assert code == 2 and "--save-plan" in err and err.count("\n") == 1
+    code, out, err = _cli(["run", "--plan", str(plan_path), "--steps", "1", "--warmup", "0", "--json"], capsys,
+                          monkeypatch)
+    assert code == 0, err
+    ran = json.loads(out)  # a pipelined plan runs pipelined, under its own schedule
+    assert ran["schedule"] == placed["schedule"]
+    assert ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
+    # a hand split judged under a schedule, as the simulator judges the same placement
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps(["block2"]))
+    code, out, err = _cli(["place", "--model", cnn_zoo, "-c", "2xK80", "--map", str(split), "--schedule", "1f1b",
+                           "--microbatches", "4", "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    mapped = json.loads(out)
+    assert mapped["schedule"]["kind"] == "1f1b" and mapped["schedule"]["microbatches"] == 4
+    code, out, err = _cli(["place", "--model", cnn_zoo, "-c", "2xK80", "--map", str(split), "--json"], capsys,
+                          monkeypatch)
+    assert json.loads(out)["step_time_s"] != mapped["step_time_s"]
+    code, _, err = _cli(["place", "--model", cnn_zoo, "-c", "2xK80", "--map", str(split), "--schedule", "1f1b"],
+                        capsys, monkeypatch)
+    assert code == 2 and "--microbatches" in err
+    code, out, err = _cli(["run", "--model", cnn_zoo, "-c", "2xK80", "--placer", "pipeline", "--schedule", "gpipe",
+                           "--microbatches", "2", "--steps", "1", "--warmup", "0", "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads(out)["schedule"]["kind"] == "gpipe"
+
+
+class _HF(nn.Module):
+    """A tiny transformers model, zoo-style: input_ids -> its own loss (labels = inputs). "llama": a Llama-style
+    decoder (rotary positions, grouped-query attention); "t5": an encoder-decoder with tied embeddings, one
+    copy before the cut under two names (the encoder's and the decoder's) and one after it (the LM head)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        import transformers as tf
+
+        if kind == "llama":
+            self.model = tf.LlamaForCausalLM(tf.LlamaConfig(
+                vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, max_position_embeddings=32))
+        else:
+            self.model = tf.T5ForConditionalGeneration(tf.T5Config(
+                vocab_size=64, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=2,
+                dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+
+
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_a_placer_placement_exports_at_block_boundaries_and_runs_like_the_unpipelined_step(kind):
+    """Issue 23 item 1: the export of a placer's placement (not a hand split) cuts where no decoder layer or
+    encoder/decoder block is entered midway, and the pipelined step's loss and gradients match the model's."""
+    from devplace.graph.modules import inside_block
+
+    torch.manual_seed(0)
+    model = _HF(kind).eval()  # no dropout: the two runs compute the same step
+    inputs = (torch.randint(1, 64, (4, 8)),)
+    p = plan(model, inputs, "2xK80", placer="even")
+    split = pipeline_split(p.graph, p.placement, p.cluster, model, schedule=Schedule("gpipe", 2))
+    assert len(split.split_points) == 1 and not inside_block(split.split_points[0])
+    ran = run_pipeline(model, inputs, json.loads(json.dumps(split.to_dict())), steps=1, optimizer="sgd",
+                       return_grads=True)
+    model.zero_grad()
+    loss = model(*inputs)
+    loss.backward()
+    assert ran.losses[0] == pytest.approx(float(loss.detach()), rel=1e-5)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(ran.grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -286,3 +286,31 @@ def test_no_stage_ends_where_a_tie_class_would_send_activations_back():
         assert len({int(pl.devices[g.index[f"l{i}"]]) for i in range(1, 7)}) == 1
         again = simulate(g, c, pl.devices, schedule=pl.schedule)  # a pipeline: no ScheduleError
         assert again.feasible and again.step_time_s == pl.step_time_s
+
+
+def _hidden_back_edge():
+    """A chain a -> b -> c and a coarse view of it, groups A = {a, c} and B = {b}, whose one edge A -> B hides
+    b -> c: stages that are a pipeline on the view (A on one device, B after it) send b's output back on the
+    graph as it runs (what a coarsening that ties classes across the forward sequence can do)."""
+    full = CompGraph.build("chain", [{"id": v, "kind": "forward", "compute_s": t, "output_bytes": 1.0}
+                                     for v, t in (("a", 1.0), ("b", 2.0), ("c", 1.0))],
+                           [{"src": "a", "dst": "b", "bytes": 1.0}, {"src": "b", "dst": "c", "bytes": 1.0}])
+    coarse = CompGraph.build("view", [{"id": "A", "kind": "forward", "compute_s": 2.0, "output_bytes": 1.0},
+                                      {"id": "B", "kind": "forward", "compute_s": 2.0, "output_bytes": 1.0}],
+                             [{"src": "A", "dst": "B", "bytes": 1.0}])
+    return full, Coarsening(coarse, "chain", {"A": ("a", "c"), "B": ("b",)}), cluster(2, bw=1e12)
+
+
+def test_stages_that_are_no_pipeline_as_run_are_a_no_fit_error_naming_why():
+    full, coarsening, c = _hidden_back_edge()
+    with pytest.raises(NoFitError, match=r"no pipeline on the graph as it runs .*would be in chunk 1.*another --order"):
+        place_expanded(coarsening, full, c, placer="pipeline", order="topo", microbatches=2, semantics="op-by-op")
+
+
+def test_order_auto_skips_orders_that_cannot_stage_and_says_why():
+    full, coarsening, c = _hidden_back_edge()
+    with pytest.raises(NoFitError):  # no order stages this view; every one was tried, none stopped the search
+        place_expanded(coarsening, full, c, placer="pipeline", order="auto", microbatches=2, semantics="op-by-op")
+    g = layers([1.0, 3.0, 1.0, 2.0, 1.0, 1.0])
+    ok = place(g, cluster(3, bw=1e12), placer="pipeline", order="auto", microbatches=2)
+    assert ok.meta["order_auto"]["tried"]

@@ -320,6 +320,9 @@ class Placed:
         auto = self.placement.meta.get("order_auto")
         if isinstance(auto, dict):
             out.append(Text(f"order auto -> {auto['order']} ({auto.get('why') or auto['rule']})"))
+            # an order that placed nothing (no fit, or no pipeline stages) was skipped: say which and why
+            out += [Text(f"  order {o} skipped: {why}") for o, why in auto.get("tried", {}).items()
+                    if isinstance(why, str)]
         groups = (f" ({self.placed_groups} groups of {self.graph.num_nodes} ops)"
                   if self.placed_groups != self.graph.num_nodes else "")
         how = (f"module map {self.settings.get('module_map')}" if self.placer == MAP_PLACER else

@@ -38,6 +38,7 @@ from devplace.capture.profile import (
     profile_graph,
     read_runs,
 )
+from devplace.capture.torch_capture import default_loss
 from devplace.defaults import (
     AUTO_PIPELINE,
     AUTO_PLACER,
@@ -49,7 +50,7 @@ from devplace.defaults import (
     LEARNED_PLACER,
     TRAIN_FAMILY_GRAPHS,
 )
-from devplace.errors import DevplaceError
+from devplace.errors import DevplaceError, FormatError
 from devplace.files import CHECKPOINT, PNG, json_kind
 from devplace.graph import save_graph
 from devplace.graph.batch import graph_batch
@@ -78,8 +79,24 @@ from devplace.runtime.export import (
 )
 from devplace.runtime.module_map import placement_from_module_map, read_module_map
 from devplace.runtime.pipeline_run import PipelineRun, run_pipeline
-from devplace.runtime.plan import Plan, build_source, load_plan, rebuild_zoo_model, zoo_plan
-from devplace.runtime.run import RunResult, append_record, check_steps, local_cluster, measure_plan
+from devplace.runtime.plan import (
+    Plan,
+    build_source,
+    load_plan,
+    named_source,
+    plan_from_placed,
+    rebuild_zoo_model,
+    zoo_plan,
+)
+from devplace.runtime.run import (
+    NOISY_SPREAD,
+    RunResult,
+    append_record,
+    check_steps,
+    local_cluster,
+    measure_plan,
+    plan_precision,
+)
 from devplace.sim import DevplaceModel, Schedule, ScheduleError, SimResult, simulate
 from devplace.sim.count import counting
 from devplace.study.report import write_report
@@ -102,6 +119,8 @@ __all__ = [
     "fold_run_records",
     "format_calibration",
     "format_runs",
+    "is_pipelined",
+    "load_plan_file",
     "mean_best_ratio",
     "model_calibration",
     "model_tensor_names",
@@ -114,6 +133,8 @@ __all__ = [
     "profile_model",
     "run_model",
     "run_pipeline_export",
+    "run_plan_pipelined",
+    "save_placed_plan",
     "save_prepared",
     "study_report",
     "study_run",
@@ -268,17 +289,44 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
                    simulations=count.runs)
 
 
+def save_placed_plan(placed: Placed, path: Path, *, model: str | None = None, batch: int | None = None,
+                     seq_len: int | None = None, optimizer: str = "adam", max_nodes: int | None = None,
+                     dtype: str | None = None, amp: bool = False) -> None:
+    """`devplace place --save-plan`: write `placed` as a `devplace.plan/1` file (placement, its schedule, the
+    graph, the cluster) with the model it was captured from (`model`, zoo or custom, at the batch the graph
+    records) and its precision, so that `devplace export` and `devplace run --plan` take it; a graph file's
+    plan has no model (export takes it, run cannot rebuild it)."""
+    whole = graph_batch(placed.graph)
+    micro = schedule_of(placed.placement)
+    if whole is not None and micro is not None and micro.microbatch_graph:
+        whole *= micro.microbatches  # a pipeline placed on one micro-batch's capture: the model runs the batch
+    source = named_source(model, whole if whole is not None else batch, seq_len, 0) if model is not None else None
+    settings = {"optimizer": optimizer, "max_nodes": max_nodes, "dtype": dtype, "amp": amp}
+    plan_from_placed(placed, settings=settings, source=source).save(path)
+    placed.written.append(("plan", path))
+
+
 def place_by_map(graph: CompGraph, cluster: Cluster, module_map: Path, *, coarsening: Coarsening | None = None,
                  tensors: Sequence[str] = (), output: Path | None = None, trace: Path | None = None,
-                 plot: Path | None = None) -> Placed:
+                 plot: Path | None = None, schedule: str | None = None, microbatches: int | None = None,
+                 chunks: int | None = None) -> Placed:
     """`devplace place --map FILE`: `graph` (a captured graph, every op) placed by a hand-made module map
     (`devplace.runtime.module_map`), as autograd runs it, simulated and reported like a placer's output,
-    baselines included; `tensors`: parameter/buffer names the map may name; files written as `place_prepared`."""
+    baselines included; `tensors`: parameter/buffer names the map may name; files written as `place_prepared`.
+    With `schedule` (a kind) and `microbatches`, the map's stages are judged as that pipeline (meta["schedule"],
+    so a saved plan exports and runs it so); a map that is no pipeline under it is a ScheduleError saying why."""
     check_outputs({"output": PLACEMENT_FILE}, inputs=[module_map], output=output, trace=trace, plot=plot)
+    if (schedule is None) != (microbatches is None) or (chunks is not None and schedule is None):
+        raise ScheduleError("a map is judged as a pipeline under --schedule KIND (gpipe, 1f1b or interleaved-1f1b) "
+                            "with --microbatches M (and --chunks V for interleaved-1f1b); give both")
+    sched = None if schedule is None or microbatches is None else Schedule(schedule, microbatches, chunks)
     t0 = time.perf_counter()
     placement = placement_from_module_map(graph, cluster, read_module_map(module_map), tensors=tensors)
+    if sched is not None:
+        placement = placement.with_meta(schedule=sched.to_dict())
     elapsed = time.perf_counter() - t0
-    placed = Placed(graph, cluster, placement, simulate(graph, cluster, placement), MAP_PLACER, DEFAULT_SEED,
+    result = simulate(graph, cluster, placement, schedule=sched)
+    placed = Placed(graph, cluster, placement, result, MAP_PLACER, DEFAULT_SEED,
                     {"module_map": str(module_map)}, elapsed, graph.num_nodes, coarsening)
     placed.write(output=output, trace=trace, plot=plot)
     return placed
@@ -556,17 +604,28 @@ class Measured:
         return json_safe(self.record)
 
     def __rich__(self) -> Group:
-        p, run = self.plan, self.run
-        line = Text(f"measured step {fmt_time(run.step_time_s)} (median of {self.steps}, {run.timer}) vs simulated "
-                    f"{fmt_time(p.runtime_result.step_time_s)} as run: measured/simulated = "
-                    f"{self.record['ratio']:.2f}; placed at {self.granularity} granularity, {self.crossings} device "
+        p, run, rec = self.plan, self.run, self.record
+        shared = (" (logical devices that share a real device simulated on it, one op at a time; on separate "
+                  f"devices {fmt_time(rec['settings']['as_run_on_separate_devices_s'])})"
+                  if rec["settings"].get("shared_devices") else "")
+        line = Text(f"measured step {fmt_time(run.step_time_s)} (median of {self.steps}, spread "
+                    f"{run.spread:.0%} of it, {run.timer}, {rec['threads']} thread(s)) vs simulated "
+                    f"{fmt_time(rec['simulated_step_s'])} as run{shared}: measured/simulated = "
+                    f"{rec['ratio']:.2f}; placed at {self.granularity} granularity, {self.crossings} device "
                     "crossings per forward")
+        if run.spread > NOISY_SPREAD:
+            line.append(f"\nwarning: the timed steps vary by {run.spread:.0%} of their median (more than "
+                        f"{NOISY_SPREAD:.0%}): something else shares the machine, or the steps are too short; the "
+                        "ratio is not to be trusted (run more --steps, on an idle machine, or with --threads N)",
+                        style="yellow")
         table = Table(header_style="bold", show_edge=False)
         for col in ("real device", "logical devices", "simulated peak", "measured peak"):
             table.add_column(col)
-        for dev in dict.fromkeys(self.devices):
+        peaks = rec["simulated_peak_memory_bytes"]
+        for r, dev in enumerate(dict.fromkeys(self.devices)):
             logical = [i for i, d in enumerate(self.devices) if d == dev and i < p.cluster.num_devices]
-            sim = sum(float(p.runtime_result.peak_memory_bytes[i]) for i in logical)
+            sim = (float(peaks[r]) if rec["settings"].get("shared_devices")
+                   else sum(float(peaks[i]) for i in logical))
             meas = run.peak_memory_bytes.get(str(dev))
             table.add_row(str(dev), ",".join(map(str, logical)), fmt_bytes(sim),
                           fmt_bytes(meas) if meas is not None else "not measured (CPU)")
@@ -583,35 +642,65 @@ def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, dev
                  cluster: str | None = None, batch: int | None = None, seq_len: int | None = None,
                  max_nodes: int | None = None, placer: str = DEFAULT_PLACER, order: str = DEFAULT_ORDER,
                  seed: int = DEFAULT_SEED, save_plan: Path | None = None, dtype: str | None = None,
-                 amp: bool = False, trust_model: bool = False, record: Path | None = None) -> tuple[Plan, Any, Any]:
+                 amp: bool = False, trust_model: bool = False, record: Path | None = None,
+                 settings: dict[str, Any] | None = None) -> tuple[Plan, Any, Any]:
     """The plan `devplace run` runs, with its module and inputs: a saved plan file's zoo (or custom) model
     rebuilt, or model `model` (a zoo name or package.module:factory) captured in precision `dtype` / `amp` and
     placed on `cluster` (default: the `devices`, speeds measured). A custom model a plan file names is imported
-    only with `trust_model` or when `model` repeats it. The `save_plan` and `record` outputs are checked first."""
+    only with `trust_model` or when `model` repeats it. The `save_plan` and `record` outputs are checked first.
+    `settings`: the pipeline placer's schedule, microbatches and chunks for `model`, checked as `devplace place`
+    checks them."""
     if model is None and plan_file is None:
         raise DevplaceError("give either --model NAME (see `devplace zoo list`, or package.module:factory) or "
                             "--plan FILE")
     check_outputs(inputs=[plan_file], save_plan=save_plan, record=record)
     real = normalize_devices(devices)
+    settings = dict(settings or {})
     if plan_file is not None:
-        if dtype is not None or amp:
-            raise DevplaceError("--dtype/--amp are for --model: a plan file runs in the precision it was made in")
-        p = load_plan(plan_file)
+        if dtype is not None or amp or settings:
+            raise DevplaceError("--dtype/--amp/--schedule/--microbatches/--chunks are for --model: a plan file runs "
+                                "in the precision it was made in, under its own schedule")
+        p = load_plan_file(plan_file)
         module, inputs = rebuild_zoo_model(p, trust_model=trust_model or (model or False), where=str(plan_file))
         return p, module, inputs
     assert model is not None
     c = load_cluster(cluster) if cluster else local_cluster(real)
+    check_pipeline_settings(placer, c, settings, batch=batch)
+    if placer == AUTO_PLACER and "schedule" not in settings:
+        # `run` times in this process what runs here: auto's placements without micro-batches, unless a schedule
+        # is asked for (a pipelined plan runs in one process per stage, `run_plan_pipelined`)
+        settings["schedule"] = "none"
     p, module, inputs = zoo_plan(model, c, batch=batch, seq_len=seq_len, placer=placer, order=order,
-                                 max_nodes=max_nodes, seed=seed, dtype=dtype, amp=amp)
+                                 max_nodes=max_nodes, seed=seed, dtype=dtype, amp=amp, **settings)
     if save_plan is not None:
         p.save(save_plan)
     return p, module, inputs
 
 
+def is_pipelined(p: Plan) -> bool:
+    """True when plan `p` was made for a micro-batch schedule: `devplace run` runs it pipelined."""
+    return schedule_of(p.placement) is not None
+
+
+def load_plan_file(path: Path) -> Plan:
+    """`load_plan`, with the way to a plan where `path` holds a placement (what `devplace place -o` writes)."""
+    try:
+        return load_plan(path)
+    except FormatError as exc:
+        if "devplace.placement/1" not in str(exc):
+            raise
+        raise FormatError(f"{path} is a placement (devplace.placement/1), without the graph and model a plan keeps; "
+                          "write the plan with `devplace place ... --save-plan plan.json` and give that") from None
+
+
 def run_model(p: Plan, module: Any, inputs: Any, devices: str, *, steps: int = 5, warmup: int = 2,
-              record: Path | None = None) -> Measured:
-    """`devplace run`: run and time real training steps of plan `p` on `devices` and append the calibration
-    record to `record` (JSON lines) if given."""
+              record: Path | None = None, threads: int | None = None) -> Measured:
+    """`devplace run`: run and time real training steps of plan `p` on `devices` (with `threads` CPU threads
+    when given: `torch.set_num_threads`) and append the calibration record to `record` (JSON lines) if given."""
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise DevplaceError(f"--threads must be an integer >= 1, got {threads!r}")
+        torch.set_num_threads(threads)
     placed, run, rec = measure_plan(p, module, inputs, normalize_devices(devices), steps=steps, warmup=warmup)
     if record is not None:
         append_record(record, rec)
@@ -625,7 +714,7 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
     and micro-batch count of the schedule the placement was made for (or of `default_schedule`)."""
     if fmt != "pipeline" and (schedule is not None or microbatches is not None):
         raise DevplaceError("--schedule and --microbatches belong to --format pipeline")
-    p = load_plan(plan_file)
+    p = load_plan_file(plan_file)
     names = [d.strip() for d in devices.split(",")] if devices else None
     if fmt == "pipeline":
         sched = schedule_of(p.placement)
@@ -678,14 +767,18 @@ class PipelineRan:
                           "processes": self.run.processes, "backend": "gloo", "losses": self.run.losses,
                           "reference_loss": self.reference_loss, "measured_steps_s": self.timed_s,
                           "measured_step_s": statistics.median(self.timed_s),
+                          "measured_spread": RunResult(self.timed_s, "wall clock").spread,
                           "simulated_step_s": self.export.doc.get("pipelined_step_time_s")})
 
     def __rich__(self) -> Text:
         s, r = self.export.schedule, self.run
         sim = self.export.doc.get("pipelined_step_time_s")
+        spread = RunResult(self.timed_s, "wall clock").spread
         return Text(f"{r.processes} stages in {r.processes} CPU processes (gloo), {s.kind} schedule, {s.microbatches} "
                     f"micro-batches: measured step {fmt_time(statistics.median(self.timed_s))} (median of "
-                    f"{len(self.timed_s)}, wall clock)"
+                    f"{len(self.timed_s)}, spread {spread:.0%} of it, wall clock, 1 thread per process)"
+                    + (f" [warning: steps vary by more than {NOISY_SPREAD:.0%}; not to be trusted]"
+                       if spread > NOISY_SPREAD else "")
                     + (f", simulated {fmt_time(float(sim))} on the plan's cluster" if sim is not None else "")
                     + f"; first step's loss {r.losses[0]:.6g}, unpipelined {self.reference_loss:.6g}")
 
@@ -701,10 +794,38 @@ def run_pipeline_export(pipeline_file: Path, *, processes: int | None = None, st
     custom model the export names is imported only when `trust_model` is True or its name."""
     check_steps(steps, warmup)
     ex = read_pipeline(pipeline_file)
-    module, inputs = build_source(ex.source, trust_model=trust_model, where=str(pipeline_file))
-    with torch.no_grad():
-        reference = float(module(*inputs))
-    ran = run_pipeline(module, inputs, ex, processes=processes, steps=warmup + steps, optimizer=optimizer)
+    module, inputs, loss_fn = build_source(ex.source, trust_model=trust_model, where=str(pipeline_file))
+    return _run_pipelined(ex, module, inputs, loss_fn, processes=processes, steps=steps, warmup=warmup,
+                          optimizer=optimizer)
+
+
+def run_plan_pipelined(p: Plan, module: Any, inputs: Any, *, steps: int = 5, warmup: int = 2,
+                       optimizer: str = "adam") -> PipelineRan:
+    """`devplace run` of a plan made for a micro-batch schedule (`--schedule`, or a saved pipelined plan): its
+    placement exported as pipeline stages under its schedule (as `devplace export --format pipeline` writes them)
+    and run as `devplace run --pipeline` runs an export, so that the measured step is the pipelined one the
+    simulation predicts, not the placement run unpipelined."""
+    inputs, autocast = plan_precision(p, module, inputs)
+    if autocast is not None:
+        raise DevplaceError("a pipelined run does not autocast (--amp): plan the pipeline without --amp, or with "
+                            "--dtype, to run it pipelined")
+    doc = pipeline_split(p.graph, p.placement, p.cluster, schedule=schedule_of(p.placement)).to_dict()
+    if isinstance(p.settings.get("source"), dict):
+        doc["source"] = p.settings["source"]
+    return _run_pipelined(read_pipeline(doc), module, inputs, p.loss_fn, steps=steps, warmup=warmup,
+                          optimizer=optimizer)
+
+
+def _run_pipelined(ex: PipelineExport, module: Any, inputs: Any, loss_fn: Any, *, processes: int | None = None,
+                   steps: int, warmup: int, optimizer: str) -> PipelineRan:
+    """Run export `ex` of `module` (`run_pipeline`, with the model's own `loss_fn` where it has one) and the
+    unpipelined loss of the same batch, computed as the capture computes it."""
+    check_steps(steps, warmup)
+    with torch.enable_grad():  # the default loss looks for an output that depends on a trainable parameter
+        out = module(*inputs)
+        reference = float((loss_fn(out) if loss_fn is not None else default_loss(out)).detach())
+    ran = run_pipeline(module, inputs, ex, processes=processes, steps=warmup + steps, optimizer=optimizer,
+                       loss_fn=loss_fn)
     return PipelineRan(ex, ran, warmup, reference)
 
 

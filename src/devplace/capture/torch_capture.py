@@ -86,7 +86,18 @@ def _key(t: torch.Tensor) -> int:
         return id(t)
 
 
+_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
 def _nbytes(t: torch.Tensor) -> int:
+    """Bytes a tensor holds: its elements; for a sparse tensor its stored values and indices (the gradient of
+    `nn.Embedding(sparse=True)` holds the rows a batch touches, not the table: numel() is the dense size)."""
+    if t.layout == torch.sparse_coo:
+        return _nbytes(t._values()) + _nbytes(t._indices())
+    if t.layout in _COMPRESSED:
+        rows, cols = ((t.crow_indices(), t.col_indices()) if t.layout in (torch.sparse_csr, torch.sparse_bsr)
+                      else (t.ccol_indices(), t.row_indices()))
+        return _nbytes(t.values()) + _nbytes(rows) + _nbytes(cols)
     return int(t.numel()) * t.element_size()
 
 
@@ -186,6 +197,21 @@ class Recorder(TorchDispatchMode):
         self._has_cia: dict[Any, bool] = {}
         self._last_opt_group = -1
         self.current_op = ""  # the op being run, named in the error if the model fails during capture
+        # dense shape -> the most bytes a sparse tensor of it held (values + indices): a coalesced sparse gradient
+        # has a data-dependent size that fake tensors give as 0 stored values; the uncoalesced one it came from
+        # holds one row per index the batch used, the most it can hold
+        self.sparse_bytes: dict[tuple[int, ...], int] = {}
+
+    def nbytes(self, t: torch.Tensor) -> int:
+        """`_nbytes`, with a sparse tensor of unknown (0) stored size sized as the largest of its shape seen."""
+        b = _nbytes(t)
+        if t.layout == torch.strided:
+            return b
+        shape = tuple(t.shape)
+        if b:
+            self.sparse_bytes[shape] = max(b, self.sparse_bytes.get(shape, 0))
+            return b
+        return self.sparse_bytes.get(shape, 0)
 
     # ----------------------------------------------------------------- dispatch
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -294,7 +320,7 @@ class Recorder(TorchDispatchMode):
         for j, (k, t, is_write) in enumerate(produced):
             prev = self.values.get(k)
             if not is_write:
-                val = _Value(idx, j, _nbytes(t), tuple(t.shape), _dtype(t), True)
+                val = _Value(idx, j, self.nbytes(t), tuple(t.shape), _dtype(t), True)
                 node.output_bytes += val.nbytes
                 self._keep.append(t.untyped_storage() if k != id(t) else t)
             elif prev is not None:
@@ -304,14 +330,23 @@ class Recorder(TorchDispatchMode):
                 if prev.local and INPLACE_REWRITE_ALLOCATES:
                     node.output_bytes += prev.nbytes
             else:
-                val = _Value(idx, j, _nbytes(t), tuple(t.shape), _dtype(t), False)
+                val = _Value(idx, j, self.nbytes(t), tuple(t.shape), _dtype(t), False)
                 self._keep.append(t)
             self.values[k] = val
             if phase == OPTIMIZER and is_write and k in self.persistent:
                 self.last_writer[self.persistent[k]] = idx
         out_ids = {id(t) for t in flat_out}
-        node.mem_access_bytes = (sum(_read_bytes(t) for t in flat_in) + sum(_nbytes(t) for t in flat_out)
-                                 + sum(_nbytes(t) for t in written if id(t) not in out_ids))
+        sparse_in = [t for t in flat_in if t.layout != torch.strided]
+        touched = sum(self.nbytes(t) for t in sparse_in)
+
+        def moved(t: torch.Tensor, nb: int) -> int:
+            # with a sparse operand (`weight.add_(sparse gradient)`) a dense tensor is read or written at the
+            # sparse one's rows only
+            return self.nbytes(t) if t.layout != torch.strided else min(nb, touched) if sparse_in else nb
+
+        node.mem_access_bytes = (sum(moved(t, _read_bytes(t)) for t in flat_in)
+                                 + sum(moved(t, _nbytes(t)) for t in flat_out)
+                                 + sum(moved(t, _nbytes(t)) for t in written if id(t) not in out_ids))
         node.flops = op_flops(func, args, dict(kwargs), out)
         node.sig = encode_signature(func, args, kwargs)
         short = _op_short_name(func)
@@ -703,7 +738,7 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
             master = masters.get(id(p)) if opt is not None else None
             updated = master if master is not None else p
             state = opt.state.get(updated, {}) if opt is not None else {}
-            b = _nbytes(p) + (_nbytes(p.grad) if p.grad is not None else 0) + _state_bytes(state, updated)
+            b = _nbytes(p) + (rec.nbytes(p.grad) if p.grad is not None else 0) + _state_bytes(state, updated)
             if master is not None:
                 b += _nbytes(master)
                 master_bytes += _nbytes(master)

@@ -179,7 +179,11 @@ def place_cmd(
     amp: AmpOpt = False,
     module_map: Annotated[Path | None, typer.Option("--map", help="place by this hand-made module map instead of a "
                                                     "placer: a JSON device_map (module -> device), a list of "
-                                                    "split points, or a `devplace export` file")] = None,
+                                                    "split points, or a `devplace export` file; with --schedule "
+                                                    "and --microbatches, judged as that pipeline")] = None,
+    save_plan: Annotated[Path | None, typer.Option("--save-plan", help="write the plan (placement, schedule, graph, "
+                                                   "cluster, model, precision) here, for `devplace export` and "
+                                                   "`devplace run --plan`")] = None,
     force: ForceOpt = False,
 ) -> None:
     """Place GRAPH (or a zoo or custom --model, captured on the fly) on a cluster and print the predicted step
@@ -199,6 +203,9 @@ def place_cmd(
             if key in settings:
                 raise DevplaceError(f"--{key} and --set {key}=... both given; keep one")
             settings[key] = str(value) if isinstance(value, Path) else value
+    # a hand-made map is judged under the schedule given (its stages are the map's), not placed by `pipeline`
+    map_schedule = ({k: settings.pop(k) for k in app.PIPELINE_SETTINGS if k in settings} if module_map is not None
+                    else {})
     app.check_pipeline_settings(placer, c, settings, batch=batch)
     if (graph is None) == (model is None):
         raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`, or "
@@ -216,7 +223,9 @@ def place_cmd(
     placing: dict[str, Any] = dict(placer=placer, order=order, seed=seed, settings=settings, try_orders=try_k,
                                    try_with=try_with, output=output, trace=trace, plot=plot, semantics=semantics)
     files = dict(output=output, trace=trace, plot=plot)
+    mapped = dict(files, **map_schedule)
     quiet = quiet or as_json
+    app.check_outputs(save_plan=save_plan)
     if model is not None:
         # before the capture, not only before placing
         app.check_outputs({"output": app.PLACEMENT_FILE}, inputs=[module_map], output=output, trace=trace, plot=plot,
@@ -227,7 +236,7 @@ def place_cmd(
         if module_map is not None:
             tensors = app.torch_tasks().model_tensor_names(model, batch=batch, seq_len=seq_len)
             placed = app.torch_tasks().place_by_map(prepared.full, c, module_map, coarsening=prepared.coarsening,
-                                                    tensors=tensors, **files)
+                                                    tensors=tensors, **mapped)
         else:
             with progress_bar(f"{prepared.graph.name} with {placer}", quiet) as progress:
                 placed = app.torch_tasks().place_prepared(prepared, c, progress=progress, **placing)
@@ -235,10 +244,13 @@ def place_cmd(
         assert graph is not None
         g = app.load_graph_arg(graph)
         if module_map is not None:
-            placed = app.torch_tasks().place_by_map(g, c, module_map, **files)
+            placed = app.torch_tasks().place_by_map(g, c, module_map, **mapped)
         else:
             with progress_bar(f"{g.name} with {placer}", quiet) as progress:
                 placed = app.plan_graph(g, c, progress=progress, **placing)
+    if save_plan is not None:
+        app.torch_tasks().save_placed_plan(placed, save_plan, model=model, batch=batch, seq_len=seq_len,
+                                           optimizer=optimizer, max_nodes=max_nodes, dtype=dtype, amp=amp)
     if as_json:
         print_json(placed.to_dict())
     else:

@@ -11,12 +11,15 @@ from devplace import app
 from devplace.cli.common import (
     AmpOpt,
     BatchOpt,
+    ChunksOpt,
     DtypeOpt,
     ForceOpt,
     JsonOpt,
     MaxNodesOpt,
+    MicrobatchesOpt,
     ModelOpt,
     PlacerOpt,
+    ScheduleOpt,
     SeedOpt,
     SeqOpt,
     busy,
@@ -62,6 +65,11 @@ def run_cmd(
                                               "custom model (package.module:factory) the file names; same as "
                                               "repeating it as --model")] = False,
     force: ForceOpt = False,
+    schedule: ScheduleOpt = None,
+    microbatches: MicrobatchesOpt = None,
+    chunks: ChunksOpt = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads for the steps (torch.set_num_threads; default: "
+                                                "torch's); the report gives the number used")] = None,
 ) -> None:
     """Run real training steps of a placed zoo or custom model and compare measured with simulated step time
     and memory.
@@ -73,7 +81,8 @@ def run_cmd(
     A plan or export that names a custom model (package.module:factory) runs its code only when you allow it:
     repeat the name as --model, or pass --trust-model.
     With --pipeline, the export's zoo model runs pipelined (torch.distributed.pipelining, its schedule and
-    micro-batches), one CPU process per stage, and its first loss is shown next to the unpipelined one.
+    micro-batches), one CPU process per stage, and its first loss is shown next to the unpipelined one. A plan
+    made for a schedule (--placer pipeline with --schedule/--microbatches, or a saved pipelined plan) runs so too.
     """
     tasks = app.torch_tasks()
     if pipeline is not None:
@@ -88,13 +97,25 @@ def run_cmd(
             console.print(ran)
         return
     tasks.check_steps(steps, warmup)  # before capturing and placing
+    pipelining = {k: v for k, v in (("schedule", schedule), ("microbatches", microbatches), ("chunks", chunks))
+                  if v is not None}
     with busy(f"capturing and placing {model}", as_json or model is None):
         p, module, inputs = tasks.plan_for_run(model=model, plan_file=plan_file, devices=devices, cluster=cluster,
                                                batch=batch, seq_len=seq_len, max_nodes=max_nodes, placer=placer,
                                                order=order, seed=seed, save_plan=save_plan, dtype=dtype, amp=amp,
-                                               trust_model=trust_model, record=record)
+                                               trust_model=trust_model, record=record,
+                                               settings=pipelining)
+    if tasks.is_pipelined(p):
+        with busy(f"running {warmup + steps} pipelined steps", as_json):
+            ran = tasks.run_plan_pipelined(p, module, inputs, steps=steps, warmup=warmup)
+        if as_json:
+            print_json(ran.to_dict())
+        else:
+            console.print(ran)
+        return
     with busy(f"running {steps} timed steps on {devices}", as_json):
-        measured = tasks.run_model(p, module, inputs, devices, steps=steps, warmup=warmup, record=record)
+        measured = tasks.run_model(p, module, inputs, devices, steps=steps, warmup=warmup, record=record,
+                                   threads=threads)
     if as_json:
         print_json(measured.to_dict())
     else:

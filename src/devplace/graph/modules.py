@@ -45,6 +45,27 @@ def ancestors(module: str) -> list[str]:
     return [""] + [".".join(parts[:j]) for j in range(1, len(parts) + 1)]
 
 
+def inside_block(module: str) -> bool:
+    """True for a module strictly inside an element of a module list ("layers.1.self_attn", "h.0.mlp.c_fc"): a
+    path with a numeric part before its last. Such elements are a network's repeated blocks (decoder layers,
+    residual blocks); a pipeline cut inside one splits an attention or a residual branch, whose several live
+    tensors (queries and keys, the residual) would all cross between processes."""
+    parts = module.split(".")
+    return any(p.isdigit() for p in parts[:-1])
+
+
+def block_starts(modules: Sequence[str], starts: dict[int, str]) -> dict[int, str]:
+    """The positions of `starts` (of `module_starts`) where no module list element is entered midway: the
+    outermost module that begins there is not `inside_block` (a decoder layer's beginning is kept, the
+    beginning of its attention's v_proj is not)."""
+    first: dict[str, int] = {}
+    for i, m in enumerate(modules):
+        for name in ancestors(m)[1:]:
+            first.setdefault(name, i)
+    return {i: name for i, name in starts.items()
+            if not inside_block(next(n for n in ancestors(modules[i])[1:] if first[n] == i))}
+
+
 def module_starts(modules: Sequence[str], callable_modules: Collection[str] | None = None) -> dict[int, str]:
     """Positions of a forward op sequence (its ops' module paths, in program order) where a module's first call
     begins: position -> the outermost module (not the root) whose first op is there.

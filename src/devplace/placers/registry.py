@@ -43,7 +43,7 @@ from devplace.placers.memory import NoFitError, memory_needs, no_fit_error
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.result import SimResult
 from devplace.sim.schedule import KINDS as SCHEDULE_KINDS
-from devplace.sim.schedule import Schedule, ScheduledResult, simulate_schedule
+from devplace.sim.schedule import Schedule, ScheduledResult, ScheduleError, simulate_schedule
 from devplace.units import fmt_bytes
 
 
@@ -64,12 +64,21 @@ def as_output(value: np.ndarray | PlacerOutput) -> PlacerOutput:
     return PlacerOutput(np.asarray(value, dtype=np.int64))
 
 
-def simulate_output(graph: CompGraph, cluster: Cluster, devices: np.ndarray, schedule: Schedule | None) -> SimResult:
+def simulate_output(graph: CompGraph, cluster: Cluster, devices: np.ndarray, schedule: Schedule | None,
+                    placer: str | None = None) -> SimResult:
     """The step of `graph` under `devices` as it runs: under `schedule` when given (a ScheduledResult), else
-    unpipelined (the reference model)."""
+    unpipelined (the reference model). With `placer` named, devices that form no pipeline under `schedule` on
+    `graph` (a placer judged its stages on a folded or coarse view of it, where they did) are that placer's
+    NoFitError saying why, so a search over orders or placers skips it instead of stopping."""
     if schedule is None:
         return DevplaceModel(graph, cluster).run(devices)
-    return simulate_schedule(graph, cluster, devices, schedule)
+    try:
+        return simulate_schedule(graph, cluster, devices, schedule)
+    except ScheduleError as exc:
+        if placer is None:
+            raise
+        raise no_fit_error(graph, cluster, placer, f"its {schedule.kind} stages are no pipeline on the graph as it "
+                           f"runs ({exc}); another --order, or more groups (--max-nodes), may stage it") from exc
 
 
 @dataclass(frozen=True, eq=False)
@@ -450,7 +459,7 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     if not tied:
         out = runner(graph, classes, FullGraph.same(graph))(cluster)
         devices = out.devices
-        result = simulate_output(graph, cluster, devices, out.schedule)
+        result = simulate_output(graph, cluster, devices, out.schedule, placer)
         if not result.feasible:
             over = ", ".join(f"device {d} by {b:.3g} bytes" for d, b in result.oom.items())
             raise no_fit_error(graph, cluster, placer, f"its best placement is over memory on {over}")
@@ -550,7 +559,7 @@ def within_memory(graph: CompGraph, view: CompGraph, cluster: Cluster, placer: s
                                f"caps lowered to {_caps_text(caps)} to make room, it found none "
                                f"({exc.reason or exc})") from exc
         devices = expand(out.devices)
-        result = simulate_output(graph, cluster, devices, out.schedule)
+        result = simulate_output(graph, cluster, devices, out.schedule, placer)
         if result.feasible:
             return devices, result, attempt
         if attempt == CAP_RETRIES:

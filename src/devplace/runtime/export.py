@@ -20,7 +20,7 @@ import numpy as np
 from devplace.errors import FormatError, PlacementError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.jsonio import read_json
-from devplace.graph.modules import ancestors, forward_ops, has_modules, module_of, module_starts
+from devplace.graph.modules import ancestors, block_starts, forward_ops, has_modules, module_of, module_starts
 from devplace.graph.placement import Placement, runtime_placement
 from devplace.hardware.cluster import Cluster
 from devplace.placers import schedule_of
@@ -236,7 +236,8 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
 
     A pipeline stage is one device running a contiguous run of the forward program, and each stage after the
     first begins where a module call begins (torch.distributed.pipelining splits the traced program there).
-    So the forward program is cut into units at every module call's beginning; the stage order is the
+    So the forward program is cut into units at every module call's beginning that does not enter an element
+    of a module list midway (`block_starts`: a decoder layer's beginning, not its attention's); the stage order is the
     devices' order along the program (the point where half of each device's forward work is done); and each
     unit goes to a stage, stages non-decreasing along the program, such that the least forward work (with its
     backward and optimizer ops) moves off its placed device (exact, by dynamic programming). Ops without
@@ -261,7 +262,9 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
     while body > 1 and not _module(graph, fwd[body - 1]):
         body -= 1
     mods = [_module(graph, v) for v in fwd[:body]]
-    starts = module_starts(mods, callable_modules(model) if model is not None else None)
+    # cuts only where no repeated block (decoder layer, residual block) is entered midway: torch's pipelining
+    # splits there reliably, inside attention it does not (issue 23: cuts before v_proj failed to run)
+    starts = block_starts(mods, module_starts(mods, callable_modules(model) if model is not None else None))
     bounds = [0, *sorted(starts), body]
     work = _forward_work(graph)
     fdev = devs[np.asarray(fwd[:body], dtype=np.int64)]

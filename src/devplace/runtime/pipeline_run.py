@@ -31,6 +31,7 @@ import pickle
 import statistics
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -134,7 +135,33 @@ def _trace(module: nn.Module, export: PipelineExport, mb_kwargs: dict[str, Any])
         raise PipelineRunError(f"splitting {type(module).__name__} at {', '.join(export.split_points)} gave "
                                f"{pipe.num_stages} stages, not the export's {export.num_stages}: a split point "
                                "module is never called, or called twice")
+    for i in range(pipe.num_stages):
+        _contiguous_boundaries(pipe.get_stage_module(i))
     return pipe
+
+
+def _contiguous_boundaries(stage: torch.fx.GraphModule) -> None:
+    """Make every tensor a stage sends or receives contiguous: the runtime receives into a buffer with the traced
+    strides, and gloo refuses a non-contiguous one ('input tensor has to be contiguous': T5's transposed
+    position bias, a permuted attention output). Outputs go through `.contiguous()`; inputs are expected so."""
+    graph = stage.graph
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder" and isinstance(val, torch.Tensor) and not val.is_contiguous():
+            node.meta["val"] = val.contiguous()
+    out = next(n for n in graph.nodes if n.op == "output")
+
+    def contiguous(arg: Any) -> Any:
+        val = arg.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.is_contiguous():
+            return arg
+        with graph.inserting_before(out):
+            made = graph.call_method("contiguous", (arg,))
+        made.meta["val"] = val.contiguous()
+        return made
+
+    out.args = torch.fx.node.map_arg(out.args, contiguous)
+    stage.recompile()
 
 
 @dataclass(frozen=True)
@@ -157,6 +184,30 @@ class _Job:
 
 
 def _worker(rank: int, job: _Job) -> None:
+    """One pipeline stage (`_stage`); a failure's traceback is saved where the parent reads it, since the
+    stages that lose their peer then fail too, with only a connection error of their own."""
+    try:
+        _stage(rank, job)
+    except BaseException:
+        (Path(job.folder) / f"rank{rank}.err").write_text(traceback.format_exc(), encoding="utf-8")
+        raise
+
+
+def _failure(folder: str, n: int, fallback: str) -> str:
+    """The failing stage's own error, with the end of its traceback: the first stage whose error is not a lost
+    connection to a peer (gloo's 'Connection reset by peer', 'Connection closed'), else the first that failed."""
+    errors = [(r, (Path(folder) / f"rank{r}.err").read_text(encoding="utf-8"))
+              for r in range(n) if (Path(folder) / f"rank{r}.err").exists()]
+    if not errors:
+        return fallback
+    lost = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket Timeout")
+    rank, text = next(((r, t) for r, t in errors if not any(k in t for k in lost)), errors[0])
+    lines = text.strip().splitlines()
+    frames = [ln.strip() for ln in lines if ln.lstrip().startswith('File "')]
+    return f"stage {rank}: {lines[-1]}" + (f" (raised at {frames[-1]})" if frames else "")
+
+
+def _stage(rank: int, job: _Job) -> None:
     """One pipeline stage: join the gloo group, build the stage, run the steps, save what the parent reads."""
     import torch.distributed as dist
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
@@ -172,8 +223,12 @@ def _worker(rank: int, job: _Job) -> None:
     dist.init_process_group("gloo", init_method=f"file://{job.folder}/rendezvous", rank=rank, world_size=world,
                             timeout=timedelta(seconds=job.timeout_s))
     try:
-        # every process creates every group, in the same order (new_group is collective)
-        groups = [(dist.new_group([s for s, _ in users]), dict(users)) for users in job.tied]
+        # every process creates every group, in the same order (new_group is collective); a tie held by one
+        # stage only (T5's encoder and decoder embeddings, both before the cut) needs no group
+        ties = []
+        for users in job.tied:
+            ranks = sorted({s for s, _ in users})
+            ties.append((dist.new_group(ranks) if len(ranks) > 1 else None, [n for s, n in users if s == rank]))
         # what Pipe.build_stage does, from the stage module and graph it sent (on the CPU, where they were traced)
         stage = _PipelineStage(mod, rank, info, torch.device("cpu"))
         loss_of = job.loss_fn or default_loss
@@ -197,12 +252,17 @@ def _worker(rank: int, job: _Job) -> None:
             mb_losses: list[torch.Tensor] = []
             sched.step(arg_mbs=[()] * m, kwarg_mbs=job.microbatches if stage.is_first else [{}] * m,
                        target_mbs=[None] * m, losses=mb_losses if mine else None, return_outputs=False)
-            for group, users in groups:
-                if rank in users:
-                    p = params[users[rank]]
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    dist.all_reduce(p.grad, group=group)
+            for group, names in ties:
+                if not names:
+                    continue
+                # a tied parameter's gradient is the sum over its copies, here and in the other stages
+                total = sum((params[n].grad if params[n].grad is not None else torch.zeros_like(params[n])
+                             for n in names[1:]), start=params[names[0]].grad
+                            if params[names[0]].grad is not None else torch.zeros_like(params[names[0]]))
+                if group is not None:
+                    dist.all_reduce(total, group=group)
+                for n in names:
+                    params[n].grad = total.clone()
             if step == 0 and job.return_grads:
                 grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
             if opt is not None:
@@ -219,12 +279,17 @@ def _worker(rank: int, job: _Job) -> None:
         dist.destroy_process_group()
 
 
-def _tied(pipe: Any) -> list[list[tuple[int, str]]]:
-    """Each parameter held by several stages (`Pipe.replicated_params`) as (stage, name) pairs by stage."""
-    from torch.distributed.pipelining._IR import get_submod_name
-
-    index = {get_submod_name(i): i for i in range(pipe.num_stages)}
-    return [sorted((index[sub], name) for sub, name in users.items()) for users in pipe.replicated_params]
+def _tied(pipe: Any, module: nn.Module) -> list[list[tuple[int, str]]]:
+    """Each parameter of `module` that the stages hold as several copies, as (stage, name) pairs by stage: the
+    copies in different stages (`Pipe.replicated_params` names one per stage) and those in one stage (a
+    parameter under two names there, which the trace makes two parameters)."""
+    names_of: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    tied = [set(names) for names in names_of.values() if len(names) > 1]
+    held = [[n for n, _ in pipe.get_stage_module(i).named_parameters()] for i in range(pipe.num_stages)]
+    out = [[(i, n) for i in range(pipe.num_stages) for n in held[i] if n in names] for names in tied]
+    return [users for users in out if len(users) > 1]
 
 
 def _start_method() -> str:
@@ -337,6 +402,11 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
     if n != ex.num_stages:
         raise PipelineRunError(f"the export has {ex.num_stages} stages, so it runs in {ex.num_stages} processes (one "
                                f"stage each), not {n}")
+    if ex.schedule.kind == "1f1b" and ex.schedule.microbatches < n:
+        # torch.distributed.pipelining's 1F1B fills the pipeline before its first backward
+        raise PipelineRunError(f"1f1b runs at least as many micro-batches as stages: {ex.schedule.microbatches} "
+                               f"micro-batch(es) for {n} stages; export with --microbatches {n} (or more), or "
+                               "--schedule gpipe")
     if steps < 1:
         raise PipelineRunError(f"steps must be at least 1, got {steps}")
     if loss_reduction not in ("mean", "sum"):
@@ -346,16 +416,23 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
     if missing:
         raise PipelineRunError(f"split point(s) {', '.join(missing)} are not modules of {type(module).__name__}; the "
                                "export was made for another model")
+    if loss_fn is not None:
+        try:  # the processes get it by pickle: a lambda or closure cannot go
+            pickle.dumps(loss_fn)
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise PipelineRunError(f"the model's loss function {getattr(loss_fn, '__qualname__', loss_fn)!r} cannot be "
+                                   f"sent to the pipeline's processes ({exc}); define it as a module-level function "
+                                   "(of the output alone, per micro-batch) and return it from the factory") from None
     mbs = _microbatches(_named_inputs(module, inputs), ex.schedule.microbatches)
     pipe = _trace(module, ex, mbs[0])
     with tempfile.TemporaryDirectory(prefix="devplace-pipe-") as folder:
-        job = _Job(folder, [_dump_stage(pipe, i) for i in range(n)], _tied(pipe), ex.schedule, mbs, steps, optimizer,
-                   loss_fn, loss_reduction, return_grads, seed, timeout_s)
+        job = _Job(folder, [_dump_stage(pipe, i) for i in range(n)], _tied(pipe, module), ex.schedule, mbs, steps,
+                   optimizer, loss_fn, loss_reduction, return_grads, seed, timeout_s)
         try:
             mp.start_processes(_worker, args=(job,), nprocs=n, join=True, start_method=_start_method())
         except mp.ProcessRaisedException as exc:
-            last = str(exc).strip().splitlines()[-1]
-            raise DevplaceError(f"a pipeline stage failed: {last}") from exc
+            raise PipelineRunError(f"a pipeline stage failed, {_failure(folder, n, str(exc).strip().splitlines()[-1])}"
+                                   ) from exc
         results = [torch.load(Path(folder) / f"rank{r}.pt") for r in range(n)]
     times = [max(r["times"][s] for r in results) for s in range(steps)]
     grads: dict[str, torch.Tensor] = {}

@@ -25,6 +25,7 @@ from devplace.placers import schedule_of
 from devplace.planning import (
     AsRun,
     Baseline,
+    Placed,
     as_run,
     baselines,
     baselines_line,
@@ -36,8 +37,8 @@ from devplace.sim import SimResult, lower_bound, simulate
 from devplace.sim.summary import result_view
 from devplace.units import fmt_time
 
-__all__ = ["FORMAT", "Plan", "build_source", "load_plan", "plan", "plan_from_prepared", "rebuild_zoo_model",
-           "zoo_plan"]
+__all__ = ["FORMAT", "Plan", "build_source", "load_plan", "named_source", "plan", "plan_from_placed",
+           "plan_from_prepared", "rebuild_zoo_model", "zoo_plan"]
 
 FORMAT = "devplace.plan/1"
 
@@ -134,10 +135,32 @@ def plan_from_prepared(prepared: Any, cluster: Cluster, *, placer: str = DEFAULT
     (`devplace.planning.place_graph`)."""
     placed = place_graph(prepared.graph, cluster, placer=placer, order=order, seed=seed,
                          coarsening=prepared.coarsening, full=prepared.full, **placer_settings)
-    s = {"placer": placed.placer, "order": placed.placement.meta.get("order", order), "seed": seed,
-         "placer_settings": dict(placer_settings),
-         **(settings or {}), "source": dict(source or {})}
-    return Plan(placed.graph, cluster, placed.placement, placed.result, s, prepared.coarsening)
+    return plan_from_placed(placed, settings=settings, source=source)
+
+
+def plan_from_placed(placed: Placed, *, settings: Mapping[str, Any] | None = None,
+                     source: Mapping[str, Any] | None = None) -> Plan:
+    """The plan of a placement made by `place_graph` (what `devplace place --save-plan` writes): its graph,
+    cluster, placement (with its schedule, if any) and simulated result; `settings` adds how the graph was made
+    (optimizer, max_nodes, precision) and `source` the model to rebuild (`named_source`; empty for a graph
+    file, which `devplace export` takes but `devplace run --plan` cannot rebuild)."""
+    s = {"placer": placed.placer, "order": placed.placement.meta.get("order"), "seed": placed.seed,
+         "placer_settings": dict(placed.settings), **(settings or {}), "source": dict(source or {})}
+    return Plan(placed.graph, placed.cluster, placed.placement, placed.result, s, placed.coarsening)
+
+
+def named_source(name: str, batch: int | None, seq_len: int | None, build_seed: int) -> dict[str, Any]:
+    """A plan's `source` setting for zoo model or custom `package.module:factory` `name`: what
+    `rebuild_zoo_model` and a pipeline export's runner build again (a zoo model's default batch and sequence
+    length written out, so the file does not depend on the zoo's defaults later)."""
+    from devplace.capture.custom import is_custom
+    from devplace.zoo.models import get_spec
+
+    if is_custom(name):
+        return {"custom": name, "batch": batch, "seq_len": seq_len, "build_seed": build_seed}
+    spec = get_spec(name)
+    return {"zoo": name, "batch": spec.batch if batch is None else batch,
+            "seq_len": spec.seq_len if seq_len is None else seq_len, "build_seed": build_seed}
 
 
 def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, placer: str = DEFAULT_PLACER,
@@ -205,18 +228,12 @@ def zoo_plan(name: str, cluster: Cluster | str, *, batch: int | None = None, seq
 
     The plan records the model's name, batch and sequence length, so `rebuild_zoo_model(plan)` makes the same
     module and inputs again (what `devplace run --plan` does)."""
-    from devplace.capture.custom import build_named_model, is_custom
-    from devplace.zoo.models import get_spec
+    from devplace.capture.custom import build_named_model
 
     module, inputs, loss_fn = build_named_model(name, batch, seq_len, seed=seed)
     p = plan(module, inputs, cluster, placer=placer, order=order, optimizer=optimizer, max_nodes=max_nodes,
              seed=seed, loss_fn=loss_fn, dtype=dtype, amp=amp, **placer_settings)
-    if is_custom(name):
-        p.settings["source"] = {"custom": name, "batch": batch, "seq_len": seq_len, "build_seed": seed}
-    else:
-        spec = get_spec(name)
-        p.settings["source"] = {"zoo": name, "batch": spec.batch if batch is None else batch,
-                                "seq_len": spec.seq_len if seq_len is None else seq_len, "build_seed": seed}
+    p.settings["source"] = named_source(name, batch, seq_len, seed)
     return p, module, inputs
 
 
@@ -231,12 +248,12 @@ def rebuild_zoo_model(p: Plan, *, trust_model: bool | str = False, where: str = 
 
 
 def build_source(src: Any, *, trust_model: bool | str = False, where: str = "the pipeline file",
-                 ) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """The zoo (or custom) module and inputs of a plan's `source` setting (model name, batch, seq_len,
-    build_seed; also what a pipeline export made from the plan keeps); an error when the plan was made from a
-    Python module. A custom model is imported only when trusted, as for `rebuild_zoo_model`."""
-    module, inputs, _ = _build_named_source(src, trust_model, where)
-    return module, inputs
+                 ) -> tuple[nn.Module, tuple[torch.Tensor, ...], Callable[[Any], torch.Tensor] | None]:
+    """The zoo (or custom) module, inputs and loss function (None: the capture's default) of a plan's `source`
+    setting (model name, batch, seq_len, build_seed; also what a pipeline export made from the plan keeps); an
+    error when the plan was made from a Python module. A custom model is imported only when trusted, as for
+    `rebuild_zoo_model`."""
+    return _build_named_source(src, trust_model, where)
 
 
 def _build_named_source(src: Any, trust_model: bool | str, where: str) -> tuple[nn.Module, tuple[torch.Tensor, ...],

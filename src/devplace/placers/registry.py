@@ -631,7 +631,7 @@ def auto_orders(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, try_orders
             same = f"; orders it cannot tell apart placed once ({'; '.join(merged)})" if merged else ""
         return AutoOrders(candidates, rec.order, f"try all {len(candidates)}",
                           f"placer {spec.name!r} is registered cheap: placed under every candidate order (the "
-                          f"model's ranking first), kept the smallest simulated step time{same}", base)
+                          f"model's ranking first){same}, kept the smallest simulated step time", base)
     candidates = list(rec.ranking[:try_orders])
     return AutoOrders(candidates, rec.order, f"try {len(candidates)}",
                       f"smallest simulated step time of the model's {len(candidates)} most promising orders", base)

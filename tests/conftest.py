@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -57,3 +59,23 @@ def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+@pytest.fixture
+def python_package(tmp_path, monkeypatch) -> Iterator[Callable[[str, str], str]]:
+    """`make(package, source)` writes `source` as the importable module `package.nets` (for custom
+    `package.nets:factory` models) and returns its name; the modules are forgotten after the test."""
+    made: list[str] = []
+
+    def make(package: str, source: str) -> str:
+        folder = tmp_path / package
+        folder.mkdir()
+        (folder / "__init__.py").write_text("")
+        (folder / "nets.py").write_text(textwrap.dedent(source))
+        monkeypatch.syspath_prepend(str(tmp_path))
+        made.append(package)
+        return f"{package}.nets"
+
+    yield make
+    for name in [n for n in sys.modules if n.split(".")[0] in made]:
+        del sys.modules[name]

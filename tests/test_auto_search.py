@@ -4,9 +4,6 @@ split it places the step without micro-batches and as a pipeline and keeps the f
 
 from __future__ import annotations
 
-import sys
-import textwrap
-
 import pytest
 import torch
 from torch import nn
@@ -34,15 +31,8 @@ def build(batch=8):
 
 
 @pytest.fixture
-def mlp(tmp_path, monkeypatch):
-    pkg = tmp_path / "auto_pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "nets.py").write_text(textwrap.dedent(NETS))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "auto_pkg.nets:build"
-    for name in [n for n in sys.modules if n.startswith("auto_pkg")]:
-        del sys.modules[name]
+def mlp(python_package):
+    return python_package("auto_pkg", NETS) + ":build"
 
 
 def _graph(batch: int) -> CompGraph:

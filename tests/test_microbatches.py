@@ -4,9 +4,6 @@ costed at the micro-batch's size rather than the whole batch's divided by M."""
 
 from __future__ import annotations
 
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 import torch
@@ -37,15 +34,8 @@ def build(batch=8):
 
 
 @pytest.fixture
-def convnet(tmp_path, monkeypatch):
-    pkg = tmp_path / "mb_pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "nets.py").write_text(textwrap.dedent(NETS))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "mb_pkg.nets:build"
-    for name in [n for n in sys.modules if n.startswith("mb_pkg")]:
-        del sys.modules[name]
+def convnet(python_package):
+    return python_package("mb_pkg", NETS) + ":build"
 
 
 def _mlp_graph(batch: int):

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import textwrap
-
 import pytest
 import torch
 from torch import nn
@@ -156,15 +153,8 @@ NOT_CALLABLE = 3
 
 
 @pytest.fixture
-def factories(tmp_path, monkeypatch):
-    pkg = tmp_path / "mymodels_pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "nets.py").write_text(textwrap.dedent(FACTORIES))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "mymodels_pkg.nets"
-    for name in [n for n in sys.modules if n.startswith("mymodels_pkg")]:
-        del sys.modules[name]
+def factories(python_package):
+    return python_package("mymodels_pkg", FACTORIES)
 
 
 def test_custom_model_builds_and_captures_like_a_zoo_model(factories):

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -49,15 +47,8 @@ def no_inputs():
 
 
 @pytest.fixture
-def nets(tmp_path, monkeypatch):
-    pkg = tmp_path / "wiring_pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "nets.py").write_text(textwrap.dedent(NETS))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "wiring_pkg.nets"
-    for name in [n for n in sys.modules if n.startswith("wiring_pkg")]:
-        del sys.modules[name]
+def nets(python_package):
+    return python_package("wiring_pkg", NETS)
 
 
 def test_custom_model_captures_places_and_runs_in_the_precision_asked(nets, tmp_path, capsys, monkeypatch):

@@ -100,6 +100,7 @@ def test_order_auto_places_the_pipeline_once_per_forward_sequence():
 
 def test_auto_leaves_quadratic_placers_out_on_large_graphs_and_says_so(monkeypatch):
     import devplace.placers.registry as registry
+    from devplace.planning import place_graph
 
     g = _graph(1)  # one sample: no pipeline candidate either
     monkeypatch.setattr(registry, "AUTO_QUADRATIC_NODES", g.num_nodes - 1)
@@ -107,6 +108,7 @@ def test_auto_leaves_quadratic_placers_out_on_large_graphs_and_says_so(monkeypat
     meta = p.meta["placer_auto"]
     assert "greedy" not in meta["time_s"] and meta["tried"]["greedy"].startswith("skipped: its time grows")
     assert set(meta["time_s"]) == {"m-etf", "even-refine"}
+    assert "greedy skipped" in " ".join(place_graph(g, _slow_links(), order="topo").text().split())
     monkeypatch.setattr(registry, "AUTO_QUADRATIC_NODES", g.num_nodes)
     assert "greedy" in place(g, _slow_links(), order="topo").meta["placer_auto"]["time_s"]
 

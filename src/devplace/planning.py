@@ -306,7 +306,8 @@ class Placed:
         out = []
         chosen = self.placement.meta.get("placer_auto")
         if isinstance(chosen, dict):
-            tried = ", ".join(f"{p} {fmt_time(t)}" if isinstance(t, float) else f"{p} no fit"
+            tried = ", ".join(f"{p} {fmt_time(t)}" if isinstance(t, float) else
+                              f"{p} {'skipped' if str(t).startswith('skipped') else 'no fit'}"
                               for p, t in chosen["tried"].items())
             out.append(Text(f"placer auto -> {chosen['placer']} ({tried})"))
         search = self.placement.meta.get("microbatch_search")

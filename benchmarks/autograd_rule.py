@@ -1,7 +1,7 @@
 """The autograd rule (issue 11): placed vs as-run step time of zoo models, with the rule off and on.
 
 Rule off is the placement as placers made it before: the coarse graph placed node by node
-(`place(..., autograd_rule=False)`), expanded to the full graph; autograd then runs each backward and
+(`place(..., semantics="op-by-op")`), expanded to the full graph; autograd then runs each backward and
 optimizer op on its forward op's device (`runtime_placement`), so the step that runs ("as run") differs from
 the one reported ("placed") and may be over memory. Rule on is `place_expanded` (what `devplace.plan` and
 `devplace place --model` use): tie classes placed as one decision and the full graph checked as run, so the
@@ -66,7 +66,7 @@ def main() -> None:
         label = prep.full.name
         for placer in args.placers.split(","):
             try:
-                coarse = place(prep.graph, cluster, placer=placer, autograd_rule=False)
+                coarse = place(prep.graph, cluster, placer=placer, semantics="op-by-op")
                 off = prep.coarsening.expand(coarse)
                 off_placed = simulate(prep.full, cluster, off)
                 off_run = simulate(prep.full, cluster, runtime_placement(prep.full, off))

@@ -98,7 +98,7 @@ def test_fold_of_any_tie_labels_is_a_dag_whose_placements_keep_the_classes(case,
     assert np.isclose(f.graph.output_bytes.sum(), g.output_bytes.sum())
     devices = f.expand(np.arange(f.graph.num_nodes) % 3)
     assert violations(g, devices, tie_classes(g)) == []
-    p = place(g, cluster(3, bw=12e9, lat=1e-5), placer="round-robin", order="topo")
+    p = place(g, cluster(3, bw=12e9, lat=1e-5), placer="round-robin", order="topo", semantics="autograd")
     assert violations(g, p.to_array(g, 3), tie_classes(g)) == []
 
 
@@ -114,14 +114,14 @@ def test_every_placer_keeps_tie_classes_and_reports_the_as_run_step(name, mlp):
     assert p.runtime_placement.assignment == p.placement.assignment
     assert p.result.step_time_s == p.runtime_result.step_time_s
     assert p.result.feasible
-    assert p.placement.meta["autograd_rule"] is True
+    assert p.placement.meta["semantics"] == "autograd"
     assert p.placement.meta["ties"] == ("native" if get_placer(name).handles_ties else "folded")
 
 
 def test_without_the_rule_placers_split_classes(mlp):
     # the rule is what keeps classes together: round_robin cycles devices over nodes, so it splits them
     c = _fast_cluster()
-    free = place(mlp.graph, c, placer="round-robin", order="topo", autograd_rule=False)
+    free = place(mlp.graph, c, placer="round-robin", order="topo", semantics="op-by-op")
     assert violations(mlp.graph, free.to_array(mlp.graph, 3), tie_classes(mlp.graph))
     ruled = place(mlp.graph, c, placer="round-robin", order="topo")
     assert violations(mlp.graph, ruled.to_array(mlp.graph, 3), tie_classes(mlp.graph)) == []
@@ -133,9 +133,9 @@ def test_rule_off_is_the_placers_own_placement(name, mlp):
     spec = get_placer(name)
     g = mlp.graph
     direct = spec.func(g, c, order=traversal_indices(g, "topo", 0, cluster=c), seed=0)
-    off = place(g, c, placer=name, order="topo", autograd_rule=False)
+    off = place(g, c, placer=name, order="topo", semantics="op-by-op")
     assert off.to_array(g, 3).tolist() == np.asarray(direct).tolist()
-    assert off.meta["autograd_rule"] is False and "ties" not in off.meta
+    assert off.meta["semantics"] == "op-by-op" and "ties" not in off.meta
 
 
 @pytest.mark.parametrize("name", ["m-etf", "heft", "greedy", "m-topo"])
@@ -143,8 +143,8 @@ def test_a_graph_without_ties_is_placed_the_same_either_way(name):
     g = layered_graph(40, width=4, fan_in=2, seed=2)
     assert not is_tied(g)
     c = _fast_cluster()
-    on = place(g, c, placer=name, order="topo")
-    off = place(g, c, placer=name, order="topo", autograd_rule=False)
+    on = place(g, c, placer=name, order="topo", semantics="autograd")
+    off = place(g, c, placer=name, order="topo", semantics="op-by-op")
     assert on.assignment == off.assignment and on.meta["step_time_s"] == off.meta["step_time_s"]
 
 

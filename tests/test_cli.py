@@ -68,7 +68,9 @@ def test_bound_info_clusters(files, capsys, monkeypatch):
     code, out, _ = run(["bound", files["graph"], files["cluster"], "--json"], capsys, monkeypatch)
     assert code == 0
     doc = json.loads(out)
-    assert doc["lower_bound_s"] == 3.0 and doc["critical_path"] == ["a", "b"]
+    # no kinds: every op may be micro-batched, so any schedule leaves only the work (3.5 s over two devices)
+    assert doc["lower_bound_s"] == 1.75 and doc["limited_by"] == "total work"
+    assert doc["unpipelined"]["lower_bound_s"] == 3.0 and doc["unpipelined"]["critical_path"] == ["a", "b"]
     code, out, _ = run(["info", files["graph"], "--json"], capsys, monkeypatch)
     assert code == 0
     info = json.loads(out)
@@ -355,6 +357,29 @@ def test_place_pipeline_flags_on_a_graph_file_and_simulate_under_its_schedule(la
     assert "schedule gpipe: M = 4 micro-batches, 2 stages on 2 devices; bubble 20.0%" in " ".join(out.split())
     code, _, err = run(["simulate", g, c, str(out_p), "--model", "placeto-sim"], capsys, monkeypatch)
     assert _one_error_line(code, err).endswith("use --model devplace")
+
+
+def test_bound_is_never_above_a_reported_pipelined_step_and_says_what_it_bounds(layered, capsys, monkeypatch):
+    """The pipelined step (7.5 s) is below the bound without micro-batches (12 s): `bound` leads with the bound
+    for any schedule, names the scope of each, and bounds one schedule when asked."""
+    g, c = layered
+    code, out, err = run(["place", g, "-c", c, "--placer", "pipeline", "--schedule", "gpipe", "--microbatches", "4",
+                          "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    step = json.loads(out)["step_time_s"]
+    code, out, err = run(["bound", g, c, "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["lower_bound_s"] <= step < doc["unpipelined"]["lower_bound_s"] == 12.0
+    assert "any micro-batch schedule" in doc["scope"] and "one batch per step" in doc["unpipelined"]["scope"]
+    code, out, err = run(["bound", g, c, "--json", "--schedule", "gpipe", "--microbatches", "4"], capsys, monkeypatch)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["lower_bound_s"] == pytest.approx(6.0) and "gpipe M=4" in doc["scope"] and "unpipelined" not in doc
+    code, _, err = run(["bound", g, c, "--schedule", "gpipe"], capsys, monkeypatch)
+    assert code == 2 and "--microbatches" in err and err.count("\n") == 1
+    code, out, _ = run(["bound", g, c], capsys, monkeypatch)
+    assert "valid for every placement, run as one batch or under any micro-batch schedule" in " ".join(out.split())
 
 
 @pytest.mark.parametrize("flags,message", [

@@ -246,7 +246,7 @@ def test_auto_on_a_coarsened_graph_falls_back_to_the_coarse_choice_when_no_order
     import devplace.placers.expanded as expanded
     from devplace.placers import NoFitError, place_expanded
 
-    def no_order_fits(candidates, attempt, step_of):
+    def no_order_fits(candidates, attempt, step_of, **options):
         raise NoFitError("no order fits alone")
 
     full, coarsening, c = three_branches()

@@ -8,7 +8,7 @@ learned placer's policy over many graphs. Studies: `devplace.study.run_study`.
 from typing import Any
 
 from devplace.errors import DevplaceError
-from devplace.graph import CompGraph, Placement, load_graph, load_placement, save_graph, save_placement
+from devplace.graph import CompGraph, Placement, Semantics, load_graph, load_placement, save_graph, save_placement
 from devplace.hardware import Cluster, load_cluster, save_cluster
 from devplace.hardware.features import graph_features
 from devplace.orders import traversal_order
@@ -34,7 +34,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'devplace' has no attribute {name!r}")
 
 
-__all__ = ["Cluster", "CompGraph", "DevplaceError", "Placement", "SimResult", "graph_features", "load_cluster",
-           "load_graph", "load_placement", "load_plan", "lower_bound", "place", "placement_from_module_map",
-           "placer_names", "plan", "save_cluster", "save_graph", "save_placement", "simulate", "train",
-           "traversal_order"]
+__all__ = ["Cluster", "CompGraph", "DevplaceError", "Placement", "Semantics", "SimResult", "graph_features",
+           "load_cluster", "load_graph", "load_placement", "load_plan", "lower_bound", "place",
+           "placement_from_module_map", "placer_names", "plan", "save_cluster", "save_graph", "save_placement",
+           "simulate", "train", "traversal_order"]

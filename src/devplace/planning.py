@@ -22,6 +22,7 @@ from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
 from devplace.defaults import (
+    AUTO_PLACER,
     DEFAULT_ORDER,
     DEFAULT_PLACER,
     DEFAULT_SEED,
@@ -32,6 +33,7 @@ from devplace.defaults import (
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement, runtime_placement, save_placement
+from devplace.graph.semantics import Semantics
 from devplace.hardware.cluster import Cluster
 from devplace.placers import place, place_expanded, schedule_of
 from devplace.placers.even import even_devices
@@ -246,6 +248,12 @@ class Placed:
         """The traversal order the placer walked (after `auto` was resolved); None when it ignores orders."""
         return self.placement.meta.get("order")
 
+    @property
+    def semantics(self) -> str | None:
+        """The placement semantics placed under ("op-by-op" or "autograd", `devplace.graph.semantics`); None
+        for a placement not made by `devplace.place` (a module map)."""
+        return self.placement.meta.get("semantics")
+
     @cached_property
     def bound(self) -> LowerBound:
         """The lower bound of the graph on the cluster (DESIGN.md section 8), of the pipelined step for a
@@ -275,7 +283,8 @@ class Placed:
         step = self.result.step_time_s
         doc = self.result.to_dict()
         doc.update(graph=self.graph.name, cluster=self.cluster.name, placer=self.placer, order=self.order,
-                   seed=self.seed, settings=self.settings, placement_time_s=self.placement_time_s,
+                   seed=self.seed, settings=self.settings, semantics=self.semantics,
+                   placement_time_s=self.placement_time_s,
                    lower_bound_s=self.bound.value_s,
                    step_over_lower_bound=_over_bound(self.result.step_time_s, self.bound),
                    best_single_device=single.to_dict(self.cluster, step), even_split=even.to_dict(self.cluster, step),
@@ -311,8 +320,8 @@ class Placed:
                   if self.placed_groups != self.graph.num_nodes else "")
         how = (f"module map {self.settings.get('module_map')}" if self.placer == MAP_PLACER else
                f"placer {self.placer}" + (f", order {self.order}" if self.order else " (no order)")
-               + f", seed {self.seed}")
-        out.append(Text(f"{how}: placed{groups} in {self.placement_time_s:.2f} s" + precision_text(self.graph)))
+               + f", seed {self.seed}" + (f", {self.semantics}" if self.semantics else ""))
+        out.append(Text(f"{how}: placed{groups}{self._search_time()}" + precision_text(self.graph)))
         out.append(baselines_line(self.cluster, self.baselines, self.result.step_time_s))
         if self.coarsening is not None and self.as_run.moved:
             rt = self.as_run.result
@@ -320,6 +329,18 @@ class Placed:
                             f"forward op, as autograd does): step time {fmt_time(rt.step_time_s)}, "
                             f"{'feasible' if rt.feasible else 'OVER MEMORY'}"))
         return out + _wrote(self.written)
+
+    def _search_time(self) -> str:
+        """" in 12.30 s", or for a search over candidates (placer auto, order auto) the whole search's time and
+        each placer's: the time is never one candidate's alone."""
+        chosen, auto = self.placement.meta.get("placer_auto"), self.placement.meta.get("order_auto")
+        if isinstance(chosen, dict) and chosen.get("time_s"):
+            each = ", ".join(f"{p} {t:.2f} s" for p, t in chosen["time_s"].items())
+            return f"; the whole search (placer {AUTO_PLACER}) took {self.placement_time_s:.2f} s ({each})"
+        if isinstance(auto, dict) and auto.get("time_s"):
+            return (f"; the whole search over {len(auto['time_s'])} orders took {self.placement_time_s:.2f} s "
+                    "(each order's time: --json, order_auto.time_s)")
+        return f" in {self.placement_time_s:.2f} s"
 
     def __rich__(self) -> Group:
         return Group(result_view(self.graph, self.cluster, self.result, self.bound), *self.lines())
@@ -332,13 +353,15 @@ class Placed:
 def place_graph(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, order: str = DEFAULT_ORDER,
                 seed: int = DEFAULT_SEED, coarsening: Coarsening | None = None, full: CompGraph | None = None,
                 progress: Progress | None = None, try_orders: int | None = None, try_with: str | None = None,
-                simulation_model: str = DEFAULT_SIM_MODEL, **settings: Any) -> Placed:
+                simulation_model: str = DEFAULT_SIM_MODEL, semantics: Semantics | str | None = None,
+                **settings: Any) -> Placed:
     """Place `graph` on `cluster` with `placer` walking `order`, and simulate the result.
 
     With `coarsening` (whose coarse graph is `graph`) and `full` (the graph it coarsens), the placement is
     expanded to every op of `full`, which is what is simulated and reported. `simulation_model` is the
     model `result` is simulated under (the placement fits under the devplace model whatever it is).
-    `progress`, `try_orders`, `try_with` and the placer `settings` go to `devplace.place` unchanged.
+    `progress`, `try_orders`, `try_with`, `semantics` (None: the graph's own, `devplace.graph.semantics`) and
+    the placer `settings` go to `devplace.place` unchanged.
     """
     if (coarsening is None) != (full is None):
         raise ValueError("place_graph: give coarsening and full together")
@@ -349,11 +372,11 @@ def place_graph(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLA
         # placed on the coarse graph, checked (and placed again with lowered caps if need be) on the full graph
         placement = place_expanded(coarsening, full, cluster, placer=placer, order=order, seed=seed,
                                    progress=progress, try_orders=try_orders, try_with=try_with,
-                                   **settings).placement
+                                   semantics=semantics, **settings).placement
         graph = full
     else:
         placement = place(graph, cluster, placer=placer, order=order, seed=seed, progress=progress,
-                          try_orders=try_orders, try_with=try_with, **settings)
+                          try_orders=try_orders, try_with=try_with, semantics=semantics, **settings)
     elapsed = time.perf_counter() - t0
     schedule = schedule_of(placement)  # a pipeline placement is timed under the schedule it was made for
     result = (simulate(graph, cluster, placement, schedule=schedule) if schedule is not None

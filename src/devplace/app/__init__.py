@@ -40,7 +40,7 @@ from devplace.orders.auto import Recommendation, load_order_model, recommend_ord
 from devplace.placers import get_placer
 from devplace.placers.pipeline import pipeline_schedules
 from devplace.planning import Placed, Progress, Simulated, json_safe, place_graph, render_text, simulate_placement
-from devplace.sim import LowerBound, lower_bound
+from devplace.sim import LowerBound, Schedule, ScheduleError, any_schedule_bound, lower_bound
 from devplace.units import fmt_time
 
 __all__ = ["Bounded", "OutputPathError", "Recommended", "bound", "check_outputs", "check_pipeline_settings",
@@ -122,14 +122,16 @@ def check_pipeline_settings(placer: str, cluster: Cluster, settings: dict[str, A
 def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer: str = DEFAULT_PLACER,
                order: str = DEFAULT_ORDER, seed: int = DEFAULT_SEED, settings: dict[str, Any] | None = None,
                try_orders: int | None = None, try_with: str | None = None, progress: Progress | None = None,
-               output: Path | None = None, trace: Path | None = None, plot: Path | None = None) -> Placed:
+               output: Path | None = None, trace: Path | None = None, plot: Path | None = None,
+               semantics: str | None = None) -> Placed:
     """`devplace place GRAPH`: place a graph (file, `example`, or CompGraph) on a cluster (preset, file or
-    Cluster), simulate it, and write the placement, trace and timeline asked for (checked before placing)."""
+    Cluster), simulate it, and write the placement, trace and timeline asked for (checked before placing);
+    `semantics` overrides the graph's placement semantics (`devplace.graph.semantics`)."""
     check_outputs(output=output, trace=trace, plot=plot, log=log_setting(settings))
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
     g = graph if isinstance(graph, CompGraph) else load_graph_arg(graph)
     placed = place_graph(g, c, placer=placer, order=order, seed=seed, progress=progress, try_orders=try_orders,
-                         try_with=try_with, **(settings or {}))
+                         try_with=try_with, semantics=semantics, **(settings or {}))
     placed.write(output=output, trace=trace, plot=plot)
     return placed
 
@@ -152,37 +154,80 @@ def simulate_file(graph: str | Path, cluster: str | Cluster, placement: str | Pa
 
 @dataclass(frozen=True)
 class Bounded:
-    """The lower bound of a graph on a cluster: what `devplace bound` reports."""
+    """The lower bound of a graph on a cluster: what `devplace bound` reports. Without `schedule`, `bound` holds
+    for every placement, unpipelined or under any micro-batch schedule (`any_schedule_bound`), so no step a
+    report gives for this graph is below it, and `unpipelined` is the (higher) bound of the step run as one
+    batch; with `schedule`, `bound` is that schedule's (`lower_bound(..., schedule)`) and `unpipelined` None."""
 
     graph: CompGraph
     cluster: Cluster
     bound: LowerBound
+    unpipelined: LowerBound | None
+    schedule: Schedule | None = None
+
+    @property
+    def scope(self) -> str:
+        """Which placements and schedules `bound` holds for, in words."""
+        if self.schedule is None:
+            return ("every placement, run as one batch or under any micro-batch schedule (gpipe, 1f1b, interleaved; "
+                    "any number of equal micro-batches)")
+        return (f"every placement run under {self.schedule.label} (the whole batch in "
+                f"{self.schedule.microbatches} equal micro-batches)")
 
     def to_dict(self) -> dict[str, Any]:
         """The `devplace bound --json` document."""
         lb = self.bound
-        return json_safe({"graph": self.graph.name, "cluster": self.cluster.name, "lower_bound_s": lb.value_s,
-                          "work_s": lb.work_s, "critical_path_s": lb.critical_path_s, "limited_by": lb.limited_by,
-                          "critical_path": [self.graph.ids[v] for v in lb.critical_path]})
+        doc = {"graph": self.graph.name, "cluster": self.cluster.name, "lower_bound_s": lb.value_s,
+               "scope": self.scope, "schedule": self.schedule.to_dict() if self.schedule else None,
+               "work_s": lb.work_s, "critical_path_s": lb.critical_path_s, "limited_by": lb.limited_by,
+               "critical_path": [self.graph.ids[v] for v in lb.critical_path]}
+        if self.unpipelined is not None:
+            one = self.unpipelined
+            doc["unpipelined"] = {"lower_bound_s": one.value_s, "scope": UNPIPELINED_SCOPE,
+                                  "critical_path_s": one.critical_path_s, "limited_by": one.limited_by,
+                                  "critical_path": [self.graph.ids[v] for v in one.critical_path]}
+        return json_safe(doc)
 
     def __rich__(self) -> Group:
         lb = self.bound
         head = Text.assemble((self.graph.name, "bold"), " on ", (self.cluster.name, "bold"), ": lower bound ",
                              (fmt_time(lb.value_s), "bold"), f" ({lb.limited_by})")
-        return Group(head, Text(f"  total work / total speed : {fmt_time(lb.work_s)}"),
-                     Text(f"  critical path (fastest device, no communication): {fmt_time(lb.critical_path_s)}, "
-                          f"{len(lb.critical_path)} ops"))
+        lines = [head, Text(f"  valid for {self.scope}"),
+                 Text(f"  total work / total speed : {fmt_time(lb.work_s)}"),
+                 Text(f"  critical path (fastest device, no communication"
+                      f"{'' if self.schedule is not None else ', per-step ops only'}): "
+                      f"{fmt_time(lb.critical_path_s)}, {len(lb.critical_path)} ops")]
+        if self.unpipelined is not None:
+            lines.append(Text.assemble("  without micro-batches: ", (fmt_time(self.unpipelined.value_s), "bold"),
+                                       f" ({self.unpipelined.limited_by}), valid for {UNPIPELINED_SCOPE}"))
+        return Group(*lines)
 
     def text(self, width: int = 120) -> str:
         """The report as plain text."""
         return render_text(self, width)
 
 
-def bound(graph: str | Path, cluster: str | Cluster) -> Bounded:
-    """`devplace bound`: the lower bound on the step time of a graph file on a cluster."""
+UNPIPELINED_SCOPE = ("every placement run as one batch per step (every placer but `pipeline`); a pipelined step can "
+                     "be shorter (bound one with --schedule and --microbatches)")
+
+
+def bound(graph: str | Path, cluster: str | Cluster, *, schedule: str | None = None, microbatches: int | None = None,
+          chunks: int | None = None) -> Bounded:
+    """`devplace bound`: the lower bound on the step time of a graph file on a cluster, run as one batch or
+    under the micro-batch schedule `schedule` (a kind) with `microbatches` (and `chunks`), and the bound for any
+    schedule."""
+    if schedule is None and (microbatches is not None or chunks is not None):
+        raise ScheduleError("--microbatches and --chunks size a micro-batch schedule; give --schedule KIND too "
+                            "(gpipe, 1f1b or interleaved-1f1b)")
+    if schedule is not None and microbatches is None:
+        raise ScheduleError(f"the bound under schedule {schedule!r} depends on the number of micro-batches; give "
+                            "--microbatches M (without --schedule: the bound for one batch and for any schedule)")
+    sched = None if schedule is None else Schedule(schedule, microbatches or 1, chunks)
     g = load_graph_arg(graph)
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
-    return Bounded(g, c, lower_bound(g, c))
+    if sched is not None:
+        return Bounded(g, c, lower_bound(g, c, sched), None, sched)
+    return Bounded(g, c, any_schedule_bound(g, c), lower_bound(g, c))
 
 
 @dataclass(frozen=True)

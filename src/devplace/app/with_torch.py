@@ -127,11 +127,13 @@ def prepare_model(model: str, *, batch: int | None = None, seq_len: int | None =
 def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAULT_PLACER,
                    order: str = DEFAULT_ORDER, seed: int = DEFAULT_SEED, settings: dict[str, Any] | None = None,
                    try_orders: int | None = None, try_with: str | None = None, progress: Progress | None = None,
-                   output: Path | None = None, trace: Path | None = None, plot: Path | None = None) -> Placed:
+                   output: Path | None = None, trace: Path | None = None, plot: Path | None = None,
+                   semantics: str | None = None) -> Placed:
     """Place a prepared model's coarse graph, expand the placement to every op, simulate and write files
-    (checked before placing)."""
+    (checked before placing); `semantics` overrides the graph's ("autograd" for a captured model)."""
     check_outputs(output=output, trace=trace, plot=plot, log=log_setting(settings))
-    how: dict[str, Any] = dict(order=order, seed=seed, progress=progress, try_orders=try_orders, try_with=try_with)
+    how: dict[str, Any] = dict(order=order, seed=seed, progress=progress, try_orders=try_orders, try_with=try_with,
+                                semantics=semantics)
     settings = dict(settings or {})
     exact = prepared.model is not None and graph_batch(prepared.full) is not None
     if placer == "pipeline" and exact:

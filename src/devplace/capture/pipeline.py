@@ -17,6 +17,7 @@ from devplace.capture.torch_capture import capture
 from devplace.defaults import FAMILY_MAX_NODES
 from devplace.graph.coarsen import Coarsening, coarsen, colocate
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.semantics import SEMANTICS_KEY, Semantics
 from devplace.hardware.cluster import Device
 from devplace.hardware.cost import CostReport, CostTable, apply_costs
 from devplace.hardware.presets import device_kind
@@ -109,7 +110,8 @@ def family_graph(family: str, index: int, *, max_nodes: int | None = FAMILY_MAX_
                  batch: int | None = None, seq_len: int | None = None, device: Device | None = None,
                  costs: CostTable | None = None, dtype: str | None = None, amp: bool = False) -> CompGraph:
     """Graph `index` (0-31) of the study family `family` (cifar10, ptb, nmt), coarsened to `max_nodes`;
-    captured in fp32 unless `dtype` / `amp` say otherwise (as `devplace.capture.capture`)."""
+    captured in fp32 unless `dtype` / `amp` say otherwise (as `devplace.capture.capture`). Its meta says it is
+    placed op by op (`devplace.graph.semantics`), as the seed study placed its graphs."""
     from devplace.zoo.families import family_arch, family_model
 
     module, inputs, loss_fn = family_model(family, index, batch=batch, seq_len=seq_len)
@@ -119,7 +121,9 @@ def family_graph(family: str, index: int, *, max_nodes: int | None = FAMILY_MAX_
     return CompGraph.build(out.name, [out.node_record(v) for v in range(out.num_nodes)],
                            [out.edge_record(e) for e in range(out.num_edges)],
                            meta={**out.meta, "family": {"name": family, "index": index,
-                                                        "arch": family_arch(family, index)}})
+                                                        "arch": family_arch(family, index)},
+                                 # the seed study's setting: every op group a decision of its own
+                                 SEMANTICS_KEY: Semantics.OP_BY_OP.value})
 
 
 def onnx_graph(path: str | Path, *, batch: int | None = None, optimizer: str = "adam",

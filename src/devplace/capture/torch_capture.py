@@ -47,6 +47,7 @@ from devplace.capture.flops import op_flops
 from devplace.capture.signature import encode_signature, target_name
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.semantics import SEMANTICS_KEY, Semantics
 
 __all__ = ["DTYPES", "CaptureError", "capture"]
 
@@ -728,7 +729,7 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
         # what PyTorch's flags say now: fp32 matmuls and convolutions may run on TF32 tensor cores
         "tf32": {"matmul": bool(torch.backends.cuda.matmul.allow_tf32),
                  "convolution": bool(torch.backends.cudnn.allow_tf32)},
-    }}
+    }, SEMANTICS_KEY: Semantics.AUTOGRAD.value}  # captured to be run: placed as autograd runs it
     return _build(name or f"{type(model).__name__}-b{batch}", rec.nodes, param_bytes, meta)
 
 

@@ -18,6 +18,8 @@ from rich.text import Text
 
 from devplace.defaults import AUTO_FALLBACK, AUTO_PLACER, AUTO_PLACERS, SIM_MODEL_ALIASES, SIM_MODELS
 from devplace.errors import DevplaceError
+from devplace.graph.semantics import parse_semantics
+from devplace.placers import SearchProgress
 from devplace.planning import check_seed, json_safe
 
 
@@ -81,6 +83,20 @@ MicrobatchesOpt = Annotated[int | None, typer.Option(help="--placer pipeline: mi
 ChunksOpt = Annotated[int | None, typer.Option(help="--placer pipeline with interleaved-1f1b: model chunks per device "
                                                     "(default 2); same as --set chunks=V")]
 
+
+
+def check_semantics(value: str | None) -> str | None:
+    """--semantics checked before any work (a capture takes a while): None, "op-by-op" or "autograd"."""
+    return None if value is None else parse_semantics(value, "--semantics").value
+
+
+SemanticsOpt = Annotated[str | None, typer.Option(
+    "--semantics", callback=check_semantics,
+    help="placement semantics, overriding the graph's: op-by-op (every node on its own; a tensor used on another "
+         "device is a copy) or autograd (backward and optimizer ops with their forward op, as PyTorch runs a "
+         "step). Default: the graph's own -- autograd for a captured --model, op-by-op for family graphs and "
+         "for graph files that say nothing")]
+
 SIM_MODEL_HELP = (f"simulation model: {' or '.join(SIM_MODELS)}"
                   + "".join(f" ({alias}: same as {name})" for alias, name in SIM_MODEL_ALIASES.items()))
 
@@ -123,7 +139,13 @@ def progress_bar(description: str, quiet: bool, label: str = "placing {task.desc
     columns = (TextColumn(label, markup=False), BarColumn(), TaskProgressColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(description, total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+        def show(fraction: float, candidate: str) -> None:
+            # one bar for the whole search (placer auto, order auto): the share done of all of it, and which
+            # candidate runs, so that it neither restarts with each candidate nor hides which one is slow
+            bar.update(task, completed=fraction, total=1.0,
+                       description=f"{description}: {candidate}" if candidate else description)
+        yield SearchProgress(show)
 
 
 @contextmanager

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from devplace import app
-from devplace.cli.common import SIM_MODEL_HELP, SeedOpt, busy, require_cluster, rounds_bar, say
+from devplace.cli.common import SIM_MODEL_HELP, SeedOpt, SemanticsOpt, busy, require_cluster, rounds_bar, say
 from devplace.defaults import (
     CANONICAL_ORDER,
     DEFAULT_SEED,
@@ -43,6 +43,7 @@ def train_cmd(
     episodes: Annotated[int | None, typer.Option(help=f"rounds: one sampling episode per graph each{PLACER_DEFAULT}")
                         ] = None,
     seed: SeedOpt = DEFAULT_SEED,
+    semantics: SemanticsOpt = None,
     encoder: Annotated[str | None, typer.Option(help=ENCODER_HELP + PLACER_DEFAULT)] = None,
     hidden: Annotated[int | None, typer.Option(help=f"embedding width{PLACER_DEFAULT}")] = None,
     rounds: Annotated[int | None, typer.Option(help=f"message-passing rounds per direction{PLACER_DEFAULT}")] = None,
@@ -72,7 +73,7 @@ def train_cmd(
     settings: dict[str, Any] = dict(order=order, episodes=episodes, seed=seed, encoder=encoder, hidden=hidden,
                                     rounds=rounds, memory_penalty=memory_penalty, sim_model=sim_model, lr=lr,
                                     workers=workers, backend=backend, address=address, resume=resume, output=output,
-                                    log=log)
+                                    log=log, semantics=semantics)
     with rounds_bar(f"training on {len(gs)} graphs", episodes, quiet) as update:
         if update is not None:
             def report(done: int, total: int, rows: list[dict[str, Any]]) -> None:

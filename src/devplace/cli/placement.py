@@ -28,6 +28,7 @@ from devplace.cli.common import (
     PlotOpt,
     ScheduleOpt,
     SeedOpt,
+    SemanticsOpt,
     SeqOpt,
     TraceOpt,
     busy,
@@ -81,9 +82,16 @@ def simulate_cmd(
         console.print(sim)
 
 
-def bound_cmd(graph: GraphArg, cluster: ClusterArg, as_json: JsonOpt = False) -> None:
-    """Lower bound on the step time of GRAPH on CLUSTER, valid for every placement and schedule."""
-    bounded = app.bound(graph, cluster)
+def bound_cmd(graph: GraphArg, cluster: ClusterArg, as_json: JsonOpt = False,
+              schedule: Annotated[str | None, typer.Option(
+                  help="bound the step under this micro-batch schedule (gpipe, 1f1b, interleaved-1f1b); needs "
+                       "--microbatches")] = None,
+              microbatches: Annotated[int | None, typer.Option(help="micro-batches per step of --schedule")] = None,
+              chunks: Annotated[int | None, typer.Option(help="model chunks per device of --schedule "
+                                                             "interleaved-1f1b (default 2)")] = None) -> None:
+    """Lower bound on the step time of GRAPH on CLUSTER for every placement and schedule (or, with --schedule and
+    --microbatches, under that schedule), with the higher bound without micro-batches."""
+    bounded = app.bound(graph, cluster, schedule=schedule, microbatches=microbatches, chunks=chunks)
     if as_json:
         print_json(bounded.to_dict())
     else:
@@ -146,6 +154,7 @@ def place_cmd(
     try_with: Annotated[str | None, typer.Option("--try-with", help="with --try K: try the orders with this cheap "
                                                                    "placer, then run --placer once")] = None,
     seed: SeedOpt = DEFAULT_SEED,
+    semantics: SemanticsOpt = None,
     setting: Annotated[list[str] | None, typer.Option("--set", help="placer setting key=value (repeatable)")] = None,
     episodes: Annotated[int | None, typer.Option(help="learned placers: training episodes (0 with --policy: apply "
                                                       "it zero-shot); same as --set episodes=N")] = None,
@@ -194,11 +203,12 @@ def place_cmd(
     if module_map is not None:
         placer_flags = [flag for flag, given in (
             ("--placer", placer != DEFAULT_PLACER), ("--order", order != DEFAULT_ORDER), ("--try", try_k is not None),
-            ("--try-with", try_with is not None), ("--set/--episodes/--policy/--log", bool(settings))) if given]
+            ("--try-with", try_with is not None), ("--set/--episodes/--policy/--log", bool(settings)),
+            ("--semantics", semantics is not None)) if given]
         if placer_flags:
             raise DevplaceError(f"--map places by the map, not by a placer; drop {', '.join(placer_flags)}")
     placing: dict[str, Any] = dict(placer=placer, order=order, seed=seed, settings=settings, try_orders=try_k,
-                                   try_with=try_with, output=output, trace=trace, plot=plot)
+                                   try_with=try_with, output=output, trace=trace, plot=plot, semantics=semantics)
     files = dict(output=output, trace=trace, plot=plot)
     quiet = quiet or as_json
     if model is not None:

@@ -10,6 +10,7 @@ from devplace.placers.registry import (
     PlacerError,
     PlacerOutput,
     PlacerSpec,
+    SearchProgress,
     get_placer,
     place,
     placer_names,
@@ -18,5 +19,5 @@ from devplace.placers.registry import (
 )
 
 __all__ = ["ExpandedPlacement", "MemoryNeeds", "NoFitError", "PlacerError", "PlacerOutput", "PlacerSpec",
-           "get_placer", "memory_needs", "no_fit_error", "place", "place_expanded", "placer_names", "register",
-           "schedule_of"]
+           "SearchProgress", "get_placer", "memory_needs", "no_fit_error", "place", "place_expanded",
+           "placer_names", "register", "schedule_of"]

@@ -66,7 +66,7 @@ def _overflow(result_peak: np.ndarray, memory: np.ndarray) -> float:
     return float(np.maximum(result_peak - memory, 0.0).sum())
 
 
-@register("anneal", uses_order=True, check=_check_settings)
+@register("anneal", uses_order=True, check=_check_settings, refines=lambda settings: settings["start"])
 def anneal(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0, start: str = "m-topo",
            steps: int = DEFAULT_STEPS, time_limit_s: float | None = None, initial_temp: float = 0.05,
            final_temp: float = 1e-4, swap_prob: float = 0.25, progress: Progress | None = None) -> np.ndarray:

@@ -81,7 +81,7 @@ def _moves(part: np.ndarray, num_devices: int) -> Iterator[tuple[int, int, int]]
                 yield i, i + 1, d
 
 
-@register("even-refine", uses_order=False)
+@register("even-refine", uses_order=False, refines=lambda settings: "even")
 def even_refine(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0,
                 max_evals: int = DEFAULT_MAX_EVALS, ties: np.ndarray | None = None) -> np.ndarray:
     """Local search from the `even` split: moves blocks of the class sequence between devices while the step shortens.

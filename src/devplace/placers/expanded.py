@@ -32,6 +32,7 @@ from devplace.errors import GraphError
 from devplace.graph.coarsen import Coarsening, coarsen
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
+from devplace.graph.semantics import Semantics, semantics_of
 from devplace.hardware.cluster import Cluster
 from devplace.placers.memory import NoFitError
 from devplace.placers.registry import (
@@ -42,8 +43,10 @@ from devplace.placers.registry import (
     best_placer,
     check_auto_placer,
     get_placer,
+    no_worse_than_start,
     place,
     placer_auto_meta,
+    relabel_start,
     schedule_of,
     within_memory,
 )
@@ -73,7 +76,7 @@ REFINE_STEPS = 2
 
 def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER,
                    order: str = DEFAULT_ORDER, seed: int = DEFAULT_SEED, progress: Progress | None = None,
-                   try_orders: int | None = None, try_with: str | None = None, autograd_rule: bool = True,
+                   try_orders: int | None = None, try_with: str | None = None, semantics: Semantics | str | None = None,
                    **settings: Any) -> ExpandedPlacement:
     """Place `coarsening.graph` with `devplace.place` (same arguments), expand it to `full` (the graph the
     coarsening was made from) and simulate `full`: the result is never over memory as run on the full graph.
@@ -82,7 +85,8 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
     lowered to min(cap, the coarse placement's peak there) x capacity / the full graph's peak there (at most
     `CAP_RETRIES` times);
     if it still does not fit, NoFitError with the memory the step needs, the cluster's and a suggestion.
-    With `autograd_rule` (default) every backward and optimizer op runs with its forward op, so the
+    `semantics` (None: the full graph's own, `semantics_of(full)`) is the coarse graph's placing semantics
+    too; under "autograd" (a captured model's) every backward and optimizer op runs with its forward op, so the
     placement is what autograd runs and `result` is its as-run step time. A placer that returns a schedule
     (`pipeline`) has the full graph simulated under it (`result` is a ScheduledResult, meta["schedule"] kept).
     When that raises NoFitError with fewer groups than the full graph has ops, the full graph is coarsened
@@ -92,42 +96,45 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
     if coarsening.original and coarsening.original != full.name:
         raise GraphError(f"the coarsening was made from graph {coarsening.original!r}, not {full.name!r}; pass the "
                          "full graph it was made from (e.g. Prepared.full with Prepared.coarsening)")
+    semantics = semantics_of(full, semantics)
     if placer == AUTO_PLACER:  # each placer judged on the full graph as run
         check_auto_placer(settings)
-        name, best, tried = best_placer(
+        found = best_placer(
             full, cluster,
-            lambda p: place_expanded(coarsening, full, cluster, placer=p, order=order, seed=seed, progress=progress,
-                                     try_orders=try_orders, try_with=try_with, autograd_rule=autograd_rule),
-            lambda ex: ex.result.step_time_s)
-        why = placer_auto_meta(name, tried)
+            lambda p, sub: place_expanded(coarsening, full, cluster, placer=p, order=order, seed=seed, progress=sub,
+                                          try_orders=try_orders, try_with=try_with, semantics=semantics),
+            lambda ex: ex.result.step_time_s, progress)
+        why, best = placer_auto_meta(found), found.result
         return replace(best, coarse=best.coarse.with_meta(placer_auto=why),
                        placement=best.placement.with_meta(placer_auto=why))
     if order == "auto" and try_with is None:
         auto = auto_orders(coarsening.graph, cluster, get_placer(placer), try_orders)
         if auto.candidates:  # compared on the full graph (module docstring)
             try:
-                name, best, tried = best_of(
+                found = best_of(
                     auto.candidates,
-                    lambda o: place_expanded(coarsening, full, cluster, placer=placer, order=o, seed=seed,
-                                             progress=progress, autograd_rule=autograd_rule, **settings),
-                    lambda ex: ex.result.step_time_s)
+                    lambda o, sub: place_expanded(coarsening, full, cluster, placer=placer, order=o, seed=seed,
+                                                  progress=sub, semantics=semantics, **settings),
+                    lambda ex: ex.result.step_time_s, progress=progress)
             except NoFitError:
                 pass  # no order fits on its own; below, `place` chooses the order again at every lowered cap
             else:
-                why = {"order": name, "mode": auto.mode, "tried": tried, **auto.base,
-                       "why": f"{auto.reason} of the full graph"}
+                why = {"order": found.name, "mode": auto.mode, "tried": found.tried, "time_s": found.times,
+                       **auto.base, "why": f"{auto.reason} of the full graph"}
+                best = found.result
                 return replace(best, coarse=best.coarse.with_meta(order_auto=why),
                                placement=best.placement.with_meta(order_auto=why))
-    refined = 0
+    given, refined = coarsening, 0
     while True:
         try:
             coarse, placement, result, retries = _place_on(coarsening, full, cluster, placer, order=order, seed=seed,
                                                            progress=progress, try_orders=try_orders,
-                                                           try_with=try_with, autograd_rule=autograd_rule,
+                                                           try_with=try_with, semantics=semantics,
                                                            **settings)
             break
         except NoFitError:
-            if refined == REFINE_STEPS or not autograd_rule or coarsening.num_groups >= full.num_nodes:
+            if (refined == REFINE_STEPS or semantics is not Semantics.AUTOGRAD
+                    or coarsening.num_groups >= full.num_nodes):
                 raise
             refined += 1
             coarsening = coarsen(full, coarsening.num_groups * REFINE_FACTOR)
@@ -135,7 +142,15 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
         meta = {**coarse.meta, "refined_groups": coarsening.num_groups}
         coarse = Placement(coarse.assignment, graph=coarse.graph, cluster=cluster.name, meta=meta)
         placement = Placement(placement.assignment, graph=full.name, cluster=cluster.name, meta=meta)
-    return ExpandedPlacement(coarse, placement, result, retries, coarsening)
+    mine = ExpandedPlacement(coarse, placement, result, retries, coarsening)
+    # a refining placer's start judged on the full graph too: the coarse graph can rank them the other way
+    return no_worse_than_start(
+        get_placer(placer), settings, mine,
+        lambda start: place_expanded(given, full, cluster, placer=start, order=order, seed=seed,
+                                     semantics=semantics),
+        lambda ex: ex.result.step_time_s,
+        lambda chosen, ours, why: replace(chosen, coarse=relabel_start(chosen.coarse, ours.coarse, why),
+                                          placement=relabel_start(chosen.placement, ours.placement, why)))
 
 
 def _place_on(coarsening: Coarsening, full: CompGraph, cluster: Cluster, placer: str,

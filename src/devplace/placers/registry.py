@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -23,6 +24,7 @@ from devplace.defaults import AUTO_FALLBACK, AUTO_PLACER, AUTO_PLACERS, DEFAULT_
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
+from devplace.graph.semantics import Semantics, semantics_of
 from devplace.graph.ties import fold, tie_classes, untied, violations
 from devplace.hardware.cluster import Cluster
 from devplace.orders import Order, check_order, order_label, traversal_indices
@@ -59,9 +61,58 @@ def simulate_output(graph: CompGraph, cluster: Cluster, devices: np.ndarray, sch
     return simulate_schedule(graph, cluster, devices, schedule)
 
 
+@dataclass(frozen=True, eq=False)
+class FullGraph:
+    """The graph a placer's nodes stand for, passed by `place` to placers that take a `full` keyword (the
+    learned ones, which judge their answer on it): `graph`, and `expand` (a device per node the placer sees ->
+    a device per node of `graph`; the folded graph's classes under the autograd semantics, else the identity)."""
+
+    graph: CompGraph
+    expand: Callable[[np.ndarray], np.ndarray]
+
+    @staticmethod
+    def same(graph: CompGraph) -> FullGraph:
+        """`graph` standing for itself (placed op by op, or native)."""
+        return FullGraph(graph, lambda devices: np.asarray(devices, dtype=np.int64))
+
+
 PlacerFn = Callable[..., np.ndarray | PlacerOutput]
 # progress(done, total): placers with long loops accept a `progress` keyword and call it now and then
 Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    """A `Progress` for a search over candidates (placer "auto", `order="auto"`, nested): `show(fraction of the
+    whole search done, label)`, the label naming the candidate running at every level ("placer greedy (2/3) ·
+    order bfs (4/10)"). Candidate i of n gets the i-th n-th of its parent's share, so the fraction only grows
+    from one candidate to the next and the bar does not restart with each one. A plain callback given instead
+    sees each candidate's own (done, total), restarting."""
+
+    show: Callable[[float, str], None]
+    lo: float = 0.0
+    hi: float = 1.0
+    label: str = ""
+
+    def __call__(self, done: int, total: int) -> None:
+        share = min(max(done / total, 0.0), 1.0) if total else 0.0
+        self.show(self.lo + (self.hi - self.lo) * share, self.label)
+
+    def candidate(self, index: int, count: int, what: str) -> SearchProgress:
+        """The progress of candidate `index` (from 0) of `count`, described by `what` ("placer m-etf"), shown
+        at once."""
+        width = (self.hi - self.lo) / count
+        here = f"{what} ({index + 1}/{count})"
+        sub = SearchProgress(self.show, self.lo + index * width, self.lo + (index + 1) * width,
+                             f"{self.label} · {here}" if self.label else here)
+        sub(0, 1)
+        return sub
+
+
+def candidate_progress(progress: Progress | None, index: int, count: int, what: str) -> Progress | None:
+    """`progress` for candidate `index` of `count` of a search (`SearchProgress.candidate`; another callback as
+    given)."""
+    return progress.candidate(index, count, what) if isinstance(progress, SearchProgress) else progress
 
 
 class PlacerError(DevplaceError):
@@ -82,6 +133,14 @@ class PlacerSpec:
     # check(**settings): the placer's own checks of its setting values that need no graph (ranges, names),
     # run by `check_settings` so that a study file is refused when it is read, not when its first cell runs
     check: Callable[..., None] | None = None
+    # refines(settings with defaults) -> the placer whose placement this one starts from and improves (even-refine:
+    # "even"; anneal: its `start`): `place` and `place_expanded` judge that start as they judge this placer and
+    # keep it when it is faster, so a refining placer never ends worse than its start as the caller sees it
+    refines: Callable[[Mapping[str, Any]], str] | None = None
+
+    def start_placer(self, settings: Mapping[str, Any]) -> str | None:
+        """The placer whose placement this one refines under `settings` (None: not a refining placer)."""
+        return None if self.refines is None else self.refines({**self.settings, **settings})
 
     def check_settings(self, settings: Mapping[str, Any]) -> None:
         """Raise the PlacerError the placer would raise for a bad setting value, without placing anything
@@ -100,7 +159,8 @@ class PlacerSpec:
         """Keyword settings beyond order and seed, with their defaults."""
         params = inspect.signature(self.func).parameters.values()
         return {p.name: p.default for p in params
-                if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("order", "seed", "progress", "ties")}
+                if p.kind is inspect.Parameter.KEYWORD_ONLY
+                and p.name not in ("order", "seed", "progress", "ties", "full")}
 
     @property
     def reports_progress(self) -> bool:
@@ -109,7 +169,7 @@ class PlacerSpec:
     @property
     def handles_ties(self) -> bool:
         """True when the placer takes `ties` (a tie class per node) and keeps every class on one device
-        itself; `place` folds the graph for the others (see `place`'s autograd_rule)."""
+        itself; `place` folds the graph for the others (see `place`'s semantics)."""
         return "ties" in inspect.signature(self.func).parameters
 
 
@@ -117,15 +177,16 @@ _REGISTRY: dict[str, PlacerSpec] = {}
 _LOADED = False
 
 
-def register(name: str, *, uses_order: bool, cheap: bool = False,
-             check: Callable[..., None] | None = None) -> Callable[[PlacerFn], PlacerFn]:
+def register(name: str, *, uses_order: bool, cheap: bool = False, check: Callable[..., None] | None = None,
+             refines: Callable[[Mapping[str, Any]], str] | None = None) -> Callable[[PlacerFn], PlacerFn]:
     """Class the decorated function as placer `name`. `cheap=True` declares that one run costs at most some
     tens of simulations of the graph, so that `order="auto"` may try every candidate order (see `place`).
-    `check` (keyword arguments: settings) raises PlacerError for bad setting values; the placer calls it too."""
+    `check` (keyword arguments: settings) raises PlacerError for bad setting values; the placer calls it too.
+    `refines(settings)` names the placer whose placement this one starts from (`PlacerSpec.refines`)."""
     def deco(func: PlacerFn) -> PlacerFn:
         if name in _REGISTRY and _REGISTRY[name].func is not func:
             raise RuntimeError(f"placer {name!r} registered twice")
-        _REGISTRY[name] = PlacerSpec(name, func, uses_order, cheap, check)
+        _REGISTRY[name] = PlacerSpec(name, func, uses_order, cheap, check, refines)
         return func
     return deco
 
@@ -163,43 +224,47 @@ def check_auto_placer(settings: Mapping[str, Any]) -> None:
                           f"give settings ({', '.join(map(repr, settings))}), name the placer (--placer NAME)")
 
 
-def best_placer(graph: CompGraph, cluster: Cluster, attempt: Callable[[str], Any],
-                step_of: Callable[[Any], float]) -> tuple[str, Any, dict[str, Any]]:
+def best_placer(graph: CompGraph, cluster: Cluster, attempt: Callable[[str, Progress | None], Any],
+                step_of: Callable[[Any], float], progress: Progress | None = None) -> Best:
     """`best_of` over `AUTO_PLACERS` (placer "auto"). When none fits but the parameters do, `AUTO_FALLBACK`
-    places the step in micro-batches (tried records it too); when that does not fit either, one NoFitError for
-    `graph` that gives each placer's reason."""
+    places the step in micro-batches (tried and times record it too); when that does not fit either, one
+    NoFitError for `graph` that gives each placer's reason."""
     reasons: dict[str, str] = {}
 
-    def noting(p: str) -> Any:
+    def noting(p: str, sub: Progress | None) -> Any:
         try:
-            return attempt(p)
+            return attempt(p, sub)
         except NoFitError as exc:
             reasons[p] = exc.reason or str(exc)
             raise
 
+    times: dict[str, float] = {}
     try:
-        return best_of(AUTO_PLACERS, noting, step_of)
+        return best_of(AUTO_PLACERS, noting, step_of, progress=progress, what="placer", times=times)
     except NoFitError:
         tried: dict[str, Any] = {p: f"NoFitError: {r}" for p, r in reasons.items()}
     if memory_needs(graph).params_bytes < float(cluster.memory.sum()):
+        t0 = time.perf_counter()
         try:
-            out = noting(AUTO_FALLBACK)
+            out = noting(AUTO_FALLBACK, candidate_progress(progress, len(AUTO_PLACERS), len(AUTO_PLACERS) + 1,
+                                                           f"placer {AUTO_FALLBACK} (none of the others fits)"))
         except NoFitError:
             pass
         else:
-            return AUTO_FALLBACK, out, {**tried, AUTO_FALLBACK: step_of(out)}
+            times[AUTO_FALLBACK] = time.perf_counter() - t0
+            return Best(AUTO_FALLBACK, out, {**tried, AUTO_FALLBACK: step_of(out)}, times)
     why = "; ".join(f"{p}: {r}" for p, r in reasons.items())
     raise no_fit_error(graph, cluster, AUTO_PLACER, f"none of {', '.join(reasons)} fits ({why})") from None
 
 
-def placer_auto_meta(name: str, tried: dict[str, Any]) -> dict[str, Any]:
+def placer_auto_meta(best: Best) -> dict[str, Any]:
     """meta["placer_auto"] of a placement made by placer "auto": the placer kept, each one's step (or its
-    NoFitError) and why."""
+    NoFitError), the seconds each one's search took (`time_s`) and why."""
     why = (f"smallest simulated step time of {', '.join(AUTO_PLACERS)} (placer {AUTO_PLACER!r})"
-           if name != AUTO_FALLBACK else
+           if best.name != AUTO_FALLBACK else
            f"none of {', '.join(AUTO_PLACERS)} fits without micro-batches; {AUTO_FALLBACK} runs the step in "
            "micro-batches, which hold the activations of fewer samples at once")
-    return {"placer": name, "tried": tried, "why": why}
+    return {"placer": best.name, "tried": best.tried, "time_s": best.times, "why": why}
 
 
 def get_placer(name: str) -> PlacerSpec:
@@ -226,7 +291,7 @@ def get_placer(name: str) -> PlacerSpec:
 
 def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, order: Order = DEFAULT_ORDER,
           seed: int = DEFAULT_SEED, progress: Progress | None = None, try_orders: int | None = None,
-          try_with: str | None = None, autograd_rule: bool = True, **settings: Any) -> Placement:
+          try_with: str | None = None, semantics: Semantics | str | None = None, **settings: Any) -> Placement:
     """Place every node of `graph` on a device of `cluster` with `placer`, walking the graph in `order`.
 
     Settings are the placer's keyword arguments (see `devplace placers`). The result is always
@@ -235,8 +300,10 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     called now and then by placers with long loops (greedy, anneal). `order` is an order name, "auto", a
     sequence listing every node id once, or a callable graph -> such a sequence (meta["order"] is then "custom").
 
-    `autograd_rule` (on by default): a training step runs each backward and optimizer op on its forward op's
-    device, and each input with its first consumer, whatever a placer says, so every tie class of `graph`
+    `semantics` (`devplace.graph.semantics`; None: the graph's own, `semantics_of(graph)` -- op by op unless
+    the graph says "autograd", as a captured model does): "op-by-op" places every node on its own. "autograd":
+    a training step runs each backward and optimizer op on its forward op's device, and each input with its
+    first consumer, whatever a placer says, so every tie class of `graph`
     (`devplace.graph.ties.tie_classes`) is one decision. A placer that takes `ties` (m-etf, m-sct, heft,
     greedy, even, even-refine: `PlacerSpec.handles_ties`) places `graph` itself and keeps each class on one
     device (the list schedulers decide a class when they place its first op);
@@ -246,10 +313,9 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     placement is simulated and checked on `graph` itself, so the reported step time is the one autograd
     runs. When the placer's view fits but `graph` does not, the placer runs again with the device caps it
     sees lowered in proportion to the overflow (`within_memory`, at most `CAP_RETRIES` times), else
-    NoFitError. `autograd_rule=False` places every node on its own, for graphs that are not autograd
-    training steps (generated families, hand-written JSON graphs); a graph without ties is placed the same
-    either way. meta["autograd_rule"] records the setting and, where classes were tied, meta["tie_classes"]
-    their number, meta["ties"] how they were placed and meta["cap_retries"] the reruns.
+    NoFitError. A graph without ties is placed the same either way. meta["semantics"] records the semantics
+    placed under and, where classes were tied, meta["tie_classes"] their number, meta["ties"] how they were
+    placed and meta["cap_retries"] the reruns.
 
     A placer that returns a `PlacerOutput` with a schedule (the `pipeline` placer) is checked, here and in
     every rerun, with `devplace.sim.simulate(..., schedule=)`: meta["step_time_s"] is then the pipelined step
@@ -265,14 +331,15 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     the order that did best there: for expensive placers (placeto, seq2seq), at the risk that the cheap
     placer's best order is not theirs. The Placement's meta["order_auto"] records the chosen order and why.
     """
+    semantics = semantics_of(graph, semantics)
     if placer == AUTO_PLACER:
         check_auto_placer(settings)
-        name, best, tried = best_placer(
+        best = best_placer(
             graph, cluster,
-            lambda p: place(graph, cluster, placer=p, order=order, seed=seed, progress=progress, try_orders=try_orders,
-                            try_with=try_with, autograd_rule=autograd_rule),
-            lambda pl: pl.meta["step_time_s"])
-        return best.with_meta(placer_auto=placer_auto_meta(name, tried))
+            lambda p, sub: place(graph, cluster, placer=p, order=order, seed=seed, progress=sub,
+                                 try_orders=try_orders, try_with=try_with, semantics=semantics),
+            lambda pl: pl.meta["step_time_s"], progress)
+        return best.result.with_meta(placer_auto=placer_auto_meta(best))
     spec = get_placer(placer)
     order = check_order(order, allow_auto=True)
     if try_orders is not None and order != "auto":
@@ -281,7 +348,7 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
         raise PlacerError("try_with (--try-with) names the placer that tries the orders of try_orders (--try K); "
                           "give both")
     if order == "auto":
-        return _place_auto(graph, cluster, spec, seed, progress, try_orders, try_with, autograd_rule, settings)
+        return _place_auto(graph, cluster, spec, seed, progress, try_orders, try_with, semantics, settings)
     accepted = spec.settings
     unknown = sorted(set(settings) - set(accepted))
     if unknown:
@@ -289,13 +356,16 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
         raise PlacerError(f"placer {placer!r} has no setting {', '.join(map(repr, unknown))}; its settings: {listed}")
     if float(graph.param_bytes.sum()) > float(cluster.memory.sum()):
         raise no_fit_error(graph, cluster, placer, "the parameters alone exceed the cluster's memory")
-    classes = tie_classes(graph) if autograd_rule else untied(graph)
+    classes = tie_classes(graph) if semantics is Semantics.AUTOGRAD else untied(graph)
     tied = bool(classes.size) and int(classes.max()) + 1 < classes.size
     extra: dict[str, Any] = {"progress": progress} if progress is not None and spec.reports_progress else {}
 
-    def runner(target: CompGraph, ties: np.ndarray) -> Callable[[Cluster], PlacerOutput]:
+    takes_full = "full" in inspect.signature(spec.func).parameters
+
+    def runner(target: CompGraph, ties: np.ndarray, full: FullGraph) -> Callable[[Cluster], PlacerOutput]:
         visit = traversal_indices(target, order, seed, cluster=cluster)
-        call = {**settings, **extra, **({"ties": ties} if spec.handles_ties else {})}
+        call = {**settings, **extra, **({"ties": ties} if spec.handles_ties else {}),
+                **({"full": full} if takes_full else {})}
 
         def run(seen: Cluster) -> PlacerOutput:
             out = as_output(spec.func(target, seen, order=visit, seed=seed, **call))
@@ -307,7 +377,7 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
         return run
 
     if not tied:
-        out = runner(graph, classes)(cluster)
+        out = runner(graph, classes, FullGraph.same(graph))(cluster)
         devices = out.devices
         result = simulate_output(graph, cluster, devices, out.schedule)
         if not result.feasible:
@@ -319,10 +389,11 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
         modes = ("native", "folded") if spec.handles_ties else ("folded",)
         for mode in modes:
             if mode == "native":
-                run, expand = runner(graph, classes), np.asarray
+                run, expand = runner(graph, classes, FullGraph.same(graph)), np.asarray
             else:
                 folding = fold(graph, classes)
-                run, expand = runner(folding.graph, untied(folding.graph)), folding.expand
+                run, expand = (runner(folding.graph, untied(folding.graph), FullGraph(graph, folding.expand)),
+                               folding.expand)
             try:
                 devices, result, retries = within_memory(graph, graph if mode == "native" else folding.graph,
                                                          cluster, placer, run, expand)
@@ -334,12 +405,47 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
             raise RuntimeError(f"placer {placer!r} split a tie class although it takes `ties`")
     placement = Placement.from_array(graph, devices, cluster=cluster.name)
     meta = {"placer": placer, "order": order_label(order) if spec.uses_order else None, "seed": seed,
-            "settings": dict(settings), "step_time_s": result.step_time_s, "autograd_rule": autograd_rule}
+            "settings": dict(settings), "step_time_s": result.step_time_s, "semantics": semantics.value}
     if isinstance(result, ScheduledResult):
         meta["schedule"] = result.schedule.to_dict()
     if tied:
         meta.update(tie_classes=int(classes.max()) + 1, ties=mode, cap_retries=retries)
-    return Placement(placement.assignment, graph=graph.name, cluster=cluster.name, meta=meta)
+    mine = Placement(placement.assignment, graph=graph.name, cluster=cluster.name, meta=meta)
+    return no_worse_than_start(
+        spec, settings, mine,
+        lambda start: place(graph, cluster, placer=start, order=order, seed=seed, semantics=semantics),
+        lambda p: p.meta["step_time_s"], relabel_start)
+
+
+def no_worse_than_start(spec: PlacerSpec, settings: Mapping[str, Any], mine: Any, attempt: Callable[[str], Any],
+                        step_of: Callable[[Any], float], relabel: Callable[[Any, Any, dict[str, Any]], Any]) -> Any:
+    """The promise of a refining placer (`PlacerSpec.refines`): `mine`, its result as the caller judges it, unless
+    `attempt(start)` -- its start placer's result judged the same way (`place` on the same graph, `place_expanded`
+    on the same coarsening) -- is faster; then that, relabelled by `relabel(start result, mine, meta)`. A
+    refiner searches a view of the step (a folded or coarse graph, caps lowered for memory) and the step as run
+    can rank two placements the other way. meta["refined_from"] records the start, its step and which was kept.
+    A start that does not fit or runs pipelined (anneal from `pipeline` anneals its devices unpipelined) is not
+    compared."""
+    start = spec.start_placer(settings)
+    if start is None:
+        return mine
+    try:
+        theirs = attempt(start)
+    except NoFitError:
+        return mine
+    if getattr(theirs, "placement", theirs).meta.get("schedule") is not None:
+        return mine
+    kept = step_of(theirs) < step_of(mine)
+    meta = {"placer": start, "step_time_s": step_of(theirs), "refined_step_time_s": step_of(mine),
+            "kept": "start" if kept else "refined"}
+    return relabel(theirs, mine, meta) if kept else relabel(mine, mine, meta)
+
+
+def relabel_start(chosen: Placement, mine: Placement, refined_from: dict[str, Any]) -> Placement:
+    """`chosen`'s assignment with `mine`'s meta (the placer asked for, its settings) and the judged step time."""
+    how = {k: chosen.meta[k] for k in ("ties", "tie_classes", "cap_retries", "full_cap_retries") if k in chosen.meta}
+    meta = {**mine.meta, **how, "step_time_s": chosen.meta["step_time_s"], "refined_from": refined_from}
+    return Placement(chosen.assignment, graph=chosen.graph, cluster=chosen.cluster, meta=meta)
 
 
 CAP_RETRIES = 4  # placer reruns with lowered device caps when the graph as run is over memory
@@ -442,54 +548,73 @@ def auto_orders(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, try_orders
                       f"smallest simulated step time of the model's {len(candidates)} most promising orders", base)
 
 
-def best_of(candidates: Sequence[str], attempt: Callable[[str], Any],
-            step_of: Callable[[Any], float]) -> tuple[str, Any, dict[str, Any]]:
-    """(name, its result, tried) of the candidate (an order, a placer) whose `attempt(name)` has the smallest
-    `step_of`; ties keep the earlier candidate (the model's higher-ranked order). A candidate whose attempt
-    raises NoFitError is recorded in `tried` with the error and skipped; when every one does, the first error is
-    raised (any other error, a bad setting say, is the same for every candidate and is raised at once)."""
+@dataclass(frozen=True)
+class Best:
+    """What `best_of` keeps: the candidate `name`, its `result`, `tried` (each candidate's step, or its
+    NoFitError) and `times` (the seconds each candidate's attempt took)."""
+
+    name: str
+    result: Any
+    tried: dict[str, Any]
+    times: dict[str, float]
+
+
+def best_of(candidates: Sequence[str], attempt: Callable[[str, Progress | None], Any],
+            step_of: Callable[[Any], float], *, progress: Progress | None = None, what: str = "order",
+            times: dict[str, float] | None = None) -> Best:
+    """The candidate (an order, a placer: `what`) whose `attempt(name, progress)` has the smallest `step_of`;
+    ties keep the earlier candidate (the model's higher-ranked order). A candidate whose attempt raises
+    NoFitError is recorded in `tried` with the error and skipped; when every one does, the first error is raised
+    (any other error, a bad setting say, is the same for every candidate and is raised at once). Each attempt
+    gets `progress` scoped to it (`candidate_progress`); its time goes to `times` (given: filled in place)."""
     tried: dict[str, Any] = {}
+    times = {} if times is None else times
     best: tuple[str, Any, float] | None = None
     first_error: NoFitError | None = None
-    for name in candidates:
+    for i, name in enumerate(candidates):
+        t0 = time.perf_counter()
         try:
-            out = attempt(name)
+            out = attempt(name, candidate_progress(progress, i, len(candidates), f"{what} {name}"))
         except NoFitError as exc:
             tried[name] = f"{type(exc).__name__}: {exc}"
             first_error = first_error or exc
             continue
+        finally:
+            times[name] = time.perf_counter() - t0
         step = tried[name] = step_of(out)
         if best is None or step < best[2]:  # strictly smaller only
             best = (name, out, step)
     if best is None:
         assert first_error is not None
         raise first_error
-    return best[0], best[1], tried
+    return Best(best[0], best[1], tried, times)
 
 
 def _place_auto(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, seed: int, progress: Progress | None,
-                try_orders: int | None, try_with: str | None, autograd_rule: bool,
+                try_orders: int | None, try_with: str | None, semantics: Semantics,
                 settings: dict[str, Any]) -> Placement:
     """`order="auto"` (see `place`): the orders of `auto_orders` placed (by `try_with` when given), the one
     with the smallest simulated step time kept."""
     auto = auto_orders(graph, cluster, spec, try_orders)
     if not auto.candidates:
         placement = place(graph, cluster, placer=spec.name, order=auto.model_order, seed=seed, progress=progress,
-                          autograd_rule=autograd_rule, **settings)
+                          semantics=semantics, **settings)
         return placement.with_meta(order_auto={"order": auto.model_order, "mode": auto.mode, **auto.base,
                                                "why": auto.reason})
     trial = get_placer(try_with) if try_with is not None else spec
     trial_settings = settings if trial is spec else {}
-    name, best, tried = best_of(
+    found = best_of(
         auto.candidates,
-        lambda order: place(graph, cluster, placer=trial.name, order=order, seed=seed,
-                            progress=progress if trial is spec else None, autograd_rule=autograd_rule,
-                            **trial_settings),
-        lambda p: p.meta["step_time_s"])
-    why = {"order": name, "mode": auto.mode, "tried": tried, **auto.base, "why": auto.reason}
+        lambda order, sub: place(graph, cluster, placer=trial.name, order=order, seed=seed,
+                                 progress=sub if trial is spec else None, semantics=semantics,
+                                 **trial_settings),
+        lambda p: p.meta["step_time_s"], progress=progress)
+    why = {"order": found.name, "mode": auto.mode, "tried": found.tried, "time_s": found.times, **auto.base,
+           "why": auto.reason}
+    best = found.result
     if trial is not spec:
         why.update(mode=f"{auto.mode} with {trial.name}", tried_with=trial.name,
                    why=f"{auto.reason} when placed by {trial.name}")
-        best = place(graph, cluster, placer=spec.name, order=name, seed=seed, progress=progress,
-                     autograd_rule=autograd_rule, **settings)
+        best = place(graph, cluster, placer=spec.name, order=found.name, seed=seed, progress=progress,
+                     semantics=semantics, **settings)
     return best.with_meta(order_auto=why)

@@ -70,9 +70,9 @@ from devplace.defaults import DEFAULT_SIM_MODEL, SIM_DEVPLACE, SIM_MODELS, sim_m
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, op_times
 from devplace.placers.memory import no_fit_error
-from devplace.placers.registry import PlacerError, Progress, get_placer, register
+from devplace.placers.registry import FullGraph, PlacerError, Progress, get_placer, register
 from devplace.placers.rl.curve import write_curve
-from devplace.placers.rl.start import best_classic
+from devplace.placers.rl.start import best_classic, judged_best
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.placeto import PlacetoSimModel
 
@@ -238,6 +238,7 @@ class Seq2SeqResult:
     curve: list[dict[str, float]] = field(default_factory=list)
     num_parameters: int = 0
     wall_s: list[float] = field(default_factory=list)
+    start: np.ndarray | None = None  # the best classic placement the samples were centred on (start "classic")
 
 
 def _sample_cost(result, serial_s: float, penalty: float, kind: str = "sqrt") -> float:
@@ -324,9 +325,10 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
     b_np, x_np = encode_order(graph, order, cfg.op_buckets)
     buckets, numeric = torch.from_numpy(b_np), torch.from_numpy(x_np)
     links = earlier_links(graph, order) if cfg.stay_target == "graph" else None
-    best, best_t, prior = None, math.inf, None
+    best, best_t, prior, start = None, math.inf, None, None
     if cfg.start == "classic":
         best, start_result, _ = best_classic(graph, cluster, model, seed)
+        start = best
         best_t = start_result.step_time_s
         prior = torch.from_numpy(best[order])
     baseline: float | None = None
@@ -360,7 +362,7 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
         progress(cfg.episodes, cfg.episodes)
     if best is None:
         return Seq2SeqResult(np.full(n, -1, dtype=np.int64), math.inf, True, curve, nparams, wall)
-    return Seq2SeqResult(best, best_t, False, curve, nparams, wall)
+    return Seq2SeqResult(best, best_t, False, curve, nparams, wall, start=start)
 
 
 def _check_settings(episodes: int, samples: int, hidden: int, memory_penalty: float, sim_model: str) -> None:
@@ -378,7 +380,7 @@ def seq2seq(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
             episodes: int = Seq2SeqConfig.episodes, samples: int = Seq2SeqConfig.samples,
             hidden: int = Seq2SeqConfig.hidden, memory_penalty: float = Seq2SeqConfig.memory_penalty,
             sim_model: str = Seq2SeqConfig.sim_model, start: str = Seq2SeqConfig.start, log: str | None = None,
-            progress: Progress | None = None) -> np.ndarray:
+            progress: Progress | None = None, full: FullGraph | None = None) -> np.ndarray:
     """ColocRL one-shot RL: a bidirectional LSTM reads the nodes in the order, an LSTM decoder emits their devices.
 
     REINFORCE on sqrt(simulated step time) with a moving-average baseline, `samples` placements per
@@ -387,11 +389,11 @@ def seq2seq(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
     "placeto-sim", old name "placeto") is the simulator of the reward; the answer always fits under the
     devplace model. `start` "classic": the samples are centred on the best classic placement, which is also the
     best so far before the first sample; "none": the plain ColocRL decoder. Returns the best feasible placement
-    seen (m-etf's when none fits). `log`: write the learning curve there (CSV, one row per iteration: mean
-    sampled step time, best so far, entropy; `devplace plot-curve`). Deterministic for a seed (the curve's wall
-    times aside). Trains on one graph only (`devplace train` is placeto-only). About 0.25 s per iteration for
-    300 nodes on 2 CPU cores;
-    coarsen graphs of thousands of nodes first.
+    seen (m-etf's when none fits), judged on `full` (given by `devplace.place`: the graph this one's nodes
+    stand for) against the start and each single device that fits. `log`: write the learning curve there
+    (CSV, one row per iteration: mean sampled step time, best so far, entropy; `devplace plot-curve`). Deterministic
+    for a seed (the curve's wall times aside). Trains on one graph only (`devplace train` is placeto-only). About
+    0.25 s per iteration for 300 nodes on 2 CPU cores; coarsen graphs of thousands of nodes first.
     """
     _check_settings(episodes, samples, hidden, memory_penalty, sim_model)
     cfg = Seq2SeqConfig(episodes=int(episodes), samples=int(samples), hidden=int(hidden),
@@ -402,7 +404,8 @@ def seq2seq(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
                            "best_step_time_s": c["best_step_time_s"], "entropy": c["entropy"], "wall_s": w,
                            "greedy": 0} for c, w in zip(result.curve, result.wall_s, strict=True)))
     if not result.fallback:
-        return result.devices
+        candidates = [result.devices] + ([result.start] if result.start is not None else [])
+        return judged_best(full or FullGraph.same(graph), cluster, sim_model_name(sim_model), candidates)[0]
     fallback = np.asarray(get_placer("m-etf").func(graph, cluster, order=order, seed=seed), dtype=np.int64)
     if not DevplaceModel(graph, cluster).run(fallback).feasible:
         raise no_fit_error(graph, cluster, "seq2seq", "no sampled placement and not m-etf's fits in memory")

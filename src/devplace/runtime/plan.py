@@ -153,7 +153,8 @@ def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, place
     precision, and `devplace.runtime.run.measure_plan` runs the steps in it. Extra keyword arguments are
     placer settings: with `placer="pipeline"`, `schedule="1f1b"`, `microbatches=8` (and `chunks` for
     interleaved-1f1b) make a pipeline, whose `result` is the step under that schedule
-    (`devplace.placers.schedule_of(plan.placement)`).
+    (`devplace.placers.schedule_of(plan.placement)`). `semantics="op-by-op"` overrides the captured graph's
+    "autograd" (`devplace.graph.semantics`): a placement that `apply` cannot run as placed.
     """
     from devplace.capture.pipeline import prepare
     from devplace.capture.torch_capture import capture

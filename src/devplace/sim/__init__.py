@@ -21,7 +21,7 @@ from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster
-from devplace.sim.bounds import LowerBound, lower_bound
+from devplace.sim.bounds import LowerBound, any_schedule_bound, lower_bound
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.result import SimResult, Transfers
 from devplace.sim.schedule import Schedule, ScheduledResult, ScheduleError, simulate_schedule
@@ -75,4 +75,4 @@ def simulate(
 
 
 __all__ = ["MODELS", "DevplaceModel", "LowerBound", "Schedule", "ScheduleError", "ScheduledResult", "SimResult",
-           "Transfers", "lower_bound", "placement_array", "simulate"]
+           "Transfers", "any_schedule_bound", "lower_bound", "placement_array", "simulate"]

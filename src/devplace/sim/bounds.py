@@ -37,11 +37,12 @@ def lower_bound(graph: CompGraph, cluster: Cluster, schedule: Schedule | None = 
     time in which the devices could share the work if any op could be split between them (a linear program:
     every op's fractions sum to 1, each kind's devices finish their share by then).
 
-    With a micro-batch `schedule`, the bound of the step that schedule runs (docs/simulation.md, "Pipeline
+    Without `schedule`, valid for every placement of the step run as one batch (no micro-batches). With a
+    micro-batch `schedule`, the bound of the step that schedule runs (docs/simulation.md, "Pipeline
     schedules"): forward and backward ops run M times at 1/M of their compute (at all of it for a
     `microbatch_graph`, captured at batch/M), per-step ops once. The work is the unrolled step's; the critical
     path is one micro-batch's ops followed by per-step ops, which the unrolled step holds for its last
-    micro-batch."""
+    micro-batch. `any_schedule_bound` holds for every schedule at once."""
     times = op_times(graph, cluster)  # [V, D]
     work_times = times
     if schedule is not None:
@@ -51,11 +52,27 @@ def lower_bound(graph: CompGraph, cluster: Cluster, schedule: Schedule | None = 
             work_times = np.where(per_mb, times * m, times)
         else:
             times = np.where(per_mb, times / m, times)  # M runs at 1/M: the same work, a shorter path
+    return _bound(graph, cluster, work_times, times)
+
+
+def any_schedule_bound(graph: CompGraph, cluster: Cluster) -> LowerBound:
+    """A bound valid for every placement of `graph`'s step run unpipelined or under any micro-batch schedule
+    (any kind, any M) that splits the whole batch's forward and backward compute into equal micro-batches: the
+    work is the same whatever M, and the critical path keeps only the per-step ops (optimizer updates), the
+    limit of one micro-batch's path as M grows. Not above `lower_bound(graph, cluster, schedule)` for any such
+    schedule, nor above `lower_bound(graph, cluster)`."""
+    times = op_times(graph, cluster)
+    per_mb = (op_phases(graph) != PER_STEP)[:, None]
+    return _bound(graph, cluster, times, np.where(per_mb, 0.0, times))
+
+
+def _bound(graph: CompGraph, cluster: Cluster, work_times: np.ndarray, path_times: np.ndarray) -> LowerBound:
+    """max(the work bound of `work_times`, the longest path with every op at its least of `path_times`)."""
     if any(d.kind in graph.kind_compute for d in cluster.devices):
         work = _shared_work(work_times)
     else:
-        work = float(work_times[:, 0].sum() * cluster.speeds[0] / cluster.speeds.sum()) if times.size else 0.0
-    t = times.min(axis=1).tolist()
+        work = float(work_times[:, 0].sum() * cluster.speeds[0] / cluster.speeds.sum()) if work_times.size else 0.0
+    t = path_times.min(axis=1).tolist()
     path = longest_path(graph, t)
     cp = sum(t[v] for v in path)
     return LowerBound(value_s=max(work, cp), work_s=work, critical_path_s=cp, critical_path=tuple(path))

@@ -2,7 +2,8 @@
 stable key.
 
 The key hashes the cell's definition -- study name, graph (and a graph file's content), coarsening limit,
-cluster (and a cluster file's content), simulation model, placer, settings, order and seed -- and nothing
+cluster (and a cluster file's content), simulation model, placement semantics, placer, settings, order and
+seed -- and nothing
 else, so it is the same in every run, process and machine, and changes whenever what the cell computes does.
 A placer that ignores the traversal order gets one cell per seed with order_name "-", not one per order.
 """
@@ -17,8 +18,9 @@ from typing import Any
 
 from devplace.study.spec import NO_ORDER, ClusterRef, GraphRef, StudySpec, cell_limit, count_cells, too_many_cells
 
-# bump when the meaning of a cell changes, so old rows stop matching (2: the autograd rule, per-precision costs)
-KEY_VERSION = 2
+# bump when the meaning of a cell changes, so old rows stop matching (2: the autograd rule, per-precision costs;
+# 3: the placement semantics follows the graph -- family graphs op by op -- or the study's `semantics`)
+KEY_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class Cell:
     settings_json: str  # JSON, sorted keys
     order_name: str
     seed: int
+    # the study's `semantics` override; None: the graph's own (the row records the one placed under)
+    semantics: str | None = None
     # the placer's `log` setting resolved inside the study's folder; not part of the key (the setting as
     # written is), so moving the study's folder keeps its rows
     log_path: Path | None = field(default=None, compare=False)
@@ -63,10 +67,10 @@ def settings_json(settings: dict[str, Any]) -> str:
 
 
 def cell_key(study: str, graph: GraphRef, cluster: ClusterRef, sim_model: str, max_nodes: int | None,
-             placer: str, settings: str, order_name: str, seed: int) -> str:
+             placer: str, settings: str, order_name: str, seed: int, semantics: str | None = None) -> str:
     """The stable key: sha256 (first 24 hex digits) of the cell's definition as canonical JSON."""
     return _key_from_ids(study, graph.identity(), cluster.identity(), sim_model, max_nodes, placer, settings,
-                         order_name, seed)
+                         order_name, seed, semantics)
 
 def expand(spec: StudySpec, *, max_cells: int | None = None) -> list[Cell]:
     """Every cell of the study, in a fixed order (graph, cluster, placer, order, seed).
@@ -94,10 +98,11 @@ def expand(spec: StudySpec, *, max_cells: int | None = None) -> list[Cell]:
                 for o in orders:
                     for s in seeds:
                         key = _key_from_ids(spec.name, graph_ids[g.spec], cluster_ids[c.spec], spec.sim_model,
-                                            spec.max_nodes, p.name, sj, o, s)
+                                            spec.max_nodes, p.name, sj, o, s, spec.semantics)
                         cells.append(Cell(key=key, study=spec.name, graph=g, cluster=c, sim_model=spec.sim_model,
                                           max_nodes=spec.max_nodes, placer=p.name, settings_json=sj, order_name=o,
-                                          seed=s, log_path=p.log_path, policy_path=p.policy_path))
+                                          seed=s, semantics=spec.semantics, log_path=p.log_path,
+                                          policy_path=p.policy_path))
     seen: set[str] = set()
     dupes = [c.describe() for c in cells if c.key in seen or seen.add(c.key)]  # type: ignore[func-returns-value]
     if dupes:
@@ -109,7 +114,8 @@ def expand(spec: StudySpec, *, max_cells: int | None = None) -> list[Cell]:
 
 
 def _key_from_ids(study: str, graph_id: str, cluster_id: str, sim_model: str, max_nodes: int | None, placer: str,
-                  settings: str, order_name: str, seed: int) -> str:
+                  settings: str, order_name: str, seed: int, semantics: str | None) -> str:
     doc = {"v": KEY_VERSION, "study": study, "graph": graph_id, "max_nodes": max_nodes, "cluster": cluster_id,
-           "sim_model": sim_model, "placer": placer, "settings": settings, "order": order_name, "seed": seed}
+           "sim_model": sim_model, "semantics": semantics, "placer": placer, "settings": settings,
+           "order": order_name, "seed": seed}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:24]

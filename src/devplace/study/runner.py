@@ -28,6 +28,7 @@ from typing import Any
 
 from devplace.defaults import CANONICAL_ORDER
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.semantics import semantics_of
 from devplace.hardware.cluster import Cluster
 from devplace.hardware.features import graph_features
 from devplace.placers.registry import get_placer
@@ -100,7 +101,8 @@ def run_cell(cell: Cell, graph: CompGraph | str, cluster: Cluster) -> dict[str, 
     try:
         if isinstance(graph, str):
             raise GraphPreparationError(graph)
-        row.update(graph_name=graph.name, num_nodes=graph.num_nodes)
+        row.update(graph_name=graph.name, num_nodes=graph.num_nodes,
+                   semantics=semantics_of(graph, cell.semantics).value)
         row["features"] = {k: _finite(v) for k, v in graph_features(graph, cluster).items()}
         row["lower_bound_s"] = lower_bound(graph, cluster).value_s
         placed, curve, episodes = _place(cell, graph, cluster)
@@ -144,11 +146,11 @@ def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[Placed, list
             log = own if own is not None else Path(tmp) / "curve.csv"
             settings["log"] = str(log)
             placed = place_graph(graph, cluster, placer=cell.placer, order=order, seed=cell.seed,
-                                 simulation_model=cell.sim_model, **settings)
+                                 simulation_model=cell.sim_model, semantics=cell.semantics, **settings)
             rows = read_curve(log) if log.is_file() else []
         return placed, [float(r["step_time_s"]) for r in rows if not r.get("greedy")], episodes
     placed = place_graph(graph, cluster, placer=cell.placer, order=order, seed=cell.seed,
-                         simulation_model=cell.sim_model, **settings)
+                         simulation_model=cell.sim_model, semantics=cell.semantics, **settings)
     return placed, None, episodes
 
 
@@ -159,8 +161,12 @@ def graph_cache_dir(db: str | Path) -> Path:
     return p.parent / f"{p.name}.graphs"
 
 
+# bump when prepared graphs change: cached ones made before are rebuilt (2: graphs carry their semantics)
+GRAPH_CACHE_VERSION = 2
+
+
 def _cache_file(cache: Path, ref: GraphRef, max_nodes: int | None) -> Path:
-    tag = hashlib.sha256(f"{ref.identity()}|{max_nodes}".encode()).hexdigest()[:12]
+    tag = hashlib.sha256(f"{ref.identity()}|{max_nodes}|{GRAPH_CACHE_VERSION}".encode()).hexdigest()[:12]
     safe = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in ref.spec)
     return cache / f"{safe}-{tag}.json"
 
@@ -206,7 +212,7 @@ def run_study(spec_or_path: StudySpec | str | Path, db: str | Path, *, backend: 
               cache_dir: str | Path | None = None, max_cells: int | None = None) -> StudySummary:
     """Run every cell of the study not yet in `db` and write one row per cell; return what was done.
 
-    `spec_or_path` is a StudySpec, a TOML file, or a preset name ("quick", "paper", "extended"). `backend`
+    `spec_or_path` is a StudySpec, a TOML file, or a preset name ("quick", "seed", "paper", "extended"). `backend`
     is "local" (a process pool of `workers`) or "ray" (a local Ray cluster of `workers` CPUs, or the one at
     `address`). `retry_failed` reruns cells recorded as failed. `progress` shows a live progress bar.
     Prepared graphs are cached under `cache_dir` (default `<db>.graphs/`). A grid of more than `max_cells`

@@ -22,11 +22,13 @@ from typing import Any
 from devplace.defaults import CANONICAL_ORDER, DEFAULT_SEED, DEFAULT_SIM_MODEL, FAMILY_MAX_NODES
 from devplace.errors import DevplaceError
 from devplace.graph.jsonio import env_limit, read_limited
+from devplace.graph.semantics import SemanticsError, parse_semantics
 
-PRESETS: tuple[str, ...] = ("quick", "paper", "extended")
+PRESETS: tuple[str, ...] = ("quick", "seed", "paper", "extended")
 NO_ORDER = "-"  # order_name of cells whose placer ignores the traversal order
 
-_TOP_KEYS = ("name", "description", "graphs", "max_nodes", "clusters", "sim_model", "placers", "orders", "seeds")
+_TOP_KEYS = ("name", "description", "graphs", "max_nodes", "clusters", "sim_model", "semantics", "placers", "orders",
+             "seeds")
 _PLACER_KEYS = ("name", "settings", "orders", "seeds")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 # A study's grid is counted before any cell is made: a typo such as `seeds = 100000000` would otherwise fill
@@ -94,6 +96,9 @@ class StudySpec:
     sim_model: str = DEFAULT_SIM_MODEL
     max_nodes: int | None = FAMILY_MAX_NODES
     description: str = ""
+    # placement semantics for every cell ("op-by-op" | "autograd"); None: each graph's own (family graphs:
+    # op-by-op, zoo models: autograd, graph files: as written), `devplace.graph.semantics`
+    semantics: str | None = None
     source: str = ""  # the file or preset it came from
 
 
@@ -115,7 +120,7 @@ def too_many_cells(where: str, count: int, limit: int) -> StudyError:
 
 
 def load_study(path_or_name: str | Path, *, preset: bool = False, max_cells: int | None = None) -> StudySpec:
-    """Read a study TOML file, or with `preset` the built-in study of that name (quick, paper, extended).
+    """Read a study TOML file, or with `preset` the built-in study of that name (quick, seed, paper, extended).
 
     A file longer than the input limit (DEVPLACE_MAX_INPUT_BYTES) or a grid of more than `max_cells` cells
     (default DEVPLACE_MAX_CELLS or 1,000,000) is refused.
@@ -169,6 +174,12 @@ def parse_study(text: str, *, base_dir: Path, source: str = "<string>", max_cell
 
     if sim_model not in MODELS:
         raise StudyError(f"{where}: sim_model {sim_model!r} is unknown; choose one of: {', '.join(MODELS)}")
+    semantics = doc.get("semantics")
+    if semantics is not None:
+        try:
+            semantics = parse_semantics(semantics, f"{where}: semantics").value
+        except SemanticsError as exc:
+            raise StudyError(str(exc)) from None
     max_nodes = doc.get("max_nodes", FAMILY_MAX_NODES)
     if max_nodes == 0:
         max_nodes = None  # 0: no coarsening beyond colocation
@@ -180,7 +191,8 @@ def parse_study(text: str, *, base_dir: Path, source: str = "<string>", max_cell
     seeds = _seeds(doc.get("seeds", [DEFAULT_SEED]), f"{where}: seeds", limit)
     placers = _placers(doc["placers"], where, base_dir, limit)
     spec = StudySpec(name=name, graphs=graphs, clusters=clusters, placers=placers, orders=orders, seeds=seeds,
-                     sim_model=sim_model, max_nodes=max_nodes, description=description, source=source)
+                     sim_model=sim_model, max_nodes=max_nodes, description=description, source=source,
+                     semantics=semantics)
     count = count_cells(spec)
     if count > limit:
         raise too_many_cells(where, count, limit)

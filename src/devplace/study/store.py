@@ -36,6 +36,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("num_nodes", "INTEGER"),  # nodes of the prepared (coarsened) graph the placer saw
     ("cluster", "TEXT"),  # cluster spec as written (preset name or file path)
     ("sim_model", "TEXT"),  # "devplace" | "placeto": the model step_time_s is measured under
+    ("semantics", "TEXT"),  # "op-by-op" | "autograd": the placement semantics placed under (graph/semantics.py)
     ("placer", "TEXT"),
     ("settings", "TEXT"),  # JSON object, sorted keys: the placer settings as the study gave them
     ("order_name", "TEXT"),  # traversal order; "-" for placers that ignore the order

@@ -45,8 +45,9 @@ ln 3 = 1.10) and episodes ended 1.2-4.7x the start, a random placement: the retu
 later random actions, and rewards are log ratios of ~0.01, as small as the entropy term. With the new
 defaults the entropy falls (to 0.0-0.46) and the last episodes end at or below the start (0.90-1.00x);
 see docs/learned-placers.md for the measured before/after. After `episodes` training episodes one
-argmax episode is run. The answer is the best feasible placement seen in any state of any episode, so it is
-never worse than the start.
+argmax episode is run. The answer is the best feasible placement seen in any state of any episode, judged
+once more on the graph that runs (the full graph a folded one stands for, `devplace.placers.rl.start`) against
+the start and every single device that fits: never worse than either there.
 
 Encoders (`encoder`): "placeto-gnn" (above; old name "placeto"); "sage" -- GraphSAGE (torch_geometric's
 `SAGEConv`, mean aggregation, separate root and neighbour weights) and "gat" -- one-head graph attention
@@ -105,8 +106,8 @@ from devplace.defaults import (
 )
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
-from devplace.placers.registry import PlacerError, Progress, get_placer, register
-from devplace.placers.rl.start import best_classic
+from devplace.placers.registry import FullGraph, PlacerError, Progress, get_placer, register
+from devplace.placers.rl.start import best_classic, judged_best
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.placeto import PlacetoModel
 from devplace.sim.result import SimResult
@@ -475,6 +476,7 @@ class PlacetoRun:
     devices: np.ndarray
     step_time_s: float
     start_step_time_s: float
+    start: np.ndarray | None = None  # the first episode's placement
     curve: list[float] = field(default_factory=list)  # step time at the end of each training episode
     best_curve: list[float] = field(default_factory=list)  # best feasible step time after each episode
     eval_step_time_s: float = math.nan  # the final argmax episode's end state
@@ -648,10 +650,13 @@ def check_settings(hyper: PlacetoHyper) -> None:
 
 def train_placeto(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int = 0,
                   hyper: PlacetoHyper | None = None, progress: Progress | None = None,
-                  policy: PlacetoPolicy | None = None) -> PlacetoRun:
+                  policy: PlacetoPolicy | None = None, full: FullGraph | None = None) -> PlacetoRun:
     """Train a policy on `graph` for `hyper.episodes` episodes, then one argmax episode; the best feasible
     placement seen and the learning curve. `policy` (e.g. loaded from a checkpoint) is trained further in place
-    (with a fresh Adam); without it a fresh one is made from `seed`.
+    (with a fresh Adam); without it a fresh one is made from `seed`. The answer (`devices`, `step_time_s`) is
+    the best seen judged on `full` (the graph `graph`'s nodes stand for; default `graph` itself) against the
+    start and every single device that fits (`devplace.placers.rl.start.judged_best`): never worse than either
+    there.
 
     Measured (a shared 2-core CPU, torch 2.14, defaults, `layered_graph(300, width=12)`, 3 devices): about
     1.0-1.3 s of CPU per training episode -- 0.35 s for the rollout (300 embeddings without gradients, about
@@ -663,7 +668,11 @@ def train_placeto(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: i
     hyper = hyper or PlacetoHyper()
     check_settings(hyper)
     with single_thread():
-        return _train(graph, cluster, order, seed, hyper, progress, policy)
+        run = _train(graph, cluster, order, seed, hyper, progress, policy)
+    if run.start is not None:
+        run.devices, run.step_time_s = judged_best(full or FullGraph.same(graph), cluster, hyper.sim_model,
+                                                   [run.devices, run.start])
+    return run
 
 
 class single_thread:
@@ -686,7 +695,7 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, hyp
     ctx = _GraphContext(graph, cluster, hyper)
     start, start_result = start_placement(ctx, order, seed)
     run = PlacetoRun(devices=start.copy(), step_time_s=start_result.step_time_s,
-                     start_step_time_s=start_result.step_time_s)
+                     start_step_time_s=start_result.step_time_s, start=start.copy())
     if policy is None:
         policy = new_policy(ctx.num_features, ctx.nd, hyper, seed)
     elif (policy.num_features, policy.num_devices) != (ctx.num_features, ctx.nd):
@@ -734,7 +743,8 @@ def placeto(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
             episodes: int = PlacetoHyper.episodes, memory_penalty: float = PlacetoHyper.memory_penalty,
             rounds: int = PlacetoHyper.rounds, hidden: int = PlacetoHyper.hidden, encoder: str = PlacetoHyper.encoder,
             sim_model: str = PlacetoHyper.sim_model, lr: float = PlacetoHyper.lr, start: str = PlacetoHyper.start,
-            policy: str | None = None, log: str | None = None, progress: Progress | None = None) -> np.ndarray:
+            policy: str | None = None, log: str | None = None, progress: Progress | None = None,
+            full: FullGraph | None = None) -> np.ndarray:
     """Placeto-style RL: a GNN policy improves the best placement node by node, visiting nodes in the order.
 
     Each episode starts from the best feasible placement so far (first: `start` "classic", the best of the
@@ -745,7 +755,9 @@ def placeto(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
     episodes, then one argmax episode. The graph embedding is `rounds` rounds of message passing forward and
     backward, width `hidden`, `encoder` "placeto-gnn", "sage" (GraphSAGE) or "gat" (graph attention). `policy`: a
     checkpoint from `devplace train` to start from (its encoder, hidden and rounds win; `episodes=0` applies it
-    zero-shot). `log`: write the learning curve CSV there. Returns the best feasible placement seen.
+    zero-shot). `log`: write the learning curve CSV there. Returns the best feasible placement seen, judged on
+    `full` (given by `devplace.place`: the graph this one's nodes stand for) against the start and each single
+    device.
     Deterministic for a seed. See `devplace.placers.rl.placeto` for the full description and costs.
     """
     hyper = replace(PlacetoHyper(), episodes=episodes, memory_penalty=memory_penalty, rounds=rounds, hidden=hidden,
@@ -756,7 +768,7 @@ def placeto(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
 
         net, _ = load_policy(policy, num_devices=cluster.num_devices)
         hyper = replace(hyper, encoder=net.encoder, hidden=net.hidden, rounds=net.rounds)
-    run = train_placeto(graph, cluster, order, seed, hyper, progress, policy=net)
+    run = train_placeto(graph, cluster, order, seed, hyper, progress, policy=net, full=full)
     if log is not None:
         from devplace.placers.rl.curve import write_curve
 

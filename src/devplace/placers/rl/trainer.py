@@ -33,9 +33,11 @@ import torch
 
 from devplace.defaults import CANONICAL_ORDER, DEFAULT_SEED
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.semantics import Semantics, semantics_of
+from devplace.graph.ties import fold, is_tied
 from devplace.hardware.cluster import Cluster
 from devplace.orders import check_order_name, traversal_indices
-from devplace.placers.registry import PlacerError
+from devplace.placers.registry import FullGraph, PlacerError
 from devplace.placers.rl.checkpoint import PolicyFileError, load_policy, save_policy
 from devplace.placers.rl.placeto import (
     EpisodeLog,
@@ -54,6 +56,7 @@ from devplace.placers.rl.placeto import (
     single_thread,
     start_placement,
 )
+from devplace.placers.rl.start import Judge
 
 BACKENDS = ("local", "ray")
 # progress(rounds done, rounds in this run, the rows of the round just done)
@@ -72,7 +75,8 @@ class Rollout:
 
 @dataclass
 class TrainResult:
-    """`train`'s result: the policy, the learning curve rows, and each graph's best feasible placement."""
+    """`train`'s result: the policy, the learning curve rows, and each graph's best feasible placement (`best`:
+    name -> (a device per node of the graph as given, its step time there), judged as `train` says)."""
 
     policy: PlacetoPolicy
     rows: list[dict[str, Any]] = field(default_factory=list)
@@ -201,7 +205,7 @@ def train(graphs: Sequence[CompGraph], cluster: Cluster, *, order: str = CANONIC
           sim_model: str = PlacetoHyper.sim_model, lr: float = PlacetoHyper.lr, start: str = PlacetoHyper.start,
           workers: int = 1, backend: str = "local", address: str | None = None, resume: str | Path | None = None,
           output: str | Path | None = None, log: str | Path | None = None,
-          progress: TrainProgress | None = None) -> TrainResult:
+          progress: TrainProgress | None = None, semantics: Semantics | str | None = None) -> TrainResult:
     """Train one placeto policy over `graphs` for `episodes` rounds (one sampling episode per graph per round).
 
     Graphs go round-robin to `workers` rollout workers: in this process (`backend="local"`, workers=1), in
@@ -211,6 +215,12 @@ def train(graphs: Sequence[CompGraph], cluster: Cluster, *, order: str = CANONIC
     by an earlier `train` to continue (its encoder, hidden and rounds win). `output`: write the policy
     checkpoint there; `log`: the learning curve CSV. The same seed, order and inputs give the same curve for
     any backend and number of workers.
+
+    Each graph is placed under `semantics` (None: its own, `devplace.graph.semantics`: family graphs op by op):
+    op by op the policy decides every node; as autograd runs, it decides the graph's tie classes (the folded
+    graph, `devplace.graph.ties.fold`), in the local and the Ray workers alike. A graph's answer
+    (`TrainResult.best`) is judged on the graph itself against its start and every single device that fits
+    (`devplace.placers.rl.start.judged_best`), so it is never worse than either there.
     """
     if not graphs:
         raise PlacerError("train: no graphs to train on")
@@ -234,12 +244,23 @@ def train(graphs: Sequence[CompGraph], cluster: Cluster, *, order: str = CANONIC
             raise PolicyFileError(f"{resume}: the checkpoint has no training state to resume (a policy saved "
                                   "without it can still start a new run with `devplace place --set policy=...`)")
     check_settings(hyper)
+    fulls: list[FullGraph] = []
+    views: list[CompGraph] = []
+    for g in graphs:
+        if semantics_of(g, semantics) is Semantics.AUTOGRAD and is_tied(g):
+            folding = fold(g)
+            views.append(folding.graph)
+            fulls.append(FullGraph(g, folding.expand))
+        else:
+            views.append(g)
+            fulls.append(FullGraph.same(g))
     with single_thread():
-        return _train(list(graphs), cluster, order, seed, hyper, policy, state, workers, backend, address,
+        return _train(views, names, fulls, cluster, order, seed, hyper, policy, state, workers, backend, address,
                       Path(output) if output is not None else None, log, progress)
 
 
-def _train(graphs: list[CompGraph], cluster: Cluster, order: str, seed: int, hyper: PlacetoHyper,
+def _train(graphs: list[CompGraph], names: list[str], fulls: list[FullGraph], cluster: Cluster, order: str,
+           seed: int, hyper: PlacetoHyper,
            policy: PlacetoPolicy | None, state: dict[str, Any], workers: int, backend: str, address: str | None,
            output: Path | None, log: str | Path | None, progress: TrainProgress | None) -> TrainResult:
     t0 = time.perf_counter()
@@ -253,17 +274,18 @@ def _train(graphs: list[CompGraph], cluster: Cluster, order: str, seed: int, hyp
     done = int(state.get("episodes_done", 0))
     result = TrainResult(policy, num_parameters=num_parameters(policy), episodes_done=done)
     best = {}
+    starts: list[np.ndarray] = []
     recent: list[deque[np.ndarray]] = []
     for i, (g, ctx) in enumerate(zip(graphs, ctxs, strict=True)):
         start, start_result = start_placement(ctx, orders[i], seed)
-        result.start_step_time_s[g.name] = start_result.step_time_s
-        saved = state.get("best", {}).get(g.name)
+        starts.append(start)
+        saved = state.get("best", {}).get(names[i])
         if saved is not None and len(saved) == g.num_nodes:  # the same graph as in the checkpoint
             devices = saved.numpy().astype(np.int64)
             best[i] = new_best(ctx, devices, float(ctx.model.run(devices).step_time_s))
         else:
             best[i] = new_best(ctx, start, start_result.step_time_s)
-        past = state.get("baselines", {}).get(g.name)
+        past = state.get("baselines", {}).get(names[i])
         recent.append(deque([r for r in past.numpy()] if past is not None and past.shape[-1] == g.num_nodes else [],
                             maxlen=hyper.baseline_window))
     trainable = [i for i, g in enumerate(graphs) if g.num_nodes > 0] if cluster.num_devices > 1 else []
@@ -283,7 +305,7 @@ def _train(graphs: list[CompGraph], cluster: Cluster, order: str, seed: int, hyp
                     best[i].devices, best[i].step_time_s = ro.best_devices.copy(), ro.best_step_time_s
                 adv = advantages_of(returns_of(ro.log, hyper.discount), recent[i], hyper)
                 accumulate_gradient(policy, ctx, ro.log, adv, hyper, weight=1.0 / len(trainable))
-                rows.append({"episode": r, "graph": graphs[i].name, "step_time_s": ro.log.final_step_time_s,
+                rows.append({"episode": r, "graph": names[i], "step_time_s": ro.log.final_step_time_s,
                              "best_step_time_s": best[i].step_time_s, "entropy": float(np.mean(ro.log.entropies)),
                              "wall_s": time.perf_counter() - t0, "greedy": 0})
             apply_gradient(policy, opt, hyper)
@@ -294,13 +316,17 @@ def _train(graphs: list[CompGraph], cluster: Cluster, order: str, seed: int, hyp
     finally:
         if pool is not None:
             pool.close()
-    result.best = {g.name: (best[i].devices.copy(), best[i].step_time_s) for i, g in enumerate(graphs)}
+    for i, name in enumerate(names):  # judged on the graph as given: never worse than its start or one device
+        judge = Judge(fulls[i], cluster, hyper.sim_model)
+        devices, step = judge.best([best[i].devices, starts[i]])
+        result.best[name] = (fulls[i].expand(devices), step)
+        result.start_step_time_s[name] = judge.step(starts[i])
     if output is not None:
         training = {"episodes_done": result.episodes_done, "seed": seed, "order": order, "lr": hyper.lr,
                     "sim_model": hyper.sim_model, "memory_penalty": float(hyper.memory_penalty),
-                    "graphs": [g.name for g in graphs], "optimizer": opt.state_dict(),
-                    "best": {g.name: torch.as_tensor(best[i].devices) for i, g in enumerate(graphs)},
-                    "baselines": {g.name: torch.as_tensor(np.stack(recent[i])) for i, g in enumerate(graphs)
+                    "graphs": list(names), "optimizer": opt.state_dict(),
+                    "best": {names[i]: torch.as_tensor(best[i].devices) for i, g in enumerate(graphs)},
+                    "baselines": {names[i]: torch.as_tensor(np.stack(recent[i])) for i, g in enumerate(graphs)
                                   if recent[i]}}
         result.output = save_policy(output, policy, training)
     if log is not None:

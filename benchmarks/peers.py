@@ -10,11 +10,12 @@ devplace (`devplace.sim.simulate`, the reference model) in this run:
   and costed for every device kind of the cluster (`prepare_model(..., cluster=)`); its own schedule, if any;
 - pipeline: `place_prepared(prepared, cluster, placer="pipeline")`, which tries each micro-batch count the batch
   allows, each on the model captured again at batch / M, and keeps the fastest (the M it kept is printed);
-- even, and the peers below, at the benchmark's M (`--microbatches`, default 8): each splits the same units
-  (below) into one contiguous stage per device, stage k on device k, and the split is simulated on the
-  micro-batch graph (`capture.custom.microbatch_prepared(prepared, M)`, every op costed at batch / M for every
-  device kind) under `Schedule("1f1b", M, microbatch_graph=True)`;
-- ideal 1F1B: the lower bound's work term (total work over all devices, per device kind) x (M + p - 1) / M.
+- even, and the peers below, at the benchmark's M (`--microbatches`, default 8) and at each M the two placers
+  kept, each row at its fastest feasible M: each splits the same units (below) into one contiguous stage per
+  device, stage k on device k, and the split is simulated on the micro-batch graph
+  (`capture.custom.microbatch_prepared(prepared, M)`, every op costed at batch / M for every device kind) under
+  `Schedule("1f1b", M, microbatch_graph=True)`;
+- ideal 1F1B, per M: the lower bound's work term (total work over all devices, per device kind) x (M + p - 1) / M.
 
 The units are those the `even` placer cuts (`devplace.placers.even`): the graph's tie classes (a forward op with
 the backward and optimizer ops autograd runs with it) in program order, cut only where a module call begins;
@@ -440,8 +441,8 @@ def placer_row(method: str, prepared: Prepared, cluster: Cluster, **how: Any) ->
                note)
 
 
-def peer_rows(micro: Prepared, cluster: Cluster, m: int) -> tuple[list[Row], float]:
-    """even and the peers on the micro-batch graph under 1F1B with M = m; and the ideal 1F1B step."""
+def peer_rows(micro: Prepared, cluster: Cluster, m: int) -> tuple[list[Row], float, int]:
+    """even and the peers on the micro-batch graph under 1F1B with M = m; the ideal 1F1B step; the units."""
     graph, p = micro.full, cluster.num_devices
     schedule = Schedule("1f1b", m, microbatch_graph=True)
     ideal = lower_bound(graph, cluster, schedule).work_s * (m + p - 1) / m
@@ -467,23 +468,48 @@ def peer_rows(micro: Prepared, cluster: Cluster, m: int) -> tuple[list[Row], flo
         note = "" if bounds is None else "units " + "/".join(str(b - a) for a, b in itertools.pairwise(bounds))
         rows.append(sim_row(name, graph, cluster, devices, schedule, took,
                             note if bounds is not None else "no split fits its memory rule"))
-    return rows, ideal
+    for r in rows:
+        r.note = f"M={m}" + (f", {r.note}" if r.note else "")
+    return rows, ideal, units.count
 
 
-def run(name: str, cluster: Cluster, m: int, cache: dict[Any, Prepared]) -> tuple[list[Row], float, int]:
-    """Every row of one model on one cluster; the ideal 1F1B step; the number of units."""
+def kept_m(row: Row) -> int | None:
+    """The micro-batch count a placer's row kept (its note), None without micro-batches."""
+    found = re.search(r" M=(\d+)", row.note)
+    return int(found.group(1)) if found else None
+
+
+def run(name: str, cluster: Cluster, ms: list[int], cache: dict[Any, Prepared]
+        ) -> tuple[list[Row], dict[int, float], int]:
+    """Every row of one model on one cluster: the placers, then even and each peer at its fastest M of `ms` and
+    of the counts the placers kept (over-memory only where no M fits); the ideal 1F1B step per M; the units."""
     model, batch = MODELS[name]
     ref, kinds = cost_devices(cluster)
     key = (model, batch, ref.kind, tuple(k.kind for k in kinds))
     if key not in cache:
         cache[key] = prepare_model(model, batch=batch, cluster=cluster)
     prepared = cache[key]
-    if (*key, m) not in cache:
-        cache[(*key, m)] = microbatch_prepared(prepared, m)
-    micro = cache[(*key, m)]
     rows = [placer_row("default", prepared, cluster), placer_row("pipeline", prepared, cluster, placer="pipeline")]
-    peers, ideal = peer_rows(micro, cluster, m)
-    return rows + peers, ideal, len(units_of(micro.full, cluster).names)
+    counts = sorted({*ms, *(m for m in map(kept_m, rows) if m is not None and m > 1)})
+    best: dict[str, Row] = {}
+    ideal: dict[int, float] = {}
+    count = 0
+    for m in counts:
+        if (*key, m) not in cache:
+            cache[(*key, m)] = microbatch_prepared(prepared, m)
+        peers, ideal[m], count = peer_rows(cache[(*key, m)], cluster, m)
+        for r in peers:
+            old = best.get(r.method)
+            if old is None or _rank(r) < _rank(old):
+                best[r.method] = r
+    return rows + list(best.values()), ideal, count
+
+
+def _rank(row: Row) -> tuple[int, float]:
+    """Order of rows: feasible before over memory before no placement, then by step time."""
+    if row.step_s is None:
+        return (2, math.inf)
+    return (0 if row.feasible else 1, row.step_s)
 
 
 def main() -> None:
@@ -491,12 +517,13 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--clusters", nargs="+", default=["4xV100-16GB", "mixed-fast-first", "mixed-slow-first"],
                     choices=list(CLUSTERS))
-    ap.add_argument("--microbatches", type=int, default=8, help="M of even, the peers and the ideal 1F1B")
+    ap.add_argument("--microbatches", type=int, nargs="+", default=[8],
+                    help="M of even, the peers and the ideal 1F1B (also run at the M the placers keep)")
     args = ap.parse_args()
     cache: dict[Any, Prepared] = {}
     summary: list[str] = []
-    print(f"1F1B, M={args.microbatches} for even and the peers; steps in s; peak GB / capacity of the fullest "
-          "device; 'over' marks a row over memory (never the best)\n")
+    print(f"1F1B; even and the peers at M in {args.microbatches} and the M the placers kept, each at its fastest; "
+          "steps in s; peak GB / capacity of the fullest device; 'over' marks a row over memory (never the best)\n")
     print("| model | cluster | method | step (s) | / best | peak GB | placing (s) | how |")
     print("|---|---|---|---:|---:|---:|---:|---|")
     for name in args.models:
@@ -511,8 +538,9 @@ def main() -> None:
                          and r.feasible else "-")
                 print(f"| {name} | {cname} | {r.method} | {step} | {ratio} | {r.peak} | {r.took_s:.2f} | "
                       f"{r.note} |", flush=True)
-            print(f"| {name} | {cname} | ideal 1F1B | {ideal:.4f} | "
-                  f"{ideal / best.step_s if best and best.step_s else math.nan:.3f} | | | {count} units |")
+            for m, at in ideal.items():
+                print(f"| {name} | {cname} | ideal 1F1B | {at:.4f} | "
+                      f"{at / best.step_s if best and best.step_s else math.nan:.3f} | | | M={m}, {count} units |")
             default = rows[0]
             behind = (f"{default.step_s / best.step_s:.3f}" if best and best.step_s and default.step_s is not None
                       and default.feasible else "-")
@@ -522,7 +550,8 @@ def main() -> None:
                 + ("-" if default.step_s is None else f"{default.step_s:.4f}" + ("" if default.feasible else " over"))
                 + f" | {default.note} | "
                 + ("-" if pipe.step_s is None else f"{pipe.step_s:.4f}")
-                + f" | {best.method if best else '-'} {best.step_s if best else math.nan:.4f} | {ideal:.4f} | "
+                + f" | {best.method if best else '-'} {best.step_s if best else math.nan:.4f} | "
+                + ", ".join(f"M={m} {at:.4f}" for m, at in ideal.items()) + " | "
                 f"{behind} | {default.took_s:.1f} |")
     print("\n| model | cluster | default (s) | default's answer | pipeline (s) | best of all (s) | ideal 1F1B (s) "
           "| default / best | default placing (s) |")

@@ -25,9 +25,15 @@ device) the best of these three fits every model, is at least as fast as the eve
 3.4% of the best of all nine placers run, while m-etf alone found no placement for 6 of them and was slower
 than the even split on 7 more (docs/performance.md, "Beyond the zoo")."""
 
-AUTO_FALLBACK = "pipeline"
-"""What `AUTO_PLACER` places with when none of `AUTO_PLACERS` fits but the parameters do: the step in
-micro-batches (1F1B, the micro-batch count chosen), which holds the activations of fewer samples at once."""
+AUTO_PIPELINE = "pipeline"
+"""The pipelined candidate of `AUTO_PLACER`: the step in micro-batches (1F1B unless a schedule is asked for, the
+micro-batch count chosen among those that divide the batch), compared with `AUTO_PLACERS` whenever the graph
+records a batch that can be split, and tried when none of them fits but the parameters do."""
+
+AUTO_SCHEDULES = ("none",)
+"""What `AUTO_PLACER` takes as its `schedule` setting besides a schedule kind: "none", no micro-batches
+(only `AUTO_PLACERS`); a kind (gpipe, 1f1b, interleaved-1f1b): only `AUTO_PIPELINE` under it; not given: both
+compared."""
 
 DEFAULT_PLACER = AUTO_PLACER
 """The placer `devplace place`, `devplace.place` and `devplace.plan` use when none is named."""

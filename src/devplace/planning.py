@@ -311,8 +311,10 @@ class Placed:
         if isinstance(search, dict):
             tried = ", ".join(f"M={m} {fmt_time(t)}" if isinstance(t, float) else f"M={m} no fit"
                               for m, t in search["tried"].items())
+            at = search.get("order_chosen_at")
             out.append(Text(f"micro-batches: batch {search['batch']} split into M={search['kept']} ({tried}); each "
-                            "micro-batch captured and costed at its own size"))
+                            "micro-batch captured and costed at its own size"
+                            + (f"; orders compared at M={at}, the order kept there walked the others" if at else "")))
         auto = self.placement.meta.get("order_auto")
         if isinstance(auto, dict):
             out.append(Text(f"order auto -> {auto['order']} ({auto.get('why') or auto['rule']})"))

@@ -39,6 +39,7 @@ from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.orders.auto import Recommendation, load_order_model, recommend_order
 from devplace.placers import get_placer
 from devplace.placers.pipeline import pipeline_schedules
+from devplace.placers.registry import check_auto_placer
 from devplace.planning import Placed, Progress, Simulated, json_safe, place_graph, render_text, simulate_placement
 from devplace.sim import LowerBound, Schedule, ScheduleError, any_schedule_bound, lower_bound
 from devplace.units import fmt_time
@@ -110,6 +111,9 @@ def check_pipeline_settings(placer: str, cluster: Cluster, settings: dict[str, A
     M that does not divide `batch` when it is known)."""
     given = [k for k in PIPELINE_SETTINGS if k in settings]
     if not given:
+        return
+    if placer == AUTO_PLACER and given == ["schedule"]:  # "none", or the kind auto's pipelines run under
+        check_auto_placer({"schedule": settings["schedule"]})
         return
     accepted = get_placer(placer).settings if placer != AUTO_PLACER else {}
     if any(k not in accepted for k in given):

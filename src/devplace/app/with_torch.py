@@ -32,6 +32,7 @@ from devplace.capture.profile import (
     read_runs,
 )
 from devplace.defaults import (
+    AUTO_PIPELINE,
     AUTO_PLACER,
     CANONICAL_ORDER,
     DEFAULT_ORDER,
@@ -51,7 +52,9 @@ from devplace.hardware.cost import CostTable, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
 from devplace.placers import NoFitError, get_placer, schedule_of
 from devplace.placers.even import even_devices
+from devplace.placers.memory import memory_needs
 from devplace.placers.pipeline import pipeline_schedules
+from devplace.placers.registry import PlacerError, check_auto_placer
 from devplace.placers.rl.curve import plot_curve, read_curve
 from devplace.placers.rl.trainer import TrainResult, mean_best_ratio, parse_indices, train
 from devplace.planning import MAP_PLACER, Placed, Progress, baselines, json_safe, place_graph, render_text
@@ -138,43 +141,99 @@ def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAUL
     exact = prepared.model is not None and graph_batch(prepared.full) is not None
     if placer == "pipeline" and exact:
         placed = _pipeline_microbatches(prepared, cluster, settings, how)
+    elif placer == AUTO_PLACER and exact:
+        placed = _auto_with_microbatches(prepared, cluster, check_auto_placer(settings), how)
     else:
         placed = place_graph(prepared.graph, cluster, placer=placer, coarsening=prepared.coarsening,
                              full=prepared.full, **how, **settings)
-        scaled = schedule_of(placed.placement)
-        if exact and scaled is not None and scaled.microbatches > 1 and not scaled.microbatch_graph:
-            # placer auto's pipeline fallback chose M on the whole step's costs / M: place the pipeline again on
-            # micro-batches captured at their own size, keeping what auto compared
-            again = _pipeline_microbatches(prepared, cluster, {"schedule": scaled.kind, "chunks": scaled.chunks}, how)
-            keep = {k: placed.placement.meta[k] for k in ("placer_auto",) if k in placed.placement.meta}
-            placed = replace(again, placement=again.placement.with_meta(**keep),
-                             placement_time_s=placed.placement_time_s + again.placement_time_s)
     placed.write(output=output, trace=trace, plot=plot)
     return placed
 
 
+AUTO_PIPELINE_KINDS = ("1f1b", "interleaved-1f1b")  # the schedules placer auto pipelines a captured model under
+
+
+def _auto_with_microbatches(prepared: Prepared, cluster: Cluster, schedule: str | None,
+                            how: dict[str, Any]) -> Placed:
+    """Placer auto on a captured model: the best of `AUTO_PLACERS` without micro-batches (skipped, with the reason,
+    where the parameters and the whole batch's activations exceed the cluster's memory) and of `AUTO_PIPELINE`
+    under each of `AUTO_PIPELINE_KINDS` (or the one kind asked for) on micro-batches captured at their own size
+    (`_pipeline_microbatches`), unless `schedule` is "none". The fastest that fits is kept; meta["placer_auto"]
+    records every candidate's step (or why it was skipped or did not fit) and time."""
+    tried: dict[str, Any] = {}
+    times: dict[str, float] = {}
+    found: list[tuple[str, Placed]] = []
+    captured: dict[int, Prepared] = {}  # each micro-batch size captured once for every schedule kind
+
+    def attempt(name: str, run: Callable[[], Placed]) -> None:
+        t0 = time.perf_counter()
+        try:
+            placed = run()
+        except (NoFitError, PlacerError) as exc:  # e.g. no micro-batch count divides the batch for interleaving
+            tried[name] = f"{type(exc).__name__}: {getattr(exc, 'reason', '') or exc}"
+        else:
+            inner = placed.placement.meta.get("placer_auto")
+            tried.update(inner["tried"] if isinstance(inner, dict) else {})
+            tried[name] = placed.result.step_time_s
+            found.append((name, placed))
+        times[name] = time.perf_counter() - t0
+
+    if schedule in (None, "none"):  # no schedule kind asked for
+        needs, has = memory_needs(prepared.full).total_bytes, float(cluster.memory.sum())
+        if needs > has:
+            tried["unpipelined"] = (f"skipped: the parameters and the whole batch's activations need "
+                                    f"{fmt_bytes(needs)}, the cluster has {fmt_bytes(has)}")
+        else:
+            attempt("unpipelined", lambda: place_graph(prepared.graph, cluster, placer=AUTO_PLACER,
+                                                       coarsening=prepared.coarsening, full=prepared.full,
+                                                       schedule="none", **how))
+    if schedule != "none" and graph_batch(prepared.full) >= 2:  # type: ignore[operator]
+        for kind in (schedule,) if schedule is not None else AUTO_PIPELINE_KINDS:
+            attempt(f"{AUTO_PIPELINE} {kind}",
+                    lambda kind=kind: _pipeline_microbatches(prepared, cluster, {"schedule": kind}, how, captured))
+    if not found:
+        why = "; ".join(f"{name}: {r}" for name, r in tried.items())
+        err = NoFitError(f"placer {AUTO_PLACER!r} found no placement of {prepared.full.name} on {cluster.name} that "
+                         f"fits memory ({why})")
+        err.reason = f"nothing fits ({why})"
+        raise err
+    name, best = min(found, key=lambda nb: nb[1].result.step_time_s)  # of equals the first: unpipelined
+    kept = best.placer if name == "unpipelined" else name
+    meta = {"placer": kept, "tried": tried, "time_s": times,
+            "why": f"smallest simulated step time of {', '.join(times)} (placer {AUTO_PLACER!r})"}
+    return replace(best, placement=best.placement.with_meta(placer_auto=meta), placement_time_s=sum(times.values()))
+
+
 def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[str, Any],
-                           how: dict[str, Any]) -> Placed:
+                           how: dict[str, Any], captured: dict[int, Prepared] | None = None) -> Placed:
     """The `pipeline` placer on a captured model, one micro-batch count at a time (the given one, else each of
-    the placer's choices that divides the batch), each on the model captured at batch / M (every op costed at
-    the micro-batch's size); the fastest feasible pipeline is kept and meta["microbatch_search"] records each
-    count's step (or why it did not fit). NoFitError when none fits."""
+    the placer's choices that divides the batch, the largest first), each on the model captured at batch / M
+    (every op costed at the micro-batch's size; `captured` caches those captures by M across calls); the fastest
+    feasible pipeline is kept and meta["microbatch_search"] records each count's step (or why it did not fit).
+    With order "auto" the orders are compared at the first count that fits and the kept order walks the others
+    (meta["microbatch_search"]["order_chosen_at"]). NoFitError when none fits."""
     batch = graph_batch(prepared.full)
     chunks = settings.get("chunks")
     counts = [s.microbatches for s in pipeline_schedules(settings.get("schedule", "1f1b"), settings.get("microbatches"),
-                                                          chunks, cluster.num_devices, batch=batch)]
+                                                          chunks, cluster.num_devices, batch=batch)][::-1]
     rest = {k: v for k, v in settings.items() if k != "microbatches" and v is not None}
+    captured = {} if captured is None else captured
     tried: dict[str, Any] = {}
     best: Placed | None = None
+    walk = dict(how)
+    chosen_at: int | None = None
     t0 = time.perf_counter()
     for m in counts:
-        micro = microbatch_prepared(prepared, m)
+        micro = captured[m] if m in captured else captured.setdefault(m, microbatch_prepared(prepared, m))
         try:
             placed = place_graph(micro.graph, cluster, placer="pipeline", coarsening=micro.coarsening,
-                                 full=micro.full, microbatches=m, **how, **rest)
+                                 full=micro.full, microbatches=m, **walk, **rest)
         except NoFitError as exc:
             tried[str(m)] = exc.reason or str(exc)
             continue
+        if walk.get("order") == "auto" and placed.order is not None:
+            walk.update(order=placed.order, try_orders=None, try_with=None)
+            chosen_at = m
         tried[str(m)] = placed.result.step_time_s
         if best is None or placed.result.step_time_s < best.result.step_time_s:
             best = placed
@@ -184,7 +243,8 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
                          f"memory at any micro-batch count the batch of {batch} allows ({reasons})")
         err.reason = f"no micro-batch count the batch of {batch} allows fits ({reasons})"
         raise err
-    search = {"batch": batch, "tried": tried, "kept": schedule_of(best.placement).microbatches}  # type: ignore[union-attr]
+    search = {"batch": batch, "tried": tried, "kept": schedule_of(best.placement).microbatches,  # type: ignore[union-attr]
+              "order_chosen_at": chosen_at}
     return replace(best, placement=best.placement.with_meta(microbatch_search=search),
                    placement_time_s=time.perf_counter() - t0)  # the whole search's, captures included
 

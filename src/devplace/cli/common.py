@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressC
 from rich.segment import Segment
 from rich.text import Text
 
-from devplace.defaults import AUTO_FALLBACK, AUTO_PLACER, AUTO_PLACERS, SIM_MODEL_ALIASES, SIM_MODELS
+from devplace.defaults import AUTO_PIPELINE, AUTO_PLACER, AUTO_PLACERS, SIM_MODEL_ALIASES, SIM_MODELS
 from devplace.errors import DevplaceError
 from devplace.graph.semantics import parse_semantics
 from devplace.placers import SearchProgress
@@ -71,13 +71,16 @@ SeqOpt = Annotated[int | None, typer.Option("--seq-len", help="sequence length (
 MaxNodesOpt = Annotated[int | None, typer.Option("--max-nodes", help="coarsen to at most this many groups")]
 OptimizerOpt = Annotated[str, typer.Option(help="optimizer of the captured step: adam, sgd or none")]
 PlacerOpt = Annotated[str, typer.Option(help=f"placer name (see `devplace placers`), or {AUTO_PLACER} (the best of "
-                                              f"{', '.join(AUTO_PLACERS)}, each at its defaults; {AUTO_FALLBACK} "
-                                              "where none fits)")]
+                                              f"{', '.join(AUTO_PLACERS)} and, where the batch can be split, "
+                                              f"{AUTO_PIPELINE}, each at its defaults; --schedule none: no "
+                                              "micro-batches)")]
 SeedOpt = Annotated[int, typer.Option(help="seed for every random choice", callback=check_seed)]
 TraceOpt = Annotated[Path | None, typer.Option(help="write a Chrome trace-event JSON (Perfetto)")]
 PlotOpt = Annotated[Path | None, typer.Option(help="write a Gantt chart PNG")]
-ScheduleOpt = Annotated[str | None, typer.Option(help="--placer pipeline: micro-batch schedule, gpipe, 1f1b (default) "
-                                                      "or interleaved-1f1b; same as --set schedule=KIND")]
+ScheduleOpt = Annotated[str | None, typer.Option(help="micro-batch schedule: gpipe, 1f1b or interleaved-1f1b (with "
+                                                      "--placer pipeline, default 1f1b; with --placer auto, only "
+                                                      "pipelines under it), or none (--placer auto: no "
+                                                      "micro-batches); same as --set schedule=KIND")]
 MicrobatchesOpt = Annotated[int | None, typer.Option(help="--placer pipeline: micro-batches per step (default: the "
                                                           "best of 1-32 by simulation); same as --set microbatches=M")]
 ChunksOpt = Annotated[int | None, typer.Option(help="--placer pipeline with interleaved-1f1b: model chunks per device "

@@ -39,6 +39,7 @@ from devplace.placers.registry import (
     PlacerOutput,
     Progress,
     auto_orders,
+    auto_settings,
     best_of,
     best_placer,
     check_auto_placer,
@@ -98,12 +99,13 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
                          "full graph it was made from (e.g. Prepared.full with Prepared.coarsening)")
     semantics = semantics_of(full, semantics)
     if placer == AUTO_PLACER:  # each placer judged on the full graph as run
-        check_auto_placer(settings)
+        schedule = check_auto_placer(settings)
         found = best_placer(
             full, cluster,
             lambda p, sub: place_expanded(coarsening, full, cluster, placer=p, order=order, seed=seed, progress=sub,
-                                          try_orders=try_orders, try_with=try_with, semantics=semantics),
-            lambda ex: ex.result.step_time_s, progress)
+                                          try_orders=try_orders, try_with=try_with, semantics=semantics,
+                                          **auto_settings(p, schedule)),
+            lambda ex: ex.result.step_time_s, progress, schedule)
         why, best = placer_auto_meta(found), found.result
         return replace(best, coarse=best.coarse.with_meta(placer_auto=why),
                        placement=best.placement.with_meta(placer_auto=why))

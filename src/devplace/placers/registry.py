@@ -20,8 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from devplace.defaults import AUTO_FALLBACK, AUTO_PLACER, AUTO_PLACERS, DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
+from devplace.defaults import (
+    AUTO_PIPELINE,
+    AUTO_PLACER,
+    AUTO_PLACERS,
+    AUTO_SCHEDULES,
+    DEFAULT_ORDER,
+    DEFAULT_PLACER,
+    DEFAULT_SEED,
+)
 from devplace.errors import DevplaceError
+from devplace.graph.batch import graph_batch, graph_microbatches
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
 from devplace.graph.semantics import Semantics, semantics_of
@@ -32,6 +41,7 @@ from devplace.orders.auto import candidate_orders, recommend_order
 from devplace.placers.memory import NoFitError, memory_needs, no_fit_error
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.result import SimResult
+from devplace.sim.schedule import KINDS as SCHEDULE_KINDS
 from devplace.sim.schedule import Schedule, ScheduledResult, simulate_schedule
 from devplace.units import fmt_bytes
 
@@ -217,18 +227,38 @@ def placer_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def check_auto_placer(settings: Mapping[str, Any]) -> None:
-    """Placer "auto" takes no settings: each placer it tries runs at its defaults."""
-    if settings:
-        raise PlacerError(f"placer {AUTO_PLACER!r} tries {', '.join(AUTO_PLACERS)} at their default settings; to "
-                          f"give settings ({', '.join(map(repr, settings))}), name the placer (--placer NAME)")
+def check_auto_placer(settings: Mapping[str, Any]) -> str | None:
+    """Placer "auto" takes one setting, `schedule`: "none" (no micro-batches), a schedule kind (pipelines only),
+    or absent (both compared); each placer it tries runs at its defaults. Returns the schedule asked for."""
+    others = [k for k in settings if k != "schedule"]
+    if others:
+        raise PlacerError(f"placer {AUTO_PLACER!r} tries {', '.join(AUTO_PLACERS)} and {AUTO_PIPELINE} at their "
+                          f"default settings; to give settings ({', '.join(map(repr, others))}), name the placer "
+                          "(--placer NAME)")
+    schedule = settings.get("schedule")
+    kinds = (*AUTO_SCHEDULES, *SCHEDULE_KINDS)
+    if schedule is not None and schedule not in kinds:
+        raise PlacerError(f"placer {AUTO_PLACER!r}: schedule must be one of {', '.join(kinds)}, got {schedule!r}")
+    return schedule
+
+
+def auto_candidates(graph: CompGraph, schedule: str | None) -> tuple[str, ...]:
+    """The placers placer "auto" compares under `schedule` (`check_auto_placer`): `AUTO_PLACERS` unless a
+    schedule kind is asked for, and `AUTO_PIPELINE` unless "none" is, when the graph records a batch of at least
+    2 samples (a graph of unknown batch is pipelined only when nothing else fits, `best_placer`)."""
+    if schedule in SCHEDULE_KINDS:
+        return (AUTO_PIPELINE,)
+    batch = graph_batch(graph)
+    split = schedule is None and graph_microbatches(graph) is None and batch is not None and batch >= 2
+    return (*AUTO_PLACERS, AUTO_PIPELINE) if split else AUTO_PLACERS
 
 
 def best_placer(graph: CompGraph, cluster: Cluster, attempt: Callable[[str, Progress | None], Any],
-                step_of: Callable[[Any], float], progress: Progress | None = None) -> Best:
-    """`best_of` over `AUTO_PLACERS` (placer "auto"). When none fits but the parameters do, `AUTO_FALLBACK`
-    places the step in micro-batches (tried and times record it too); when that does not fit either, one
-    NoFitError for `graph` that gives each placer's reason."""
+                step_of: Callable[[Any], float], progress: Progress | None = None,
+                schedule: str | None = None) -> Best:
+    """`best_of` over `auto_candidates` (placer "auto"). When none fits, no pipeline was among them and none is
+    refused ("none"), and the parameters fit, `AUTO_PIPELINE` places the step in micro-batches (tried and times
+    record it too); when that does not fit either, one NoFitError for `graph` that gives each placer's reason."""
     reasons: dict[str, str] = {}
 
     def noting(p: str, sub: Progress | None) -> Any:
@@ -238,31 +268,39 @@ def best_placer(graph: CompGraph, cluster: Cluster, attempt: Callable[[str, Prog
             reasons[p] = exc.reason or str(exc)
             raise
 
+    candidates = auto_candidates(graph, schedule)
     times: dict[str, float] = {}
     try:
-        return best_of(AUTO_PLACERS, noting, step_of, progress=progress, what="placer", times=times)
+        return best_of(candidates, noting, step_of, progress=progress, what="placer", times=times)
     except NoFitError:
         tried: dict[str, Any] = {p: f"NoFitError: {r}" for p, r in reasons.items()}
-    if memory_needs(graph).params_bytes < float(cluster.memory.sum()):
+    if (AUTO_PIPELINE not in candidates and schedule is None
+            and memory_needs(graph).params_bytes < float(cluster.memory.sum())):
         t0 = time.perf_counter()
         try:
-            out = noting(AUTO_FALLBACK, candidate_progress(progress, len(AUTO_PLACERS), len(AUTO_PLACERS) + 1,
-                                                           f"placer {AUTO_FALLBACK} (none of the others fits)"))
+            out = noting(AUTO_PIPELINE, candidate_progress(progress, len(candidates), len(candidates) + 1,
+                                                           f"placer {AUTO_PIPELINE} (none of the others fits)"))
         except NoFitError:
             pass
         else:
-            times[AUTO_FALLBACK] = time.perf_counter() - t0
-            return Best(AUTO_FALLBACK, out, {**tried, AUTO_FALLBACK: step_of(out)}, times)
+            times[AUTO_PIPELINE] = time.perf_counter() - t0
+            return Best(AUTO_PIPELINE, out, {**tried, AUTO_PIPELINE: step_of(out)}, times)
     why = "; ".join(f"{p}: {r}" for p, r in reasons.items())
     raise no_fit_error(graph, cluster, AUTO_PLACER, f"none of {', '.join(reasons)} fits ({why})") from None
+
+
+def auto_settings(placer: str, schedule: str | None) -> dict[str, Any]:
+    """The settings placer "auto" gives `placer`: the schedule kind asked for to `AUTO_PIPELINE`, none otherwise."""
+    return {"schedule": schedule} if placer == AUTO_PIPELINE and schedule in SCHEDULE_KINDS else {}
 
 
 def placer_auto_meta(best: Best) -> dict[str, Any]:
     """meta["placer_auto"] of a placement made by placer "auto": the placer kept, each one's step (or its
     NoFitError), the seconds each one's search took (`time_s`) and why."""
-    why = (f"smallest simulated step time of {', '.join(AUTO_PLACERS)} (placer {AUTO_PLACER!r})"
-           if best.name != AUTO_FALLBACK else
-           f"none of {', '.join(AUTO_PLACERS)} fits without micro-batches; {AUTO_FALLBACK} runs the step in "
+    compared = ", ".join(best.tried)
+    why = (f"smallest simulated step time of {compared} (placer {AUTO_PLACER!r})"
+           if best.name != AUTO_PIPELINE or AUTO_PLACERS[0] not in best.tried or len(best.tried) > len(AUTO_PLACERS)
+           else f"none of {', '.join(AUTO_PLACERS)} fits without micro-batches; {AUTO_PIPELINE} runs the step in "
            "micro-batches, which hold the activations of fewer samples at once")
     return {"placer": best.name, "tried": best.tried, "time_s": best.times, "why": why}
 
@@ -333,12 +371,13 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     """
     semantics = semantics_of(graph, semantics)
     if placer == AUTO_PLACER:
-        check_auto_placer(settings)
+        schedule = check_auto_placer(settings)
         best = best_placer(
             graph, cluster,
             lambda p, sub: place(graph, cluster, placer=p, order=order, seed=seed, progress=sub,
-                                 try_orders=try_orders, try_with=try_with, semantics=semantics),
-            lambda pl: pl.meta["step_time_s"], progress)
+                                 try_orders=try_orders, try_with=try_with, semantics=semantics,
+                                 **auto_settings(p, schedule)),
+            lambda pl: pl.meta["step_time_s"], progress, schedule)
         return best.result.with_meta(placer_auto=placer_auto_meta(best))
     spec = get_placer(placer)
     order = check_order(order, allow_auto=True)

@@ -53,7 +53,9 @@ The peers, each written here after its published source (our code, no copied cod
   stage_profiling.py at b8078a9f75cb4c90cabb4550ee48c99ef394e209. Bounds below the smallest feasible one
   (found by bisection: feasibility only grows with t_max) are not run; where every device has the same stage
   costs the sum is the same for every split, so the first feasible bound's split is final (Alpa would run on
-  without improving it).
+  without improving it). The DP table is float64 (Alpa's is float32): where several splits have the same
+  cost, the one kept can differ from Alpa's by rounding (checked against Alpa's code on small random cases:
+  equal costs, and with a float32 table and no early stop the same splits).
 
 Clusters: `4xV100-16GB` (preset) and two of the same four GPUs: 2x V100-SXM2-32GB and 2x T4-16GB (65 TFLOPS fp16
 tensor, 8.1 TFLOPS fp32, 320 GB/s, 16 GB; docs/clusters.md conventions: speed 65/125 = 0.52, TF32 and BF16 at

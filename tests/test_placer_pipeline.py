@@ -314,3 +314,22 @@ def test_order_auto_skips_orders_that_cannot_stage_and_says_why():
     g = layers([1.0, 3.0, 1.0, 2.0, 1.0, 1.0])
     ok = place(g, cluster(3, bw=1e12), placer="pipeline", order="auto", microbatches=2)
     assert ok.meta["order_auto"]["tried"]
+
+
+def test_forward_outputs_no_backward_op_reads_are_not_counted_as_held_until_the_backward():
+    # each layer l_i feeds a transient t_i (a big output that only the next layer reads, freed in the forward)
+    # and stashes 10 bytes for its backward op: memory for 4 micro-batches' stashes, not for 4 transients
+    n, act, big = 8, 10.0, 200.0
+    nodes = [{"id": f"l{i}", "kind": "forward", "compute_s": 1.0, "output_bytes": act, "param_bytes": 1.0}
+             for i in range(n)]
+    nodes += [{"id": f"t{i}", "kind": "forward", "compute_s": 0.1, "output_bytes": big} for i in range(n)]
+    nodes += [{"id": f"g{i}", "kind": "backward", "group": f"l{i}", "compute_s": 2.0} for i in reversed(range(n))]
+    edges = [{"src": f"l{i}", "dst": f"t{i}", "bytes": act} for i in range(n)]
+    edges += [{"src": f"t{i}", "dst": f"l{i + 1}", "bytes": big} for i in range(n - 1)]
+    edges += [{"src": f"t{n - 1}", "dst": f"g{n - 1}", "bytes": big}]
+    edges += [{"src": f"l{i}", "dst": f"g{i}", "bytes": act} for i in range(n)]
+    edges += [{"src": f"g{i + 1}", "dst": f"g{i}", "bytes": 1.0} for i in range(n - 1)]
+    g = CompGraph.build("transients", nodes, edges, meta={"microbatches": 8})  # one micro-batch of 8: unscaled
+    c = cluster(4, bw=1e12, mem=3 * big)
+    pl = plan(g, c, microbatches=8)  # counting every transient as stashed, no split fits 600 bytes
+    assert pl.result.feasible and len(set(pl.devices.tolist())) > 1

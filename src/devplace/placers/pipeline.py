@@ -69,6 +69,7 @@ from devplace.placers.common import positive_int
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import PlacerError, PlacerOutput, register
 from devplace.sim.schedule import (
+    BACKWARD,
     FORWARD,
     KINDS,
     PER_STEP,
@@ -178,7 +179,12 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.n
     work = np.stack([np.bincount(owner[per_mb], weights=col[per_mb], minlength=n) for col in times.T], axis=1)
     step_work = np.stack([np.bincount(owner[step], weights=col[step], minlength=n) for col in times.T], axis=1)
     params = np.bincount(owner, weights=graph.param_bytes, minlength=n)
-    stash = np.bincount(owner[fwd], weights=graph.output_bytes[fwd], minlength=n)
+    # the stash: forward outputs a backward op reads, held from a micro-batch's forward to its backward; the
+    # others are freed within the forward (they count in peak_op); the simulator corrects what this misses
+    saved = np.zeros(graph.num_nodes, dtype=bool)
+    saved[graph.edge_src[phase[graph.edge_dst] == BACKWARD]] = True
+    kept = fwd & saved if saved[fwd].any() else fwd  # a graph without backward ops: every forward output
+    stash = np.bincount(owner[kept], weights=graph.output_bytes[kept], minlength=n)
     peak_op = np.zeros(n)
     np.maximum.at(peak_op, owner[per_mb], (graph.output_bytes + graph.temp_bytes)[per_mb])
     # cut i (before item i) is crossed by a tensor whose producer's item and a consumer's item lie on

@@ -196,38 +196,33 @@ def _auto_with_microbatches(prepared: Prepared, cluster: Cluster, schedule: str 
     found: list[tuple[str, Placed]] = []
     captured: dict[int, Prepared] = {}  # each micro-batch size captured once for every schedule kind
 
-    sims = 0
-
     def attempt(name: str, run: Callable[[], Placed]) -> None:
-        nonlocal sims
         t0 = time.perf_counter()
         try:
-            with counting() as count:
-                placed = run()
+            placed = run()
         except (NoFitError, PlacerError) as exc:  # e.g. no micro-batch count divides the batch for interleaving
             tried[name] = f"{type(exc).__name__}: {getattr(exc, 'reason', '') or exc}"
-            sims += count.runs
         else:
-            sims += count.runs
             inner = placed.placement.meta.get("placer_auto")
             tried.update(inner["tried"] if isinstance(inner, dict) else {})
             tried[name] = placed.result.step_time_s
             found.append((name, placed))
         times[name] = time.perf_counter() - t0
 
-    if schedule in (None, "none"):  # no schedule kind asked for
-        needs, has = memory_needs(prepared.full).total_bytes, float(cluster.memory.sum())
-        if needs > has:
-            tried["unpipelined"] = (f"skipped: the parameters and the whole batch's activations need "
-                                    f"{fmt_bytes(needs)}, the cluster has {fmt_bytes(has)}")
-        else:
-            attempt("unpipelined", lambda: place_graph(prepared.graph, cluster, placer=AUTO_PLACER,
-                                                       coarsening=prepared.coarsening, full=prepared.full,
-                                                       schedule="none", **how))
-    if schedule != "none" and graph_batch(prepared.full) >= 2:  # type: ignore[operator]
-        for kind in (schedule,) if schedule is not None else AUTO_PIPELINE_KINDS:
-            attempt(f"{AUTO_PIPELINE} {kind}",
-                    lambda kind=kind: _pipeline_microbatches(prepared, cluster, {"schedule": kind}, how, captured))
+    with counting() as count:  # every simulation of the search, the memory check's included
+        if schedule in (None, "none"):  # no schedule kind asked for
+            needs, has = memory_needs(prepared.full).total_bytes, float(cluster.memory.sum())
+            if needs > has:
+                tried["unpipelined"] = (f"skipped: the parameters and the whole batch's activations need "
+                                        f"{fmt_bytes(needs)}, the cluster has {fmt_bytes(has)}")
+            else:
+                attempt("unpipelined", lambda: place_graph(prepared.graph, cluster, placer=AUTO_PLACER,
+                                                           coarsening=prepared.coarsening, full=prepared.full,
+                                                           schedule="none", **how))
+        if schedule != "none" and graph_batch(prepared.full) >= 2:  # type: ignore[operator]
+            for kind in (schedule,) if schedule is not None else AUTO_PIPELINE_KINDS:
+                attempt(f"{AUTO_PIPELINE} {kind}", lambda kind=kind: _pipeline_microbatches(
+                    prepared, cluster, {"schedule": kind}, how, captured))
     if not found:
         why = "; ".join(f"{name}: {r}" for name, r in tried.items())
         err = NoFitError(f"placer {AUTO_PLACER!r} found no placement of {prepared.full.name} on {cluster.name} that "
@@ -239,7 +234,7 @@ def _auto_with_microbatches(prepared: Prepared, cluster: Cluster, schedule: str 
     meta = {"placer": kept, "tried": tried, "time_s": times,
             "why": f"smallest simulated step time of {', '.join(times)} (placer {AUTO_PLACER!r})"}
     return replace(best, placement=best.placement.with_meta(placer_auto=meta), placement_time_s=sum(times.values()),
-                   simulations=sims)
+                   simulations=count.runs)
 
 
 def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[str, Any],

@@ -310,11 +310,10 @@ def device_orders(graph: CompGraph, cluster: Cluster) -> list[tuple[int, ...]]:
 
 
 class _Search:
-    def __init__(self, graph: CompGraph, cluster: Cluster, order: np.ndarray, classes: np.ndarray,
-                 device_order: tuple[int, ...]) -> None:
+    def __init__(self, graph: CompGraph, cluster: Cluster, items: _Items, device_order: tuple[int, ...]) -> None:
         self.graph, self.cluster = graph, cluster
         self.perm = np.asarray(device_order, dtype=np.int64)  # the device at each pipeline position
-        self.items = it = _items(graph, order, classes, op_times(graph, cluster))
+        self.items = it = items
         # [D, n + 1] prefix sums of the items' seconds on each device
         self.pre_work = np.concatenate([np.zeros((1, cluster.num_devices)), np.cumsum(it.work, axis=0)]).T.copy()
         self.pre_param = np.concatenate([[0.0], np.cumsum(it.params)])
@@ -470,11 +469,12 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
     schedules = pipeline_schedules(schedule, microbatches, chunks, cluster.num_devices, batch=graph_batch(graph),
                                    own=graph_microbatches(graph))
     classes = tie_classes(graph) if ties is None else np.asarray(ties, dtype=np.int64)
+    items = _items(graph, order, classes, op_times(graph, cluster))  # the same for every device order
     plans = []
     for device_order in device_orders(graph, cluster):
         identity = device_order == tuple(range(cluster.num_devices))
         ordered = [s if identity else replace(s, device_order=device_order) for s in schedules]
-        plan = _plan_in_order(graph, cluster, _Search(graph, cluster, order, classes, device_order), ordered)
+        plan = _plan_in_order(graph, cluster, _Search(graph, cluster, items, device_order), ordered)
         if plan is not None:
             plans.append(plan)
     if not plans:

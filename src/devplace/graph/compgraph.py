@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -295,6 +295,21 @@ class CompGraph:
     def topo_order(self) -> np.ndarray:
         """The canonical topological order (DESIGN.md section 4 rule 5), computed once at build time."""
         return self._topo  # type: ignore[attr-defined,no-any-return]
+
+    def derived(self, key: str, make: Callable[[CompGraph], np.ndarray]) -> np.ndarray:
+        """`make(self)`, computed once per graph and kept read-only: a graph never changes, so what a pass derives
+        from the graph alone (tie classes, op phases) is shared by every later call, e.g. the thousand
+        simulations of one pipeline search. `key` names it (one key per function)."""
+        cache: dict[str, np.ndarray] | None = getattr(self, "_derived", None)
+        if cache is None:
+            cache = {}
+            object.__setattr__(self, "_derived", cache)
+        value = cache.get(key)
+        if value is None:
+            value = make(self)
+            value.setflags(write=False)
+            cache[key] = value
+        return value
 
     @property
     def topo_rank(self) -> np.ndarray:

@@ -49,8 +49,13 @@ def _union(parent: list[int], a: int, b: int) -> None:
 
 
 def tie_classes(graph: CompGraph) -> np.ndarray:
-    """Class index per node (int64[V], classes numbered 0..K-1 in order of their first node): nodes of one
-    class must be placed on one device for the placement to be what autograd runs (see the module docstring)."""
+    """Class index per node (int64[V], read-only; classes numbered 0..K-1 in order of their first node): nodes of
+    one class must be placed on one device for the placement to be what autograd runs (see the module
+    docstring). Computed once per graph (`CompGraph.derived`)."""
+    return graph.derived("tie_classes", _tie_classes)
+
+
+def _tie_classes(graph: CompGraph) -> np.ndarray:
     n = graph.num_nodes
     parent = list(range(n))
     labels: dict[str, int] = {}

@@ -324,9 +324,16 @@ class _Search:
         self.comm_Bps = float(bw.min()) if bw.size else math.inf
         self.latency = float(lat.max()) if lat.size else 0.0
 
-    def splits(self, schedule: Schedule, allowance: np.ndarray, waits: bool) -> list[tuple[float, tuple[int, ...]]]:
-        """(model step time, cut ends) of the best distinct splits under each bound, best first (`waits`: see
-        `_split`)."""
+    def splits(self, schedule: Schedule, allowance: np.ndarray, waits: bool,
+               keep: int) -> list[tuple[float, tuple[int, ...]]]:
+        """(model step time, cut ends) of the `keep` best distinct splits found under the bounds, best first
+        (`waits`: see `_split`).
+
+        The bounds rise from the smallest possible slowest stage; a split first found under a bound has its
+        slowest stage above the previous bound B (one within B would have been found there, ties aside), so its
+        model step is at least W / V + (M - 1) B, W the work of the items each on its fastest device. Once that
+        is no better than the `keep`-th best found, no later bound can add one of the `keep` best and the
+        search stops (at M = 1 it walks every bound)."""
         p = self.cluster.num_devices
         v = int(schedule.chunks or 1)
         m = _per_microbatch(schedule)
@@ -339,18 +346,29 @@ class _Search:
         # stage k doing a fraction f_k of the work takes f_k * total_k, and the fractions sum to 1
         share = 1.0 / float(np.sum(m / pre[:, -1])) if np.all(pre[:, -1] > 0) else 0.0
         lo = max(float(self.items.work.min(axis=1).max(initial=0.0)) / m, share)
+        least = float(self.items.work.min(axis=1).sum()) / m / v
         found: dict[tuple[int, ...], float] = {}
-        bound = lo
-        while True:
+
+        def split(bound: float) -> bool:
             ends = _split(bound, pre, self.pre_param, self.pre_stash, self.items.peak_op, self.items.cross,
                           self.items.blocked, cap, inflight, float(m), self.comm_Bps, self.latency, waits)
             if ends[0] >= 0:
                 cuts = tuple(int(x) for x in ends)
                 found.setdefault(cuts, self.model_time(cuts, schedule, waits))
+            return bool(ends[0] >= 0)
+
+        # a split within memory under some bound is one under the loosest: when there is none, none fits
+        if not split(total):
+            return []
+        bound = lo
+        while True:
+            split(bound)
             if bound >= total or lo <= 0:
                 break
+            if len(found) >= keep and least + (schedule.microbatches - 1) * bound >= sorted(found.values())[keep - 1]:
+                break
             bound = min(bound * GRID_RATIO, total)
-        return sorted((t, c) for c, t in found.items())
+        return sorted((t, c) for c, t in found.items())[:keep]
 
     def model_time(self, cuts: tuple[int, ...], schedule: Schedule, waits: bool) -> float:
         """The cost model's step: sum_k t_k / V + M max_d load_d - max_k t_k, load_d = the time of device d's
@@ -493,7 +511,7 @@ def _plan_in_order(graph: CompGraph, cluster: Cluster, search: _Search,
     for _ in range(ROUNDS):
         judge.excess = {s: np.zeros(p) for s in schedules}
         # each way's leading split for every M, then the others for the M that did best
-        found = {s: [search.splits(s, allowance[s], waits)[:CANDIDATES] for waits in (False, True)]
+        found = {s: [search.splits(s, allowance[s], waits, CANDIDATES) for waits in (False, True)]
                  for s in schedules}
         for s in schedules:
             for way in found[s]:

@@ -22,11 +22,11 @@ scaled (exact).
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from devplace.defaults import MAX_MICROBATCHES
 from devplace.errors import DevplaceError, GraphError
@@ -158,7 +158,12 @@ class Stages:
 def op_phases(graph: CompGraph) -> np.ndarray:
     """FORWARD for kind "forward" or "", BACKWARD for "backward", PER_STEP for any other kind -- except that an
     op of the forward kind that depends on a backward op is BACKWARD: it cannot run before the backward pass
-    (a captured mobilenet_v3_large has forward-kind clones that read gradients)."""
+    (a captured mobilenet_v3_large has forward-kind clones that read gradients). Read-only, computed once per
+    graph (`CompGraph.derived`)."""
+    return graph.derived("op_phases", _op_phases)
+
+
+def _op_phases(graph: CompGraph) -> np.ndarray:
     kinds = graph.kind
     phase = np.fromiter((FORWARD if k in ("", "forward") else BACKWARD if k == "backward" else PER_STEP
                          for k in kinds), dtype=np.int64, count=graph.num_nodes)
@@ -176,56 +181,64 @@ def pipeline_stages(graph: CompGraph, devices: np.ndarray, chunks: int,
     placement is not a pipeline with at most `chunks` chunks per device. The pipeline's devices are in
     `device_order` (devices it does not list after, by index), else by index."""
     phase = op_phases(graph)
-    n = graph.num_nodes
-    for e in range(graph.num_edges):
-        u, v = int(graph.edge_src[e]), int(graph.edge_dst[e])
-        if phase[u] == PER_STEP and phase[v] != PER_STEP:
-            raise ScheduleError(f"op {graph.ids[u]!r} (kind {graph.kind[u]!r}) runs once per step but feeds "
-                                f"{graph.ids[v]!r}, which runs once per micro-batch; only forward and backward "
-                                "ops may feed micro-batch ops (set their kind)")
+    feeds = np.flatnonzero((phase[graph.edge_src] == PER_STEP) & (phase[graph.edge_dst] != PER_STEP))
+    if feeds.size:
+        u, v = int(graph.edge_src[feeds[0]]), int(graph.edge_dst[feeds[0]])
+        raise ScheduleError(f"op {graph.ids[u]!r} (kind {graph.kind[u]!r}) runs once per step but feeds "
+                            f"{graph.ids[v]!r}, which runs once per micro-batch; only forward and backward "
+                            "ops may feed micro-batch ops (set their kind)")
+    devices = np.asarray(devices, dtype=np.int64)
     rank = {d: i for i, d in enumerate(device_order or ())}
-    used = sorted({int(devices[v]) for v in range(n) if phase[v] != PER_STEP},
-                  key=lambda d: (rank.get(d, len(rank)), d))
-    pos = {d: r for r, d in enumerate(used)}
+    used = sorted({int(d) for d in np.unique(devices[phase != PER_STEP])}, key=lambda d: (rank.get(d, len(rank)), d))
+    pos_of = np.full(int(devices.max(initial=0)) + 1, -1, dtype=np.int64)
+    pos_of[np.asarray(used, dtype=np.int64)] = np.arange(len(used))
+    pos = np.where(phase != PER_STEP, pos_of[devices], -1)
+    chunk, bad, bad_chunk = _chunks(graph.topo_order, graph.pred_ptr, graph.pred_edges, graph.edge_src, phase, pos,
+                                    devices, tie_classes(graph), chunks)
+    if bad >= 0:
+        what = ("a pipeline sends activations along its device order only (by index unless the schedule "
+                "gives a device_order)" if chunks == 1
+                else f"the pipeline wraps around the devices more than chunks={chunks} times")
+        raise ScheduleError(f"forward op {graph.ids[bad]!r} on device {int(devices[bad])} would be in chunk {bad_chunk}"
+                            f": {what}; place the forward ops in stages along the device indices")
+    stage = np.where(phase != PER_STEP, chunk * len(used) + pos, -1)
+    return Stages(phase=phase, stage=stage, pipeline_devices=tuple(used), chunks=chunks)
+
+
+@njit(cache=True)
+def _chunks(topo, pred_ptr, pred_edges, edge_src, phase, pos, devices, classes, chunks):  # pragma: no cover
+    """Each op's chunk (-1 for per-step ops), walking the canonical order: a forward op's is the largest of its
+    forward predecessors' plus one where data goes back to an earlier pipeline position (`pos`); a backward
+    op's is that of its tie class's forward ops (the largest: an input tied to its consumer is a source, in
+    chunk 0), else of its first micro-batch predecessor on its device, else the last chunk (where the loss
+    is). Returns (chunk, the first forward op whose chunk reaches `chunks` or -1, that chunk)."""
+    n = topo.shape[0]
     chunk = np.full(n, -1, dtype=np.int64)
-    classes = tie_classes(graph)
-    class_chunk: dict[int, int] = {}
-    order = graph.topo_order
-    for v in order:  # forward ops: the chunk grows where data goes back to a lower device
+    class_chunk = np.full(n, -1, dtype=np.int64)
+    for v in topo:
         if phase[v] != FORWARD:
             continue
         c = 0
-        for e in graph.in_edges(int(v)):
-            u = int(graph.edge_src[e])
+        for e in pred_edges[pred_ptr[v]:pred_ptr[v + 1]]:
+            u = edge_src[e]
             if phase[u] == FORWARD:
-                wrap = pos[int(devices[u])] > pos[int(devices[v])]
-                c = max(c, int(chunk[u]) + int(wrap))
+                c = max(c, chunk[u] + (1 if pos[u] > pos[v] else 0))
         if c >= chunks:
-            what = ("a pipeline sends activations along its device order only (by index unless the schedule "
-                    "gives a device_order)" if chunks == 1
-                    else f"the pipeline wraps around the devices more than chunks={chunks} times")
-            raise ScheduleError(f"forward op {graph.ids[int(v)]!r} on device {int(devices[v])} would be in chunk {c}"
-                                f": {what}; place the forward ops in stages along the device indices")
+            return chunk, v, c
         chunk[v] = c
-        # the largest: an input tied to its consumer (labels to the loss) is a source, in chunk 0
-        class_chunk[int(classes[v])] = max(c, class_chunk.get(int(classes[v]), 0))
-    for v in order:  # backward ops: their forward op's chunk; else the first micro-batch predecessor's on the
-        if phase[v] != BACKWARD:  # device; else the last chunk (where the loss is)
+        class_chunk[classes[v]] = max(c, class_chunk[classes[v]])
+    for v in topo:
+        if phase[v] != BACKWARD:
             continue
-        c = class_chunk.get(int(classes[v]), -1)
+        c = class_chunk[classes[v]]
         if c < 0:
-            for e in graph.in_edges(int(v)):
-                u = int(graph.edge_src[e])
+            for e in pred_edges[pred_ptr[v]:pred_ptr[v + 1]]:
+                u = edge_src[e]
                 if chunk[u] >= 0 and devices[u] == devices[v]:
-                    c = int(chunk[u])
+                    c = chunk[u]
                     break
         chunk[v] = c if c >= 0 else chunks - 1
-    p = len(used)
-    stage = np.full(n, -1, dtype=np.int64)
-    for v in range(n):
-        if phase[v] != PER_STEP:
-            stage[v] = int(chunk[v]) * p + pos[int(devices[v])]
-    return Stages(phase=phase, stage=stage, pipeline_devices=tuple(used), chunks=chunks)
+    return chunk, -1, 0
 
 
 # --------------------------------------------------------------------------- the schedules' action lists
@@ -299,10 +312,7 @@ def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: St
     dst = slot[v[e_of]] + np.where(both, k * a, 0)
     ebytes = graph.edge_bytes[e_of] * np.where(both, scale, 1.0)
 
-    def index(w: int, kk: int) -> int:
-        return int(slot[w]) + (kk * a if is_mb[w] else 0)
-
-    bar_ids, bar_dev, bar_src, bar_dst, bar_tensor = _barriers(graph, devices, schedule, stages, index, n_real)
+    bar_ids, bar_dev, bar_src, bar_dst, bar_tensor = _barriers(graph, devices, schedule, stages, slot, a, n_real)
     ops, kinds = graph.op, graph.kind
     ids = [f"{w}@{kk}" for kk in range(m) for w in per_mb.tolist()] + [f"{w}" for w in per_step.tolist()] + bar_ids
     nb = len(bar_ids)
@@ -315,10 +325,10 @@ def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: St
             np.concatenate([graph.output_bytes[source] * mult, np.zeros(nb)]),
             np.concatenate([params, np.zeros(nb)]),
             np.concatenate([graph.temp_bytes[source] * mult, np.zeros(nb)]),
-            np.concatenate([src, np.asarray(bar_src, dtype=np.int64)]),
-            np.concatenate([dst, np.asarray(bar_dst, dtype=np.int64)]),
+            np.concatenate([src, bar_src]),
+            np.concatenate([dst, bar_dst]),
             np.concatenate([ebytes, np.zeros(len(bar_src))]),
-            np.concatenate([graph.edge_tensor[e_of], np.asarray(bar_tensor, dtype=np.int64)]),
+            np.concatenate([graph.edge_tensor[e_of], bar_tensor]),
             kind_compute={k: np.concatenate([col[source] * mult, np.zeros(nb)])
                           for k, col in graph.kind_compute.items()})
     except GraphError as exc:  # a cycle: the action order waits for something that comes later
@@ -329,58 +339,66 @@ def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: St
                     np.concatenate([np.asarray(devices, dtype=np.int64)[source], np.asarray(bar_dev, dtype=np.int64)]))
 
 
-def _barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: Stages,
-              index: Callable[[int, int], int], first: int,
-              ) -> tuple[list[str], list[int], list[int], list[int], list[int]]:
+def _barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: Stages, slot: np.ndarray,
+              per_microbatch: int, first: int) -> tuple[list[str], list[int], np.ndarray, np.ndarray, np.ndarray]:
     """Per device, a zero-cost barrier after each non-empty action: it waits for the action's sinks, and the
     next action's sources (or, after the last action, the device's per-step ops) wait for it. Returns the
-    barriers' ids and devices (node indices from `first` on) and their edges (src, dst, tensor); `index(v, k)`
-    is the unrolled node of op v in micro-batch k."""
+    barriers' ids and devices (node indices from `first` on) and their edges (src, dst, tensor); op v of micro-batch
+    k is unrolled node slot[v] + k * per_microbatch (a per-step op: slot[v])."""
     p = len(stages.pipeline_devices)
-    members: dict[tuple[int, int, int], list[int]] = {}  # (device, phase, stage) -> nodes, insertion order
-    for v in range(graph.num_nodes):
-        if stages.phase[v] != PER_STEP:
-            members.setdefault((int(devices[v]), int(stages.phase[v]), int(stages.stage[v])), []).append(v)
-    key = [(int(devices[v]), int(stages.phase[v]), int(stages.stage[v])) for v in range(graph.num_nodes)]
-    has_pred = np.zeros(graph.num_nodes, dtype=bool)  # an in-edge from the same action
+    devices = np.asarray(devices, dtype=np.int64)
+    mb = stages.phase != PER_STEP
+    # an action's ops: one (device, phase, stage); its sources have no in-edge from the same action, its sinks
+    # no out-edge to it
+    width = int(stages.stage.max(initial=0)) + 2  # stage + 1 in 0 .. width - 1
+    code = (devices * 3 + stages.phase) * width + stages.stage + 1
+    u, v = graph.edge_src, graph.edge_dst
+    inner = mb[u] & (code[u] == code[v])
+    has_pred = np.zeros(graph.num_nodes, dtype=bool)
     has_succ = np.zeros(graph.num_nodes, dtype=bool)
-    for e in range(graph.num_edges):
-        u, v = int(graph.edge_src[e]), int(graph.edge_dst[e])
-        if stages.phase[u] != PER_STEP and key[u] == key[v]:
-            has_pred[v] = has_succ[u] = True
-    step_ops: dict[int, list[int]] = {}
-    for v in range(graph.num_nodes):
-        if stages.phase[v] == PER_STEP:
-            step_ops.setdefault(int(devices[v]), []).append(v)
+    has_pred[v[inner]] = True
+    has_succ[u[inner]] = True
+    members = _groups(code, mb)
+    step_ops = _groups(devices, ~mb)
     ids: list[str] = []
     dev: list[int] = []
-    src: list[int] = []
-    dst: list[int] = []
-    tensor: list[int] = []
+    src: list[np.ndarray] = []
+    dst: list[np.ndarray] = []
+    tensor: list[np.ndarray] = []
 
-    def barrier(bar_id: str, d: int, before: list[int], after: list[int]) -> None:
+    def barrier(bar_id: str, d: int, before: np.ndarray, after: np.ndarray) -> None:
         b = first + len(ids)
         ids.append(bar_id)
         dev.append(d)
-        src.extend(before)
-        dst.extend([b] * len(before))
-        tensor.extend([BARRIER_TENSOR] * len(before))
-        src.extend([b] * len(after))
-        dst.extend(after)
-        tensor.extend([0] * len(after))
+        src.extend([before, np.full(after.size, b, dtype=np.int64)])
+        dst.extend([np.full(before.size, b, dtype=np.int64), after])
+        tensor.extend([np.full(before.size, BARRIER_TENSOR, dtype=np.int64), np.zeros(after.size, dtype=np.int64)])
 
     for r, d in enumerate(stages.pipeline_devices):
-        prev: list[int] = []
+        prev = np.zeros(0, dtype=np.int64)
         for j, (ph, c, k) in enumerate(actions(schedule, p, r)):
-            ops = members.get((d, ph, c * p + r), [])
-            if not ops:
+            stage = c * p + r
+            ops = members.get((d * 3 + ph) * width + stage + 1) if stage + 1 < width else None
+            if ops is None:
                 continue
-            if prev:
-                barrier(f"#{d}.{j}", d, prev, [index(v, k) for v in ops if not has_pred[v]])
-            prev = [index(v, k) for v in ops if not has_succ[v]]
-        if prev and step_ops.get(d):
-            barrier(f"#{d}.end", d, prev, [index(v, 0) for v in step_ops[d]])
-    return ids, dev, src, dst, tensor
+            if prev.size:
+                barrier(f"#{d}.{j}", d, prev, slot[ops[~has_pred[ops]]] + k * per_microbatch)
+            prev = slot[ops[~has_succ[ops]]] + k * per_microbatch
+        if prev.size and d in step_ops:
+            barrier(f"#{d}.end", d, prev, slot[step_ops[d]])
+    empty = np.zeros(0, dtype=np.int64)
+    return (ids, dev, np.concatenate([empty, *src]), np.concatenate([empty, *dst]),
+            np.concatenate([empty, *tensor]))
+
+
+def _groups(key: np.ndarray, mask: np.ndarray) -> dict[int, np.ndarray]:
+    """key value -> the nodes with that key where `mask` holds, in index order."""
+    nodes = np.flatnonzero(mask)
+    if not nodes.size:
+        return {}
+    order = nodes[np.argsort(key[nodes], kind="stable")]
+    values, first = np.unique(key[order], return_index=True)
+    return {int(x): part for x, part in zip(values.tolist(), np.split(order, first[1:]), strict=True)}
 
 
 # --------------------------------------------------------------------------- simulation

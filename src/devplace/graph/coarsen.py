@@ -45,6 +45,7 @@ from devplace.graph.compgraph import KIND_COMPUTE_KEY, CompGraph
 from devplace.graph.heap import heap_pop, heap_push
 from devplace.graph.io import load_graph, save_graph
 from devplace.graph.jsonio import dump_number
+from devplace.graph.phases import merged_step_compute, step_record
 from devplace.graph.placement import Placement
 from devplace.graph.ties import SUMMED_EXTRAS, TIE_KEY, tie_classes
 
@@ -770,6 +771,7 @@ def _build(graph: CompGraph, root: np.ndarray, stage1_root: np.ndarray, names: d
                         graph.pred_ptr, graph.pred_edges, src, n_g, internal_uses) if n else np.zeros(0)
     out_bytes = np.bincount(cidx, weights=np.where(external, graph.output_bytes, 0.0), minlength=n_g)
 
+    step = merged_step_compute(graph, cidx, n_g)
     nodes: list[dict[str, Any]] = []
     members: dict[str, tuple[str, ...]] = {}
     for g, mem in enumerate(group_members):
@@ -791,6 +793,7 @@ def _build(graph: CompGraph, root: np.ndarray, stage1_root: np.ndarray, names: d
         if graph.kind_compute:
             rec[KIND_COMPUTE_KEY] = {k: dump_number(math.fsum(col[mem].tolist()))
                                      for k, col in graph.kind_compute.items()}
+        rec.update(step_record(step, g, kind))  # a backward group holding optimizer updates: which run once
         for key in SUMMED_EXTRAS:
             vals = [graph.node_extra[v].get(key) for v in mem] if graph.node_extra else []
             nums = [x for x in vals if isinstance(x, int | float) and not isinstance(x, bool)]

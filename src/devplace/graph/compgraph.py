@@ -297,8 +297,8 @@ class CompGraph:
         return self._topo  # type: ignore[attr-defined,no-any-return]
 
     def derived(self, key: str, make: Callable[[CompGraph], np.ndarray]) -> np.ndarray:
-        """`make(self)`, computed once per graph and kept read-only: a graph never changes, so what a pass derives
-        from the graph alone (tie classes, op phases) is shared by every later call, e.g. the thousand
+        """`make(self)`, computed once per graph and kept read-only: a graph never changes, so an array a pass
+        derives from the graph alone (tie classes, op phases) is shared by every later call, e.g. the thousand
         simulations of one pipeline search. `key` names it (one key per function)."""
         cache: dict[str, np.ndarray] | None = getattr(self, "_derived", None)
         if cache is None:

@@ -16,6 +16,7 @@ from devplace.defaults import MAX_DEVICES
 from devplace.errors import ClusterError
 from devplace.graph.compgraph import MAX_TOTAL, CompGraph, check_name
 from devplace.graph.jsonio import check_format, dump_number, read_json, write_json
+from devplace.graph.phases import step_compute
 
 FORMAT = "devplace.cluster/1"
 # Dense peak FLOP/s per precision class (docs/clusters.md, "Peak FLOP/s per precision"); 0 = unknown.
@@ -263,8 +264,19 @@ def op_times(graph: CompGraph, cluster: Cluster) -> np.ndarray:
     """float64[V, D]: every op's seconds on every device. A device of a kind the graph was costed for
     (`graph.kind_compute`, written per kind by the cost model for a cluster of several kinds) takes that kind's
     time; any other device compute_s / speed (DESIGN.md section 4, rule 1)."""
-    cols = [graph.kind_compute[d.kind] if d.kind in graph.kind_compute else graph.compute_s / d.speed
-            for d in cluster.devices]
+    return _times(graph.compute_s, graph.kind_compute, cluster)
+
+
+def step_times(graph: CompGraph, cluster: Cluster) -> np.ndarray:
+    """float64[V, D]: the part of `op_times` that runs once per step under a micro-batch schedule (an optimizer
+    update, alone or merged into a coarse group or tie class: `devplace.graph.phases`); the rest runs once per
+    micro-batch."""
+    step = step_compute(graph)
+    return _times(step.compute_s, step.by_kind, cluster)
+
+
+def _times(compute_s: np.ndarray, by_kind: Mapping[str, np.ndarray], cluster: Cluster) -> np.ndarray:
+    cols = [by_kind[d.kind] if d.kind in by_kind else compute_s / d.speed for d in cluster.devices]
     return np.ascontiguousarray(np.stack(cols, axis=1), dtype=np.float64)
 
 

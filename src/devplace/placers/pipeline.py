@@ -64,7 +64,7 @@ from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches,
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.tensors import tensor_groups
 from devplace.graph.ties import tie_classes
-from devplace.hardware.cluster import Cluster, op_times
+from devplace.hardware.cluster import Cluster, op_times, step_times
 from devplace.placers.common import positive_int
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import PlacerError, PlacerOutput, register
@@ -152,7 +152,10 @@ def forward_sequence(graph: CompGraph, order: np.ndarray) -> np.ndarray:
     return np.asarray(seq, dtype=np.int64)
 
 
-def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.ndarray) -> _Items:
+def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.ndarray,
+           once: np.ndarray) -> _Items:
+    """Step 1 of the module docstring; `times` every op's seconds on every device, `once` the part of them that
+    runs once per step (`step_times`)."""
     phase = op_phases(graph)
     fwd = _forward_ops(graph)
     seq = forward_sequence(graph, order).tolist()
@@ -175,9 +178,9 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.n
             placed = [int(owner[w]) for w in graph.successors(v) if owner[w] >= 0]
             owner[v] = placed[0] if placed else n - 1
     per_mb = phase != PER_STEP
-    step = ~per_mb
-    work = np.stack([np.bincount(owner[per_mb], weights=col[per_mb], minlength=n) for col in times.T], axis=1)
-    step_work = np.stack([np.bincount(owner[step], weights=col[step], minlength=n) for col in times.T], axis=1)
+    # per micro-batch and once per step: a coarse group may hold a layer's backward ops with its optimizer update
+    work = np.stack([np.bincount(owner, weights=col, minlength=n) for col in (times - once).T], axis=1)
+    step_work = np.stack([np.bincount(owner, weights=col, minlength=n) for col in once.T], axis=1)
     params = np.bincount(owner, weights=graph.param_bytes, minlength=n)
     # the stash: forward outputs a backward op reads, held from a micro-batch's forward to its backward; the
     # others are freed within the forward (they count in peak_op); the simulator corrects what this misses
@@ -487,7 +490,8 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
     schedules = pipeline_schedules(schedule, microbatches, chunks, cluster.num_devices, batch=graph_batch(graph),
                                    own=graph_microbatches(graph))
     classes = tie_classes(graph) if ties is None else np.asarray(ties, dtype=np.int64)
-    items = _items(graph, order, classes, op_times(graph, cluster))  # the same for every device order
+    # the same for every device order
+    items = _items(graph, order, classes, op_times(graph, cluster), step_times(graph, cluster))
     plans = []
     for device_order in device_orders(graph, cluster):
         identity = device_order == tuple(range(cluster.num_devices))

@@ -11,8 +11,8 @@ from scipy.optimize import linprog
 
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.info import longest_path
-from devplace.hardware.cluster import Cluster, op_times
-from devplace.sim.schedule import PER_STEP, Schedule, op_phases
+from devplace.hardware.cluster import Cluster, op_times, step_times
+from devplace.sim.schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,12 @@ def lower_bound(graph: CompGraph, cluster: Cluster, schedule: Schedule | None = 
     times = op_times(graph, cluster)  # [V, D]
     work_times = times
     if schedule is not None:
-        per_mb = (op_phases(graph) != PER_STEP)[:, None]
+        once = step_times(graph, cluster)  # per-step ops, and the per-step part of merged nodes
         m = schedule.microbatches
         if schedule.microbatch_graph:
-            work_times = np.where(per_mb, times * m, times)
+            work_times = (times - once) * m + once
         else:
-            times = np.where(per_mb, times / m, times)  # M runs at 1/M: the same work, a shorter path
+            times = (times - once) / m + once  # M runs at 1/M: the same work, a shorter path
     return _bound(graph, cluster, work_times, times)
 
 
@@ -61,9 +61,7 @@ def any_schedule_bound(graph: CompGraph, cluster: Cluster) -> LowerBound:
     work is the same whatever M, and the critical path keeps only the per-step ops (optimizer updates), the
     limit of one micro-batch's path as M grows. Not above `lower_bound(graph, cluster, schedule)` for any such
     schedule, nor above `lower_bound(graph, cluster)`."""
-    times = op_times(graph, cluster)
-    per_mb = (op_phases(graph) != PER_STEP)[:, None]
-    return _bound(graph, cluster, times, np.where(per_mb, 0.0, times))
+    return _bound(graph, cluster, op_times(graph, cluster), step_times(graph, cluster))
 
 
 def _bound(graph: CompGraph, cluster: Cluster, work_times: np.ndarray, path_times: np.ndarray) -> LowerBound:

@@ -32,6 +32,7 @@ from devplace.defaults import MAX_MICROBATCHES
 from devplace.errors import DevplaceError, GraphError
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.phases import runs_per_step, step_compute
 from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster
 from devplace.sim.devplace_model import DevplaceModel
@@ -165,7 +166,7 @@ def op_phases(graph: CompGraph) -> np.ndarray:
 
 def _op_phases(graph: CompGraph) -> np.ndarray:
     kinds = graph.kind
-    phase = np.fromiter((FORWARD if k in ("", "forward") else BACKWARD if k == "backward" else PER_STEP
+    phase = np.fromiter((PER_STEP if runs_per_step(k) else BACKWARD if k == "backward" else FORWARD
                          for k in kinds), dtype=np.int64, count=graph.num_nodes)
     if not ((phase[graph.edge_src] == BACKWARD) & (phase[graph.edge_dst] == FORWARD)).any():
         return phase  # the common case, checked at once: every simulation of a schedule asks
@@ -272,33 +273,46 @@ def actions(schedule: Schedule, p: int, r: int) -> list[tuple[int, int, int]]:
 @dataclass(frozen=True)
 class Unrolled:
     """The step a schedule runs, as a graph: `source[i]` the original node of unrolled node i (-1 for a
-    barrier), `microbatch[i]` its micro-batch (-1 for per-step ops and barriers), `devices` its placement."""
+    barrier), `microbatch[i]` its micro-batch (-1 for per-step ops and barriers), `devices` its placement,
+    `step_part[i]` whether it is the once-per-step part of a micro-batch op (`unroll`)."""
 
     graph: CompGraph
     source: np.ndarray
     microbatch: np.ndarray
     devices: np.ndarray
+    step_part: np.ndarray
 
 
 def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: Stages) -> Unrolled:
     """The unrolled step (docs/simulation.md, "Pipeline schedules", gives the construction and its order):
-    micro-batch ops k = 0..M-1 in node order (id "v@k"), then the per-step ops (id "v"), then the barriers;
-    every edge of the graph in edge order (micro-batch edges once per micro-batch), then the barriers' edges.
-    Built as columns (`CompGraph.from_arrays`): the unrolled step of a large model has 10^5+ nodes."""
+    micro-batch ops k = 0..M-1 in node order (id "v@k"), then the per-step ops (id "v"), then the once-per-step
+    part of micro-batch ops that merge some (id "v+step": a coarse group's optimizer update, `devplace.graph.phases`;
+    after the op's last micro-batch, with the device's per-step ops), then the barriers; every edge of the graph
+    in edge order (micro-batch edges once per micro-batch), then the edges to the "v+step" nodes, then the
+    barriers' edges. Built as columns (`CompGraph.from_arrays`): the unrolled step of a large model has 10^5+
+    nodes."""
     m = schedule.microbatches
     scale = 1.0 if schedule.microbatch_graph else 1.0 / m
     phase = stages.phase
     is_mb = phase != PER_STEP
+    step = step_compute(graph)
     per_mb, per_step = np.flatnonzero(is_mb), np.flatnonzero(~is_mb)
+    split = per_mb[step.compute_s[per_mb] > 0]  # micro-batch ops with a once-per-step part
     a = per_mb.size
     slot = np.empty(graph.num_nodes, dtype=np.int64)  # index of (v, k=0) for micro-batch ops, of v for the others
     slot[per_mb] = np.arange(a)
     slot[per_step] = m * a + np.arange(per_step.size)
-    n_real = m * a + per_step.size
-    source = np.concatenate([np.tile(per_mb, m), per_step])
-    micro = np.concatenate([np.repeat(np.arange(m), a), np.full(per_step.size, -1)])
+    first_once = m * a + per_step.size
+    n_real = first_once + split.size
+    source = np.concatenate([np.tile(per_mb, m), per_step, split])
+    micro = np.concatenate([np.repeat(np.arange(m), a), np.full(per_step.size + split.size, -1)])
     mult = np.where(micro >= 0, scale, 1.0)
-    params = np.where(micro <= 0, graph.param_bytes[source], 0.0)  # weights once: with micro-batch 0
+    once_part = np.arange(n_real) >= first_once
+
+    def compute(total: np.ndarray, once: np.ndarray) -> np.ndarray:
+        per_run = np.where(is_mb, total - once, total)
+        return np.where(once_part, once[source], per_run[source] * mult)
+    params = np.where((micro <= 0) & ~once_part, graph.param_bytes[source], 0.0)  # weights once: with micro-batch 0
 
     u, v = graph.edge_src, graph.edge_dst
     mu, mv = is_mb[u], is_mb[v]
@@ -312,39 +326,51 @@ def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: St
     dst = slot[v[e_of]] + np.where(both, k * a, 0)
     ebytes = graph.edge_bytes[e_of] * np.where(both, scale, 1.0)
 
-    bar_ids, bar_dev, bar_src, bar_dst, bar_tensor = _barriers(graph, devices, schedule, stages, slot, a, n_real)
+    # each once-per-step part waits for its op's last micro-batch
+    src = np.concatenate([src, slot[split] + (m - 1) * a])
+    dst = np.concatenate([dst, first_once + np.arange(split.size)])
+    ebytes = np.concatenate([ebytes, np.zeros(split.size)])
+    tensors = np.concatenate([graph.edge_tensor[e_of], np.full(split.size, BARRIER_TENSOR, dtype=np.int64)])
+    devices = np.asarray(devices, dtype=np.int64)
+    once_nodes = np.concatenate([per_step, split])
+    bar_ids, bar_dev, bar_src, bar_dst, bar_tensor = _barriers(
+        graph, devices, schedule, stages, slot, a, devices[once_nodes],
+        np.concatenate([slot[per_step], first_once + np.arange(split.size)]), n_real)
     ops, kinds = graph.op, graph.kind
-    ids = [f"{w}@{kk}" for kk in range(m) for w in per_mb.tolist()] + [f"{w}" for w in per_step.tolist()] + bar_ids
+    ids = ([f"{w}@{kk}" for kk in range(m) for w in per_mb.tolist()] + [f"{w}" for w in per_step.tolist()]
+           + [f"{w}+step" for w in split.tolist()] + bar_ids)
     nb = len(bar_ids)
     src_l = source.tolist()
     try:
         g = CompGraph.from_arrays(
             f"{graph.name}-{schedule.kind}-m{m}", ids, [ops[w] for w in src_l] + [BARRIER] * nb,
             [kinds[w] for w in src_l] + [""] * nb, [""] * (n_real + nb),
-            np.concatenate([graph.compute_s[source] * mult, np.zeros(nb)]),
-            np.concatenate([graph.output_bytes[source] * mult, np.zeros(nb)]),
+            np.concatenate([compute(graph.compute_s, step.compute_s), np.zeros(nb)]),
+            np.concatenate([np.where(once_part, 0.0, graph.output_bytes[source] * mult), np.zeros(nb)]),
             np.concatenate([params, np.zeros(nb)]),
-            np.concatenate([graph.temp_bytes[source] * mult, np.zeros(nb)]),
+            np.concatenate([np.where(once_part, 0.0, graph.temp_bytes[source] * mult), np.zeros(nb)]),
             np.concatenate([src, bar_src]),
             np.concatenate([dst, bar_dst]),
             np.concatenate([ebytes, np.zeros(len(bar_src))]),
-            np.concatenate([graph.edge_tensor[e_of], bar_tensor]),
-            kind_compute={k: np.concatenate([col[source] * mult, np.zeros(nb)])
+            np.concatenate([tensors, bar_tensor]),
+            kind_compute={k: np.concatenate([compute(col, step.by_kind[k]), np.zeros(nb)])
                           for k, col in graph.kind_compute.items()})
     except GraphError as exc:  # a cycle: the action order waits for something that comes later
         raise ScheduleError(f"the {schedule.kind} schedule deadlocks on this placement (the order of a device's "
                             f"actions contradicts the data flow: {exc}); place the ops as a pipeline, stage by "
                             "stage along the device indices") from None
     return Unrolled(g, np.concatenate([source, np.full(nb, -1)]), np.concatenate([micro, np.full(nb, -1)]),
-                    np.concatenate([np.asarray(devices, dtype=np.int64)[source], np.asarray(bar_dev, dtype=np.int64)]))
+                    np.concatenate([devices[source], np.asarray(bar_dev, dtype=np.int64)]),
+                    np.concatenate([once_part, np.zeros(nb, dtype=bool)]))
 
 
 def _barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: Stages, slot: np.ndarray,
-              per_microbatch: int, first: int) -> tuple[list[str], list[int], np.ndarray, np.ndarray, np.ndarray]:
+              per_microbatch: int, step_devices: np.ndarray, step_nodes: np.ndarray,
+              first: int) -> tuple[list[str], list[int], np.ndarray, np.ndarray, np.ndarray]:
     """Per device, a zero-cost barrier after each non-empty action: it waits for the action's sinks, and the
-    next action's sources (or, after the last action, the device's per-step ops) wait for it. Returns the
-    barriers' ids and devices (node indices from `first` on) and their edges (src, dst, tensor); op v of micro-batch
-    k is unrolled node slot[v] + k * per_microbatch (a per-step op: slot[v])."""
+    next action's sources (or, after the last action, the device's once-per-step nodes: unrolled nodes
+    `step_nodes` on `step_devices`) wait for it. Returns the barriers' ids and devices (node indices from `first`
+    on) and their edges (src, dst, tensor); op v of micro-batch k is unrolled node slot[v] + k * per_microbatch."""
     p = len(stages.pipeline_devices)
     devices = np.asarray(devices, dtype=np.int64)
     mb = stages.phase != PER_STEP
@@ -359,7 +385,7 @@ def _barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages:
     has_pred[v[inner]] = True
     has_succ[u[inner]] = True
     members = _groups(code, mb)
-    step_ops = _groups(devices, ~mb)
+    step_ops = _groups(step_devices, np.ones(step_devices.size, dtype=bool))
     ids: list[str] = []
     dev: list[int] = []
     src: list[np.ndarray] = []
@@ -385,7 +411,7 @@ def _barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages:
                 barrier(f"#{d}.{j}", d, prev, slot[ops[~has_pred[ops]]] + k * per_microbatch)
             prev = slot[ops[~has_succ[ops]]] + k * per_microbatch
         if prev.size and d in step_ops:
-            barrier(f"#{d}.end", d, prev, slot[step_ops[d]])
+            barrier(f"#{d}.end", d, prev, step_nodes[step_ops[d]])
     empty = np.zeros(0, dtype=np.int64)
     return (ids, dev, np.concatenate([empty, *src]), np.concatenate([empty, *dst]),
             np.concatenate([empty, *tensor]))
@@ -435,19 +461,21 @@ def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, s
     n, m = graph.num_nodes, schedule.microbatches
     mb_start = np.zeros((m, n))
     mb_finish = np.zeros((m, n))
-    real = u.source >= 0
+    real = (u.source >= 0) & ~u.step_part
     rows = np.where(u.microbatch[real] >= 0, u.microbatch[real], 0)
     mb_start[rows, u.source[real]] = r.start_s[real]
     mb_finish[rows, u.source[real]] = r.finish_s[real]
     step = u.microbatch[real] < 0
     mb_start[:, u.source[real][step]] = r.start_s[real][step]
     mb_finish[:, u.source[real][step]] = r.finish_s[real][step]
+    finish = mb_finish.max(axis=0)  # an op's once-per-step part ends its step
+    np.maximum.at(finish, u.source[u.step_part], r.finish_s[u.step_part])
     t = r.transfers
     transfers = Transfers(node=u.source[t.node], tensor=t.tensor, src_dev=t.src_dev, dst_dev=t.dst_dev,
                           nbytes=t.nbytes, start_s=t.start_s, finish_s=t.finish_s)
     return ScheduledResult(
         model=r.model, step_time_s=r.step_time_s, device=devices,
-        start_s=mb_start.min(axis=0), finish_s=mb_finish.max(axis=0),
+        start_s=mb_start.min(axis=0), finish_s=finish,
         peak_memory_bytes=r.peak_memory_bytes, memory_bytes=r.memory_bytes, device_busy_s=r.device_busy_s,
         comm_bytes=r.comm_bytes, transfers=transfers, schedule=schedule, stage=stages.stage,
         microbatch_start_s=mb_start, microbatch_finish_s=mb_finish, transfer_microbatch=u.microbatch[t.node])

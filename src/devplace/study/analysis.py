@@ -65,10 +65,12 @@ def _settings_key(settings: Any) -> str:
     return json.dumps(settings or {}, sort_keys=True)
 
 
-def unit_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
-    """(graph, cluster, sim_model, placer, settings JSON): the block in which orders compete."""
+def unit_key(row: dict[str, Any]) -> tuple[str, str, str, str, str, str]:
+    """(graph, cluster, sim_model, placer, settings JSON, semantics): the block in which orders compete. Cells of
+    one graph placed op by op and as autograd runs are different experiments (rows before the semantics column:
+    "")."""
     return (str(row["graph"]), str(row["cluster"]), str(row["sim_model"]), str(row["placer"]),
-            _settings_key(row.get("settings")))
+            _settings_key(row.get("settings")), str(row.get("semantics") or ""))
 
 
 def order_sort_key(order: str) -> tuple[int, str]:
@@ -107,7 +109,7 @@ class Unit:
     """One block of the study: a graph under one cluster, simulation model, placer and settings, with the
     step times of every order over seeds."""
 
-    key: tuple[str, str, str, str, str]
+    key: tuple[str, str, str, str, str, str]
     family: str
     graph_name: str
     features: dict[str, float]
@@ -133,6 +135,10 @@ class Unit:
     @property
     def settings(self) -> str:
         return self.key[4]
+
+    @property
+    def semantics(self) -> str:
+        return self.key[5]
 
     def means(self) -> dict[str, float]:
         """Mean step time over usable seeds for every order that has one."""

@@ -241,7 +241,8 @@ def _setting(rows: Sequence[dict[str, Any]], units: list[an.Unit]) -> list[str]:
              + (f"; {min(sizes)}" + (f"-{max(sizes)}" if max(sizes) > min(sizes) else "")
                 + " nodes after coarsening" if sizes else ""),
              f"- clusters: {', '.join(sorted({str(r.get('cluster')) for r in rows}))}; simulation model: "
-             f"{', '.join(sorted({str(r.get('sim_model')) for r in rows}))}",
+             f"{', '.join(sorted({str(r.get('sim_model')) for r in rows}))}; placement semantics: "
+             f"{', '.join(sorted({str(r.get('semantics') or 'not recorded') for r in rows}))}",
              "- placers: " + ", ".join(p + ("" if s in ("{}", "null") else f" {s}") for p, s in placers),
              f"- orders: {', '.join(an.orders_of(units))}",
              f"- seeds: {len(seeds)} ({', '.join(map(str, seeds[:10]))}{', ...' if len(seeds) > 10 else ''})"

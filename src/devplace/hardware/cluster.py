@@ -290,6 +290,28 @@ def effective_speeds(graph: CompGraph, cluster: Cluster) -> np.ndarray:
     return np.where(total > 0, float(graph.compute_s.sum()) / np.where(total > 0, total, 1.0), cluster.speeds)
 
 
+def canonical_order(graph: CompGraph, cluster: Cluster) -> np.ndarray:
+    """The cluster's devices in an order that does not depend on how its file lists them: fastest first for
+    `graph` (its ops' total seconds on the device, `op_times`), then the most memory, then the fastest links
+    (the least total latency-plus-transfer time of a byte to and from the others), then as listed (devices
+    that tie on all of these are interchangeable). perm[i] is the index, in `cluster`, of device i of the
+    canonical order."""
+    total = op_times(graph, cluster).sum(axis=0)
+    off = ~np.eye(cluster.num_devices, dtype=bool)
+    per_byte = np.where(off, 1.0 / cluster.bandwidth + cluster.latency, 0.0)
+    links = per_byte.sum(axis=0) + per_byte.sum(axis=1)
+    return np.lexsort((np.arange(cluster.num_devices), links, -cluster.memory, total)).astype(np.int64)
+
+
+def reordered(cluster: Cluster, perm: np.ndarray) -> Cluster:
+    """`cluster` with device i being its device perm[i] (its per-pair links renumbered alike)."""
+    inverse = np.empty(len(perm), dtype=np.int64)
+    inverse[perm] = np.arange(len(perm))
+    links = {(int(inverse[a]), int(inverse[b])): lk for (a, b), lk in cluster.links.items()}
+    return Cluster(cluster.name, tuple(cluster.devices[int(d)] for d in perm), cluster.link, links,
+                   dict(cluster.meta))
+
+
 def _link_dict(lk: Link) -> dict[str, Any]:
     return {"bandwidth_Bps": dump_number(lk.bandwidth_Bps), "latency_s": dump_number(lk.latency_s)}
 

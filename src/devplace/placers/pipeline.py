@@ -125,6 +125,7 @@ class _Items:
     peak_op: np.ndarray  # float64[n], the largest output + temp of one op of the class (whole batch)
     cross: np.ndarray  # float64[n + 1], bytes crossing a cut before item i, both directions (whole batch)
     blocked: np.ndarray  # bool[n + 1], True where no stage may end before item i (module docstring, step 2)
+    stops: np.ndarray  # int64, the places `_refine` moves cuts among: 0..n, or those between segments
 
 
 def _forward_ops(graph: CompGraph) -> np.ndarray:
@@ -245,13 +246,14 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.n
     np.add.at(inside, lo[back] + 1, 1)
     np.add.at(inside, hi[back] + 1, -1)
     blocked = np.cumsum(inside)[: n + 1] > 0
-    if spans is not None:
-        blocked |= _between_segments(spans, owner, n)
-    return _Items(np.asarray(seq, dtype=np.int64), owner, work, step_work, params, stash, peak_op, cross, blocked)
+    within = _between_segments(spans, owner, n) if spans is not None else np.zeros(n + 1, dtype=bool)
+    blocked |= within
+    return _Items(np.asarray(seq, dtype=np.int64), owner, work, step_work, params, stash, peak_op, cross, blocked,
+                  np.flatnonzero(~within))
 
 
 def _between_segments(spans: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
-    """bool[n + 1]: True where a cut before item i is not between segments (`segment_spans`, per node; all
+    """bool[n + 1]: True where a cut before item i is within a segment (`segment_spans`, per node; all
     (-1, -1) on a graph without module paths, which blocks nothing): some segment has forward ops both in the
     items before the cut and in those after it."""
     has = spans[:, 0] >= 0
@@ -561,18 +563,23 @@ def _plan_in_order(graph: CompGraph, cluster: Cluster, search: _Search,
 
 def _refine(judge: _Judge, plan: PipelinePlan) -> PipelinePlan:
     """Pattern search on the cut points of the judged best split, the simulator judging each move: move one
-    cut at a time by `step` items either way (a stage may become empty), keep the first move that shortens the
+    cut at a time by `step` places either way (a stage may become empty), keep the first move that shortens the
     simulated step within memory, halve `step` when no move helps; at most `REFINE_SIMULATIONS` simulations.
-    The cost model ranks splits only approximately (transfers and the schedule's waits are estimated), so
-    the best split it finds is often a few items off the simulator's best."""
+    The places are the items' `stops` (every item boundary; on a captured model, the boundaries between
+    segments only, so that a step moves a cut by whole blocks). The cost model ranks splits only approximately
+    (transfers and the schedule's waits are estimated), so the best split it finds is often a few items off
+    the simulator's best."""
     s, cuts = plan.schedule, plan.cuts
-    step = max(1, cuts[-1] // (4 * len(cuts)))
+    stops = judge.search.items.stops
+    at = {int(x): j for j, x in enumerate(stops.tolist())}
+    step = max(1, (stops.shape[0] - 1) // (4 * len(cuts)))
     spent = 0
     while step >= 1 and spent < REFINE_SIMULATIONS:
         moved = False
         for k in range(len(cuts) - 1):  # the last cut is the end of the sequence
             lo = cuts[k - 1] if k else 0
-            for new in (cuts[k] + step, cuts[k] - step):
+            for j in (at[cuts[k]] + step, at[cuts[k]] - step):
+                new = int(stops[j]) if 0 <= j < stops.shape[0] else -1
                 trial = (*cuts[:k], new, *cuts[k + 1:])
                 if not lo <= new <= cuts[k + 1] or judge.search.items.blocked[new] or (s, trial) in judge.simulated:
                     continue

@@ -260,7 +260,9 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
     devices' order along the program (the point where half of each device's forward work is done); and each
     unit goes to a stage, stages non-decreasing along the program, such that the least forward work (with its
     backward and optimizer ops) moves off its placed device (exact, by dynamic programming). Ops without
-    compute (`arange`, `empty`, views) have no say: they go with their unit. The trailing ops of the root
+    compute (`arange`, `empty`, views) have no say: they go with their unit. The `pipeline` placer cuts a
+    captured model only at these points (its `cuts="blocks"`), so its placements export as placed: nothing
+    moves and the exported stages are the ones its search simulated. The trailing ops of the root
     module (the loss the capture added) run in the last stage. With `cluster`, the stages' step time is
     simulated next to the placement's own (as the runtime runs it), so the loss of the approximation shows.
     With `model` (the captured module), a split point may be a module without ops of its own (an

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import run_cli as _cli
+from devplace.graph.modules import inside_block
 from devplace.runtime import plan
-from devplace.runtime.export import ExportError, pipeline_split, read_pipeline
+from devplace.runtime.export import ExportError, PipelineSplit, pipeline_split, read_pipeline
 from devplace.runtime.module_map import placement_from_module_map
 from devplace.runtime.pipeline_run import PipelineRunError, run_pipeline
 from devplace.sim.schedule import Schedule, ScheduleError
@@ -211,6 +212,9 @@ def test_cli_exports_a_plan_with_its_schedule_and_runs_it(cnn_zoo, tmp_path, cap
                            "--microbatches", "4", "-o", str(export_path)], capsys, monkeypatch)
     assert code == 0, err
     doc = json.loads(export_path.read_text())
+    # round-robin cuts inside modules: the export moves work to block starts and says so
+    said = " ".join((out + err).split())  # the report wraps at the terminal's width
+    assert doc["moved_fraction"] > 0 and f"moved {100 * doc['moved_fraction']:.1f}% of the forward work" in said
     assert doc["format"] == "devplace.pipeline/2" and doc["schedule"]["kind"] == "gpipe"
     assert doc["schedule"]["microbatches"] == 4 and doc["source"]["zoo"] == cnn_zoo
     stages = len(doc["stage_devices"])
@@ -295,18 +299,18 @@ class _HF(nn.Module):
         return self.model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
 
 
-@pytest.mark.parametrize("kind", ["llama", "t5"])
-def test_a_placer_placement_exports_at_block_boundaries_and_runs_like_the_unpipelined_step(kind):
-    """Issue 23 item 1: the export of a placer's placement (not a hand split) cuts where no decoder layer or
-    encoder/decoder block is entered midway, and the pipelined step's loss and gradients match the model's."""
-    from devplace.graph.modules import inside_block
-
+def _tiny(kind: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A tiny model of `kind` ("gpt2", "cnn", "llama", "t5") and its inputs; the transformers ones in eval mode (no
+    dropout: the pipelined and the unpipelined step compute the same numbers)."""
+    if kind in ("gpt2", "cnn"):
+        return _build(kind)
     torch.manual_seed(0)
-    model = _HF(kind).eval()  # no dropout: the two runs compute the same step
-    inputs = (torch.randint(1, 64, (4, 8)),)
-    p = plan(model, inputs, "2xK80", placer="even")
-    split = pipeline_split(p.graph, p.placement, p.cluster, model, schedule=Schedule("gpipe", 2))
-    assert len(split.split_points) == 1 and not inside_block(split.split_points[0])
+    return _HF(kind).eval(), (torch.randint(1, 64, (4, 8)),)
+
+
+def _runs_like_the_unpipelined_step(model: nn.Module, inputs: tuple[torch.Tensor, ...], split: PipelineSplit) -> None:
+    """The export of `split`, through JSON text, run for one step: loss and every parameter gradient as the
+    unpipelined step's."""
     ran = run_pipeline(model, inputs, json.loads(json.dumps(split.to_dict())), steps=1, optimizer="sgd",
                        return_grads=True)
     model.zero_grad()
@@ -315,3 +319,52 @@ def test_a_placer_placement_exports_at_block_boundaries_and_runs_like_the_unpipe
     assert ran.losses[0] == pytest.approx(float(loss.detach()), rel=1e-5)
     for name, param in model.named_parameters():
         torch.testing.assert_close(ran.grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
+    model.zero_grad()
+
+
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_a_placer_placement_exports_at_block_boundaries_and_runs_like_the_unpipelined_step(kind):
+    """Issue 23 item 1: the export of a placer's placement (not a hand split) cuts where no decoder layer or
+    encoder/decoder block is entered midway, and the pipelined step's loss and gradients match the model's."""
+    model, inputs = _tiny(kind)
+    p = plan(model, inputs, "2xK80", placer="even")
+    split = pipeline_split(p.graph, p.placement, p.cluster, model, schedule=Schedule("gpipe", 2))
+    assert len(split.split_points) == 1 and not inside_block(split.split_points[0])
+    _runs_like_the_unpipelined_step(model, inputs, split)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "cnn", "llama", "t5"])
+def test_the_pipeline_placer_cuts_where_the_export_cuts_and_its_step_runs(kind):
+    """Issue 23 item 1: the `pipeline` placer cuts a captured model only where torch's pipelining can (block
+    starts), so its export moves nothing: the exported stages are the placed ones, their simulated pipelined
+    step is the placer's own, and the run's loss and gradients match the unpipelined step."""
+    model, inputs = _tiny(kind)
+    p = plan(model, inputs, "2xK80", placer="pipeline", schedule="1f1b", microbatches=2)
+    split = pipeline_split(p.graph, p.placement, p.cluster, model)
+    assert len(split.devices) == 2 and not any(inside_block(m) for m in split.split_points)
+    assert split.moved_fraction == 0.0
+    assert split.placement.assignment == p.runtime_placement.assignment
+    assert split.pipelined_step_time_s == p.result.step_time_s
+    _runs_like_the_unpipelined_step(model, inputs, split)
+
+
+def test_the_pipeline_placer_on_a_coarsened_capture_cuts_between_groups_at_block_starts():
+    """Coarse groups can hold ops of two blocks; the placer cuts only between groups whose forward ops lie on
+    either side of a block start, so the export still moves nothing."""
+    model, inputs = _tiny("gpt2")
+    p = plan(model, inputs, "2xK80", placer="pipeline", schedule="gpipe", microbatches=2, max_nodes=80)
+    assert p.coarse is not None and p.coarse.num_groups <= 80
+    split = pipeline_split(p.graph, p.placement, p.cluster, model)
+    assert len(split.devices) == 2 and split.moved_fraction == 0.0
+    assert split.placement.assignment == p.runtime_placement.assignment
+
+
+def test_cuts_anywhere_is_a_setting_whose_export_says_what_it_moved():
+    """`cuts="ops"` lets the placer cut inside a block (the old behaviour); the export then moves the cut to a
+    block start and says by how much, and its own pipelined step is simulated."""
+    model, inputs = _tiny("gpt2")
+    p = plan(model, inputs, "2xK80", placer="pipeline", schedule="1f1b", microbatches=2, cuts="ops")
+    split = pipeline_split(p.graph, p.placement, p.cluster, model)
+    assert split.moved_fraction > 0 and split.pipelined_step_time_s is not None
+    assert split.pipelined_step_time_s != p.result.step_time_s
+    assert "moved" in split.summary() and f"{100 * split.moved_fraction:.1f}%" in split.summary()

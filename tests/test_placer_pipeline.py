@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from conftest import cluster
 from devplace.graph import CompGraph
 from devplace.graph.coarsen import Coarsening
+from devplace.graph.modules import segment_spans
 from devplace.graph.ties import tie_classes, violations
 from devplace.orders import traversal_indices
 from devplace.placers import (
@@ -130,6 +131,57 @@ def test_through_place_with_settings_and_their_checks():
         place(g, c, placer="pipeline", order="topo", microbatches=0)
     with pytest.raises(PlacerError, match="multiple of the 3 devices"):
         place(g, c, placer="pipeline", order="topo", schedule="interleaved-1f1b", microbatches=4)
+    with pytest.raises(PlacerError, match="'cuts' must be one of blocks, ops, got 'layers'"):
+        place(g, c, placer="pipeline", order="topo", cuts="layers")
+
+
+def segmented(costs: list[float], segments: list[list[int]], extra: dict[str, dict] | None = None) -> CompGraph:
+    """`layers(costs)` whose forward op i lies in the forward program's segments `segments[i]` ([first, last],
+    as a coarse node of a capture records them: `devplace.graph.modules.segment_spans`); `extra`: more forward
+    ops by id, with their edges as "to": [consumer ids] and their segments as "segments"."""
+    base = layers(costs)
+    nodes = [{**base.node_record(v), **({"segments": segments[int(base.ids[v][1:])]} if base.ids[v][0] == "l" else {})}
+             for v in range(base.num_nodes)]
+    edges = [base.edge_record(e) for e in range(base.num_edges)]
+    for name, spec in (extra or {}).items():
+        nodes.append({"id": name, "kind": "forward", "compute_s": 0.01, "output_bytes": 1.0,
+                      "segments": spec["segments"]})
+        edges += [{"src": name, "dst": dst, "bytes": 1.0} for dst in spec["to"]]
+    return CompGraph.build("segmented", nodes, edges)
+
+
+def test_a_capture_is_cut_only_between_segments_and_a_group_straddling_two_blocks_cuts_before_neither():
+    """Issue 23 item 1: stages of a captured model begin only where its export can cut (a block start); l3
+    holds the last op of block 0 and the first of block 1 (a coarse group can), so neither cut next to it is
+    one. `cuts="ops"` cuts anywhere, as before."""
+    g, c = segmented([1.0] * 8, [[0, 0]] * 3 + [[0, 1]] + [[1, 1]] * 2 + [[2, 2]] * 2), cluster(2, bw=1e12)
+    anywhere = plan(g, c, microbatches=8, cuts="ops")
+    assert [int(anywhere.devices[g.index[f"l{i}"]]) for i in range(8)] == [0] * 4 + [1] * 4
+    blocks = plan(g, c, microbatches=8)
+    assert [int(blocks.devices[g.index[f"l{i}"]]) for i in range(8)] == [0] * 6 + [1] * 2
+    assert blocks.step_time_s > anywhere.step_time_s
+
+
+def test_ops_the_order_puts_late_go_with_their_segment_so_the_segments_can_still_be_cut():
+    """A small op of segment 0 (a mask, a position table) that the order visits last comes right before its
+    consumer in the order's forward sequence, inside segment 1; the placer's sequence puts it back in segment 0,
+    so the cut between the two segments stays possible."""
+    g = segmented([1.0] * 8, [[0, 0]] * 4 + [[1, 1]] * 4, {"mask": {"to": ["l6"], "segments": [0, 0]}})
+    c = cluster(2, bw=1e12)
+    late = np.asarray([v for v in range(g.num_nodes) if g.ids[v] != "mask"] + [g.index["mask"]])
+    pl = pipeline_plan(g, c, late, microbatches=8)
+    assert [int(pl.devices[g.index[f"l{i}"]]) for i in range(8)] == [0] * 4 + [1] * 4
+    assert pl.devices[g.index["mask"]] == 0
+
+
+def test_a_graph_without_module_paths_places_as_with_cuts_anywhere():
+    """The constraint needs module paths (a capture's): a graph without them (family, JSON) places as before."""
+    for g in (layers([1.0, 3.0, 2.0, 1.0, 2.0, 1.0]), _hidden_back_edge()[0]):
+        c = cluster(2, bw=1e6)
+        assert (segment_spans(g) == -1).all()
+        default, anywhere = (place(g, c, placer="pipeline", order="topo", **kw) for kw in ({}, {"cuts": "ops"}))
+        assert default.assignment == anywhere.assignment
+        assert default.meta["step_time_s"] == anywhere.meta["step_time_s"]
 
 
 @settings(max_examples=40, deadline=None)
@@ -264,10 +316,27 @@ def split_devices(g: CompGraph, cuts: tuple[int, ...], p: int) -> np.ndarray:
 def test_no_move_of_one_cut_shortens_the_simulated_step(costs, bw, m):
     # the cost model only ranks splits; the simulator has the last word on each cut (`_refine`)
     g, c = layers(costs, act=10.0), cluster(3, bw=bw)
+    _no_move_of_one_cut_helps(g, c, plan(g, c, microbatches=m), 1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(costs=st.lists(st.sampled_from([0.5, 1.0, 2.0, 4.0]), min_size=4, max_size=10),
+       bw=st.sampled_from([2.0, 20.0, 1e12]), m=st.sampled_from([2, 4, 8]))
+def test_no_move_of_one_cut_by_a_block_shortens_the_simulated_step(costs, bw, m):
+    # a captured model's cuts move by whole blocks (here of two layers each): between blocks, every item
+    # boundary inside one is blocked
+    costs = costs[: len(costs) // 2 * 2]
+    g, c = segmented(costs, [[i // 2, i // 2] for i in range(len(costs))]), cluster(3, bw=bw)
     pl = plan(g, c, microbatches=m)
+    assert all(x % 2 == 0 for x in pl.cuts)
+    _no_move_of_one_cut_helps(g, c, pl, 2)
+
+
+def _no_move_of_one_cut_helps(g: CompGraph, c, pl, stride: int) -> None:
+    """No split that moves one of `pl`'s cuts by `stride` items either way is a faster pipeline within memory."""
     assert np.array_equal(pl.devices, split_devices(g, pl.cuts, 3))
     for k in range(len(pl.cuts) - 1):
-        for new in (pl.cuts[k] - 1, pl.cuts[k] + 1):
+        for new in (pl.cuts[k] - stride, pl.cuts[k] + stride):
             if (pl.cuts[k - 1] if k else 0) <= new <= pl.cuts[k + 1]:
                 cuts = (*pl.cuts[:k], new, *pl.cuts[k + 1:])
                 r = simulate(g, c, split_devices(g, cuts, 3), schedule=pl.schedule)

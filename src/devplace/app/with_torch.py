@@ -725,11 +725,7 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
             doc["stage_device_names"] = [names[d] for d in split.devices]
         if isinstance(p.settings.get("source"), dict):
             doc["source"] = p.settings["source"]  # so that `devplace run --pipeline` can rebuild a zoo model
-        s = split.schedule or default_schedule(len(split.devices))
-        timed = (f"; simulated pipelined step {fmt_time(split.pipelined_step_time_s)}"
-                 if split.pipelined_step_time_s is not None else "")
-        return doc, (f"{len(split.devices)} pipeline stage(s), split at {', '.join(split.split_points) or 'nothing'}; "
-                     f"{s.kind} schedule, {s.microbatches} micro-batch(es){timed}")
+        return doc, split.summary()
     if fmt == "device-map":
         dm = device_map(p.graph, p.placement, p.cluster)
         doc = {"format": "devplace.device_map/1", "device_map": dm.named(names), "step_time_s": dm.step_time_s,

@@ -45,6 +45,7 @@ from devplace.graph.compgraph import KIND_COMPUTE_KEY, CompGraph
 from devplace.graph.heap import heap_pop, heap_push
 from devplace.graph.io import load_graph, save_graph
 from devplace.graph.jsonio import dump_number
+from devplace.graph.modules import SEGMENTS_KEY, group_segments, segment_spans
 from devplace.graph.phases import merged_step_compute, step_record
 from devplace.graph.placement import Placement
 from devplace.graph.ties import SUMMED_EXTRAS, TIE_KEY, tie_classes
@@ -772,14 +773,19 @@ def _build(graph: CompGraph, root: np.ndarray, stage1_root: np.ndarray, names: d
     out_bytes = np.bincount(cidx, weights=np.where(external, graph.output_bytes, 0.0), minlength=n_g)
 
     step = merged_step_compute(graph, cidx, n_g)
+    spans = segment_spans(graph)
     nodes: list[dict[str, Any]] = []
     members: dict[str, tuple[str, ...]] = {}
     for g, mem in enumerate(group_members):
         gid = gids[g]
         members[gid] = tuple(graph.ids[v] for v in mem)
+        # where the forward program may be cut for a pipeline: a coarse node is no longer an op of that program
+        segments = group_segments(spans, mem)
         if len(mem) == 1:
             rec = graph.node_record(mem[0])
             rec["id"] = gid
+            if segments is not None:
+                rec[SEGMENTS_KEY] = segments
             nodes.append(rec)
             continue
         kinds = {graph.kind[v] for v in mem}
@@ -799,6 +805,8 @@ def _build(graph: CompGraph, root: np.ndarray, stage1_root: np.ndarray, names: d
             nums = [x for x in vals if isinstance(x, int | float) and not isinstance(x, bool)]
             if nums:
                 rec[key] = sum(nums) if all(isinstance(x, int) for x in nums) else math.fsum(nums)
+        if segments is not None:
+            rec[SEGMENTS_KEY] = segments
         nodes.append({k: v for k, v in rec.items() if v or k == "id"})
 
     _label_ties(graph, cidx, nodes)

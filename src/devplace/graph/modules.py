@@ -2,17 +2,24 @@
 
 The capture names every op `<module path>/<aten op>#<n>` and records its module path as the "module" extra key
 (docs/capture-format.md); a coarse node of one colocation group keeps its forward op's id as its `group`, so
-its module is that id's prefix. These helpers are shared by the `even` placer, hand-made module maps and the
-exports (pipeline split points, device maps), which all cut the forward program at module boundaries.
+its module is that id's prefix. These helpers are shared by the `even` and `pipeline` placers, hand-made module
+maps, coarsening and the exports (pipeline split points, device maps), which all cut the forward program at
+module boundaries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+import numpy as np
+
+from devplace.errors import GraphError
 from devplace.graph.compgraph import CompGraph
 
-__all__ = ["ancestors", "forward_ops", "has_modules", "module_of", "module_starts"]
+__all__ = ["SEGMENTS_KEY", "ancestors", "block_starts", "forward_ops", "group_segments", "has_modules", "module_of",
+           "module_starts", "segment_spans"]
+
+SEGMENTS_KEY = "segments"  # node extra key of a coarse node: [first, last] segment of its forward ops
 
 
 def module_of(graph: CompGraph, v: int) -> str | None:
@@ -100,3 +107,38 @@ def module_starts(modules: Sequence[str], callable_modules: Collection[str] | No
         if name is not None:
             out[i] = name
     return out
+
+
+def segment_spans(graph: CompGraph) -> np.ndarray:
+    """int64[nodes, 2]: per node, the first and last *segment* its forward ops lie in; (-1, -1) for a node without
+    forward ops, and for every node of a graph without module paths.
+
+    Segments are the stretches of the forward program between consecutive `block_starts` (of `module_starts`
+    of the forward ops' module paths, without the model: modules with ops of their own), numbered from 0: where
+    a pipeline export can cut (`devplace.runtime.export.pipeline_split`). A coarse graph's nodes record their
+    members' span (the "segments" extra key, written by coarsening: the ops of a coarse graph are not the
+    forward program); any other graph's spans are computed from its ops' module paths."""
+    spans = np.full((graph.num_nodes, 2), -1, dtype=np.int64)
+    extra = graph.node_extra or []
+    stored = [(v, x[SEGMENTS_KEY]) for v, x in enumerate(extra) if SEGMENTS_KEY in x]
+    for v, span in stored:
+        if (not isinstance(span, list) or len(span) != 2 or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                                    for i in span) or not 0 <= span[0] <= span[1]):
+            raise GraphError(f"graph {graph.name!r}, node {graph.ids[v]!r}: \"{SEGMENTS_KEY}\" must be [first, last] "
+                             f"segment indices (0 <= first <= last), got {span!r}; coarsen the capture again")
+        spans[v] = span
+    if stored or not has_modules(graph):
+        return spans
+    fwd = forward_ops(graph)
+    mods = [module_of(graph, v) or "" for v in fwd]
+    cuts = np.asarray(sorted(block_starts(mods, module_starts(mods))), dtype=np.int64)
+    spans[fwd] = np.searchsorted(cuts, np.arange(len(fwd)), side="right")[:, None]
+    return spans
+
+
+def group_segments(spans: np.ndarray, members: Sequence[int]) -> list[int] | None:
+    """The span of a group of nodes (a coarse node, a folded tie class): [first, last] over its members'
+    `segment_spans`; None when no member has forward ops in a segment."""
+    own = spans[np.asarray(members, dtype=np.int64)]
+    own = own[own[:, 0] >= 0]
+    return [int(own[:, 0].min()), int(own[:, 1].max())] if own.size else None

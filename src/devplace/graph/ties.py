@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from devplace.graph.compgraph import KIND_COMPUTE_KEY, CompGraph
+from devplace.graph.modules import SEGMENTS_KEY, group_segments, segment_spans
 from devplace.graph.phases import merged_step_compute, step_record
 
 TIE_KEY = "tie"  # node extra key: nodes with equal non-empty labels run on one device
@@ -158,6 +159,7 @@ def fold(graph: CompGraph, classes: np.ndarray | None = None) -> Folding:
     members: list[list[int]] = [[] for _ in range(k)]
     for v in range(n):
         members[int(classes[v])].append(v)
+    spans = segment_spans(graph)
     nodes: list[dict[str, Any]] = []
     for c in range(k):
         r = int(rep[c])
@@ -173,6 +175,9 @@ def fold(graph: CompGraph, classes: np.ndarray | None = None) -> Folding:
                     and not isinstance(x, bool)] if graph.node_extra else []
             if nums:
                 rec[key] = sum(nums)
+        segments = group_segments(spans, members[c])  # where a pipeline may cut, as on a coarse graph
+        if segments is not None:
+            rec[SEGMENTS_KEY] = segments
         nodes.append(rec)
     src_c, dst_c = classes[graph.edge_src], classes[graph.edge_dst]
     forward = np.flatnonzero(rep_rank[src_c] < rep_rank[dst_c])

@@ -17,7 +17,12 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    fastest first and slowest first, each searched, and the schedule records it as its `device_order`);
    consecutive runs of the item sequence, possibly empty (so fewer devices may be used). A cut is
    *blocked* where a forward op's output would flow back to an earlier stage (its tie class is carried by an
-   item after the cut, a consumer's before it): no schedule runs that, so no stage ends there.
+   item after the cut, a consumer's before it): no schedule runs that, so no stage ends there. On a captured
+   model (a graph with module paths) a cut is also blocked where the export could not cut (`cuts="blocks"`,
+   the default): unless the forward ops before it are the forward program up to a block start (a decoder
+   layer's beginning, not its attention's; `devplace.graph.modules.segment_spans`), so that
+   `devplace.runtime.export.pipeline_split` exports the stages as placed and the simulator judged the
+   pipeline that runs. A coarse node whose ops straddle a block start cuts there no more than an op does.
 3. *Cost model.* With t_k a stage's time per micro-batch (its ops' seconds on its device, `op_times`) and
    load_d the sum of device d's t_k, a pipelined step takes about sum_k t_k / V + M max_d load_d - max_k t_k
    (for V = 1: sum + (M - 1) max, the (M + p - 1)-slot formula of GPipe and 1F1B on a uniform chain without
@@ -46,8 +51,10 @@ depends on the model (CLIP-B/16 on 4xV100-16GB: critical-path's pipeline 2.2% fa
 200 groups: dfs-preorder's 1.5x faster; docs/study/pipeline.md).
 
 Settings: `schedule` ("gpipe", "1f1b", "interleaved-1f1b"), `microbatches` (None: choose), `chunks` (None: 1,
-or 2 for interleaved). The placer returns its devices with the chosen schedule (`PlacerOutput`), so
-`devplace.place` judges it pipelined; `pipeline_plan()` also gives the cut points and the scheduled result.
+or 2 for interleaved), `cuts` ("blocks": only where the export can cut a captured model, step 2; "ops": between
+any forward ops, as on a graph without module paths, where the export then moves the cuts). The placer returns
+its devices with the chosen schedule (`PlacerOutput`), so `devplace.place` judges it pipelined; `pipeline_plan()`
+also gives the cut points and the scheduled result.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ from numba import njit
 from devplace.errors import DevplaceError
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches, microbatch_counts
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.modules import segment_spans
 from devplace.graph.tensors import tensor_groups
 from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster, op_times, step_times
@@ -85,6 +93,7 @@ CANDIDATES = 2  # splits simulated per micro-batch count and way of counting tra
 GRID_RATIO = 1.02  # spacing of the bounds on the slowest stage
 ROUNDS = 6  # rounds that learn memory allowances from the simulator
 REFINE_SIMULATIONS = 64  # at most this many simulated moves of a cut when refining the judged best split
+CUTS = ("blocks", "ops")  # the `cuts` setting: where a captured model's stages may begin
 
 
 @dataclass(frozen=True)
@@ -115,7 +124,8 @@ class _Items:
     stash: np.ndarray  # float64[n], forward output bytes (whole batch)
     peak_op: np.ndarray  # float64[n], the largest output + temp of one op of the class (whole batch)
     cross: np.ndarray  # float64[n + 1], bytes crossing a cut before item i, both directions (whole batch)
-    blocked: np.ndarray  # bool[n + 1], True where a cut before item i would send activations to an earlier stage
+    blocked: np.ndarray  # bool[n + 1], True where no stage may end before item i (module docstring, step 2)
+    stops: np.ndarray  # int64, the places `_refine` moves cuts among: 0..n, or those between segments
 
 
 def _forward_ops(graph: CompGraph) -> np.ndarray:
@@ -124,20 +134,37 @@ def _forward_ops(graph: CompGraph) -> np.ndarray:
     return fwd if fwd.any() else np.ones(graph.num_nodes, dtype=bool)
 
 
-def forward_sequence(graph: CompGraph, order: np.ndarray) -> np.ndarray:
+def forward_sequence(graph: CompGraph, order: np.ndarray, segments: np.ndarray | None = None) -> np.ndarray:
     """The items' sequence (step 1 of the module docstring): the forward ops in the topological order nearest
     to `order` (Kahn's algorithm over the forward ops, the ready op earliest in `order` first). The placer's
-    result depends on the order only through it, so orders with equal sequences place alike."""
+    result depends on the order only through it, so orders with equal sequences place alike.
+
+    With `segments` (per node, the first segment of its forward ops, -1 for none: `segment_spans`), that
+    sequence is then reordered segment by segment (Kahn again, the ready op of the earliest segment first, then
+    the earliest in the sequence): the forward program runs its segments one after the other, so this is a
+    topological order in which stages can end between segments (where the order nearest `order` can interleave
+    them: a mask or a position table built early, used late)."""
     n_nodes = graph.num_nodes
     fwd = _forward_ops(graph)
     pos = np.empty(n_nodes, dtype=np.int64)
     pos[np.asarray(order, dtype=np.int64)] = np.arange(n_nodes)
-    # Kahn over the forward ops, the ready op earliest in `order` first
+    seq = _kahn(graph, fwd, pos)
+    if segments is None or not (segments >= 0).any():
+        return seq  # no segments: reordering by the sequence itself gives the sequence
+    rank = np.zeros(n_nodes, dtype=np.int64)
+    rank[seq] = np.arange(seq.shape[0])
+    return _kahn(graph, fwd, segments * (n_nodes + 1) + rank)
+
+
+def _kahn(graph: CompGraph, fwd: np.ndarray, priority: np.ndarray) -> np.ndarray:
+    """The `fwd` nodes in a topological order of the edges among them, the ready node of least `priority`
+    first."""
+    n_nodes = graph.num_nodes
     indeg = np.zeros(n_nodes, dtype=np.int64)
     for e in range(graph.num_edges):
         if fwd[graph.edge_src[e]] and fwd[graph.edge_dst[e]]:
             indeg[graph.edge_dst[e]] += 1
-    heap = [(int(pos[v]), v) for v in range(n_nodes) if fwd[v] and indeg[v] == 0]
+    heap = [(int(priority[v]), v) for v in range(n_nodes) if fwd[v] and indeg[v] == 0]
     heapq.heapify(heap)
     seq: list[int] = []
     while heap:
@@ -148,17 +175,18 @@ def forward_sequence(graph: CompGraph, order: np.ndarray) -> np.ndarray:
             if fwd[w]:
                 indeg[w] -= 1
                 if indeg[w] == 0:
-                    heapq.heappush(heap, (int(pos[w]), w))
+                    heapq.heappush(heap, (int(priority[w]), w))
     return np.asarray(seq, dtype=np.int64)
 
 
-def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.ndarray,
-           once: np.ndarray) -> _Items:
+def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.ndarray, once: np.ndarray,
+           cuts: str) -> _Items:
     """Step 1 of the module docstring; `times` every op's seconds on every device, `once` the part of them that
-    runs once per step (`step_times`)."""
+    runs once per step (`step_times`); `cuts` the setting (where stages may be cut)."""
     phase = op_phases(graph)
     fwd = _forward_ops(graph)
-    seq = forward_sequence(graph, order).tolist()
+    spans = segment_spans(graph) if cuts == "blocks" else None
+    seq = forward_sequence(graph, order, None if spans is None else spans[:, 0]).tolist()
     class_item: dict[int, int] = {}
     for i, v in enumerate(seq):
         class_item[int(classes[v])] = i  # the last one: an input tied to its consumer goes with the consumer
@@ -221,7 +249,24 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.n
     np.add.at(inside, lo[back] + 1, 1)
     np.add.at(inside, hi[back] + 1, -1)
     blocked = np.cumsum(inside)[: n + 1] > 0
-    return _Items(np.asarray(seq, dtype=np.int64), owner, work, step_work, params, stash, peak_op, cross, blocked)
+    within = _between_segments(spans, owner, n) if spans is not None else np.zeros(n + 1, dtype=bool)
+    blocked |= within
+    return _Items(np.asarray(seq, dtype=np.int64), owner, work, step_work, params, stash, peak_op, cross, blocked,
+                  np.flatnonzero(~within))
+
+
+def _between_segments(spans: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
+    """bool[n + 1]: True where a cut before item i is within a segment (`segment_spans`, per node; all
+    (-1, -1) on a graph without module paths, which blocks nothing): some segment has forward ops both in the
+    items before the cut and in those after it."""
+    has = spans[:, 0] >= 0
+    first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(n, -1, dtype=np.int64)
+    np.minimum.at(first, owner[has], spans[has, 0])
+    np.maximum.at(last, owner[has], spans[has, 1])
+    before = np.maximum.accumulate(np.concatenate([[-1], last]))  # the last segment of the items before cut i
+    after = np.minimum.accumulate(np.concatenate([first, [np.iinfo(np.int64).max]])[::-1])[::-1]
+    return before >= after
 
 
 # --------------------------------------------------------------------------- the dynamic program
@@ -432,9 +477,11 @@ class _Judge:
                 self.best = (*key, PipelinePlan(r.device, s, r, cuts))
 
 
-def _check_settings(schedule: str, microbatches: int | None, chunks: int | None) -> None:
+def _check_settings(schedule: str, microbatches: int | None, chunks: int | None, cuts: str) -> None:
     if schedule not in KINDS:
         raise PlacerError(f"placer 'pipeline': setting 'schedule' must be one of {', '.join(KINDS)}, got {schedule!r}")
+    if cuts not in CUTS:
+        raise PlacerError(f"placer 'pipeline': setting 'cuts' must be one of {', '.join(CUTS)}, got {cuts!r}")
     for name, value in (("microbatches", microbatches), ("chunks", chunks)):
         if value is not None:
             positive_int(value, name, "pipeline")
@@ -480,18 +527,20 @@ def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | No
 
 
 def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, schedule: str = "1f1b",
-                  microbatches: int | None = None, chunks: int | None = None,
-                 ties: np.ndarray | None = None) -> PipelinePlan:
+                  microbatches: int | None = None, chunks: int | None = None, cuts: str = "blocks",
+                  ties: np.ndarray | None = None) -> PipelinePlan:
     """The best pipeline placement of `graph` found by the search of the module docstring, with its schedule.
 
     `order` is the traversal as node indices; `ties` a tie class per node, each kept on one device (None:
-    `devplace.graph.ties.tie_classes(graph)`). Raises NoFitError when no split fits memory under the
-    schedule, PlacerError (a DevplaceError) for invalid settings."""
+    `devplace.graph.ties.tie_classes(graph)`); `cuts` where stages may begin (module docstring, step 2).
+    Raises NoFitError when no split fits memory under the schedule, PlacerError (a DevplaceError) for invalid
+    settings."""
+    _check_settings(schedule, microbatches, chunks, cuts)
     schedules = pipeline_schedules(schedule, microbatches, chunks, cluster.num_devices, batch=graph_batch(graph),
                                    own=graph_microbatches(graph))
     classes = tie_classes(graph) if ties is None else np.asarray(ties, dtype=np.int64)
     # the same for every device order
-    items = _items(graph, order, classes, op_times(graph, cluster), step_times(graph, cluster))
+    items = _items(graph, order, classes, op_times(graph, cluster), step_times(graph, cluster), cuts)
     plans = []
     for device_order in device_orders(graph, cluster):
         identity = device_order == tuple(range(cluster.num_devices))
@@ -500,7 +549,8 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
         if plan is not None:
             plans.append(plan)
     if not plans:
-        raise no_fit_error(graph, cluster, "pipeline", f"no split of the order into {schedule} pipeline stages "
+        only = " that begin where the export can cut (--set cuts=ops: anywhere)" if cuts == "blocks" else ""
+        raise no_fit_error(graph, cluster, "pipeline", f"no split of the order into {schedule} pipeline stages{only} "
                            "fits memory under the schedule")
     return min(plans, key=lambda pl: (pl.step_time_s, pl.schedule.microbatches))  # of equals the first order's
 
@@ -535,18 +585,23 @@ def _plan_in_order(graph: CompGraph, cluster: Cluster, search: _Search,
 
 def _refine(judge: _Judge, plan: PipelinePlan) -> PipelinePlan:
     """Pattern search on the cut points of the judged best split, the simulator judging each move: move one
-    cut at a time by `step` items either way (a stage may become empty), keep the first move that shortens the
+    cut at a time by `step` places either way (a stage may become empty), keep the first move that shortens the
     simulated step within memory, halve `step` when no move helps; at most `REFINE_SIMULATIONS` simulations.
-    The cost model ranks splits only approximately (transfers and the schedule's waits are estimated), so
-    the best split it finds is often a few items off the simulator's best."""
+    The places are the items' `stops` (every item boundary; on a captured model, the boundaries between
+    segments only, so that a step moves a cut by whole blocks). The cost model ranks splits only approximately
+    (transfers and the schedule's waits are estimated), so the best split it finds is often a few items off
+    the simulator's best."""
     s, cuts = plan.schedule, plan.cuts
-    step = max(1, cuts[-1] // (4 * len(cuts)))
+    stops = judge.search.items.stops
+    at = {int(x): j for j, x in enumerate(stops.tolist())}
+    step = max(1, (stops.shape[0] - 1) // (4 * len(cuts)))
     spent = 0
     while step >= 1 and spent < REFINE_SIMULATIONS:
         moved = False
         for k in range(len(cuts) - 1):  # the last cut is the end of the sequence
             lo = cuts[k - 1] if k else 0
-            for new in (cuts[k] + step, cuts[k] - step):
+            for j in (at[cuts[k]] + step, at[cuts[k]] - step):
+                new = int(stops[j]) if 0 <= j < stops.shape[0] else -1
                 trial = (*cuts[:k], new, *cuts[k + 1:])
                 if not lo <= new <= cuts[k + 1] or judge.search.items.blocked[new] or (s, trial) in judge.simulated:
                     continue
@@ -568,16 +623,18 @@ def _refine(judge: _Judge, plan: PipelinePlan) -> PipelinePlan:
 @register("pipeline", uses_order=True, cheap=True, check=_check_settings,
           order_key=lambda graph, visit: forward_sequence(graph, visit).tobytes())
 def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, ties: np.ndarray | None = None,
-             schedule: str = "1f1b", microbatches: int | None = None, chunks: int | None = None) -> PlacerOutput:
+             schedule: str = "1f1b", microbatches: int | None = None, chunks: int | None = None,
+             cuts: str = "blocks") -> PlacerOutput:
     """Pipeline stages: cut the traversal order into contiguous stages (one per device, or `chunks` per device
     for interleaved-1f1b) minimising the simulated pipelined step under memory, choosing the micro-batch count.
 
     Uses the traversal order. Settings: `schedule` (gpipe, 1f1b, interleaved-1f1b), `microbatches` (None:
-    the best of 1-32 by simulation), `chunks` (None: 1, or 2 for interleaved). Dynamic programming over cut
+    the best of 1-32 by simulation), `chunks` (None: 1, or 2 for interleaved), `cuts` (blocks: a captured
+    model's stages begin only where its pipeline export can cut; ops: anywhere). Dynamic programming over cut
     points with a pipeline cost model; the scheduled simulator judges the best splits (see the module
     docstring). Keeps every tie class on one device; returns the devices with the chosen schedule, which
     `place()` records in meta["schedule"] and judges the step under.
     """
     plan = pipeline_plan(graph, cluster, order, schedule=schedule, microbatches=microbatches, chunks=chunks,
-                         ties=ties)
+                         cuts=cuts, ties=ties)
     return PlacerOutput(plan.devices, plan.schedule)

@@ -27,6 +27,7 @@ from devplace.placers import schedule_of
 from devplace.runtime.module_map import placement_from_module_map
 from devplace.sim import simulate
 from devplace.sim.schedule import Schedule, ScheduleError
+from devplace.units import fmt_time
 
 __all__ = ["PIPELINE_FORMAT", "DeviceMap", "ExportError", "PipelineExport", "PipelineSplit", "callable_modules",
            "default_schedule", "device_map", "export_json", "pipeline_split", "read_pipeline"]
@@ -113,6 +114,24 @@ class PipelineSplit:
     def split_spec(self) -> dict[str, Any]:
         """`{module name: SplitPoint.BEGINNING}` for `torch.distributed.pipelining.pipeline(split_spec=...)`."""
         return _split_spec(self.split_points)
+
+    def summary(self) -> str:
+        """One line (`devplace export`): the stages and schedule, their simulated pipelined step, and how much
+        forward work the split moved off the placement to cut where the runtime can (with the unpipelined
+        steps of both), so that a moved cut never goes unsaid."""
+        s = self.schedule or default_schedule(len(self.devices))
+        text = (f"{len(self.devices)} pipeline stage(s), split at {', '.join(self.split_points) or 'nothing'}; "
+                f"{s.kind} schedule, {s.microbatches} micro-batch(es)")
+        if self.pipelined_step_time_s is not None:
+            text += f"; simulated pipelined step {fmt_time(self.pipelined_step_time_s)}"
+        elif self.step_time_s is not None:
+            text += "; not simulated pipelined (the stages do not run along the device indices)"
+        if self.moved_fraction > 0:
+            text += f"; moved {100 * self.moved_fraction:.1f}% of the forward work to cut at block starts"
+            if self.step_time_s is not None and self.op_level_step_time_s is not None:
+                text += (f" (unpipelined step {fmt_time(self.step_time_s)} vs {fmt_time(self.op_level_step_time_s)} "
+                         f"as placed, {self.slowdown:.3f}x)")
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         """The `devplace.pipeline/2` document (`read_pipeline` reads it back)."""
@@ -241,7 +260,9 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
     devices' order along the program (the point where half of each device's forward work is done); and each
     unit goes to a stage, stages non-decreasing along the program, such that the least forward work (with its
     backward and optimizer ops) moves off its placed device (exact, by dynamic programming). Ops without
-    compute (`arange`, `empty`, views) have no say: they go with their unit. The trailing ops of the root
+    compute (`arange`, `empty`, views) have no say: they go with their unit. The `pipeline` placer cuts a
+    captured model only at these points (its `cuts="blocks"`), so its placements export as placed: nothing
+    moves and the exported stages are the ones its search simulated. The trailing ops of the root
     module (the loss the capture added) run in the last stage. With `cluster`, the stages' step time is
     simulated next to the placement's own (as the runtime runs it), so the loss of the approximation shows.
     With `model` (the captured module), a split point may be a module without ops of its own (an

@@ -9,7 +9,7 @@ import typer
 
 from devplace import app
 from devplace.cli.common import ForceOpt, console, say
-from devplace.study.spec import DEFAULT_MAX_CELLS, MAX_CELLS_ENV
+from devplace.study.spec import DEFAULT_MAX_CELLS, MAX_CELLS_ENV, PRESETS
 
 study_app = typer.Typer(no_args_is_help=True, help="The traversal-order study: run a grid of cells, report on it.")
 
@@ -17,7 +17,7 @@ study_app = typer.Typer(no_args_is_help=True, help="The traversal-order study: r
 @study_app.command("run")
 def study_run_cmd(
     study: Annotated[Path | None, typer.Argument(help="study definition (TOML); or use --preset")] = None,
-    preset: Annotated[str | None, typer.Option("--preset", help="built-in study: quick, paper or extended")] = None,
+    preset: Annotated[str | None, typer.Option("--preset", help=f"built-in study: {', '.join(PRESETS)}")] = None,
     db: Annotated[Path, typer.Option("--db", help="SQLite results file (created; finished cells are skipped)")] = Path(
         "study.sqlite"),
     backend: Annotated[str, typer.Option("--backend", help="local (process pool) or ray")] = "local",

@@ -43,6 +43,7 @@ import numpy as np
 
 from devplace.capture.pipeline import family_graph
 from devplace.errors import DevplaceError
+from devplace.files import set_force
 from devplace.graph import save_graph
 from devplace.hardware.cluster import load_cluster
 from devplace.orders import traversal_indices
@@ -224,6 +225,7 @@ def main() -> None:
     if curve_rows is not None and args.curve:
         Path(args.curve).parent.mkdir(parents=True, exist_ok=True)
         write_curve(Path(args.curve).with_suffix(".csv"), curve_rows[1])
+        set_force(True)  # the benchmark's own figure: replaced even where an older devplace drew it
         plot_curve(curve_rows[1], args.curve, title=curve_rows[0])
         print(f"wrote {args.curve}")
 

@@ -16,7 +16,7 @@ from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, Device, Link
 from devplace.placers import place, schedule_of
-from devplace.placers.registry import auto_candidates
+from devplace.placers.search import auto_candidates
 
 NETS = '''
 import torch
@@ -99,17 +99,17 @@ def test_order_auto_places_the_pipeline_once_per_forward_sequence():
 
 
 def test_auto_leaves_quadratic_placers_out_on_large_graphs_and_says_so(monkeypatch):
-    import devplace.placers.registry as registry
+    import devplace.placers.search as search
     from devplace.planning import place_graph
 
     g = _graph(1)  # one sample: no pipeline candidate either
-    monkeypatch.setattr(registry, "AUTO_QUADRATIC_NODES", g.num_nodes - 1)
+    monkeypatch.setattr(search, "AUTO_QUADRATIC_NODES", g.num_nodes - 1)
     p = place(g, _slow_links(), order="topo")
     meta = p.meta["placer_auto"]
     assert "greedy" not in meta["time_s"] and meta["tried"]["greedy"].startswith("skipped: its time grows")
     assert set(meta["time_s"]) == {"m-etf", "even-refine"}
     assert "greedy skipped" in " ".join(place_graph(g, _slow_links(), order="topo").text().split())
-    monkeypatch.setattr(registry, "AUTO_QUADRATIC_NODES", g.num_nodes)
+    monkeypatch.setattr(search, "AUTO_QUADRATIC_NODES", g.num_nodes)
     assert "greedy" in place(g, _slow_links(), order="topo").meta["placer_auto"]["time_s"]
 
 

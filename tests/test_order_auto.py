@@ -243,14 +243,18 @@ def test_auto_on_a_coarsened_graph_compares_the_orders_on_the_full_graph(placer)
 def test_auto_on_a_coarsened_graph_falls_back_to_the_coarse_choice_when_no_order_fits_alone(monkeypatch) -> None:
     # where every order alone is NoFitError on the full graph, auto chooses again on the coarse graph at every
     # lowered cap (as before the full-graph comparison), which can fit where no fixed order does
-    import devplace.placers.expanded as expanded
+    import devplace.placers.search as search
     from devplace.placers import NoFitError, place_expanded
 
-    def no_order_fits(candidates, attempt, step_of, **options):
-        raise NoFitError("no order fits alone")
+    placed = search.place_candidate
+
+    def no_order_fits_alone(req, placer, orders, settings, progress):
+        if len(orders) == 1:
+            raise NoFitError("no order fits alone")
+        return placed(req, placer, orders, settings, progress)
 
     full, coarsening, c = three_branches()
-    monkeypatch.setattr(expanded, "best_of", no_order_fits)
+    monkeypatch.setattr(search, "place_candidate", no_order_fits_alone)
     ex = place_expanded(coarsening, full, c, placer="m-etf", order="auto")
     auto = ex.placement.meta["order_auto"]
     assert ex.result.feasible and "of the full graph" not in auto["why"] and auto["mode"].startswith("try all")

@@ -51,7 +51,7 @@ from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.orders.auto import Recommendation, load_order_model, recommend_order
 from devplace.placers import get_placer
 from devplace.placers.pipeline import pipeline_schedules
-from devplace.placers.registry import check_auto_placer
+from devplace.placers.search import check_auto_placer
 from devplace.planning import Placed, Progress, Simulated, json_safe, place_graph, render_text, simulate_placement
 from devplace.sim import LowerBound, Schedule, ScheduleError, any_schedule_bound, lower_bound
 from devplace.units import fmt_time

@@ -63,10 +63,11 @@ from devplace.placers import NoFitError, get_placer, schedule_of
 from devplace.placers.even import even_devices
 from devplace.placers.memory import memory_needs
 from devplace.placers.pipeline import pipeline_schedules
-from devplace.placers.registry import PlacerError, check_auto_placer
+from devplace.placers.registry import PlacerError
 from devplace.placers.rl.curve import plot_curve, read_curve
 from devplace.placers.rl.placeto import PlacetoHyper, check_settings
 from devplace.placers.rl.trainer import TrainResult, mean_best_ratio, parse_indices, train
+from devplace.placers.search import check_auto_placer
 from devplace.planning import MAP_PLACER, Placed, Progress, baselines, json_safe, place_graph, render_text
 from devplace.runtime.apply import normalize_devices
 from devplace.runtime.export import (

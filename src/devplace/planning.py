@@ -35,7 +35,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement, runtime_placement, save_placement
 from devplace.graph.semantics import Semantics
 from devplace.hardware.cluster import Cluster
-from devplace.placers import place, place_expanded, schedule_of
+from devplace.placers import place, place_expanded
 from devplace.placers.even import even_devices
 from devplace.sim import DevplaceModel, LowerBound, Schedule, ScheduleError, SimResult, lower_bound, simulate
 from devplace.sim.count import counting
@@ -103,7 +103,7 @@ def as_run(graph: CompGraph, cluster: Cluster, placement: Placement, result: Sim
     schedule if it has one, only when ops move."""
     rp = runtime_placement(graph, placement)
     moved = sum(1 for k, d in rp.assignment.items() if placement.assignment[k] != d)
-    return AsRun(rp, simulate(graph, cluster, rp, schedule=schedule_of(placement)) if moved else result, moved)
+    return AsRun(rp, simulate(graph, cluster, rp, schedule=placement.schedule) if moved else result, moved)
 
 
 def _write_timelines(graph: CompGraph, cluster: Cluster, result: SimResult, bound_s: float, trace: Path | None,
@@ -248,24 +248,24 @@ class Placed:
     @property
     def order(self) -> str | None:
         """The traversal order the placer walked (after `auto` was resolved); None when it ignores orders."""
-        return self.placement.meta.get("order")
+        return self.placement.made_by.order if self.placement.made_by is not None else None
 
     @property
     def semantics(self) -> str | None:
         """The placement semantics placed under ("op-by-op" or "autograd", `devplace.graph.semantics`); None
         for a placement not made by `devplace.place` (a module map)."""
-        return self.placement.meta.get("semantics")
+        return self.placement.made_by.semantics if self.placement.made_by is not None else None
 
     @cached_property
     def bound(self) -> LowerBound:
         """The lower bound of the graph on the cluster (DESIGN.md section 8), of the pipelined step for a
         placement made for a schedule."""
-        return lower_bound(self.graph, self.cluster, schedule_of(self.placement))
+        return lower_bound(self.graph, self.cluster, self.placement.schedule)
 
     @cached_property
     def baselines(self) -> tuple[Baseline, Baseline]:
         """The best single device and the even split (`baselines`; under the placement's schedule if any)."""
-        return baselines(self.graph, self.cluster, schedule_of(self.placement))
+        return baselines(self.graph, self.cluster, self.placement.schedule)
 
     @cached_property
     def as_run(self) -> AsRun:
@@ -388,11 +388,12 @@ def place_graph(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLA
             placement = place(graph, cluster, placer=placer, order=order, seed=seed, progress=progress,
                               try_orders=try_orders, try_with=try_with, semantics=semantics, **settings)
         elapsed = time.perf_counter() - t0
-        schedule = schedule_of(placement)  # a pipeline placement is timed under the schedule it was made for
+        schedule = placement.schedule  # a pipeline placement is timed under the schedule it was made for
         result = (simulate(graph, cluster, placement, schedule=schedule) if schedule is not None
                   else simulate(graph, cluster, placement, model=simulation_model))
     # placer "auto" (the default) reports the placer it kept; meta["placer_auto"] says which it tried
-    return Placed(graph, cluster, placement, result, placement.meta.get("placer", placer), seed, dict(settings),
+    made = placement.made_by.placer if placement.made_by is not None else placer
+    return Placed(graph, cluster, placement, result, made, seed, dict(settings),
                   elapsed, groups, coarsening, simulations=count.runs)
 
 
@@ -430,9 +431,9 @@ class Simulated:
 def simulate_placement(graph: CompGraph, cluster: Cluster, placement: Placement, *,
                        model: str = DEFAULT_SIM_MODEL) -> Simulated:
     """Simulate `placement` of `graph` on `cluster` under simulation `model`, with the lower bound; a placement
-    made for a micro-batch schedule (meta["schedule"], the `pipeline` placer's) is simulated under it, which
+    made for a micro-batch schedule (`placement.schedule`, the `pipeline` placer's) is simulated under it, which
     only the devplace model can."""
-    schedule = schedule_of(placement)
+    schedule = placement.schedule
     if schedule is not None and sim_model_name(model) != SIM_DEVPLACE:
         raise DevplaceError(f"this placement was made for a {schedule.kind} pipeline schedule, which only the "
                             f"{SIM_DEVPLACE} model simulates; use --model {SIM_DEVPLACE}")

@@ -59,7 +59,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, Device, load_cluster
 from devplace.hardware.cost import CostTable, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
-from devplace.placers import NoFitError, get_placer, schedule_of
+from devplace.placers import NoFitError, get_placer
 from devplace.placers.even import even_devices
 from devplace.placers.memory import memory_needs
 from devplace.placers.pipeline import pipeline_schedules
@@ -278,7 +278,7 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
                          f"memory at any micro-batch count the batch of {batch} allows ({reasons})")
         err.reason = f"no micro-batch count the batch of {batch} allows fits ({reasons})"
         raise err
-    search = {"batch": batch, "tried": tried, "kept": schedule_of(best.placement).microbatches,  # type: ignore[union-attr]
+    search = {"batch": batch, "tried": tried, "kept": best.placement.schedule.microbatches,  # type: ignore[union-attr]
               "order_chosen_at": chosen_at}
     return replace(best, placement=best.placement.with_meta(microbatch_search=search),
                    placement_time_s=time.perf_counter() - t0,  # the whole search's, captures included
@@ -293,7 +293,7 @@ def save_placed_plan(placed: Placed, path: Path, *, model: str | None = None, ba
     records) and its precision, so that `devplace export` and `devplace run --plan` take it; a graph file's
     plan has no model (export takes it, run cannot rebuild it)."""
     whole = graph_batch(placed.graph)
-    micro = schedule_of(placed.placement)
+    micro = placed.placement.schedule
     if whole is not None and micro is not None and micro.microbatch_graph:
         whole *= micro.microbatches  # a pipeline placed on one micro-batch's capture: the model runs the batch
     source = named_source(model, whole if whole is not None else batch, seq_len, 0) if model is not None else None
@@ -309,7 +309,7 @@ def place_by_map(graph: CompGraph, cluster: Cluster, module_map: Path, *, coarse
     """`devplace place --map FILE`: `graph` (a captured graph, every op) placed by a hand-made module map
     (`devplace.runtime.module_map`), as autograd runs it, simulated and reported like a placer's output,
     baselines included; `tensors`: parameter/buffer names the map may name; files written as `place_prepared`.
-    With `schedule` (a kind) and `microbatches`, the map's stages are judged as that pipeline (meta["schedule"],
+    With `schedule` (a kind) and `microbatches`, the map's stages are judged as that pipeline (its `schedule`,
     so a saved plan exports and runs it so); a map that is no pipeline under it is a ScheduleError saying why."""
     check_outputs({"output": PLACEMENT_FILE}, inputs=[module_map], output=output, trace=trace, plot=plot)
     if (schedule is None) != (microbatches is None) or (chunks is not None and schedule is None):
@@ -319,7 +319,7 @@ def place_by_map(graph: CompGraph, cluster: Cluster, module_map: Path, *, coarse
     t0 = time.perf_counter()
     placement = placement_from_module_map(graph, cluster, read_module_map(module_map), tensors=tensors)
     if sched is not None:
-        placement = placement.with_meta(schedule=sched.to_dict())
+        placement = replace(placement, schedule=sched)
     elapsed = time.perf_counter() - t0
     result = simulate(graph, cluster, placement, schedule=sched)
     placed = Placed(graph, cluster, placement, result, MAP_PLACER, DEFAULT_SEED,
@@ -358,7 +358,7 @@ class PipelineDemo:
 
     @property
     def schedule(self) -> Schedule:
-        s = schedule_of(self.placed.placement)
+        s = self.placed.placement.schedule
         assert s is not None  # the pipeline placer always returns one
         return s
 
@@ -433,7 +433,7 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
     files = ({"output": out / f"{name}.placement.json", "trace": out / f"{name}-trace.json",
               "plot": out / f"{name}-timeline.png"} if out is not None else {})
     placed = place_prepared(prepared, cluster, placer="pipeline", settings=settings, **files)
-    sched = schedule_of(placed.placement)
+    sched = placed.placement.schedule
     assert sched is not None
     full, p = placed.graph, cluster.num_devices
     label = sched.label
@@ -446,7 +446,7 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
     walked = f" in the {placed.order} order" if spec is None or spec.uses_order else ""
     try:
         flat = place_prepared(prepared, cluster, placer=baseline, order=placed.order or CANONICAL_ORDER)
-        if schedule_of(flat.placement) is not None:  # placer auto pipelines where nothing else fits
+        if flat.placement.schedule is not None:  # placer auto pipelines where nothing else fits
             raise NoFitError("no placement without micro-batches fits")
         rows.append(Compared(baseline, "none", flat.result, f"its placement without micro-batches{walked}"))
     except NoFitError:
@@ -675,7 +675,7 @@ def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, dev
 
 def is_pipelined(p: Plan) -> bool:
     """True when plan `p` was made for a micro-batch schedule: `devplace run` runs it pipelined."""
-    return schedule_of(p.placement) is not None
+    return p.placement.schedule is not None
 
 
 def load_plan_file(path: Path) -> Plan:
@@ -713,7 +713,7 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
     p = load_plan_file(plan_file)
     names = [d.strip() for d in devices.split(",")] if devices else None
     if fmt == "pipeline":
-        sched = schedule_of(p.placement)
+        sched = p.placement.schedule
         if schedule is not None or microbatches is not None:
             stages = len(pipeline_split(p.graph, p.placement).devices)
             base = sched or default_schedule(stages)
@@ -805,7 +805,7 @@ def run_plan_pipelined(p: Plan, module: Any, inputs: Any, *, steps: int = 5, war
     if autocast is not None:
         raise DevplaceError("a pipelined run does not autocast (--amp): plan the pipeline without --amp, or with "
                             "--dtype, to run it pipelined")
-    doc = pipeline_split(p.graph, p.placement, p.cluster, schedule=schedule_of(p.placement)).to_dict()
+    doc = pipeline_split(p.graph, p.placement, p.cluster, schedule=p.placement.schedule).to_dict()
     if isinstance(p.settings.get("source"), dict):
         doc["source"] = p.settings["source"]
     return _run_pipelined(read_pipeline(doc), module, inputs, p.loss_fn, steps=steps, warmup=warmup,

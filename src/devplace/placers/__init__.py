@@ -14,8 +14,8 @@ from devplace.placers.registry import (
     placer_names,
     register,
 )
-from devplace.placers.search import SearchProgress, SearchResult, place, place_expanded, schedule_of
+from devplace.placers.search import SearchProgress, SearchResult, place, place_expanded
 
 __all__ = ["MemoryNeeds", "NoFitError", "PlacerError", "PlacerOutput", "PlacerSpec", "SearchProgress",
            "SearchResult", "get_placer", "memory_needs", "no_fit_error", "place", "place_expanded",
-           "placer_names", "register", "schedule_of"]
+           "placer_names", "register"]

@@ -30,7 +30,7 @@ from devplace.sim.schedule import Schedule
 class PlacerOutput:
     """What a placer returns when its devices run under a micro-batch schedule: `devices` (a device index per
     node) and `schedule` (None: the unpipelined step). `place()` checks memory, and records the step time,
-    under `schedule`, and puts `schedule.to_dict()` in meta["schedule"]."""
+    under `schedule`, and gives the Placement that `schedule`."""
 
     devices: np.ndarray
     schedule: Schedule | None = None

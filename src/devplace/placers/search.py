@@ -55,7 +55,7 @@ from devplace.errors import GraphError
 from devplace.graph.batch import graph_batch, graph_microbatches
 from devplace.graph.coarsen import Coarsening, coarsen
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.placement import Placement
+from devplace.graph.placement import MadeBy, Placement
 from devplace.graph.semantics import Semantics, semantics_of
 from devplace.graph.ties import fold, tie_classes, untied, violations
 from devplace.hardware.cluster import Cluster
@@ -737,12 +737,9 @@ def _caps_text(caps: np.ndarray) -> str:
 def _result(req: Request, kept: Fitted, log: list[Tried], seconds: float, simulations: int) -> SearchResult:
     """The kept candidate as a SearchResult, its meta the file format's record of how it was made."""
     graph, cluster, view = req.graph, req.cluster, kept.view
-    meta: dict[str, object] = {
-        "placer": kept.placer, "order": order_label(kept.order) if get_placer(kept.placer).uses_order else None,
-        "seed": req.seed, "settings": dict(kept.settings), "step_time_s": kept.step_time_s,
-        "semantics": req.semantics.value}
-    if kept.schedule is not None:
-        meta["schedule"] = kept.schedule.to_dict()
+    made_by = MadeBy(kept.placer, order_label(kept.order) if get_placer(kept.placer).uses_order else None, req.seed,
+                     dict(kept.settings), req.semantics.value)
+    meta: dict[str, object] = {"step_time_s": kept.step_time_s}
     if view.classes is not None:
         meta.update(tie_classes=view.classes, ties="folded" if view.folded else "native", cap_retries=kept.retries)
     if req.coarsening is not None:
@@ -751,12 +748,11 @@ def _result(req: Request, kept: Fitted, log: list[Tried], seconds: float, simula
             meta["refined_groups"] = view.coarsening.num_groups
     meta.update(kept.extra)
     placement = Placement(dict(zip(graph.ids, kept.devices.tolist(), strict=True)), graph=graph.name,
-                          cluster=cluster.name, meta=meta)
+                          cluster=cluster.name, meta=meta, schedule=kept.schedule, made_by=made_by)
     coarse = placement
     if req.coarsening is not None:
         seen, devices = view.unfolded(kept.view_devices)
-        coarse = Placement(dict(zip(seen.ids, devices.tolist(), strict=True)), graph=seen.name, cluster=cluster.name,
-                           meta=meta)
+        coarse = replace(placement, assignment=dict(zip(seen.ids, devices.tolist(), strict=True)), graph=seen.name)
     return SearchResult(placement, kept.result, coarse, view.coarsening, kept.retries, tuple(log), seconds,
                         simulations)
 
@@ -773,7 +769,7 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     memory-feasible under the `devplace` simulation model; when the placer finds nothing that fits, a
     NoFitError says how much memory the step needs and what would hold it. `progress(done, total)` is
     called now and then by placers with long loops (greedy, anneal). `order` is an order name, "auto", a
-    sequence listing every node id once, or a callable graph -> such a sequence (meta["order"] is then "custom").
+    sequence listing every node id once, or a callable graph -> such a sequence (`made_by.order` is then "custom").
 
     `semantics` (`devplace.graph.semantics`; None: the graph's own, `semantics_of(graph)` -- op by op unless
     the graph says "autograd", as a captured model does): "op-by-op" places every node on its own. "autograd":
@@ -789,13 +785,14 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     answer on `graph` itself. Either way the placement is simulated and checked on `graph` itself, so the
     reported step time is the one autograd runs. When the placer's view is over memory as run, the placer runs
     again with the device caps it sees lowered in proportion to the overflow (`fit`, at most `CAP_RETRIES`
-    times), else NoFitError. A graph without ties is placed the same either way. meta["semantics"] records the
+    times), else NoFitError. A graph without ties is placed the same either way. `made_by.semantics` records the
     semantics placed under and, where classes were tied, meta["tie_classes"] their number, meta["ties"] how they
     were placed and meta["cap_retries"] the reruns.
 
     A placer that returns a `PlacerOutput` with a schedule (the `pipeline` placer) is checked, here and in
     every rerun, with `devplace.sim.simulate(..., schedule=)`: meta["step_time_s"] is then the pipelined step
-    and meta["schedule"] the schedule (`Schedule.to_dict()`; `schedule_of(placement)` reads it back).
+    and `placement.schedule` the schedule (a file records it under "schedule", `Schedule.to_dict()`); how it
+    was made is `placement.made_by` (placer, order, seed, settings, semantics).
 
     `order="auto"`: a placer registered `cheap` (`PlacerSpec.cheap`: list schedulers, greedy, contiguous...)
     is placed under every candidate order (`devplace.orders.auto.candidate_orders`: all but `random`, the
@@ -825,9 +822,10 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
     a suggestion. `semantics` (None: the full graph's own, `semantics_of(full)`) is the coarse graph's placing
     semantics too; under "autograd" (a captured model's) every backward and optimizer op runs with its forward
     op, so the placement is what autograd runs and `result` is its as-run step time. A placer that returns a
-    schedule (`pipeline`) has the full graph simulated under it (`result` is a ScheduledResult, meta["schedule"]
-    kept). When no view of the coarsening fits under the autograd rule, the full graph is coarsened finer and
-    placed again (module docstring); meta["refined_groups"] records the number of groups placed then.
+    schedule (`pipeline`) has the full graph simulated under it (`result` is a ScheduledResult,
+    `placement.schedule` kept). When no view of the coarsening fits under the autograd rule, the full graph is
+    coarsened finer and placed again (module docstring); meta["refined_groups"] records the number of groups
+    placed then.
     `order="auto"` compares the orders on the full graph (module docstring; meta["order_auto"]).
     """
     if coarsening.original and coarsening.original != full.name:
@@ -835,10 +833,3 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
                          "full graph it was made from (e.g. Prepared.full with Prepared.coarsening)")
     return search(Request(full, cluster, placer, order, seed, semantics_of(full, semantics), settings, try_orders,
                           try_with, coarsening, progress))
-
-
-def schedule_of(placement: Placement) -> Schedule | None:
-    """The schedule a placement was made for (meta["schedule"], set by `place` for placers that return one),
-    or None for an unpipelined one."""
-    doc = placement.meta.get("schedule")
-    return Schedule.from_dict(doc) if doc is not None else None

@@ -21,7 +21,6 @@ from devplace.graph.jsonio import read_json, write_json
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.hardware.cost import cost_devices
-from devplace.placers import schedule_of
 from devplace.planning import (
     AsRun,
     Baseline,
@@ -87,7 +86,7 @@ class Plan:
         """The best single device and the even split of this graph (`devplace.planning.baselines`; the even
         split under the placement's schedule if it has one)."""
         if self._baselines is None:
-            self._baselines = baselines(self.graph, self.cluster, schedule_of(self.placement))
+            self._baselines = baselines(self.graph, self.cluster, self.placement.schedule)
         return self._baselines
 
     @property
@@ -106,7 +105,7 @@ class Plan:
                     + (f"; as run by devplace.runtime ({moved} backward/optimizer ops follow their forward op): "
                        f"step time {fmt_time(rt.step_time_s)}, {'feasible' if rt.feasible else 'INFEASIBLE'}"
                        if moved else "; devplace.runtime runs this placement as simulated"))
-        bound = lower_bound(self.graph, self.cluster, schedule_of(self.placement))
+        bound = lower_bound(self.graph, self.cluster, self.placement.schedule)
         view = Group(result_view(self.graph, self.cluster, self.result, bound), line,
                      baselines_line(self.cluster, self.baselines, rt.step_time_s))
         return render_text(view) if text else view
@@ -144,7 +143,7 @@ def plan_from_placed(placed: Placed, *, settings: Mapping[str, Any] | None = Non
     cluster, placement (with its schedule, if any) and simulated result; `settings` adds how the graph was made
     (optimizer, max_nodes, precision) and `source` the model to rebuild (`named_source`; empty for a graph
     file, which `devplace export` takes but `devplace run --plan` cannot rebuild)."""
-    s = {"placer": placed.placer, "order": placed.placement.meta.get("order"), "seed": placed.seed,
+    s = {"placer": placed.placer, "order": placed.order, "seed": placed.seed,
          "placer_settings": dict(placed.settings), **(settings or {}), "source": dict(source or {})}
     return Plan(placed.graph, placed.cluster, placed.placement, placed.result, s, placed.coarsening)
 
@@ -176,7 +175,7 @@ def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, place
     precision, and `devplace.runtime.run.measure_plan` runs the steps in it. Extra keyword arguments are
     placer settings: with `placer="pipeline"`, `schedule="1f1b"`, `microbatches=8` (and `chunks` for
     interleaved-1f1b) make a pipeline, whose `result` is the step under that schedule
-    (`devplace.placers.schedule_of(plan.placement)`). `semantics="op-by-op"` overrides the captured graph's
+    (`plan.placement.schedule`). `semantics="op-by-op"` overrides the captured graph's
     "autograd" (`devplace.graph.semantics`): a placement that `apply` cannot run as placed.
     """
     from devplace.capture.pipeline import prepare
@@ -204,18 +203,12 @@ def load_plan(path: str | Path) -> Plan:
     meta = {k: v for k, v in gdoc.items() if k not in ("format", "name", "nodes", "edges")}
     graph = CompGraph.build(str(gdoc.get("name", "")), gdoc.get("nodes", []), gdoc.get("edges", []), meta=meta)
     cluster = Cluster.from_dict(doc["cluster"], where=f"{path}: cluster")
-    pdoc = doc["placement"]
-    assignment = pdoc.get("assignment")
-    if not isinstance(assignment, Mapping):
-        raise FormatError(f"{path}: placement.\"assignment\" must map op ids to device indices")
-    extra = {k: v for k, v in pdoc.items() if k not in ("format", "graph", "cluster", "assignment")}
-    placement = Placement(dict(assignment), graph=str(pdoc.get("graph", "")), cluster=str(pdoc.get("cluster", "")),
-                          meta=extra)
+    placement = Placement.from_dict(doc["placement"], f"{path}: placement")
     settings = doc.get("settings", {})
     if not isinstance(settings, Mapping) or not isinstance(settings.get("source", {}), Mapping | None):
         raise FormatError(f"{path}: \"settings\" must be a JSON object (and its \"source\" too); is this a devplace "
                           "plan file?")
-    result = simulate(graph, cluster, placement, schedule=schedule_of(placement))
+    result = simulate(graph, cluster, placement, schedule=placement.schedule)
     return Plan(graph, cluster, placement, result, dict(settings))
 
 

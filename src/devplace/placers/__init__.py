@@ -14,8 +14,8 @@ from devplace.placers.registry import (
     placer_names,
     register,
 )
-from devplace.placers.search import SearchProgress, SearchResult, place, place_expanded
+from devplace.placers.search import SearchProgress, SearchResult, Tried, place, place_expanded, search_placement
 
 __all__ = ["MemoryNeeds", "NoFitError", "PlacerError", "PlacerOutput", "PlacerSpec", "SearchProgress",
-           "SearchResult", "get_placer", "memory_needs", "no_fit_error", "place", "place_expanded",
-           "placer_names", "register"]
+           "SearchResult", "Tried", "get_placer", "memory_needs", "no_fit_error", "place", "place_expanded",
+           "placer_names", "register", "search_placement"]

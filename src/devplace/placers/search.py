@@ -805,8 +805,8 @@ def place(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, o
     placer's best order is not theirs. The Placement's meta["order_auto"] records the chosen order and why.
     The search itself: `devplace.placers.search` (its module docstring).
     """
-    return search(Request(graph, cluster, placer, order, seed, semantics_of(graph, semantics), settings,
-                          try_orders, try_with, None, progress)).placement
+    return search_placement(graph, cluster, placer=placer, order=order, seed=seed, progress=progress,
+                            try_orders=try_orders, try_with=try_with, semantics=semantics, **settings).placement
 
 
 def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER,
@@ -828,8 +828,19 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
     placed then.
     `order="auto"` compares the orders on the full graph (module docstring; meta["order_auto"]).
     """
-    if coarsening.original and coarsening.original != full.name:
-        raise GraphError(f"the coarsening was made from graph {coarsening.original!r}, not {full.name!r}; pass the "
+    return search_placement(full, cluster, coarsening=coarsening, placer=placer, order=order, seed=seed,
+                            progress=progress, try_orders=try_orders, try_with=try_with, semantics=semantics,
+                            **settings)
+
+
+def search_placement(graph: CompGraph, cluster: Cluster, *, coarsening: Coarsening | None = None,
+                     placer: str = DEFAULT_PLACER, order: Order = DEFAULT_ORDER, seed: int = DEFAULT_SEED,
+                     progress: Progress | None = None, try_orders: int | None = None, try_with: str | None = None,
+                     semantics: Semantics | str | None = None, **settings: Any) -> SearchResult:
+    """`place` (without `coarsening`) or `place_expanded` (`graph` is then the full graph the coarsening was made
+    from), answering with the whole SearchResult: the placement, its simulation, the log and the cost."""
+    if coarsening is not None and coarsening.original and coarsening.original != graph.name:
+        raise GraphError(f"the coarsening was made from graph {coarsening.original!r}, not {graph.name!r}; pass the "
                          "full graph it was made from (e.g. Prepared.full with Prepared.coarsening)")
-    return search(Request(full, cluster, placer, order, seed, semantics_of(full, semantics), settings, try_orders,
+    return search(Request(graph, cluster, placer, order, seed, semantics_of(graph, semantics), settings, try_orders,
                           try_with, coarsening, progress))

@@ -42,6 +42,7 @@ from devplace.capture.torch_capture import default_loss
 from devplace.defaults import (
     AUTO_PIPELINE,
     AUTO_PLACER,
+    AUTO_PLACERS,
     CANONICAL_ORDER,
     DEFAULT_ORDER,
     DEFAULT_PLACER,
@@ -59,7 +60,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, Device, load_cluster
 from devplace.hardware.cost import CostTable, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
-from devplace.placers import NoFitError, get_placer
+from devplace.placers import NoFitError, Tried, get_placer
 from devplace.placers.even import even_devices
 from devplace.placers.memory import memory_needs
 from devplace.placers.pipeline import pipeline_schedules
@@ -190,52 +191,63 @@ def _auto_with_microbatches(prepared: Prepared, cluster: Cluster, schedule: str 
     """Placer auto on a captured model: the best of `AUTO_PLACERS` without micro-batches (skipped, with the reason,
     where the parameters and the whole batch's activations exceed the cluster's memory) and of `AUTO_PIPELINE`
     under each of `AUTO_PIPELINE_KINDS` (or the one kind asked for) on micro-batches captured at their own size
-    (`_pipeline_microbatches`), unless `schedule` is "none". The fastest that fits is kept; meta["placer_auto"]
-    records every candidate's step (or why it was skipped or did not fit) and time."""
-    tried: dict[str, Any] = {}
-    times: dict[str, float] = {}
+    (`_pipeline_microbatches`), unless `schedule` is "none". The fastest that fits is kept. The log (`Placed.log`)
+    holds every search's entries and one per candidate (level "schedule"); meta["placer_auto"] is read from it:
+    each of `AUTO_PLACERS`' and each candidate's step (or why it was skipped or did not fit), and the
+    candidates' times."""
+    log: list[Tried] = []
     found: list[tuple[str, Placed]] = []
     captured: dict[int, Prepared] = {}  # each micro-batch size captured once for every schedule kind
-
-    def attempt(name: str, run: Callable[[], Placed]) -> None:
-        t0 = time.perf_counter()
-        try:
-            placed = run()
-        except (NoFitError, PlacerError) as exc:  # e.g. no micro-batch count divides the batch for interleaving
-            tried[name] = f"{type(exc).__name__}: {getattr(exc, 'reason', '') or exc}"
-        else:
-            inner = placed.placement.meta.get("placer_auto")
-            tried.update(inner["tried"] if isinstance(inner, dict) else {})
-            tried[name] = placed.result.step_time_s
-            found.append((name, placed))
-        times[name] = time.perf_counter() - t0
-
     with counting() as count:  # every simulation of the search, the memory check's included
         if schedule in (None, "none"):  # no schedule kind asked for
             needs, has = memory_needs(prepared.full).total_bytes, float(cluster.memory.sum())
             if needs > has:
-                tried["unpipelined"] = (f"skipped: the parameters and the whole batch's activations need "
-                                        f"{fmt_bytes(needs)}, the cluster has {fmt_bytes(has)}")
+                log.append(Tried("schedule", "unpipelined", None, None, f"skipped: the parameters and the whole "
+                                 f"batch's activations need {fmt_bytes(needs)}, the cluster has {fmt_bytes(has)}",
+                                 0.0))
             else:
-                attempt("unpipelined", lambda: place_graph(prepared.graph, cluster, placer=AUTO_PLACER,
-                                                           coarsening=prepared.coarsening, full=prepared.full,
-                                                           schedule="none", **how))
+                found += _attempt(log, "schedule", "unpipelined", lambda: place_graph(
+                    prepared.graph, cluster, placer=AUTO_PLACER, coarsening=prepared.coarsening, full=prepared.full,
+                    schedule="none", **how))
         if schedule != "none" and graph_batch(prepared.full) >= 2:  # type: ignore[operator]
             for kind in (schedule,) if schedule is not None else AUTO_PIPELINE_KINDS:
-                attempt(f"{AUTO_PIPELINE} {kind}", lambda kind=kind: _pipeline_microbatches(
-                    prepared, cluster, {"schedule": kind}, how, captured))
+                # PlacerError too: e.g. no micro-batch count divides the batch for interleaving
+                found += _attempt(log, "schedule", f"{AUTO_PIPELINE} {kind}", lambda kind=kind: _pipeline_microbatches(
+                    prepared, cluster, {"schedule": kind}, how, captured), (NoFitError, PlacerError))
+    candidates = [e for e in log if e.level == "schedule"]
     if not found:
-        why = "; ".join(f"{name}: {r}" for name, r in tried.items())
+        why = "; ".join(f"{e.placer}: {e.dropped}" for e in candidates)
         err = NoFitError(f"placer {AUTO_PLACER!r} found no placement of {prepared.full.name} on {cluster.name} that "
                          f"fits memory ({why})")
         err.reason = f"nothing fits ({why})"
         raise err
     name, best = min(found, key=lambda nb: nb[1].result.step_time_s)  # of equals the first: unpipelined
-    kept = best.placer if name == "unpipelined" else name
-    meta = {"placer": kept, "tried": tried, "time_s": times,
+    # the placers of AUTO_PLACERS as the unpipelined search judged them, then the candidates
+    tried = {e.placer: e.outcome for e in log if e.level == "placer" and e.placer in AUTO_PLACERS}
+    tried.update((e.placer, e.outcome) for e in candidates)
+    times = {e.placer: e.seconds for e in candidates if not (e.dropped or "").startswith("skipped")}
+    meta = {"placer": best.placer if name == "unpipelined" else name, "tried": tried, "time_s": times,
             "why": f"smallest simulated step time of {', '.join(times)} (placer {AUTO_PLACER!r})"}
     return replace(best, placement=best.placement.with_meta(placer_auto=meta), placement_time_s=sum(times.values()),
-                   simulations=count.runs)
+                   simulations=count.runs, log=tuple(log))
+
+
+def _attempt(log: list[Tried], level: str, name: str, run: Callable[[], Placed],
+             errors: tuple[type[DevplaceError], ...] = (NoFitError,), microbatches: int | None = None,
+             ) -> list[tuple[str, Placed]]:
+    """`run()`, one candidate of a search over captures of a model, logged: its own search's log, then an
+    entry at `level` with its step (or why it was dropped: one of `errors`) and seconds. Returns [(name, it)],
+    or [] when dropped."""
+    t0 = time.perf_counter()
+    try:
+        placed = run()
+    except errors as exc:
+        log.append(Tried(level, name, None, None, f"{type(exc).__name__}: {getattr(exc, 'reason', '') or exc}",
+                         time.perf_counter() - t0, microbatches))
+        return []
+    log += placed.log
+    log.append(Tried(level, name, None, placed.result.step_time_s, None, time.perf_counter() - t0, microbatches))
+    return [(name, placed)]
 
 
 def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[str, Any],
@@ -243,8 +255,9 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
     """The `pipeline` placer on a captured model, one micro-batch count at a time (the given one, else each of
     the placer's choices that divides the batch, the largest first), each on the model captured at batch / M
     (every op costed at the micro-batch's size; `captured` caches those captures by M across calls); the fastest
-    feasible pipeline is kept and meta["microbatch_search"] records each count's step (or why it did not fit).
-    With order "auto" the orders are compared at the first count that fits and the kept order walks the others
+    feasible pipeline is kept. The log holds each count's search and an entry per count (level "microbatches");
+    meta["microbatch_search"] records each count's step (or why it did not fit), read from it. With order
+    "auto" the orders are compared at the first count that fits and the kept order walks the others
     (meta["microbatch_search"]["order_chosen_at"]). NoFitError when none fits."""
     batch = graph_batch(prepared.full)
     chunks = settings.get("chunks")
@@ -252,7 +265,7 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
                                                           chunks, cluster.num_devices, batch=batch)][::-1]
     rest = {k: v for k, v in settings.items() if k != "microbatches" and v is not None}
     captured = {} if captured is None else captured
-    tried: dict[str, Any] = {}
+    log: list[Tried] = []
     best: Placed | None = None
     walk = dict(how)
     chosen_at: int | None = None
@@ -260,18 +273,15 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
     with counting() as count:
         for m in counts:
             micro = captured[m] if m in captured else captured.setdefault(m, microbatch_prepared(prepared, m))
-            try:
-                placed = place_graph(micro.graph, cluster, placer="pipeline", coarsening=micro.coarsening,
-                                     full=micro.full, microbatches=m, **walk, **rest)
-            except NoFitError as exc:
-                tried[str(m)] = exc.reason or str(exc)
-                continue
-            if walk.get("order") == "auto" and placed.order is not None:
-                walk.update(order=placed.order, try_orders=None, try_with=None)
-                chosen_at = m
-            tried[str(m)] = placed.result.step_time_s
-            if best is None or placed.result.step_time_s < best.result.step_time_s:
-                best = placed
+            for _, placed in _attempt(log, "microbatches", "pipeline", lambda micro=micro, m=m: place_graph(
+                    micro.graph, cluster, placer="pipeline", coarsening=micro.coarsening, full=micro.full,
+                    microbatches=m, **walk, **rest), microbatches=m):
+                if walk.get("order") == "auto" and placed.order is not None:
+                    walk.update(order=placed.order, try_orders=None, try_with=None)
+                    chosen_at = m
+                if best is None or placed.result.step_time_s < best.result.step_time_s:
+                    best = placed
+    tried = {str(e.microbatches): e.outcome for e in log if e.level == "microbatches"}
     if best is None:
         reasons = "; ".join(f"M={m}: {why}" for m, why in tried.items())
         err = NoFitError(f"placer 'pipeline' found no pipeline of {prepared.full.name} on {cluster.name} that fits "
@@ -282,7 +292,7 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
               "order_chosen_at": chosen_at}
     return replace(best, placement=best.placement.with_meta(microbatch_search=search),
                    placement_time_s=time.perf_counter() - t0,  # the whole search's, captures included
-                   simulations=count.runs)
+                   simulations=count.runs, log=tuple(log))
 
 
 def save_placed_plan(placed: Placed, path: Path, *, model: str | None = None, batch: int | None = None,

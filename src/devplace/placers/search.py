@@ -412,8 +412,10 @@ def views(req: Request, spec: PlacerSpec) -> Iterator[View]:
 class Tried:
     """One entry of a search's log: at `level` "placer" (a placer of placer "auto", or the one placer asked
     for), "order" (an order of order "auto", placed by `placer`) or "start" (a refining placer's start, `placer`,
-    judged beside it): the step on the graph as run, or why it was `dropped` (its NoFitError, or why it was
-    skipped), and the `seconds` it took."""
+    judged beside it) -- and, in the searches over captures of a model (`devplace.app`), "schedule" (`placer`
+    names the candidate: "unpipelined", "pipeline 1f1b") and "microbatches" (the pipeline on the capture at
+    batch / `microbatches`): the step on the graph as run, or why it was `dropped` (its NoFitError, or why it
+    was skipped), and the `seconds` it took."""
 
     level: str
     placer: str
@@ -421,6 +423,7 @@ class Tried:
     step_time_s: float | None
     dropped: str | None
     seconds: float
+    microbatches: int | None = None
 
     @property
     def outcome(self) -> float | str:

@@ -388,7 +388,7 @@ def views(req: Request, spec: PlacerSpec) -> Iterator[View]:
     graph (or its coarse groups); under the autograd rule with tie classes, natively where the placer keeps
     classes together itself (it sees the real dependencies), then with the classes folded; then, for a
     coarsening whose groups tie too much, the same on finer coarsenings (module docstring)."""
-    coarsening, refined = req.coarsening, 0
+    coarsening, finer = req.coarsening, 0
     while True:
         base = View.of(req.graph) if coarsening is None else View.coarse(coarsening, req.graph)
         classes = tie_classes(base.graph) if req.semantics is Semantics.AUTOGRAD else untied(base.graph)
@@ -398,10 +398,10 @@ def views(req: Request, spec: PlacerSpec) -> Iterator[View]:
             if spec.handles_ties:
                 yield base.tied(classes)
             yield base.fold(classes)
-        if (coarsening is None or refined == REFINE_STEPS or req.semantics is not Semantics.AUTOGRAD
+        if (coarsening is None or finer == REFINE_STEPS or req.semantics is not Semantics.AUTOGRAD
                 or coarsening.num_groups >= req.graph.num_nodes):
             return
-        refined += 1
+        finer += 1
         coarsening = coarsen(req.graph, coarsening.num_groups * REFINE_FACTOR)
 
 
@@ -516,7 +516,8 @@ def _best_placer(req: Request, plan: SearchPlan, log: list[Tried]) -> Fitted:
         raise no_fit_error(req.graph, req.cluster, AUTO_PLACER, f"none of {', '.join(reasons)} fits ({why})")
     placers = [e for e in log if e.level == "placer"]
     times = {e.placer: e.seconds for e in placers if not (e.dropped or "").startswith("skipped")}
-    if best.placer == AUTO_PIPELINE and all(e.step_time_s is None for e in placers if e.placer in AUTO_PLACERS):
+    flat = [e for e in placers if e.placer in AUTO_PLACERS and e.placer in times]  # those that ran
+    if best.placer == AUTO_PIPELINE and flat and all(e.step_time_s is None for e in flat):
         why = (f"none of {', '.join(AUTO_PLACERS)} fits without micro-batches; {AUTO_PIPELINE} runs the step in "
                "micro-batches, which hold the activations of fewer samples at once")
     else:
@@ -548,9 +549,9 @@ def _best_order(req: Request, pc: PlacerCandidates, progress: Progress | None, l
         if best is None or fitted.step_time_s < best.step_time_s:  # strictly smaller: ties keep the model's first
             best = fitted
     orders = [e for e in log[mark:] if e.level == "order" and e.placer == trial]
-    why = {"mode": auto.mode, "tried": {e.order: e.outcome for e in orders}, "time_s": {e.order: e.seconds
-                                                                                          for e in orders},
-           **auto.base, "why": auto.reason + (" of the full graph" if req.coarsening is not None else "")}
+    why = {"mode": auto.mode, "tried": {e.order: e.outcome for e in orders},
+           "time_s": {e.order: e.seconds for e in orders}, **auto.base,
+           "why": auto.reason + (" of the full graph" if req.coarsening is not None else "")}
     if best is None:
         if not pc.on_view:
             assert first_error is not None

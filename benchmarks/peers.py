@@ -434,9 +434,8 @@ def placer_row(method: str, prepared: Prepared, cluster: Cluster, **how: Any) ->
         return Row(method, None, took_s=time.perf_counter() - t0, note=f"{type(exc).__name__}")
     took = time.perf_counter() - t0
     sched = placed.placement.schedule
-    made = getattr(placed.placement, "made_by", None) or placed.placement.meta.get("placer_auto") or placed.placer
-    if isinstance(made, dict):
-        made = made.get("placer", placed.placer)
+    auto = placed.placement.meta.get("placer_auto")  # placer auto: the candidate kept ("pipeline 1f1b")
+    made = auto.get("placer", placed.placer) if isinstance(auto, dict) else placed.placer
     note = f"{made}" + (f", {sched.label}" if sched is not None else ", no micro-batches")
     return Row(method, placed.result.step_time_s, placed.result.feasible, peak_text(placed.result, cluster), took,
                note)

@@ -95,7 +95,6 @@ from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster, op_times
 from devplace.hardware.cost import cost_devices
 from devplace.hardware.presets import GB, PCIE3_X16, PRESETS, TFLOPS, V100_SXM2_32GB, GpuSpec, gpus
-from devplace.placers import schedule_of
 from devplace.placers.even import _sequence, even_devices
 from devplace.sim import Schedule, ScheduleError, SimResult, lower_bound, simulate
 
@@ -434,10 +433,9 @@ def placer_row(method: str, prepared: Prepared, cluster: Cluster, **how: Any) ->
     except DevplaceError as exc:
         return Row(method, None, took_s=time.perf_counter() - t0, note=f"{type(exc).__name__}")
     took = time.perf_counter() - t0
-    sched = schedule_of(placed.placement)
-    made = getattr(placed.placement, "made_by", None) or placed.placement.meta.get("placer_auto") or placed.placer
-    if isinstance(made, dict):
-        made = made.get("placer", placed.placer)
+    sched = placed.placement.schedule
+    auto = placed.placement.meta.get("placer_auto")  # placer auto: the candidate kept ("pipeline 1f1b")
+    made = auto.get("placer", placed.placer) if isinstance(auto, dict) else placed.placer
     note = f"{made}" + (f", {sched.label}" if sched is not None else ", no micro-batches")
     return Row(method, placed.result.step_time_s, placed.result.feasible, peak_text(placed.result, cluster), took,
                note)

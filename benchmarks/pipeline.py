@@ -45,7 +45,7 @@ from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster
 from devplace.hardware.cost import cost_devices
 from devplace.hardware.presets import PRESETS
-from devplace.placers import NoFitError, schedule_of
+from devplace.placers import NoFitError
 from devplace.placers.even import even_devices
 from devplace.planning import place_graph
 from devplace.sim import Schedule, ScheduleError, SimResult, simulate
@@ -155,7 +155,7 @@ def main() -> None:
             continue
         took = time.perf_counter() - t0
         full = placed.graph  # one micro-batch, captured at batch / M, for a zoo model
-        sched = schedule_of(placed.placement)
+        sched = placed.placement.schedule
         ours = placed.result.step_time_s
         assert placed.result.feasible
         per = 1e3 / batch

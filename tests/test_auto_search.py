@@ -15,8 +15,8 @@ from devplace.defaults import AUTO_PIPELINE, AUTO_PLACERS
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, Device, Link
-from devplace.placers import place, schedule_of
-from devplace.placers.registry import auto_candidates
+from devplace.placers import place
+from devplace.placers.search import auto_candidates
 
 NETS = '''
 import torch
@@ -56,9 +56,9 @@ def test_auto_compares_a_pipeline_where_the_batch_can_be_split():
     assert set(tried) == {*AUTO_PLACERS, AUTO_PIPELINE}
     assert p.meta["step_time_s"] == min(t for t in tried.values() if isinstance(t, float))
     flat = place(g, _slow_links(), order="topo", schedule="none")
-    assert schedule_of(flat) is None and AUTO_PIPELINE not in flat.meta["placer_auto"]["tried"]
+    assert flat.schedule is None and AUTO_PIPELINE not in flat.meta["placer_auto"]["tried"]
     piped = place(g, _slow_links(), order="topo", schedule="gpipe")
-    assert schedule_of(piped).kind == "gpipe"
+    assert piped.schedule.kind == "gpipe"
     with pytest.raises(DevplaceError, match="schedule must be one of none, gpipe, 1f1b"):
         place(g, _slow_links(), schedule="zigzag")
 
@@ -71,12 +71,12 @@ def test_auto_on_a_captured_model_compares_unpipelined_and_pipelined_micro_batch
     steps = {k: t for k, t in meta["tried"].items() if k in meta["time_s"]}
     assert set(steps) == {"unpipelined", "pipeline 1f1b", "pipeline interleaved-1f1b"}
     assert placed.result.step_time_s == min(t for t in steps.values() if isinstance(t, float))
-    if schedule_of(placed.placement) is not None:  # a pipeline kept: on micro-batches of their own size
-        assert schedule_of(placed.placement).microbatch_graph or schedule_of(placed.placement).microbatches == 1
+    if placed.placement.schedule is not None:  # a pipeline kept: on micro-batches of their own size
+        assert placed.placement.schedule.microbatch_graph or placed.placement.schedule.microbatches == 1
     text = " ".join(placed.text().split())
     assert "placer auto ->" in text and "pipeline 1f1b" in text
     flat = place_prepared(prepared, cluster, order="topo", settings={"schedule": "none"})
-    assert schedule_of(flat.placement) is None
+    assert flat.placement.schedule is None
     assert set(flat.placement.meta["placer_auto"]["time_s"]) == {"unpipelined"}
     assert flat.result.step_time_s == steps["unpipelined"]
 
@@ -99,17 +99,17 @@ def test_order_auto_places_the_pipeline_once_per_forward_sequence():
 
 
 def test_auto_leaves_quadratic_placers_out_on_large_graphs_and_says_so(monkeypatch):
-    import devplace.placers.registry as registry
+    import devplace.placers.search as search
     from devplace.planning import place_graph
 
     g = _graph(1)  # one sample: no pipeline candidate either
-    monkeypatch.setattr(registry, "AUTO_QUADRATIC_NODES", g.num_nodes - 1)
+    monkeypatch.setattr(search, "AUTO_QUADRATIC_NODES", g.num_nodes - 1)
     p = place(g, _slow_links(), order="topo")
     meta = p.meta["placer_auto"]
     assert "greedy" not in meta["time_s"] and meta["tried"]["greedy"].startswith("skipped: its time grows")
     assert set(meta["time_s"]) == {"m-etf", "even-refine"}
     assert "greedy skipped" in " ".join(place_graph(g, _slow_links(), order="topo").text().split())
-    monkeypatch.setattr(registry, "AUTO_QUADRATIC_NODES", g.num_nodes)
+    monkeypatch.setattr(search, "AUTO_QUADRATIC_NODES", g.num_nodes)
     assert "greedy" in place(g, _slow_links(), order="topo").meta["placer_auto"]["time_s"]
 
 

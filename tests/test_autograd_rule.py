@@ -114,7 +114,7 @@ def test_every_placer_keeps_tie_classes_and_reports_the_as_run_step(name, mlp):
     assert p.runtime_placement.assignment == p.placement.assignment
     assert p.result.step_time_s == p.runtime_result.step_time_s
     assert p.result.feasible
-    assert p.placement.meta["semantics"] == "autograd"
+    assert p.placement.made_by.semantics == "autograd"
     assert p.placement.meta["ties"] == ("native" if get_placer(name).handles_ties else "folded")
 
 
@@ -135,7 +135,7 @@ def test_rule_off_is_the_placers_own_placement(name, mlp):
     direct = spec.func(g, c, order=traversal_indices(g, "topo", 0, cluster=c), seed=0)
     off = place(g, c, placer=name, order="topo", semantics="op-by-op")
     assert off.to_array(g, 3).tolist() == np.asarray(direct).tolist()
-    assert off.meta["semantics"] == "op-by-op" and "ties" not in off.meta
+    assert off.made_by.semantics == "op-by-op" and "ties" not in off.meta
 
 
 @pytest.mark.parametrize("name", ["m-etf", "heft", "greedy", "m-topo"])

@@ -13,7 +13,6 @@ from devplace.app.with_torch import pipeline_demo
 from devplace.capture.pipeline import prepare
 from devplace.capture.torch_capture import capture
 from devplace.hardware.cluster import Cluster, Device, Link
-from devplace.placers import schedule_of
 from devplace.placers.memory import memory_needs
 from devplace.sim import Schedule, ScheduledResult
 
@@ -37,7 +36,7 @@ def test_demo_compares_the_pipeline_with_the_even_split_and_the_unpipelined_step
     single, _, even, ours = demo.compared
     assert not single.result.feasible  # the model does not fit one device
     assert ours.result is demo.placed.result and ours.result.feasible
-    assert schedule_of(demo.placed.placement) == Schedule("1f1b", 4)
+    assert demo.placed.placement.schedule == Schedule("1f1b", 4)
     assert isinstance(even.result, ScheduledResult) and even.result.schedule == Schedule("1f1b", 4)
     assert ours.result.step_time_s >= demo.placed.bound.work_s
     assert demo.ideal_s == demo.placed.bound.work_s * (4 + 4 - 1) / 4

@@ -42,7 +42,7 @@ def test_chain_without_modules_is_cut_into_equal_compute_parts():
     g = graph([(f"n{i}", 1.0) for i in range(9)], [(f"n{i}", f"n{i + 1}", 8) for i in range(8)])
     p = place(g, cluster(3), placer="even", order="topo")
     assert [p.assignment[f"n{i}"] for i in range(9)] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
-    assert p.meta["placer"] == "even" and p.meta["order"] is None
+    assert p.made_by.placer == "even" and p.made_by.order is None
 
 
 def test_even_split_over_memory_raises_no_fit():

@@ -27,6 +27,8 @@ from devplace.graph import (
     save_graph,
     save_placement,
 )
+from devplace.graph.placement import MadeBy
+from devplace.graph.schedule import Schedule
 
 NUMERIC = ("compute_s", "output_bytes", "param_bytes", "temp_bytes")
 BAD_NUMBERS = [-1, -0.5, math.nan, math.inf, -math.inf, "5", True, False, None, [1], {"x": 1}]
@@ -695,13 +697,15 @@ def small_graph() -> CompGraph:
 
 
 def test_placement_round_trip(tmp_path: Path) -> None:
-    p = Placement({"a": 0, "b": 1, "c": 1}, graph="small", cluster="2xK80", meta={"placer": "greedy", "seed": 3})
+    p = Placement({"a": 0, "b": 1, "c": 1}, graph="small", cluster="2xK80", meta={"step_time_s": 1.5},
+                  schedule=Schedule("gpipe", 2), made_by=MadeBy("greedy", "topo", 3))
     path = tmp_path / "p.json"
     save_placement(p, path)
     doc = json.loads(path.read_text())
     assert doc["format"] == "devplace.placement/1"
     assert doc["assignment"] == {"a": 0, "b": 1, "c": 1}
-    assert doc["placer"] == "greedy"
+    assert (doc["placer"], doc["order"], doc["seed"], doc["step_time_s"]) == ("greedy", "topo", 3, 1.5)
+    assert doc["schedule"] == Schedule("gpipe", 2).to_dict()
     q = load_placement(path)
     assert q == p
     assert q.to_array(small_graph(), 2).tolist() == [0, 1, 1]

@@ -100,7 +100,7 @@ def test_placers_on_a_mixed_cluster_fit_and_stay_above_the_bound(placer):
 
 
 def test_the_pipeline_on_the_same_gpus_in_another_order_gives_the_same_step():
-    from devplace.placers import place, schedule_of
+    from devplace.placers import place
     from devplace.placers.pipeline import device_orders
 
     g = _captured(512, 256)
@@ -114,6 +114,6 @@ def test_the_pipeline_on_the_same_gpus_in_another_order_gives_the_same_step():
         assert kind_of == [["A100-SXM4-40GB"] * 2 + ["V100-PCIe-16GB"] * 2,
                            ["V100-PCIe-16GB"] * 2 + ["A100-SXM4-40GB"] * 2]  # fastest first, slowest first
         p = place(costed, c, placer="pipeline", order="topo", microbatches=4, semantics="autograd")
-        assert (schedule_of(p).device_order or (0, 1, 2, 3)) in orders  # None: by index
+        assert (p.schedule.device_order or (0, 1, 2, 3)) in orders  # None: by index
         steps.append(p.meta["step_time_s"])
     assert steps[0] == pytest.approx(steps[1], rel=1e-9)

@@ -19,7 +19,7 @@ DEVELOPERS = Path(__file__).resolve().parent.parent / "DEVELOPERS.md"
 # The bottom helpers every layer may import (DEVELOPERS.md: "imports nothing" / "nothing of devplace").
 BOTTOM = frozenset({"errors", "defaults", "units", "files", "graph.heap"})
 # Layer -> the layers it may import besides itself, as DEVELOPERS.md's "may import" column states them.
-# graph/ may import only errors (and heap, which lives in it).
+# graph/ may import only errors, files and defaults (which import nothing), and heap, which lives in it.
 BELOW_PLANNING = frozenset({"placers", "sim", "orders", "capture", "zoo", "hardware", "graph"})
 ALLOWED: dict[str, frozenset[str]] = {
     "cli": frozenset({"app", "study", "runtime", "planning"}) | BELOW_PLANNING | BOTTOM,
@@ -33,7 +33,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "capture": frozenset({"zoo", "hardware", "graph"}) | BOTTOM,
     "zoo": frozenset({"graph"}) | BOTTOM,
     "hardware": frozenset({"graph"}) | BOTTOM,
-    "graph": frozenset({"errors", "files", "graph.heap"}),
+    "graph": frozenset({"errors", "files", "defaults", "graph.heap"}),
     "graph.heap": frozenset(),
     "units": frozenset(),
     "errors": frozenset(),

@@ -16,7 +16,7 @@ from devplace.capture.torch_capture import capture
 from devplace.errors import DevplaceError
 from devplace.graph.batch import graph_batch, graph_microbatches
 from devplace.hardware.cluster import load_cluster as get_preset
-from devplace.placers import place, schedule_of
+from devplace.placers import place
 from devplace.placers.pipeline import pipeline_schedules
 from devplace.sim import Schedule, ScheduleError, simulate
 
@@ -60,7 +60,7 @@ def test_the_pipeline_placer_only_tries_counts_that_divide_the_batch():
         pipeline_schedules("1f1b", 8, None, 2, batch=12)
     g = _mlp_graph(6)
     p = place(g, get_preset("2xK80"), placer="pipeline", order="topo")
-    assert 6 % schedule_of(p).microbatches == 0
+    assert 6 % p.schedule.microbatches == 0
 
 
 def test_a_micro_batch_graph_runs_only_under_its_own_count():
@@ -91,7 +91,7 @@ def test_a_captured_model_is_pipelined_on_micro_batches_of_its_own_size(convnet)
     whole = prepare_model(convnet, batch=8)
     cluster = get_preset("2xK80")
     placed = place_prepared(whole, cluster, placer="pipeline", order="topo")
-    sched = schedule_of(placed.placement)
+    sched = placed.placement.schedule
     search = placed.placement.meta["microbatch_search"]
     assert search["batch"] == 8 and set(search["tried"]) == {"1", "2", "4", "8"}
     assert sched.microbatches == search["kept"] and sched.microbatch_graph == (sched.microbatches > 1)
@@ -102,5 +102,5 @@ def test_a_captured_model_is_pipelined_on_micro_batches_of_its_own_size(convnet)
     assert f"batch 8 split into M={sched.microbatches}" in text
     # a count given by the user is the only one placed
     fixed = place_prepared(whole, cluster, placer="pipeline", order="topo", settings={"microbatches": 2})
-    assert schedule_of(fixed.placement) == Schedule("1f1b", 2, microbatch_graph=True)
+    assert fixed.placement.schedule == Schedule("1f1b", 2, microbatch_graph=True)
     assert fixed.result.step_time_s == search["tried"]["2"]

@@ -101,7 +101,7 @@ def test_cheap_placers_try_every_candidate_order(chain_fork, placer: str) -> Non
     for o in ("topo", "reversed-topo", "bfs"):  # the tried step times are those of the orders placed directly
         assert auto["tried"][o] == place(chain_fork, c, placer=placer, order=o).meta["step_time_s"]
     best = _first_best(auto["tried"])
-    assert auto["order"] == p.meta["order"] == best and p.meta["step_time_s"] == min(auto["tried"].values())
+    assert auto["order"] == p.made_by.order == best and p.meta["step_time_s"] == min(auto["tried"].values())
     assert p.assignment == place(chain_fork, c, placer=placer, order=best).assignment
 
 
@@ -121,14 +121,14 @@ def test_expensive_placers_and_orderless_ones_follow_the_model(chain_fork) -> No
     p = place(chain_fork, c, placer="anneal", order="auto", steps=20)
     auto, rec = p.meta["order_auto"], recommend_order(chain_fork, c, placer="anneal")
     assert auto["mode"] == "model" and "tried" not in auto and "not registered cheap" in auto["why"]
-    assert auto["order"] == p.meta["order"] == rec.order and auto["rule"] == rec.rule
+    assert auto["order"] == p.made_by.order == rec.order and auto["rule"] == rec.rule
     assert p.assignment == place(chain_fork, c, placer="anneal", order=rec.order, steps=20).assignment
     # try_orders=K still tries the model's top K for an expensive placer
     tried = place(chain_fork, c, placer="anneal", order="auto", steps=20, try_orders=2).meta["order_auto"]["tried"]
     assert list(tried) == list(rec.ranking[:2])
     p = place(chain_fork, c, placer="heft", order="auto")  # heft ignores the order: nothing to try
     auto = p.meta["order_auto"]
-    assert p.meta["order"] is None and auto["mode"] == "model" and "does not walk" in auto["rule"]
+    assert p.made_by.order is None and auto["mode"] == "model" and "does not walk" in auto["rule"]
 
 
 def test_try_k_keeps_the_best_of_the_k_most_promising(chain_fork) -> None:
@@ -138,7 +138,7 @@ def test_try_k_keeps_the_best_of_the_k_most_promising(chain_fork) -> None:
     ranking = recommend_order(chain_fork, c, placer="greedy").ranking
     assert list(auto["tried"]) == list(ranking[:3])
     assert p.meta["step_time_s"] == min(auto["tried"].values())
-    assert auto["order"] == p.meta["order"] in ranking[:3]
+    assert auto["order"] == p.made_by.order in ranking[:3]
     with pytest.raises(PlacerError, match="needs order='auto'"):
         place(chain_fork, c, placer="greedy", order="topo", try_orders=2)
     with pytest.raises(PlacerError, match=">= 1"):
@@ -155,7 +155,7 @@ def test_try_with_a_cheap_placer_runs_the_requested_placer_once(chain_fork) -> N
     greedy_times = {o: place(chain_fork, c, placer="greedy", order=o).meta["step_time_s"] for o in ranking[:3]}
     assert auto["tried"] == greedy_times
     best = min(ranking[:3], key=lambda o: (greedy_times[o], ranking.index(o)))
-    assert p.meta["placer"] == "contiguous" and p.meta["order"] == best
+    assert p.made_by.placer == "contiguous" and p.made_by.order == best
     assert p.assignment == place(chain_fork, c, placer="contiguous", order=best).assignment
     with pytest.raises(PlacerError, match="give both"):
         place(chain_fork, c, placer="contiguous", order="auto", try_with="greedy")
@@ -207,7 +207,7 @@ def test_place_takes_an_explicit_or_callable_order(placer: str) -> None:
     for custom in (ids, tuple(ids), lambda graph: traversal_order(graph, "dfs-postorder")):
         p = place(g, cluster(2), placer=placer, order=custom)
         assert p.assignment == named.assignment
-        assert p.meta["order"] == "custom"
+        assert p.made_by.order == "custom"
     with pytest.raises(OrderError, match="missing 'd'"):
         place(g, cluster(2), placer=placer, order=["a", "b", "c"])
     with pytest.raises(PlacerError, match=r"needs order='auto'.*'custom'"):
@@ -243,14 +243,18 @@ def test_auto_on_a_coarsened_graph_compares_the_orders_on_the_full_graph(placer)
 def test_auto_on_a_coarsened_graph_falls_back_to_the_coarse_choice_when_no_order_fits_alone(monkeypatch) -> None:
     # where every order alone is NoFitError on the full graph, auto chooses again on the coarse graph at every
     # lowered cap (as before the full-graph comparison), which can fit where no fixed order does
-    import devplace.placers.expanded as expanded
+    import devplace.placers.search as search
     from devplace.placers import NoFitError, place_expanded
 
-    def no_order_fits(candidates, attempt, step_of, **options):
-        raise NoFitError("no order fits alone")
+    placed = search.place_candidate
+
+    def no_order_fits_alone(req, placer, orders, settings, progress):
+        if len(orders) == 1:
+            raise NoFitError("no order fits alone")
+        return placed(req, placer, orders, settings, progress)
 
     full, coarsening, c = three_branches()
-    monkeypatch.setattr(expanded, "best_of", no_order_fits)
+    monkeypatch.setattr(search, "place_candidate", no_order_fits_alone)
     ex = place_expanded(coarsening, full, c, placer="m-etf", order="auto")
     auto = ex.placement.meta["order_auto"]
     assert ex.result.feasible and "of the full graph" not in auto["why"] and auto["mode"].startswith("try all")

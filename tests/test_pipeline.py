@@ -58,7 +58,7 @@ def test_a_family_graph_is_placed_op_by_op_unless_told_otherwise():
     g, c = family_graph("cifar10", 3, max_nodes=120), load_cluster("3xGPU-placeto")
     assert g.meta["semantics"] == "op-by-op"
     placed = place(g, c, placer="m-topo", order="topo")
-    assert placed.meta["semantics"] == "op-by-op" and "tie_classes" not in placed.meta  # every group a unit
+    assert placed.made_by.semantics == "op-by-op" and "tie_classes" not in placed.meta  # every group a unit
     assert place(g, c, placer="m-topo", order="topo", semantics="autograd").meta["tie_classes"] < g.num_nodes
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -181,11 +182,10 @@ def test_export_carries_the_schedule_the_placement_was_made_for(planned):
     placement = placement_from_module_map(p.graph, p.cluster, SPLITS[name][2])
     # a placement made without a schedule: 1F1B, one micro-batch per stage
     assert pipeline_split(p.graph, placement, p.cluster).to_dict()["schedule"] == Schedule("1f1b", 2).to_dict()
-    placement.meta["schedule"] = Schedule("gpipe", 4).to_dict()  # as `place` records a pipeline placer's
-    assert read_pipeline(pipeline_split(p.graph, placement, p.cluster).to_dict()).schedule == Schedule("gpipe", 4)
-    placement.meta["schedule"] = Schedule("interleaved-1f1b", 4, 2).to_dict()
+    piped = replace(placement, schedule=Schedule("gpipe", 4))  # as `place` gives a pipeline placer's
+    assert read_pipeline(pipeline_split(p.graph, piped, p.cluster).to_dict()).schedule == Schedule("gpipe", 4)
     with pytest.raises(ExportError, match="one stage per device"):
-        pipeline_split(p.graph, placement, p.cluster)
+        pipeline_split(p.graph, replace(placement, schedule=Schedule("interleaved-1f1b", 4, 2)), p.cluster)
     with pytest.raises(ScheduleError):
         Schedule("gpipe", 0)
 

@@ -19,7 +19,7 @@ def test_the_default_placer_keeps_the_fastest_of_its_placers() -> None:
     assert list(auto["tried"]) == list(AUTO_PLACERS)
     for name, step in auto["tried"].items():
         assert step == place(full, c, placer=name, order="topo").meta["step_time_s"]
-    assert p.meta["step_time_s"] == min(auto["tried"].values()) and p.meta["placer"] == auto["placer"]
+    assert p.meta["step_time_s"] == min(auto["tried"].values()) and p.made_by.placer == auto["placer"]
 
 
 def test_on_a_coarsened_model_each_placer_is_judged_on_the_full_graph() -> None:
@@ -63,15 +63,14 @@ def two_big_layers():
 
 
 def test_when_no_placement_without_micro_batches_fits_auto_pipelines_the_step() -> None:
-    from devplace.placers import schedule_of
     from devplace.sim import simulate
 
     g, c = two_big_layers(), cluster(2, mem=50.0)
     p = place(g, c, order="topo")
     auto = p.meta["placer_auto"]
-    assert p.meta["placer"] == auto["placer"] == "pipeline" and "micro-batches" in auto["why"]
+    assert p.made_by.placer == auto["placer"] == "pipeline" and "micro-batches" in auto["why"]
     assert all(auto["tried"][name].startswith("NoFitError: ") for name in AUTO_PLACERS)
-    again = simulate(g, c, p, schedule=schedule_of(p))
+    again = simulate(g, c, p, schedule=p.schedule)
     assert again.feasible and auto["tried"]["pipeline"] == again.step_time_s == p.meta["step_time_s"]
 
 

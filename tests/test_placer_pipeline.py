@@ -12,6 +12,7 @@ from conftest import cluster
 from devplace.graph import CompGraph
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.modules import segment_spans
+from devplace.graph.placement import MadeBy, Placement
 from devplace.graph.ties import tie_classes, violations
 from devplace.orders import traversal_indices
 from devplace.placers import (
@@ -21,7 +22,6 @@ from devplace.placers import (
     get_placer,
     place,
     place_expanded,
-    schedule_of,
 )
 from devplace.placers.pipeline import MICROBATCH_CHOICES, pipeline_plan
 from devplace.sim import Schedule, simulate
@@ -124,7 +124,7 @@ def test_any_order_gives_a_pipeline(order):
 def test_through_place_with_settings_and_their_checks():
     g, c = layers([1.0] * 6), cluster(3, bw=1e12)
     p = place(g, c, placer="pipeline", order="topo", schedule="gpipe", microbatches=2)
-    assert p.meta["settings"] == {"schedule": "gpipe", "microbatches": 2}
+    assert p.made_by.settings == {"schedule": "gpipe", "microbatches": 2}
     with pytest.raises(PlacerError, match="'schedule' must be one of gpipe, 1f1b"):
         place(g, c, placer="pipeline", order="topo", schedule="zigzag")
     with pytest.raises(PlacerError, match="'microbatches' must be an integer >= 1"):
@@ -205,10 +205,16 @@ def test_place_judges_the_pipeline_under_its_schedule_and_records_it():
     assert not simulate(g, c, plan(g, c, microbatches=8).devices).feasible
     p = place(g, c, placer="pipeline", order="topo", microbatches=8, semantics="autograd")  # a hand-made graph
     assert p.meta["ties"] == "native"  # the placer takes `ties`: it places the graph itself, not the folded one
-    assert p.meta["schedule"] == Schedule("1f1b", 8).to_dict() and schedule_of(p) == Schedule("1f1b", 8)
-    r = simulate(g, c, p, schedule=schedule_of(p))
+    assert p.schedule == Schedule("1f1b", 8) and "schedule" not in p.meta  # typed: meta is the search's record
+    r = simulate(g, c, p, schedule=p.schedule)
     assert r.feasible and p.meta["step_time_s"] == r.step_time_s
     assert violations(g, p.to_array(g, 4), tie_classes(g)) == []
+    # the file format keeps the schedule and how it was made under their keys, and reads them back typed
+    doc = p.to_dict()
+    assert doc["schedule"] == Schedule("1f1b", 8).to_dict() and (doc["placer"], doc["order"]) == ("pipeline", "topo")
+    assert doc["semantics"] == "autograd" and doc["step_time_s"] == r.step_time_s
+    again = Placement.from_dict(doc, "here")
+    assert again == p and again.made_by == MadeBy("pipeline", "topo", 0, {"microbatches": 8}, "autograd")
 
 
 def test_the_placer_returns_its_schedule_and_keeps_the_ties_it_is_given():
@@ -238,7 +244,7 @@ def test_place_expanded_checks_the_full_graph_under_the_schedule():
     c = cluster(4, bw=1e12, mem=2 * 1.0 + 4 * 2 * 10.0 / 8 + 10.0)
     ex = place_expanded(Coarsening(coarse, "layers", groups), full, c, placer="pipeline", order="topo",
                         microbatches=8)
-    assert ex.placement.meta["schedule"] == Schedule("1f1b", 8).to_dict()
+    assert ex.placement.schedule == Schedule("1f1b", 8)
     again = simulate(full, c, ex.placement, schedule=Schedule("1f1b", 8))
     assert ex.result.feasible and again.feasible and ex.result.step_time_s == again.step_time_s
     assert ex.placement.meta["step_time_s"] == again.step_time_s
@@ -252,7 +258,7 @@ def test_trying_orders_compares_the_pipelined_steps():
     assert len(tried) == 2
     for name, step in tried.items():
         assert step == place(g, c, placer="pipeline", order=name, microbatches=4).meta["step_time_s"]
-    assert p.meta["step_time_s"] == min(tried.values()) and p.meta["schedule"]["microbatches"] == 4
+    assert p.meta["step_time_s"] == min(tried.values()) and p.schedule.microbatches == 4
 
 
 def test_anneal_can_start_from_the_pipeline_placement():

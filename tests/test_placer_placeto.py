@@ -197,7 +197,7 @@ def test_placeto_sim_model_optimises_the_placeto_simulator():
     assert run.step_time_s <= run.start_step_time_s
     assert run.curve != train_placeto(g, c, o, 0, replace(hyper, sim_model="devplace")).curve
     p = place(g, c, placer="placeto", seed=0, episodes=2, rounds=2, hidden=8, sim_model="placeto")
-    assert simulate(g, c, p).feasible and p.meta["settings"]["sim_model"] == "placeto"
+    assert simulate(g, c, p).feasible and p.made_by.settings["sim_model"] == "placeto"
 
 
 def test_placeto_sim_model_answer_still_fits_the_devplace_memory_model():

@@ -52,7 +52,7 @@ def test_encoder_reads_the_nodes_in_the_traversal_order():
     p_fwd = place(g, c, placer="seq2seq", order="topo", seed=0, episodes=2)
     p_rev = place(g, c, placer="seq2seq", order="dfs-preorder", seed=0, episodes=2)
     assert p_fwd.assignment != p_rev.assignment
-    assert p_fwd.meta["order"] == "topo"
+    assert p_fwd.made_by.order == "topo"
 
 
 def test_same_seed_same_placement_and_curve():
@@ -112,7 +112,7 @@ def test_sim_model_placeto_rewards_come_from_the_placeto_simulator():
     assert r_p.best_step_time_s == PlacetoModel(g, c).run(r_p.devices).step_time_s
     assert r_p.curve[0]["mean_step_time_s"] != r_d.curve[0]["mean_step_time_s"]  # same samples, other simulator
     p = place(g, c, placer="seq2seq", seed=0, episodes=2, samples=4, sim_model="placeto")
-    assert p.meta["settings"]["sim_model"] == "placeto"
+    assert p.made_by.settings["sim_model"] == "placeto"
     with pytest.raises(PlacerError, match="unknown sim_model"):
         place(g, c, placer="seq2seq", sim_model="tf")
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import cluster
 from devplace.graph import CompGraph
 from devplace.orders import ORDERS
-from devplace.placers import NoFitError, PlacerError, get_placer, place, placer_names, schedule_of
+from devplace.placers import NoFitError, PlacerError, get_placer, place, placer_names
 from devplace.sim import simulate
 from devplace.zoo import layered_graph
 
@@ -44,9 +44,9 @@ def test_placement_is_complete_feasible_and_deterministic(name):
     assert set(p1.assignment) == set(g.ids)
     assert p1.assignment == p2.assignment
     # a placer that returns a schedule (pipeline) is feasible, and timed, under that schedule
-    r = simulate(g, c, p1, schedule=schedule_of(p1))
+    r = simulate(g, c, p1, schedule=p1.schedule)
     assert r.feasible and r.step_time_s == p1.meta["step_time_s"]
-    assert p1.meta["placer"] == name
+    assert p1.made_by.placer == name
 
 
 @pytest.mark.parametrize("name", placer_names())
@@ -74,7 +74,7 @@ def test_order_of_a_sequential_placer_is_recorded():
     for name in placer_names():
         if get_placer(name).uses_order:
             p = place(medium_graph(), cluster(2, bw=12e9, mem=1e12), placer=name, order="bfs")
-            assert p.meta["order"] == "bfs"
+            assert p.made_by.order == "bfs"
             assert np.isfinite(p.meta["step_time_s"])
 
 

@@ -133,7 +133,7 @@ def test_greedy_raises_when_an_op_fits_no_device():
 def test_greedy_through_place_records_the_order():
     g = layered_graph(24, width=4, seed=3)
     p = place(g, cluster(2, bw=12e9), placer="greedy", order="dfs-postorder")
-    assert p.meta["order"] == "dfs-postorder"
+    assert p.made_by.order == "dfs-postorder"
     assert p.meta["step_time_s"] == step(g, cluster(2, bw=12e9), p.to_array(g, 2))
 
 

@@ -51,7 +51,7 @@ def test_refiner_never_ends_worse_than_its_start_on_the_full_graph(nmt20, placer
     assert ex.result.step_time_s <= ref.result.step_time_s
     why = ex.placement.meta["refined_from"]
     assert why["placer"] == start and why["step_time_s"] == ref.result.step_time_s
-    assert ex.placement.meta["placer"] == placer and ex.placement.meta["step_time_s"] == ex.result.step_time_s
+    assert ex.placement.made_by.placer == placer and ex.placement.meta["step_time_s"] == ex.result.step_time_s
 
 
 def test_even_refine_search_alone_is_slower_here(nmt20):

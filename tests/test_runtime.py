@@ -241,13 +241,12 @@ def test_forward_on_three_fake_gpus_keeps_every_op_on_one_device(build, monkeypa
 
 
 def test_plan_with_the_pipeline_placer_reports_and_keeps_the_scheduled_step(tmp_path):
-    from devplace.placers import schedule_of
     from devplace.sim import ScheduledResult, simulate
 
     model, _ = _transformer()
     inputs = (torch.randint(0, 17, (4, 6)),)  # 4 micro-batches of one sequence each
     p = devplace.plan(model, inputs, "3xGPU-placeto", placer="pipeline", schedule="1f1b", microbatches=4)
-    schedule = schedule_of(p.placement)
+    schedule = p.placement.schedule
     assert (schedule.kind, schedule.microbatches) == ("1f1b", 4)
     assert isinstance(p.result, ScheduledResult)
     assert p.result.step_time_s == simulate(p.graph, p.cluster, p.placement, schedule=schedule).step_time_s
@@ -256,5 +255,5 @@ def test_plan_with_the_pipeline_placer_reports_and_keeps_the_scheduled_step(tmp_
     path = tmp_path / "plan.json"
     p.save(path)
     q = load_plan(path)
-    assert schedule_of(q.placement) == schedule
+    assert q.placement.schedule == schedule
     assert q.result.step_time_s == p.result.step_time_s

@@ -49,10 +49,10 @@ def test_an_unknown_value_is_a_user_error_naming_the_choices():
 def test_place_follows_the_graph_and_records_it():
     c = cluster(3, bw=1e12, mem=1e12)
     op = place(_all_tied(None), c, placer="m-etf", order="topo")
-    assert op.meta["semantics"] == "op-by-op" and "tie_classes" not in op.meta
+    assert op.made_by.semantics == "op-by-op" and "tie_classes" not in op.meta
     assert len(set(op.assignment.values())) > 1  # parallel work spread: every node a decision
     ag = place(_all_tied("autograd"), c, placer="m-etf", order="topo")
-    assert ag.meta["semantics"] == "autograd" and ag.meta["tie_classes"] == 1
+    assert ag.made_by.semantics == "autograd" and ag.meta["tie_classes"] == 1
     assert len(set(ag.assignment.values())) == 1
     over = place(_all_tied("autograd"), c, placer="m-etf", order="topo", semantics="op-by-op")
     assert over.assignment == op.assignment

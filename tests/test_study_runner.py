@@ -296,7 +296,7 @@ def test_a_pipeline_cell_is_timed_under_its_schedule(tmp_path):
     row = run_cell(cell, g, c)
     assert row["status"] == "ok", row["error"]
     ref = place(g, c, placer="pipeline", order="topo", seed=0, microbatches=4)
-    assert ref.meta["schedule"]["microbatches"] == 4
+    assert ref.schedule.microbatches == 4
     assert row["step_time_s"] == ref.meta["step_time_s"]
     from devplace.sim import simulate
 

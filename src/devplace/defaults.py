@@ -46,7 +46,7 @@ DEFAULT_PLACER = AUTO_PLACER
 DEFAULT_ORDER = "auto"
 """The traversal order of `devplace place`: a decision, not an order. A cheap placer is placed under every
 candidate order and the best simulated step kept; another takes the order model's pick from the graph's
-features (`devplace.placers.registry._place_auto`, `devplace.orders.auto`)."""
+features (`devplace.placers.search.auto_orders`, `devplace.orders.auto`)."""
 
 DEFAULT_SEED = 0
 """The seed of every random choice when none is given."""

@@ -12,7 +12,7 @@ import io
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement, runtime_placement, save_placement
 from devplace.graph.semantics import Semantics
 from devplace.hardware.cluster import Cluster
-from devplace.placers import place, place_expanded, schedule_of
+from devplace.placers import Tried, search_placement
 from devplace.placers.even import even_devices
 from devplace.sim import DevplaceModel, LowerBound, Schedule, ScheduleError, SimResult, lower_bound, simulate
 from devplace.sim.count import counting
@@ -103,7 +103,7 @@ def as_run(graph: CompGraph, cluster: Cluster, placement: Placement, result: Sim
     schedule if it has one, only when ops move."""
     rp = runtime_placement(graph, placement)
     moved = sum(1 for k, d in rp.assignment.items() if placement.assignment[k] != d)
-    return AsRun(rp, simulate(graph, cluster, rp, schedule=schedule_of(placement)) if moved else result, moved)
+    return AsRun(rp, simulate(graph, cluster, rp, schedule=placement.schedule) if moved else result, moved)
 
 
 def _write_timelines(graph: CompGraph, cluster: Cluster, result: SimResult, bound_s: float, trace: Path | None,
@@ -224,12 +224,13 @@ def baselines(graph: CompGraph, cluster: Cluster, schedule: Schedule | None = No
 
 @dataclass(eq=False)
 class Placed:
-    """A graph placed on a cluster and simulated: what `devplace place` reports.
+    """A graph placed on a cluster and simulated, the one result type for it: what `devplace place` reports and
+    what `devplace.runtime.Plan` composes.
 
     `graph` is what was simulated and `placement` places each of its nodes: for a coarsened model
     (`coarsening` given) the full graph, with every op on its group's device. `placer`, `order` (the one
-    walked; None for placers that ignore it), `seed` and `settings` say how it was made. The lower bound,
-    the best single device and the as-run view are computed when first asked for.
+    walked; None for placers that ignore it), `seed` and `settings` say how it was made, `log` what the search
+    tried. The lower bound, the best single device and the as-run view are computed when first asked for.
     """
 
     graph: CompGraph
@@ -244,28 +245,29 @@ class Placed:
     coarsening: Coarsening | None = None
     written: list[tuple[str, Path]] = field(default_factory=list)
     simulations: int | None = None  # steps simulated to find it (`devplace.sim.count`), the final one included
+    log: tuple[Tried, ...] = ()  # what the search tried: each candidate's step or why it was dropped, its seconds
 
     @property
     def order(self) -> str | None:
         """The traversal order the placer walked (after `auto` was resolved); None when it ignores orders."""
-        return self.placement.meta.get("order")
+        return self.placement.made_by.order if self.placement.made_by is not None else None
 
     @property
     def semantics(self) -> str | None:
         """The placement semantics placed under ("op-by-op" or "autograd", `devplace.graph.semantics`); None
         for a placement not made by `devplace.place` (a module map)."""
-        return self.placement.meta.get("semantics")
+        return self.placement.made_by.semantics if self.placement.made_by is not None else None
 
     @cached_property
     def bound(self) -> LowerBound:
         """The lower bound of the graph on the cluster (DESIGN.md section 8), of the pipelined step for a
         placement made for a schedule."""
-        return lower_bound(self.graph, self.cluster, schedule_of(self.placement))
+        return lower_bound(self.graph, self.cluster, self.placement.schedule)
 
     @cached_property
     def baselines(self) -> tuple[Baseline, Baseline]:
         """The best single device and the even split (`baselines`; under the placement's schedule if any)."""
-        return baselines(self.graph, self.cluster, schedule_of(self.placement))
+        return baselines(self.graph, self.cluster, self.placement.schedule)
 
     @cached_property
     def as_run(self) -> AsRun:
@@ -291,7 +293,7 @@ class Placed:
                    step_over_lower_bound=_over_bound(self.result.step_time_s, self.bound),
                    best_single_device=single.to_dict(self.cluster, step), even_split=even.to_dict(self.cluster, step),
                    speedup_over_single_device=single.speedup(step), placed_groups=self.placed_groups,
-                   precision=precision_of(self.graph),
+                   precision=precision_of(self.graph), search_log=[asdict(t) for t in self.log],
                    assignment=self.placement.assignment)
         for key in ("order_auto", "placer_auto", "microbatch_search"):
             if key in self.placement.meta:
@@ -378,22 +380,22 @@ def place_graph(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLA
     t0 = time.perf_counter()
     groups = graph.num_nodes
     with counting() as count:
-        if coarsening is not None and full is not None:
-            # placed on the coarse graph, checked (and placed again with lowered caps if need be) on the full graph
-            placement = place_expanded(coarsening, full, cluster, placer=placer, order=order, seed=seed,
-                                       progress=progress, try_orders=try_orders, try_with=try_with,
-                                       semantics=semantics, **settings).placement
-            graph = full
-        else:
-            placement = place(graph, cluster, placer=placer, order=order, seed=seed, progress=progress,
-                              try_orders=try_orders, try_with=try_with, semantics=semantics, **settings)
+        # with a coarsening: placed on the coarse graph, judged (and placed again with lowered caps if need be)
+        # on the full graph, which is what is reported
+        graph = full if full is not None else graph
+        found = search_placement(graph, cluster, coarsening=coarsening, placer=placer, order=order, seed=seed,
+                                 progress=progress, try_orders=try_orders, try_with=try_with, semantics=semantics,
+                                 **settings)
+        placement = found.placement
         elapsed = time.perf_counter() - t0
-        schedule = schedule_of(placement)  # a pipeline placement is timed under the schedule it was made for
-        result = (simulate(graph, cluster, placement, schedule=schedule) if schedule is not None
+        # the search simulated it as run under the devplace model (a pipeline: under the schedule it was made
+        # for); another model simulates it again
+        result = (found.result if placement.schedule is not None or sim_model_name(simulation_model) == SIM_DEVPLACE
                   else simulate(graph, cluster, placement, model=simulation_model))
     # placer "auto" (the default) reports the placer it kept; meta["placer_auto"] says which it tried
-    return Placed(graph, cluster, placement, result, placement.meta.get("placer", placer), seed, dict(settings),
-                  elapsed, groups, coarsening, simulations=count.runs)
+    made = placement.made_by.placer if placement.made_by is not None else placer
+    return Placed(graph, cluster, placement, result, made, seed, dict(settings),
+                  elapsed, groups, coarsening, simulations=count.runs, log=found.log)
 
 
 @dataclass(eq=False)
@@ -430,9 +432,9 @@ class Simulated:
 def simulate_placement(graph: CompGraph, cluster: Cluster, placement: Placement, *,
                        model: str = DEFAULT_SIM_MODEL) -> Simulated:
     """Simulate `placement` of `graph` on `cluster` under simulation `model`, with the lower bound; a placement
-    made for a micro-batch schedule (meta["schedule"], the `pipeline` placer's) is simulated under it, which
+    made for a micro-batch schedule (`placement.schedule`, the `pipeline` placer's) is simulated under it, which
     only the devplace model can."""
-    schedule = schedule_of(placement)
+    schedule = placement.schedule
     if schedule is not None and sim_model_name(model) != SIM_DEVPLACE:
         raise DevplaceError(f"this placement was made for a {schedule.kind} pipeline schedule, which only the "
                             f"{SIM_DEVPLACE} model simulates; use --model {SIM_DEVPLACE}")

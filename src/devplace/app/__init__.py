@@ -14,7 +14,8 @@ it: the placer registry imports every placer module, the learned ones (torch) in
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -51,14 +52,14 @@ from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.orders.auto import Recommendation, load_order_model, recommend_order
 from devplace.placers import get_placer
 from devplace.placers.pipeline import pipeline_schedules
-from devplace.placers.registry import check_auto_placer
+from devplace.placers.search import check_auto_placer
 from devplace.planning import Placed, Progress, Simulated, json_safe, place_graph, render_text, simulate_placement
 from devplace.sim import LowerBound, Schedule, ScheduleError, any_schedule_bound, lower_bound
 from devplace.units import fmt_time
 
 __all__ = ["GRAPH_FILE", "OUTPUT_KINDS", "PLACEMENT_FILE", "Bounded", "OutputPathError", "Recommended", "bound",
            "check_outputs", "check_pipeline_settings", "graph_file", "load_graph_arg", "log_setting", "output_folder",
-           "plan_graph", "recommend", "simulate_file", "torch_tasks"]
+           "place_task", "plan_graph", "recommend", "simulate_file", "torch_tasks"]
 
 
 def torch_tasks() -> ModuleType:
@@ -149,6 +150,74 @@ def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer:
     placed = place_graph(g, c, placer=placer, order=order, seed=seed, progress=progress, try_orders=try_orders,
                          try_with=try_with, semantics=semantics, **(settings or {}))
     placed.write(output=output, trace=trace, plot=plot)
+    return placed
+
+
+def _quiet(_: str) -> AbstractContextManager[Any]:
+    return nullcontext()
+
+
+def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None = None, batch: int | None = None,
+               seq_len: int | None = None, max_nodes: int | None = None, optimizer: str = "adam",
+               placer: str = DEFAULT_PLACER, order: str = DEFAULT_ORDER, try_orders: int | None = None,
+               try_with: str | None = None, seed: int = DEFAULT_SEED, semantics: str | None = None,
+               settings: dict[str, Any] | None = None, module_map: Path | None = None, output: Path | None = None,
+               trace: Path | None = None, plot: Path | None = None, save_plan: Path | None = None,
+               dtype: str | None = None, amp: bool = False,
+               busy: Callable[[str], AbstractContextManager[Any]] = _quiet,
+               progress: Callable[[str], AbstractContextManager[Progress | None]] = _quiet) -> Placed:
+    """`devplace place`: a GRAPH file (or `example`), or a zoo or custom `model` captured here, placed on
+    `cluster` by `placer` (`plan_graph`, `place_prepared`) or by a hand-made `module_map` (`place_by_map`),
+    simulated, and the files asked for written (the plan with `save_plan`). Every check of the arguments runs
+    before any work. `busy(message)` is shown while the model is captured, `progress(what)` gives the progress
+    callback while it is placed (context managers; by default nothing is shown)."""
+    settings = dict(settings or {})
+    # a hand-made map is judged under the schedule given (its stages are the map's), not placed by `pipeline`
+    map_schedule = ({k: settings.pop(k) for k in PIPELINE_SETTINGS if k in settings} if module_map is not None
+                    else {})
+    check_pipeline_settings(placer, cluster, settings, batch=batch)
+    if (graph is None) == (model is None):
+        raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`, or "
+                            "package.module:factory)")
+    if graph is not None and (dtype is not None or amp):
+        raise DevplaceError("--dtype/--amp are for --model (captured here); a GRAPH file was captured (and costed) "
+                            "already: capture it with `devplace capture --dtype/--amp`")
+    if module_map is not None:
+        placer_flags = [flag for flag, given in (
+            ("--placer", placer != DEFAULT_PLACER), ("--order", order != DEFAULT_ORDER),
+            ("--try", try_orders is not None), ("--try-with", try_with is not None),
+            ("--set/--episodes/--policy/--log", bool(settings)), ("--semantics", semantics is not None)) if given]
+        if placer_flags:
+            raise DevplaceError(f"--map places by the map, not by a placer; drop {', '.join(placer_flags)}")
+    placing: dict[str, Any] = dict(placer=placer, order=order, seed=seed, settings=settings, try_orders=try_orders,
+                                   try_with=try_with, output=output, trace=trace, plot=plot, semantics=semantics)
+    mapped = dict(output=output, trace=trace, plot=plot, **map_schedule)
+    check_outputs(save_plan=save_plan)
+    if model is not None:
+        # before the capture, not only before placing
+        check_outputs({"output": PLACEMENT_FILE}, inputs=[module_map], output=output, trace=trace, plot=plot,
+                      log=log_setting(settings))
+        with busy(f"capturing the training step of {model}"):
+            prepared = torch_tasks().prepare_model(model, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
+                                                   optimizer=optimizer, cluster=cluster, dtype=dtype, amp=amp)
+        if module_map is not None:
+            tensors = torch_tasks().model_tensor_names(model, batch=batch, seq_len=seq_len)
+            placed = torch_tasks().place_by_map(prepared.full, cluster, module_map, coarsening=prepared.coarsening,
+                                                tensors=tensors, **mapped)
+        else:
+            with progress(f"{prepared.graph.name} with {placer}") as callback:
+                placed = torch_tasks().place_prepared(prepared, cluster, progress=callback, **placing)
+    else:
+        assert graph is not None
+        g = load_graph_arg(graph)
+        if module_map is not None:
+            placed = torch_tasks().place_by_map(g, cluster, module_map, **mapped)
+        else:
+            with progress(f"{g.name} with {placer}") as callback:
+                placed = plan_graph(g, cluster, progress=callback, **placing)
+    if save_plan is not None:
+        torch_tasks().save_placed_plan(placed, save_plan, model=model, batch=batch, seq_len=seq_len,
+                                       optimizer=optimizer, max_nodes=max_nodes, dtype=dtype, amp=amp)
     return placed
 
 

@@ -42,6 +42,7 @@ from devplace.capture.torch_capture import default_loss
 from devplace.defaults import (
     AUTO_PIPELINE,
     AUTO_PLACER,
+    AUTO_PLACERS,
     CANONICAL_ORDER,
     DEFAULT_ORDER,
     DEFAULT_PLACER,
@@ -59,14 +60,15 @@ from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, Device, load_cluster
 from devplace.hardware.cost import CostTable, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
-from devplace.placers import NoFitError, get_placer, schedule_of
+from devplace.placers import NoFitError, Tried, get_placer
 from devplace.placers.even import even_devices
 from devplace.placers.memory import memory_needs
 from devplace.placers.pipeline import pipeline_schedules
-from devplace.placers.registry import PlacerError, check_auto_placer
+from devplace.placers.registry import PlacerError
 from devplace.placers.rl.curve import plot_curve, read_curve
 from devplace.placers.rl.placeto import PlacetoHyper, check_settings
 from devplace.placers.rl.trainer import TrainResult, mean_best_ratio, parse_indices, train
+from devplace.placers.search import check_auto_placer
 from devplace.planning import MAP_PLACER, Placed, Progress, baselines, json_safe, place_graph, render_text
 from devplace.runtime.apply import normalize_devices
 from devplace.runtime.export import (
@@ -189,52 +191,63 @@ def _auto_with_microbatches(prepared: Prepared, cluster: Cluster, schedule: str 
     """Placer auto on a captured model: the best of `AUTO_PLACERS` without micro-batches (skipped, with the reason,
     where the parameters and the whole batch's activations exceed the cluster's memory) and of `AUTO_PIPELINE`
     under each of `AUTO_PIPELINE_KINDS` (or the one kind asked for) on micro-batches captured at their own size
-    (`_pipeline_microbatches`), unless `schedule` is "none". The fastest that fits is kept; meta["placer_auto"]
-    records every candidate's step (or why it was skipped or did not fit) and time."""
-    tried: dict[str, Any] = {}
-    times: dict[str, float] = {}
+    (`_pipeline_microbatches`), unless `schedule` is "none". The fastest that fits is kept. The log (`Placed.log`)
+    holds every search's entries and one per candidate (level "schedule"); meta["placer_auto"] is read from it:
+    each of `AUTO_PLACERS`' and each candidate's step (or why it was skipped or did not fit), and the
+    candidates' times."""
+    log: list[Tried] = []
     found: list[tuple[str, Placed]] = []
     captured: dict[int, Prepared] = {}  # each micro-batch size captured once for every schedule kind
-
-    def attempt(name: str, run: Callable[[], Placed]) -> None:
-        t0 = time.perf_counter()
-        try:
-            placed = run()
-        except (NoFitError, PlacerError) as exc:  # e.g. no micro-batch count divides the batch for interleaving
-            tried[name] = f"{type(exc).__name__}: {getattr(exc, 'reason', '') or exc}"
-        else:
-            inner = placed.placement.meta.get("placer_auto")
-            tried.update(inner["tried"] if isinstance(inner, dict) else {})
-            tried[name] = placed.result.step_time_s
-            found.append((name, placed))
-        times[name] = time.perf_counter() - t0
-
     with counting() as count:  # every simulation of the search, the memory check's included
         if schedule in (None, "none"):  # no schedule kind asked for
             needs, has = memory_needs(prepared.full).total_bytes, float(cluster.memory.sum())
             if needs > has:
-                tried["unpipelined"] = (f"skipped: the parameters and the whole batch's activations need "
-                                        f"{fmt_bytes(needs)}, the cluster has {fmt_bytes(has)}")
+                log.append(Tried("schedule", "unpipelined", None, None, f"skipped: the parameters and the whole "
+                                 f"batch's activations need {fmt_bytes(needs)}, the cluster has {fmt_bytes(has)}",
+                                 0.0))
             else:
-                attempt("unpipelined", lambda: place_graph(prepared.graph, cluster, placer=AUTO_PLACER,
-                                                           coarsening=prepared.coarsening, full=prepared.full,
-                                                           schedule="none", **how))
+                found += _attempt(log, "schedule", "unpipelined", lambda: place_graph(
+                    prepared.graph, cluster, placer=AUTO_PLACER, coarsening=prepared.coarsening, full=prepared.full,
+                    schedule="none", **how))
         if schedule != "none" and graph_batch(prepared.full) >= 2:  # type: ignore[operator]
             for kind in (schedule,) if schedule is not None else AUTO_PIPELINE_KINDS:
-                attempt(f"{AUTO_PIPELINE} {kind}", lambda kind=kind: _pipeline_microbatches(
-                    prepared, cluster, {"schedule": kind}, how, captured))
+                # PlacerError too: e.g. no micro-batch count divides the batch for interleaving
+                found += _attempt(log, "schedule", f"{AUTO_PIPELINE} {kind}", lambda kind=kind: _pipeline_microbatches(
+                    prepared, cluster, {"schedule": kind}, how, captured), (NoFitError, PlacerError))
+    candidates = [e for e in log if e.level == "schedule"]
     if not found:
-        why = "; ".join(f"{name}: {r}" for name, r in tried.items())
+        why = "; ".join(f"{e.placer}: {e.dropped}" for e in candidates)
         err = NoFitError(f"placer {AUTO_PLACER!r} found no placement of {prepared.full.name} on {cluster.name} that "
                          f"fits memory ({why})")
         err.reason = f"nothing fits ({why})"
         raise err
     name, best = min(found, key=lambda nb: nb[1].result.step_time_s)  # of equals the first: unpipelined
-    kept = best.placer if name == "unpipelined" else name
-    meta = {"placer": kept, "tried": tried, "time_s": times,
+    # the placers of AUTO_PLACERS as the unpipelined search judged them, then the candidates
+    tried = {e.placer: e.outcome for e in log if e.level == "placer" and e.placer in AUTO_PLACERS}
+    tried.update((e.placer, e.outcome) for e in candidates)
+    times = {e.placer: e.seconds for e in candidates if not (e.dropped or "").startswith("skipped")}
+    meta = {"placer": best.placer if name == "unpipelined" else name, "tried": tried, "time_s": times,
             "why": f"smallest simulated step time of {', '.join(times)} (placer {AUTO_PLACER!r})"}
     return replace(best, placement=best.placement.with_meta(placer_auto=meta), placement_time_s=sum(times.values()),
-                   simulations=count.runs)
+                   simulations=count.runs, log=tuple(log))
+
+
+def _attempt(log: list[Tried], level: str, name: str, run: Callable[[], Placed],
+             errors: tuple[type[DevplaceError], ...] = (NoFitError,), microbatches: int | None = None,
+             ) -> list[tuple[str, Placed]]:
+    """`run()`, one candidate of a search over captures of a model, logged: its own search's log, then an
+    entry at `level` with its step (or why it was dropped: one of `errors`) and seconds. Returns [(name, it)],
+    or [] when dropped."""
+    t0 = time.perf_counter()
+    try:
+        placed = run()
+    except errors as exc:
+        log.append(Tried(level, name, None, None, f"{type(exc).__name__}: {getattr(exc, 'reason', '') or exc}",
+                         time.perf_counter() - t0, microbatches))
+        return []
+    log += placed.log
+    log.append(Tried(level, name, None, placed.result.step_time_s, None, time.perf_counter() - t0, microbatches))
+    return [(name, placed)]
 
 
 def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[str, Any],
@@ -242,8 +255,9 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
     """The `pipeline` placer on a captured model, one micro-batch count at a time (the given one, else each of
     the placer's choices that divides the batch, the largest first), each on the model captured at batch / M
     (every op costed at the micro-batch's size; `captured` caches those captures by M across calls); the fastest
-    feasible pipeline is kept and meta["microbatch_search"] records each count's step (or why it did not fit).
-    With order "auto" the orders are compared at the first count that fits and the kept order walks the others
+    feasible pipeline is kept. The log holds each count's search and an entry per count (level "microbatches");
+    meta["microbatch_search"] records each count's step (or why it did not fit), read from it. With order
+    "auto" the orders are compared at the first count that fits and the kept order walks the others
     (meta["microbatch_search"]["order_chosen_at"]). NoFitError when none fits."""
     batch = graph_batch(prepared.full)
     chunks = settings.get("chunks")
@@ -251,7 +265,7 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
                                                           chunks, cluster.num_devices, batch=batch)][::-1]
     rest = {k: v for k, v in settings.items() if k != "microbatches" and v is not None}
     captured = {} if captured is None else captured
-    tried: dict[str, Any] = {}
+    log: list[Tried] = []
     best: Placed | None = None
     walk = dict(how)
     chosen_at: int | None = None
@@ -259,29 +273,26 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
     with counting() as count:
         for m in counts:
             micro = captured[m] if m in captured else captured.setdefault(m, microbatch_prepared(prepared, m))
-            try:
-                placed = place_graph(micro.graph, cluster, placer="pipeline", coarsening=micro.coarsening,
-                                     full=micro.full, microbatches=m, **walk, **rest)
-            except NoFitError as exc:
-                tried[str(m)] = exc.reason or str(exc)
-                continue
-            if walk.get("order") == "auto" and placed.order is not None:
-                walk.update(order=placed.order, try_orders=None, try_with=None)
-                chosen_at = m
-            tried[str(m)] = placed.result.step_time_s
-            if best is None or placed.result.step_time_s < best.result.step_time_s:
-                best = placed
+            for _, placed in _attempt(log, "microbatches", "pipeline", lambda micro=micro, m=m: place_graph(
+                    micro.graph, cluster, placer="pipeline", coarsening=micro.coarsening, full=micro.full,
+                    microbatches=m, **walk, **rest), microbatches=m):
+                if walk.get("order") == "auto" and placed.order is not None:
+                    walk.update(order=placed.order, try_orders=None, try_with=None)
+                    chosen_at = m
+                if best is None or placed.result.step_time_s < best.result.step_time_s:
+                    best = placed
+    tried = {str(e.microbatches): e.outcome for e in log if e.level == "microbatches"}
     if best is None:
         reasons = "; ".join(f"M={m}: {why}" for m, why in tried.items())
         err = NoFitError(f"placer 'pipeline' found no pipeline of {prepared.full.name} on {cluster.name} that fits "
                          f"memory at any micro-batch count the batch of {batch} allows ({reasons})")
         err.reason = f"no micro-batch count the batch of {batch} allows fits ({reasons})"
         raise err
-    search = {"batch": batch, "tried": tried, "kept": schedule_of(best.placement).microbatches,  # type: ignore[union-attr]
+    search = {"batch": batch, "tried": tried, "kept": best.placement.schedule.microbatches,  # type: ignore[union-attr]
               "order_chosen_at": chosen_at}
     return replace(best, placement=best.placement.with_meta(microbatch_search=search),
                    placement_time_s=time.perf_counter() - t0,  # the whole search's, captures included
-                   simulations=count.runs)
+                   simulations=count.runs, log=tuple(log))
 
 
 def save_placed_plan(placed: Placed, path: Path, *, model: str | None = None, batch: int | None = None,
@@ -292,7 +303,7 @@ def save_placed_plan(placed: Placed, path: Path, *, model: str | None = None, ba
     records) and its precision, so that `devplace export` and `devplace run --plan` take it; a graph file's
     plan has no model (export takes it, run cannot rebuild it)."""
     whole = graph_batch(placed.graph)
-    micro = schedule_of(placed.placement)
+    micro = placed.placement.schedule
     if whole is not None and micro is not None and micro.microbatch_graph:
         whole *= micro.microbatches  # a pipeline placed on one micro-batch's capture: the model runs the batch
     source = named_source(model, whole if whole is not None else batch, seq_len, 0) if model is not None else None
@@ -308,7 +319,7 @@ def place_by_map(graph: CompGraph, cluster: Cluster, module_map: Path, *, coarse
     """`devplace place --map FILE`: `graph` (a captured graph, every op) placed by a hand-made module map
     (`devplace.runtime.module_map`), as autograd runs it, simulated and reported like a placer's output,
     baselines included; `tensors`: parameter/buffer names the map may name; files written as `place_prepared`.
-    With `schedule` (a kind) and `microbatches`, the map's stages are judged as that pipeline (meta["schedule"],
+    With `schedule` (a kind) and `microbatches`, the map's stages are judged as that pipeline (its `schedule`,
     so a saved plan exports and runs it so); a map that is no pipeline under it is a ScheduleError saying why."""
     check_outputs({"output": PLACEMENT_FILE}, inputs=[module_map], output=output, trace=trace, plot=plot)
     if (schedule is None) != (microbatches is None) or (chunks is not None and schedule is None):
@@ -318,7 +329,7 @@ def place_by_map(graph: CompGraph, cluster: Cluster, module_map: Path, *, coarse
     t0 = time.perf_counter()
     placement = placement_from_module_map(graph, cluster, read_module_map(module_map), tensors=tensors)
     if sched is not None:
-        placement = placement.with_meta(schedule=sched.to_dict())
+        placement = replace(placement, schedule=sched)
     elapsed = time.perf_counter() - t0
     result = simulate(graph, cluster, placement, schedule=sched)
     placed = Placed(graph, cluster, placement, result, MAP_PLACER, DEFAULT_SEED,
@@ -357,7 +368,7 @@ class PipelineDemo:
 
     @property
     def schedule(self) -> Schedule:
-        s = schedule_of(self.placed.placement)
+        s = self.placed.placement.schedule
         assert s is not None  # the pipeline placer always returns one
         return s
 
@@ -432,7 +443,7 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
     files = ({"output": out / f"{name}.placement.json", "trace": out / f"{name}-trace.json",
               "plot": out / f"{name}-timeline.png"} if out is not None else {})
     placed = place_prepared(prepared, cluster, placer="pipeline", settings=settings, **files)
-    sched = schedule_of(placed.placement)
+    sched = placed.placement.schedule
     assert sched is not None
     full, p = placed.graph, cluster.num_devices
     label = sched.label
@@ -445,7 +456,7 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
     walked = f" in the {placed.order} order" if spec is None or spec.uses_order else ""
     try:
         flat = place_prepared(prepared, cluster, placer=baseline, order=placed.order or CANONICAL_ORDER)
-        if schedule_of(flat.placement) is not None:  # placer auto pipelines where nothing else fits
+        if flat.placement.schedule is not None:  # placer auto pipelines where nothing else fits
             raise NoFitError("no placement without micro-batches fits")
         rows.append(Compared(baseline, "none", flat.result, f"its placement without micro-batches{walked}"))
     except NoFitError:
@@ -674,7 +685,7 @@ def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, dev
 
 def is_pipelined(p: Plan) -> bool:
     """True when plan `p` was made for a micro-batch schedule: `devplace run` runs it pipelined."""
-    return schedule_of(p.placement) is not None
+    return p.placement.schedule is not None
 
 
 def load_plan_file(path: Path) -> Plan:
@@ -712,7 +723,7 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
     p = load_plan_file(plan_file)
     names = [d.strip() for d in devices.split(",")] if devices else None
     if fmt == "pipeline":
-        sched = schedule_of(p.placement)
+        sched = p.placement.schedule
         if schedule is not None or microbatches is not None:
             stages = len(pipeline_split(p.graph, p.placement).devices)
             base = sched or default_schedule(stages)
@@ -800,7 +811,7 @@ def run_plan_pipelined(p: Plan, module: Any, inputs: Any, *, steps: int = 5, war
     if autocast is not None:
         raise DevplaceError("a pipelined run does not autocast (--amp): plan the pipeline without --amp, or with "
                             "--dtype, to run it pipelined")
-    doc = pipeline_split(p.graph, p.placement, p.cluster, schedule=schedule_of(p.placement)).to_dict()
+    doc = pipeline_split(p.graph, p.placement, p.cluster, schedule=p.placement.schedule).to_dict()
     if isinstance(p.settings.get("source"), dict):
         doc["source"] = p.settings["source"]
     return _run_pipelined(read_pipeline(doc), module, inputs, p.loss_fn, steps=steps, warmup=warmup,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -203,54 +203,12 @@ def place_cmd(
             if key in settings:
                 raise DevplaceError(f"--{key} and --set {key}=... both given; keep one")
             settings[key] = str(value) if isinstance(value, Path) else value
-    # a hand-made map is judged under the schedule given (its stages are the map's), not placed by `pipeline`
-    map_schedule = ({k: settings.pop(k) for k in app.PIPELINE_SETTINGS if k in settings} if module_map is not None
-                    else {})
-    app.check_pipeline_settings(placer, c, settings, batch=batch)
-    if (graph is None) == (model is None):
-        raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`, or "
-                            "package.module:factory)")
-    if graph is not None and (dtype is not None or amp):
-        raise DevplaceError("--dtype/--amp are for --model (captured here); a GRAPH file was captured (and costed) "
-                            "already: capture it with `devplace capture --dtype/--amp`")
-    if module_map is not None:
-        placer_flags = [flag for flag, given in (
-            ("--placer", placer != DEFAULT_PLACER), ("--order", order != DEFAULT_ORDER), ("--try", try_k is not None),
-            ("--try-with", try_with is not None), ("--set/--episodes/--policy/--log", bool(settings)),
-            ("--semantics", semantics is not None)) if given]
-        if placer_flags:
-            raise DevplaceError(f"--map places by the map, not by a placer; drop {', '.join(placer_flags)}")
-    placing: dict[str, Any] = dict(placer=placer, order=order, seed=seed, settings=settings, try_orders=try_k,
-                                   try_with=try_with, output=output, trace=trace, plot=plot, semantics=semantics)
-    files = dict(output=output, trace=trace, plot=plot)
-    mapped = dict(files, **map_schedule)
-    quiet = quiet or as_json
-    app.check_outputs(save_plan=save_plan)
-    if model is not None:
-        # before the capture, not only before placing
-        app.check_outputs({"output": app.PLACEMENT_FILE}, inputs=[module_map], output=output, trace=trace, plot=plot,
-                          log=app.log_setting(settings))
-        with busy(f"capturing the training step of {model}", quiet):
-            prepared = app.torch_tasks().prepare_model(model, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
-                                                       optimizer=optimizer, cluster=c, dtype=dtype, amp=amp)
-        if module_map is not None:
-            tensors = app.torch_tasks().model_tensor_names(model, batch=batch, seq_len=seq_len)
-            placed = app.torch_tasks().place_by_map(prepared.full, c, module_map, coarsening=prepared.coarsening,
-                                                    tensors=tensors, **mapped)
-        else:
-            with progress_bar(f"{prepared.graph.name} with {placer}", quiet) as progress:
-                placed = app.torch_tasks().place_prepared(prepared, c, progress=progress, **placing)
-    else:
-        assert graph is not None
-        g = app.load_graph_arg(graph)
-        if module_map is not None:
-            placed = app.torch_tasks().place_by_map(g, c, module_map, **mapped)
-        else:
-            with progress_bar(f"{g.name} with {placer}", quiet) as progress:
-                placed = app.plan_graph(g, c, progress=progress, **placing)
-    if save_plan is not None:
-        app.torch_tasks().save_placed_plan(placed, save_plan, model=model, batch=batch, seq_len=seq_len,
-                                           optimizer=optimizer, max_nodes=max_nodes, dtype=dtype, amp=amp)
+    placed = app.place_task(c, graph=graph, model=model, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
+                            optimizer=optimizer, placer=placer, order=order, try_orders=try_k, try_with=try_with,
+                            seed=seed, semantics=semantics, settings=settings, module_map=module_map, output=output,
+                            trace=trace, plot=plot, save_plan=save_plan, dtype=dtype, amp=amp,
+                            busy=lambda message: busy(message, quiet or as_json),
+                            progress=lambda what: progress_bar(what, quiet or as_json))
     if as_json:
         print_json(placed.to_dict())
     else:

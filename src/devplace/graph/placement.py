@@ -2,26 +2,55 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from devplace.errors import PlacementError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.jsonio import read_json, write_json
+from devplace.graph.schedule import Schedule
 
 FORMAT = "devplace.placement/1"
 
 
 @dataclass(frozen=True)
+class MadeBy:
+    """How a placement was made: `placer` (the one kept, when placer "auto" chose), `order` (the order it
+    walked; None for a placer that ignores orders; "custom" for a caller's own), `seed`, its `settings` and the
+    `semantics` placed under ("op-by-op" or "autograd", `devplace.graph.semantics`)."""
+
+    placer: str
+    order: str | None = None
+    seed: int | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    semantics: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys a placement file records it under."""
+        return {"placer": self.placer, "order": self.order, "seed": self.seed, "settings": dict(self.settings),
+                "semantics": self.semantics}
+
+
+# the keys of a placement file that are not meta: its own, the schedule's and MadeBy's
+_FIELDS = ("format", "graph", "cluster", "assignment", "schedule", "placer", "order", "seed", "settings", "semantics")
+
+
+@dataclass(frozen=True)
 class Placement:
-    """A node id -> device index mapping, with the names of the graph and cluster it was made for."""
+    """A node id -> device index mapping, with the names of the graph and cluster it was made for, the
+    `schedule` it runs under (None: one step without micro-batches), how it was made (`made_by`; None for a
+    hand-made one) and `meta`, what the search that made it records (step time, what it tried)."""
 
     assignment: dict[str, int]
     graph: str = ""
     cluster: str = ""
     meta: dict[str, object] = field(default_factory=dict)
+    schedule: Schedule | None = None
+    made_by: MadeBy | None = None
 
     @classmethod
     def from_array(cls, graph: CompGraph, devices: np.ndarray | list[int], cluster: str = "") -> Placement:
@@ -61,25 +90,45 @@ class Placement:
 
     def with_meta(self, **meta: object) -> Placement:
         """The same placement with `meta` added to (or replacing keys of) its meta."""
-        return Placement(self.assignment, graph=self.graph, cluster=self.cluster, meta={**self.meta, **meta})
+        return replace(self, meta={**self.meta, **meta})
 
     def to_dict(self) -> dict[str, object]:
-        return {"format": FORMAT, "graph": self.graph, "cluster": self.cluster, **self.meta,
-                "assignment": dict(self.assignment)}
+        """The `devplace.placement/1` document: the schedule and how it was made under their own keys
+        ("schedule"; "placer", "order", "seed", "settings", "semantics"), then the meta."""
+        doc: dict[str, object] = {"format": FORMAT, "graph": self.graph, "cluster": self.cluster}
+        if self.made_by is not None:
+            doc.update(self.made_by.to_dict())
+        if self.schedule is not None:
+            doc["schedule"] = self.schedule.to_dict()
+        return {**doc, **self.meta, "assignment": dict(self.assignment)}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], where: str) -> Placement:
+        """The placement of a `to_dict()` document (its "format" checked by the caller); PlacementError naming
+        `where` for an assignment that is not node id -> device index, or a placer that is not a name (a bad
+        schedule: ScheduleError)."""
+        assignment = doc.get("assignment")
+        if not isinstance(assignment, Mapping):
+            raise PlacementError(f"{where}: \"assignment\" must be an object of node id -> device index")
+        for nid, d in assignment.items():
+            if isinstance(d, bool) or not isinstance(d, int):
+                raise PlacementError(f"{where}: node {nid!r} has device {d!r}; device indices are integers")
+        made_by = None
+        if doc.get("placer") is not None:
+            settings = doc.get("settings") or {}
+            if not isinstance(doc["placer"], str) or not isinstance(settings, Mapping):
+                raise PlacementError(f"{where}: \"placer\" must be a name and \"settings\" an object, got "
+                                     f"{doc['placer']!r} and {settings!r}")
+            made_by = MadeBy(doc["placer"], doc.get("order"), doc.get("seed"), dict(settings), doc.get("semantics"))
+        schedule = Schedule.from_dict(doc["schedule"]) if doc.get("schedule") is not None else None
+        meta = {k: v for k, v in doc.items() if k not in _FIELDS}
+        return cls(dict(assignment), graph=str(doc.get("graph", "")), cluster=str(doc.get("cluster", "")),
+                   meta=meta, schedule=schedule, made_by=made_by)
 
 
 def load_placement(path: str | Path) -> Placement:
     """Read a `devplace.placement/1` file."""
-    doc = read_json(path, FORMAT)
-    assignment = doc.get("assignment")
-    if not isinstance(assignment, dict):
-        raise PlacementError(f"{path}: \"assignment\" must be an object of node id -> device index")
-    for nid, d in assignment.items():
-        if isinstance(d, bool) or not isinstance(d, int):
-            raise PlacementError(f"{path}: node {nid!r} has device {d!r}; device indices are integers")
-    meta = {k: v for k, v in doc.items() if k not in ("format", "graph", "cluster", "assignment")}
-    return Placement(dict(assignment), graph=str(doc.get("graph", "")), cluster=str(doc.get("cluster", "")),
-                     meta=meta)
+    return Placement.from_dict(read_json(path, FORMAT), str(path))
 
 
 def save_placement(placement: Placement, path: str | Path) -> None:
@@ -111,5 +160,5 @@ def runtime_placement(graph: CompGraph, placement: Placement) -> Placement:
             succ = graph.successors(v)
             if succ:
                 devs[v] = devs[succ[0]]
-    return Placement(dict(zip(graph.ids, devs.tolist(), strict=True)), graph=placement.graph or graph.name,
-                     cluster=placement.cluster, meta=dict(placement.meta))
+    return replace(placement, assignment=dict(zip(graph.ids, devs.tolist(), strict=True)),
+                   graph=placement.graph or graph.name, meta=dict(placement.meta))

@@ -29,7 +29,7 @@ DESIGN.md's canonical order, and `--try K` then tries topo and the next K-1 orde
 ranking (fitted on every placer of the study; DESIGN.md's table order when there is none), `random` left
 out. The pooled tree is not used to pick the order itself: it extrapolates other placers' order effects.
 
-How `place(..., order="auto")` uses a recommendation (`devplace.placers.registry._place_auto`): a placer
+How `place(..., order="auto")` uses a recommendation (`devplace.placers.search`, `auto_orders`): a placer
 registered `cheap` (`@register(..., cheap=True)`: list schedulers, contiguous, greedy) is placed under every
 order of `candidate_orders` and the smallest simulated step time wins, so the trees rank the candidates but
 cannot mislead on graphs unlike the study's; for the other placers (anneal, placeto, seq2seq: one run costs

@@ -633,7 +633,7 @@ def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int
     model's stages begin only where its pipeline export can cut; ops: anywhere). Dynamic programming over cut
     points with a pipeline cost model; the scheduled simulator judges the best splits (see the module
     docstring). Keeps every tie class on one device; returns the devices with the chosen schedule, which
-    `place()` records in meta["schedule"] and judges the step under.
+    the placement carries (`Placement.schedule`) and the search judges the step under.
     """
     plan = pipeline_plan(graph, cluster, order, schedule=schedule, microbatches=microbatches, chunks=chunks,
                          cuts=cuts, ties=ties)

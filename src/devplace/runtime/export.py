@@ -23,7 +23,6 @@ from devplace.graph.jsonio import read_json
 from devplace.graph.modules import ancestors, block_starts, forward_ops, has_modules, module_of, module_starts
 from devplace.graph.placement import Placement, runtime_placement
 from devplace.hardware.cluster import Cluster
-from devplace.placers import schedule_of
 from devplace.runtime.module_map import placement_from_module_map
 from devplace.sim import simulate
 from devplace.sim.schedule import Schedule, ScheduleError
@@ -268,9 +267,9 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
     With `model` (the captured module), a split point may be a module without ops of its own (an
     `nn.Sequential`); without it, the innermost module that begins there and has ops of its own is named.
     `schedule` is the micro-batch schedule the export carries: by default the one the placement was made for
-    (`schedule_of`), else `default_schedule`; one stage per device, so not interleaved.
+    (`placement.schedule`), else `default_schedule`; one stage per device, so not interleaved.
     """
-    schedule = schedule or schedule_of(placement)
+    schedule = schedule or placement.schedule
     if schedule is not None and int(schedule.chunks or 1) != 1:
         raise ExportError(f"a pipeline export runs one stage per device, so it cannot carry the placement's "
                           f"{schedule.kind} schedule with {schedule.chunks} chunks per device; export it with a "

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,19 +22,16 @@ from devplace.graph.jsonio import read_json, write_json
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.hardware.cost import cost_devices
-from devplace.placers import schedule_of
 from devplace.planning import (
     AsRun,
     Baseline,
     Placed,
-    as_run,
-    baselines,
     baselines_line,
     place_graph,
     precision_text,
     render_text,
 )
-from devplace.sim import SimResult, lower_bound, simulate
+from devplace.sim import SimResult, simulate
 from devplace.sim.summary import result_view
 from devplace.units import fmt_time
 
@@ -45,7 +43,8 @@ FORMAT = "devplace.plan/1"
 
 @dataclass(eq=False)
 class Plan:
-    """A placement of a model's full training graph on a cluster, with its simulated result.
+    """A placement of a model's full training graph on a cluster, with its simulated result: a `Placed` (graph,
+    cluster, placement, result, coarsening) plus what running it needs.
 
     `graph` is the captured, costed graph (every op); `placement` places each of its ops; `result` is the
     `devplace`-model simulation of that placement; `settings` records how it was made (placer, order, seed,
@@ -53,23 +52,35 @@ class Plan:
     and `loss_fn` are kept in memory only.
     """
 
-    graph: CompGraph
-    cluster: Cluster
-    placement: Placement
-    result: SimResult
+    placed: Placed
     settings: dict[str, Any] = field(default_factory=dict)
-    coarse: Coarsening | None = None
     example_inputs: Any = None
     loss_fn: Callable[[Any], torch.Tensor] | None = None
-    _runtime: AsRun | None = field(default=None, repr=False)
-    _baselines: tuple[Baseline, Baseline] | None = field(default=None, repr=False)
+
+    @property
+    def graph(self) -> CompGraph:
+        return self.placed.graph
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.placed.cluster
+
+    @property
+    def placement(self) -> Placement:
+        return self.placed.placement
+
+    @property
+    def result(self) -> SimResult:
+        return self.placed.result
+
+    @property
+    def coarse(self) -> Coarsening | None:
+        return self.placed.coarsening
 
     @property
     def as_run(self) -> AsRun:
         """The placement as `apply` runs it and its simulation (`devplace.planning.as_run`)."""
-        if self._runtime is None:
-            self._runtime = as_run(self.graph, self.cluster, self.placement, self.result)
-        return self._runtime
+        return self.placed.as_run
 
     @property
     def runtime_placement(self) -> Placement:
@@ -86,9 +97,7 @@ class Plan:
     def baselines(self) -> tuple[Baseline, Baseline]:
         """The best single device and the even split of this graph (`devplace.planning.baselines`; the even
         split under the placement's schedule if it has one)."""
-        if self._baselines is None:
-            self._baselines = baselines(self.graph, self.cluster, schedule_of(self.placement))
-        return self._baselines
+        return self.placed.baselines
 
     @property
     def num_devices_used(self) -> int:
@@ -106,8 +115,7 @@ class Plan:
                     + (f"; as run by devplace.runtime ({moved} backward/optimizer ops follow their forward op): "
                        f"step time {fmt_time(rt.step_time_s)}, {'feasible' if rt.feasible else 'INFEASIBLE'}"
                        if moved else "; devplace.runtime runs this placement as simulated"))
-        bound = lower_bound(self.graph, self.cluster, schedule_of(self.placement))
-        view = Group(result_view(self.graph, self.cluster, self.result, bound), line,
+        view = Group(result_view(self.graph, self.cluster, self.result, self.placed.bound), line,
                      baselines_line(self.cluster, self.baselines, rt.step_time_s))
         return render_text(view) if text else view
 
@@ -144,9 +152,9 @@ def plan_from_placed(placed: Placed, *, settings: Mapping[str, Any] | None = Non
     cluster, placement (with its schedule, if any) and simulated result; `settings` adds how the graph was made
     (optimizer, max_nodes, precision) and `source` the model to rebuild (`named_source`; empty for a graph
     file, which `devplace export` takes but `devplace run --plan` cannot rebuild)."""
-    s = {"placer": placed.placer, "order": placed.placement.meta.get("order"), "seed": placed.seed,
+    s = {"placer": placed.placer, "order": placed.order, "seed": placed.seed,
          "placer_settings": dict(placed.settings), **(settings or {}), "source": dict(source or {})}
-    return Plan(placed.graph, placed.cluster, placed.placement, placed.result, s, placed.coarsening)
+    return Plan(placed, s)
 
 
 def named_source(name: str, batch: int | None, seq_len: int | None, build_seed: int) -> dict[str, Any]:
@@ -176,7 +184,7 @@ def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, place
     precision, and `devplace.runtime.run.measure_plan` runs the steps in it. Extra keyword arguments are
     placer settings: with `placer="pipeline"`, `schedule="1f1b"`, `microbatches=8` (and `chunks` for
     interleaved-1f1b) make a pipeline, whose `result` is the step under that schedule
-    (`devplace.placers.schedule_of(plan.placement)`). `semantics="op-by-op"` overrides the captured graph's
+    (`plan.placement.schedule`). `semantics="op-by-op"` overrides the captured graph's
     "autograd" (`devplace.graph.semantics`): a placement that `apply` cannot run as placed.
     """
     from devplace.capture.pipeline import prepare
@@ -204,19 +212,17 @@ def load_plan(path: str | Path) -> Plan:
     meta = {k: v for k, v in gdoc.items() if k not in ("format", "name", "nodes", "edges")}
     graph = CompGraph.build(str(gdoc.get("name", "")), gdoc.get("nodes", []), gdoc.get("edges", []), meta=meta)
     cluster = Cluster.from_dict(doc["cluster"], where=f"{path}: cluster")
-    pdoc = doc["placement"]
-    assignment = pdoc.get("assignment")
-    if not isinstance(assignment, Mapping):
-        raise FormatError(f"{path}: placement.\"assignment\" must map op ids to device indices")
-    extra = {k: v for k, v in pdoc.items() if k not in ("format", "graph", "cluster", "assignment")}
-    placement = Placement(dict(assignment), graph=str(pdoc.get("graph", "")), cluster=str(pdoc.get("cluster", "")),
-                          meta=extra)
+    placement = Placement.from_dict(doc["placement"], f"{path}: placement")
     settings = doc.get("settings", {})
     if not isinstance(settings, Mapping) or not isinstance(settings.get("source", {}), Mapping | None):
         raise FormatError(f"{path}: \"settings\" must be a JSON object (and its \"source\" too); is this a devplace "
                           "plan file?")
-    result = simulate(graph, cluster, placement, schedule=schedule_of(placement))
-    return Plan(graph, cluster, placement, result, dict(settings))
+    result = simulate(graph, cluster, placement, schedule=placement.schedule)
+    # how it was placed, as `plan_from_placed` recorded it; the search's time is not kept in the file
+    placed = Placed(graph, cluster, placement, result, str(settings.get("placer") or ""),
+                    settings.get("seed", DEFAULT_SEED), dict(settings.get("placer_settings") or {}), math.nan,
+                    graph.num_nodes)
+    return Plan(placed, dict(settings))
 
 
 def zoo_plan(name: str, cluster: Cluster | str, *, batch: int | None = None, seq_len: int | None = None,

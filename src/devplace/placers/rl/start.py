@@ -22,7 +22,8 @@ from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.semantics import Semantics
 from devplace.hardware.cluster import Cluster
-from devplace.placers.registry import FullGraph, place
+from devplace.placers.registry import FullGraph
+from devplace.placers.search import place
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.placeto import PlacetoModel
 from devplace.sim.result import SimResult

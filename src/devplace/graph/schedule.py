@@ -1,0 +1,89 @@
+"""`Schedule`: a micro-batch pipeline schedule as a value (kind, micro-batches, chunks, device order), validated,
+with its JSON form. A `Placement` made for a schedule carries one; compiling and simulating schedules is
+`devplace.sim.schedule`'s (which re-exports these names)."""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+from devplace.defaults import MAX_MICROBATCHES
+from devplace.errors import DevplaceError
+
+KINDS = ("gpipe", "1f1b", "interleaved-1f1b")
+
+
+class ScheduleError(DevplaceError):
+    """An invalid schedule, or a placement that the schedule cannot run as a pipeline."""
+
+
+def _int_at_least(value: object, name: str, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ScheduleError(f"Schedule: {name} must be an integer >= {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ScheduleError(f"Schedule: {name} must be at most {high:,}, got {value:,}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A micro-batch pipeline schedule: `kind` ("gpipe", "1f1b" or "interleaved-1f1b"), `microbatches` M,
+    `chunks` V (model chunks per device; 1 except for interleaved-1f1b, where it defaults to 2), and
+    `microbatch_graph` (True: the graph given to the simulator was captured at batch/M, so nothing is scaled;
+    False: it is the whole batch's step and forward/backward ops are scaled by 1/M), and `device_order` (the
+    devices in pipeline order, stage 0's first; None: by index), so that any device can run any stage."""
+
+    kind: str = "1f1b"
+    microbatches: int = 1
+    chunks: int | None = None
+    microbatch_graph: bool = False
+    device_order: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ScheduleError(f"unknown schedule kind {self.kind!r}; choose one of: {', '.join(KINDS)}")
+        object.__setattr__(self, "microbatches", _int_at_least(self.microbatches, "microbatches", 1,
+                                                                    MAX_MICROBATCHES))
+        interleaved = self.kind == "interleaved-1f1b"
+        chunks = (2 if interleaved else 1) if self.chunks is None else _int_at_least(self.chunks, "chunks", 1)
+        if interleaved and chunks < 2:
+            raise ScheduleError(f"Schedule: interleaved-1f1b needs chunks >= 2 (model chunks per device), got "
+                                f"{chunks}; with one chunk per device use kind='1f1b'")
+        if not interleaved and chunks != 1:
+            raise ScheduleError(f"Schedule: {self.kind} runs one model chunk per device, got chunks={chunks}; "
+                                "use kind='interleaved-1f1b' for several")
+        object.__setattr__(self, "chunks", chunks)
+        if not isinstance(self.microbatch_graph, bool):
+            raise ScheduleError(f"Schedule: microbatch_graph must be True or False, got {self.microbatch_graph!r}")
+        if self.device_order is not None:
+            order = self.device_order
+            if (not isinstance(order, tuple | list) or len(set(order)) != len(order)
+                    or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0 for d in order)):
+                raise ScheduleError(f"Schedule: device_order must list distinct device indices, got {order!r}")
+            object.__setattr__(self, "device_order", tuple(int(d) for d in order))
+
+    @property
+    def label(self) -> str:
+        """Short form for reports: "1f1b M=8", "interleaved-1f1b M=8 V=2"."""
+        return f"{self.kind} M={self.microbatches}" + (f" V={self.chunks}" if (self.chunks or 1) > 1 else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (`device_order` only where it is set)."""
+        doc: dict[str, Any] = {"kind": self.kind, "microbatches": self.microbatches, "chunks": self.chunks,
+                               "microbatch_graph": self.microbatch_graph}
+        if self.device_order is not None:
+            doc["device_order"] = list(self.device_order)
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Schedule:
+        """The schedule of a `to_dict()` document (a placement file's "schedule"); ScheduleError for anything
+        else."""
+        keys = ("kind", "microbatches", "chunks", "microbatch_graph", "device_order")
+        if not isinstance(doc, dict) or set(doc) - set(keys) or "kind" not in doc:
+            raise ScheduleError(f"a schedule is an object with keys {', '.join(keys)} (kind required), got {doc!r}")
+        doc = dict(doc)
+        if isinstance(doc.get("device_order"), list):
+            doc["device_order"] = tuple(doc["device_order"])
+        return cls(**doc)

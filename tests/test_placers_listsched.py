@@ -67,12 +67,13 @@ def test_etf_keeps_a_fork_join_on_one_device_when_communication_is_expensive():
 
 
 def test_etf_is_earliest_start_not_earliest_finish():
-    # A chain a(2) -> b(2) on devices of speed 1 and 2: both could start a at 0, so m-ETF (earliest
-    # *start*, ties to the lower index) puts it on device 0; HEFT (earliest *finish*) on device 1.
-    g = graph([("a", 2), ("b", 2)], [("a", "b", 0.0)])
-    c = cluster(2, speeds=[1.0, 2.0])
-    assert devices_of(place(g, c, placer="m-etf")) == {"a": 0, "b": 0}
-    assert devices_of(place(g, c, placer="heft")) == {"a": 1, "b": 1}
+    # Independent x(4) and a(2) on devices of speed 1 and 4 (placers see the fast one first, `canonical_order`):
+    # x goes to the fast device [0, 1]. Then a could start at 0 on the slow device (finish 2) or at 1 on the fast
+    # one (finish 1.5): m-ETF (earliest *start*) takes the slow one, HEFT (earliest *finish*) the fast one.
+    g = graph([("x", 4), ("a", 2)], [])
+    c = cluster(2, speeds=[1.0, 4.0])
+    assert devices_of(place(g, c, placer="m-etf", order="topo")) == {"x": 1, "a": 0}
+    assert devices_of(place(g, c, placer="heft", order="topo")) == {"x": 1, "a": 1}
 
 
 def test_etf_uses_the_order_as_its_tie_break():

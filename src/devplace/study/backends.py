@@ -159,7 +159,9 @@ class RayBackend:
                 # worker_init sets the thread count and offline mode inside each task instead
                 if address is None:
                     self._reaper = _start_reaper()
-                    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                    # address="local": a cluster of its own, never one another process on this machine runs
+                    # (ray.init would join that one, and then refuses num_cpus)
+                    ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False,
                              configure_logging=False)
                 else:
                     ray.init(address=address, log_to_driver=False)

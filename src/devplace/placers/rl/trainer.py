@@ -147,7 +147,8 @@ class _Backend:
                 if address:
                     ray.init(address=address, log_to_driver=False)
                 else:
-                    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+                    # a cluster of its own, never one another process on this machine runs (see study.backends)
+                    ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False)
                 self._ray_started = True
             actor = ray.remote(num_cpus=1)(RolloutWorker)
             self.actors = [actor.remote(g, cluster, hyper, o) for g, o in shares]

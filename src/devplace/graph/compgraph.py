@@ -314,13 +314,7 @@ class CompGraph:
     @property
     def topo_rank(self) -> np.ndarray:
         """rank[v] = position of v in the canonical topological order."""
-        rank = getattr(self, "_rank", None)
-        if rank is None:
-            rank = np.empty(self.num_nodes, dtype=np.int64)
-            rank[self.topo_order] = np.arange(self.num_nodes, dtype=np.int64)
-            rank.setflags(write=False)
-            object.__setattr__(self, "_rank", rank)
-        return rank
+        return self.derived("topo_rank", _topo_rank)
 
     def node_record(self, v: int) -> dict[str, Any]:
         """Node v as its `devplace.graph/1` JSON object (extra keys included, zero numbers omitted)."""
@@ -463,3 +457,9 @@ def find_cycle(graph: CompGraph, partial_topo: Iterable[int]) -> list[str]:
         v = next(int(graph.edge_src[e]) for e in graph.in_edges(v) if not done[graph.edge_src[e]])
     cycle = path[seen[v]:][::-1]  # walked backwards; reverse to follow the edges
     return [graph.ids[x] for x in [*cycle, cycle[0]]]
+
+
+def _topo_rank(graph: CompGraph) -> np.ndarray:
+    rank = np.empty(graph.num_nodes, dtype=np.int64)
+    rank[graph.topo_order] = np.arange(graph.num_nodes, dtype=np.int64)
+    return rank

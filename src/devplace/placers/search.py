@@ -502,17 +502,15 @@ def search(req: Request) -> SearchResult:
 def _as_listed(found: SearchResult, req: Request, perm: np.ndarray) -> SearchResult:
     """`found`, made on the canonically ordered cluster (device i there is device perm[i] of `req.cluster`), with
     its devices renumbered as `req.cluster` lists them and simulated there (the same step, relabelled)."""
-    def relabel(p: Placement) -> Placement:
-        return replace(p, assignment={k: int(perm[d]) for k, d in p.assignment.items()}, schedule=schedule)
-
     schedule = found.placement.schedule
     if schedule is not None:  # the pipeline's positions, as the listed devices
         along = schedule.device_order or tuple(range(perm.size))
         schedule = replace(schedule, device_order=tuple(int(perm[d]) for d in along))
-    placement = relabel(found.placement)
+    placement, coarse = (replace(p, assignment={k: int(perm[d]) for k, d in p.assignment.items()}, schedule=schedule)
+                         for p in (found.placement, found.coarse))
     devices = placement.to_array(req.graph, req.cluster.num_devices)
     result = simulate_output(req.graph, req.cluster, devices, schedule)
-    return replace(found, placement=placement, coarse=relabel(found.coarse), result=result)
+    return replace(found, placement=placement, coarse=coarse, result=result)
 
 
 def _best_placer(req: Request, plan: SearchPlan, log: list[Tried]) -> Fitted:

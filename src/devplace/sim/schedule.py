@@ -309,7 +309,7 @@ def _barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages:
     has_pred[v[inner]] = True
     has_succ[u[inner]] = True
     members = _groups(code, mb)
-    step_ops = _groups(step_devices, np.ones(step_devices.size, dtype=bool))
+    step_ops = _groups(step_devices)
     ids: list[str] = []
     dev: list[int] = []
     src: list[np.ndarray] = []
@@ -341,9 +341,9 @@ def _barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages:
             np.concatenate([empty, *tensor]))
 
 
-def _groups(key: np.ndarray, mask: np.ndarray) -> dict[int, np.ndarray]:
-    """key value -> the nodes with that key where `mask` holds, in index order."""
-    nodes = np.flatnonzero(mask)
+def _groups(key: np.ndarray, mask: np.ndarray | None = None) -> dict[int, np.ndarray]:
+    """key value -> the indices with that key (where `mask` holds, if given), in index order."""
+    nodes = np.flatnonzero(mask) if mask is not None else np.arange(key.size)
     if not nodes.size:
         return {}
     order = nodes[np.argsort(key[nodes], kind="stable")]

@@ -113,6 +113,33 @@ def test_auto_leaves_quadratic_placers_out_on_large_graphs_and_says_so(monkeypat
     assert "greedy" in place(g, _slow_links(), order="topo").meta["placer_auto"]["time_s"]
 
 
+def test_auto_limits_a_refining_placers_simulations_on_large_graphs_and_says_so(monkeypatch):
+    import devplace.placers.search as search
+    from devplace.planning import place_graph
+
+    g = _graph(1)
+    full = place_graph(g, _slow_links(), order="topo")
+    assert not any(t.note for t in full.log)  # the default budget leaves a small graph's search alone
+    evals = {}
+    real = search.place_candidate
+
+    def spy(req, placer, orders, settings, progress):
+        evals[placer] = settings.get("max_evals")
+        return real(req, placer, orders, settings, progress)
+
+    monkeypatch.setattr(search, "place_candidate", spy)
+    monkeypatch.setattr(search, "AUTO_SIMULATED_NODES", g.num_nodes * 60)
+    monkeypatch.setattr(search, "AUTO_SIMULATED_NODES_FLOOR", 5)
+    placed = place_graph(g, _slow_links(), order="topo")
+    assert evals["even-refine"] == 60 and evals["m-etf"] is None
+    (noted,) = [t for t in placed.log if t.note]
+    assert noted.placer == "even-refine" and "limited to 60 simulations" in noted.note
+    assert "even-refine limited to 60 simulations" in " ".join(placed.text().split())
+    monkeypatch.setattr(search, "AUTO_SIMULATED_NODES", 1)
+    place_graph(g, _slow_links(), order="topo")
+    assert evals["even-refine"] == 5  # never below the floor
+
+
 def test_the_report_says_how_many_simulations_the_answer_took():
     from devplace.planning import place_graph
     from devplace.sim import simulate

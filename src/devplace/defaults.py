@@ -35,6 +35,15 @@ AUTO_QUADRATIC_NODES = 5000
 nodes than this: greedy takes about 4.7 s per order at 5,000 nodes and 68 s at 20,000 on this project's 2-core
 machine, and auto would run it under every candidate order."""
 
+AUTO_SIMULATED_NODES = 10_000_000
+"""Placer auto's budget for a placer that refines by simulating (even-refine, setting `max_evals`): at most this
+many nodes simulated in all, so `max_evals` is this divided by the nodes of the graph it places when that is
+below its default (3,000 simulations up to 3,333 nodes; 500 at 20,000 nodes, where one simulation takes about
+27 ms on this project's 2-core machine and 3,000 of them took 81 s). The report says when it applies."""
+
+AUTO_SIMULATED_NODES_FLOOR = 50
+"""The fewest simulations that budget leaves a refining placer, however large the graph."""
+
 AUTO_SCHEDULES = ("none",)
 """What `AUTO_PLACER` takes as its `schedule` setting besides a schedule kind: "none", no micro-batches
 (only `AUTO_PLACERS`); a kind (gpipe, 1f1b, interleaved-1f1b): only `AUTO_PIPELINE` under it; not given: both

@@ -312,6 +312,7 @@ class Placed:
                               f"{p} {'skipped' if str(t).startswith('skipped') else 'no fit'}"
                               for p, t in chosen["tried"].items())
             out.append(Text(f"placer auto -> {chosen['placer']} ({tried})"))
+            out += [Text(f"  {t.placer} {t.note}") for t in self.log if t.level == "placer" and t.note]
         search = self.placement.meta.get("microbatch_search")
         if isinstance(search, dict):
             tried = ", ".join(f"M={m} {fmt_time(t)}" if isinstance(t, float) else f"M={m} no fit"

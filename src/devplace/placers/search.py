@@ -47,6 +47,8 @@ from devplace.defaults import (
     AUTO_PLACERS,
     AUTO_QUADRATIC_NODES,
     AUTO_SCHEDULES,
+    AUTO_SIMULATED_NODES,
+    AUTO_SIMULATED_NODES_FLOOR,
     DEFAULT_ORDER,
     DEFAULT_PLACER,
     DEFAULT_SEED,
@@ -231,9 +233,21 @@ def auto_orders(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, try_orders
                       f"smallest simulated step time of the model's {len(candidates)} most promising orders", base)
 
 
-def auto_settings(placer: str, schedule: str | None) -> dict[str, Any]:
-    """The settings placer "auto" gives `placer`: the schedule kind asked for to `AUTO_PIPELINE`, none otherwise."""
-    return {"schedule": schedule} if placer == AUTO_PIPELINE and schedule in SCHEDULE_KINDS else {}
+def auto_settings(placer: str, schedule: str | None, seen: CompGraph) -> tuple[dict[str, Any], str | None]:
+    """The settings placer "auto" gives `placer`, which places `seen`, and what they change, if anything: the
+    schedule kind asked for to `AUTO_PIPELINE`; to a placer that refines by simulating (setting `max_evals`), its
+    share of `AUTO_SIMULATED_NODES` where that is below its default (the search's time grows with the graph, not
+    with its square)."""
+    if placer == AUTO_PIPELINE:
+        return ({"schedule": schedule} if schedule in SCHEDULE_KINDS else {}), None
+    default = get_placer(placer).settings.get("max_evals")
+    if not isinstance(default, int) or seen.num_nodes * default <= AUTO_SIMULATED_NODES:
+        return {}, None
+    evals = max(AUTO_SIMULATED_NODES_FLOOR, AUTO_SIMULATED_NODES // seen.num_nodes)
+    return {"max_evals": evals}, (f"limited to {evals:,} simulations (max_evals; default {default:,}): placer auto "
+                                  f"simulates at most {AUTO_SIMULATED_NODES:,} nodes per refining placer, and "
+                                  f"the graph it places has {seen.num_nodes:,}; name it with --placer to run it "
+                                  f"in full")
 
 
 # ------------------------------------------------------------------------------------ the candidates
@@ -244,9 +258,10 @@ class PlacerCandidates:
     """The candidates of one placer: `placer` at `settings` walking each of `orders` (one, unless order "auto"
     tries several: `auto` says how it chose them). `trial`: the placer that places the orders (`try_with`),
     `placer` then running once under the best of them. `on_view`: when no order fits alone as run, choose among
-    them on the placer's view at every lowered cap. `skipped`: why placer "auto" leaves this one out.
-    `last_resort`: placed only when no other placer of placer "auto" fits. `start`: a refining placer's start
-    (`PlacerSpec.refines`), its own candidates under the same order, judged beside it (`refined`)."""
+    them on the placer's view at every lowered cap. `skipped`: why placer "auto" leaves this one out; `note`:
+    what placer "auto" changed about it (`auto_settings`). `last_resort`: placed only when no other placer of
+    placer "auto" fits. `start`: a refining placer's start (`PlacerSpec.refines`), its own candidates under the
+    same order, judged beside it (`refined`)."""
 
     placer: str
     settings: dict[str, Any]
@@ -255,6 +270,7 @@ class PlacerCandidates:
     trial: str | None = None
     on_view: bool = False
     skipped: str | None = None
+    note: str | None = None
     last_resort: bool = False
     start: PlacerCandidates | None = None
 
@@ -282,7 +298,10 @@ def plan_search(req: Request) -> SearchPlan:
     names = auto_candidates(req.graph, schedule)
     skipped = auto_skipped(req.graph) if schedule not in SCHEDULE_KINDS else {}
     plans = [PlacerCandidates(p, {}, skipped=why) for p, why in skipped.items()]
-    plans += [_placer_candidates(req, p, auto_settings(p, schedule), order) for p in names]
+    seen = req.coarsening.graph if req.coarsening is not None else req.graph
+    for p in names:
+        settings, note = auto_settings(p, schedule, seen)
+        plans.append(replace(_placer_candidates(req, p, settings, order), note=note))
     if (AUTO_PIPELINE not in names and schedule is None
             and memory_needs(req.graph).params_bytes < float(req.cluster.memory.sum())):
         plans.append(replace(_placer_candidates(req, AUTO_PIPELINE, {}, order), last_resort=True))
@@ -415,7 +434,8 @@ class Tried:
     judged beside it) -- and, in the searches over captures of a model (`devplace.app`), "schedule" (`placer`
     names the candidate: "unpipelined", "pipeline 1f1b") and "microbatches" (the pipeline on the capture at
     batch / `microbatches`): the step on the graph as run, or why it was `dropped` (its NoFitError, or why it
-    was skipped), and the `seconds` it took."""
+    was skipped), and the `seconds` it took; `note`: what the search changed about the candidate (placer "auto"
+    limits a refining placer's simulations on a large graph)."""
 
     level: str
     placer: str
@@ -424,6 +444,7 @@ class Tried:
     dropped: str | None
     seconds: float
     microbatches: int | None = None
+    note: str | None = None
 
     @property
     def outcome(self) -> float | str:
@@ -530,7 +551,8 @@ def _best_placer(req: Request, plan: SearchPlan, log: list[Tried]) -> Fitted:
         sub = (candidate_progress(req.progress, i, len(first), f"placer {pc.placer}") if not pc.last_resort else
                candidate_progress(req.progress, i, i + 1, f"placer {pc.placer} (none of the others fits)"))
         try:
-            fitted = _timed(log, "placer", pc.placer, None, lambda pc=pc, sub=sub: refined(req, pc, sub, log))
+            fitted = _timed(log, "placer", pc.placer, None, lambda pc=pc, sub=sub: refined(req, pc, sub, log),
+                            pc.note)
         except NoFitError as exc:
             reasons[pc.placer] = exc.reason or str(exc)
             continue
@@ -615,16 +637,17 @@ def refined(req: Request, pc: PlacerCandidates, progress: Progress | None, log: 
                                        "kept": "start" if kept else "refined"})
 
 
-def _timed(log: list[Tried], level: str, placer: str, order: str | None, attempt: Callable[[], Fitted]) -> Fitted:
-    """`attempt()`, logged at `level` with its step or its NoFitError (re-raised) and its seconds."""
+def _timed(log: list[Tried], level: str, placer: str, order: str | None, attempt: Callable[[], Fitted],
+           note: str | None = None) -> Fitted:
+    """`attempt()`, logged at `level` with its step or its NoFitError (re-raised), its seconds and `note`."""
     t0 = time.perf_counter()
     try:
         fitted = attempt()
     except NoFitError as exc:
         log.append(Tried(level, placer, order, None, f"{type(exc).__name__}: {exc.reason or exc}",
-                         time.perf_counter() - t0))
+                         time.perf_counter() - t0, note=note))
         raise
-    log.append(Tried(level, placer, order, fitted.step_time_s, None, time.perf_counter() - t0))
+    log.append(Tried(level, placer, order, fitted.step_time_s, None, time.perf_counter() - t0, note=note))
     return fitted
 
 

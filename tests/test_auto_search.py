@@ -81,21 +81,39 @@ def test_auto_on_a_captured_model_compares_unpipelined_and_pipelined_micro_batch
     assert flat.result.step_time_s == steps["unpipelined"]
 
 
-def test_order_auto_places_the_pipeline_once_per_forward_sequence():
+class _Fork(nn.Module):
+    """Two branches that orders walk differently; the pipeline can cut only around the whole block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(32, 32), nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.a(x)) * torch.tanh(self.b(x))
+
+
+@pytest.mark.parametrize("cuts", ["blocks", "ops"])
+def test_order_auto_places_the_pipeline_once_per_forward_sequence(cuts):
     from devplace.orders import ORDERS, traversal_indices
     from devplace.placers.pipeline import forward_sequence
 
-    candidates = [o for o in ORDERS if o != "random"]
-
-    g = _graph(8)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_Fork() for _ in range(4)], nn.Linear(32, 4))
+    g = prepare(capture(model, (torch.randn(8, 32),), loss_fn=lambda out: out.square().mean())).full
     c = _slow_links(2)
-    p = place(g, c, placer="pipeline", order="auto", microbatches=4)
+    candidates = [o for o in ORDERS if o != "random"]
+    p = place(g, c, placer="pipeline", order="auto", microbatches=4, cuts=cuts)
     tried = p.meta["order_auto"]["tried"]
     sequences = {forward_sequence(g, traversal_indices(g, o, 0, cluster=c)).tobytes() for o in candidates}
-    assert len(tried) == len(sequences) < len(candidates)
+    assert len(sequences) == 3
+    # cutting only at blocks, orders that differ inside the blocks alone are placed once
+    assert len(tried) == (1 if cuts == "blocks" else len(sequences))
     assert "placed once" in p.meta["order_auto"]["why"]
-    every = [place(g, c, placer="pipeline", order=o, microbatches=4).meta["step_time_s"] for o in candidates]
+    every = [place(g, c, placer="pipeline", order=o, microbatches=4, cuts=cuts).meta["step_time_s"]
+             for o in candidates]
     assert p.meta["step_time_s"] == min(every)  # the orders left out could not have done better
+    if cuts == "blocks":
+        assert len(set(every)) == 1
 
 
 def test_auto_leaves_quadratic_placers_out_on_large_graphs_and_says_so(monkeypatch):

@@ -412,3 +412,24 @@ def test_gradients_are_counted_once_in_param_bytes_not_as_backward_outputs() -> 
     act = [v for v in range(g.num_nodes) if g.kind[v] == "backward" and g.op[v] == "aten.mm.default"
            and any(int(g.edge_bytes[e]) == 3 * 8 * F32 for e in g.out_edges(v))]
     assert act and all(g.output_bytes[v] == 3 * 8 * F32 for v in act)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+@pytest.mark.parametrize("amp", [False, True])
+def test_optimizer_state_made_without_a_warm_up_step_records_the_same_step(monkeypatch, optimizer, amp):
+    import json
+
+    import devplace.capture.torch_capture as tc
+
+    def step_of() -> str:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.ReLU(), nn.Linear(32, 4))
+        dtype = "bf16" if amp else None
+        if amp:
+            model = model.to(torch.bfloat16)
+        g = capture(model, (torch.randn(4, 16),), optimizer=optimizer, amp=amp, dtype=dtype)
+        return json.dumps(g.to_dict())
+
+    made = step_of()
+    monkeypatch.setattr(tc, "_fresh_state", lambda opt: False)  # the state from an unrecorded warm-up step
+    assert made == step_of()

@@ -61,7 +61,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -620,8 +622,22 @@ def _refine(judge: _Judge, plan: PipelinePlan) -> PipelinePlan:
     return judge.best[3]
 
 
-@register("pipeline", uses_order=True, cheap=True, check=_check_settings,
-          order_key=lambda graph, visit: forward_sequence(graph, visit).tobytes())
+def _order_key(graph: CompGraph, visit: np.ndarray, settings: Mapping[str, Any]) -> bytes:
+    """What of the order `visit` the placer's result depends on: the items' sequence (`_items`); with
+    `cuts="blocks"` (the default) only up to the order within each run of one block's ops, where no stage can
+    end (every sum, maximum and crossing the search uses is over whole runs), so orders that differ only
+    inside blocks are one candidate."""
+    if settings.get("cuts", "blocks") != "blocks":
+        return forward_sequence(graph, visit).tobytes()
+    segment = segment_spans(graph)[:, 0]
+    seq = forward_sequence(graph, visit, segment)
+    seg = segment[seq]
+    starts = np.ones(seq.shape[0], dtype=bool)  # a new run: another block, or an op of none
+    starts[1:] = (seg[1:] != seg[:-1]) | (seg[1:] < 0)
+    return seq[np.lexsort((seq, np.cumsum(starts)))].tobytes()
+
+
+@register("pipeline", uses_order=True, cheap=True, check=_check_settings, order_key=_order_key)
 def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, ties: np.ndarray | None = None,
              schedule: str = "1f1b", microbatches: int | None = None, chunks: int | None = None,
              cuts: str = "blocks") -> PlacerOutput:

@@ -85,9 +85,10 @@ class PlacerSpec:
     # "even"; anneal: its `start`): `place` and `place_expanded` judge that start as they judge this placer and
     # keep it when it is faster, so a refining placer never ends worse than its start as the caller sees it
     refines: Callable[[Mapping[str, Any]], str] | None = None
-    # order_key(graph, visit) -> what of the order the placer's result depends on (the pipeline placer: the forward
-    # ops' sequence); `order="auto"` places under one of the orders with equal keys only
-    order_key: Callable[[CompGraph, np.ndarray], Hashable] | None = None
+    # order_key(graph, visit, settings) -> what of the order the placer's result at `settings` depends on (the
+    # pipeline placer: the forward ops' sequence, block by block where it cuts at blocks); `order="auto"` places
+    # under one of the orders with equal keys only
+    order_key: Callable[[CompGraph, np.ndarray, Mapping[str, Any]], Hashable] | None = None
     # quadratic: one run's time grows with the square of the graph (greedy: V x D simulations of up to V ops);
     # placer "auto" leaves it out on graphs of more than AUTO_QUADRATIC_NODES nodes, and says so
     quadratic: bool = False
@@ -139,14 +140,14 @@ _LOADED = False
 
 def register(name: str, *, uses_order: bool, cheap: bool = False, check: Callable[..., None] | None = None,
              refines: Callable[[Mapping[str, Any]], str] | None = None,
-             order_key: Callable[[CompGraph, np.ndarray], Hashable] | None = None,
+             order_key: Callable[[CompGraph, np.ndarray, Mapping[str, Any]], Hashable] | None = None,
              quadratic: bool = False) -> Callable[[PlacerFn], PlacerFn]:
     """Class the decorated function as placer `name`. `cheap=True` declares that one run costs at most some
     tens of simulations of the graph, so that `order="auto"` may try every candidate order (see `place`).
     `check` (keyword arguments: settings) raises PlacerError for bad setting values; the placer calls it too.
     `refines(settings)` names the placer whose placement this one starts from (`PlacerSpec.refines`);
-    `order_key(graph, visit)` what of an order its result depends on (`PlacerSpec.order_key`); `quadratic` that
-    its time grows with the square of the graph (`PlacerSpec.quadratic`)."""
+    `order_key(graph, visit, settings)` what of an order its result depends on (`PlacerSpec.order_key`);
+    `quadratic` that its time grows with the square of the graph (`PlacerSpec.quadratic`)."""
     def deco(func: PlacerFn) -> PlacerFn:
         if name in _REGISTRY and _REGISTRY[name].func is not func:
             raise RuntimeError(f"placer {name!r} registered twice")

@@ -198,7 +198,8 @@ class AutoOrders:
     base: dict[str, Any]
 
 
-def auto_orders(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, try_orders: int | None) -> AutoOrders:
+def auto_orders(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, try_orders: int | None,
+                settings: Mapping[str, Any]) -> AutoOrders:
     """The orders `order="auto"` tries (see `place`):
 
     - `try_orders=K`: the model's K highest-ranked orders;
@@ -220,7 +221,7 @@ def auto_orders(graph: CompGraph, cluster: Cluster, spec: PlacerSpec, try_orders
         if spec.order_key is not None:  # orders the placer cannot tell apart are placed once
             kept: dict[Any, list[str]] = {}
             for name in candidates:
-                key = spec.order_key(graph, traversal_indices(graph, name, DEFAULT_SEED, cluster=cluster))
+                key = spec.order_key(graph, traversal_indices(graph, name, DEFAULT_SEED, cluster=cluster), settings)
                 kept.setdefault(key, []).append(name)
             candidates = [names[0] for names in kept.values()]
             merged = [f"{names[0]} for {', '.join(names[1:])}" for names in kept.values() if len(names) > 1]
@@ -325,7 +326,7 @@ def _orders_of(req: Request, placer: str, settings: dict[str, Any], order: Order
     if order != "auto":
         return PlacerCandidates(placer, settings, (order,))
     seen = req.coarsening.graph if req.coarsening is not None else req.graph
-    auto = auto_orders(seen, req.cluster, spec, req.try_orders)
+    auto = auto_orders(seen, req.cluster, spec, req.try_orders, settings)
     if not auto.candidates:
         return PlacerCandidates(placer, settings, (auto.model_order,), auto)
     trial = get_placer(req.try_with).name if req.try_with is not None else None

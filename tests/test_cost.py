@@ -392,6 +392,37 @@ def test_profile_graph_on_cpu(cpu, tmp_path):
         profile_graph(g, "meta", device_spec=cpu)
 
 
+def test_profile_takes_a_custom_model_and_a_thread_count(python_package, tmp_path, capsys, monkeypatch):
+    """Issue 23 item 4: `devplace profile --model package.module:factory --threads N` (it took zoo names only, and
+    profiled at torch's default thread count, which `devplace run --threads` could not match); the table's
+    device kind and meta say the count; a run record has each step's CPU seconds beside its wall seconds."""
+    from conftest import run_cli
+    from devplace.runtime.run import run_record, run_steps
+
+    pkg = python_package("profiled", """
+        import torch
+        def factory(batch=4):
+            return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()), (torch.randn(batch, 8),)
+        """)
+    before = torch.get_num_threads()
+    try:
+        code, _, err = run_cli(["profile", "--model", f"{pkg}:factory", "--threads", "1", "--repeats", "2", "-o",
+                                  str(tmp_path / "c.json")], capsys, monkeypatch)
+        assert code == 0, err
+        doc = json.loads((tmp_path / "c.json").read_text())
+        assert doc["device_kind"].endswith(" x1") and doc["threads"] == 1 and doc["entries"]
+        code, _, err = run_cli(["profile", "--model", f"{pkg}:factory", "--threads", "0", "-o",
+                                str(tmp_path / "d.json")], capsys, monkeypatch)
+        assert code == 2 and "--threads" in err
+    finally:
+        torch.set_num_threads(before)
+    model = torch.nn.Linear(8, 1)
+    run = run_steps(model, (torch.randn(4, 8),), steps=2, warmup=0, optimizer="sgd")
+    assert len(run.cpu_times_s) == 2 and all(t >= 0 for t in run.cpu_times_s) and run.cores_busy is not None
+    rec = run_record(run, graph="g", cluster=None, devices=["cpu"], simulated_step_s=1.0)
+    assert rec["measured_cpu_steps_s"] == run.cpu_times_s
+
+
 def test_cost_module_does_not_import_torch():
     code = "import sys, devplace.hardware.cost; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

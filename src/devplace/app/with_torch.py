@@ -25,9 +25,9 @@ from devplace.app import (
     load_graph_arg,
     log_setting,
 )
-from devplace.capture.custom import build_named_model, microbatch_prepared, named_prepared
+from devplace.capture.custom import build_named_model, capture_named_model, microbatch_prepared, named_prepared
 from devplace.capture.onnx_import import load_onnx
-from devplace.capture.pipeline import Prepared, capture_zoo_model, family_graph, prepare
+from devplace.capture.pipeline import Prepared, family_graph, prepare
 from devplace.capture.profile import (
     calibrate,
     fold_runs,
@@ -138,6 +138,7 @@ __all__ = [
     "run_plan_pipelined",
     "save_placed_plan",
     "save_prepared",
+    "set_threads",
     "study_report",
     "study_run",
     "train_policy",
@@ -521,11 +522,15 @@ def zoo_family_graph(name: str, index: int, *, max_nodes: int | None, output: Pa
 
 
 def profile_model(model: str, output: Path, *, batch: int | None = None, seq_len: int | None = None,
-                  device: str = "cpu", repeats: int = 10, max_ops: int | None = None,
+                  device: str = "cpu", repeats: int = 10, max_ops: int | None = None, threads: int | None = None,
                   progress: Callable[[int, int, Any], None] | None = None) -> tuple[CompGraph, CostTable]:
-    """`devplace profile`: time every distinct op of a zoo model's step for real; the table is saved."""
+    """`devplace profile`: time every distinct op of a zoo or custom (package.module:factory) model's step for
+    real, with `threads` CPU threads when given (`torch.set_num_threads`: the table's device kind and its meta
+    record the count, and `devplace run --threads` the same count runs steps its times fit); the table is
+    saved."""
     check_outputs({"output": json_kind("devplace.costs")}, output=output)
-    graph = capture_zoo_model(model, batch=batch, seq_len=seq_len)
+    set_threads(threads)
+    graph = capture_named_model(model, batch=batch, seq_len=seq_len)
     table = profile_graph(graph, device, repeats=repeats, max_ops=max_ops, progress=progress)
     table.save(output)
     return graph, table
@@ -540,7 +545,7 @@ def model_calibration(costs: Path, model: str, *, batch: int | None = None,
                       seq_len: int | None = None) -> dict[str, Any]:
     """`devplace calibrate --costs`: the analytic cost model against a profiled table, per op class."""
     table = CostTable.load(costs)
-    graph = capture_zoo_model(model, batch=batch, seq_len=seq_len)
+    graph = capture_named_model(model, batch=batch, seq_len=seq_len)
     roofline = local_cpu_roofline() if table.device is not None and table.device.name.startswith("cpu") else None
     return calibrate(graph, table, roofline=roofline)
 
@@ -615,7 +620,9 @@ class Measured:
                   f"devices {fmt_time(rec['settings']['as_run_on_separate_devices_s'])})"
                   if rec["settings"].get("shared_devices") else "")
         line = Text(f"measured step {fmt_time(run.step_time_s)} (median of {self.steps}, spread "
-                    f"{run.spread:.0%} of it, {run.timer}, {rec['threads']} thread(s)) vs simulated "
+                    f"{run.spread:.0%} of it, {run.timer}, {rec['threads']} thread(s)"
+                    + (f", {run.cores_busy:.2f} cores busy" if run.cores_busy is not None and run.timer != "cuda-events"
+                       else "") + ") vs simulated "
                     f"{fmt_time(rec['simulated_step_s'])} as run{shared}: measured/simulated = "
                     f"{rec['ratio']:.2f}; placed at {self.granularity} granularity, {self.crossings} device "
                     "crossings per forward")
@@ -699,14 +706,20 @@ def load_plan_file(path: Path) -> Plan:
                           "write the plan with `devplace place ... --save-plan plan.json` and give that") from None
 
 
+def set_threads(threads: int | None) -> None:
+    """`torch.set_num_threads(threads)` when given (`--threads` of `devplace run` and `devplace profile`)."""
+    if threads is None:
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise DevplaceError(f"--threads must be an integer >= 1, got {threads!r}")
+    torch.set_num_threads(threads)
+
+
 def run_model(p: Plan, module: Any, inputs: Any, devices: str, *, steps: int = 5, warmup: int = 2,
               record: Path | None = None, threads: int | None = None) -> Measured:
     """`devplace run`: run and time real training steps of plan `p` on `devices` (with `threads` CPU threads
     when given: `torch.set_num_threads`) and append the calibration record to `record` (JSON lines) if given."""
-    if threads is not None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise DevplaceError(f"--threads must be an integer >= 1, got {threads!r}")
-        torch.set_num_threads(threads)
+    set_threads(threads)
     placed, run, rec = measure_plan(p, module, inputs, normalize_devices(devices), steps=steps, warmup=warmup)
     if record is not None:
         append_record(record, rec)
@@ -762,6 +775,12 @@ class PipelineRan:
         """The timed steps' seconds (after the warm-up)."""
         return self.run.step_times_s[self.warmup:]
 
+    @property
+    def cores_busy(self) -> float | None:
+        """CPU seconds of all the processes per wall-clock second of the timed steps (at most the process count:
+        one thread each)."""
+        return RunResult(self.timed_s, "wall clock", cpu_times_s=self.run.cpu_times_s[self.warmup:]).cores_busy
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (`devplace run --pipeline --json`)."""
         return json_safe({"format": "devplace.pipeline-run/1", "source": self.export.source,
@@ -770,6 +789,8 @@ class PipelineRan:
                           "reference_loss": self.reference_loss, "measured_steps_s": self.timed_s,
                           "measured_step_s": statistics.median(self.timed_s),
                           "measured_spread": RunResult(self.timed_s, "wall clock").spread,
+                          "measured_cpu_steps_s": self.run.cpu_times_s[self.warmup:],
+                          "cores_busy": self.cores_busy,
                           "simulated_step_s": self.export.doc.get("pipelined_step_time_s")})
 
     def __rich__(self) -> Text:
@@ -778,7 +799,9 @@ class PipelineRan:
         spread = RunResult(self.timed_s, "wall clock").spread
         return Text(f"{r.processes} stages in {r.processes} CPU processes (gloo), {s.kind} schedule, {s.microbatches} "
                     f"micro-batches: measured step {fmt_time(statistics.median(self.timed_s))} (median of "
-                    f"{len(self.timed_s)}, spread {spread:.0%} of it, wall clock, 1 thread per process)"
+                    f"{len(self.timed_s)}, spread {spread:.0%} of it, wall clock, 1 thread per process"
+                    + (f", {self.cores_busy:.2f} of {r.processes} cores busy" if self.cores_busy is not None else "")
+                    + ")"
                     + (f" [warning: steps vary by more than {NOISY_SPREAD:.0%}; not to be trusted]"
                        if spread > NOISY_SPREAD else "")
                     + (f", simulated {fmt_time(float(sim))} on the plan's cluster" if sim is not None else "")

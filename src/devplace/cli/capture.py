@@ -119,15 +119,20 @@ def profile_cmd(
     device: Annotated[str, typer.Option(help="where to run the ops: cpu or cuda[:i]")] = "cpu",
     repeats: Annotated[int, typer.Option(help="timed runs per op (after 3 warm-up runs)")] = 10,
     max_ops: Annotated[int | None, typer.Option("--max-ops", help="profile at most this many distinct ops")] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads for the ops (torch.set_num_threads; default: "
+                                                "torch's); the table's device kind records the count, so give "
+                                                "`devplace run` the same --threads")] = None,
     force: ForceOpt = False,
 ) -> None:
-    """Run every distinct op of a zoo model's training step for real and write their times as a cost table."""
+    """Run every distinct op of a zoo or custom model's training step for real and write their times as a cost
+    table."""
     if model is None:
         raise DevplaceError("--model NAME is required (see `devplace zoo list`)")
     with progress_bar(f"profiling {model} on {device}", False, label="{task.description}") as update:
         # no bar (update None) when the output is not a terminal: CI, a pipe, a redirect
         graph, table = app.torch_tasks().profile_model(
             model, output, batch=batch, seq_len=seq_len, device=device, repeats=repeats, max_ops=max_ops,
+            threads=threads,
             progress=None if update is None else lambda done, total, _t: update(done, total))
     say(f"{graph.name}: {len(table)} distinct ops timed on {device}"
         f"{f', {len(table.skipped)} skipped (listed in the table)' if table.skipped else ''}; wrote {output}")

@@ -97,6 +97,7 @@ def run_cmd(
             console.print(ran)
         return
     tasks.check_steps(steps, warmup)  # before capturing and placing
+    tasks.set_threads(threads)  # before placing too: the local cluster's CPU is measured at the steps' thread count
     pipelining = {k: v for k, v in (("schedule", schedule), ("microbatches", microbatches), ("chunks", chunks))
                   if v is not None}
     with busy(f"capturing and placing {model}", as_json or model is None):

@@ -57,7 +57,8 @@ class PipelineRunError(DevplaceError):
 @dataclass
 class PipelineRun:
     """Pipelined training steps: the loss of each step (before its optimizer update), each step's wall-clock
-    seconds (the slowest process), the parameter gradients of the first step by name (every name of the
+    seconds (the slowest process) and CPU seconds (`time.process_time`, summed over the processes), the parameter
+    gradients of the first step by name (every name of the
     module, tied names included; only with `return_grads=True`), the schedule and the number of processes."""
 
     losses: list[float]
@@ -65,6 +66,7 @@ class PipelineRun:
     schedule: Schedule
     processes: int
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    cpu_times_s: list[float] = field(default_factory=list)
 
     @property
     def step_time_s(self) -> float:
@@ -245,10 +247,11 @@ def _stage(rank: int, job: _Job) -> None:
         mine = stage.is_first or stage.is_last
         losses: list[float] = []
         times: list[float] = []
+        cpu_times: list[float] = []
         grads: dict[str, torch.Tensor] = {}
         for step in range(job.steps):
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             mb_losses: list[torch.Tensor] = []
             sched.step(arg_mbs=[()] * m, kwarg_mbs=job.microbatches if stage.is_first else [{}] * m,
                        target_mbs=[None] * m, losses=mb_losses if mine else None, return_outputs=False)
@@ -271,10 +274,12 @@ def _stage(rank: int, job: _Job) -> None:
             else:
                 mod.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
             if stage.is_last:
                 total = torch.stack([v.detach() for v in mb_losses]).sum()
                 losses.append(float(total / m if job.loss_reduction == "mean" else total))
-        torch.save({"losses": losses, "times": times, "grads": grads}, Path(job.folder) / f"rank{rank}.pt")
+        torch.save({"losses": losses, "times": times, "cpu_times": cpu_times, "grads": grads},
+                   Path(job.folder) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -435,6 +440,7 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
                                    ) from exc
         results = [torch.load(Path(folder) / f"rank{r}.pt") for r in range(n)]
     times = [max(r["times"][s] for r in results) for s in range(steps)]
+    cpu_times = [sum(r["cpu_times"][s] for r in results) for s in range(steps)]
     grads: dict[str, torch.Tensor] = {}
     if return_grads:
         by_tensor = {id(p): name for name, p in module.named_parameters()}
@@ -448,4 +454,4 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
                 if alias in grads:
                     grads.setdefault(name, grads[alias])
                     grads.setdefault(first, grads[alias])
-    return PipelineRun(results[-1]["losses"], times, ex.schedule, n, grads)
+    return PipelineRun(results[-1]["losses"], times, ex.schedule, n, grads, cpu_times)

@@ -39,13 +39,15 @@ RUN_FORMAT = "devplace.run/1"
 
 @dataclass
 class RunResult:
-    """Measured training steps: each timed step's seconds, their median, the timer, the losses, and the peak
-    memory of each real CUDA device used (empty on CPU)."""
+    """Measured training steps: each timed step's seconds, their median, the timer, the losses, the peak
+    memory of each real CUDA device used (empty on CPU), and each timed step's CPU seconds (this process's
+    `time.process_time`, every thread of it; for several processes, their sum)."""
 
     step_times_s: list[float]
     timer: str
     losses: list[float] = field(default_factory=list)
     peak_memory_bytes: dict[str, int] = field(default_factory=dict)
+    cpu_times_s: list[float] = field(default_factory=list)
 
     @property
     def step_time_s(self) -> float:
@@ -58,6 +60,14 @@ class RunResult:
         (another job on the machine, too few threads for the work)."""
         median = self.step_time_s
         return (max(self.step_times_s) - min(self.step_times_s)) / median if median > 0 else 0.0
+
+    @property
+    def cores_busy(self) -> float | None:
+        """CPU seconds per wall-clock second of the timed steps (None: not measured): with one thread, 1.0 when
+        the step had a core all the time, less when it waited for one (other jobs on the machine) or for a
+        peer (a pipeline stage waiting for its input)."""
+        wall = sum(self.step_times_s)
+        return sum(self.cpu_times_s) / wall if self.cpu_times_s and wall > 0 else None
 
 
 NOISY_SPREAD = 0.2  # steps varying by more than this share of their median: `devplace run` warns
@@ -134,7 +144,9 @@ def run_steps(module: nn.Module, inputs: Any, *, steps: int = 5, warmup: int = 2
     for d in cuda:
         torch.cuda.reset_peak_memory_stats(d)
     times: list[float] = []
+    cpu_times: list[float] = []
     for _ in range(steps):
+        c0 = time.process_time()
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with torch.cuda.device(cuda[0]):
@@ -149,9 +161,10 @@ def run_steps(module: nn.Module, inputs: Any, *, steps: int = 5, warmup: int = 2
             t0 = time.perf_counter()
             value = step()
             times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
         losses.append(value)
     peaks = {str(d): int(torch.cuda.max_memory_allocated(d)) for d in cuda}
-    return RunResult(times, "cuda-events" if cuda else "perf_counter", losses, peaks)
+    return RunResult(times, "cuda-events" if cuda else "perf_counter", losses, peaks, cpu_times)
 
 
 def run_record(run: RunResult, *, graph: str, cluster: Any, devices: Sequence[torch.device | str],
@@ -165,6 +178,7 @@ def run_record(run: RunResult, *, graph: str, cluster: Any, devices: Sequence[to
         "devices": [str(d) for d in devices], "settings": dict(settings or {}), "torch": torch.__version__,
         "timer": run.timer, "steps": len(run.step_times_s), "measured_step_s": run.step_time_s,
         "measured_steps_s": list(run.step_times_s), "measured_spread": run.spread,
+        "measured_cpu_steps_s": list(run.cpu_times_s),
         "threads": torch.get_num_threads(), "simulated_step_s": simulated_step_s,
         "ratio": run.step_time_s / simulated_step_s if simulated_step_s > 0 else None,
         "peak_memory_bytes": dict(run.peak_memory_bytes), "simulated_peak_memory_bytes": list(simulated_peak_bytes),

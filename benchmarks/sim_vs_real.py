@@ -1,0 +1,425 @@
+"""Measured vs simulated training steps on this CPU (issue 23, item 4): one device and a 2-process gloo pipeline.
+
+    PYTHONPATH=$PWD/src nice -n 5 .venv/bin/python benchmarks/sim_vs_real.py [--models gpt2,cnn] [--steps 15]
+
+For each model (small ones, built here in code, nothing downloaded, named to devplace as the custom models
+`sim_vs_real:<factory>`), with `--threads` CPU threads (default 1: what each process of a pipelined run uses):
+
+1. profile: every distinct op of the captured training step timed for real on this CPU (`devplace profile`'s
+   task, `app.torch_tasks().profile_model`), at the whole batch and at the pipeline's micro-batch size;
+2. one device: the step captured and costed with that table for a cluster of this CPU (`local_cluster`, its
+   device the one the table was measured on), placed (placer `single`), saved as a plan, read back and run as
+   `devplace run --plan plan.json --threads N` runs it (`plan_for_run`, `run_model`);
+3. pipeline: the same, on two logical CPUs, placed by the `pipeline` placer under `--schedule` with
+   `--microbatches` (each micro-batch captured and costed at its own size), run as `devplace run --plan` runs a
+   pipelined plan: one process per stage, gloo, `torch.distributed.pipelining` (`run_plan_pipelined`).
+
+One run prints one table: model, setting, simulated step, measured median, spread ((max - min) / median of the
+timed steps), fastest timed step, measured / simulated; and the machine, threads, date and load (`uptime`
+before and after: the cores may be shared with other jobs, which the measured steps feel and the per-op
+medians of the profile mostly do not). `--json FILE` also writes every figure, with the diagnostics the
+docs/performance.md section reads (ops per step, the per-op overhead the profile misses, the gloo round trip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs are written below; nothing may be downloaded
+BENCH = str(Path(__file__).resolve().parent)
+if BENCH not in sys.path:  # "sim_vs_real:<factory>" must import here and in the pipeline's stage processes
+    sys.path.insert(0, BENCH)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+# ------------------------------------------------------------------------------------------------ the models
+
+
+class CausalLM(nn.Module):
+    """A transformers causal LM, zoo-style: input_ids -> its own next-token loss (labels = the inputs)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+
+
+class CNN(nn.Module):
+    """A small CNN without batch norm (its statistics would be per micro-batch): images, labels -> loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU())
+        self.block1 = nn.Sequential(nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1),
+                                    nn.ReLU())
+        self.block2 = nn.Sequential(nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
+                                    nn.Conv2d(64, 64, 3, padding=1), nn.ReLU())
+        self.block3 = nn.Sequential(nn.Conv2d(64, 128, 3, stride=2, padding=1), nn.ReLU())
+        self.head = nn.Linear(128, 10)
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.block3(self.block2(self.block1(self.stem(images)))).mean(dim=(2, 3))
+        return F.cross_entropy(self.head(h), labels)
+
+
+class MLP(nn.Module):
+    """Four linear layers with ReLU: features, labels -> cross-entropy."""
+
+    def __init__(self, width: int = 1024) -> None:
+        super().__init__()
+        self.layer1 = nn.Sequential(nn.Linear(512, width), nn.ReLU())
+        self.layer2 = nn.Sequential(nn.Linear(width, width), nn.ReLU())
+        self.layer3 = nn.Sequential(nn.Linear(width, width), nn.ReLU())
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(self.layer3(self.layer2(self.layer1(x)))), labels)
+
+
+VOCAB = 1024
+
+
+def tiny_gpt2(batch: int = 8, seq_len: int = 64) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """GPT-2 (transformers), 4 layers of width 128, 4 heads, vocabulary 1024, tied embeddings, no dropout."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=128, n_layer=4, n_head=4, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    return CausalLM(GPT2LMHeadModel(cfg)), (torch.randint(0, VOCAB, (batch, seq_len)),)
+
+
+def tiny_llama(batch: int = 8, seq_len: int = 64) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A Llama-style decoder (transformers LlamaConfig): 4 layers of width 128, 4 heads, 2 key/value heads,
+    rotary positions, SwiGLU MLP of 256, vocabulary 1024."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return CausalLM(LlamaForCausalLM(cfg)), (torch.randint(0, VOCAB, (batch, seq_len)),)
+
+
+def tiny_t5(batch: int = 8, seq_len: int = 32) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A T5-style encoder-decoder (transformers T5Config): 2 + 2 layers of width 128, 4 heads, feed-forward 256,
+    vocabulary 1024, target = input, no dropout."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(vocab_size=VOCAB, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_decoder_layers=2,
+                   num_heads=4, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
+    return CausalLM(T5ForConditionalGeneration(cfg)), (torch.randint(1, VOCAB, (batch, seq_len)),)
+
+
+def small_cnn(batch: int = 16) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """`CNN` on 32x32 RGB images, 10 classes."""
+    return CNN(), (torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,)))
+
+
+def mlp(batch: int = 64) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """`MLP` on 512 features, 10 classes."""
+    return MLP(), (torch.randn(batch, 512), torch.randint(0, 10, (batch,)))
+
+
+# name in the table -> (custom model name, batch)
+MODELS: dict[str, tuple[str, int]] = {
+    "gpt2": ("sim_vs_real:tiny_gpt2", 8),
+    "llama": ("sim_vs_real:tiny_llama", 8),
+    "t5": ("sim_vs_real:tiny_t5", 8),
+    "cnn": ("sim_vs_real:small_cnn", 16),
+    "mlp": ("sim_vs_real:mlp", 64),
+}
+
+
+# ------------------------------------------------------------------------------------------------- the runs
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        return "uptime: not available"
+
+
+def _cpu_model() -> str:
+    from devplace.capture.profile import measure_local_cpu
+
+    return measure_local_cpu().model
+
+
+def _merged(tables: list[Any]) -> Any:
+    """One cost table of several profiles on one device kind (the whole batch's ops and a micro-batch's)."""
+    from devplace.hardware.cost import CostTable
+
+    first = tables[0]
+    assert all(t.device_kind == first.device_kind for t in tables)
+    entries: dict[str, float] = {}
+    skipped: dict[str, str] = {}
+    for t in tables:
+        entries.update(t.entries)
+        skipped.update(t.skipped)
+    return CostTable(device_kind=first.device_kind, entries=entries, torch=first.torch, warmup=first.warmup,
+                     repeats=first.repeats, skipped={k: v for k, v in skipped.items() if k not in entries},
+                     device=first.device, meta=dict(first.meta))
+
+
+def _ops_per_step(graph: Any) -> dict[str, int]:
+    """Nodes of a captured step by op class (the simulated step is their profiled times, one after another)."""
+    from devplace.hardware.cost import op_class
+
+    counts: dict[str, int] = {}
+    for v in range(graph.num_nodes):
+        c = op_class(graph.op[v], graph.kind[v])
+        counts[c] = counts.get(c, 0) + 1
+    return counts
+
+
+CLASSES = ("gemm", "convolution", "attention", "elementwise", "reduction", "embedding", "optimizer", "copy", "view",
+           "other")
+
+
+def simulated_by_class(p: Any) -> dict[str, float]:
+    """Seconds per op class of a one-device plan's step as simulated: each node's cost (profiled, or analytic
+    where the table lacks it) on the plan's device."""
+    from devplace.hardware.cost import op_class
+
+    speed = p.cluster.devices[0].speed
+    out: dict[str, float] = {}
+    for v in range(p.graph.num_nodes):
+        c = op_class(p.graph.op[v], p.graph.kind[v])
+        out[c] = out.get(c, 0.0) + float(p.graph.compute_s[v]) / speed
+    return out
+
+
+def in_step_by_class(p: Any, module: nn.Module, inputs: Any, steps: int = 3) -> dict[str, float]:
+    """Seconds per op class of one real step of plan `p` (placed as `devplace run` places it), from
+    torch.profiler's self CPU time of each ATen op, averaged over `steps` steps; "outside ATen ops": the step's
+    ATen ops' total ("ATen ops") and the profiled step ("profiled step"). An op under `Optimizer.step` is of
+    class optimizer, as the capture marks it. The profiler adds some microseconds to every op it records."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from devplace.hardware.cost import op_class
+    from devplace.runtime.run import run_steps
+
+    placed = p.apply(module, ["cpu"], example_inputs=inputs)
+    run_steps(placed, inputs, steps=1, warmup=1, optimizer="adam", loss_fn=p.loss_fn)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run = run_steps(placed, inputs, steps=steps, warmup=0, optimizer="adam", loss_fn=p.loss_fn)
+    out: dict[str, float] = {}
+    inside = 0.0
+    for ev in prof.events():
+        if not ev.name.startswith("aten::"):
+            continue
+        up, in_optimizer = ev.cpu_parent, False
+        while up is not None and not in_optimizer:
+            in_optimizer, up = up.name.startswith("Optimizer.step"), up.cpu_parent
+        t = ev.self_cpu_time_total / 1e6 / steps
+        c = op_class(ev.name.removeprefix("aten::"), "optimizer" if in_optimizer else "")
+        out[c] = out.get(c, 0.0) + t
+        inside += t
+    out["profiled step"] = statistics.mean(run.step_times_s)
+    out["ATen ops"] = inside
+    return out
+
+
+def run_model_case(label: str, args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
+    """Profile, plan and run model `label` on one device and as a 2-process pipeline; one row per setting."""
+    from devplace import app
+    from devplace.runtime.run import local_cluster
+
+    tasks = app.torch_tasks()
+    name, batch = MODELS[label]
+    m = args.microbatches
+    t0 = time.perf_counter()
+    _, whole = tasks.profile_model(name, folder / f"{label}-b{batch}.costs.json", batch=batch,
+                                       repeats=args.repeats, threads=args.threads)
+    _, micro = tasks.profile_model(name, folder / f"{label}-b{batch // m}.costs.json", batch=batch // m,
+                                   repeats=args.repeats, threads=args.threads)
+    table = _merged([whole, micro])
+    profile_s = time.perf_counter() - t0
+    cpu = torch.device("cpu")
+    rows = []
+
+    # one device
+    cluster = local_cluster([cpu], specs={cpu: table.device})
+    prepared = tasks.prepare_model(name, batch=batch, cluster=cluster, costs=table)
+    placed = tasks.place_prepared(prepared, cluster, placer="single")
+    plan_path = folder / f"{label}-single.plan.json"
+    tasks.save_placed_plan(placed, plan_path, model=name, batch=batch)
+    p, module, inputs = tasks.plan_for_run(plan_file=plan_path, trust_model=True)
+    measured = tasks.run_model(p, module, inputs, "cpu", steps=args.steps, warmup=args.warmup,
+                               threads=args.threads)
+    ops = _ops_per_step(p.graph)
+    by_class = {"simulated": simulated_by_class(p), "in step": in_step_by_class(p, module, inputs)}
+    sim = float(measured.record["simulated_step_s"])
+    rows.append({"model": label, "setting": "1 device", "batch": batch, "simulated_s": sim,
+                 "measured_s": measured.run.step_time_s, "steps_s": list(measured.run.step_times_s),
+                 "spread": measured.run.spread, "fastest_s": min(measured.run.step_times_s),
+                 "cpu_s": statistics.median(measured.run.cpu_times_s), "cores_busy": measured.run.cores_busy,
+                 "ratio": measured.run.step_time_s / sim, "ops": sum(ops.values()), "ops_by_class": ops,
+                 "seconds_by_class": by_class,
+                 "profiled_signatures": len(table), "skipped_signatures": len(table.skipped),
+                 "profile_s": profile_s})
+
+    # two processes, one stage each, gloo
+    cluster2 = local_cluster([cpu, cpu], specs={cpu: table.device})
+    prepared2 = tasks.prepare_model(name, batch=batch, cluster=cluster2, costs=table)
+    placed2 = tasks.place_prepared(prepared2, cluster2, placer="pipeline",
+                                   settings={"schedule": args.schedule, "microbatches": m})
+    plan_path = folder / f"{label}-pipeline.plan.json"
+    tasks.save_placed_plan(placed2, plan_path, model=name, batch=batch)
+    p2, module2, inputs2 = tasks.plan_for_run(plan_file=plan_path, trust_model=True)
+    ran = tasks.run_plan_pipelined(p2, module2, inputs2, steps=args.steps, warmup=args.warmup)
+    sim2 = float(ran.export.doc["pipelined_step_time_s"])
+    timed = ran.timed_s
+    med = statistics.median(timed)
+    stages = [sum(1 for d in p2.runtime_placement.assignment.values() if d == s) for s in range(2)]
+    res2 = p2.result
+    rows.append({"model": label, "setting": f"2-proc {args.schedule} M={m}", "batch": batch, "simulated_s": sim2,
+                 "measured_s": med, "steps_s": timed, "spread": (max(timed) - min(timed)) / med,
+                 "fastest_s": min(timed), "ratio": med / sim2, "cores_busy": ran.cores_busy,
+                 "cpu_s": statistics.median(ran.run.cpu_times_s[args.warmup:]),
+                 "split_points": list(ran.export.split_points),
+                 "simulated_busy_s": [float(x) for x in res2.device_busy_s],
+                 "simulated_transfers": len(res2.transfers.nbytes), "simulated_comm_bytes": res2.comm_bytes,
+                 "ops_per_stage": stages, "loss": ran.run.losses[0], "reference_loss": ran.reference_loss})
+    return rows
+
+
+def gloo_round_trip(sizes: list[int], repeats: int = 50) -> dict[str, float]:
+    """Median seconds of a gloo send + recv round trip between two CPU processes (one thread each) for tensors
+    of `sizes` float32 elements: the cost a pipeline pays per tensor that crosses a stage boundary."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="sim-vs-real-gloo-") as folder:
+        mp.start_processes(_gloo_worker, args=(folder, sizes, repeats), nprocs=2, join=True,
+                           start_method="forkserver")
+        return json.loads((Path(folder) / "gloo.json").read_text())
+
+
+def _gloo_worker(rank: int, folder: str, sizes: list[int], repeats: int) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
+    out: dict[str, float] = {}
+    try:
+        for n in sizes:
+            x = torch.zeros(n)
+            times = []
+            for i in range(repeats + 5):
+                dist.barrier()
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.send(x, 1)
+                    dist.recv(x, 1)
+                else:
+                    dist.recv(x, 0)
+                    dist.send(x, 0)
+                if i >= 5:
+                    times.append(time.perf_counter() - t0)
+            out[str(n)] = statistics.median(times)
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        (Path(folder) / "gloo.json").write_text(json.dumps(out))
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.1f} ms"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads for profiling and the one-device steps")
+    ap.add_argument("--steps", type=int, default=15, help="timed steps per measurement")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    ap.add_argument("--repeats", type=int, default=10, help="timed runs per op when profiling")
+    ap.add_argument("--schedule", default="1f1b", help="pipeline schedule (gpipe or 1f1b)")
+    ap.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches per step")
+    ap.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    args = ap.parse_args(argv)
+    labels = [s.strip() for s in args.models.split(",") if s.strip()]
+    unknown = [s for s in labels if s not in MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
+    torch.set_num_threads(args.threads)
+    started = datetime.datetime.now().astimezone()
+    load_before = _uptime()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="sim-vs-real-") as tmp:
+        for label in labels:
+            t0 = time.perf_counter()
+            rows += run_model_case(label, args, Path(tmp))
+            print(f"# {label} done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    gloo = gloo_round_trip([1, 2**10, 2**14, 2**17])
+    load_after = _uptime()
+    from devplace.capture.profile import measure_local_cpu
+
+    cpu = measure_local_cpu()
+    print(f"# measured vs simulated training steps, {started:%Y-%m-%d %H:%M %Z}")
+    print(f"# machine: {platform.node()}, {cpu.model}, {os.cpu_count()} cores; torch {torch.__version__}; "
+          f"{args.threads} thread(s) per process (profile and steps); CPU as measured: "
+          f"{cpu.peak_flops / 1e9:.1f} GFLOP/s, {cpu.mem_bandwidth_Bps / 1e9:.1f} GB/s, one-element add "
+          f"{cpu.launch_overhead_s * 1e6:.1f} us")
+    print(f"# load before: {load_before}")
+    print(f"# load after:  {load_after}")
+    print(f"# {args.steps} timed steps after {args.warmup} warm-up; profile: median of {args.repeats} runs per op")
+    print()
+    print("| model | setting | simulated | measured (median) | spread | fastest | measured / simulated | "
+          "cores busy | CPU time (median) | CPU time / simulated |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        one = r["setting"] == "1 device"
+        print(f"| {r['model']} | {r['setting']} | {_ms(r['simulated_s'])} | {_ms(r['measured_s'])} | "
+              f"{r['spread']:.0%} | {_ms(r['fastest_s'])} | {r['ratio']:.2f} | {r['cores_busy']:.2f} | "
+              f"{_ms(r['cpu_s'])}{'' if one else ' (2 procs)'} | "
+              + (f"{r['cpu_s'] / r['simulated_s']:.2f} |" if one else "- |"))
+    print()
+    print("| model | ops per step | (measured - simulated) / op, 1 device | pipeline split | ops per stage | "
+          "pipeline: simulated busy (2 devices) | measured CPU (2 procs) | CPU / simulated busy | "
+          "transfers per step |")
+    print("|---|---:|---:|---|---|---:|---:|---:|---:|")
+    for one, two in zip(rows[::2], rows[1::2], strict=True):
+        per_op = (one["measured_s"] - one["simulated_s"]) / one["ops"]
+        busy = sum(two["simulated_busy_s"])
+        print(f"| {one['model']} | {one['ops']} | {per_op * 1e6:.1f} us | {', '.join(two['split_points'])} | "
+              f"{two['ops_per_stage']} | {_ms(busy)} | {_ms(two['cpu_s'])} | {two['cpu_s'] / busy:.2f} | "
+              f"{two['simulated_transfers']} |")
+    print()
+    print("One device, ms per step by op class: simulated (profiled op times) / in a real step (torch.profiler's "
+          "self CPU time of the ATen ops, which it inflates by some us each; 'outside': the unprofiled median step "
+          "less those: Python, nn.Module calls, the autograd engine between ops)")
+    print()
+    print("| model | " + " | ".join(CLASSES) + " | outside ATen ops |")
+    print("|---|" + "---:|" * (len(CLASSES) + 1))
+    for r in rows[::2]:
+        sim_c, real_c = r["seconds_by_class"]["simulated"], r["seconds_by_class"]["in step"]
+        cells = [f"{sim_c.get(c, 0) * 1e3:.1f} / {real_c.get(c, 0) * 1e3:.1f}" if c in sim_c or c in real_c else "-"
+                 for c in CLASSES]
+        outside = r["measured_s"] - real_c["ATen ops"]
+        print(f"| {r['model']} | " + " | ".join(cells) + f" | {outside * 1e3:.1f} |")
+    print()
+    print("# gloo send + recv round trip between two processes (median of 50): "
+          + ", ".join(f"{int(n) * 4} B {t * 1e6:.0f} us" for n, t in gloo.items()))
+    if args.json is not None:
+        args.json.write_text(json.dumps({"started": started.isoformat(), "load_before": load_before,
+                                         "load_after": load_after, "threads": args.threads, "cpu": cpu.model,
+                                         "gloo_round_trip_s": gloo, "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

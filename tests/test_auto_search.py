@@ -175,3 +175,14 @@ def test_the_report_says_how_many_simulations_the_answer_took():
     assert many.simulations > one.simulations
     assert many.to_dict()["simulations"] == many.simulations
     assert f"{many.simulations:,} simulations" in " ".join(many.text().split())
+
+
+def test_the_report_says_when_micro_batches_are_costed_as_the_whole_batch_divided():
+    from devplace.planning import place_graph
+
+    g = _graph(8)  # the whole step: placed directly, a pipeline scales its ops by 1 / M
+    placed = place_graph(g, _slow_links(), placer="pipeline", order="topo", microbatches=4)
+    assert placed.to_dict()["microbatch_costs"] == "the whole batch's / M"
+    assert "costed as the whole batch's / 4" in " ".join(placed.text().split())
+    flat = place_graph(g, _slow_links(), placer="m-etf", order="topo")
+    assert "microbatch_costs" not in flat.to_dict() and "micro-batches:" not in flat.text()

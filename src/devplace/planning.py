@@ -295,6 +295,9 @@ class Placed:
                    speedup_over_single_device=single.speedup(step), placed_groups=self.placed_groups,
                    precision=precision_of(self.graph), search_log=[asdict(t) for t in self.log],
                    assignment=self.placement.assignment)
+        if self.placement.schedule is not None:  # how its micro-batches were costed (docs/simulation.md)
+            doc["microbatch_costs"] = ("captured at the micro-batch size" if self.placement.schedule.microbatch_graph
+                                       else "the whole batch's / M")
         for key in ("order_auto", "placer_auto", "microbatch_search"):
             if key in self.placement.meta:
                 doc[key] = self.placement.meta[key]
@@ -321,6 +324,12 @@ class Placed:
             out.append(Text(f"micro-batches: batch {search['batch']} split into M={search['kept']} ({tried}); each "
                             "micro-batch captured and costed at its own size"
                             + (f"; orders compared at M={at}, the order kept there walked the others" if at else "")))
+        sched = self.placement.schedule
+        if sched is not None and not sched.microbatch_graph:
+            out.append(Text(f"micro-batches: {sched.label}, each micro-batch's forward and backward ops costed as "
+                            f"the whole batch's / {sched.microbatches} (this graph is the whole step, not one "
+                            "micro-batch captured at its own size; small micro-batches cost more than that on a "
+                            "GPU: place with --model to capture them)"))
         auto = self.placement.meta.get("order_auto")
         if isinstance(auto, dict):
             out.append(Text(f"order auto -> {auto['order']} ({auto.get('why') or auto['rule']})"))

@@ -214,6 +214,7 @@ def _stage(rank: int, job: _Job) -> None:
     import torch.distributed as dist
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
     from torch.distributed.pipelining.stage import _PipelineStage
+    from torch.export.unflatten import InterpreterModule
 
     from devplace.capture.torch_capture import default_loss
     from devplace.runtime.run import _make_optimizer
@@ -221,6 +222,9 @@ def _stage(rank: int, job: _Job) -> None:
     torch.manual_seed(job.seed)
     torch.set_num_threads(1)  # the processes, one per stage, share the cores
     mod, info = pickle.loads(job.stages[rank])
+    for sub in mod.modules():  # pipelining's submodules interpret their graph node by node in Python: 20-30 us an op
+        if isinstance(sub, InterpreterModule):
+            sub._run_with_interpreter = False  # their generated code instead, as a GraphModule runs
     world = info.num_stages
     dist.init_process_group("gloo", init_method=f"file://{job.folder}/rendezvous", rank=rank, world_size=world,
                             timeout=timedelta(seconds=job.timeout_s))

@@ -227,6 +227,11 @@ def test_cli_exports_a_plan_with_its_schedule_and_runs_it(cnn_zoo, tmp_path, cap
     code, out, err = _cli(["run", "--pipeline", str(export_path), "--processes", str(stages + 1)], capsys,
                           monkeypatch)
     assert code == 2 and f"runs in {stages} processes" in err
+    code, out, err = _cli(["run", "--pipeline", str(export_path), "--threads", "2"], capsys, monkeypatch)
+    assert code == 2 and "1 thread" in err and "--threads 2" in err  # stages run 1 thread each
+    code, out, err = _cli(["run", "--plan", str(plan_path), "--schedule", "gpipe", "--microbatches", "2",
+                           "--threads", "2"], capsys, monkeypatch)
+    assert code == 2 and "--schedule gpipe" in err and "1 thread" in err
     code, out, err = _cli(["export", str(plan_path), "--format", "json", "--schedule", "gpipe"], capsys, monkeypatch)
     assert code == 2 and "--format pipeline" in err
 

@@ -109,6 +109,11 @@ class Request:
     coarsening: Coarsening | None = None
     progress: Progress | None = None
 
+    @property
+    def seen(self) -> CompGraph:
+        """The graph the placers place: the coarse graph with a coarsening, else `graph` itself."""
+        return self.coarsening.graph if self.coarsening is not None else self.graph
+
 
 @dataclass(frozen=True)
 class SearchProgress:
@@ -299,9 +304,8 @@ def plan_search(req: Request) -> SearchPlan:
     names = auto_candidates(req.graph, schedule)
     skipped = auto_skipped(req.graph) if schedule not in SCHEDULE_KINDS else {}
     plans = [PlacerCandidates(p, {}, skipped=why) for p, why in skipped.items()]
-    seen = req.coarsening.graph if req.coarsening is not None else req.graph
     for p in names:
-        settings, note = auto_settings(p, schedule, seen)
+        settings, note = auto_settings(p, schedule, req.seen)
         plans.append(replace(_placer_candidates(req, p, settings, order), note=note))
     if (AUTO_PIPELINE not in names and schedule is None
             and memory_needs(req.graph).params_bytes < float(req.cluster.memory.sum())):
@@ -325,8 +329,7 @@ def _orders_of(req: Request, placer: str, settings: dict[str, Any], order: Order
         raise PlacerError(f"placer {placer!r} has no setting {', '.join(map(repr, unknown))}; its settings: {listed}")
     if order != "auto":
         return PlacerCandidates(placer, settings, (order,))
-    seen = req.coarsening.graph if req.coarsening is not None else req.graph
-    auto = auto_orders(seen, req.cluster, spec, req.try_orders, settings)
+    auto = auto_orders(req.seen, req.cluster, spec, req.try_orders, settings)
     if not auto.candidates:
         return PlacerCandidates(placer, settings, (auto.model_order,), auto)
     trial = get_placer(req.try_with).name if req.try_with is not None else None
@@ -660,8 +663,8 @@ def place_candidate(req: Request, placer: str, orders: tuple[Order, ...], settin
     """`placer` at `settings` walking `orders[0]` (several: the one that does best on the placer's view at each
     cap) placed on the first of `views` where it fits as run (`fit`); NoFitError from the last view tried."""
     spec = get_placer(placer)
-    seen = req.coarsening.graph if req.coarsening is not None else req.graph  # the full graph's are checked as run
-    if float(seen.param_bytes.sum()) > float(req.cluster.memory.sum()):
+    # the placers' graph (the full graph's parameters are checked as run)
+    if float(req.seen.param_bytes.sum()) > float(req.cluster.memory.sum()):
         raise no_fit_error(req.graph, req.cluster, placer, "the parameters alone exceed the cluster's memory")
     error: NoFitError | None = None
     for view in views(req, spec):

@@ -35,6 +35,14 @@ from devplace.files import ANY_JSON
 from devplace.graph.jsonio import write_json
 
 
+def _one_thread(threads: int | None, what: str) -> None:
+    """Refuse --threads N > 1 for a pipelined run (`what` says why it is one): its stages run 1 thread each."""
+    if threads not in (None, 1):
+        raise DevplaceError(f"{what}: each stage runs in its own process with 1 thread (the processes share the "
+                            f"cores), so --threads {threads} would not be the steps' count; drop --threads or give "
+                            "--threads 1")
+
+
 def run_cmd(
     model: ModelOpt = None,
     plan_file: Annotated[Path | None, typer.Option("--plan", help="a plan file (devplace.plan/1), zoo model")] = None,
@@ -85,13 +93,10 @@ def run_cmd(
     made for a schedule (--placer pipeline with --schedule/--microbatches, or a saved pipelined plan) runs so too.
     """
     tasks = app.torch_tasks()
-    one_thread = ("each stage runs in its own process with 1 thread (the processes share the cores), so --threads "
-                  f"{threads} would not be the steps' count; drop --threads or give --threads 1")
     if pipeline is not None:
         if plan_file is not None:
             raise DevplaceError("--pipeline runs an export on its own: drop --plan")
-        if threads not in (None, 1):
-            raise DevplaceError(f"--pipeline: {one_thread}")
+        _one_thread(threads, "--pipeline")
         with busy(f"running {warmup + steps} pipelined steps of {pipeline}", as_json):
             ran = tasks.run_pipeline_export(pipeline, processes=processes, steps=steps, warmup=warmup,
                                             trust_model=trust_model or (model or False))
@@ -102,8 +107,7 @@ def run_cmd(
         return
     tasks.check_steps(steps, warmup)  # before capturing and placing
     if schedule not in (None, "none"):  # pipelined: its stages run 1 thread each, as the CPU is to be measured
-        if threads not in (None, 1):
-            raise DevplaceError(f"--schedule {schedule}: {one_thread}")
+        _one_thread(threads, f"--schedule {schedule}")
         threads = 1
     tasks.set_threads(threads)  # before placing too: the local cluster's CPU is measured at the steps' thread count
     pipelining = {k: v for k, v in (("schedule", schedule), ("microbatches", microbatches), ("chunks", chunks))
@@ -115,8 +119,7 @@ def run_cmd(
                                                trust_model=trust_model, record=record,
                                                settings=pipelining)
     if tasks.is_pipelined(p):
-        if threads not in (None, 1):
-            raise DevplaceError(f"this plan runs pipelined: {one_thread}")
+        _one_thread(threads, "this plan runs pipelined")
         with busy(f"running {warmup + steps} pipelined steps", as_json):
             ran = tasks.run_plan_pipelined(p, module, inputs, steps=steps, warmup=warmup)
         if as_json:

@@ -391,6 +391,15 @@ class Recorder(TorchDispatchMode):
         group = self._last_opt_group if self._last_opt_group >= 0 else self._fallback_group(tensors)
         return group, self.nodes[group].module
 
+    def note_optimizer_storage(self, t: torch.Tensor | None, name: str) -> None:
+        """Storage `t` (parameter `name`, its gradient, master copy or optimizer state) belongs to `name`'s
+        update. `t` is kept alive: a master copy's gradient is replaced by the recorded step, and a freed
+        storage's address could be reused by a temporary that would then be taken for `name`'s."""
+        if t is None:
+            return
+        self.opt_storage.setdefault(_key(t), name)
+        self._keep.append(t)
+
     # ----------------------------------------------------------------- inputs and modules
     def add_input(self, name: str, t: torch.Tensor) -> None:
         k = _key(t)
@@ -726,11 +735,9 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
                         if p.grad is None:
                             continue
                         updated = masters.get(id(p), p)
-                        for t in {id(x): x for x in (p, p.grad, updated, updated.grad)}.values():
-                            rec.opt_storage.setdefault(_key(t), n)
-                        for v in opt.state.get(updated, {}).values():
-                            if isinstance(v, torch.Tensor):
-                                rec.opt_storage.setdefault(_key(v), n)
+                        state = [v for v in opt.state.get(updated, {}).values() if isinstance(v, torch.Tensor)]
+                        for t in (p, p.grad, updated, updated.grad, *state):
+                            rec.note_optimizer_storage(t, n)
                     rec.phase = OPTIMIZER
                     _master_step(opt, trainable, masters)
                     rec.phase = None

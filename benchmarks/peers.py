@@ -24,9 +24,9 @@ backward seconds on each device (`hardware.cluster.op_times`, the optimizer step
 profilers measure a layer's forward and backward), its parameter bytes (`param_bytes`, weights with their
 gradients and Adam state, proportional to the parameter count), its forward output bytes (the activations it
 stashes) and whether a numbered block (`h.7`, `layers.3`, `encoder_layer_11`) begins there.
-A peer's split whose stage begins inside a block (a unit of `h.3.mlp`, not `h.3`) is marked "not exportable":
-devplace's pipeline export cuts only at block starts, and so do its placers on a captured model (`cuts=blocks`,
-issue 23 item 1). The summary gives the best exportable row beside the best of all.
+Every unit begins where a module call begins, so every peer split is one that devplace's pipeline export can
+run (torch's pipelining splits at any module call's beginning) and that its placers may choose on a captured
+model (`cuts=modules`, issue 23 item 1).
 
 The peers, each written here after its published source (our code, no copied code; none of it in `src/`):
 
@@ -93,7 +93,7 @@ from devplace.capture.custom import microbatch_prepared
 from devplace.capture.pipeline import Prepared
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.modules import forward_ops, inside_block, module_of, module_starts
+from devplace.graph.modules import forward_ops, module_of, module_starts
 from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster, op_times
 from devplace.hardware.cost import cost_devices
@@ -408,7 +408,6 @@ class Row:
     peak: str = "-"
     took_s: float = 0.0
     note: str = ""
-    exportable: bool = True  # every stage begins where devplace's pipeline export can cut (a block start)
 
 
 def peak_text(result: SimResult, cluster: Cluster) -> str:
@@ -470,12 +469,8 @@ def peer_rows(micro: Prepared, cluster: Cluster, m: int) -> tuple[list[Row], flo
         took = time.perf_counter() - t0
         devices = None if bounds is None else units.devices(bounds)
         note = "" if bounds is None else "units " + "/".join(str(b - a) for a, b in itertools.pairwise(bounds))
-        inside = [units.names[b] for b in (bounds or [])[1:-1] if inside_block(units.names[b])]
-        if inside:  # the export cuts only at block starts (issue 23 item 1); devplace's placers too
-            note += f"; cuts inside a block ({inside[0]}): not exportable"
         row = sim_row(name, graph, cluster, devices, schedule, took,
                       note if bounds is not None else "no split fits its memory rule")
-        row.exportable = not inside
         rows.append(row)
     for r in rows:
         r.note = f"M={m}" + (f", {r.note}" if r.note else "")
@@ -541,8 +536,6 @@ def main() -> None:
             rows, ideal, count = run(name, cluster, args.microbatches, cache)
             fits = [r for r in rows if r.step_s is not None and r.feasible]
             best = min(fits, key=lambda r: r.step_s or math.inf) if fits else None
-            runs = [r for r in fits if r.exportable]
-            best_run = min(runs, key=lambda r: r.step_s or math.inf) if runs else None
             for r in rows:
                 step = "-" if r.step_s is None else f"{r.step_s:.4f}" + ("" if r.feasible else " over")
                 ratio = (f"{r.step_s / best.step_s:.3f}" if best and best.step_s and r.step_s is not None
@@ -555,8 +548,6 @@ def main() -> None:
             default = rows[0]
             behind = (f"{default.step_s / best.step_s:.3f}" if best and best.step_s and default.step_s is not None
                       and default.feasible else "-")
-            behind_run = (f"{default.step_s / best_run.step_s:.3f}" if best_run and best_run.step_s
-                          and default.step_s is not None and default.feasible else "-")
             pipe = rows[1]
             summary.append(
                 f"| {name} | {cname} | "
@@ -565,11 +556,10 @@ def main() -> None:
                 + ("-" if pipe.step_s is None else f"{pipe.step_s:.4f}")
                 + f" | {best.method if best else '-'} {best.step_s if best else math.nan:.4f} | "
                 + ", ".join(f"M={m} {at:.4f}" for m, at in ideal.items()) + " | "
-                f"{behind} | {best_run.method if best_run else '-'} {best_run.step_s if best_run else math.nan:.4f} | "
-                f"{behind_run} | {default.took_s:.1f} |")
+                f"{behind} | {default.took_s:.1f} |")
     print("\n| model | cluster | default (s) | default's answer | pipeline (s) | best of all (s) | ideal 1F1B (s) "
-          "| default / best | best exportable (s) | default / best exportable | default placing (s) |")
-    print("|---|---|---:|---|---:|---|---:|---:|---|---:|---:|")
+          "| default / best | default placing (s) |")
+    print("|---|---|---:|---|---:|---|---:|---:|---:|")
     print("\n".join(summary))
 
 

@@ -131,7 +131,7 @@ def test_through_place_with_settings_and_their_checks():
         place(g, c, placer="pipeline", order="topo", microbatches=0)
     with pytest.raises(PlacerError, match="multiple of the 3 devices"):
         place(g, c, placer="pipeline", order="topo", schedule="interleaved-1f1b", microbatches=4)
-    with pytest.raises(PlacerError, match="'cuts' must be one of blocks, ops, got 'layers'"):
+    with pytest.raises(PlacerError, match="'cuts' must be one of modules, ops, got 'layers'"):
         place(g, c, placer="pipeline", order="topo", cuts="layers")
 
 
@@ -150,16 +150,16 @@ def segmented(costs: list[float], segments: list[list[int]], extra: dict[str, di
     return CompGraph.build("segmented", nodes, edges)
 
 
-def test_a_capture_is_cut_only_between_segments_and_a_group_straddling_two_blocks_cuts_before_neither():
-    """Issue 23 item 1: stages of a captured model begin only where its export can cut (a block start); l3
-    holds the last op of block 0 and the first of block 1 (a coarse group can), so neither cut next to it is
-    one. `cuts="ops"` cuts anywhere, as before."""
+def test_a_capture_is_cut_only_between_segments_and_a_group_straddling_two_segments_cuts_before_neither():
+    """Issue 23 item 1: stages of a captured model begin only where its export can cut (a module start); l3
+    holds the last op of segment 0 and the first of segment 1 (a coarse group can), so neither cut next to it
+    is one. `cuts="ops"` cuts anywhere, as before."""
     g, c = segmented([1.0] * 8, [[0, 0]] * 3 + [[0, 1]] + [[1, 1]] * 2 + [[2, 2]] * 2), cluster(2, bw=1e12)
     anywhere = plan(g, c, microbatches=8, cuts="ops")
     assert [int(anywhere.devices[g.index[f"l{i}"]]) for i in range(8)] == [0] * 4 + [1] * 4
-    blocks = plan(g, c, microbatches=8)
-    assert [int(blocks.devices[g.index[f"l{i}"]]) for i in range(8)] == [0] * 6 + [1] * 2
-    assert blocks.step_time_s > anywhere.step_time_s
+    segments = plan(g, c, microbatches=8)
+    assert [int(segments.devices[g.index[f"l{i}"]]) for i in range(8)] == [0] * 6 + [1] * 2
+    assert segments.step_time_s > anywhere.step_time_s
 
 
 def test_ops_the_order_puts_late_go_with_their_segment_so_the_segments_can_still_be_cut():
@@ -328,8 +328,8 @@ def test_no_move_of_one_cut_shortens_the_simulated_step(costs, bw, m):
 @settings(max_examples=30, deadline=None)
 @given(costs=st.lists(st.sampled_from([0.5, 1.0, 2.0, 4.0]), min_size=4, max_size=10),
        bw=st.sampled_from([2.0, 20.0, 1e12]), m=st.sampled_from([2, 4, 8]))
-def test_no_move_of_one_cut_by_a_block_shortens_the_simulated_step(costs, bw, m):
-    # a captured model's cuts move by whole blocks (here of two layers each): between blocks, every item
+def test_no_move_of_one_cut_by_a_segment_shortens_the_simulated_step(costs, bw, m):
+    # a captured model's cuts move by whole segments (here of two layers each): between segments, every item
     # boundary inside one is blocked
     costs = costs[: len(costs) // 2 * 2]
     g, c = segmented(costs, [[i // 2, i // 2] for i in range(len(costs))]), cluster(3, bw=bw)

@@ -16,8 +16,8 @@ import numpy as np
 from devplace.errors import GraphError
 from devplace.graph.compgraph import CompGraph
 
-__all__ = ["SEGMENTS_KEY", "ancestors", "block_starts", "forward_ops", "group_segments", "has_modules", "module_of",
-           "module_starts", "segment_spans"]
+__all__ = ["SEGMENTS_KEY", "ancestors", "forward_ops", "group_segments", "has_modules", "module_of", "module_starts",
+           "segment_spans"]
 
 SEGMENTS_KEY = "segments"  # node extra key of a coarse node: [first, last] segment of its forward ops
 
@@ -50,27 +50,6 @@ def ancestors(module: str) -> list[str]:
     """`module` and every enclosing module, outermost first, the root "" included: "a.b" -> ["", "a", "a.b"]."""
     parts = module.split(".") if module else []
     return [""] + [".".join(parts[:j]) for j in range(1, len(parts) + 1)]
-
-
-def inside_block(module: str) -> bool:
-    """True for a module strictly inside an element of a module list ("layers.1.self_attn", "h.0.mlp.c_fc"): a
-    path with a numeric part before its last. Such elements are a network's repeated blocks (decoder layers,
-    residual blocks); a pipeline cut inside one splits an attention or a residual branch, whose several live
-    tensors (queries and keys, the residual) would all cross between processes."""
-    parts = module.split(".")
-    return any(p.isdigit() for p in parts[:-1])
-
-
-def block_starts(modules: Sequence[str], starts: dict[int, str]) -> dict[int, str]:
-    """The positions of `starts` (of `module_starts`) where no module list element is entered midway: the
-    outermost module that begins there is not `inside_block` (a decoder layer's beginning is kept, the
-    beginning of its attention's v_proj is not)."""
-    first: dict[str, int] = {}
-    for i, m in enumerate(modules):
-        for name in ancestors(m)[1:]:
-            first.setdefault(name, i)
-    return {i: name for i, name in starts.items()
-            if not inside_block(next(n for n in ancestors(modules[i])[1:] if first[n] == i))}
 
 
 def module_starts(modules: Sequence[str], callable_modules: Collection[str] | None = None) -> dict[int, str]:
@@ -113,11 +92,13 @@ def segment_spans(graph: CompGraph) -> np.ndarray:
     """int64[nodes, 2]: per node, the first and last *segment* its forward ops lie in; (-1, -1) for a node without
     forward ops, and for every node of a graph without module paths.
 
-    Segments are the stretches of the forward program between consecutive `block_starts` (of `module_starts`
-    of the forward ops' module paths, without the model: modules with ops of their own), numbered from 0: where
-    a pipeline export can cut (`devplace.runtime.export.pipeline_split`). A coarse graph's nodes record their
-    members' span (the "segments" extra key, written by coarsening: the ops of a coarse graph are not the
-    forward program); any other graph's spans are computed from its ops' module paths."""
+    Segments are the stretches of the forward program between consecutive `module_starts` of the forward ops'
+    module paths (without the model: modules with ops of their own), numbered from 0: where a pipeline export
+    can cut (`devplace.runtime.export.pipeline_split`), since torch's pipelining splits at a module call's
+    beginning (a decoder layer's, its attention's or one projection's alike: tests/test_pipeline_run.py). A
+    coarse graph's nodes record their members' span (the "segments" extra key, written by coarsening: the ops
+    of a coarse graph are not the forward program); any other graph's spans are computed from its ops' module
+    paths."""
     spans = np.full((graph.num_nodes, 2), -1, dtype=np.int64)
     extra = graph.node_extra or []
     stored = [(v, x[SEGMENTS_KEY]) for v, x in enumerate(extra) if SEGMENTS_KEY in x]
@@ -131,7 +112,7 @@ def segment_spans(graph: CompGraph) -> np.ndarray:
         return spans
     fwd = forward_ops(graph)
     mods = [module_of(graph, v) or "" for v in fwd]
-    cuts = np.asarray(sorted(block_starts(mods, module_starts(mods))), dtype=np.int64)
+    cuts = np.asarray(sorted(module_starts(mods)), dtype=np.int64)
     spans[fwd] = np.searchsorted(cuts, np.arange(len(fwd)), side="right")[:, None]
     return spans
 

@@ -18,11 +18,11 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    consecutive runs of the item sequence, possibly empty (so fewer devices may be used). A cut is
    *blocked* where a forward op's output would flow back to an earlier stage (its tie class is carried by an
    item after the cut, a consumer's before it): no schedule runs that, so no stage ends there. On a captured
-   model (a graph with module paths) a cut is also blocked where the export could not cut (`cuts="blocks"`,
-   the default): unless the forward ops before it are the forward program up to a block start (a decoder
-   layer's beginning, not its attention's; `devplace.graph.modules.segment_spans`), so that
+   model (a graph with module paths) a cut is also blocked where the export could not cut (`cuts="modules"`,
+   the default): unless the forward ops before it are the forward program up to a module call's beginning
+   (where torch's pipelining splits; `devplace.graph.modules.segment_spans`), so that
    `devplace.runtime.export.pipeline_split` exports the stages as placed and the simulator judged the
-   pipeline that runs. A coarse node whose ops straddle a block start cuts there no more than an op does.
+   pipeline that runs. A coarse node whose ops straddle a module start cuts there no more than an op does.
 3. *Cost model.* With t_k a stage's time per micro-batch (its ops' seconds on its device, `op_times`) and
    load_d the sum of device d's t_k, a pipelined step takes about sum_k t_k / V + M max_d load_d - max_k t_k
    (for V = 1: sum + (M - 1) max, the (M + p - 1)-slot formula of GPipe and 1F1B on a uniform chain without
@@ -51,7 +51,7 @@ depends on the model (CLIP-B/16 on 4xV100-16GB: critical-path's pipeline 2.2% fa
 200 groups: dfs-preorder's 1.5x faster; docs/study/pipeline.md).
 
 Settings: `schedule` ("gpipe", "1f1b", "interleaved-1f1b"), `microbatches` (None: choose), `chunks` (None: 1,
-or 2 for interleaved), `cuts` ("blocks": only where the export can cut a captured model, step 2; "ops": between
+or 2 for interleaved), `cuts` ("modules": only where the export can cut a captured model, step 2; "ops": between
 any forward ops, as on a graph without module paths, where the export then moves the cuts). The placer returns
 its devices with the chosen schedule (`PlacerOutput`), so `devplace.place` judges it pipelined; `pipeline_plan()`
 also gives the cut points and the scheduled result.
@@ -95,7 +95,7 @@ CANDIDATES = 2  # splits simulated per micro-batch count and way of counting tra
 GRID_RATIO = 1.02  # spacing of the bounds on the slowest stage
 ROUNDS = 6  # rounds that learn memory allowances from the simulator
 REFINE_SIMULATIONS = 64  # at most this many simulated moves of a cut when refining the judged best split
-CUTS = ("blocks", "ops")  # the `cuts` setting: where a captured model's stages may begin
+CUTS = ("modules", "ops")  # the `cuts` setting: where a captured model's stages may begin
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.n
     runs once per step (`step_times`); `cuts` the setting (where stages may be cut)."""
     phase = op_phases(graph)
     fwd = _forward_ops(graph)
-    spans = segment_spans(graph) if cuts == "blocks" else None
+    spans = segment_spans(graph) if cuts == "modules" else None
     seq = forward_sequence(graph, order, None if spans is None else spans[:, 0]).tolist()
     class_item: dict[int, int] = {}
     for i, v in enumerate(seq):
@@ -529,7 +529,7 @@ def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | No
 
 
 def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, schedule: str = "1f1b",
-                  microbatches: int | None = None, chunks: int | None = None, cuts: str = "blocks",
+                  microbatches: int | None = None, chunks: int | None = None, cuts: str = "modules",
                   ties: np.ndarray | None = None) -> PipelinePlan:
     """The best pipeline placement of `graph` found by the search of the module docstring, with its schedule.
 
@@ -551,7 +551,7 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
         if plan is not None:
             plans.append(plan)
     if not plans:
-        only = " that begin where the export can cut (--set cuts=ops: anywhere)" if cuts == "blocks" else ""
+        only = " that begin where the export can cut (--set cuts=ops: anywhere)" if cuts == "modules" else ""
         raise no_fit_error(graph, cluster, "pipeline", f"no split of the order into {schedule} pipeline stages{only} "
                            "fits memory under the schedule")
     return min(plans, key=lambda pl: (pl.step_time_s, pl.schedule.microbatches))  # of equals the first order's
@@ -590,7 +590,7 @@ def _refine(judge: _Judge, plan: PipelinePlan) -> PipelinePlan:
     cut at a time by `step` places either way (a stage may become empty), keep the first move that shortens the
     simulated step within memory, halve `step` when no move helps; at most `REFINE_SIMULATIONS` simulations.
     The places are the items' `stops` (every item boundary; on a captured model, the boundaries between
-    segments only, so that a step moves a cut by whole blocks). The cost model ranks splits only approximately
+    segments only, so that a step moves a cut by whole segments). The cost model ranks splits only approximately
     (transfers and the schedule's waits are estimated), so the best split it finds is often a few items off
     the simulator's best."""
     s, cuts = plan.schedule, plan.cuts
@@ -624,15 +624,15 @@ def _refine(judge: _Judge, plan: PipelinePlan) -> PipelinePlan:
 
 def _order_key(graph: CompGraph, visit: np.ndarray, settings: Mapping[str, Any]) -> bytes:
     """What of the order `visit` the placer's result depends on: the items' sequence (`_items`); with
-    `cuts="blocks"` (the default) only up to the order within each run of one block's ops, where no stage can
-    end (every sum, maximum and crossing the search uses is over whole runs), so orders that differ only
-    inside blocks are one candidate."""
-    if settings.get("cuts", "blocks") != "blocks":
+    `cuts="modules"` (the default) only up to the order within each run of one segment's ops (between module
+    starts), where no stage can end (every sum, maximum and crossing the search uses is over whole runs), so
+    orders that differ only inside segments are one candidate."""
+    if settings.get("cuts", "modules") != "modules":
         return forward_sequence(graph, visit).tobytes()
     segment = segment_spans(graph)[:, 0]
     seq = forward_sequence(graph, visit, segment)
     seg = segment[seq]
-    starts = np.ones(seq.shape[0], dtype=bool)  # a new run: another block, or an op of none
+    starts = np.ones(seq.shape[0], dtype=bool)  # a new run: another segment, or an op of none
     starts[1:] = (seg[1:] != seg[:-1]) | (seg[1:] < 0)
     return seq[np.lexsort((seq, np.cumsum(starts)))].tobytes()
 
@@ -640,12 +640,12 @@ def _order_key(graph: CompGraph, visit: np.ndarray, settings: Mapping[str, Any])
 @register("pipeline", uses_order=True, cheap=True, check=_check_settings, order_key=_order_key)
 def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, ties: np.ndarray | None = None,
              schedule: str = "1f1b", microbatches: int | None = None, chunks: int | None = None,
-             cuts: str = "blocks") -> PlacerOutput:
+             cuts: str = "modules") -> PlacerOutput:
     """Pipeline stages: cut the traversal order into contiguous stages (one per device, or `chunks` per device
     for interleaved-1f1b) minimising the simulated pipelined step under memory, choosing the micro-batch count.
 
     Uses the traversal order. Settings: `schedule` (gpipe, 1f1b, interleaved-1f1b), `microbatches` (None:
-    the best of 1-32 by simulation), `chunks` (None: 1, or 2 for interleaved), `cuts` (blocks: a captured
+    the best of 1-32 by simulation), `chunks` (None: 1, or 2 for interleaved), `cuts` (modules: a captured
     model's stages begin only where its pipeline export can cut; ops: anywhere). Dynamic programming over cut
     points with a pipeline cost model; the scheduled simulator judges the best splits (see the module
     docstring). Keeps every tie class on one device; returns the devices with the chosen schedule, which

@@ -86,8 +86,8 @@ class PlacerSpec:
     # keep it when it is faster, so a refining placer never ends worse than its start as the caller sees it
     refines: Callable[[Mapping[str, Any]], str] | None = None
     # order_key(graph, visit, settings) -> what of the order the placer's result at `settings` depends on (the
-    # pipeline placer: the forward ops' sequence, block by block where it cuts at blocks); `order="auto"` places
-    # under one of the orders with equal keys only
+    # pipeline placer: the forward ops' sequence, segment by segment where it cuts at module starts);
+    # `order="auto"` places under one of the orders with equal keys only
     order_key: Callable[[CompGraph, np.ndarray, Mapping[str, Any]], Hashable] | None = None
     # quadratic: one run's time grows with the square of the graph (greedy: V x D simulations of up to V ops);
     # placer "auto" leaves it out on graphs of more than AUTO_QUADRATIC_NODES nodes, and says so

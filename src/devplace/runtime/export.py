@@ -20,7 +20,7 @@ import numpy as np
 from devplace.errors import FormatError, PlacementError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.jsonio import read_json
-from devplace.graph.modules import ancestors, block_starts, forward_ops, has_modules, module_of, module_starts
+from devplace.graph.modules import ancestors, forward_ops, has_modules, module_of, module_starts
 from devplace.graph.placement import Placement, runtime_placement
 from devplace.hardware.cluster import Cluster
 from devplace.runtime.module_map import placement_from_module_map
@@ -126,7 +126,7 @@ class PipelineSplit:
         elif self.step_time_s is not None:
             text += "; not simulated pipelined (the stages do not run along the device indices)"
         if self.moved_fraction > 0:
-            text += f"; moved {100 * self.moved_fraction:.1f}% of the forward work to cut at block starts"
+            text += f"; moved {100 * self.moved_fraction:.1f}% of the forward work to cut at module starts"
             if self.step_time_s is not None and self.op_level_step_time_s is not None:
                 text += (f" (unpipelined step {fmt_time(self.step_time_s)} vs {fmt_time(self.op_level_step_time_s)} "
                          f"as placed, {self.slowdown:.3f}x)")
@@ -254,13 +254,12 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
 
     A pipeline stage is one device running a contiguous run of the forward program, and each stage after the
     first begins where a module call begins (torch.distributed.pipelining splits the traced program there).
-    So the forward program is cut into units at every module call's beginning that does not enter an element
-    of a module list midway (`block_starts`: a decoder layer's beginning, not its attention's); the stage order is the
-    devices' order along the program (the point where half of each device's forward work is done); and each
+    So the forward program is cut into units at every module call's beginning (`module_starts`); the stage
+    order is the devices' order along the program (the point where half of each device's forward work is done); and each
     unit goes to a stage, stages non-decreasing along the program, such that the least forward work (with its
     backward and optimizer ops) moves off its placed device (exact, by dynamic programming). Ops without
     compute (`arange`, `empty`, views) have no say: they go with their unit. The `pipeline` placer cuts a
-    captured model only at these points (its `cuts="blocks"`), so its placements export as placed: nothing
+    captured model only at these points (its `cuts="modules"`), so its placements export as placed: nothing
     moves and the exported stages are the ones its search simulated. The trailing ops of the root
     module (the loss the capture added) run in the last stage. With `cluster`, the stages' step time is
     simulated next to the placement's own (as the runtime runs it), so the loss of the approximation shows.
@@ -282,9 +281,7 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
     while body > 1 and not _module(graph, fwd[body - 1]):
         body -= 1
     mods = [_module(graph, v) for v in fwd[:body]]
-    # cuts only where no repeated block (decoder layer, residual block) is entered midway: torch's pipelining
-    # splits there reliably, inside attention it does not (issue 23: cuts before v_proj failed to run)
-    starts = block_starts(mods, module_starts(mods, callable_modules(model) if model is not None else None))
+    starts = module_starts(mods, callable_modules(model) if model is not None else None)
     bounds = [0, *sorted(starts), body]
     work = _forward_work(graph)
     fdev = devs[np.asarray(fwd[:body], dtype=np.int64)]

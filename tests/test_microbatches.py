@@ -104,3 +104,59 @@ def test_a_captured_model_is_pipelined_on_micro_batches_of_its_own_size(convnet)
     fixed = place_prepared(whole, cluster, placer="pipeline", order="topo", settings={"microbatches": 2})
     assert fixed.placement.schedule == Schedule("1f1b", 2, microbatch_graph=True)
     assert fixed.result.step_time_s == search["tried"]["2"]
+
+
+@pytest.mark.parametrize("cluster_name", ["2xK80", "mixed"])
+def test_no_pipeline_of_a_micro_batch_count_beats_its_bound(convnet, cluster_name):
+    """`microbatch_bound` (what the micro-batch search skips a count by, before capturing it) is below every
+    pipeline of that count on micro-batches captured at their own size: the pipeline placer's, even's split run
+    under 1F1B, and interleaved ones (the bound without the bubble)."""
+    from dataclasses import replace
+
+    from devplace.sim.bounds import microbatch_bound
+
+    whole = prepare_model(convnet, batch=8)
+    cluster = get_preset("2xK80")
+    if cluster_name == "mixed":  # the second device 0.4x as fast
+        cluster = replace(cluster, devices=(cluster.devices[0], replace(cluster.devices[1], speed=0.4)))
+    for m in (1, 2, 4, 8):
+        micro = microbatch_prepared(whole, m)
+        bound = microbatch_bound(whole.full, cluster, m, one_stage_per_device=True)
+        assert bound >= microbatch_bound(whole.full, cluster, m, one_stage_per_device=False) > 0
+        sched = Schedule("1f1b", m, microbatch_graph=m > 1)
+        placed = place_prepared(whole, cluster, placer="pipeline", order="topo", settings={"microbatches": m})
+        assert placed.result.step_time_s >= bound
+        if cluster_name == "2xK80":  # even's split, in device index order (on mixed it puts the fast device last)
+            devices = place(micro.full, cluster, placer="even", order="topo").to_array(micro.full, cluster.num_devices)
+            assert simulate(micro.full, cluster, devices, schedule=sched).step_time_s >= bound
+        if m % 2 == 0:
+            inter = place_prepared(whole, cluster, placer="pipeline", order="topo",
+                                   settings={"microbatches": m, "schedule": "interleaved-1f1b"})
+            assert inter.result.step_time_s >= microbatch_bound(whole.full, cluster, m, one_stage_per_device=False)
+
+
+WIDE = '''
+import torch
+from torch import nn
+
+
+def build(batch=256):
+    torch.manual_seed(0)
+    layers = [m for _ in range(4) for m in (nn.Linear(2048, 2048), nn.ReLU())]
+    return nn.Sequential(*layers, nn.Linear(2048, 10)), torch.randn(batch, 2048)
+'''
+
+
+def test_the_micro_batch_search_skips_a_count_its_bound_rules_out_without_capturing_it(python_package, monkeypatch):
+    """Wide layers on 4 V100s at batch 256: M=8 is the fastest pipeline found (of 32, 16, 8, 4, 2, largest first)
+    and M=1's bound is above it, so M=1 is skipped, never captured, and logged so."""
+    import devplace.app.with_torch as wt
+
+    whole = prepare_model(python_package("mb_wide", WIDE) + ":build", batch=256)
+    captured: list[int] = []
+    real = wt.microbatch_prepared
+    monkeypatch.setattr(wt, "microbatch_prepared", lambda p, m: captured.append(m) or real(p, m))
+    placed = place_prepared(whole, get_preset("4xV100-16GB"), placer="pipeline", order="topo")
+    tried = placed.placement.meta["microbatch_search"]["tried"]
+    skipped = {m for m, t in tried.items() if isinstance(t, str) and t.startswith("skipped")}
+    assert skipped and not skipped & {str(m) for m in captured}

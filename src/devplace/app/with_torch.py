@@ -100,6 +100,7 @@ from devplace.runtime.run import (
     plan_precision,
 )
 from devplace.sim import DevplaceModel, Schedule, ScheduleError, SimResult, simulate
+from devplace.sim.bounds import microbatch_bound
 from devplace.sim.count import counting
 from devplace.study.report import write_report
 from devplace.study.runner import StudySummary, run_study
@@ -256,8 +257,10 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
     """The `pipeline` placer on a captured model, one micro-batch count at a time (the given one, else each of
     the placer's choices that divides the batch, the largest first), each on the model captured at batch / M
     (every op costed at the micro-batch's size; `captured` caches those captures by M across calls); the fastest
-    feasible pipeline is kept. The log holds each count's search and an entry per count (level "microbatches");
-    meta["microbatch_search"] records each count's step (or why it did not fit), read from it. With order
+    feasible pipeline is kept. A count whose lower bound (`microbatch_bound`) is not below the fastest pipeline
+    found is skipped before it is captured, and logged so. The log holds each count's search and an entry per
+    count (level "microbatches"); meta["microbatch_search"] records each count's step (or why it did not fit or
+    was skipped), read from it. With order
     "auto" the orders are compared at the first count that fits and the kept order walks the others
     (meta["microbatch_search"]["order_chosen_at"]). NoFitError when none fits."""
     batch = graph_batch(prepared.full)
@@ -271,8 +274,14 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
     walk = dict(how)
     chosen_at: int | None = None
     t0 = time.perf_counter()
+    one_stage = settings.get("schedule", "1f1b") in ("gpipe", "1f1b") and int(chunks or 1) == 1
     with counting() as count:
         for m in counts:
+            bound = microbatch_bound(prepared.full, cluster, m, one_stage_per_device=one_stage)
+            if best is not None and bound >= best.result.step_time_s:
+                log.append(Tried("microbatches", "pipeline", None, None, f"skipped: no pipeline at M={m} beats "
+                                 f"{best.result.step_time_s:.4g} s (its lower bound is {bound:.4g} s)", 0.0, m))
+                continue
             micro = captured[m] if m in captured else captured.setdefault(m, microbatch_prepared(prepared, m))
             for _, placed in _attempt(log, "microbatches", "pipeline", lambda micro=micro, m=m: place_graph(
                     micro.graph, cluster, placer="pipeline", coarsening=micro.coarsening, full=micro.full,

@@ -64,6 +64,29 @@ def any_schedule_bound(graph: CompGraph, cluster: Cluster) -> LowerBound:
     return _bound(graph, cluster, op_times(graph, cluster), step_times(graph, cluster))
 
 
+def microbatch_bound(graph: CompGraph, cluster: Cluster, microbatches: int, *, one_stage_per_device: bool) -> float:
+    """A lower bound on the step of any pipeline of `graph`'s step (captured at the whole batch, so
+    `graph_microbatches(graph)` is 1) split into `microbatches` (M) micro-batches, each captured at batch / M,
+    assuming each op takes at least 1/M of its whole-batch time on a micro-batch (its flops scale with the batch,
+    its bytes at most do, its fixed costs stay): what the micro-batch search may skip a count by before capturing
+    it.
+
+    Any schedule: the fastest the devices share the forward, backward and per-step work (`work_s`). With one
+    stage per device (gpipe, 1f1b) also the bubble: the device of stage k runs M t_k (t_k: its stage's forward +
+    backward per micro-batch) after the first micro-batch's forwards through stages 0..k-1 and before the last
+    one's backwards through them, so step >= M t_k + sum_{j<k} t_j for every k; over every split with sum_k t_k =
+    S that is least when t_k = t_0 r^k (r = (M - 1) / M), where it is S / (1 - r^p) (p stages at most, one per
+    device), and S is at least one micro-batch's forward and backward with each op on its fastest device."""
+    times = op_times(graph, cluster)
+    once = step_times(graph, cluster)
+    bound = _bound(graph, cluster, times, once).work_s
+    if one_stage_per_device:
+        m, p = microbatches, cluster.num_devices
+        chain = float((times - once).min(axis=1).sum()) / m if times.size else 0.0
+        bound = max(bound, chain / (1.0 - ((m - 1) / m) ** p))
+    return bound * (1 - 1e-9)  # float rounding must not lift the bound above a real step
+
+
 def _bound(graph: CompGraph, cluster: Cluster, work_times: np.ndarray, path_times: np.ndarray) -> LowerBound:
     """max(the work bound of `work_times`, the longest path with every op at its least of `path_times`)."""
     if any(d.kind in graph.kind_compute for d in cluster.devices):

@@ -92,7 +92,7 @@ class _Fork(nn.Module):
         return torch.relu(self.a(x)) * torch.tanh(self.b(x))
 
 
-@pytest.mark.parametrize("cuts", ["blocks", "ops"])
+@pytest.mark.parametrize("cuts", ["modules", "ops"])
 def test_order_auto_places_the_pipeline_once_per_forward_sequence(cuts):
     from devplace.orders import ORDERS, traversal_indices
     from devplace.placers.pipeline import forward_sequence
@@ -106,13 +106,13 @@ def test_order_auto_places_the_pipeline_once_per_forward_sequence(cuts):
     tried = p.meta["order_auto"]["tried"]
     sequences = {forward_sequence(g, traversal_indices(g, o, 0, cluster=c)).tobytes() for o in candidates}
     assert len(sequences) == 3
-    # cutting only at blocks, orders that differ inside the blocks alone are placed once
-    assert len(tried) == (1 if cuts == "blocks" else len(sequences))
+    # cutting only at module starts, orders that differ inside the segments between them alone are placed once
+    assert len(tried) == (1 if cuts == "modules" else len(sequences))
     assert "placed once" in p.meta["order_auto"]["why"]
     every = [place(g, c, placer="pipeline", order=o, microbatches=4, cuts=cuts).meta["step_time_s"]
              for o in candidates]
     assert p.meta["step_time_s"] == min(every)  # the orders left out could not have done better
-    if cuts == "blocks":
+    if cuts == "modules":
         assert len(set(every)) == 1
 
 

@@ -3,6 +3,8 @@ and orders that are not topological."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -339,14 +341,17 @@ def test_no_move_of_one_cut_by_a_segment_shortens_the_simulated_step(costs, bw, 
 
 
 def _no_move_of_one_cut_helps(g: CompGraph, c, pl, stride: int) -> None:
-    """No split that moves one of `pl`'s cuts by `stride` items either way is a faster pipeline within memory."""
+    """No split that moves one of `pl`'s cuts, or every cut inside the sequence together, by `stride` items
+    either way is a faster pipeline within memory."""
     assert np.array_equal(pl.devices, split_devices(g, pl.cuts, 3))
-    for k in range(len(pl.cuts) - 1):
-        for new in (pl.cuts[k] - stride, pl.cuts[k] + stride):
-            if (pl.cuts[k - 1] if k else 0) <= new <= pl.cuts[k + 1]:
-                cuts = (*pl.cuts[:k], new, *pl.cuts[k + 1:])
-                r = simulate(g, c, split_devices(g, cuts, 3), schedule=pl.schedule)
-                assert not r.feasible or r.step_time_s >= pl.step_time_s, (cuts, pl.cuts)
+    end = pl.cuts[-1]
+    moves = [(*pl.cuts[:k], pl.cuts[k] + by, *pl.cuts[k + 1:]) for k in range(len(pl.cuts) - 1)
+             for by in (-stride, stride)]
+    moves += [tuple(x + by if 0 < x < end else x for x in pl.cuts) for by in (-stride, stride)]
+    for cuts in moves:
+        if all(0 <= a <= b <= end for a, b in itertools.pairwise(cuts)):
+            r = simulate(g, c, split_devices(g, cuts, 3), schedule=pl.schedule)
+            assert not r.feasible or r.step_time_s >= pl.step_time_s, (cuts, pl.cuts)
 
 
 def test_no_stage_ends_where_a_tie_class_would_send_activations_back():

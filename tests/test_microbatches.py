@@ -160,3 +160,5 @@ def test_the_micro_batch_search_skips_a_count_its_bound_rules_out_without_captur
     tried = placed.placement.meta["microbatch_search"]["tried"]
     skipped = {m for m, t in tried.items() if isinstance(t, str) and t.startswith("skipped")}
     assert skipped and not skipped & {str(m) for m in captured}
+    text = " ".join(placed.text().split())
+    assert all(f"M={m} skipped" in text for m in skipped)  # the report says skipped, not "no fit"

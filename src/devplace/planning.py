@@ -122,6 +122,14 @@ def _wrote(written: list[tuple[str, Path]]) -> list[Text]:
     return [Text(f"wrote {what} to {path}") for what, path in written]
 
 
+def _outcome(tried: Any) -> str:
+    """A search entry's outcome in a report line: its step time, "skipped" (left out before it was placed: a
+    bound or a budget ruled it out) or "no fit"."""
+    if isinstance(tried, float):
+        return fmt_time(tried)
+    return "skipped" if str(tried).startswith("skipped") else "no fit"
+
+
 def _over_bound(step_s: float, bound: LowerBound) -> float | None:
     return step_s / bound.value_s if bound.value_s else None
 
@@ -311,15 +319,12 @@ class Placed:
         out = []
         chosen = self.placement.meta.get("placer_auto")
         if isinstance(chosen, dict):
-            tried = ", ".join(f"{p} {fmt_time(t)}" if isinstance(t, float) else
-                              f"{p} {'skipped' if str(t).startswith('skipped') else 'no fit'}"
-                              for p, t in chosen["tried"].items())
+            tried = ", ".join(f"{p} {_outcome(t)}" for p, t in chosen["tried"].items())
             out.append(Text(f"placer auto -> {chosen['placer']} ({tried})"))
             out += [Text(f"  {t.placer} {t.note}") for t in self.log if t.level == "placer" and t.note]
         search = self.placement.meta.get("microbatch_search")
         if isinstance(search, dict):
-            tried = ", ".join(f"M={m} {fmt_time(t)}" if isinstance(t, float) else f"M={m} no fit"
-                              for m, t in search["tried"].items())
+            tried = ", ".join(f"M={m} {_outcome(t)}" for m, t in search["tried"].items())
             at = search.get("order_chosen_at")
             out.append(Text(f"micro-batches: batch {search['batch']} split into M={search['kept']} ({tried}); each "
                             "micro-batch captured and costed at its own size"

@@ -469,9 +469,8 @@ def peer_rows(micro: Prepared, cluster: Cluster, m: int) -> tuple[list[Row], flo
         took = time.perf_counter() - t0
         devices = None if bounds is None else units.devices(bounds)
         note = "" if bounds is None else "units " + "/".join(str(b - a) for a, b in itertools.pairwise(bounds))
-        row = sim_row(name, graph, cluster, devices, schedule, took,
-                      note if bounds is not None else "no split fits its memory rule")
-        rows.append(row)
+        rows.append(sim_row(name, graph, cluster, devices, schedule, took,
+                            note if bounds is not None else "no split fits its memory rule"))
     for r in rows:
         r.note = f"M={m}" + (f", {r.note}" if r.note else "")
     return rows, ideal, units.count

@@ -100,7 +100,7 @@ from devplace.runtime.run import (
     plan_precision,
 )
 from devplace.sim import DevplaceModel, Schedule, ScheduleError, SimResult, simulate
-from devplace.sim.bounds import microbatch_bound
+from devplace.sim.bounds import microbatch_bounds
 from devplace.sim.count import counting
 from devplace.study.report import write_report
 from devplace.study.runner import StudySummary, run_study
@@ -257,7 +257,7 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
     """The `pipeline` placer on a captured model, one micro-batch count at a time (the given one, else each of
     the placer's choices that divides the batch, the largest first), each on the model captured at batch / M
     (every op costed at the micro-batch's size; `captured` caches those captures by M across calls); the fastest
-    feasible pipeline is kept. A count whose lower bound (`microbatch_bound`) is not below the fastest pipeline
+    feasible pipeline is kept. A count whose lower bound (`microbatch_bounds`) is not below the fastest pipeline
     found is skipped before it is captured, and logged so. The log holds each count's search and an entry per
     count (level "microbatches"); meta["microbatch_search"] records each count's step (or why it did not fit or
     was skipped), read from it. With order
@@ -275,9 +275,10 @@ def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[
     chosen_at: int | None = None
     t0 = time.perf_counter()
     one_stage = settings.get("schedule", "1f1b") in ("gpipe", "1f1b") and int(chunks or 1) == 1
+    bounds = microbatch_bounds(prepared.full, cluster, counts, one_stage_per_device=one_stage)
     with counting() as count:
         for m in counts:
-            bound = microbatch_bound(prepared.full, cluster, m, one_stage_per_device=one_stage)
+            bound = bounds[m]
             if best is not None and bound >= best.result.step_time_s:
                 log.append(Tried("microbatches", "pipeline", None, None, f"skipped: no pipeline at M={m} beats "
                                  f"{best.result.step_time_s:.4g} s (its lower bound is {bound:.4g} s)", 0.0, m))

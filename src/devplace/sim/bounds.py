@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,12 +65,13 @@ def any_schedule_bound(graph: CompGraph, cluster: Cluster) -> LowerBound:
     return _bound(graph, cluster, op_times(graph, cluster), step_times(graph, cluster))
 
 
-def microbatch_bound(graph: CompGraph, cluster: Cluster, microbatches: int, *, one_stage_per_device: bool) -> float:
-    """A lower bound on the step of any pipeline of `graph`'s step (captured at the whole batch, so
-    `graph_microbatches(graph)` is 1) split into `microbatches` (M) micro-batches, each captured at batch / M,
-    assuming each op takes at least 1/M of its whole-batch time on a micro-batch (its flops scale with the batch,
-    its bytes at most do, its fixed costs stay): what the micro-batch search may skip a count by before capturing
-    it.
+def microbatch_bounds(graph: CompGraph, cluster: Cluster, counts: Sequence[int], *,
+                      one_stage_per_device: bool) -> dict[int, float]:
+    """Per micro-batch count M of `counts`, a lower bound on the step of any pipeline of `graph`'s step
+    (captured at the whole batch, so `graph_microbatches(graph)` is 1) split into M micro-batches, each captured
+    at batch / M, assuming each op takes at least 1/M of its whole-batch time on a micro-batch (its flops scale
+    with the batch, its bytes at most do, its fixed costs stay): what the micro-batch search may skip a count by
+    before capturing it.
 
     Any schedule: the fastest the devices share the forward, backward and per-step work (`work_s`). With one
     stage per device (gpipe, 1f1b) also the bubble: the device of stage k runs M t_k (t_k: its stage's forward +
@@ -79,24 +81,31 @@ def microbatch_bound(graph: CompGraph, cluster: Cluster, microbatches: int, *, o
     device), and S is at least one micro-batch's forward and backward with each op on its fastest device."""
     times = op_times(graph, cluster)
     once = step_times(graph, cluster)
-    bound = _bound(graph, cluster, times, once).work_s
-    if one_stage_per_device:
-        m, p = microbatches, cluster.num_devices
-        chain = float((times - once).min(axis=1).sum()) / m if times.size else 0.0
-        bound = max(bound, chain / (1.0 - ((m - 1) / m) ** p))
-    return bound * (1 - 1e-9)  # float rounding must not lift the bound above a real step
+    work = _work_bound(graph, cluster, times)  # the same for every M
+    chain = float((times - once).min(axis=1).sum()) if times.size else 0.0  # S for M = 1
+    p = cluster.num_devices
+    out = {}
+    for m in counts:
+        bound = max(work, chain / m / (1.0 - ((m - 1) / m) ** p)) if one_stage_per_device else work
+        out[m] = bound * (1 - 1e-9)  # float rounding must not lift the bound above a real step
+    return out
 
 
 def _bound(graph: CompGraph, cluster: Cluster, work_times: np.ndarray, path_times: np.ndarray) -> LowerBound:
     """max(the work bound of `work_times`, the longest path with every op at its least of `path_times`)."""
-    if any(d.kind in graph.kind_compute for d in cluster.devices):
-        work = _shared_work(work_times)
-    else:
-        work = float(work_times[:, 0].sum() * cluster.speeds[0] / cluster.speeds.sum()) if work_times.size else 0.0
+    work = _work_bound(graph, cluster, work_times)
     t = path_times.min(axis=1).tolist()
     path = longest_path(graph, t)
     cp = sum(t[v] for v in path)
     return LowerBound(value_s=max(work, cp), work_s=work, critical_path_s=cp, critical_path=tuple(path))
+
+
+def _work_bound(graph: CompGraph, cluster: Cluster, work_times: np.ndarray) -> float:
+    """The least time in which the devices could do `work_times` (seconds per op and device) together, every
+    device busy all the time."""
+    if any(d.kind in graph.kind_compute for d in cluster.devices):
+        return _shared_work(work_times)
+    return float(work_times[:, 0].sum() * cluster.speeds[0] / cluster.speeds.sum()) if work_times.size else 0.0
 
 
 def _shared_work(times: np.ndarray) -> float:

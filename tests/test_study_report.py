@@ -103,11 +103,15 @@ def test_report_has_every_section_and_plot(tmp_path) -> None:
     md = (out / "report.md").read_text()
     for heading in ("## Setting", "## Cells", "## Per-family results", "## Do the orders differ?",
                     "## Graph features and the winning order", "## Recommendation rules and their validation",
-                    "## Does the best order depend on the family?", "## Learning curves"):
+                    "## Does the best order depend on the family?", "## The paper's question, tested",
+                    "## Learned placers against the classic placers and one device", "## Learning curves"):
         assert heading in md, heading
     assert "2 failed, 1 infeasible" in md
     assert "branching_share" in md  # the rule the tree found
     assert "![critical difference, greedy](cd_greedy.png)" in md and "curves_placeto.png" in md
+    # the fixture's families rank the orders differently (bfs best in fa, topo in fb): the interaction survives
+    assert "- **greedy**: the order matters on the graphs studied in 2 of 2 families (fa, fb)" in md
+    assert "The best order depends on the family: **yes**" in md
     with (out / "results.csv").open() as fh:
         table = list(csv.reader(fh))
     assert len(table) == len(fixture_rows()) + 1 and table[0][0] == "key" and "features" not in table[0]

@@ -9,8 +9,8 @@ Vocabulary:
   the recommendation tree); those units are counted as `incomplete`.
 
 Relative step time of order o in unit u: mean over seeds of step_time(u, o) / min over orders of that mean
-(1 for the unit's best order). Placers that ignore the order (order_name "-") have no order effect and are
-left out of the order statistics (still counted).
+(1 for the unit's best order). Placers that ignore the order (order_name "-") or ran under one order only have
+no order effect and are left out of the order statistics (still counted, and compared in `placer_comparison`).
 """
 
 from __future__ import annotations
@@ -162,7 +162,8 @@ class Unit:
 
 
 def build_units(rows: Iterable[dict[str, Any]]) -> list[Unit]:
-    """Group rows into units (placers that ignore the order are skipped), sorted by key."""
+    """Group rows into units, sorted by key. Placers that ignore the order, or were run under one order only,
+    are skipped: they have no order effect."""
     units: dict[tuple[str, str, str, str, str], Unit] = {}
     for r in rows:
         order = r.get("order_name")
@@ -183,7 +184,11 @@ def build_units(rows: Iterable[dict[str, Any]]) -> list[Unit]:
             u.times[order].append(float(r["step_time_s"]))
         else:
             u.missing[order] = u.missing.get(order, 0) + 1
-    return [units[k] for k in sorted(units)]
+    # a placer run under one order only (say, a baseline at the default order) has no order effect to measure
+    walked: dict[str, set[str]] = defaultdict(set)
+    for u in units.values():
+        walked[u.placer].update(u.times)
+    return [units[k] for k in sorted(units) if len(walked[units[k].placer]) > 1]
 
 
 def orders_of(units: Iterable[Unit]) -> list[str]:
@@ -324,3 +329,269 @@ def units_by_placer(units: Sequence[Unit]) -> dict[str, list[Unit]]:
     for u in units:
         out[u.placer].append(u)
     return dict(sorted(out.items()))
+
+
+# ----------------------------------------------------------------------------- the paper's question
+# Permutation tests enumerate every arrangement when that costs at most this many statistic evaluations, and
+# otherwise draw this many seeded random arrangements (p = (hits + 1) / (draws + 1), never 0).
+EXACT_LIMIT = 2_000_000
+PERMUTATIONS = 20_000
+BOOTSTRAP = 2_000
+
+
+def block_ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks within each row (block) of a blocks x treatments array: 1 = smallest, ties averaged."""
+    return np.vstack([stats.rankdata(row) for row in np.asarray(values, dtype=np.float64)])
+
+
+def _at_least(x: np.ndarray, observed: float) -> np.ndarray:
+    """x >= observed up to rounding (sums of squared midranks are computed in different orders)."""
+    return x >= observed - 1e-9 * max(1.0, abs(observed))
+
+
+def friedman_permutation(values: np.ndarray, *, seed: int = 0, limit: int = EXACT_LIMIT,
+                         draws: int = PERMUTATIONS) -> tuple[float, str]:
+    """(p, method) of Friedman's test by permutation: under the null hypothesis every block's ranks are
+    equally likely in any arrangement over the treatments, and the statistic (equivalently sum_j R_j^2, R_j
+    the treatment rank sums; ties keep their midranks) is compared with its distribution over all
+    (k!)^N arrangements. Exact (method "exact") by dynamic programming over the *sorted* rank-sum vector,
+    which carries the statistic's whole distribution because every block is permuted uniformly; when that
+    would exceed `limit` evaluations, `draws` seeded random arrangements (method "monte carlo")."""
+    ranks = block_ranks(values)
+    n, k = ranks.shape
+    if n < 2 or k < 2:
+        return math.nan, "none"
+    observed = float((ranks.sum(axis=0) ** 2).sum())
+    if math.factorial(k) <= limit:
+        perms = np.array(list(_permutations(k)), dtype=np.int64)
+        states, weights = np.sort(ranks[:1], axis=1), np.ones(1)
+        for b in ranks[1:-1]:
+            if len(states) * len(perms) > limit:
+                break
+            sums = np.sort((states[:, None, :] + b[perms][None, :, :]).reshape(-1, k), axis=1)
+            # midranks are multiples of 1/2, so twice the rank sums are exact integers to merge states on
+            states, inverse = np.unique(np.round(sums * 2).astype(np.int64), axis=0, return_inverse=True)
+            weights = np.bincount(inverse.ravel(), weights=np.repeat(weights / len(perms), len(perms)))
+            states = states / 2.0
+        else:
+            if len(states) * len(perms) <= limit:  # the last block: only the statistic is needed
+                last = ((states[:, None, :] + ranks[-1][perms][None, :, :]) ** 2).sum(axis=2)
+                return float((weights[:, None] / len(perms) * _at_least(last, observed)).sum()), "exact"
+    rng = np.random.Generator(np.random.PCG64(seed))
+    shuffled = rng.permuted(np.broadcast_to(ranks, (draws, n, k)), axis=2)
+    hits = int(_at_least((shuffled.sum(axis=1) ** 2).sum(axis=1), observed).sum())
+    return (hits + 1) / (draws + 1), "monte carlo"
+
+
+def _permutations(k: int) -> Iterable[tuple[int, ...]]:
+    from itertools import permutations
+
+    return permutations(range(k))
+
+
+def _label_arrangements(labels: Sequence[int]) -> Iterable[np.ndarray]:
+    """Every distinct assignment of the multiset `labels` (group indices 0..G-1) to positions (multinomial
+    many), each as an array of group indices."""
+    from itertools import combinations
+
+    sizes = np.bincount(np.asarray(labels))
+    n = len(labels)
+
+    def fill(free: tuple[int, ...], group: int, out: np.ndarray) -> Iterable[np.ndarray]:
+        if group == len(sizes) - 1:
+            out[list(free)] = group
+            yield out.copy()
+            return
+        for chosen in combinations(free, int(sizes[group])):
+            out[list(chosen)] = group
+            yield from fill(tuple(x for x in free if x not in chosen), group + 1, out)
+
+    yield from fill(tuple(range(n)), 0, np.zeros(n, dtype=np.int64))
+
+
+def interaction_test(ranks: np.ndarray, groups: Sequence[str], *, seed: int = 0, limit: int = 200_000,
+                     draws: int = PERMUTATIONS) -> dict[str, Any]:
+    """Group x treatment interaction on within-block ranks (blocks x treatments, e.g. graphs x orders): does
+    the treatments' ranking depend on the block's group (the family)? Statistic T = sum_f n_f ||mean rank
+    vector of group f - overall mean rank vector||^2, the between-group spread of the ranking; under the null
+    hypothesis (the same ranking distribution in every group) the blocks' rank vectors are exchangeable
+    between groups, so p is the share of group relabellings (group sizes kept) with T at least the observed.
+    Every relabelling when there are at most `limit` (method "exact"), else `draws` seeded random ones
+    ("monte carlo", p = (hits + 1) / (draws + 1)). Ranks remove each block's own level and scale, so the test
+    needs no model of step times."""
+    ranks = np.asarray(ranks, dtype=np.float64)
+    names = sorted(set(groups))
+    res: dict[str, Any] = {"statistic": math.nan, "p": math.nan, "method": "none", "arrangements": 0,
+                           "groups": len(names), "blocks": len(groups)}
+    if len(names) < 2 or ranks.ndim != 2 or ranks.shape[1] < 2:
+        return res
+    index = np.array([names.index(g) for g in groups])
+    sizes = np.bincount(index).astype(np.float64)
+    centred = ranks - ranks.mean(axis=0)
+
+    def stat(idx: np.ndarray) -> np.ndarray:  # idx: arrangements x blocks of group indices
+        onehot = (idx[:, None, :] == np.arange(len(names))[None, :, None]).astype(np.float64)
+        sums = onehot @ centred  # arrangements x groups x treatments
+        return ((sums ** 2).sum(axis=2) / sizes).sum(axis=1)
+
+    observed = float(stat(index[None, :])[0])
+    total = math.factorial(len(groups))
+    for s in sizes:
+        total //= math.factorial(int(s))
+    if total <= limit:
+        arrangements = list(_label_arrangements(index.tolist()))
+        hits = sum(int(_at_least(stat(np.array(arrangements[i:i + 4096])), observed).sum())
+                   for i in range(0, len(arrangements), 4096))
+        p, method, count = hits / total, "exact", total
+    else:
+        rng = np.random.Generator(np.random.PCG64(seed))
+        shuffled = rng.permuted(np.tile(index, (draws, 1)), axis=1)
+        hits = sum(int(_at_least(stat(shuffled[i:i + 4096]), observed).sum()) for i in range(0, draws, 4096))
+        p, method, count = (hits + 1) / (draws + 1), "monte carlo", draws
+    res.update(statistic=observed, p=p, method=method, arrangements=count)
+    return res
+
+
+def replicate_table(units: Sequence[Unit], orders: Sequence[str]) -> tuple[np.ndarray, int]:
+    """graphs x orders x replicates array of step times from the units that have the same number r >= 1 of
+    usable seeds for every order (r = the most common count; the others are dropped and counted)."""
+    counts = [min(len(u.times.get(o, [])) for o in orders) if orders else 0 for u in units]
+    full = [(u, c) for u, c in zip(units, counts, strict=True)
+            if c and all(len(u.times.get(o, [])) == c for o in orders)]
+    if not full:
+        return np.zeros((0, len(orders), 0)), len(units)
+    values, freq = np.unique([c for _, c in full], return_counts=True)
+    r = int(values[np.argmax(freq)])
+    keep = [u for u, c in full if c == r]
+    return np.array([[u.times[o] for o in orders] for u in keep], dtype=np.float64), len(units) - len(keep)
+
+
+def mixed_anova(y: np.ndarray) -> dict[str, Any]:
+    """Order effect with graph as a random factor: the balanced two-way mixed-model ANOVA of log step time
+    (graphs x orders x replicates `y`; orders fixed, graphs random, seeds the replicates). The order effect
+    is tested against the order x graph interaction, F = MS_order / MS_order:graph on ((k-1), (k-1)(g-1))
+    degrees of freedom, so the graphs studied count as a sample of the family, not as the whole of it; seeds
+    estimate the run-to-run noise (MS_error). Returns F, p, the degrees of freedom and the standard deviations
+    (log units, ~ relative) of the order effect, the order x graph interaction and the seed-to-seed noise,
+    from the expected mean squares (a negative variance estimate is reported as 0)."""
+    g, k, r = y.shape
+    res: dict[str, Any] = {"graphs": g, "orders": k, "replicates": r, "F": math.nan, "p": math.nan,
+                           "df": (k - 1, (k - 1) * (g - 1)), "sd_order": math.nan, "sd_order_graph": math.nan,
+                           "sd_noise": math.nan}
+    if g < 2 or k < 2 or r < 1:
+        return res
+    x = np.log(y)
+    grand, by_graph, by_order, cell = x.mean(), x.mean(axis=(1, 2)), x.mean(axis=(0, 2)), x.mean(axis=2)
+    ms_order = g * r * float(((by_order - grand) ** 2).sum()) / (k - 1)
+    ms_inter = r * float(((cell - by_graph[:, None] - by_order[None, :] + grand) ** 2).sum()) / ((k - 1) * (g - 1))
+    ms_error = float(((x - cell[..., None]) ** 2).sum()) / (g * k * (r - 1)) if r > 1 else math.nan
+    if ms_inter > 0:
+        res["F"] = ms_order / ms_inter
+        res["p"] = float(stats.f.sf(res["F"], k - 1, (k - 1) * (g - 1)))
+    res["sd_order"] = math.sqrt(max(0.0, (ms_order - ms_inter) / (g * r)))
+    if r > 1:
+        res["sd_noise"] = math.sqrt(ms_error)
+        res["sd_order_graph"] = math.sqrt(max(0.0, (ms_inter - ms_error) / r))
+    return res
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (NaN stays NaN and does not count): the i-th
+    smallest of m is multiplied by m - i + 1, made non-decreasing, capped at 1. Reject where adjusted <= alpha
+    (controls the family-wise error rate at alpha)."""
+    ps = [float(p) for p in pvalues]
+    valid = sorted((p, i) for i, p in enumerate(ps) if not math.isnan(p))
+    out = [math.nan] * len(ps)
+    running = 0.0
+    for rank, (p, i) in enumerate(valid):
+        running = max(running, min(1.0, (len(valid) - rank) * p))
+        out[i] = running
+    return out
+
+
+def spread_and_noise(y: np.ndarray) -> tuple[float, float, float]:
+    """(spread, noise, range) of a graphs x orders x replicates table: spread = worst / best - 1 of the
+    orders' mean relative step time (each run / its graph's best order mean, as `family_summary`); noise =
+    the pooled seed-to-seed standard deviation of log step time (~ relative; NaN with one replicate); range =
+    the largest max / min - 1 over the seeds of one graph and order."""
+    means = y.mean(axis=2)
+    rel = (y / means.min(axis=1)[:, None, None]).mean(axis=(0, 2))
+    spread = float(rel.max() / rel.min() - 1)
+    g, k, r = y.shape
+    if r < 2:
+        return spread, math.nan, math.nan
+    x = np.log(y)
+    noise = math.sqrt(float(((x - x.mean(axis=2, keepdims=True)) ** 2).sum()) / (g * k * (r - 1)))
+    return spread, noise, float((y.max(axis=2) / y.min(axis=2)).max() - 1)
+
+
+def noise_interval(y: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
+    """(noise, low, high): the pooled seed-to-seed standard deviation of log step time (`spread_and_noise`) with
+    its chi-square interval on g k (r - 1) degrees of freedom (normal errors); NaNs with one replicate."""
+    g, k, r = y.shape
+    noise = spread_and_noise(y)[1]
+    if math.isnan(noise):
+        return noise, math.nan, math.nan
+    df = g * k * (r - 1)
+    tail = (1 - level) / 2
+    return (noise, noise * math.sqrt(df / stats.chi2.ppf(1 - tail, df)),
+            noise * math.sqrt(df / stats.chi2.ppf(tail, df)))
+
+
+def bootstrap_spread(y: np.ndarray, *, seed: int = 0, draws: int = BOOTSTRAP,
+                     level: float = 0.95) -> tuple[float, float, float]:
+    """(spread, low, high): the spread between the best and worst order of a graphs x orders x replicates table
+    (`spread_and_noise`) with a seeded percentile bootstrap interval that resamples graphs with replacement
+    (each keeps its seeds, so the interval carries both which graphs were studied and their run-to-run noise).
+    The spread is a max - min of noisy means, biased upward when the orders do not differ: read it beside the
+    noise and the tests."""
+    spread = spread_and_noise(y)[0]
+    g = y.shape[0]
+    if g < 2:
+        return spread, math.nan, math.nan
+    rng = np.random.Generator(np.random.PCG64(seed))
+    samples = [spread_and_noise(y[rng.integers(0, g, size=g)])[0] for _ in range(draws)]
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.percentile(samples, [tail, 100 - tail])
+    return spread, float(lo), float(hi)
+
+
+def placer_comparison(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each learned placer (its rows record training episodes) against every other placer, per graph (same
+    cluster, simulation model and semantics). A placer's result on a graph is its best order's mean step time
+    over usable seeds (placers that ignore the order have one "order", "-"); the learned placer's mean over
+    all its orders is given too. One entry per learned placer (and settings) and graph: `time`, `order`,
+    `mean_time` (over orders), `others` {placer: (time, order)} and `best_other` (the fastest of the others,
+    every classic placer and one device when the study ran them)."""
+    runs: dict[tuple[tuple[str, str, str, str], str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    learned: set[str] = set()
+    family: dict[str, str] = {}
+    for r in rows:
+        where = (str(r["graph"]), str(r["cluster"]), str(r["sim_model"]), str(r.get("semantics") or ""))
+        name = str(r["placer"])
+        if r.get("episodes") is not None:
+            settings = _settings_key(r.get("settings"))
+            name += "" if settings in ("{}", "null") else f" {settings}"
+            learned.add(name)
+        family[where[0]] = str(r.get("family"))
+        times = runs[(where, name)][str(r.get("order_name"))]
+        if usable(r):
+            times.append(float(r["step_time_s"]))
+    best: dict[tuple[str, str, str, str], dict[str, tuple[float, str, float]]] = defaultdict(dict)
+    for (where, name), by_order in runs.items():
+        means = {o: float(np.mean(t)) for o, t in by_order.items() if t}
+        if means:
+            o = min(means, key=lambda x: (means[x], order_sort_key(x)))
+            best[where][name] = (means[o], o, float(np.mean(list(means.values()))))
+    out = []
+    for where, entries in sorted(best.items()):
+        for name in sorted(learned & set(entries)):
+            others = {p: (t, o) for p, (t, o, _) in sorted(entries.items()) if p not in learned}
+            if not others:
+                continue
+            fastest = min(others, key=lambda p: (others[p][0], p))
+            t, o, mean_time = entries[name]
+            out.append({"graph": where[0], "family": family[where[0]], "cluster": where[1], "sim_model": where[2],
+                        "semantics": where[3], "placer": name, "time": t, "order": o, "mean_time": mean_time,
+                        "others": others, "best_other": fastest})
+    return out

@@ -1,0 +1,112 @@
+"""The statistics behind the study report's "paper's question" section, on small tables with known answers."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from devplace.study import analysis as an
+from study_fixture import fixture_rows
+
+
+def _enumerated_friedman_p(values: np.ndarray) -> float:
+    """Friedman's permutation p by brute force: every arrangement of every block's ranks."""
+    ranks = an.block_ranks(values)
+    observed = (ranks.sum(axis=0) ** 2).sum()
+    perms = [list(itertools.permutations(row)) for row in ranks]
+    hits = total = 0
+    for choice in itertools.product(*perms):
+        total += 1
+        hits += (np.sum(choice, axis=0) ** 2).sum() >= observed - 1e-9
+    return hits / total
+
+
+def test_exact_friedman_matches_enumeration() -> None:
+    # three treatments, four blocks (one with a tie): 6^4 arrangements, counted one by one above
+    values = np.array([[1.0, 2.0, 3.0], [1.0, 3.0, 2.0], [2.0, 2.0, 5.0], [1.0, 2.5, 4.0]])
+    p, method = an.friedman_permutation(values)
+    assert method == "exact" and p == pytest.approx(_enumerated_friedman_p(values), abs=1e-12)
+    # the same ranking in every block of three: only the 6 fully concordant arrangements of 6^3 are as extreme
+    p, _ = an.friedman_permutation(np.array([[1.0, 2.0, 3.0]] * 3))
+    assert p == pytest.approx(6 / 216)
+
+
+def test_friedman_monte_carlo_is_seeded_and_close_to_exact() -> None:
+    rng = np.random.Generator(np.random.PCG64(3))
+    values = rng.normal(size=(4, 4)) + np.array([0.0, 0.3, 0.6, 0.9])
+    exact, _ = an.friedman_permutation(values)
+    mc, method = an.friedman_permutation(values, limit=1, seed=5)
+    assert method == "monte carlo" and mc == an.friedman_permutation(values, limit=1, seed=5)[0]
+    assert abs(mc - exact) < 0.02  # 20,000 draws: standard error below 0.004
+
+
+def test_holm_on_given_p_values() -> None:
+    assert an.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert an.holm([0.5, 0.2]) == pytest.approx([0.5, 0.4])  # made non-decreasing
+    adjusted = an.holm([0.02, math.nan, 0.9])
+    assert adjusted[0] == pytest.approx(0.04) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.9)
+
+
+def test_interaction_found_where_the_families_rank_the_orders_oppositely() -> None:
+    up, down = [1.0, 2.0, 3.0], [3.0, 2.0, 1.0]
+    res = an.interaction_test(np.array([up] * 4 + [down] * 4), ["a"] * 4 + ["b"] * 4)
+    # 70 relabellings; only the observed one and its mirror (families swapped) are as extreme
+    assert res["method"] == "exact" and res["arrangements"] == 70 and res["p"] == pytest.approx(2 / 70)
+    assert an.interaction_test(np.array([up] * 4 + [down] * 4), ["a"] * 4 + ["b"] * 4, limit=1)["p"] < 0.05
+
+
+def test_no_interaction_where_every_family_ranks_alike() -> None:
+    rng = np.random.Generator(np.random.PCG64(0))
+    same = np.array([[1.0, 2.0, 3.0]] * 6)
+    assert an.interaction_test(same, ["a", "b", "c"] * 2)["p"] == 1.0  # no relabelling changes anything
+    mixed = np.vstack([rng.permutation([1.0, 2.0, 3.0, 4.0]) for _ in range(9)])
+    assert an.interaction_test(mixed, ["a"] * 3 + ["b"] * 3 + ["c"] * 3)["p"] > 0.05
+
+
+def _table(order: list[float], inter: float, noise: float, seed: int, g: int = 6, r: int = 4) -> np.ndarray:
+    """graphs x orders x replicates step times: exp(graph level + order effect + order x graph + noise)."""
+    rng = np.random.Generator(np.random.PCG64(seed))
+    k = len(order)
+    log = (rng.normal(size=(g, 1, 1)) + np.array(order)[None, :, None]
+           + inter * rng.normal(size=(g, k, 1)) + noise * rng.normal(size=(g, k, r)))
+    return np.exp(log)
+
+
+def test_mixed_anova_tests_the_order_against_the_graph_to_graph_variation() -> None:
+    strong = an.mixed_anova(_table([0.0, 0.1, 0.2], inter=0.01, noise=0.01, seed=1))
+    assert strong["p"] < 1e-3 and strong["df"] == (2, 10)
+    # large order differences on each graph, but in no consistent direction: no order effect on the family
+    assert an.mixed_anova(_table([0.0, 0.0, 0.0], inter=0.2, noise=0.01, seed=2))["p"] > 0.05
+    # each graph's own level does not matter, and the noise SD is recovered
+    y = _table([0.0, 0.05], inter=0.02, noise=0.05, seed=3, g=8, r=30)
+    res, scaled = an.mixed_anova(y), an.mixed_anova(y * np.arange(1, 9)[:, None, None])
+    assert res["F"] == pytest.approx(scaled["F"]) and res["sd_noise"] == pytest.approx(0.05, rel=0.1)
+
+
+def test_effect_sizes_with_intervals() -> None:
+    y = _table([0.0, 0.05, 0.1], inter=0.01, noise=0.02, seed=4)
+    spread, noise, largest = an.spread_and_noise(y)
+    assert spread == pytest.approx(math.exp(0.1) - 1, abs=0.03) and largest >= noise
+    boot = an.bootstrap_spread(y, seed=7, draws=300)
+    assert boot == an.bootstrap_spread(y, seed=7, draws=300) and boot[1] <= spread <= boot[2]
+    est, lo, hi = an.noise_interval(y)
+    assert lo < est == noise < hi and lo < 0.02 < hi
+    assert math.isnan(an.noise_interval(y[:, :, :1])[0])  # one run per cell: no noise estimate
+
+
+def test_placer_comparison_and_single_order_placers() -> None:
+    rows = fixture_rows()
+    # a placer run under one order only is a baseline, not a subject of the order statistics
+    rows += [{**r, "key": r["key"] + "/x", "placer": "heft"} for r in rows
+             if r["placer"] == "greedy" and r["order_name"] == "topo"]
+    assert "heft" not in {u.placer for u in an.build_units(rows)}
+    comp = an.placer_comparison(rows)
+    assert len(comp) == 12 and {c["placer"] for c in comp} == {'placeto {"episodes": 4}'}
+    c = next(c for c in comp if c["graph"] == "fa/0")
+    assert set(c["others"]) == {"greedy", "heft", "m-etf", "m-topo"}
+    # every placer of the fixture reaches the graph's base time at its best order; m-etf ignores the order
+    assert c["others"]["m-etf"] == (pytest.approx(1.001), "-") and c["order"] == "bfs"
+    assert c["time"] == pytest.approx(1.001) and c["mean_time"] > c["time"]

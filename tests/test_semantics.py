@@ -165,4 +165,4 @@ def test_the_seed_preset_keeps_the_seeds_design():
     placeto = next(p for p in spec.placers if p.name == "placeto")
     assert placeto.settings["episodes"] == 50
     cells = expand(spec)
-    assert len(cells) == 12 * 6 * (3 + 4) and all(c.semantics == "op-by-op" for c in cells)
+    assert len(cells) == 12 * 6 * (3 + 4) + 12 * 4 and all(c.semantics == "op-by-op" for c in cells)  # + baselines

@@ -459,7 +459,8 @@ def _question_section(tests: dict[str, Any]) -> list[str]:
              f"interval over graphs ({an.BOOTSTRAP:,} seeded resamples), the standard deviation of the order "
              "effect from the mixed model, and the seed-to-seed noise (pooled SD of log step time over a graph "
              "and order's seeds, 95% chi-square interval) with the largest max/min - 1 over one graph and "
-             "order's seeds. SDs of log step time read as relative (0.01 ~ 1%).", ""]
+             "order's seeds. SDs of log step time read as relative (0.01 ~ 1%). The spread is a max - min of noisy "
+             "means, above 0 even where the orders do not differ: read it beside the noise and the tests.", ""]
     body = []
     for placer, t in tests.items():
         for f in t["families"]:
@@ -494,7 +495,8 @@ def _question_section(tests: dict[str, Any]) -> list[str]:
             + f"; with graph as a random factor in {len(random_)} of {len(fams)}"
             + (f" ({', '.join(random_)})" if random_ else "")
             + f". The best order depends on the family: {_survives(it['p'])} (interaction p = {_p(it['p'])})."
-            + (f" The order effect's SD is below the seed-to-seed noise in {', '.join(weak)}." if weak else ""))
+            + (f" One run's seed-to-seed noise SD exceeds the order effect's SD in {', '.join(weak)}." if weak
+               else ""))
     return [*lines, ""]
 
 

@@ -378,8 +378,10 @@ def friedman_permutation(values: np.ndarray, *, seed: int = 0, limit: int = EXAC
                 last = ((states[:, None, :] + ranks[-1][perms][None, :, :]) ** 2).sum(axis=2)
                 return float((weights[:, None] / len(perms) * _at_least(last, observed)).sum()), "exact"
     rng = np.random.Generator(np.random.PCG64(seed))
-    shuffled = rng.permuted(np.broadcast_to(ranks, (draws, n, k)), axis=2)
-    hits = int(_at_least((shuffled.sum(axis=1) ** 2).sum(axis=1), observed).sum())
+    hits = 0
+    for start in range(0, draws, 1024):  # in chunks: a large study's draws x blocks x treatments is too big
+        shuffled = rng.permuted(np.broadcast_to(ranks, (min(1024, draws - start), n, k)), axis=2)
+        hits += int(_at_least((shuffled.sum(axis=1) ** 2).sum(axis=1), observed).sum())
     return (hits + 1) / (draws + 1), "monte carlo"
 
 

@@ -20,6 +20,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import combinations, permutations
 from pathlib import Path
 from typing import Any
 
@@ -363,7 +364,7 @@ def friedman_permutation(values: np.ndarray, *, seed: int = 0, limit: int = EXAC
         return math.nan, "none"
     observed = float((ranks.sum(axis=0) ** 2).sum())
     if math.factorial(k) <= limit:
-        perms = np.array(list(_permutations(k)), dtype=np.int64)
+        perms = np.array(list(permutations(range(k))), dtype=np.int64)
         states, weights = np.sort(ranks[:1], axis=1), np.ones(1)
         for b in ranks[1:-1]:
             if len(states) * len(perms) > limit:
@@ -385,17 +386,9 @@ def friedman_permutation(values: np.ndarray, *, seed: int = 0, limit: int = EXAC
     return (hits + 1) / (draws + 1), "monte carlo"
 
 
-def _permutations(k: int) -> Iterable[tuple[int, ...]]:
-    from itertools import permutations
-
-    return permutations(range(k))
-
-
 def _label_arrangements(labels: Sequence[int]) -> Iterable[np.ndarray]:
     """Every distinct assignment of the multiset `labels` (group indices 0..G-1) to positions (multinomial
     many), each as an array of group indices."""
-    from itertools import combinations
-
     sizes = np.bincount(np.asarray(labels))
     n = len(labels)
 

@@ -79,6 +79,18 @@ def test_a_plan_naming_code_imports_nothing_without_consent(work, source, capsys
     assert "differs" in text and not (work / "imported").exists()
 
 
+def test_a_device_map_export_rebuilds_custom_code_only_with_consent(work, capsys, monkeypatch):
+    (work / "plan.json").write_text(json.dumps(_plan({"custom": "evil.m:boom"})))
+    export = ["export", "plan.json", "--format", "device-map"]
+    text = _one_line(*run_cli(export, capsys, monkeypatch))
+    assert "asks to import and run custom model" in text and "--trust-model" in text
+    text = _one_line(*run_cli([*export, "--model", "evil.m:leave"], capsys, monkeypatch))
+    assert "differs" in text and not (work / "imported").exists()
+    text = _one_line(*run_cli([*export, "--model", "evil.m:boom"], capsys, monkeypatch))
+    assert text == "error: custom model 'evil.m:boom' failed: ValueError: no weights here"
+    assert (work / "imported").exists()
+
+
 def test_consent_imports_the_custom_model_and_its_failure_is_one_line(work, capsys, monkeypatch):
     (work / "plan.json").write_text(json.dumps(_plan({"custom": "evil.m:boom"})))
     text = _one_line(*run_cli(["run", "--plan", "plan.json", "--trust-model"], capsys, monkeypatch))

@@ -222,7 +222,11 @@ def test_cli_run_export_and_calibrate(tiny_zoo, tmp_path, capsys, monkeypatch):
     assert folded["runs"] == 2 and len(folded["device_kinds"]) == 1
     code, out, err = _cli(["export", str(plan_path), "--format", "device-map"], capsys, monkeypatch)
     assert code == 0, err
-    assert set(json.loads(out)["device_map"]) <= set(dict(_Tiny().named_modules()))
+    doc = json.loads(out)  # the zoo model rebuilt: every tensor mapped, in its own names (it wraps nothing)
+    assert doc["complete"] is True and doc["module"] == ""
+    covered = set(doc["device_map"])
+    assert covered <= set(dict(_Tiny().named_modules())) | set(_Tiny().state_dict())
+    assert all(_entry(doc["device_map"], n) in (0, 1) for n in _Tiny().state_dict())
     code, out, err = _cli(["export", str(plan_path), "--format", "json", "--devices", "cpu,cpu"], capsys, monkeypatch)
     assert code == 0 and json.loads(out)["devices"] == ["cpu", "cpu"]
     code, out, err = _cli(["export", str(plan_path), "--format", "onnx"], capsys, monkeypatch)
@@ -331,6 +335,12 @@ def _build(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return model.train(), inputs
 
 
+def _entry(mapping: dict[str, int], name: str) -> int:
+    """The device of the innermost entry of a device_map covering tensor `name`."""
+    return next(mapping[k] for k in sorted(mapping, key=len, reverse=True)
+                if k == "" or name == k or name.startswith(k + "."))
+
+
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def placed_model(request):
     """A tiny model, its inputs and a placer's plan on three devices (round-robin: as far from a pipeline or a
@@ -367,9 +377,9 @@ def test_device_map_of_placer_output_loads_with_accelerate(placed_model, tmp_pat
     dm = device_map(p.graph, p.placement, p.cluster, model, inputs)
     # every parameter and buffer of the state_dict is covered (accelerate raises otherwise)
     check_device_map(model, dm.named(["cpu", "cpu", "cpu"]))
-    def entry(name: str) -> int:  # the device of the innermost map entry covering a tensor name
-        return next(dm.mapping[k] for k in sorted(dm.mapping, key=len, reverse=True)
-                    if k == "" or name == k or name.startswith(k + "."))
+
+    def entry(name: str) -> int:
+        return _entry(dm.mapping, name)
 
     tied = find_tied_parameters(model)
     assert tied or name not in ("gpt2", "llama", "bart")
@@ -396,6 +406,71 @@ def test_device_map_of_placer_output_loads_with_accelerate(placed_model, tmp_pat
     assert not [n for n, t in loaded.state_dict().items() if t.device.type == "meta"]
     with torch.no_grad():
         assert torch.allclose(loaded(*inputs), model(*inputs), atol=1e-6)
+
+
+@pytest.fixture
+def tiny_bart_zoo(monkeypatch):
+    """The tiny BART of `_bart` as zoo model "tiny-bart" (so that a saved plan names a model to rebuild)."""
+    from devplace.zoo import models
+
+    def factory(batch: int, seq_len: int | None) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+        return _bart()
+
+    monkeypatch.setitem(models.MODELS, "tiny-bart", models.ModelSpec("tiny-bart", factory, 2, 8, 0, "tiny BART",
+                                                                     "transformers"))
+    return "tiny-bart"
+
+
+def test_cli_device_map_rebuilds_the_model_and_loads_in_accelerate_and_transformers(tiny_bart_zoo, tmp_path, capsys,
+                                                                                   monkeypatch):
+    from accelerate import dispatch_model, init_empty_weights, load_checkpoint_and_dispatch
+    from accelerate.utils import check_device_map, find_tied_parameters
+
+    from devplace.capture.custom import build_named_model
+
+    plan_path, dm_path = tmp_path / "plan.json", tmp_path / "dm.json"
+    code, _, err = _cli(["place", "--model", tiny_bart_zoo, "-c", "3xGPU-placeto", "--placer", "round-robin",
+                         "--order", "topo", "--save-plan", str(plan_path)], capsys, monkeypatch)
+    assert code == 0, err
+    code, out, err = _cli(["export", str(plan_path), "--format", "device-map", "-o", str(dm_path)], capsys,
+                          monkeypatch)
+    assert code == 0, err
+    assert "cover every parameter and buffer of the wrapped model 'model'" in out + err
+    doc = json.loads(dm_path.read_text())
+    assert doc["complete"] is True and doc["module"] == "model"
+    dm = doc["device_map"]
+    assert len(set(dm.values())) > 1  # round-robin over 3 devices: a real split, not one device
+    wrapper, inputs, _ = build_named_model(tiny_bart_zoo, seed=0)
+    hf = wrapper.model  # the Hugging Face model itself: the map is in its own names (no "model." wrapper prefix)
+    check_device_map(hf, dm)  # every parameter and buffer covered: shared.weight, final_logits_bias included
+
+    tied = find_tied_parameters(hf)
+    assert tied and all(len({_entry(dm, t) for t in group}) == 1 for group in tied)  # tied weights on one device
+    cpu = {k: "cpu" for k in dm}
+    with torch.no_grad():
+        reference = float(wrapper(*inputs))
+        ids, labels = inputs
+        # from_pretrained on the tiny config saved locally
+        hf.save_pretrained(tmp_path / "tiny")
+        loaded = type(hf).from_pretrained(tmp_path / "tiny", device_map=cpu)
+        assert float(loaded(input_ids=ids, labels=labels, use_cache=False).loss) == pytest.approx(reference, rel=1e-6)
+        # dispatch_model of the model in memory
+        again, _, _ = build_named_model(tiny_bart_zoo, seed=0)
+        dispatched = dispatch_model(again.model, cpu, force_hooks=True)
+        assert float(dispatched(input_ids=ids, labels=labels, use_cache=False).loss) == pytest.approx(reference,
+                                                                                                     rel=1e-6)
+        # load_checkpoint_and_dispatch into an empty model
+        torch.save(hf.state_dict(), tmp_path / "model.bin")
+        with init_empty_weights():
+            empty, _, _ = build_named_model(tiny_bart_zoo, seed=0)
+        ckpt = load_checkpoint_and_dispatch(empty.model, str(tmp_path / "model.bin"), device_map=cpu, force_hooks=True)
+        assert not [n for n, t in ckpt.state_dict().items() if t.device.type == "meta"]
+        assert float(ckpt(input_ids=ids, labels=labels, use_cache=False).loss) == pytest.approx(reference, rel=1e-6)
+    # the export reads back as a hand-made map of the captured (wrapped) model: its names under "model." again
+    code, out, err = _cli(["place", "--model", tiny_bart_zoo, "-c", "3xGPU-placeto", "--map", str(dm_path), "--json"],
+                          capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads(out)["step_time_s"] == pytest.approx(doc["step_time_s"], rel=1e-9)
 
 
 def test_module_level_map_alone_misses_tensors_that_accelerate_needs():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,7 @@ __all__ = [
     "capture_graph",
     "check_learned_placer",
     "cost_device",
+    "export_device_map",
     "export_plan",
     "fold_run_records",
     "format_calibration",
@@ -350,11 +352,14 @@ def place_by_map(graph: CompGraph, cluster: Cluster, module_map: Path, *, coarse
 
 
 def model_tensor_names(model: str, *, batch: int | None = None, seq_len: int | None = None) -> list[str]:
-    """The parameter and buffer names of zoo or custom model `model` (built on the meta device: no memory), which
-    a Hugging Face device_map may name beside modules."""
+    """The parameter and buffer names of zoo or custom model `model` (built on the meta device: no memory), and
+    the names of its modules that hold any, which a Hugging Face device_map may name beside the modules that run
+    ops (`devplace export` maps a module that runs no op, as BART's `shared` embedding, whole)."""
     with torch.device("meta"):
         module, _, _ = build_named_model(model, batch, seq_len)
-    return [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]
+    holders = [n for n, m in module.named_modules()
+               if n and (any(True for _ in m.parameters()) or any(True for _ in m.buffers()))]
+    return [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()] + holders
 
 
 @dataclass(frozen=True)
@@ -737,12 +742,16 @@ def run_model(p: Plan, module: Any, inputs: Any, devices: str, *, steps: int = 5
 
 
 def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, *, schedule: str | None = None,
-                microbatches: int | None = None) -> tuple[dict[str, Any], str]:
+                microbatches: int | None = None, trust_model: bool | str = False) -> tuple[dict[str, Any], str]:
     """`devplace export`: (the JSON document, a one-line note) of a plan's placement as pipeline split points
     with their schedule, a device_map or plain JSON. `schedule`/`microbatches` (pipeline only) replace the kind
-    and micro-batch count of the schedule the placement was made for (or of `default_schedule`)."""
+    and micro-batch count of the schedule the placement was made for (or of `default_schedule`). A device_map
+    rebuilds the plan's model (`export_device_map`); a custom model only with `trust_model` (True or its name)."""
     if fmt != "pipeline" and (schedule is not None or microbatches is not None):
         raise DevplaceError("--schedule and --microbatches belong to --format pipeline")
+    if fmt != "device-map" and trust_model:
+        raise DevplaceError("--model/--trust-model belong to --format device-map (the only export that rebuilds "
+                            "the model)")
     p = load_plan_file(plan_file)
     names = [d.strip() for d in devices.split(",")] if devices else None
     if fmt == "pipeline":
@@ -761,14 +770,45 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
             doc["source"] = p.settings["source"]  # so that `devplace run --pipeline` can rebuild a zoo model
         return doc, split.summary()
     if fmt == "device-map":
-        dm = device_map(p.graph, p.placement, p.cluster)
-        doc = {"format": "devplace.device_map/1", "device_map": dm.named(names), "step_time_s": dm.step_time_s,
-               "op_level_step_time_s": dm.op_level_step_time_s, "slowdown": dm.slowdown}
-        return doc, (f"{len(dm.mapping)} modules mapped; simulated step {fmt_time(dm.step_time_s)} vs "
-                     f"{fmt_time(dm.op_level_step_time_s)} at op granularity ({dm.slowdown:.3f}x)")
+        return export_device_map(p, names, trust_model=trust_model, where=str(plan_file))
     if fmt == "json":
         return export_json(p.graph, p.placement, names), f"{len(p.placement.assignment)} ops placed"
     raise DevplaceError(f"unknown export format {fmt!r}; choose pipeline, device-map or json")
+
+
+def export_device_map(p: Plan, names: list[str] | None = None, *, trust_model: bool | str = False,
+                      where: str = "the plan") -> tuple[dict[str, Any], str]:
+    """`devplace export --format device-map`: (the `devplace.device_map/1` document, a one-line note) of plan `p`.
+
+    A plan of a zoo or custom model (its `source`) rebuilds the model, in the plan's precision, as `devplace run
+    --plan` does (a custom model is code: imported only with `trust_model` True or equal to its name), so the map
+    covers every parameter and buffer, tied ones on one device (`device_map` with the model); its names are the
+    model's own (`DeviceMap.own`: a loss wrapper's prefix dropped, the file's "module" says which), as
+    `from_pretrained(device_map=...)` and accelerate's `dispatch_model` take them. A plan without a model to
+    rebuild (from a graph file or a Python module) maps modules only: "complete" is false, and the note says
+    that accelerate needs the tensors outside mapped modules as well."""
+    src = p.settings.get("source")
+    if isinstance(src, dict) and ("zoo" in src or "custom" in src):
+        module, inputs = rebuild_zoo_model(p, trust_model=trust_model, where=where)
+        inputs, autocast = plan_precision(p, module, inputs)
+        with torch.autocast("cpu", dtype=autocast) if autocast is not None else nullcontext():
+            dm = device_map(p.graph, p.placement, p.cluster, module, inputs)
+        mapping, complete = dm.own(names), True
+        what = (f"{len(mapping)} entries cover every parameter and buffer of "
+                + (f"the wrapped model {dm.module!r} (names are its own)" if dm.module else "the model"))
+    else:
+        if trust_model:
+            raise DevplaceError(f"{where} names no zoo or custom model to rebuild, so --model/--trust-model have "
+                                "nothing to do; drop them")
+        dm = device_map(p.graph, p.placement, p.cluster)
+        mapping, complete = dm.named(names), False
+        what = (f"{len(mapping)} modules mapped (modules only: the plan names no model to rebuild, and accelerate "
+                "needs every parameter and buffer mapped; place a --model and save that plan for a complete map)")
+    doc = {"format": "devplace.device_map/1", "device_map": mapping, "module": dm.module, "complete": complete,
+           "step_time_s": dm.step_time_s, "op_level_step_time_s": dm.op_level_step_time_s, "slowdown": dm.slowdown,
+           "feasible": dm.feasible}
+    return doc, (f"{what}; simulated step {fmt_time(dm.step_time_s)} vs {fmt_time(dm.op_level_step_time_s)} at op "
+                 f"granularity ({dm.slowdown:.3f}x)" + ("" if dm.feasible else "; the map does NOT fit memory"))
 
 
 @dataclass(frozen=True)

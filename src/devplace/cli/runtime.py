@@ -147,13 +147,23 @@ def export_cmd(
                                                  "placement's, else 1f1b)")] = None,
     microbatches: Annotated[int | None, typer.Option(help="pipeline: micro-batches per step (default: the "
                                                      "placement's, else one per stage)")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="device-map: the custom model "
+                                              "(package.module:factory) the plan names, repeated to allow "
+                                              "importing it")] = None,
+    trust_model: Annotated[bool, typer.Option("--trust-model", help="device-map: import the custom model the plan "
+                                              "names to rebuild it; same as repeating it as --model")] = False,
     force: ForceOpt = False,
 ) -> None:
     """Export a plan's placement: torch.distributed.pipelining split points with the micro-batch schedule
     (devplace.pipeline/2; `devplace run --pipeline` runs it), a Hugging Face style device_map (module -> device,
-    with the simulated step-time loss of that coarser mapping), or plain JSON."""
+    with the simulated step-time loss of that coarser mapping), or plain JSON.
+
+    A device-map rebuilds the plan's zoo or custom model, so that it covers every parameter and buffer (tied
+    weights on one device) in the model's own names, as accelerate and from_pretrained(device_map=...) load it.
+    A custom model is code: it is imported only when you repeat it as --model or pass --trust-model."""
     app.check_outputs({"output": ANY_JSON}, inputs=[plan_file], output=output)
-    doc, note = app.torch_tasks().export_plan(plan_file, fmt, devices, schedule=schedule, microbatches=microbatches)
+    doc, note = app.torch_tasks().export_plan(plan_file, fmt, devices, schedule=schedule, microbatches=microbatches,
+                                              trust_model=trust_model or (model or False))
     if output is None:
         print_json(doc)
         guarded_console(stderr=True).print(note, highlight=False)

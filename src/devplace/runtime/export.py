@@ -29,7 +29,7 @@ from devplace.sim.schedule import Schedule, ScheduleError
 from devplace.units import fmt_time
 
 __all__ = ["PIPELINE_FORMAT", "DeviceMap", "ExportError", "PipelineExport", "PipelineSplit", "callable_modules",
-           "default_schedule", "device_map", "export_json", "pipeline_split", "read_pipeline"]
+           "default_schedule", "device_map", "export_json", "pipeline_split", "read_pipeline", "wrapped_module"]
 
 PIPELINE_FORMAT = "devplace.pipeline/2"
 
@@ -346,6 +346,7 @@ class DeviceMap:
     step_time_s: float
     op_level_step_time_s: float  # the op-level placement as the runtime runs it (backward with forward)
     feasible: bool = True  # whether the implied placement fits memory (moving modules can overfill a device)
+    module: str = ""  # the submodule holding all the model's tensors when the captured one wraps it (`wrapped_module`)
 
     @property
     def slowdown(self) -> float:
@@ -355,6 +356,16 @@ class DeviceMap:
     def named(self, devices: Sequence[str] | None = None) -> dict[str, Any]:
         """The map with real device names (`devices[i]` for logical i); integers (GPU indices) without."""
         return {m: (devices[d] if devices is not None else d) for m, d in self.mapping.items()}
+
+    def own(self, devices: Sequence[str] | None = None) -> dict[str, Any]:
+        """`named(devices)` in the names of the model itself: relative to `module` (a loss wrapper's model, e.g.
+        the Hugging Face model that `from_pretrained` builds), entries outside it dropped (they hold no tensor:
+        `wrapped_module` found them all inside)."""
+        if not self.module:
+            return self.named(devices)
+        prefix = self.module + "."
+        return {("" if m == self.module else m[len(prefix):]): d for m, d in self.named(devices).items()
+                if m in ("", self.module) or m.startswith(prefix)}
 
 
 def _module_mapping(graph: CompGraph, devs: np.ndarray, work: np.ndarray, model: Any) -> dict[str, int]:
@@ -449,6 +460,22 @@ class _StateMap:
             self.mapping[free if free is not None else name] = homes.get(self.base(name), fallback)
 
 
+def wrapped_module(model: Any) -> str:
+    """The name of the one child of `model` that holds all its parameters and buffers when `model` holds none of
+    its own (a loss wrapper such as the zoo's around a Hugging Face or torchvision model: its tensors are named
+    `model.*`); "" when `model` is not such a wrapper. One level only: the wrapped model's names are its own."""
+    from torch import nn
+
+    if any(True for _ in model.parameters(recurse=False)) or any(True for _ in model.buffers(recurse=False)):
+        return ""
+
+    def holds(m: nn.Module) -> bool:
+        return any(True for _ in m.parameters()) or any(True for _ in m.buffers())
+
+    holders = [name for name, child in model.named_children() if holds(child)]
+    return holders[0] if len(holders) == 1 else ""
+
+
 def device_map(graph: CompGraph, placement: Placement, cluster: Cluster, model: Any = None,
                example_inputs: Any = None) -> DeviceMap:
     """A Hugging Face style device_map (module name -> device) for `placement`, at module granularity.
@@ -467,7 +494,8 @@ def device_map(graph: CompGraph, placement: Placement, cluster: Cluster, model: 
     it) maps where its first consumer runs under the resulting map: its outermost enclosing module that ran
     no op, or else the tensor by name, as accelerate's own `infer_auto_device_map` does. The implied op
     placement (backward and optimizer ops with their forward op) is simulated, so the loss in step time
-    against the placement as the runtime runs it is shown.
+    against the placement as the runtime runs it is shown. `DeviceMap.module` names the wrapped model when
+    `model` is a loss wrapper (`wrapped_module`), so that `DeviceMap.own()` gives the map in its own names.
     """
     devs = _module_devices(graph, placement)
     mapping = _module_mapping(graph, devs, _forward_work(graph), model)
@@ -486,6 +514,11 @@ def device_map(graph: CompGraph, placement: Placement, cluster: Cluster, model: 
         from devplace.runtime.apply import state_first_ops
 
         first = state_first_ops(model, example_inputs)
+        strangers = sorted(op for op in first.values() if op not in graph.index)
+        if strangers:
+            raise ExportError(f"the model's forward reads its parameters in ops the graph {graph.name!r} does not "
+                              f"have (e.g. {strangers[0]!r}): the model or its inputs are not the ones captured; "
+                              "map the model the plan was made for")
         sm = _StateMap(mapping, model)
         names: dict[str, int] = {}
         for name in sm.state:
@@ -496,7 +529,7 @@ def device_map(graph: CompGraph, placement: Placement, cluster: Cluster, model: 
         mapping = sm.mapping  # the entries cover() adds place no op: `coarse` stays the implied placement
     step, base, feasible = _costs(graph, cluster, placement, coarse)
     assert step is not None and base is not None and feasible is not None
-    return DeviceMap(mapping, coarse, step, base, feasible)
+    return DeviceMap(mapping, coarse, step, base, feasible, wrapped_module(model) if model is not None else "")
 
 
 # ------------------------------------------------------------------------------------------ JSON

@@ -162,8 +162,8 @@ def placement_from_module_map(graph: CompGraph, cluster: Cluster, module_map: Mo
 
 def read_module_map(path: str | Path) -> dict[str, Any] | list[str]:
     """A module map from a JSON file: an object module -> device, a list of split points, or what
-    `devplace export` writes (`devplace.device_map/1`'s "device_map", `devplace.pipeline/1` or `/2`'s split
-    points)."""
+    `devplace export` writes (`devplace.device_map/1`'s "device_map", its names under the wrapped model its
+    "module" names put back under it; `devplace.pipeline/1` or `/2`'s split points)."""
     try:
         doc = json.loads(read_limited(path).decode("utf-8"))
     except FormatError as exc:  # missing, not a regular file, too large
@@ -174,7 +174,13 @@ def read_module_map(path: str | Path) -> dict[str, Any] | list[str]:
         raise ModuleMapError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); a module map is a JSON object "
                              "module -> device or a list of split points") from exc
     if isinstance(doc, dict) and doc.get("format") == "devplace.device_map/1":
+        inner = doc.get("module") or ""
+        if not isinstance(inner, str):
+            raise ModuleMapError(f"{path}: \"module\" (the wrapped model the map's names are relative to) must be "
+                                 f"a module name, got {inner!r}; export the plan again")
         doc = doc.get("device_map")
+        if inner and isinstance(doc, dict):  # back to the captured (wrapper's) names
+            doc = {(f"{inner}.{k}" if k else inner): d for k, d in doc.items()}
     elif isinstance(doc, dict) and doc.get("format") in ("devplace.pipeline/1", "devplace.pipeline/2"):
         points = doc.get("split_points")
         doc = [p.get("module") if isinstance(p, dict) else p for p in points] if isinstance(points, list) else None

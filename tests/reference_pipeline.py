@@ -82,8 +82,11 @@ def schedule_actions(kind: str, m: int, v: int, p: int, r: int) -> list[tuple[st
 
 def reference_schedule(nodes: list[dict], edges: list[dict], speeds: list[float],
                        link: dict[tuple[int, int], tuple[float, float]], placement: dict[str, int], kind: str,
-                       m: int, v: int, microbatch_graph: bool = False) -> tuple[RefResult, list[dict], dict[str, int]]:
-    """The pipelined step: (the step model's reference result on the unrolled graph, its nodes, stage per op)."""
+                       m: int, v: int, microbatch_graph: bool = False, action_s: list[float] | None = None,
+                       ) -> tuple[RefResult, list[dict], dict[str, int]]:
+    """The pipelined step: (the step model's reference result on the unrolled graph, its nodes, stage per op).
+    Each barrier on device d takes action_s[d] seconds (default 0)."""
+    act = action_s or [0.0] * len(speeds)
     ids = [n["id"] for n in nodes]
     byid = {n["id"]: n for n in nodes}
     phase = {i: ("F" if byid[i].get("kind", "") in ("", "forward") else "B" if byid[i]["kind"] == "backward"
@@ -165,7 +168,7 @@ def reference_schedule(nodes: list[dict], edges: list[dict], speeds: list[float]
             if last is not None:
                 count += 1
                 bar = f"barrier {dev} {count}"
-                un_nodes.append({"id": bar})
+                un_nodes.append({"id": bar, "compute_s": act[dev] * speeds[dev]})
                 place[bar] = dev
                 un_edges += [{"src": x, "dst": bar, "bytes": 0, "tensor": 10**9} for x in last]
                 un_edges += [{"src": bar, "dst": f"{i}|{k}", "bytes": 0} for i in ops
@@ -174,7 +177,7 @@ def reference_schedule(nodes: list[dict], edges: list[dict], speeds: list[float]
         per_step = [i for i in ids if phase[i] == "S" and placement[i] == dev]
         if last and per_step:
             bar = f"barrier {dev} end"
-            un_nodes.append({"id": bar})
+            un_nodes.append({"id": bar, "compute_s": act[dev] * speeds[dev]})
             place[bar] = dev
             un_edges += [{"src": x, "dst": bar, "bytes": 0, "tensor": 10**9} for x in last]
             un_edges += [{"src": bar, "dst": f"{i}|step", "bytes": 0} for i in per_step]

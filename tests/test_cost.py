@@ -29,8 +29,10 @@ from devplace.hardware.cost import (
     OP_CLASSES,
     CostError,
     CostTable,
+    Overheads,
     analytic_node_time,
     apply_costs,
+    apply_overheads,
     node_traffic_bytes,
     op_class,
     roofline_for,
@@ -304,7 +306,60 @@ def test_cost_table_round_trip(tmp_path):
     assert back.lookup({"target": "aten.mm.default"}) == 1.5e-4 and back.lookup({"target": "x"}) is None
 
 
+# the overheads a profile measures beyond the ops (issue 30 item 5): in the table, on the cluster, in the simulator
+OVERHEADS = Overheads(op_s=2e-5, action_s=3e-3, transfer_latency_s=4e-4)
+PIPE_NODES = [  # two layers' forward, backward and optimizer ops, and an input (a view: no kernel, no overhead)
+    {"id": "x", "op": "input", "kind": "forward", "output_bytes": 8},
+    {"id": "f0", "op": "aten.mm.default", "kind": "forward", "flops": 1e12, "mem_access_bytes": 1e6},
+    {"id": "f1", "op": "aten.relu.default", "kind": "forward", "mem_access_bytes": 1e6},
+    {"id": "b1", "op": "aten.threshold_backward.default", "kind": "backward", "mem_access_bytes": 1e6},
+    {"id": "b0", "op": "aten.mm.default", "kind": "backward", "flops": 1e12, "mem_access_bytes": 1e6},
+    {"id": "o0", "op": "aten.add_.Tensor", "kind": "optimizer", "mem_access_bytes": 1e5},
+]
+
+
+def test_cost_table_overheads_round_trip_and_charge_every_op_but_views(tmp_path):
+    from devplace.hardware.cluster import Cluster, Link
+    from devplace.sim import Schedule, simulate
+
+    table = CostTable(device_kind="TestGPU", overheads=OVERHEADS)
+    table.save(tmp_path / "t.json")
+    back = CostTable.load(tmp_path / "t.json")
+    assert back == table and back.overheads == OVERHEADS
+    g = _graph(PIPE_NODES)
+    plain, _ = apply_costs(g, DEV, CostTable(device_kind="TestGPU"))
+    charged, report = apply_costs(g, DEV, back)
+    # every op but the input: op_s more on the device (compute_s in speed-1.0 units)
+    extra = (charged.compute_s - plain.compute_s) / DEV.speed
+    assert extra.tolist() == pytest.approx([0.0] + [OVERHEADS.op_s] * 5, rel=1e-9, abs=1e-15)
+    assert report.op_overhead_s == OVERHEADS.op_s and charged.meta["cost"]["op_overhead_s"] == OVERHEADS.op_s
+    assert "20.0 us more" in report.format()
+    one = Cluster("one", (DEV,), Link(1e9))
+    step = {name: simulate(graph, one, [0] * g.num_nodes).step_time_s
+            for name, graph in (("plain", plain), ("charged", charged))}
+    assert step["charged"] - step["plain"] == pytest.approx(5 * OVERHEADS.op_s, rel=1e-9)  # n ops x overhead
+    # the cluster: devices of the table's kind get action_s, links between two of them the transfer latency
+    other = Device("h", 16e9, kind="OtherGPU")
+    c = apply_overheads(Cluster("c", (DEV, DEV, other), Link(1e9, 1e-6), {(0, 2): Link(5e8, 2e-6)}), back)
+    assert [d.action_s for d in c.devices] == [OVERHEADS.action_s, OVERHEADS.action_s, 0.0]
+    assert c.latency.tolist() == [[0.0, 4e-4, 2e-6], [4e-4, 0.0, 1e-6], [1e-6, 1e-6, 0.0]]
+    assert c.bandwidth[0, 2] == 5e8 and c.bandwidth[0, 1] == 1e9
+    again = Cluster.from_dict(c.to_dict())
+    assert [d.action_s for d in again.devices] == [d.action_s for d in c.devices]
+    assert again.latency.tolist() == c.latency.tolist()
+    # a pipelined step on one device: 2M actions (M forwards, M backwards), each followed by a barrier that
+    # charges action_s, the last one before the optimizer; one device runs all of it one op at a time
+    m = 3
+    pipe = Schedule("gpipe", m)
+    base = Cluster("one", (DEV,), Link(1e9))
+    with_action = apply_overheads(base, back)
+    steps = [simulate(plain, cl, [0] * g.num_nodes, schedule=pipe).step_time_s for cl in (base, with_action)]
+    assert steps[1] - steps[0] == pytest.approx(2 * m * OVERHEADS.action_s, rel=1e-9)
+
+
 @pytest.mark.parametrize("doc, match", [
+    ({"format": "devplace.costs/1", "device_kind": "x", "overheads": {"op": 1e-6}}, "overheads"),
+    ({"format": "devplace.costs/1", "device_kind": "x", "overheads": {"op_s": -1}}, "overheads.op_s"),
     ({"format": "devplace.costs/2", "device_kind": "x", "entries": {}}, "unknown version"),
     ({"format": "devplace.graph/1", "device_kind": "x"}, "expected 'devplace.costs/1'"),
     ({"device_kind": "x"}, "missing \"format\""),
@@ -407,10 +462,11 @@ def test_profile_takes_a_custom_model_and_a_thread_count(python_package, tmp_pat
     before = torch.get_num_threads()
     try:
         code, _, err = run_cli(["profile", "--model", f"{pkg}:factory", "--threads", "1", "--repeats", "2", "-o",
-                                  str(tmp_path / "c.json")], capsys, monkeypatch)
+                                  str(tmp_path / "c.json"), "--no-overheads"], capsys, monkeypatch)
         assert code == 0, err
         doc = json.loads((tmp_path / "c.json").read_text())
         assert doc["device_kind"].endswith(" x1") and doc["threads"] == 1 and doc["entries"]
+        assert doc["overheads"] == {"op_s": 0.0, "action_s": 0.0, "transfer_latency_s": 0.0}  # not measured
         code, _, err = run_cli(["profile", "--model", f"{pkg}:factory", "--threads", "0", "-o",
                                 str(tmp_path / "d.json")], capsys, monkeypatch)
         assert code == 2 and "--threads" in err

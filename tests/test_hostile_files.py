@@ -17,6 +17,7 @@ import torch
 from conftest import run_cli
 from devplace.capture.custom import CustomModelError, build_custom_model
 from devplace.hardware.cluster import load_cluster
+from devplace.hardware.cost import Overheads
 from devplace.placers.rl.checkpoint import PolicyFileError, read_checkpoint
 from devplace.runtime.plan import build_source
 from study_fixture import write_fixture_db
@@ -319,6 +320,7 @@ class _Named:
 
 class _Table(list):
     skipped: tuple = ()
+    overheads = Overheads()
 
 
 def test_study_database_is_protected_while_reading(work):

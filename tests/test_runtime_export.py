@@ -235,6 +235,32 @@ def test_cli_run_export_and_calibrate(tiny_zoo, tmp_path, capsys, monkeypatch):
     assert code == 2 and "real device(s) were given" in err
 
 
+def test_place_and_run_take_a_profiled_table_with_its_overheads(tiny_zoo, tmp_path, capsys, monkeypatch):
+    from devplace.capture.profile import local_cpu_device
+    from devplace.hardware.cost import CostTable, Overheads
+    from devplace.runtime.plan import load_plan
+
+    cpu = local_cpu_device()
+    table = CostTable(device_kind=cpu.kind, device=cpu, overheads=Overheads(2e-5, 3e-3, 4e-4))  # ops: analytic
+    table.save(tmp_path / "t.json")
+    (tmp_path / "c.json").write_text(json.dumps({"format": "devplace.cluster/1", "name": "two", "link": {
+        "bandwidth_Bps": 1e9}, "devices": [{"name": f"c{i}", "memory_bytes": 1e9, "speed": cpu.speed, "kind": cpu.kind,
+                                            "peak_flops": cpu.peak_flops, "mem_bandwidth_Bps": cpu.mem_bandwidth_Bps}
+                                           for i in range(2)]}))
+    for cmd, plan_path in ((["place", "-c", str(tmp_path / "c.json")], tmp_path / "placed.json"),
+                           (["run", "--devices", "cpu,cpu", "--steps", "1", "--warmup", "0", "--record",
+                             str(tmp_path / "r.jsonl")], tmp_path / "ran.json")):
+        code, _, err = _cli([*cmd, "--model", tiny_zoo, "--placer", "round-robin", "--costs", str(tmp_path / "t.json"),
+                             "--save-plan", str(plan_path)], capsys, monkeypatch)
+        assert code == 0, err
+        p = load_plan(plan_path)
+        assert [d.action_s for d in p.cluster.devices] == [3e-3, 3e-3]
+        assert p.cluster.latency[0, 1] == 4e-4 and p.graph.meta["cost"]["op_overhead_s"] == 2e-5
+    code, _, err = _cli(["run", "--plan", str(tmp_path / "ran.json"), "--costs", str(tmp_path / "t.json")], capsys,
+                        monkeypatch)
+    assert code == 2 and "--costs are for --model" in err
+
+
 def test_validate_on_gpu_dry_run(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("validate_on_gpu", ROOT / "benchmarks" / "validate_on_gpu.py")
     assert spec is not None and spec.loader is not None

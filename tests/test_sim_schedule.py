@@ -4,6 +4,8 @@ reference in reference_pipeline.py on random pipelines."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 import devplace
 from conftest import cluster
 from devplace.graph import CompGraph
+from devplace.hardware.cluster import Cluster
 from devplace.sim import Schedule, ScheduledResult, ScheduleError, any_schedule_bound, lower_bound, simulate
 from devplace.sim.schedule import actions
 from reference_pipeline import RefScheduleError, reference_schedule
@@ -227,15 +230,18 @@ def pipelines(draw):
 
 
 @settings(max_examples=200, deadline=None)
-@given(pipelines())
-def test_schedule_simulation_matches_plain_python_reference(case):
+@given(pipelines(), st.sampled_from([0.0, 0.125]))
+def test_schedule_simulation_matches_plain_python_reference(case, action_s):
     nodes, edges, p, placement, kind, m, v, bw, lat, micro = case
     g = CompGraph.build("t", nodes, edges)
     c = cluster(p, bw=bw, lat=lat)
+    # the pipelining runtime's cost per action (Device.action_s), charged by the barrier after each action
+    c = Cluster(c.name, tuple(dataclasses.replace(d, action_s=action_s) for d in c.devices), c.link, c.links)
     devs = np.array([placement[nid] for nid in g.ids])
     link = {(a, b): (bw, lat) for a in range(p) for b in range(p) if a != b}
     try:
-        ref, _, stage = reference_schedule(nodes, edges, [1.0] * p, link, placement, kind, m, v, micro)
+        ref, _, stage = reference_schedule(nodes, edges, [1.0] * p, link, placement, kind, m, v, micro,
+                                           action_s=[action_s] * p)
     except RefScheduleError:
         with pytest.raises(ScheduleError):
             simulate(g, c, devs, schedule=Schedule(kind, m, chunks=v, microbatch_graph=micro))

@@ -49,6 +49,7 @@ from devplace.files import (
 from devplace.graph import load_graph, load_placement
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, load_cluster
+from devplace.hardware.cost import CostTable, apply_overheads
 from devplace.orders.auto import Recommendation, load_order_model, recommend_order
 from devplace.placers import get_placer
 from devplace.placers.pipeline import pipeline_schedules
@@ -163,15 +164,24 @@ def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None
                try_with: str | None = None, seed: int = DEFAULT_SEED, semantics: str | None = None,
                settings: dict[str, Any] | None = None, module_map: Path | None = None, output: Path | None = None,
                trace: Path | None = None, plot: Path | None = None, save_plan: Path | None = None,
-               dtype: str | None = None, amp: bool = False,
+               dtype: str | None = None, amp: bool = False, costs: Path | None = None,
                busy: Callable[[str], AbstractContextManager[Any]] = _quiet,
                progress: Callable[[str], AbstractContextManager[Progress | None]] = _quiet) -> Placed:
     """`devplace place`: a GRAPH file (or `example`), or a zoo or custom `model` captured here, placed on
     `cluster` by `placer` (`plan_graph`, `place_prepared`) or by a hand-made `module_map` (`place_by_map`),
     simulated, and the files asked for written (the plan with `save_plan`). Every check of the arguments runs
     before any work. `busy(message)` is shown while the model is captured, `progress(what)` gives the progress
-    callback while it is placed (context managers; by default nothing is shown)."""
+    callback while it is placed (context managers; by default nothing is shown). `costs`: a cost table of
+    `devplace profile` for the model's ops and the machine's overheads (`hardware.cost.apply_overheads`), measured
+    on the kind of the cluster's devices."""
     settings = dict(settings or {})
+    if costs is not None:
+        if model is None:
+            raise DevplaceError("--costs is for --model (captured and costed here); a GRAPH file was costed when it "
+                                "was captured: capture it with `devplace capture --costs`")
+        check_outputs(inputs=[costs])
+        table = CostTable.load(costs)
+        cluster = apply_overheads(cluster, table)
     # a hand-made map is judged under the schedule given (its stages are the map's), not placed by `pipeline`
     map_schedule = ({k: settings.pop(k) for k in PIPELINE_SETTINGS if k in settings} if module_map is not None
                     else {})
@@ -199,7 +209,8 @@ def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None
                       log=log_setting(settings))
         with busy(f"capturing the training step of {model}"):
             prepared = torch_tasks().prepare_model(model, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
-                                                   optimizer=optimizer, cluster=cluster, dtype=dtype, amp=amp)
+                                                   optimizer=optimizer, cluster=cluster, dtype=dtype, amp=amp,
+                                                   costs=table if costs is not None else None)
         if module_map is not None:
             tensors = torch_tasks().model_tensor_names(model, batch=batch, seq_len=seq_len)
             placed = torch_tasks().place_by_map(prepared.full, cluster, module_map, coarsening=prepared.coarsening,

@@ -59,7 +59,7 @@ from devplace.graph.batch import graph_batch
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, Device, load_cluster
-from devplace.hardware.cost import CostTable, cost_devices
+from devplace.hardware.cost import CostTable, apply_overheads, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
 from devplace.placers import NoFitError, Tried, get_placer
 from devplace.placers.even import even_devices
@@ -538,15 +538,23 @@ def zoo_family_graph(name: str, index: int, *, max_nodes: int | None, output: Pa
 
 def profile_model(model: str, output: Path, *, batch: int | None = None, seq_len: int | None = None,
                   device: str = "cpu", repeats: int = 10, max_ops: int | None = None, threads: int | None = None,
-                  progress: Callable[[int, int, Any], None] | None = None) -> tuple[CompGraph, CostTable]:
+                  progress: Callable[[int, int, Any], None] | None = None,
+                  overheads: bool = True) -> tuple[CompGraph, CostTable]:
     """`devplace profile`: time every distinct op of a zoo or custom (package.module:factory) model's step for
     real, with `threads` CPU threads when given (`torch.set_num_threads`: the table's device kind and its meta
-    record the count, and `devplace run --threads` the same count runs steps its times fit); the table is
-    saved."""
+    record the count, and `devplace run --threads` the same count runs steps its times fit); with `overheads`
+    (on the CPU) also this machine's per-op, per-action and per-transfer overheads (`app.overheads`, on a probe
+    model, about half a minute; the table's meta keeps the figures they came from); the table is saved."""
     check_outputs({"output": json_kind("devplace.costs")}, output=output)
     set_threads(threads)
     graph = capture_named_model(model, batch=batch, seq_len=seq_len)
     table = profile_graph(graph, device, repeats=repeats, max_ops=max_ops, progress=progress)
+    if overheads and torch.device(device).type == "cpu":
+        from devplace.app.overheads import measure_overheads
+
+        measured = measure_overheads(repeats=repeats)
+        table.overheads = measured.overheads
+        table.meta["overheads_measured"] = measured.to_dict()
     table.save(output)
     return graph, table
 
@@ -671,35 +679,41 @@ def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, dev
                  max_nodes: int | None = None, placer: str = DEFAULT_PLACER, order: str = DEFAULT_ORDER,
                  seed: int = DEFAULT_SEED, save_plan: Path | None = None, dtype: str | None = None,
                  amp: bool = False, trust_model: bool = False, record: Path | None = None,
-                 settings: dict[str, Any] | None = None) -> tuple[Plan, Any, Any]:
+                 settings: dict[str, Any] | None = None, costs: Path | None = None) -> tuple[Plan, Any, Any]:
     """The plan `devplace run` runs, with its module and inputs: a saved plan file's zoo (or custom) model
     rebuilt, or model `model` (a zoo name or package.module:factory) captured in precision `dtype` / `amp` and
     placed on `cluster` (default: the `devices`, speeds measured). A custom model a plan file names is imported
     only with `trust_model` or when `model` repeats it. The `save_plan` and `record` outputs are checked first.
     `settings`: the pipeline placer's schedule, microbatches and chunks for `model`, checked as `devplace place`
-    checks them."""
+    checks them. `costs`: a `devplace profile` table for `model`'s ops and the cluster's overheads
+    (`apply_overheads`); the default cluster's CPUs are then the table's measured device."""
     if model is None and plan_file is None:
         raise DevplaceError("give either --model NAME (see `devplace zoo list`, or package.module:factory) or "
                             "--plan FILE")
-    check_outputs(inputs=[plan_file], save_plan=save_plan, record=record)
+    check_outputs(inputs=[plan_file, costs], save_plan=save_plan, record=record)
     real = normalize_devices(devices)
     settings = dict(settings or {})
     if plan_file is not None:
-        if dtype is not None or amp or settings:
-            raise DevplaceError("--dtype/--amp/--schedule/--microbatches/--chunks are for --model: a plan file runs "
-                                "in the precision it was made in, under its own schedule")
+        if dtype is not None or amp or settings or costs is not None:
+            raise DevplaceError("--dtype/--amp/--schedule/--microbatches/--chunks/--costs are for --model: a plan "
+                                "file runs in the precision it was made in, under its own schedule, costed when it "
+                                "was made")
         p = load_plan_file(plan_file)
         module, inputs = rebuild_zoo_model(p, trust_model=trust_model or (model or False), where=str(plan_file))
         return p, module, inputs
     assert model is not None
-    c = load_cluster(cluster) if cluster else local_cluster(real)
+    table = CostTable.load(costs) if costs is not None else None
+    specs = {d: table.device for d in real if d.type == "cpu"} if table is not None and table.device else None
+    c = load_cluster(cluster) if cluster else local_cluster(real, specs=specs)
+    if table is not None:
+        c = apply_overheads(c, table)
     check_pipeline_settings(placer, c, settings, batch=batch)
     if placer == AUTO_PLACER and "schedule" not in settings:
         # `run` times in this process what runs here: auto's placements without micro-batches, unless a schedule
         # is asked for (a pipelined plan runs in one process per stage, `run_plan_pipelined`)
         settings["schedule"] = "none"
     p, module, inputs = zoo_plan(model, c, batch=batch, seq_len=seq_len, placer=placer, order=order,
-                                 max_nodes=max_nodes, seed=seed, dtype=dtype, amp=amp, **settings)
+                                 max_nodes=max_nodes, seed=seed, dtype=dtype, amp=amp, costs=table, **settings)
     if save_plan is not None:
         p.save(save_plan)
     return p, module, inputs

@@ -122,20 +122,27 @@ def profile_cmd(
     threads: Annotated[int | None, typer.Option(help="CPU threads for the ops (torch.set_num_threads; default: "
                                                 "torch's); the table's device kind records the count, so give "
                                                 "`devplace run` the same --threads")] = None,
+    overheads: Annotated[bool, typer.Option("--overheads/--no-overheads", help="on the CPU, also measure this "
+                                            "machine's per-op, per-action (pipelining) and per-transfer (gloo) "
+                                            "overheads on a probe model (about half a minute)")] = True,
     force: ForceOpt = False,
 ) -> None:
     """Run every distinct op of a zoo or custom model's training step for real and write their times as a cost
-    table."""
+    table, with this machine's overheads beyond the ops (`place --costs` and `run --costs` charge them)."""
     if model is None:
         raise DevplaceError("--model NAME is required (see `devplace zoo list`)")
     with progress_bar(f"profiling {model} on {device}", False, label="{task.description}") as update:
         # no bar (update None) when the output is not a terminal: CI, a pipe, a redirect
         graph, table = app.torch_tasks().profile_model(
             model, output, batch=batch, seq_len=seq_len, device=device, repeats=repeats, max_ops=max_ops,
-            threads=threads,
+            threads=threads, overheads=overheads,
             progress=None if update is None else lambda done, total, _t: update(done, total))
+    o = table.overheads
     say(f"{graph.name}: {len(table)} distinct ops timed on {device}"
-        f"{f', {len(table.skipped)} skipped (listed in the table)' if table.skipped else ''}; wrote {output}")
+        f"{f', {len(table.skipped)} skipped (listed in the table)' if table.skipped else ''}"
+        + (f"; overheads: {o.op_s * 1e6:.1f} us per op, {o.action_s * 1e3:.2f} ms per pipeline action, "
+           f"{o.transfer_latency_s * 1e6:.0f} us per transfer" if o.op_s or o.action_s or o.transfer_latency_s
+           else "") + f"; wrote {output}")
 
 
 def calibrate_cmd(

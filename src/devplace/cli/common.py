@@ -62,6 +62,9 @@ console = guarded_console()
 GraphArg = Annotated[Path, typer.Argument(help="graph file (devplace.graph/1 JSON), or `example` for the bundled one")]
 ClusterArg = Annotated[str, typer.Argument(help="cluster preset name (see `devplace clusters`) or cluster JSON file")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object instead of tables")]
+CostsOpt = Annotated[Path | None, typer.Option("--costs", help="cost table from `devplace profile` (measured op times "
+                                               "and this machine's per-op, per-action and per-transfer overheads) "
+                                               "for --model's ops and the cluster's devices of its kind")]
 ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="zoo model to capture (see `devplace zoo list`), "
                                               "or a custom one: package.module:factory, a function returning "
                                               "(module, example_inputs[, loss_fn])")]

@@ -17,6 +17,7 @@ from devplace.cli.common import (
     BatchOpt,
     ChunksOpt,
     ClusterArg,
+    CostsOpt,
     DtypeOpt,
     ForceOpt,
     GraphArg,
@@ -184,6 +185,7 @@ def place_cmd(
     save_plan: Annotated[Path | None, typer.Option("--save-plan", help="write the plan (placement, schedule, graph, "
                                                    "cluster, model, precision) here, for `devplace export` and "
                                                    "`devplace run --plan`")] = None,
+    costs: CostsOpt = None,
     force: ForceOpt = False,
 ) -> None:
     """Place GRAPH (or a zoo or custom --model, captured on the fly) on a cluster and print the predicted step
@@ -206,7 +208,7 @@ def place_cmd(
     placed = app.place_task(c, graph=graph, model=model, batch=batch, seq_len=seq_len, max_nodes=max_nodes,
                             optimizer=optimizer, placer=placer, order=order, try_orders=try_k, try_with=try_with,
                             seed=seed, semantics=semantics, settings=settings, module_map=module_map, output=output,
-                            trace=trace, plot=plot, save_plan=save_plan, dtype=dtype, amp=amp,
+                            trace=trace, plot=plot, save_plan=save_plan, dtype=dtype, amp=amp, costs=costs,
                             busy=lambda message: busy(message, quiet or as_json),
                             progress=lambda what: progress_bar(what, quiet or as_json))
     if as_json:

@@ -12,6 +12,7 @@ from devplace.cli.common import (
     AmpOpt,
     BatchOpt,
     ChunksOpt,
+    CostsOpt,
     DtypeOpt,
     ForceOpt,
     JsonOpt,
@@ -78,12 +79,14 @@ def run_cmd(
     chunks: ChunksOpt = None,
     threads: Annotated[int | None, typer.Option(help="CPU threads for the steps (torch.set_num_threads; default: "
                                                 "torch's); the report gives the number used")] = None,
+    costs: CostsOpt = None,
 ) -> None:
     """Run real training steps of a placed zoo or custom model and compare measured with simulated step time
     and memory.
 
-    With --model the step is captured (in --dtype / --amp) and placed on --cluster (default: a cluster of the
-    --devices, speeds measured on this machine); with --plan a saved plan is used. Steps run in the plan's
+    With --model the step is captured (in --dtype / --amp), costed (with a --costs table of `devplace profile`:
+    measured op times and overheads) and placed on --cluster (default: a cluster of the --devices, speeds
+    measured on this machine, or the table's device); with --plan a saved plan is used. Steps run in the plan's
     precision. Logical device i runs on the i-th of --devices
     (a real device may repeat). Steps are timed with CUDA events where a GPU is used, wall clock otherwise.
     A plan or export that names a custom model (package.module:factory) runs its code only when you allow it:
@@ -94,8 +97,9 @@ def run_cmd(
     """
     tasks = app.torch_tasks()
     if pipeline is not None:
-        if plan_file is not None:
-            raise DevplaceError("--pipeline runs an export on its own: drop --plan")
+        if plan_file is not None or costs is not None:
+            raise DevplaceError("--pipeline runs an export on its own, simulated when it was exported: drop "
+                                "--plan/--costs")
         _one_thread(threads, "--pipeline")
         with busy(f"running {warmup + steps} pipelined steps of {pipeline}", as_json):
             ran = tasks.run_pipeline_export(pipeline, processes=processes, steps=steps, warmup=warmup,
@@ -117,7 +121,7 @@ def run_cmd(
                                                batch=batch, seq_len=seq_len, max_nodes=max_nodes, placer=placer,
                                                order=order, seed=seed, save_plan=save_plan, dtype=dtype, amp=amp,
                                                trust_model=trust_model, record=record,
-                                               settings=pipelining)
+                                               settings=pipelining, costs=costs)
     if tasks.is_pipelined(p):
         _one_thread(threads, "this plan runs pipelined")
         with busy(f"running {warmup + steps} pipelined steps", as_json):

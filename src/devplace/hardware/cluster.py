@@ -21,7 +21,8 @@ from devplace.graph.phases import step_compute
 FORMAT = "devplace.cluster/1"
 # Dense peak FLOP/s per precision class (docs/clusters.md, "Peak FLOP/s per precision"); 0 = unknown.
 PRECISION_PEAK_KEYS = ("peak_flops_fp32", "peak_flops_tf32", "peak_flops_bf16", "peak_flops_fp16")
-DEVICE_KEYS = ("name", "memory_bytes", "speed", "peak_flops", "mem_bandwidth_Bps", "kind", *PRECISION_PEAK_KEYS)
+DEVICE_KEYS = ("name", "memory_bytes", "speed", "peak_flops", "mem_bandwidth_Bps", "kind", *PRECISION_PEAK_KEYS,
+               "action_s")
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,12 @@ class Device:
     The `peak_flops_*` fields are the dense peaks per precision class, for the matrix products of ops in that
     precision: `fp32` on the CUDA cores, `tf32` (fp32 ops allowed to use TF32 tensor cores), `bf16` and
     `fp16` (tensor cores where the GPU has them). 0 means unknown: the cost model then uses `peak_flops`,
-    as it did for every op before these fields existed (docs/cost-models.md, "Precision")."""
+    as it did for every op before these fields existed (docs/cost-models.md, "Precision").
+
+    `action_s` is what the pipelining runtime spends on this device per action of a pipelined step (one stage's
+    forward or backward of one micro-batch: receiving, sending, scheduling), beyond the action's ops; a
+    micro-batch schedule's simulation charges it once per action (`devplace.sim.schedule`). 0 = not measured
+    (`devplace profile` measures it on this machine: `hardware.cost.Overheads`)."""
 
     name: str
     memory_bytes: float
@@ -44,6 +50,7 @@ class Device:
     peak_flops_tf32: float = 0.0
     peak_flops_bf16: float = 0.0
     peak_flops_fp16: float = 0.0
+    action_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,9 @@ class Cluster:
         # rates in [1 / MAX_TOTAL, MAX_TOTAL] and finite latencies, step times of valid graphs stay finite
         for i, d in enumerate(self.devices):
             _check_rate(d.speed, f"cluster {self.name!r}: device #{i} speed")
+            if not (isinstance(d.action_s, int | float) and 0 <= d.action_s <= MAX_TOTAL):
+                raise ClusterError(f"cluster {self.name!r}: device #{i} action_s is {d.action_s!r}; it must be a "
+                                   f"number of seconds in 0..{MAX_TOTAL:.0e}")
         for key, lk in [("link", self.link), *((f"link {a} -> {b}", v) for (a, b), v in self.links.items())]:
             _check_rate(lk.bandwidth_Bps, f"cluster {self.name!r}: {key} bandwidth_Bps")
             if not (isinstance(lk.latency_s, int | float) and 0 <= lk.latency_s <= MAX_TOTAL):
@@ -131,7 +141,7 @@ class Cluster:
         for d in self.devices:
             rec: dict[str, Any] = {"name": d.name, "memory_bytes": dump_number(d.memory_bytes),
                                    "speed": dump_number(d.speed)}
-            for k in ("peak_flops", "mem_bandwidth_Bps", *PRECISION_PEAK_KEYS):
+            for k in ("peak_flops", "mem_bandwidth_Bps", *PRECISION_PEAK_KEYS, "action_s"):
                 if getattr(d, k):
                     rec[k] = dump_number(getattr(d, k))
             if d.kind:
@@ -190,6 +200,7 @@ class Cluster:
                                             allow_zero=True, rate=True),
                 kind=kind,
                 **{k: _positive(rec.get(k, 0.0), f"{at}: \"{k}\"", allow_zero=True) for k in PRECISION_PEAK_KEYS},
+                action_s=_positive(rec.get("action_s", 0.0), f"{at}: \"action_s\"", allow_zero=True),
             ))
         if "link" not in doc:
             raise ClusterError(f"{where}: needs a default \"link\" with bandwidth_Bps and latency_s")

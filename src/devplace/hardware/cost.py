@@ -12,7 +12,10 @@ Two models fill a graph's `compute_s`:
   attention) in fp32, TF32, bf16 or fp16 gets the device's peak for that class (`Device.peak_flops_*`).
 - **profiled**: a `CostTable` (`devplace.costs/1`) of median measured seconds keyed by the node's signature
   (`signature_key(node["sig"])`), written by `devplace.capture.profile.profile_graph`; nodes whose signature
-  is missing from the table fall back to the analytic model, and the report says how many did.
+  is missing from the table fall back to the analytic model, and the report says how many did. A table also
+  carries the `Overheads` measured on its machine (`devplace profile`): the per-op overhead of a real step,
+  which `apply_costs` adds to every op that is not a view, and the pipelining runtime's cost per action and
+  per transfer, which `apply_overheads` puts on a cluster's devices and links.
 
 Units. The simulator runs an op for ``compute_s / speed`` on a device (DESIGN.md section 4), so
 `compute_s` is "seconds on a device of speed 1.0" (a V100 SXM2 with the presets). A cost model gives
@@ -29,18 +32,19 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from devplace.errors import DevplaceError, FormatError
 from devplace.graph.compgraph import KIND_COMPUTE_KEY, CompGraph
 from devplace.graph.jsonio import check_format, dump_number, read_json, write_json
-from devplace.hardware.cluster import Cluster, Device
+from devplace.hardware.cluster import Cluster, Device, Link
 
 __all__ = [
     "CPU_ROOFLINE", "FORMAT", "GPU_ROOFLINE", "MATRIX_CLASSES", "OP_CLASSES", "TF32_DEFAULTS", "ClassRow",
-    "CostError", "CostReport", "CostTable", "Roofline", "analytic_node_time", "apply_costs", "dtype_class",
+    "CostError", "CostReport", "CostTable", "Overheads", "Roofline", "analytic_node_time", "apply_costs",
+    "apply_overheads", "dtype_class",
     "node_traffic_bytes", "op_class", "op_name", "peak_flops_for", "roofline_for", "roofline_time",
     "sig_tensor_count", "signature_key",
 ]
@@ -405,13 +409,47 @@ def _device_from(doc: Any, where: str) -> Device:
         raise FormatError(f"{where}: \"device\": {exc}") from None
 
 
+@dataclass(frozen=True)
+class Overheads:
+    """What a real training step costs beyond its ops' own (profiled) times, measured on one machine
+    (`devplace profile`, `devplace.runtime.overheads`); 0 = not measured.
+
+    `op_s`: per op of the step (the dispatcher, autograd's bookkeeping, Python between kernels), added by
+    `apply_costs` to every op that is not a view. `action_s`: per action of a pipelined step (one stage's
+    forward or backward of one micro-batch), the pipelining runtime's own work; `transfer_latency_s`: per
+    tensor sent between two stage processes. `apply_overheads` puts these two on a cluster (`Device.action_s`,
+    the links' `latency_s`), where the simulator charges them."""
+
+    op_s: float = 0.0
+    action_s: float = 0.0
+    transfer_latency_s: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {f.name: dump_number(getattr(self, f.name)) for f in fields(Overheads)}
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str) -> Overheads:
+        """Read the table's "overheads" object: known keys only, each a finite number of seconds >= 0."""
+        names = [f.name for f in fields(Overheads)]
+        if not isinstance(doc, Mapping) or set(doc) - set(names):
+            raise FormatError(f"{where}: \"overheads\" must be an object with (some of) {', '.join(names)}, got "
+                              f"{doc!r}; profile again")
+        out = {}
+        for k, v in doc.items():
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not 0 <= v <= 1e3:
+                raise FormatError(f"{where}: overheads.{k} must be a number of seconds in 0..1000, got {v!r}")
+            out[k] = float(v)
+        return cls(**out)
+
+
 @dataclass
 class CostTable:
     """Measured op times on one device kind: signature key -> median seconds (`devplace.costs/1`).
 
     `skipped` lists the signatures that could not be run, with the reason; `device` is the measured
     device's description when known (`speed`, `peak_flops`, `mem_bandwidth_Bps`), so the table can be
-    applied and calibrated on its own; `meta` keeps any other top-level keys (threads, timer, ...).
+    applied and calibrated on its own; `overheads` what a real step costs beyond its ops (`Overheads`);
+    `meta` keeps any other top-level keys (threads, timer, ...).
     """
 
     device_kind: str
@@ -422,6 +460,7 @@ class CostTable:
     skipped: dict[str, str] = field(default_factory=dict)
     device: Device | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    overheads: Overheads = field(default_factory=Overheads)
 
     def lookup(self, sig: Mapping[str, Any] | None) -> float | None:
         """The median seconds measured for this signature, or None."""
@@ -438,6 +477,7 @@ class CostTable:
         if self.device is not None:
             doc["device"] = _device_dict(self.device)
         doc.update(self.meta)
+        doc["overheads"] = self.overheads.to_dict()
         doc["entries"] = {k: self.entries[k] for k in sorted(self.entries)}
         doc["skipped"] = {k: self.skipped[k] for k in sorted(self.skipped)}
         return doc
@@ -469,10 +509,11 @@ class CostTable:
         if not isinstance(torch_version, str):
             raise FormatError(f"{where}: \"torch\" must be a version string")
         device = _device_from(doc["device"], where) if "device" in doc else None
+        overheads = Overheads.from_dict(doc["overheads"], where) if "overheads" in doc else Overheads()
         meta = {k: v for k, v in doc.items() if k not in ("format", "device_kind", "torch", "warmup", "repeats",
-                                                          "device", "entries", "skipped")}
+                                                          "device", "entries", "skipped", "overheads")}
         return cls(device_kind=kind, entries=clean, torch=torch_version, warmup=ints["warmup"],
-                   repeats=ints["repeats"], skipped=dict(skipped), device=device, meta=meta)
+                   repeats=ints["repeats"], skipped=dict(skipped), device=device, meta=meta, overheads=overheads)
 
     def save(self, path: str | Path) -> None:
         write_json(path, self.to_dict())
@@ -504,6 +545,7 @@ class CostReport:
     profiled_nodes: int = 0  # nodes whose time came from the cost table
     analytic_nodes: int = 0  # nodes costed analytically (all of them with model="analytic")
     profiled_share: float = 0.0  # share of total_s that was measured
+    op_overhead_s: float = 0.0  # the table's per-op overhead, included in total_s (`Overheads.op_s`)
 
     @property
     def coverage(self) -> float:
@@ -512,6 +554,7 @@ class CostReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "device": _device_dict(self.device), "total_s": self.total_s,
+                "op_overhead_s": self.op_overhead_s,
                 "nodes": self.nodes, "profiled_nodes": self.profiled_nodes, "analytic_nodes": self.analytic_nodes,
                 "coverage": self.coverage, "profiled_share": self.profiled_share,
                 "classes": {c: {"count": r.count, "total_s": r.total_s, "share": r.share}
@@ -524,7 +567,9 @@ class CostReport:
                  f"{self.total_s * 1e3:.3f} ms over {self.nodes} ops"]
         if self.model == "profiled":
             lines.append(f"profiled: {self.profiled_nodes}/{self.nodes} ops ({self.coverage:.1%}), "
-                         f"{self.profiled_share:.1%} of the time; the rest analytic")
+                         f"{self.profiled_share:.1%} of the time; the rest analytic"
+                         + (f"; every op but views {self.op_overhead_s * 1e6:.1f} us more (measured per-op overhead)"
+                            if self.op_overhead_s else ""))
         lines.append(f"{'op class':<12} {'ops':>7} {'time (ms)':>12} {'share':>7}")
         for c, r in sorted(self.rows.items(), key=lambda kv: (-kv[1].total_s, kv[0])):
             lines.append(f"{c:<12} {r.count:>7} {r.total_s * 1e3:>12.3f} {r.share:>7.1%}")
@@ -568,6 +613,10 @@ def apply_costs(graph: CompGraph, device: Device, model: str | CostTable = "anal
     of them (`compute_s_by_kind`, from the table where it was measured on that kind, else the roofline with that
     kind's peak for the node's dtype), which the simulator and the placers use for devices of those kinds.
 
+    A table's per-op overhead (`table.overheads.op_s`, measured by `devplace profile`) is added to the time of
+    every op that is not a view (class `view`: graph inputs and views launch nothing), measured or analytic, on
+    the table's device kind; so on one device a step of n such ops is simulated n x op_s longer.
+
     Raises CostError when the device lacks peak_flops/mem_bandwidth_Bps for an op that needs the analytic
     model, or when the table was measured on another device kind than `device.kind`.
     """
@@ -593,6 +642,7 @@ def apply_costs(graph: CompGraph, device: Device, model: str | CostTable = "anal
 
     kind_tables = {k.kind: (roofline_for(k), table if table is not None and table.device_kind == k.kind else None)
                    for k in kinds}
+    op_s = table.overheads.op_s if table is not None else 0.0
     nodes = []
     per_class: dict[str, list[float]] = {}
     profiled = 0
@@ -606,9 +656,12 @@ def apply_costs(graph: CompGraph, device: Device, model: str | CostTable = "anal
             profiled_s += t
         else:
             t = analytic_node_time(rec, device, rl, tf32=tf32, default_dtype=dtype or "")
+        extra = op_s if cls != "view" else 0.0
+        t += extra
         rec["compute_s"] = dump_number(t * device.speed)
         if kinds:
-            rec[KIND_COMPUTE_KEY] = {k.kind: dump_number(_time_on(rec, k, kind_tables[k.kind], tf32, dtype))
+            rec[KIND_COMPUTE_KEY] = {k.kind: dump_number(_time_on(rec, k, kind_tables[k.kind], tf32, dtype)
+                                                         + (extra if kind_tables[k.kind][1] is not None else 0.0))
                                      for k in kinds}
         nodes.append(rec)
         acc = per_class.setdefault(cls, [0, 0.0])
@@ -620,11 +673,34 @@ def apply_costs(graph: CompGraph, device: Device, model: str | CostTable = "anal
     name = "analytic" if table is None else "profiled"
     report = CostReport(model=name, device=device, rows=rows, total_s=total, nodes=graph.num_nodes,
                         profiled_nodes=profiled, analytic_nodes=graph.num_nodes - profiled,
-                        profiled_share=profiled_s / total if total > 0 else 0.0)
+                        profiled_share=profiled_s / total if total > 0 else 0.0, op_overhead_s=op_s)
     meta = dict(graph.meta)
     meta["cost"] = {"model": name, "device_kind": device.kind, "speed": dump_number(device.speed),
                     "profiled_nodes": profiled, "nodes": graph.num_nodes, "tf32": tf32}
+    if op_s:
+        meta["cost"]["op_overhead_s"] = dump_number(op_s)
     if kinds:
         meta["cost"]["kinds"] = [k.kind for k in kinds]
     edges = [graph.edge_record(e) for e in range(graph.num_edges)]
     return CompGraph.build(graph.name, nodes, edges, meta), report
+
+
+def apply_overheads(cluster: Cluster, table: CostTable) -> Cluster:
+    """`cluster` with the pipelining overheads `table` measured (`Overheads`) on its devices of the table's
+    kind: each gets `action_s` (the simulator charges it per action of a pipelined step), and every link
+    between two of them the measured `transfer_latency_s` as its `latency_s` (where measured, > 0; the
+    bandwidth stays). Devices of other kinds and their links are unchanged; so is a cluster when the table
+    measured neither. The per-op overhead is the cost model's (`apply_costs`), not the cluster's."""
+    o = table.overheads
+    mine = [i for i, d in enumerate(cluster.devices) if d.kind == table.device_kind]
+    if not (o.action_s or o.transfer_latency_s) or not mine:
+        return cluster
+    devices = tuple(replace(d, action_s=o.action_s) if i in mine and o.action_s else d
+                    for i, d in enumerate(cluster.devices))
+    links = dict(cluster.links)
+    if o.transfer_latency_s:
+        for a in mine:
+            for b in mine:
+                if a != b:
+                    links[(a, b)] = Link(cluster.pair(a, b).bandwidth_Bps, o.transfer_latency_s)
+    return Cluster(cluster.name, devices, cluster.link, links, cluster.meta)

@@ -21,7 +21,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.jsonio import read_json, write_json
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster, load_cluster
-from devplace.hardware.cost import cost_devices
+from devplace.hardware.cost import CostTable, cost_devices
 from devplace.planning import (
     AsRun,
     Baseline,
@@ -174,7 +174,7 @@ def named_source(name: str, batch: int | None, seq_len: int | None, build_seed: 
 def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, placer: str = DEFAULT_PLACER,
          order: str = DEFAULT_ORDER, optimizer: str = "adam", max_nodes: int | None = None, seed: int = DEFAULT_SEED,
          loss_fn: Callable[[Any], torch.Tensor] | None = None, dtype: str | None = None, amp: bool = False,
-         **placer_settings: Any) -> Plan:
+         costs: CostTable | None = None, **placer_settings: Any) -> Plan:
     """Capture `model`'s training step on `example_inputs`, cost it for the cluster's first device, coarsen it
     (to `max_nodes` groups if given), place it with `placer` walking `order`, and simulate the placement.
 
@@ -185,7 +185,9 @@ def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, place
     placer settings: with `placer="pipeline"`, `schedule="1f1b"`, `microbatches=8` (and `chunks` for
     interleaved-1f1b) make a pipeline, whose `result` is the step under that schedule
     (`plan.placement.schedule`). `semantics="op-by-op"` overrides the captured graph's
-    "autograd" (`devplace.graph.semantics`): a placement that `apply` cannot run as placed.
+    "autograd" (`devplace.graph.semantics`): a placement that `apply` cannot run as placed. `costs`: a profiled
+    cost table (`devplace profile`) for the ops, with its per-op overhead, instead of the analytic model (its
+    pipelining overheads belong on `cluster`: `hardware.cost.apply_overheads`).
     """
     from devplace.capture.pipeline import prepare
     from devplace.capture.torch_capture import capture
@@ -193,7 +195,7 @@ def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, place
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
     graph = capture(model, example_inputs, loss_fn=loss_fn, optimizer=optimizer, dtype=dtype, amp=amp)
     device, kinds = cost_devices(c)
-    prepared = prepare(graph, device=device, kinds=kinds, max_nodes=max_nodes)
+    prepared = prepare(graph, device=device, kinds=kinds, max_nodes=max_nodes, costs=costs)
     p = plan_from_prepared(prepared, c, placer=placer, order=order, seed=seed,
                            settings={"optimizer": optimizer, "max_nodes": max_nodes, "dtype": dtype, "amp": amp},
                            source={"module": type(model).__name__}, **placer_settings)
@@ -228,7 +230,8 @@ def load_plan(path: str | Path) -> Plan:
 def zoo_plan(name: str, cluster: Cluster | str, *, batch: int | None = None, seq_len: int | None = None,
              placer: str = DEFAULT_PLACER, order: str = DEFAULT_ORDER, optimizer: str = "adam",
              max_nodes: int | None = None, seed: int = DEFAULT_SEED, dtype: str | None = None, amp: bool = False,
-             **placer_settings: Any) -> tuple[Plan, nn.Module, tuple[torch.Tensor, ...]]:
+             costs: CostTable | None = None, **placer_settings: Any
+             ) -> tuple[Plan, nn.Module, tuple[torch.Tensor, ...]]:
     """Build zoo model `name`, or a custom `package.module:factory` one (`devplace.capture.custom`), for real
     (seeded, on the CPU) and plan it in precision `dtype` / `amp`; returns (plan, module, inputs).
 
@@ -238,7 +241,7 @@ def zoo_plan(name: str, cluster: Cluster | str, *, batch: int | None = None, seq
 
     module, inputs, loss_fn = build_named_model(name, batch, seq_len, seed=seed)
     p = plan(module, inputs, cluster, placer=placer, order=order, optimizer=optimizer, max_nodes=max_nodes,
-             seed=seed, loss_fn=loss_fn, dtype=dtype, amp=amp, **placer_settings)
+             seed=seed, loss_fn=loss_fn, dtype=dtype, amp=amp, costs=costs, **placer_settings)
     p.settings["source"] = named_source(name, batch, seq_len, seed)
     return p, module, inputs
 

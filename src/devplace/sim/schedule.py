@@ -207,14 +207,16 @@ class Unrolled:
     step_part: np.ndarray
 
 
-def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: Stages) -> Unrolled:
+def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: Stages,
+           cluster: Cluster | None = None) -> Unrolled:
     """The unrolled step (docs/simulation.md, "Pipeline schedules", gives the construction and its order):
     micro-batch ops k = 0..M-1 in node order (id "v@k"), then the per-step ops (id "v"), then the once-per-step
     part of micro-batch ops that merge some (id "v+step": a coarse group's optimizer update, `devplace.graph.phases`;
     after the op's last micro-batch, with the device's per-step ops), then the barriers; every edge of the graph
     in edge order (micro-batch edges once per micro-batch), then the edges to the "v+step" nodes, then the
     barriers' edges. Built as columns (`CompGraph.from_arrays`): the unrolled step of a large model has 10^5+
-    nodes."""
+    nodes. A barrier takes its device's `action_s` of `cluster` (the pipelining runtime's work per action; the
+    barriers follow the actions one for one where the device has per-step ops), 0 without a cluster."""
     m = schedule.microbatches
     scale = 1.0 if schedule.microbatch_graph else 1.0 / m
     phase = stages.phase
@@ -260,6 +262,9 @@ def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: St
     bar_ids, bar_dev, bar_src, bar_dst, bar_tensor = _barriers(
         graph, devices, schedule, stages, slot, a, devices[once_nodes],
         np.concatenate([slot[per_step], first_once + np.arange(split.size)]), n_real)
+    # each barrier costs its device's action_s: compute_s in speed-1.0 units, a device kind's column in seconds
+    bar_s = np.array([cluster.devices[d].action_s if cluster is not None else 0.0 for d in bar_dev], dtype=np.float64)
+    bar_compute = bar_s * np.array([cluster.devices[d].speed if cluster is not None else 1.0 for d in bar_dev])
     ops, kinds = graph.op, graph.kind
     ids = ([f"{w}@{kk}" for kk in range(m) for w in per_mb.tolist()] + [f"{w}" for w in per_step.tolist()]
            + [f"{w}+step" for w in split.tolist()] + bar_ids)
@@ -269,7 +274,7 @@ def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: St
         g = CompGraph.from_arrays(
             f"{graph.name}-{schedule.kind}-m{m}", ids, [ops[w] for w in src_l] + [BARRIER] * nb,
             [kinds[w] for w in src_l] + [""] * nb, [""] * (n_real + nb),
-            np.concatenate([compute(graph.compute_s, step.compute_s), np.zeros(nb)]),
+            np.concatenate([compute(graph.compute_s, step.compute_s), bar_compute]),
             np.concatenate([np.where(once_part, 0.0, graph.output_bytes[source] * mult), np.zeros(nb)]),
             np.concatenate([params, np.zeros(nb)]),
             np.concatenate([np.where(once_part, 0.0, graph.temp_bytes[source] * mult), np.zeros(nb)]),
@@ -277,7 +282,7 @@ def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: St
             np.concatenate([dst, bar_dst]),
             np.concatenate([ebytes, np.zeros(len(bar_src))]),
             np.concatenate([tensors, bar_tensor]),
-            kind_compute={k: np.concatenate([compute(col, step.by_kind[k]), np.zeros(nb)])
+            kind_compute={k: np.concatenate([compute(col, step.by_kind[k]), bar_s])
                           for k, col in graph.kind_compute.items()})
     except GraphError as exc:  # a cycle: the action order waits for something that comes later
         raise ScheduleError(f"the {schedule.kind} schedule deadlocks on this placement (the order of a device's "
@@ -380,7 +385,7 @@ def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, s
     check_microbatches(graph, schedule)
     devices = np.asarray(devices, dtype=np.int64)
     stages = pipeline_stages(graph, devices, int(schedule.chunks or 1), schedule.device_order)
-    u = unroll(graph, devices, schedule, stages)
+    u = unroll(graph, devices, schedule, stages, cluster)
     r = DevplaceModel(u.graph, cluster).run(u.devices)
     n, m = graph.num_nodes, schedule.microbatches
     mb_start = np.zeros((m, n))

@@ -1,0 +1,197 @@
+"""Measuring what a real training step costs beyond its ops' profiled times on this machine (`Overheads`):
+the per-op overhead, gloo's per-transfer latency and the pipelining runtime's cost per action. `devplace
+profile` stores them in its cost table; `place --costs` / `run --costs` and the simulator then charge them.
+
+Each is measured on a probe model of its own (`probe`: a chain of small linear layers, whose ops are dominated by
+the costs measured here), never on the model being profiled, so the measured/simulated ratios that
+benchmarks/sim_vs_real.py reports for other models are not fitted to them:
+
+1. `op_s`: the probe's profiled step placed on one CPU device (placer `single`), run as `devplace run --plan`
+   runs it (1 thread); (CPU seconds of the median step - its simulated step without the overhead) / its ops
+   that are not views. CPU time, not wall: other processes sharing the cores do not inflate it.
+2. `transfer_latency_s`: half the median round trip of a one-element tensor between two gloo processes.
+3. `action_s`: the probe placed by the `pipeline` placer on two CPU processes (gpipe, `microbatches`), with the
+   two figures above; run as `devplace run --plan` runs a pipelined plan; the action cost is the one under which
+   the simulated pipelined step equals the measured median (bisection; the simulated step grows with it).
+
+Reached through `app.with_torch.profile_model` (it needs torch and the runtime).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from devplace.capture.custom import capture_named_model
+from devplace.capture.profile import profile_graph
+from devplace.hardware.cost import CostTable, Overheads, apply_overheads, op_class
+from devplace.runtime.export import pipeline_split
+from devplace.runtime.plan import named_source, plan_from_placed, rebuild_zoo_model
+from devplace.runtime.run import local_cluster, measure_plan
+from devplace.sim import simulate
+
+__all__ = ["PROBE", "OverheadRun", "gloo_round_trip", "measure_overheads", "probe"]
+
+PROBE = "devplace.app.overheads:probe"  # the probe model, as a custom model name (devplace's own code)
+PROBE_BATCH = 8
+
+
+class _Probe(nn.Module):
+    """`layers` linear layers of `width` with ReLU, then cross-entropy over 8 classes."""
+
+    def __init__(self, layers: int = 8, width: int = 32) -> None:
+        super().__init__()
+        self.body = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())])
+        self.head = nn.Linear(width, 8)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(self.body(x)), labels)
+
+
+def probe(batch: int = PROBE_BATCH) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The probe model and its inputs (a custom-model factory: `PROBE`)."""
+    return _Probe(), (torch.randn(batch, 32), torch.randint(0, 8, (batch,)))
+
+
+@dataclass(frozen=True)
+class OverheadRun:
+    """What `measure_overheads` measured: the overheads and the figures they came from."""
+
+    overheads: Overheads
+    one_device_cpu_s: float  # median CPU seconds of the probe's one-device step
+    one_device_simulated_s: float  # its simulated step without the per-op overhead
+    ops: int  # the probe step's ops that are not views
+    round_trip_s: float  # gloo round trip of one element
+    pipeline_measured_s: float  # median wall seconds of the probe's pipelined step
+    pipeline_simulated_s: float  # its simulated step with the measured overheads (the fit)
+    wall_s: float  # how long measuring took
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures, for the cost table's meta."""
+        return {"one_device_cpu_s": self.one_device_cpu_s, "one_device_simulated_s": self.one_device_simulated_s,
+                "ops": self.ops, "round_trip_s": self.round_trip_s, "pipeline_measured_s": self.pipeline_measured_s,
+                "pipeline_simulated_s": self.pipeline_simulated_s, "wall_s": self.wall_s, "probe": PROBE}
+
+
+def gloo_round_trip(sizes: list[int], repeats: int = 50) -> dict[str, float]:
+    """Median seconds of a gloo send + recv round trip between two CPU processes (one thread each) for tensors
+    of `sizes` float32 elements, by size."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="devplace-gloo-") as folder:
+        mp.start_processes(_gloo_worker, args=(folder, sizes, repeats), nprocs=2, join=True,
+                           start_method="forkserver")
+        return {int(k): v for k, v in json.loads((Path(folder) / "gloo.json").read_text()).items()}
+
+
+def _gloo_worker(rank: int, folder: str, sizes: list[int], repeats: int) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
+    out: dict[str, float] = {}
+    try:
+        for n in sizes:
+            x = torch.zeros(n)
+            times = []
+            for i in range(repeats + 5):
+                dist.barrier()
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.send(x, 1)
+                    dist.recv(x, 1)
+                else:
+                    dist.recv(x, 0)
+                    dist.send(x, 0)
+                if i >= 5:  # the first round trips set the connection up
+                    times.append(time.perf_counter() - t0)
+            out[str(n)] = statistics.median(times)
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        (Path(folder) / "gloo.json").write_text(json.dumps(out))
+
+
+def _probe_table(microbatches: int, repeats: int) -> CostTable:
+    """The probe's ops profiled on this CPU at the whole batch and at one micro-batch, in one table."""
+    tables = [profile_graph(capture_named_model(PROBE, batch=b), "cpu", repeats=repeats)
+              for b in dict.fromkeys((PROBE_BATCH, PROBE_BATCH // microbatches))]
+    first = tables[0]
+    for t in tables[1:]:
+        first.entries.update(t.entries)
+    first.skipped = {k: v for t in tables for k, v in t.skipped.items() if k not in first.entries}
+    return first
+
+
+def _fit(sim: Any, target: float, high: float) -> float:
+    """The least a in [0, high] with sim(a) >= target (sim non-decreasing), to 0.1% of `high` (0 when sim(0)
+    already reaches it)."""
+    low = 0.0
+    if sim(low) >= target:
+        return 0.0
+    while sim(high) < target:
+        high *= 2
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (low, mid) if sim(mid) >= target else (mid, high)
+        if high - low < 1e-3 * high:
+            break
+    return high
+
+
+def measure_overheads(*, steps: int = 10, warmup: int = 3, microbatches: int = 4, repeats: int = 10) -> OverheadRun:
+    """Measure the `Overheads` of this machine's CPU runtime on the probe model (the module docstring says how).
+    Steps run with 1 thread (as a pipelined run's stages do); the caller's thread count is restored."""
+    from devplace.app.with_torch import place_prepared, prepare_model, run_plan_pipelined
+
+    started = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        table = _probe_table(microbatches, repeats)
+        cpu = torch.device("cpu")
+        # 1. per op: one device
+        one = local_cluster([cpu], specs={cpu: table.device})
+        placed = place_prepared(prepare_model(PROBE, batch=PROBE_BATCH, cluster=one, costs=table), one,
+                                placer="single")
+        p = plan_from_placed(placed, settings={"optimizer": "adam"},
+                             source=named_source(PROBE, PROBE_BATCH, None, 0))
+        module, inputs = rebuild_zoo_model(p, trust_model=True)
+        _, run, _ = measure_plan(p, module, inputs, [cpu], steps=steps, warmup=warmup)
+        cpu_s = statistics.median(run.cpu_times_s)
+        sim_s = p.runtime_result.step_time_s
+        ops = sum(1 for v in range(p.graph.num_nodes) if op_class(p.graph.op[v], p.graph.kind[v]) != "view")
+        op_s = max(0.0, (cpu_s - sim_s) / ops)
+        # 2. per transfer
+        trip = gloo_round_trip([1])[1]
+        # 3. per action: a pipeline of two processes, costed with the two figures above
+        table.overheads = Overheads(op_s=op_s, transfer_latency_s=trip / 2)
+        two = apply_overheads(local_cluster([cpu, cpu], specs={cpu: table.device}), table)
+        placed2 = place_prepared(prepare_model(PROBE, batch=PROBE_BATCH, cluster=two, costs=table), two,
+                                 placer="pipeline", settings={"schedule": "gpipe", "microbatches": microbatches})
+        p2 = plan_from_placed(placed2, settings={"optimizer": "adam"},
+                              source=named_source(PROBE, PROBE_BATCH, None, 0))
+        module2, inputs2 = rebuild_zoo_model(p2, trust_model=True)
+        ran = run_plan_pipelined(p2, module2, inputs2, steps=steps, warmup=warmup)
+        measured = statistics.median(ran.timed_s)
+        split = pipeline_split(p2.graph, p2.placement, two, schedule=p2.placement.schedule)
+
+        def step(a: float) -> float:
+            with_a = replace(table, overheads=replace(table.overheads, action_s=a))
+            return simulate(p2.graph, apply_overheads(two, with_a), split.placement,
+                            schedule=split.schedule).step_time_s
+
+        action_s = _fit(step, measured, measured)
+    finally:
+        torch.set_num_threads(threads)
+    o = Overheads(op_s=op_s, action_s=action_s, transfer_latency_s=trip / 2)
+    return OverheadRun(o, cpu_s, sim_s, ops, trip, measured, step(action_s), time.perf_counter() - started)

@@ -1,9 +1,15 @@
-"""Measured vs simulated training steps on this CPU (issue 23, item 4): one device and a 2-process gloo pipeline.
+"""Measured vs simulated training steps on this CPU (issues 23 and 30): one device and a 2-process gloo pipeline.
 
     PYTHONPATH=$PWD/src nice -n 5 .venv/bin/python benchmarks/sim_vs_real.py [--models gpt2,cnn] [--steps 15]
+        [--model package.module:factory --batch 8 ...] [--no-overheads]
 
 For each model (small ones, built here in code, nothing downloaded, named to devplace as the custom models
-`sim_vs_real:<factory>`), with `--threads` CPU threads (default 1: what each process of a pipelined run uses):
+`sim_vs_real:<factory>`; any other custom model with `--model`, e.g. `more_models:tiny_bart` from this folder),
+with `--threads` CPU threads (default 1: what each process of a pipelined run uses):
+
+0. once per run, this machine's overheads beyond the ops (`devplace profile`'s measurement on its probe model,
+   `app.overheads.measure_overheads`: per op, per pipeline action, per gloo transfer), which every table below
+   carries (`--no-overheads`: none, as before issue 30);
 
 1. profile: every distinct op of the captured training step timed for real on this CPU (`devplace profile`'s
    task, `app.torch_tasks().profile_model`), at the whole batch and at the pipeline's micro-batch size;
@@ -233,26 +239,30 @@ def in_step_by_class(p: Any, module: nn.Module, inputs: Any, steps: int = 3) -> 
     return out
 
 
-def run_model_case(label: str, args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
-    """Profile, plan and run model `label` on one device and as a 2-process pipeline; one row per setting."""
+def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, folder: Path,
+                   overheads: Any) -> list[dict[str, Any]]:
+    """Profile, plan and run custom model `name` (table label `label`) at `batch` on one device and as a 2-process
+    pipeline, costed with its profiled op times and the machine's `overheads` (`hardware.cost.Overheads`,
+    measured once per run on the probe model); one row per setting."""
     from devplace import app
+    from devplace.hardware.cost import apply_overheads, op_class
     from devplace.runtime.run import local_cluster
 
     tasks = app.torch_tasks()
-    name, batch = MODELS[label]
     m = args.microbatches
     t0 = time.perf_counter()
     _, whole = tasks.profile_model(name, folder / f"{label}-b{batch}.costs.json", batch=batch,
-                                       repeats=args.repeats, threads=args.threads)
+                                   repeats=args.repeats, threads=args.threads, overheads=False)
     _, micro = tasks.profile_model(name, folder / f"{label}-b{batch // m}.costs.json", batch=batch // m,
-                                   repeats=args.repeats, threads=args.threads)
+                                   repeats=args.repeats, threads=args.threads, overheads=False)
     table = _merged([whole, micro])
+    table.overheads = overheads
     profile_s = time.perf_counter() - t0
     cpu = torch.device("cpu")
     rows = []
 
     # one device
-    cluster = local_cluster([cpu], specs={cpu: table.device})
+    cluster = apply_overheads(local_cluster([cpu], specs={cpu: table.device}), table)
     prepared = tasks.prepare_model(name, batch=batch, cluster=cluster, costs=table)
     placed = tasks.place_prepared(prepared, cluster, placer="single")
     plan_path = folder / f"{label}-single.plan.json"
@@ -263,7 +273,9 @@ def run_model_case(label: str, args: argparse.Namespace, folder: Path) -> list[d
     ops = _ops_per_step(p.graph)
     by_class = {"simulated": simulated_by_class(p), "in step": in_step_by_class(p, module, inputs)}
     sim = float(measured.record["simulated_step_s"])
+    charged = sum(1 for v in range(p.graph.num_nodes) if op_class(p.graph.op[v], p.graph.kind[v]) != "view")
     rows.append({"model": label, "setting": "1 device", "batch": batch, "simulated_s": sim,
+                 "simulated_without_overheads_s": sim - charged * overheads.op_s,  # one device: ops one by one
                  "measured_s": measured.run.step_time_s, "steps_s": list(measured.run.step_times_s),
                  "spread": measured.run.spread, "fastest_s": min(measured.run.step_times_s),
                  "cpu_s": statistics.median(measured.run.cpu_times_s), "cores_busy": measured.run.cores_busy,
@@ -273,7 +285,7 @@ def run_model_case(label: str, args: argparse.Namespace, folder: Path) -> list[d
                  "profile_s": profile_s})
 
     # two processes, one stage each, gloo
-    cluster2 = local_cluster([cpu, cpu], specs={cpu: table.device})
+    cluster2 = apply_overheads(local_cluster([cpu, cpu], specs={cpu: table.device}), table)
     prepared2 = tasks.prepare_model(name, batch=batch, cluster=cluster2, costs=table)
     placed2 = tasks.place_prepared(prepared2, cluster2, placer="pipeline",
                                    settings={"schedule": args.schedule, "microbatches": m})
@@ -297,45 +309,6 @@ def run_model_case(label: str, args: argparse.Namespace, folder: Path) -> list[d
     return rows
 
 
-def gloo_round_trip(sizes: list[int], repeats: int = 50) -> dict[str, float]:
-    """Median seconds of a gloo send + recv round trip between two CPU processes (one thread each) for tensors
-    of `sizes` float32 elements: the cost a pipeline pays per tensor that crosses a stage boundary."""
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory(prefix="sim-vs-real-gloo-") as folder:
-        mp.start_processes(_gloo_worker, args=(folder, sizes, repeats), nprocs=2, join=True,
-                           start_method="forkserver")
-        return json.loads((Path(folder) / "gloo.json").read_text())
-
-
-def _gloo_worker(rank: int, folder: str, sizes: list[int], repeats: int) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
-    out: dict[str, float] = {}
-    try:
-        for n in sizes:
-            x = torch.zeros(n)
-            times = []
-            for i in range(repeats + 5):
-                dist.barrier()
-                t0 = time.perf_counter()
-                if rank == 0:
-                    dist.send(x, 1)
-                    dist.recv(x, 1)
-                else:
-                    dist.recv(x, 0)
-                    dist.send(x, 0)
-                if i >= 5:
-                    times.append(time.perf_counter() - t0)
-            out[str(n)] = statistics.median(times)
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        (Path(folder) / "gloo.json").write_text(json.dumps(out))
-
-
 def _ms(s: float) -> str:
     return f"{s * 1e3:.1f} ms"
 
@@ -350,19 +323,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedule", default="1f1b", help="pipeline schedule (gpipe or 1f1b)")
     ap.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches per step")
     ap.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    ap.add_argument("--model", action="append", default=[], metavar="package.module:factory",
+                    help="also any custom model (repeatable): a factory taking batch= and returning (module, "
+                         "inputs[, loss_fn]), importable here and in the stage processes")
+    ap.add_argument("--batch", type=int, default=8, help="batch of the --model ones (the micro-batches divide it)")
+    ap.add_argument("--no-overheads", action="store_true", help="simulate without the measured overheads")
     args = ap.parse_args(argv)
     labels = [s.strip() for s in args.models.split(",") if s.strip()]
     unknown = [s for s in labels if s not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
+    cases = [(label, *MODELS[label]) for label in labels]
+    cases += [(spec.rpartition(":")[2], spec, args.batch) for spec in args.model]
+    from devplace.app.overheads import gloo_round_trip, measure_overheads
+    from devplace.hardware.cost import Overheads
+
     torch.set_num_threads(args.threads)
     started = datetime.datetime.now().astimezone()
     load_before = _uptime()
+    cpu0 = time.process_time()
+    measured = None if args.no_overheads else measure_overheads(steps=args.steps, warmup=args.warmup,
+                                                                microbatches=args.microbatches, repeats=args.repeats)
+    overheads = measured.overheads if measured is not None else Overheads()
+    print(f"# overheads: {overheads}", file=sys.stderr, flush=True)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sim-vs-real-") as tmp:
-        for label in labels:
+        for label, name, batch in cases:
             t0 = time.perf_counter()
-            rows += run_model_case(label, args, Path(tmp))
+            rows += run_model_case(label, name, batch, args, Path(tmp), overheads)
             print(f"# {label} done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     gloo = gloo_round_trip([1, 2**10, 2**14, 2**17])
     load_after = _uptime()
@@ -376,17 +364,26 @@ def main(argv: list[str] | None = None) -> int:
           f"{cpu.launch_overhead_s * 1e6:.1f} us")
     print(f"# load before: {load_before}")
     print(f"# load after:  {load_after}")
+    print(f"# this process's CPU time: {time.process_time() - cpu0:.0f} s")
+    print(f"# overheads (measured on the probe model {'' if measured else 'NOT: --no-overheads'}): "
+          f"{overheads.op_s * 1e6:.1f} us per op, {overheads.action_s * 1e3:.2f} ms per pipeline action, "
+          f"{overheads.transfer_latency_s * 1e6:.0f} us per transfer"
+          + (f" (probe: 1 device {measured.one_device_cpu_s * 1e3:.2f} CPU-ms vs "
+             f"{measured.one_device_simulated_s * 1e3:.2f} simulated over {measured.ops} ops; pipeline "
+             f"{measured.pipeline_measured_s * 1e3:.2f} ms measured; {measured.wall_s:.0f} s)" if measured else ""))
     print(f"# {args.steps} timed steps after {args.warmup} warm-up; profile: median of {args.repeats} runs per op")
     print()
     print("| model | setting | simulated | measured (median) | spread | fastest | measured / simulated | "
-          "cores busy | CPU time (median) | CPU time / simulated |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "cores busy | CPU time (median) | CPU time / simulated | measured / simulated without overheads |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         one = r["setting"] == "1 device"
+        plain = r.get("simulated_without_overheads_s")
         print(f"| {r['model']} | {r['setting']} | {_ms(r['simulated_s'])} | {_ms(r['measured_s'])} | "
               f"{r['spread']:.0%} | {_ms(r['fastest_s'])} | {r['ratio']:.2f} | {r['cores_busy']:.2f} | "
               f"{_ms(r['cpu_s'])}{'' if one else ' (2 procs)'} | "
-              + (f"{r['cpu_s'] / r['simulated_s']:.2f} |" if one else "- |"))
+              + (f"{r['cpu_s'] / r['simulated_s']:.2f} |" if one else "- |")
+              + (f" {r['measured_s'] / plain:.2f} |" if plain else " - |"))
     print()
     print("| model | ops per step | (measured - simulated) / op, 1 device | pipeline split | ops per stage | "
           "pipeline: simulated busy (2 devices) | measured CPU (2 procs) | CPU / simulated busy | "
@@ -417,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({"started": started.isoformat(), "load_before": load_before,
                                          "load_after": load_after, "threads": args.threads, "cpu": cpu.model,
+                                         "overheads": overheads.to_dict(),
+                                         "overheads_measured": measured.to_dict() if measured else None,
                                          "gloo_round_trip_s": gloo, "rows": rows}, indent=1) + "\n")
     return 0
 

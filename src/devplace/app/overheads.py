@@ -2,9 +2,9 @@
 the per-op overhead, gloo's per-transfer latency and the pipelining runtime's cost per action. `devplace
 profile` stores them in its cost table; `place --costs` / `run --costs` and the simulator then charge them.
 
-Each is measured on a probe model of its own (`probe`: a chain of small linear layers, whose ops are dominated by
-the costs measured here), never on the model being profiled, so the measured/simulated ratios that
-benchmarks/sim_vs_real.py reports for other models are not fitted to them:
+Each is measured on a probe model of its own (`probe`: four small transformer blocks written out in plain torch,
+whose ops are dominated by the costs measured here), never on the model being profiled, so the
+measured/simulated ratios that benchmarks/sim_vs_real.py reports for other models are not fitted to them:
 
 1. `op_s`: the probe's profiled step placed on one CPU device (placer `single`), run as `devplace run --plan`
    runs it (1 thread); (CPU seconds of the median step - its simulated step without the overhead) / its ops
@@ -45,21 +45,40 @@ PROBE = "devplace.app.overheads:probe"  # the probe model, as a custom model nam
 PROBE_BATCH = 8
 
 
-class _Probe(nn.Module):
-    """`layers` linear layers of `width` with ReLU, then cross-entropy over 8 classes."""
+class _Block(nn.Module):
+    """A pre-norm transformer block written out (attention by matmul and softmax, GELU MLP, residuals): the mix
+    of module calls, small matrix products, norms and elementwise ops that model code is made of."""
 
-    def __init__(self, layers: int = 8, width: int = 32) -> None:
+    def __init__(self, width: int, heads: int) -> None:
         super().__init__()
-        self.body = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())])
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-2, -1) * (c // self.heads) ** -0.5).softmax(-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, c))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+class _Probe(nn.Module):
+    """`layers` `_Block`s of `width` over sequences of 8, mean-pooled, then cross-entropy over 8 classes."""
+
+    def __init__(self, layers: int = 4, width: int = 32, heads: int = 2) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*[_Block(width, heads) for _ in range(layers)])
         self.head = nn.Linear(width, 8)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(self.head(self.body(x)), labels)
+        return F.cross_entropy(self.head(self.blocks(x).mean(dim=1)), labels)
 
 
 def probe(batch: int = PROBE_BATCH) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """The probe model and its inputs (a custom-model factory: `PROBE`)."""
-    return _Probe(), (torch.randn(batch, 32), torch.randint(0, 8, (batch,)))
+    return _Probe(), (torch.randn(batch, 8, 32), torch.randint(0, 8, (batch,)))
 
 
 @dataclass(frozen=True)

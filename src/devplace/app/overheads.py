@@ -11,8 +11,10 @@ measured/simulated ratios that benchmarks/sim_vs_real.py reports for other model
    that are not views. CPU time, not wall: other processes sharing the cores do not inflate it.
 2. `transfer_latency_s`: half the median round trip of a one-element tensor between two gloo processes.
 3. `action_s`: the probe placed by the `pipeline` placer on two CPU processes (gpipe, `microbatches`), with the
-   two figures above; run as `devplace run --plan` runs a pipelined plan; the action cost is the one under which
-   the simulated pipelined step equals the measured median (bisection; the simulated step grows with it).
+   two figures above; run as `devplace run --plan` runs a pipelined plan; (CPU seconds of both processes per
+   median step - the simulated busy seconds of the two devices) / the actions of a step (the busy seconds grow
+   by exactly that many action_s). CPU time again: under load, a wall-clock fit charged the waiting for a core
+   to the runtime (2.4 and 12 ms per action in two runs a minute apart at load 9 on 2 cores).
 
 Reached through `app.with_torch.profile_model` (it needs torch and the runtime).
 """
@@ -91,14 +93,17 @@ class OverheadRun:
     ops: int  # the probe step's ops that are not views
     round_trip_s: float  # gloo round trip of one element
     pipeline_measured_s: float  # median wall seconds of the probe's pipelined step
-    pipeline_simulated_s: float  # its simulated step with the measured overheads (the fit)
+    pipeline_cpu_s: float  # median CPU seconds of its two processes together per step
+    pipeline_simulated_s: float  # its simulated step with the measured overheads
+    actions: int  # the actions of the pipelined step (both devices)
     wall_s: float  # how long measuring took
 
     def to_dict(self) -> dict[str, Any]:
         """The figures, for the cost table's meta."""
         return {"one_device_cpu_s": self.one_device_cpu_s, "one_device_simulated_s": self.one_device_simulated_s,
                 "ops": self.ops, "round_trip_s": self.round_trip_s, "pipeline_measured_s": self.pipeline_measured_s,
-                "pipeline_simulated_s": self.pipeline_simulated_s, "wall_s": self.wall_s, "probe": PROBE}
+                "pipeline_cpu_s": self.pipeline_cpu_s, "pipeline_simulated_s": self.pipeline_simulated_s,
+                "actions": self.actions, "wall_s": self.wall_s, "probe": PROBE}
 
 
 def gloo_round_trip(sizes: list[int], repeats: int = 50) -> dict[str, float]:
@@ -151,22 +156,6 @@ def _probe_table(microbatches: int, repeats: int) -> CostTable:
     return first
 
 
-def _fit(sim: Any, target: float, high: float) -> float:
-    """The least a in [0, high] with sim(a) >= target (sim non-decreasing), to 0.1% of `high` (0 when sim(0)
-    already reaches it)."""
-    low = 0.0
-    if sim(low) >= target:
-        return 0.0
-    while sim(high) < target:
-        high *= 2
-    for _ in range(40):
-        mid = (low + high) / 2
-        low, high = (low, mid) if sim(mid) >= target else (mid, high)
-        if high - low < 1e-3 * high:
-            break
-    return high
-
-
 def measure_overheads(*, steps: int = 10, warmup: int = 3, microbatches: int = 4, repeats: int = 10) -> OverheadRun:
     """Measure the `Overheads` of this machine's CPU runtime on the probe model (the module docstring says how).
     Steps run with 1 thread (as a pipelined run's stages do); the caller's thread count is restored."""
@@ -201,16 +190,18 @@ def measure_overheads(*, steps: int = 10, warmup: int = 3, microbatches: int = 4
                               source=named_source(PROBE, PROBE_BATCH, None, 0))
         module2, inputs2 = rebuild_zoo_model(p2, trust_model=True)
         ran = run_plan_pipelined(p2, module2, inputs2, steps=steps, warmup=warmup)
-        measured = statistics.median(ran.timed_s)
+        pipe_cpu = statistics.median(ran.run.cpu_times_s[warmup:])
         split = pipeline_split(p2.graph, p2.placement, two, schedule=p2.placement.schedule)
 
-        def step(a: float) -> float:
+        def simulated(a: float) -> Any:
             with_a = replace(table, overheads=replace(table.overheads, action_s=a))
-            return simulate(p2.graph, apply_overheads(two, with_a), split.placement,
-                            schedule=split.schedule).step_time_s
+            return simulate(p2.graph, apply_overheads(two, with_a), split.placement, schedule=split.schedule)
 
-        action_s = _fit(step, measured, measured)
+        busy0 = float(simulated(0.0).device_busy_s.sum())
+        actions = round(float(simulated(1.0).device_busy_s.sum()) - busy0)  # each action adds its action_s
+        action_s = max(0.0, (pipe_cpu - busy0) / actions) if actions else 0.0
     finally:
         torch.set_num_threads(threads)
     o = Overheads(op_s=op_s, action_s=action_s, transfer_latency_s=trip / 2)
-    return OverheadRun(o, cpu_s, sim_s, ops, trip, measured, step(action_s), time.perf_counter() - started)
+    return OverheadRun(o, cpu_s, sim_s, ops, trip, statistics.median(ran.timed_s), pipe_cpu,
+                       simulated(action_s).step_time_s, actions, time.perf_counter() - started)

@@ -467,6 +467,17 @@ def test_profile_takes_a_custom_model_and_a_thread_count(python_package, tmp_pat
         doc = json.loads((tmp_path / "c.json").read_text())
         assert doc["device_kind"].endswith(" x1") and doc["threads"] == 1 and doc["entries"]
         assert doc["overheads"] == {"op_s": 0.0, "action_s": 0.0, "transfer_latency_s": 0.0}  # not measured
+        # measured (by default on the CPU): the profile writes what the measurement gave, and it reads back
+        from devplace.app import overheads as measuring
+
+        fake = measuring.OverheadRun(OVERHEADS, 3e-3, 1e-3, 100, 8e-4, 0.02, 0.03, 0.02, 16, 1.0)
+        monkeypatch.setattr(measuring, "measure_overheads", lambda **_: fake)
+        code, out, err = run_cli(["profile", "--model", f"{pkg}:factory", "--threads", "1", "--repeats", "2", "-o",
+                                  str(tmp_path / "m.json")], capsys, monkeypatch)
+        assert code == 0, err
+        assert "20.0 us per op, 3.00 ms per pipeline action, 400 us per transfer" in " ".join((out + err).split())
+        back = CostTable.load(tmp_path / "m.json")
+        assert back.overheads == OVERHEADS and back.meta["overheads_measured"]["actions"] == 16
         code, _, err = run_cli(["profile", "--model", f"{pkg}:factory", "--threads", "0", "-o",
                                 str(tmp_path / "d.json")], capsys, monkeypatch)
         assert code == 2 and "--threads" in err

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from conftest import run_cli as _cli
+from devplace.errors import DevplaceError
 from devplace.graph.modules import forward_ops, module_starts
 from devplace.runtime import plan
 from devplace.runtime.export import device_map, export_json, pipeline_split
@@ -168,6 +169,22 @@ def test_device_map_names_real_modules_and_is_stable():
     assert dm.named(["cuda:0", "cuda:1", "cuda:2"])[next(iter(dm.mapping))].startswith("cuda:")
     doc = export_json(p.graph, p.placement, ["cpu", "cpu", "cpu"])
     assert doc["format"] == "devplace.placement/1" and len(doc["ops"]) == p.graph.num_nodes
+
+
+def test_device_map_export_of_a_plan_without_a_model_to_rebuild_says_it_maps_modules_only(tmp_path):
+    from devplace.app.with_torch import export_plan
+    from test_runtime import _cnn
+
+    model, inputs = _cnn()
+    p = plan(model, inputs, "3xGPU-placeto", placer="round-robin")  # made in Python: no zoo or custom source
+    p.save(tmp_path / "plan.json")
+    doc, note = export_plan(tmp_path / "plan.json", "device-map")
+    assert doc["complete"] is False and doc["module"] == "" and "modules only" in note
+    assert doc["device_map"] == device_map(p.graph, p.placement, p.cluster).mapping
+    with pytest.raises(DevplaceError, match="names no zoo or custom model"):
+        export_plan(tmp_path / "plan.json", "device-map", trust_model=True)
+    with pytest.raises(DevplaceError, match="belong to --format device-map"):
+        export_plan(tmp_path / "plan.json", "json", trust_model=True)
 
 
 def test_runtime_placement_keeps_backward_with_forward():

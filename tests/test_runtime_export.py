@@ -276,6 +276,10 @@ def test_place_and_run_take_a_profiled_table_with_its_overheads(tiny_zoo, tmp_pa
     code, _, err = _cli(["run", "--plan", str(tmp_path / "ran.json"), "--costs", str(tmp_path / "t.json")], capsys,
                         monkeypatch)
     assert code == 2 and "--costs are for --model" in err
+    # a table of another device kind than the cluster's is refused (before the capture: check_table_fits)
+    code, _, err = _cli(["place", "--model", tiny_zoo, "-c", "2xK80", "--costs", str(tmp_path / "t.json")], capsys,
+                        monkeypatch)
+    assert code == 2 and f"measured on {cpu.kind!r}" in err and "2xK80" in err
 
 
 def test_validate_on_gpu_dry_run(tmp_path, capsys):

@@ -49,7 +49,7 @@ from devplace.files import (
 from devplace.graph import load_graph, load_placement
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, load_cluster
-from devplace.hardware.cost import CostTable, apply_overheads
+from devplace.hardware.cost import CostTable, apply_overheads, check_table_fits
 from devplace.orders.auto import Recommendation, load_order_model, recommend_order
 from devplace.placers import get_placer
 from devplace.placers.pipeline import pipeline_schedules
@@ -181,6 +181,7 @@ def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None
                                 "was captured: capture it with `devplace capture --costs`")
         check_outputs(inputs=[costs])
         table = CostTable.load(costs)
+        check_table_fits(cluster, table)
         cluster = apply_overheads(cluster, table)
     # a hand-made map is judged under the schedule given (its stages are the map's), not placed by `pipeline`
     map_schedule = ({k: settings.pop(k) for k in PIPELINE_SETTINGS if k in settings} if module_map is not None

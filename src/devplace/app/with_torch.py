@@ -59,7 +59,7 @@ from devplace.graph.batch import graph_batch
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, Device, load_cluster
-from devplace.hardware.cost import CostTable, apply_overheads, cost_devices
+from devplace.hardware.cost import CostTable, apply_overheads, check_table_fits, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
 from devplace.placers import NoFitError, Tried, get_placer
 from devplace.placers.even import even_devices
@@ -706,6 +706,7 @@ def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, dev
     specs = {d: table.device for d in real if d.type == "cpu"} if table is not None and table.device else None
     c = load_cluster(cluster) if cluster else local_cluster(real, specs=specs)
     if table is not None:
+        check_table_fits(c, table)
         c = apply_overheads(c, table)
     check_pipeline_settings(placer, c, settings, batch=batch)
     if placer == AUTO_PLACER and "schedule" not in settings:

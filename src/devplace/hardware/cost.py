@@ -44,7 +44,7 @@ from devplace.hardware.cluster import Cluster, Device, Link
 __all__ = [
     "CPU_ROOFLINE", "FORMAT", "GPU_ROOFLINE", "MATRIX_CLASSES", "OP_CLASSES", "TF32_DEFAULTS", "ClassRow",
     "CostError", "CostReport", "CostTable", "Overheads", "Roofline", "analytic_node_time", "apply_costs",
-    "apply_overheads", "dtype_class",
+    "apply_overheads", "check_table_fits", "dtype_class",
     "node_traffic_bytes", "op_class", "op_name", "peak_flops_for", "roofline_for", "roofline_time",
     "sig_tensor_count", "signature_key",
 ]
@@ -683,6 +683,16 @@ def apply_costs(graph: CompGraph, device: Device, model: str | CostTable = "anal
         meta["cost"]["kinds"] = [k.kind for k in kinds]
     edges = [graph.edge_record(e) for e in range(graph.num_edges)]
     return CompGraph.build(graph.name, nodes, edges, meta), report
+
+
+def check_table_fits(cluster: Cluster, table: CostTable) -> None:
+    """CostError, before any capture, when `table` was measured on another device kind than the one a graph
+    placed on `cluster` is costed for (`cost_devices`; what `apply_costs` would refuse later)."""
+    device, _ = cost_devices(cluster)
+    if table.device_kind and device.kind and table.device_kind != device.kind:
+        raise CostError(f"the cost table was measured on {table.device_kind!r}, but cluster {cluster.name!r} is "
+                        f"costed for {device.kind!r}; give a cluster of {table.device_kind!r} devices (a cluster "
+                        "file whose devices have that \"kind\"), or profile on the cluster's device kind")
 
 
 def apply_overheads(cluster: Cluster, table: CostTable) -> Cluster:

@@ -185,6 +185,8 @@ def test_device_map_export_of_a_plan_without_a_model_to_rebuild_says_it_maps_mod
         export_plan(tmp_path / "plan.json", "device-map", trust_model=True)
     with pytest.raises(DevplaceError, match="belong to --format device-map"):
         export_plan(tmp_path / "plan.json", "json", trust_model=True)
+    with pytest.raises(DevplaceError, match="one real device name per logical device"):  # was an IndexError
+        export_plan(tmp_path / "plan.json", "device-map", "cuda:0")
 
 
 def test_runtime_placement_keeps_backward_with_forward():

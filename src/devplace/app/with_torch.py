@@ -769,6 +769,10 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
                             "the model)")
     p = load_plan_file(plan_file)
     names = [d.strip() for d in devices.split(",")] if devices else None
+    if names is not None and len(names) < p.num_devices_used:
+        raise DevplaceError(f"--devices names {len(names)} device(s), but the placement uses {p.num_devices_used} "
+                            "logical devices: give one real device name per logical device, e.g. "
+                            + ",".join(f"cuda:{i}" for i in range(p.num_devices_used)))
     if fmt == "pipeline":
         sched = p.placement.schedule
         if schedule is not None or microbatches is not None:

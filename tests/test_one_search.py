@@ -18,6 +18,7 @@ from conftest import run_cli as run
 from devplace.capture.pipeline import Prepared, prepare
 from devplace.capture.torch_capture import capture
 from devplace.defaults import AUTO_PLACERS
+from devplace.errors import DevplaceError
 from devplace.graph import load_graph, save_graph
 from devplace.graph.coarsen import coarsen
 from devplace.hardware.cluster import load_cluster
@@ -26,8 +27,8 @@ from devplace.planning import baselines, place_graph
 from devplace.runtime.plan import load_plan, plan_from_placed
 from devplace.sim import Schedule, lower_bound, simulate
 from devplace.study import runner
-from devplace.study.grid import Cell
-from devplace.study.spec import ClusterRef, GraphRef
+from devplace.study.grid import Cell, expand
+from devplace.study.spec import ClusterRef, GraphRef, load_study
 
 NETS = '''
 import torch
@@ -107,6 +108,37 @@ def test_the_same_request_gives_the_same_answer_through_every_entry_point(tower,
     saved = load_plan(plan_file)
     assert saved.placement.assignment == assignment and saved.result.step_time_s == step
     assert _searched(saved.placement.meta) == searched
+
+
+def test_the_default_request_gives_the_same_answer_through_place_plan_and_a_study_cell(tower, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """Placer auto, order auto (the defaults), which a study now names too: the same answer, the same search."""
+    code, out, err = run(["place", "--model", tower, "-c", CLUSTER, "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    doc = json.loads(out)
+    searched = {k: doc[k]["tried"] for k in ("placer_auto", "microbatch_search") if k in doc}
+    assert {"unpipelined", "pipeline 1f1b"} <= set(searched["placer_auto"])
+    module, inputs = __import__(tower.partition(":")[0], fromlist=["build"]).build()
+    p = devplace.plan(module, (inputs,), CLUSTER)
+    assert p.placement.assignment == doc["assignment"] and p.result.step_time_s == doc["step_time_s"]
+    assert _searched(p.placement.meta) == searched
+    study = tmp_path / "s.toml"
+    study.write_text('name = "s"\ngraphs = ["cifar10/0"]\nclusters = ["2xK80"]\nplacers = ["auto"]\n'
+                     'orders = ["auto"]\n')
+    (cell,) = expand(load_study(study))  # a study names placer auto (and checks its one setting)
+    ref = GraphRef(spec=f"zoo:{tower}", family="zoo", name=tower)
+    cell = dataclasses.replace(cell, graph=ref, max_nodes=None)
+    placed = []
+    real = runner.place_graph
+    monkeypatch.setattr(runner, "place_graph", lambda *a, **k: placed.append(real(*a, **k)) or placed[-1])
+    row = runner.run_cell(cell, runner.prepare_graph(ref, None), load_cluster(CLUSTER))
+    assert row["status"] == "ok", row.get("error")
+    assert row["step_time_s"] == doc["step_time_s"] and placed[0].placement.assignment == doc["assignment"]
+    assert _searched(placed[0].placement.meta) == searched
+    study.write_text(study.read_text().replace('["auto"]\norders', '[{name = "auto", settings = {schedule = '
+                                               '"zigzag"}}]\norders'))
+    with pytest.raises(DevplaceError, match="schedule must be one of none, gpipe"):
+        load_study(study)
 
 
 # ------------------------------------------------------------------- item 2: one record of how it was made

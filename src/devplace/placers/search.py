@@ -174,6 +174,26 @@ def check_auto_placer(settings: Mapping[str, Any]) -> str | None:
     return schedule
 
 
+def request_settings(placer: str) -> dict[str, Any]:
+    """The settings a request for `placer` takes, with their defaults: the placer's own, or placer "auto"'s one,
+    `schedule` (`check_auto_placer`; None: placements with and without micro-batches compared)."""
+    return {"schedule": None} if placer == AUTO_PLACER else dict(get_placer(placer).settings)
+
+
+def request_walks_order(placer: str) -> bool:
+    """Whether a request for `placer` walks a traversal order (placer "auto" does: its placers walk it)."""
+    return placer == AUTO_PLACER or get_placer(placer).uses_order
+
+
+def check_request_settings(placer: str, settings: Mapping[str, Any]) -> None:
+    """A PlacerError for settings a request for `placer` refuses: the placer's own checks of the values, or
+    placer "auto"'s (`check_auto_placer`)."""
+    if placer == AUTO_PLACER:
+        check_auto_placer(settings)
+    else:
+        get_placer(placer).check_settings(settings)
+
+
 def auto_candidates(graph: CompGraph, schedule: str | None) -> tuple[str, ...]:
     """The placers placer "auto" compares under `schedule` (`check_auto_placer`): `AUTO_PLACERS` unless a
     schedule kind is asked for, and `AUTO_PIPELINE` unless "none" is, when the graph records a batch of at least

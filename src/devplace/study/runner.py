@@ -36,7 +36,7 @@ from devplace.graph.semantics import semantics_of
 from devplace.hardware.cluster import Cluster
 from devplace.hardware.cost import cost_devices
 from devplace.hardware.features import graph_features
-from devplace.placers.registry import get_placer
+from devplace.placers.search import request_settings
 from devplace.planning import Placed, place_graph
 from devplace.sim import lower_bound
 from devplace.study.grid import Cell, expand
@@ -159,7 +159,7 @@ def _place(cell: Cell, graph: CompGraph, cluster: Cluster,
     settings = cell.settings
     if cell.policy_path is not None:
         settings["policy"] = str(cell.policy_path)  # as the study wrote it, read from the study's folder
-    accepted = get_placer(cell.placer).settings
+    accepted = request_settings(cell.placer)
     if "sim_model" in accepted and "sim_model" not in settings:
         settings["sim_model"] = cell.sim_model  # RL placers learn under the study's simulation model
     order = CANONICAL_ORDER if cell.order_name == NO_ORDER else cell.order_name  # ignored by such placers

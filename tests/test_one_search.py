@@ -76,6 +76,9 @@ def test_the_same_request_gives_the_same_answer_through_every_entry_point(tower,
     assignment, step = doc["assignment"], doc["step_time_s"]
     searched = {k: doc[k]["tried"] for k in ("placer_auto", "microbatch_search") if k in doc}
     assert set(searched["microbatch_search"]) == {str(M)}
+    # what was asked beside what the search made of it (order auto resolved; the placer's settings it took)
+    assert doc["request"] == {"placer": PLACER, "order": "auto", "seed": 0, "settings": {"microbatches": M}}
+    assert doc["order"] != "auto" and doc["settings"]["microbatches"] == M
     assert doc["schedule"]["microbatches"] == M and doc["microbatch_costs"] == "captured at the micro-batch size"
 
     # devplace.plan on the module itself: its micro-batches captured from the inputs cut to batch / M

@@ -348,7 +348,7 @@ class Placed:
         step = self.result.step_time_s
         doc = self.result.to_dict()
         doc.update(graph=self.graph.name, cluster=self.cluster.name, placer=self.placer, order=self.order,
-                   seed=self.seed, settings=self.settings, semantics=self.semantics,
+                   seed=self.seed, settings=self.settings, request=self.request, semantics=self.semantics,
                    placement_time_s=self.placement_time_s, simulations=self.simulations,
                    lower_bound_s=self.bound.value_s,
                    step_over_lower_bound=_over_bound(self.result.step_time_s, self.bound),

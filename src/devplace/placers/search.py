@@ -18,6 +18,14 @@ It reads top to bottom:
    simulation, the log and what the search cost. The placement's meta records it for the file format
    (meta["placer_auto"], ["order_auto"], ["refined_from"], ...).
 
+Captured models. A request may carry a provider of micro-batch graphs (`MicrobatchGraph`: M -> the step captured
+at batch / M, made in `capture/` since placers do not import torch). Placer "auto" and `pipeline` then search one
+level up (`search_captured`): the placement without micro-batches and each pipeline kind, each micro-batch count
+placed on its own capture (skipped before capturing where its lower bound rules it out), every candidate
+logged. Without a provider (a graph file) a pipeline costs a micro-batch as the whole batch's / M, and the
+schedule says so (`microbatch_graph`). `devplace place --model`, `devplace.plan`, a study cell and `devplace run
+--model` all come here through `planning.place_graph`.
+
 Coarse views. Placers see the coarse graph (a few hundred groups); the step that runs is the full graph.
 Memory peaks of the two differ (a coarse group's working set is an estimate), so a coarse placement that fits
 can be over memory on the full graph: `fit` then places again with the device caps the placer sees lowered.

@@ -51,7 +51,8 @@ def test_an_even_split_over_memory_names_its_fullest_device():
     split = simulate(g, c, Placement.from_array(g, even_devices(g, c)))
     worst = int(np.argmax(split.peak_memory_bytes - split.memory_bytes))
     assert even.device == worst and even.needs_bytes == float(split.peak_memory_bytes[worst]) > 10.0
-    assert even.to_dict(c, 1.0) == {"fits": False, "step_time_s": split.step_time_s, "speedup": None,
+    assert even.to_dict(c, 1.0) == {"name": "even split", "fits": False, "step_time_s": split.step_time_s,
+                                    "speedup": None,
                                     "device": worst, "device_name": f"gpu{worst}", "needs_bytes": even.needs_bytes,
                                     "has_bytes": 10.0}
 

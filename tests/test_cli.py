@@ -89,7 +89,8 @@ def test_demo_captures_and_pipelines_a_zoo_model(capsys, monkeypatch, tmp_path):
     assert code == 0, err
     text = " ".join(out.split())
     assert "schedule 1f1b: M = 8 micro-batches" in text
-    for row in ("single gpu0", "contiguous", "even split", "pipeline placer", "work / 4 devices", "ideal 1f1b"):
+    for row in ("single gpu0", "contiguous", "even split", "pipeline placer", "work / 4 devices",
+                "even-stage estimate 1f1b"):
         assert row in text
     placement = json.loads((tmp_path / "bert-base.placement.json").read_text())
     assert placement["placer"] == "pipeline" and placement["schedule"]["microbatches"] == 8

@@ -39,12 +39,13 @@ def test_demo_compares_the_pipeline_with_the_even_split_and_the_unpipelined_step
     assert demo.placed.placement.schedule == Schedule("1f1b", 4)
     assert isinstance(even.result, ScheduledResult) and even.result.schedule == Schedule("1f1b", 4)
     assert ours.result.step_time_s >= demo.placed.bound.work_s
-    assert demo.ideal_s == demo.placed.bound.work_s * (4 + 4 - 1) / 4
+    assert demo.estimate_s == demo.placed.bound.work_s * (4 + 4 - 1) / 4
     doc = json.loads(json.dumps(demo.to_dict()))
     assert [r["placement"] for r in doc["compared"]] == labels
     assert doc["compared"][-1]["step_time_s"] == ours.result.step_time_s
     text = " ".join(demo.text().split())
-    assert "schedule 1f1b: M = 4 micro-batches" in text and "pipeline placer" in text and "ideal 1f1b" in text
+    assert "schedule 1f1b: M = 4 micro-batches" in text and "pipeline placer" in text
+    assert "even-stage estimate 1f1b" in text
     assert {p.name for p in tmp_path.iterdir()} == {"mlp.placement.json", "mlp-trace.json", "mlp-timeline.png"}
 
 

@@ -152,12 +152,12 @@ def build(batch=256):
 def test_the_micro_batch_search_skips_a_count_its_bound_rules_out_without_capturing_it(python_package, monkeypatch):
     """Wide layers on 4 V100s at batch 256: M=8 is the fastest pipeline found (of 32, 16, 8, 4, 2, largest first)
     and M=1's bound is above it, so M=1 is skipped, never captured, and logged so."""
-    import devplace.app.with_torch as wt
+    import devplace.capture.custom as custom
 
     whole = prepare_model(python_package("mb_wide", WIDE) + ":build", batch=256)
     captured: list[int] = []
-    real = wt.microbatch_prepared
-    monkeypatch.setattr(wt, "microbatch_prepared", lambda p, m: captured.append(m) or real(p, m))
+    real = custom.microbatch_prepared
+    monkeypatch.setattr(custom, "microbatch_prepared", lambda p, m: captured.append(m) or real(p, m))
     placed = place_prepared(whole, get_preset("4xV100-16GB"), placer="pipeline", order="topo")
     tried = placed.placement.meta["microbatch_search"]["tried"]
     skipped = {m for m, t in tried.items() if isinstance(t, str) and t.startswith("skipped")}

@@ -250,7 +250,10 @@ def test_plan_with_the_pipeline_placer_reports_and_keeps_the_scheduled_step(tmp_
     assert (schedule.kind, schedule.microbatches) == ("1f1b", 4)
     assert isinstance(p.result, ScheduledResult)
     assert p.result.step_time_s == simulate(p.graph, p.cluster, p.placement, schedule=schedule).step_time_s
-    assert p.result.step_time_s < simulate(p.graph, p.cluster, p.placement).step_time_s  # M = 4 overlaps stages
+    # placed on one micro-batch captured at its own size (batch 1), like `devplace place --model`
+    assert schedule.microbatch_graph and p.graph.meta["capture"]["batch"] == 1
+    one = simulate(p.graph, p.cluster, p.placement).step_time_s  # one micro-batch's step, without the schedule
+    assert p.result.step_time_s < 4 * one  # M = 4 overlaps stages: faster than the 4 micro-batches in turn
     assert "schedule 1f1b: M = 4 micro-batches" in " ".join(p.summary(text=True).split())
     path = tmp_path / "plan.json"
     p.save(path)

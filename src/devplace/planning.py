@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import io
 import math
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,11 +33,12 @@ from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement, runtime_placement, save_placement
 from devplace.graph.semantics import Semantics
-from devplace.hardware.cluster import Cluster
+from devplace.hardware.cluster import Cluster, canonical_order, reordered
+from devplace.orders import order_label
 from devplace.placers import Tried, search_placement
 from devplace.placers.even import even_devices
-from devplace.sim import DevplaceModel, LowerBound, Schedule, ScheduleError, SimResult, lower_bound, simulate
-from devplace.sim.count import counting
+from devplace.placers.search import MicrobatchGraph
+from devplace.sim import LowerBound, Schedule, ScheduleError, SimResult, lower_bound, simulate
 from devplace.sim.summary import result_view
 from devplace.sim.timeline import plot_timeline, write_trace
 from devplace.units import fmt_bytes, fmt_time
@@ -46,9 +46,25 @@ from devplace.units import fmt_bytes, fmt_time
 if TYPE_CHECKING:  # only a type here; importing graph.coarsen costs `devplace --help` its numba set-up
     from devplace.graph.coarsen import Coarsening
 
-__all__ = ["MAP_PLACER", "AsRun", "Baseline", "Placed", "SeedError", "Simulated", "as_run", "baselines",
-           "baselines_line", "check_seed", "json_safe", "place_graph", "precision_of", "precision_text", "render_text",
-           "simulate_placement"]
+__all__ = [
+    "MAP_PLACER",
+    "AsRun",
+    "Baseline",
+    "Placed",
+    "SeedError",
+    "Simulated",
+    "as_run",
+    "baselines",
+    "baselines_line",
+    "check_seed",
+    "even_split_devices",
+    "json_safe",
+    "place_graph",
+    "precision_of",
+    "precision_text",
+    "render_text",
+    "simulate_placement",
+]
 
 Progress = Callable[[int, int], None]
 
@@ -155,6 +171,8 @@ class Baseline:
     def describe(self, cluster: Cluster, step_s: float) -> str:
         """One phrase: "even split 230.1 ms, speed-up 1.16x" or "... does not fit (needs X, has Y on gpu1)"."""
         where = f" ({cluster.devices[self.device].name})" if self.device >= 0 and self.fits else ""
+        if math.isnan(self.step_time_s):
+            return self.name
         if not self.fits:
             return (f"{self.name} does not fit (needs {fmt_bytes(self.needs_bytes)}, has "
                     f"{fmt_bytes(self.has_bytes)} on {cluster.devices[self.device].name})")
@@ -163,11 +181,12 @@ class Baseline:
 
     def to_dict(self, cluster: Cluster, step_s: float) -> dict[str, Any]:
         """The JSON form: step time and speed-up, or (when it does not fit) the memory needed and available."""
-        doc: dict[str, Any] = {"fits": self.fits, "step_time_s": self.step_time_s, "speedup": self.speedup(step_s)}
+        doc: dict[str, Any] = {"name": self.name, "fits": self.fits, "step_time_s": self.step_time_s,
+                               "speedup": self.speedup(step_s)}
         if self.device >= 0:
             doc["device"] = self.device
             doc["device_name"] = cluster.devices[self.device].name
-        if not self.fits:
+        if not self.fits and not math.isnan(self.step_time_s):
             doc.update(needs_bytes=self.needs_bytes, has_bytes=self.has_bytes)
         return doc
 
@@ -205,29 +224,60 @@ def baselines_line(cluster: Cluster, pair: tuple[Baseline, Baseline], step_s: fl
     return Text("baselines: " + "; ".join(b.describe(cluster, step_s) for b in pair))
 
 
-def baselines(graph: CompGraph, cluster: Cluster, schedule: Schedule | None = None) -> tuple[Baseline, Baseline]:
-    """(best single device, even split) of `graph` on `cluster`: the baselines every place/plan report shows.
-    The best single device is the fastest one that holds the step, else the fastest one (ties: lowest index);
-    the even split is the `even` placer's split, simulated whether or not it fits -- under `schedule` when
-    the placement compared with it runs one (a pipeline is compared with the even split pipelined alike; where
-    that split is no pipeline under it, the even split without micro-batches, and its name says so)."""
-    model = DevplaceModel(graph, cluster)
-    # a graph of one micro-batch (captured at batch / M) is a whole step only under its schedule: on one device
-    # that runs the M micro-batches one after another (gradient accumulation)
-    accumulate = schedule if schedule is not None and schedule.microbatch_graph else None
-    runs = [(simulate(graph, cluster, np.full(graph.num_nodes, d, dtype=np.int64), schedule=accumulate), d)
-            for d in range(cluster.num_devices)]
-    result, d = min(runs, key=lambda rd: (not rd[0].feasible, rd[0].step_time_s, rd[1]))
-    even = even_devices(graph, cluster)
+def even_split_devices(graph: CompGraph, cluster: Cluster) -> np.ndarray:
+    """The even split's device per node (`placers.even.even_devices`), its parts on the cluster's devices in
+    their canonical order (`canonical_order`: fastest first), so that the split does not depend on the order a
+    cluster file lists its devices in."""
+    perm = canonical_order(graph, cluster)
+    return perm[even_devices(graph, reordered(cluster, perm))]
+
+
+def baselines(graph: CompGraph, cluster: Cluster, schedule: Schedule | None = None,
+              whole: CompGraph | None = None) -> tuple[Baseline, Baseline]:
+    """(best single device, even split) on `cluster` of the full step: the baselines every place/plan report
+    shows, each a whole training step whatever the device order.
+
+    The step is `graph`, or `whole` where `graph` is one micro-batch of it (captured at batch / M, run M times
+    under `schedule`). The best single device runs the whole batch: the fastest device that holds it, else the
+    fastest one (ties: lowest index). Where no device holds the whole batch but one holds it as M micro-batches
+    in turn (or only one micro-batch's graph is known, as in a plan file), that is the reference, and its name
+    says so. The even split (`even_split_devices`) is simulated whether or not it fits -- under `schedule` when
+    the placement compared with it runs one (a pipeline is compared with the even split pipelined alike); where
+    that split is no pipeline under it, the even split of the whole batch without micro-batches, and its name
+    says so."""
+    micro = schedule is not None and schedule.microbatch_graph
+    step = whole if whole is not None and micro else graph
+    name = "best single device"
+    single, d = _best_single(step, cluster, None)
+    if micro and (not single.feasible or step is graph):
+        assert schedule is not None
+        accumulated, da = _best_single(graph, cluster, schedule)
+        if accumulated.feasible or step is graph:
+            why = "" if step is graph else "; the whole batch fits no single device"
+            single, d = accumulated, da
+            name = f"best single device ({schedule.microbatches} micro-batches in turn{why})"
+    even = even_split_devices(graph, cluster)
     if schedule is None:
-        split, name = model.run(even), "even split"
-    else:
-        try:
-            split, name = simulate(graph, cluster, even, schedule=schedule), f"even split ({schedule.label})"
-        except ScheduleError:
-            split, name = model.run(even), f"even split (no {schedule.kind} pipeline: without micro-batches)"
-    single = "best single device" + (f" ({accumulate.microbatches} micro-batches accumulated)" if accumulate else "")
-    return _baseline(single, result, d), _baseline(name, split, -1)
+        return _baseline(name, single, d), _baseline("even split", simulate(graph, cluster, even), -1)
+    # the split's stages in its order along the pipeline: its parts on the devices fastest first
+    along = replace(schedule, device_order=tuple(int(p) for p in canonical_order(graph, cluster)))
+    try:
+        split, label = simulate(graph, cluster, even, schedule=along), f"even split ({schedule.label})"
+    except ScheduleError:
+        label = f"even split (no {schedule.kind} pipeline: without micro-batches)"
+        if micro and step is graph:  # one micro-batch's graph alone cannot show the whole step unpipelined
+            return _baseline(name, single, d), Baseline(f"{label}: the whole batch's graph is not known here",
+                                                        math.nan, False, -1, math.nan, math.nan)
+        split = simulate(step, cluster, even_split_devices(step, cluster))
+    return _baseline(name, single, d), _baseline(label, split, -1)
+
+
+def _best_single(graph: CompGraph, cluster: Cluster, schedule: Schedule | None) -> tuple[SimResult, int]:
+    """The step of `graph` (under `schedule`: its micro-batches in turn) on its best single device: the fastest
+    that holds it, else the fastest (ties: lowest index); (its simulation, the device)."""
+    runs = [(simulate(graph, cluster, np.full(graph.num_nodes, d, dtype=np.int64), schedule=schedule), d)
+            for d in range(cluster.num_devices)]
+    return min(runs, key=lambda rd: (not rd[0].feasible, rd[0].step_time_s, rd[1]))
 
 
 @dataclass(eq=False)
@@ -254,6 +304,8 @@ class Placed:
     written: list[tuple[str, Path]] = field(default_factory=list)
     simulations: int | None = None  # steps simulated to find it (`devplace.sim.count`), the final one included
     log: tuple[Tried, ...] = ()  # what the search tried: each candidate's step or why it was dropped, its seconds
+    request: dict[str, Any] = field(default_factory=dict)  # what was asked: placer, order, seed, settings
+    whole: CompGraph | None = None  # the whole batch's step where `graph` is one micro-batch of it
 
     @property
     def order(self) -> str | None:
@@ -274,8 +326,9 @@ class Placed:
 
     @cached_property
     def baselines(self) -> tuple[Baseline, Baseline]:
-        """The best single device and the even split (`baselines`; under the placement's schedule if any)."""
-        return baselines(self.graph, self.cluster, self.placement.schedule)
+        """The best single device and the even split of the whole step (`baselines`; the even split under the
+        placement's schedule if any)."""
+        return baselines(self.graph, self.cluster, self.placement.schedule, self.whole)
 
     @cached_property
     def as_run(self) -> AsRun:
@@ -295,7 +348,7 @@ class Placed:
         step = self.result.step_time_s
         doc = self.result.to_dict()
         doc.update(graph=self.graph.name, cluster=self.cluster.name, placer=self.placer, order=self.order,
-                   seed=self.seed, settings=self.settings, semantics=self.semantics,
+                   seed=self.seed, settings=self.settings, request=self.request, semantics=self.semantics,
                    placement_time_s=self.placement_time_s, simulations=self.simulations,
                    lower_bound_s=self.bound.value_s,
                    step_over_lower_bound=_over_bound(self.result.step_time_s, self.bound),
@@ -330,7 +383,7 @@ class Placed:
                             "micro-batch captured and costed at its own size"
                             + (f"; orders compared at M={at}, the order kept there walked the others" if at else "")))
         sched = self.placement.schedule
-        if sched is not None and not sched.microbatch_graph:
+        if sched is not None and not sched.microbatch_graph and sched.microbatches > 1:
             out.append(Text(f"micro-batches: {sched.label}, each micro-batch's forward and backward ops costed as "
                             f"the whole batch's / {sched.microbatches} (this graph is the whole step, not one "
                             "micro-batch captured at its own size; small micro-batches cost more than that on a "
@@ -356,17 +409,19 @@ class Placed:
         return out + _wrote(self.written)
 
     def _search_time(self) -> str:
-        """" in 12.30 s (410 simulations)", or for a search over candidates (placer auto, order auto) the whole
-        search's time and each placer's: the time is never one candidate's alone."""
+        """" in 12.30 s wall time (410 simulations)", or for a search over candidates (placer auto, order auto)
+        the whole search's wall time (micro-batch captures included) and each candidate's: the time is never one
+        candidate's alone, nor a sum of them."""
         chosen, auto = self.placement.meta.get("placer_auto"), self.placement.meta.get("order_auto")
         sims = f", {self.simulations:,} simulations" if self.simulations is not None else ""
         if isinstance(chosen, dict) and chosen.get("time_s"):
             each = ", ".join(f"{p} {t:.2f} s" for p, t in chosen["time_s"].items())
-            return f"; the whole search (placer {AUTO_PLACER}) took {self.placement_time_s:.2f} s{sims} ({each})"
+            return (f"; the whole search (placer {AUTO_PLACER}) took {self.placement_time_s:.2f} s wall time{sims} "
+                    f"({each})")
         if isinstance(auto, dict) and auto.get("time_s"):
-            return (f"; the whole search over {len(auto['time_s'])} orders took {self.placement_time_s:.2f} s{sims} "
-                    "(each order's time: --json, order_auto.time_s)")
-        return f" in {self.placement_time_s:.2f} s{sims and f' ({sims[2:]})'}"
+            return (f"; the whole search over {len(auto['time_s'])} orders took {self.placement_time_s:.2f} s wall "
+                    f"time{sims} (each order's time: --json, order_auto.time_s)")
+        return f" in {self.placement_time_s:.2f} s wall time{sims and f' ({sims[2:]})'}"
 
     def __rich__(self) -> Group:
         return Group(result_view(self.graph, self.cluster, self.result, self.bound), *self.lines())
@@ -380,37 +435,42 @@ def place_graph(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLA
                 seed: int = DEFAULT_SEED, coarsening: Coarsening | None = None, full: CompGraph | None = None,
                 progress: Progress | None = None, try_orders: int | None = None, try_with: str | None = None,
                 simulation_model: str = DEFAULT_SIM_MODEL, semantics: Semantics | str | None = None,
-                **settings: Any) -> Placed:
-    """Place `graph` on `cluster` with `placer` walking `order`, and simulate the result.
+                microbatch_graph: MicrobatchGraph | None = None, **settings: Any) -> Placed:
+    """Place `graph` on `cluster` with `placer` walking `order`, and simulate the result: the one search
+    (`devplace.placers.search`) behind every entry point (`devplace place`, `devplace.plan`, a study cell,
+    `devplace run --model`).
 
     With `coarsening` (whose coarse graph is `graph`) and `full` (the graph it coarsens), the placement is
-    expanded to every op of `full`, which is what is simulated and reported. `simulation_model` is the
-    model `result` is simulated under (the placement fits under the devplace model whatever it is).
-    `progress`, `try_orders`, `try_with`, `semantics` (None: the graph's own, `devplace.graph.semantics`) and
-    the placer `settings` go to `devplace.place` unchanged.
+    expanded to every op of `full`, which is what is simulated and reported. `microbatch_graph` (a captured
+    model's: `devplace.capture.custom.microbatch_graphs`) gives a micro-batch count's graph captured at batch / M,
+    so placer auto and `pipeline` place pipelines on it (the reported graph is then that micro-batch's).
+    `simulation_model` is the model `result` is simulated under (the placement fits under the devplace model
+    whatever it is). `progress`, `try_orders`, `try_with`, `semantics` (None: the graph's own,
+    `devplace.graph.semantics`) and the placer `settings` go to the search unchanged. The search's wall time and
+    simulation count are the report's.
     """
     if (coarsening is None) != (full is None):
         raise ValueError("place_graph: give coarsening and full together")
     check_seed(seed)
-    t0 = time.perf_counter()
-    groups = graph.num_nodes
-    with counting() as count:
-        # with a coarsening: placed on the coarse graph, judged (and placed again with lowered caps if need be)
-        # on the full graph, which is what is reported
-        graph = full if full is not None else graph
-        found = search_placement(graph, cluster, coarsening=coarsening, placer=placer, order=order, seed=seed,
-                                 progress=progress, try_orders=try_orders, try_with=try_with, semantics=semantics,
-                                 **settings)
-        placement = found.placement
-        elapsed = time.perf_counter() - t0
-        # the search simulated it as run under the devplace model (a pipeline: under the schedule it was made
-        # for); another model simulates it again
-        result = (found.result if placement.schedule is not None or sim_model_name(simulation_model) == SIM_DEVPLACE
-                  else simulate(graph, cluster, placement, model=simulation_model))
-    # placer "auto" (the default) reports the placer it kept; meta["placer_auto"] says which it tried
-    made = placement.made_by.placer if placement.made_by is not None else placer
-    return Placed(graph, cluster, placement, result, made, seed, dict(settings),
-                  elapsed, groups, coarsening, simulations=count.runs, log=found.log)
+    # with a coarsening: placed on the coarse graph, judged (and placed again with lowered caps if need be) on the
+    # full graph, which is what is reported
+    found = search_placement(full if full is not None else graph, cluster, coarsening=coarsening, placer=placer,
+                             order=order, seed=seed, progress=progress, try_orders=try_orders, try_with=try_with,
+                             semantics=semantics, microbatch_graph=microbatch_graph, **settings)
+    placement = found.placement
+    # the search simulated it as run under the devplace model (a pipeline: under the schedule it was made for);
+    # another model simulates it again
+    result = (found.result if placement.schedule is not None or sim_model_name(simulation_model) == SIM_DEVPLACE
+              else simulate(found.graph, cluster, placement, model=simulation_model))
+    made = placement.made_by
+    groups = found.coarsening.num_groups if found.coarsening is not None else found.graph.num_nodes
+    asked = full if full is not None else graph  # the whole batch's step, where the answer is one micro-batch's
+    request = {"placer": placer, "order": order_label(order), "seed": seed, "settings": dict(settings)}
+    # how it was made is the search's record (`made_by`): the placer kept and the settings it took
+    return Placed(found.graph, cluster, placement, result, made.placer if made is not None else placer, seed,
+                  dict(made.settings) if made is not None else dict(settings), found.seconds, groups,
+                  found.coarsening, simulations=found.simulations, log=found.log, request=request,
+                  whole=asked if found.graph is not asked else None)
 
 
 @dataclass(eq=False)

@@ -51,16 +51,30 @@ from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.hardware.cost import CostTable, apply_overheads, check_table_fits
 from devplace.orders.auto import Recommendation, load_order_model, recommend_order
-from devplace.placers import get_placer
+from devplace.placers import SearchProgress, get_placer, placer_names
 from devplace.placers.pipeline import pipeline_schedules
+from devplace.placers.registry import PlacerSpec
 from devplace.placers.search import check_auto_placer
 from devplace.planning import Placed, Progress, Simulated, json_safe, place_graph, render_text, simulate_placement
 from devplace.sim import LowerBound, Schedule, ScheduleError, any_schedule_bound, lower_bound
 from devplace.units import fmt_time
 
-__all__ = ["GRAPH_FILE", "OUTPUT_KINDS", "PLACEMENT_FILE", "Bounded", "OutputPathError", "Recommended", "bound",
-           "check_outputs", "check_pipeline_settings", "graph_file", "load_graph_arg", "log_setting", "output_folder",
-           "place_task", "plan_graph", "recommend", "simulate_file", "torch_tasks"]
+__all__ = ["GRAPH_FILE", "OUTPUT_KINDS", "PLACEMENT_FILE", "Bounded", "OutputPathError", "Recommended",
+           "SearchProgress", "bound", "check_outputs", "check_pipeline_settings", "check_placer", "graph_file",
+           "load_graph_arg", "log_setting", "output_folder", "place_task", "placer_specs", "plan_graph", "recommend",
+           "simulate_file", "torch_tasks"]
+
+
+def placer_specs() -> list[PlacerSpec]:
+    """`devplace placers`: every registered placer's spec (name, whether it walks an order, settings, summary);
+    the CLI reaches the placers only through the application layer."""
+    return [get_placer(n) for n in placer_names()]
+
+
+def check_placer(name: str) -> None:
+    """A PlacerError (a DevplaceError naming the placers) unless `name` is a registered placer: what a command
+    checks before a capture."""
+    get_placer(name)
 
 
 def torch_tasks() -> ModuleType:

@@ -26,7 +26,7 @@ from devplace.app import (
     load_graph_arg,
     log_setting,
 )
-from devplace.capture.custom import build_named_model, capture_named_model, microbatch_prepared, named_prepared
+from devplace.capture.custom import build_named_model, capture_named_model, microbatch_graphs, named_prepared
 from devplace.capture.onnx_import import load_onnx
 from devplace.capture.pipeline import Prepared, family_graph, prepare
 from devplace.capture.profile import (
@@ -41,9 +41,7 @@ from devplace.capture.profile import (
 )
 from devplace.capture.torch_capture import default_loss
 from devplace.defaults import (
-    AUTO_PIPELINE,
     AUTO_PLACER,
-    AUTO_PLACERS,
     CANONICAL_ORDER,
     DEFAULT_ORDER,
     DEFAULT_PLACER,
@@ -61,16 +59,20 @@ from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, Device, load_cluster
 from devplace.hardware.cost import CostTable, apply_overheads, check_table_fits, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
-from devplace.placers import NoFitError, Tried, get_placer
-from devplace.placers.even import even_devices
-from devplace.placers.memory import memory_needs
-from devplace.placers.pipeline import pipeline_schedules
-from devplace.placers.registry import PlacerError
+from devplace.placers import NoFitError, get_placer
 from devplace.placers.rl.curve import plot_curve, read_curve
 from devplace.placers.rl.placeto import PlacetoHyper, check_settings
 from devplace.placers.rl.trainer import TrainResult, mean_best_ratio, parse_indices, train
-from devplace.placers.search import check_auto_placer
-from devplace.planning import MAP_PLACER, Placed, Progress, baselines, json_safe, place_graph, render_text
+from devplace.planning import (
+    MAP_PLACER,
+    Placed,
+    Progress,
+    baselines,
+    even_split_devices,
+    json_safe,
+    place_graph,
+    render_text,
+)
 from devplace.runtime.apply import normalize_devices
 from devplace.runtime.export import (
     PipelineExport,
@@ -101,8 +103,6 @@ from devplace.runtime.run import (
     plan_precision,
 )
 from devplace.sim import DevplaceModel, Schedule, ScheduleError, SimResult, simulate
-from devplace.sim.bounds import microbatch_bounds
-from devplace.sim.count import counting
 from devplace.study.report import write_report
 from devplace.study.runner import StudySummary, run_study
 from devplace.study.spec import StudyError, load_study
@@ -170,142 +170,14 @@ def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAUL
                    output: Path | None = None, trace: Path | None = None, plot: Path | None = None,
                    semantics: str | None = None) -> Placed:
     """Place a prepared model's coarse graph, expand the placement to every op, simulate and write files
-    (checked before placing); `semantics` overrides the graph's ("autograd" for a captured model)."""
+    (checked before placing); `semantics` overrides the graph's ("autograd" for a captured model). A captured
+    model's pipelines are placed on micro-batches captured at their own size (`microbatch_graphs`)."""
     check_outputs({"output": PLACEMENT_FILE}, output=output, trace=trace, plot=plot, log=log_setting(settings))
-    how: dict[str, Any] = dict(order=order, seed=seed, progress=progress, try_orders=try_orders, try_with=try_with,
-                                semantics=semantics)
-    settings = dict(settings or {})
-    exact = prepared.model is not None and graph_batch(prepared.full) is not None
-    if placer == "pipeline" and exact:
-        placed = _pipeline_microbatches(prepared, cluster, settings, how)
-    elif placer == AUTO_PLACER and exact:
-        placed = _auto_with_microbatches(prepared, cluster, check_auto_placer(settings), how)
-    else:
-        placed = place_graph(prepared.graph, cluster, placer=placer, coarsening=prepared.coarsening,
-                             full=prepared.full, **how, **settings)
+    placed = place_graph(prepared.graph, cluster, placer=placer, order=order, seed=seed, progress=progress,
+                         try_orders=try_orders, try_with=try_with, semantics=semantics, coarsening=prepared.coarsening,
+                         full=prepared.full, microbatch_graph=microbatch_graphs(prepared), **(settings or {}))
     placed.write(output=output, trace=trace, plot=plot)
     return placed
-
-
-AUTO_PIPELINE_KINDS = ("1f1b", "interleaved-1f1b")  # the schedules placer auto pipelines a captured model under
-
-
-def _auto_with_microbatches(prepared: Prepared, cluster: Cluster, schedule: str | None,
-                            how: dict[str, Any]) -> Placed:
-    """Placer auto on a captured model: the best of `AUTO_PLACERS` without micro-batches (skipped, with the reason,
-    where the parameters and the whole batch's activations exceed the cluster's memory) and of `AUTO_PIPELINE`
-    under each of `AUTO_PIPELINE_KINDS` (or the one kind asked for) on micro-batches captured at their own size
-    (`_pipeline_microbatches`), unless `schedule` is "none". The fastest that fits is kept. The log (`Placed.log`)
-    holds every search's entries and one per candidate (level "schedule"); meta["placer_auto"] is read from it:
-    each of `AUTO_PLACERS`' and each candidate's step (or why it was skipped or did not fit), and the
-    candidates' times."""
-    log: list[Tried] = []
-    found: list[tuple[str, Placed]] = []
-    captured: dict[int, Prepared] = {}  # each micro-batch size captured once for every schedule kind
-    with counting() as count:  # every simulation of the search, the memory check's included
-        if schedule in (None, "none"):  # no schedule kind asked for
-            needs, has = memory_needs(prepared.full).total_bytes, float(cluster.memory.sum())
-            if needs > has:
-                log.append(Tried("schedule", "unpipelined", None, None, f"skipped: the parameters and the whole "
-                                 f"batch's activations need {fmt_bytes(needs)}, the cluster has {fmt_bytes(has)}",
-                                 0.0))
-            else:
-                found += _attempt(log, "schedule", "unpipelined", lambda: place_graph(
-                    prepared.graph, cluster, placer=AUTO_PLACER, coarsening=prepared.coarsening, full=prepared.full,
-                    schedule="none", **how))
-        if schedule != "none" and graph_batch(prepared.full) >= 2:  # type: ignore[operator]
-            for kind in (schedule,) if schedule is not None else AUTO_PIPELINE_KINDS:
-                # PlacerError too: e.g. no micro-batch count divides the batch for interleaving
-                found += _attempt(log, "schedule", f"{AUTO_PIPELINE} {kind}", lambda kind=kind: _pipeline_microbatches(
-                    prepared, cluster, {"schedule": kind}, how, captured), (NoFitError, PlacerError))
-    candidates = [e for e in log if e.level == "schedule"]
-    if not found:
-        why = "; ".join(f"{e.placer}: {e.dropped}" for e in candidates)
-        err = NoFitError(f"placer {AUTO_PLACER!r} found no placement of {prepared.full.name} on {cluster.name} that "
-                         f"fits memory ({why})")
-        err.reason = f"nothing fits ({why})"
-        raise err
-    name, best = min(found, key=lambda nb: nb[1].result.step_time_s)  # of equals the first: unpipelined
-    # the placers of AUTO_PLACERS as the unpipelined search judged them, then the candidates
-    tried = {e.placer: e.outcome for e in log if e.level == "placer" and e.placer in AUTO_PLACERS}
-    tried.update((e.placer, e.outcome) for e in candidates)
-    times = {e.placer: e.seconds for e in candidates if not (e.dropped or "").startswith("skipped")}
-    meta = {"placer": best.placer if name == "unpipelined" else name, "tried": tried, "time_s": times,
-            "why": f"smallest simulated step time of {', '.join(times)} (placer {AUTO_PLACER!r})"}
-    return replace(best, placement=best.placement.with_meta(placer_auto=meta), placement_time_s=sum(times.values()),
-                   simulations=count.runs, log=tuple(log))
-
-
-def _attempt(log: list[Tried], level: str, name: str, run: Callable[[], Placed],
-             errors: tuple[type[DevplaceError], ...] = (NoFitError,), microbatches: int | None = None,
-             ) -> list[tuple[str, Placed]]:
-    """`run()`, one candidate of a search over captures of a model, logged: its own search's log, then an
-    entry at `level` with its step (or why it was dropped: one of `errors`) and seconds. Returns [(name, it)],
-    or [] when dropped."""
-    t0 = time.perf_counter()
-    try:
-        placed = run()
-    except errors as exc:
-        log.append(Tried(level, name, None, None, f"{type(exc).__name__}: {getattr(exc, 'reason', '') or exc}",
-                         time.perf_counter() - t0, microbatches))
-        return []
-    log += placed.log
-    log.append(Tried(level, name, None, placed.result.step_time_s, None, time.perf_counter() - t0, microbatches))
-    return [(name, placed)]
-
-
-def _pipeline_microbatches(prepared: Prepared, cluster: Cluster, settings: dict[str, Any],
-                           how: dict[str, Any], captured: dict[int, Prepared] | None = None) -> Placed:
-    """The `pipeline` placer on a captured model, one micro-batch count at a time (the given one, else each of
-    the placer's choices that divides the batch, the largest first), each on the model captured at batch / M
-    (every op costed at the micro-batch's size; `captured` caches those captures by M across calls); the fastest
-    feasible pipeline is kept. A count whose lower bound (`microbatch_bounds`) is not below the fastest pipeline
-    found is skipped before it is captured, and logged so. The log holds each count's search and an entry per
-    count (level "microbatches"); meta["microbatch_search"] records each count's step (or why it did not fit or
-    was skipped), read from it. With order
-    "auto" the orders are compared at the first count that fits and the kept order walks the others
-    (meta["microbatch_search"]["order_chosen_at"]). NoFitError when none fits."""
-    batch = graph_batch(prepared.full)
-    chunks = settings.get("chunks")
-    counts = [s.microbatches for s in pipeline_schedules(settings.get("schedule", "1f1b"), settings.get("microbatches"),
-                                                          chunks, cluster.num_devices, batch=batch)][::-1]
-    rest = {k: v for k, v in settings.items() if k != "microbatches" and v is not None}
-    captured = {} if captured is None else captured
-    log: list[Tried] = []
-    best: Placed | None = None
-    walk = dict(how)
-    chosen_at: int | None = None
-    t0 = time.perf_counter()
-    one_stage = settings.get("schedule", "1f1b") in ("gpipe", "1f1b") and int(chunks or 1) == 1
-    bounds = microbatch_bounds(prepared.full, cluster, counts, one_stage_per_device=one_stage)
-    with counting() as count:
-        for m in counts:
-            bound = bounds[m]
-            if best is not None and bound >= best.result.step_time_s:
-                log.append(Tried("microbatches", "pipeline", None, None, f"skipped: no pipeline at M={m} beats "
-                                 f"{best.result.step_time_s:.4g} s (its lower bound is {bound:.4g} s)", 0.0, m))
-                continue
-            micro = captured[m] if m in captured else captured.setdefault(m, microbatch_prepared(prepared, m))
-            for _, placed in _attempt(log, "microbatches", "pipeline", lambda micro=micro, m=m: place_graph(
-                    micro.graph, cluster, placer="pipeline", coarsening=micro.coarsening, full=micro.full,
-                    microbatches=m, **walk, **rest), microbatches=m):
-                if walk.get("order") == "auto" and placed.order is not None:
-                    walk.update(order=placed.order, try_orders=None, try_with=None)
-                    chosen_at = m
-                if best is None or placed.result.step_time_s < best.result.step_time_s:
-                    best = placed
-    tried = {str(e.microbatches): e.outcome for e in log if e.level == "microbatches"}
-    if best is None:
-        reasons = "; ".join(f"M={m}: {why}" for m, why in tried.items())
-        err = NoFitError(f"placer 'pipeline' found no pipeline of {prepared.full.name} on {cluster.name} that fits "
-                         f"memory at any micro-batch count the batch of {batch} allows ({reasons})")
-        err.reason = f"no micro-batch count the batch of {batch} allows fits ({reasons})"
-        raise err
-    search = {"batch": batch, "tried": tried, "kept": best.placement.schedule.microbatches,  # type: ignore[union-attr]
-              "order_chosen_at": chosen_at}
-    return replace(best, placement=best.placement.with_meta(microbatch_search=search),
-                   placement_time_s=time.perf_counter() - t0,  # the whole search's, captures included
-                   simulations=count.runs, log=tuple(log))
 
 
 def save_placed_plan(placed: Placed, path: Path, *, model: str | None = None, batch: int | None = None,
@@ -389,9 +261,10 @@ class PipelineDemo:
         return s
 
     @property
-    def ideal_s(self) -> float:
+    def estimate_s(self) -> float:
         """The work per device times the slots of an even pipeline, (V M + p - 1) / (V M): its step when every
-        stage takes the same time and nothing waits for a transfer."""
+        stage takes the same time and nothing waits for a transfer. An estimate, not a bound: a split of unequal
+        stages can be faster (its slowest stage's device idles less than the bubble of equal ones)."""
         s, p = self.schedule, self.placed.cluster.num_devices
         vm = s.microbatches * int(s.chunks or 1)
         return self.placed.bound.work_s * (vm + p - 1) / vm
@@ -401,7 +274,7 @@ class PipelineDemo:
         return json_safe({
             "graph": self.placed.graph.name, "cluster": self.placed.cluster.name,
             "schedule": self.schedule.to_dict(), "work_per_device_s": self.placed.bound.work_s,
-            "ideal_pipeline_s": self.ideal_s,
+            "even_stage_estimate_s": self.estimate_s,
             "compared": [{"placement": r.label, "schedule": r.schedule,
                           "step_time_s": r.result.step_time_s if r.result else None,
                           "feasible": bool(r.result.feasible) if r.result else False,
@@ -426,13 +299,14 @@ class PipelineDemo:
                           fits)
         s, p = self.schedule, self.placed.cluster.num_devices
         table.add_row(f"work / {p} devices", "", fmt_time(work), f"{work / ours:.3f}x", "", "")
-        table.add_row(f"ideal {s.kind}", self.compared[-1].schedule, fmt_time(self.ideal_s),
-                      f"{self.ideal_s / ours:.3f}x", "", "")
+        table.add_row(f"even-stage estimate {s.kind}", self.compared[-1].schedule, fmt_time(self.estimate_s),
+                      f"{self.estimate_s / ours:.3f}x", "", "")
         vm = "VM" if (s.chunks or 1) > 1 else "M"
         notes = Text("; ".join(f"{r.label}: {r.note}" for r in self.compared if r.note)
-                     + f"; work / {p} devices: no schedule beats it; ideal {s.kind}: that x ({vm}+p-1)/{vm}, every "
-                     "stage equal and no wait for a transfer. Peak: the largest device's. Steps simulated on the "
-                     "full graph with the devplace model.")
+                     + f"; work / {p} devices: no schedule beats it; even-stage estimate {s.kind}: that x "
+                     f"({vm}+p-1)/{vm}, every stage equal and no wait for a transfer (an estimate, not a bound: "
+                     "unequal stages can beat it). Peak: the largest device's. Steps simulated on the full graph "
+                     "with the devplace model.")
         return Group(self.placed, Text(""), table, notes)
 
     def text(self, width: int = 120) -> str:
@@ -479,7 +353,7 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
         rows.append(Compared(baseline, "none", None, f"no placement without micro-batches{walked} fits memory"))
     even_label = "even split"
     try:
-        even = simulate(full, cluster, even_devices(full, cluster), schedule=sched)
+        even = simulate(full, cluster, even_split_devices(full, cluster), schedule=sched)
         rows.append(Compared(even_label, label, even, f"equal compute in {p} parts at module boundaries"))
     except ScheduleError as exc:
         rows.append(Compared(even_label, label, None, f"not a pipeline: {exc}"))
@@ -686,7 +560,9 @@ def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, dev
     only with `trust_model` or when `model` repeats it. The `save_plan` and `record` outputs are checked first.
     `settings`: the pipeline placer's schedule, microbatches and chunks for `model`, checked as `devplace place`
     checks them. `costs`: a `devplace profile` table for `model`'s ops and the cluster's overheads
-    (`apply_overheads`); the default cluster's CPUs are then the table's measured device."""
+    (`apply_overheads`); the default cluster's CPUs are then the table's measured device.
+    The plan is the one `devplace place --model` finds for the same request (`zoo_plan`): placer
+    auto's answer may be a pipeline, which `devplace run` runs in one process per stage (`run_plan_pipelined`)."""
     if model is None and plan_file is None:
         raise DevplaceError("give either --model NAME (see `devplace zoo list`, or package.module:factory) or "
                             "--plan FILE")
@@ -709,10 +585,6 @@ def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, dev
         check_table_fits(c, table)
         c = apply_overheads(c, table)
     check_pipeline_settings(placer, c, settings, batch=batch)
-    if placer == AUTO_PLACER and "schedule" not in settings:
-        # `run` times in this process what runs here: auto's placements without micro-batches, unless a schedule
-        # is asked for (a pipelined plan runs in one process per stage, `run_plan_pipelined`)
-        settings["schedule"] = "none"
     p, module, inputs = zoo_plan(model, c, batch=batch, seq_len=seq_len, placer=placer, order=order,
                                  max_nodes=max_nodes, seed=seed, dtype=dtype, amp=amp, costs=table, **settings)
     if save_plan is not None:

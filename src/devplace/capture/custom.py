@@ -33,6 +33,7 @@ from devplace.capture.pipeline import ModelRef, Prepared, capture_zoo_model, pre
 from devplace.capture.torch_capture import capture
 from devplace.errors import DevplaceError
 from devplace.graph.batch import MICROBATCHES_META_KEY, divisors_text, graph_batch
+from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 
 __all__ = ["CustomModelError", "build_custom_model", "build_named_model", "capture_named_model", "check_trusted",
@@ -178,6 +179,15 @@ def named_prepared(name: str, *, batch: int | None = None, seq_len: int | None =
     keeps a `ModelRef`, so `microbatch_prepared` can capture one micro-batch of the same step."""
     graph = capture_named_model(name, batch=batch, seq_len=seq_len, optimizer=optimizer, seed=seed, dtype=dtype,
                                 amp=amp)
+    return prepare_named(graph, name, seq_len=seq_len, optimizer=optimizer, seed=seed, dtype=dtype, amp=amp,
+                         **options)
+
+
+def prepare_named(graph: CompGraph, name: str, *, seq_len: int | None = None, optimizer: str = "adam", seed: int = 0,
+                  dtype: str | None = None, amp: bool = False, **options: Any) -> Prepared:
+    """`prepare` the step of model `name` that `capture_named_model` captured with these settings (`graph`, e.g.
+    read back from a study's cache), keeping the `ModelRef` that captures its micro-batches: the same Prepared as
+    `named_prepared`."""
     ref = ModelRef(name, seq_len, optimizer, seed, dtype, amp, tuple(sorted(options.items())))
     return prepare(graph, model=ref, **options)
 
@@ -202,3 +212,17 @@ def microbatch_prepared(prepared: Prepared, microbatches: int) -> Prepared:
                                 seed=ref.seed, dtype=ref.dtype, amp=ref.amp)
     graph.meta[MICROBATCHES_META_KEY] = microbatches  # a fresh capture's own dict: mark it before it is costed
     return prepare(graph, model=ref, **dict(ref.options))
+
+
+def microbatch_graphs(prepared: Prepared) -> Callable[[int], tuple[CompGraph, Coarsening]] | None:
+    """Where the search gets a micro-batch count's graph for a captured model (`placers.search.MicrobatchGraph`):
+    M -> the full graph and coarsening of `microbatch_prepared(prepared, M)`, captured at batch / M; None when
+    `prepared` has no model to capture again or records no batch (a graph file: a pipeline then costs a
+    micro-batch as the whole batch's / M)."""
+    if prepared.model is None or graph_batch(prepared.full) is None:
+        return None
+
+    def graph_of(microbatches: int) -> tuple[CompGraph, Coarsening]:
+        micro = microbatch_prepared(prepared, microbatches)
+        return micro.full, micro.coarsening
+    return graph_of

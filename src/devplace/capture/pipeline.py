@@ -7,6 +7,7 @@ defines models.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ import torch
 
 from devplace.capture.torch_capture import capture
 from devplace.defaults import FAMILY_MAX_NODES
+from devplace.errors import DevplaceError
+from devplace.graph.batch import MICROBATCHES_META_KEY, divisors_text
 from devplace.graph.coarsen import Coarsening, coarsen, colocate
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.semantics import SEMANTICS_KEY, Semantics
@@ -67,6 +70,41 @@ def prepare(graph: CompGraph, *, device: Device | None = None, costs: CostTable 
                                  dtype=dtype, kinds=kinds)
     return Prepared(costed, coarsen(costed, max_nodes) if max_nodes is not None else colocate(costed), report,
                     model)
+
+
+def module_microbatch_graphs(model: torch.nn.Module, example_inputs: Any, batch: int, *,
+                             loss_fn: Callable[[Any], torch.Tensor] | None = None, optimizer: str = "adam",
+                             dtype: str | None = None, amp: bool = False, **options: Any,
+                             ) -> Callable[[int], tuple[CompGraph, Coarsening]]:
+    """Where the search gets a micro-batch count's graph for a module captured on `example_inputs` at `batch`
+    (`placers.search.MicrobatchGraph`; `devplace.plan`): M -> the step captured again on the first batch / M
+    samples of every input tensor whose first dimension is `batch`, marked as one of M micro-batches
+    (`graph_microbatches`) and prepared with `options` (device, kinds, max_nodes, as `prepare`), so every op is
+    costed at the micro-batch's size. DevplaceError when M does not divide `batch`."""
+
+    def graph_of(microbatches: int) -> tuple[CompGraph, Coarsening]:
+        if microbatches < 1 or batch % microbatches:
+            raise DevplaceError(f"{microbatches} micro-batches do not split the batch of {batch} into equal "
+                                f"micro-batches; use one of {divisors_text(batch)}")
+        size = batch // microbatches
+        graph = capture(model, _first_samples(example_inputs, batch, size), loss_fn=loss_fn, optimizer=optimizer,
+                        dtype=dtype, amp=amp)
+        graph.meta[MICROBATCHES_META_KEY] = microbatches  # a fresh capture's own dict: mark it before it is costed
+        prepared = prepare(graph, **options)
+        return prepared.full, prepared.coarsening
+    return graph_of
+
+
+def _first_samples(inputs: Any, batch: int, size: int) -> Any:
+    """`inputs` (a tensor, or tuples, lists and dicts of them) with every tensor whose first dimension is `batch`
+    cut to its first `size` samples."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs[:size] if inputs.dim() >= 1 and inputs.shape[0] == batch else inputs
+    if isinstance(inputs, dict):
+        return {k: _first_samples(v, batch, size) for k, v in inputs.items()}
+    if isinstance(inputs, tuple | list):
+        return type(inputs)(_first_samples(v, batch, size) for v in inputs)
+    return inputs
 
 
 def zoo_prepared(name: str, *, batch: int | None = None, seq_len: int | None = None, optimizer: str = "adam",

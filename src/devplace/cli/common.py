@@ -19,11 +19,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressC
 from rich.segment import Segment
 from rich.text import Text
 
+from devplace import app
 from devplace.defaults import AUTO_PIPELINE, AUTO_PLACER, AUTO_PLACERS, SIM_MODEL_ALIASES, SIM_MODELS
 from devplace.errors import DevplaceError
 from devplace.files import set_force
 from devplace.graph.semantics import parse_semantics
-from devplace.placers import SearchProgress
 from devplace.planning import check_seed, json_safe
 
 
@@ -166,7 +166,7 @@ def progress_bar(description: str, quiet: bool, label: str = "placing {task.desc
             # candidate runs, so that it neither restarts with each candidate nor hides which one is slow
             bar.update(task, completed=fraction, total=1.0,
                        description=f"{description}: {candidate}" if candidate else description)
-        yield SearchProgress(show)
+        yield app.SearchProgress(show)
 
 
 @contextmanager

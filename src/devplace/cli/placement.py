@@ -60,7 +60,6 @@ from devplace.hardware.cluster import load_cluster
 from devplace.hardware.features import graph_features
 from devplace.hardware.presets import PRESETS
 from devplace.orders import ORDER_DEFINITIONS, TOPOLOGICAL_ORDERS, check_order_name, traversal_order
-from devplace.placers import get_placer, placer_names
 from devplace.planning import check_seed
 from devplace.units import fmt_bytes, fmt_time
 
@@ -219,7 +218,7 @@ def place_cmd(
 
 def placers_cmd(as_json: JsonOpt = False) -> None:
     """List the placers, whether they walk the graph in the traversal order, and their settings."""
-    specs = [get_placer(n) for n in placer_names()]
+    specs = app.placer_specs()
     if as_json:
         print_json({s.name: {"uses_order": s.uses_order, "cheap": s.cheap, "summary": s.summary,
                              "settings": {k: repr(v) for k, v in s.settings.items()}} for s in specs})
@@ -344,7 +343,7 @@ def demo_cmd(
     app.check_pipeline_settings("pipeline", c, {"schedule": schedule, "microbatches": microbatches,
                                                 **({"chunks": chunks} if chunks is not None else {})}, batch=batch)
     if baseline != AUTO_PLACER:  # a placer's name, checked before the capture
-        get_placer(baseline)
+        app.check_placer(baseline)
     app.output_folder(out, "--out")
     with busy(f"capturing the training step of {model}", False):
         prepared = app.torch_tasks().prepare_model(model, batch=batch, max_nodes=max_nodes, cluster=c)

@@ -18,6 +18,14 @@ It reads top to bottom:
    simulation, the log and what the search cost. The placement's meta records it for the file format
    (meta["placer_auto"], ["order_auto"], ["refined_from"], ...).
 
+Captured models. A request may carry a provider of micro-batch graphs (`MicrobatchGraph`: M -> the step captured
+at batch / M, made in `capture/` since placers do not import torch). Placer "auto" and `pipeline` then search one
+level up (`search_captured`): the placement without micro-batches and each pipeline kind, each micro-batch count
+placed on its own capture (skipped before capturing where its lower bound rules it out), every candidate
+logged. Without a provider (a graph file) a pipeline costs a micro-batch as the whole batch's / M, and the
+schedule says so (`microbatch_graph`). `devplace place --model`, `devplace.plan`, a study cell and `devplace run
+--model` all come here through `planning.place_graph`.
+
 Coarse views. Placers see the coarse graph (a few hundred groups); the step that runs is the full graph.
 Memory peaks of the two differ (a coarse group's working set is an estimate), so a coarse placement that fits
 can be over memory on the full graph: `fit` then places again with the device caps the placer sees lowered.
@@ -64,6 +72,7 @@ from devplace.hardware.cluster import Cluster, canonical_order, reordered
 from devplace.orders import Order, check_order, order_label, traversal_indices
 from devplace.orders.auto import candidate_orders, recommend_order
 from devplace.placers.memory import NoFitError, memory_needs, no_fit_error
+from devplace.placers.pipeline import pipeline_schedules
 from devplace.placers.registry import (
     FullGraph,
     PlacerError,
@@ -73,6 +82,7 @@ from devplace.placers.registry import (
     as_output,
     get_placer,
 )
+from devplace.sim.bounds import microbatch_bounds
 from devplace.sim.count import counting
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.result import SimResult
@@ -108,11 +118,16 @@ class Request:
     try_with: str | None = None
     coarsening: Coarsening | None = None
     progress: Progress | None = None
+    microbatch_graph: MicrobatchGraph | None = None
 
     @property
     def seen(self) -> CompGraph:
         """The graph the placers place: the coarse graph with a coarsening, else `graph` itself."""
         return self.coarsening.graph if self.coarsening is not None else self.graph
+
+
+# M -> (the full graph of one of M micro-batches, captured at batch / M and marked so, its coarsening or None)
+MicrobatchGraph = Callable[[int], tuple[CompGraph, Coarsening | None]]
 
 
 @dataclass(frozen=True)
@@ -165,6 +180,26 @@ def check_auto_placer(settings: Mapping[str, Any]) -> str | None:
     if schedule is not None and schedule not in kinds:
         raise PlacerError(f"placer {AUTO_PLACER!r}: schedule must be one of {', '.join(kinds)}, got {schedule!r}")
     return schedule
+
+
+def request_settings(placer: str) -> dict[str, Any]:
+    """The settings a request for `placer` takes, with their defaults: the placer's own, or placer "auto"'s one,
+    `schedule` (`check_auto_placer`; None: placements with and without micro-batches compared)."""
+    return {"schedule": None} if placer == AUTO_PLACER else dict(get_placer(placer).settings)
+
+
+def request_walks_order(placer: str) -> bool:
+    """Whether a request for `placer` walks a traversal order (placer "auto" does: its placers walk it)."""
+    return placer == AUTO_PLACER or get_placer(placer).uses_order
+
+
+def check_request_settings(placer: str, settings: Mapping[str, Any]) -> None:
+    """A PlacerError for settings a request for `placer` refuses: the placer's own checks of the values, or
+    placer "auto"'s (`check_auto_placer`)."""
+    if placer == AUTO_PLACER:
+        check_auto_placer(settings)
+    else:
+        get_placer(placer).check_settings(settings)
 
 
 def auto_candidates(graph: CompGraph, schedule: str | None) -> tuple[str, ...]:
@@ -487,12 +522,14 @@ class Fitted:
 
 @dataclass(frozen=True, eq=False)
 class SearchResult:
-    """A placement found and simulated: `placement` places every node of the graph as run and `result` is its
+    """A placement found and simulated: `graph` is the graph as run (one micro-batch's, captured at its own size,
+    for a pipeline placed on such a graph), `placement` places every node of it and `result` is its
     simulation there (a ScheduledResult under a schedule); `coarse` is the placement of the coarse graph the
     placer saw (the same as `placement` without a coarsening), `coarsening` the one placed (the given one, or a
     finer one, module docstring); `cap_retries` the reruns with lowered caps; `log` what was tried and why each
     candidate was dropped; `seconds` and `simulations` what the search cost."""
 
+    graph: CompGraph
     placement: Placement
     result: SimResult
     coarse: Placement
@@ -504,24 +541,30 @@ class SearchResult:
 
 
 def search(req: Request) -> SearchResult:
-    """Place `req`: plan its candidates, place and judge each, keep the fastest (module docstring).
+    """Place `req`: plan its candidates, place and judge each, keep the fastest (module docstring); with a
+    `microbatch_graph`, placer "auto" and `pipeline` search over the captures of its micro-batches
+    (`search_captured`). `seconds` (wall time) and `simulations` are measured here, once for the whole search."""
+    t0 = time.perf_counter()
+    with counting() as count:
+        found = search_captured(req) if captures_microbatches(req) else search_graph(req)
+    return replace(found, seconds=time.perf_counter() - t0, simulations=count.runs)
+
+
+def search_graph(req: Request) -> SearchResult:
+    """Place `req` on its graph.
 
     The placers see the cluster's devices in a canonical order (`canonical_order`: fastest first for the graph,
     then the most memory, then the fastest links) and the answer is given back in the order the cluster lists
     them: the same GPUs listed in another order give the same placement (list schedulers, for one, break ties
     by device index)."""
-    t0 = time.perf_counter()
     log: list[Tried] = []
     perm = canonical_order(req.graph, req.cluster)
     listed = bool(np.array_equal(perm, np.arange(perm.size)))
     canon = req if listed else replace(req, cluster=reordered(req.cluster, perm))
-    with counting() as count:
-        plan = plan_search(canon)
-        kept = _best_placer(canon, plan, log)
-        found = _result(canon, kept, log, 0.0, 0)
-        if not listed:
-            found = _as_listed(found, req, perm)
-    return replace(found, seconds=time.perf_counter() - t0, simulations=count.runs)
+    plan = plan_search(canon)
+    kept = _best_placer(canon, plan, log)
+    found = _result(canon, kept, log, 0.0, 0)
+    return found if listed else _as_listed(found, req, perm)
 
 
 def _as_listed(found: SearchResult, req: Request, perm: np.ndarray) -> SearchResult:
@@ -809,8 +852,138 @@ def _result(req: Request, kept: Fitted, log: list[Tried], seconds: float, simula
     if req.coarsening is not None:
         seen, devices = view.unfolded(kept.view_devices)
         coarse = replace(placement, assignment=dict(zip(seen.ids, devices.tolist(), strict=True)), graph=seen.name)
-    return SearchResult(placement, kept.result, coarse, view.coarsening, kept.retries, tuple(log), seconds,
+    return SearchResult(graph, placement, kept.result, coarse, view.coarsening, kept.retries, tuple(log), seconds,
                         simulations)
+
+
+# ---------------------------------------------------------------- a captured model: micro-batches of their own size
+
+# the schedules placer auto pipelines a captured model under
+AUTO_PIPELINE_KINDS = ("1f1b", "interleaved-1f1b")
+
+
+def captures_microbatches(req: Request) -> bool:
+    """Whether `req` searches over micro-batches captured at their own size: it has a `microbatch_graph`, a
+    graph that records its batch, and placer "auto" or `AUTO_PIPELINE`."""
+    return (req.microbatch_graph is not None and graph_batch(req.graph) is not None
+            and req.placer in (AUTO_PLACER, AUTO_PIPELINE))
+
+
+def search_captured(req: Request) -> SearchResult:
+    """`req` on a captured model (`captures_microbatches`): `AUTO_PIPELINE` over its micro-batch counts
+    (`search_microbatches`), or placer "auto" comparing the placement without micro-batches with pipelines
+    (`search_auto_captured`)."""
+    if req.placer == AUTO_PIPELINE:
+        return search_microbatches(req, dict(req.settings), {})
+    return search_auto_captured(req, check_auto_placer(req.settings))
+
+
+def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
+    """Placer auto on a captured model: the best of `AUTO_PLACERS` without micro-batches (skipped, with the reason,
+    where the parameters and the whole batch's activations exceed the cluster's memory) and of `AUTO_PIPELINE`
+    under each of `AUTO_PIPELINE_KINDS` (or the one kind asked for) on micro-batches captured at their own size
+    (`search_microbatches`), unless `schedule` is "none". The fastest that fits is kept (of equals the first:
+    unpipelined). The log holds every search's entries and one per candidate (level "schedule");
+    meta["placer_auto"] is read from it: each of `AUTO_PLACERS`' and each candidate's step (or why it was skipped
+    or did not fit), and the candidates' times."""
+    log: list[Tried] = []
+    found: list[tuple[str, SearchResult]] = []
+    captured: dict[int, tuple[CompGraph, Coarsening | None]] = {}  # each micro-batch captured once for every kind
+    if schedule in (None, "none"):  # no schedule kind asked for
+        needs, has = memory_needs(req.graph).total_bytes, float(req.cluster.memory.sum())
+        if needs > has:
+            log.append(Tried("schedule", "unpipelined", None, None, f"skipped: the parameters and the whole "
+                             f"batch's activations need {fmt_bytes(needs)}, the cluster has {fmt_bytes(has)}", 0.0))
+        else:
+            flat = replace(req, settings={"schedule": "none"}, microbatch_graph=None)
+            found += _candidate(log, "schedule", "unpipelined", lambda: search_graph(flat))
+    if schedule != "none" and graph_batch(req.graph) >= 2:  # type: ignore[operator]
+        for kind in (schedule,) if schedule is not None else AUTO_PIPELINE_KINDS:
+            # PlacerError too: e.g. no micro-batch count divides the batch for interleaving
+            found += _candidate(log, "schedule", f"{AUTO_PIPELINE} {kind}", lambda kind=kind: search_microbatches(
+                req, {"schedule": kind}, captured), (NoFitError, PlacerError))
+    candidates = [e for e in log if e.level == "schedule"]
+    if not found:
+        why = "; ".join(f"{e.placer}: {e.dropped}" for e in candidates)
+        raise no_fit_error(req.graph, req.cluster, AUTO_PLACER, f"nothing fits ({why})")
+    name, best = min(found, key=lambda nb: nb[1].result.step_time_s)
+    # the placers of AUTO_PLACERS as the unpipelined search judged them, then the candidates
+    tried = {e.placer: e.outcome for e in log if e.level == "placer" and e.placer in AUTO_PLACERS}
+    tried.update((e.placer, e.outcome) for e in candidates)
+    times = {e.placer: e.seconds for e in candidates if not (e.dropped or "").startswith("skipped")}
+    made = best.placement.made_by
+    meta = {"placer": made.placer if name == "unpipelined" and made is not None else name, "tried": tried,
+            "time_s": times, "why": f"smallest simulated step time of {', '.join(times)} (placer {AUTO_PLACER!r})"}
+    return replace(best, placement=best.placement.with_meta(placer_auto=meta), log=tuple(log))
+
+
+def search_microbatches(req: Request, settings: dict[str, Any],
+                        captured: dict[int, tuple[CompGraph, Coarsening | None]]) -> SearchResult:
+    """The `pipeline` placer at `settings` on a captured model, one micro-batch count at a time (the given one,
+    else each of the placer's choices that divides the batch, the largest first), each on the graph
+    `req.microbatch_graph(M)` gives (every op costed at the micro-batch's size; `captured` caches those by M
+    across calls); the fastest feasible pipeline is kept. A count whose lower bound (`microbatch_bounds`) is not
+    below the fastest pipeline found is skipped before its graph is made, and logged so. The log holds each
+    count's search and an entry per count (level "microbatches"); meta["microbatch_search"] records each count's
+    step (or why it did not fit or was skipped), read from it. With order "auto" the orders are compared at the
+    first count that fits and the kept order walks the others (meta["microbatch_search"]["order_chosen_at"]).
+    NoFitError when none fits."""
+    assert req.microbatch_graph is not None
+    batch = graph_batch(req.graph)
+    kind, chunks = settings.get("schedule", "1f1b"), settings.get("chunks")
+    counts = [s.microbatches for s in pipeline_schedules(kind, settings.get("microbatches"), chunks,
+                                                          req.cluster.num_devices, batch=batch)][::-1]
+    rest = {k: v for k, v in settings.items() if k != "microbatches" and v is not None}
+    log: list[Tried] = []
+    best: SearchResult | None = None
+    walk = replace(req, placer=AUTO_PIPELINE, microbatch_graph=None)
+    chosen_at: int | None = None
+    one_stage = kind in ("gpipe", "1f1b") and int(chunks or 1) == 1
+    bounds = microbatch_bounds(req.graph, req.cluster, counts, one_stage_per_device=one_stage)
+    for m in counts:
+        if best is not None and bounds[m] >= best.result.step_time_s:
+            log.append(Tried("microbatches", AUTO_PIPELINE, None, None, f"skipped: no pipeline at M={m} beats "
+                             f"{best.result.step_time_s:.4g} s (its lower bound is {bounds[m]:.4g} s)", 0.0, m))
+            continue
+        if m not in captured:
+            captured[m] = (req.graph, req.coarsening) if m == 1 else req.microbatch_graph(m)
+        graph, coarsening = captured[m]
+        at_m = replace(walk, graph=graph, coarsening=coarsening, settings={**rest, "microbatches": m})
+        for _, found in _candidate(log, "microbatches", AUTO_PIPELINE, lambda at_m=at_m: search_graph(at_m),
+                                   microbatches=m):
+            order = found.placement.made_by.order if found.placement.made_by is not None else None
+            if walk.order == "auto" and order is not None:
+                walk = replace(walk, order=order, try_orders=None, try_with=None)
+                chosen_at = m
+            if best is None or found.result.step_time_s < best.result.step_time_s:
+                best = found
+    tried = {str(e.microbatches): e.outcome for e in log if e.level == "microbatches"}
+    if best is None:
+        reasons = "; ".join(f"M={m}: {why}" for m, why in tried.items())
+        raise no_fit_error(req.graph, req.cluster, AUTO_PIPELINE, f"no micro-batch count the batch of {batch} "
+                           f"allows fits ({reasons})")
+    assert best.placement.schedule is not None
+    meta = {"batch": batch, "tried": tried, "kept": best.placement.schedule.microbatches,
+            "order_chosen_at": chosen_at}
+    return replace(best, placement=best.placement.with_meta(microbatch_search=meta), log=tuple(log))
+
+
+def _candidate(log: list[Tried], level: str, name: str, run: Callable[[], SearchResult],
+               errors: tuple[type[Exception], ...] = (NoFitError,), microbatches: int | None = None,
+               ) -> list[tuple[str, SearchResult]]:
+    """`run()`, one candidate of a search over a captured model's micro-batches, logged: its own search's log,
+    then an entry at `level` with its step (or why it was dropped: one of `errors`) and wall seconds. Returns
+    [(name, it)], or [] when dropped."""
+    t0 = time.perf_counter()
+    try:
+        found = run()
+    except errors as exc:
+        log.append(Tried(level, name, None, None, f"{type(exc).__name__}: {getattr(exc, 'reason', '') or exc}",
+                         time.perf_counter() - t0, microbatches))
+        return []
+    log += found.log
+    log.append(Tried(level, name, None, found.result.step_time_s, None, time.perf_counter() - t0, microbatches))
+    return [(name, found)]
 
 
 # ------------------------------------------------------------------------------------- the entry points
@@ -892,11 +1065,17 @@ def place_expanded(coarsening: Coarsening, full: CompGraph, cluster: Cluster, *,
 def search_placement(graph: CompGraph, cluster: Cluster, *, coarsening: Coarsening | None = None,
                      placer: str = DEFAULT_PLACER, order: Order = DEFAULT_ORDER, seed: int = DEFAULT_SEED,
                      progress: Progress | None = None, try_orders: int | None = None, try_with: str | None = None,
-                     semantics: Semantics | str | None = None, **settings: Any) -> SearchResult:
+                     semantics: Semantics | str | None = None, microbatch_graph: MicrobatchGraph | None = None,
+                     **settings: Any) -> SearchResult:
     """`place` (without `coarsening`) or `place_expanded` (`graph` is then the full graph the coarsening was made
-    from), answering with the whole SearchResult: the placement, its simulation, the log and the cost."""
+    from), answering with the whole SearchResult: the placement, its simulation, the log and the cost.
+
+    `microbatch_graph(M)` gives the graph of one of M micro-batches of a captured model, captured at batch / M
+    (`devplace.capture.custom.microbatch_graphs`): placer "auto" and `pipeline` then place each count's pipeline
+    on it (`search_captured`). Without it a pipeline costs a micro-batch as the whole batch's / M, all a graph
+    file allows; `placement.schedule.microbatch_graph` says which."""
     if coarsening is not None and coarsening.original and coarsening.original != graph.name:
         raise GraphError(f"the coarsening was made from graph {coarsening.original!r}, not {graph.name!r}; pass the "
                          "full graph it was made from (e.g. Prepared.full with Prepared.coarsening)")
     return search(Request(graph, cluster, placer, order, seed, semantics_of(graph, semantics), settings, try_orders,
-                          try_with, coarsening, progress))
+                          try_with, coarsening, progress, microbatch_graph))

@@ -16,12 +16,14 @@ from torch import nn
 
 from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
 from devplace.errors import FormatError
+from devplace.graph.batch import graph_batch
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.jsonio import read_json, write_json
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.hardware.cost import CostTable, cost_devices
+from devplace.placers.search import MicrobatchGraph
 from devplace.planning import (
     AsRun,
     Baseline,
@@ -138,11 +140,13 @@ class Plan:
 
 def plan_from_prepared(prepared: Any, cluster: Cluster, *, placer: str = DEFAULT_PLACER, order: str = DEFAULT_ORDER,
                        seed: int = DEFAULT_SEED, settings: Mapping[str, Any] | None = None,
-                       source: Mapping[str, Any] | None = None, **placer_settings: Any) -> Plan:
+                       source: Mapping[str, Any] | None = None, microbatch_graph: MicrobatchGraph | None = None,
+                       **placer_settings: Any) -> Plan:
     """Place a `capture.pipeline.Prepared` model on `cluster` and simulate the expanded placement
-    (`devplace.planning.place_graph`)."""
+    (`devplace.planning.place_graph`; `microbatch_graph`: where a micro-batch count's graph comes from)."""
     placed = place_graph(prepared.graph, cluster, placer=placer, order=order, seed=seed,
-                         coarsening=prepared.coarsening, full=prepared.full, **placer_settings)
+                         coarsening=prepared.coarsening, full=prepared.full, microbatch_graph=microbatch_graph,
+                         **placer_settings)
     return plan_from_placed(placed, settings=settings, source=source)
 
 
@@ -151,9 +155,12 @@ def plan_from_placed(placed: Placed, *, settings: Mapping[str, Any] | None = Non
     """The plan of a placement made by `place_graph` (what `devplace place --save-plan` writes): its graph,
     cluster, placement (with its schedule, if any) and simulated result; `settings` adds how the graph was made
     (optimizer, max_nodes, precision) and `source` the model to rebuild (`named_source`; empty for a graph
-    file, which `devplace export` takes but `devplace run --plan` cannot rebuild)."""
+    file, which `devplace export` takes but `devplace run --plan` cannot rebuild). "placer", "order", "seed" and
+    "placer_settings" are the search's answer (the placer kept and the settings it took: placing them again gives
+    the same placement), "request" what was asked (placer "auto", order "auto", ...)."""
     s = {"placer": placed.placer, "order": placed.order, "seed": placed.seed,
-         "placer_settings": dict(placed.settings), **(settings or {}), "source": dict(source or {})}
+         "placer_settings": dict(placed.settings), "request": dict(placed.request), **(settings or {}),
+         "source": dict(source or {})}
     return Plan(placed, s)
 
 
@@ -188,17 +195,24 @@ def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, place
     "autograd" (`devplace.graph.semantics`): a placement that `apply` cannot run as placed. `costs`: a profiled
     cost table (`devplace profile`) for the ops, with its per-op overhead, instead of the analytic model (its
     pipelining overheads belong on `cluster`: `hardware.cost.apply_overheads`).
+
+    The search is `devplace place --model`'s: placer "auto" and `pipeline` place each micro-batch count's pipeline
+    on the step captured again at batch / M (`capture.pipeline.module_microbatch_graphs`).
     """
-    from devplace.capture.pipeline import prepare
+    from devplace.capture.pipeline import module_microbatch_graphs, prepare
     from devplace.capture.torch_capture import capture
 
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
     graph = capture(model, example_inputs, loss_fn=loss_fn, optimizer=optimizer, dtype=dtype, amp=amp)
     device, kinds = cost_devices(c)
     prepared = prepare(graph, device=device, kinds=kinds, max_nodes=max_nodes, costs=costs)
+    batch = graph_batch(graph)
+    micro = None if batch is None else module_microbatch_graphs(
+        model, example_inputs, batch, loss_fn=loss_fn, optimizer=optimizer, dtype=dtype, amp=amp, device=device,
+        kinds=kinds, max_nodes=max_nodes, costs=costs)
     p = plan_from_prepared(prepared, c, placer=placer, order=order, seed=seed,
                            settings={"optimizer": optimizer, "max_nodes": max_nodes, "dtype": dtype, "amp": amp},
-                           source={"module": type(model).__name__}, **placer_settings)
+                           source={"module": type(model).__name__}, microbatch_graph=micro, **placer_settings)
     p.example_inputs = example_inputs
     p.loss_fn = loss_fn
     return p
@@ -236,13 +250,21 @@ def zoo_plan(name: str, cluster: Cluster | str, *, batch: int | None = None, seq
     (seeded, on the CPU) and plan it in precision `dtype` / `amp`; returns (plan, module, inputs).
 
     The plan records the model's name, batch and sequence length, so `rebuild_zoo_model(plan)` makes the same
-    module and inputs again (what `devplace run --plan` does)."""
-    from devplace.capture.custom import build_named_model
+    module and inputs again (what `devplace run --plan` does). The step is captured and placed as `devplace place
+    --model` does it (`capture.custom.named_prepared`, micro-batches by `microbatch_graphs`), so `devplace run
+    --model` runs the placement `devplace place --model` reports for the same request."""
+    from devplace.capture.custom import build_named_model, microbatch_graphs, named_prepared
 
-    module, inputs, loss_fn = build_named_model(name, batch, seq_len, seed=seed)
-    p = plan(module, inputs, cluster, placer=placer, order=order, optimizer=optimizer, max_nodes=max_nodes,
-             seed=seed, loss_fn=loss_fn, dtype=dtype, amp=amp, costs=costs, **placer_settings)
-    p.settings["source"] = named_source(name, batch, seq_len, seed)
+    c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
+    device, kinds = cost_devices(c)
+    prepared = named_prepared(name, batch=batch, seq_len=seq_len, optimizer=optimizer, dtype=dtype, amp=amp,
+                              max_nodes=max_nodes, device=device, kinds=kinds, costs=costs)
+    p = plan_from_prepared(prepared, c, placer=placer, order=order, seed=seed,
+                           settings={"optimizer": optimizer, "max_nodes": max_nodes, "dtype": dtype, "amp": amp},
+                           source=named_source(name, batch, seq_len, seed),
+                           microbatch_graph=microbatch_graphs(prepared), **placer_settings)
+    module, inputs, p.loss_fn = build_named_model(name, batch, seq_len, seed=seed)
+    p.example_inputs = inputs
     return p, module, inputs
 
 

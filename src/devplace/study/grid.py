@@ -78,7 +78,7 @@ def expand(spec: StudySpec, *, max_cells: int | None = None) -> list[Cell]:
     The cells are counted first: more than `max_cells` (default DEVPLACE_MAX_CELLS or 1,000,000) is a
     StudyError, raised before any cell is made.
     """
-    from devplace.placers.registry import get_placer
+    from devplace.placers.search import request_walks_order
 
     limit, count = cell_limit(max_cells), count_cells(spec)
     if count > limit:
@@ -91,7 +91,7 @@ def expand(spec: StudySpec, *, max_cells: int | None = None) -> list[Cell]:
         for c in spec.clusters:
             for p in spec.placers:
                 orders = p.orders if p.orders is not None else spec.orders
-                if not get_placer(p.name).uses_order:
+                if not request_walks_order(p.name):
                     orders = (NO_ORDER,)
                 seeds = p.seeds if p.seeds is not None else spec.seeds
                 sj = settings_json(p.settings)

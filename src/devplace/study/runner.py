@@ -6,9 +6,12 @@ written, so after a crash (kill -9 included) the database holds exactly the cell
 the same study again skips them. Failed cells are recorded (status "failed", the error) and skipped too,
 unless `retry_failed`. A cell never stops the study: its errors become its row.
 
-Graphs: zoo models and family members are captured, costed and coarsened once per study (2-5 s each) in
-the backend's workers and saved as graph JSON under `<db>.graphs/`; cells load them from there (the driver
-passes the loaded graph to the workers), so a rerun or a second study on the same database captures nothing.
+Graphs: zoo models and family members are captured (family members also costed and coarsened) once per study
+(2-5 s each) in the backend's workers and saved as graph JSON under `<db>.graphs/`; cells load them from there
+(the driver passes the loaded graph to the workers), so a rerun or a second study on the same database captures
+nothing. A zoo model's cell costs its step for the cell's cluster and places it as `devplace place --model`
+does (`model_prepared`; its pipelines on micro-batches captured at their own size, which are captured in the
+cell).
 """
 
 from __future__ import annotations
@@ -24,19 +27,23 @@ import traceback
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from devplace.defaults import CANONICAL_ORDER
 from devplace.files import output_folder
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.semantics import semantics_of
 from devplace.hardware.cluster import Cluster
+from devplace.hardware.cost import cost_devices
 from devplace.hardware.features import graph_features
-from devplace.placers.registry import get_placer
+from devplace.placers.search import request_settings
 from devplace.planning import Placed, place_graph
 from devplace.sim import lower_bound
 from devplace.study.grid import Cell, expand
 from devplace.study.spec import NO_ORDER, GraphRef, StudySpec, load_study
+
+if TYPE_CHECKING:  # the capture modules bring torch: imported where a zoo model is prepared
+    from devplace.capture.pipeline import Prepared
 
 RL_PLACERS = ("placeto", "seq2seq")
 ERROR_MAX_CHARS = 4000
@@ -57,12 +64,14 @@ class StudySummary:
 
 # ---------------------------------------------------------------------------------------------- worker side
 def prepare_graph(ref: GraphRef, max_nodes: int | None) -> CompGraph | str:
-    """The prepared graph of a zoo model or family member, or the error text when it cannot be built."""
+    """The prepared graph of a family member, or a zoo model's captured step (costed and coarsened per cell, for
+    the cell's cluster: `model_prepared`), or the error text when it cannot be built."""
     try:
-        from devplace.capture.pipeline import family_graph, zoo_graph
+        from devplace.capture.custom import capture_named_model
+        from devplace.capture.pipeline import family_graph
 
         if ref.family == "zoo":
-            return zoo_graph(ref.name, max_nodes=max_nodes)
+            return capture_named_model(ref.name)
         return family_graph(ref.family, ref.index, max_nodes=max_nodes)
     except Exception as exc:  # recorded in the rows of this graph's cells
         return _error_text(exc)
@@ -102,11 +111,20 @@ def run_cell(cell: Cell, graph: CompGraph | str, cluster: Cluster) -> dict[str, 
     try:
         if isinstance(graph, str):
             raise GraphPreparationError(graph)
-        row.update(graph_name=graph.name, num_nodes=graph.num_nodes,
-                   semantics=semantics_of(graph, cell.semantics).value)
-        row["features"] = {k: _finite(v) for k, v in graph_features(graph, cluster).items()}
-        row["lower_bound_s"] = lower_bound(graph, cluster).value_s
-        placed, curve, episodes = _place(cell, graph, cluster)
+        model = model_prepared(cell, graph, cluster)
+        seen, step = (model.graph, model.full) if model is not None else (graph, graph)
+        row.update(graph_name=seen.name, num_nodes=seen.num_nodes,
+                   semantics=semantics_of(step, cell.semantics).value)
+        row["features"] = {k: _finite(v) for k, v in graph_features(seen, cluster).items()}
+        row["lower_bound_s"] = lower_bound(step, cluster).value_s
+        # a zoo model is placed as `devplace place --model` places it: its groups judged on every op, pipelines on
+        # micro-batches captured at their own size
+        how: dict[str, Any] = {}
+        if model is not None:
+            from devplace.capture.custom import microbatch_graphs
+
+            how = {"coarsening": model.coarsening, "full": model.full, "microbatch_graph": microbatch_graphs(model)}
+        placed, curve, episodes = _place(cell, seen, cluster, how)
         result = placed.result
         row.update(placement_time_s=placed.placement_time_s, status="ok", step_time_s=float(result.step_time_s),
                    feasible=int(result.feasible), peak_memory_bytes=[float(b) for b in result.peak_memory_bytes],
@@ -122,13 +140,26 @@ class GraphPreparationError(Exception):
     """The cell's graph could not be captured or loaded (the message is the original error)."""
 
 
-def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[Placed, list[float] | None, int | None]:
-    """The placement simulated under the cell's model, the learning curve of RL placers, and their episode
-    count."""
+def model_prepared(cell: Cell, graph: CompGraph, cluster: Cluster) -> Prepared | None:
+    """A zoo model's captured step (`graph`) costed for the cell's cluster (`cost_devices`) and coarsened to the
+    study's `max_nodes`, as `devplace place --model NAME -c CLUSTER --max-nodes N` prepares it; None for a family
+    member or a graph file (placed as they are)."""
+    if cell.graph.family != "zoo":
+        return None
+    from devplace.capture.custom import prepare_named
+
+    device, kinds = cost_devices(cluster)
+    return prepare_named(graph, cell.graph.name, max_nodes=cell.max_nodes, device=device, kinds=kinds)
+
+
+def _place(cell: Cell, graph: CompGraph, cluster: Cluster,
+           how: dict[str, Any]) -> tuple[Placed, list[float] | None, int | None]:
+    """The placement simulated under the cell's model (`how`: a zoo model's coarsening, full graph and
+    micro-batch graphs), the learning curve of RL placers, and their episode count."""
     settings = cell.settings
     if cell.policy_path is not None:
         settings["policy"] = str(cell.policy_path)  # as the study wrote it, read from the study's folder
-    accepted = get_placer(cell.placer).settings
+    accepted = request_settings(cell.placer)
     if "sim_model" in accepted and "sim_model" not in settings:
         settings["sim_model"] = cell.sim_model  # RL placers learn under the study's simulation model
     order = CANONICAL_ORDER if cell.order_name == NO_ORDER else cell.order_name  # ignored by such placers
@@ -147,11 +178,11 @@ def _place(cell: Cell, graph: CompGraph, cluster: Cluster) -> tuple[Placed, list
             log = own if own is not None else Path(tmp) / "curve.csv"
             settings["log"] = str(log)
             placed = place_graph(graph, cluster, placer=cell.placer, order=order, seed=cell.seed,
-                                 simulation_model=cell.sim_model, semantics=cell.semantics, **settings)
+                                 simulation_model=cell.sim_model, semantics=cell.semantics, **how, **settings)
             rows = read_curve(log) if log.is_file() else []
         return placed, [float(r["step_time_s"]) for r in rows if not r.get("greedy")], episodes
     placed = place_graph(graph, cluster, placer=cell.placer, order=order, seed=cell.seed,
-                         simulation_model=cell.sim_model, semantics=cell.semantics, **settings)
+                         simulation_model=cell.sim_model, semantics=cell.semantics, **how, **settings)
     return placed, None, episodes
 
 
@@ -162,8 +193,9 @@ def graph_cache_dir(db: str | Path) -> Path:
     return p.parent / f"{p.name}.graphs"
 
 
-# bump when prepared graphs change: cached ones made before are rebuilt (2: graphs carry their semantics)
-GRAPH_CACHE_VERSION = 2
+# bump when prepared graphs change: cached ones made before are rebuilt (2: graphs carry their semantics; 3: a zoo
+# model's is its captured step, prepared per cell)
+GRAPH_CACHE_VERSION = 3
 
 
 def _cache_file(cache: Path, ref: GraphRef, max_nodes: int | None) -> Path:

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from devplace.defaults import CANONICAL_ORDER, DEFAULT_SEED, DEFAULT_SIM_MODEL, FAMILY_MAX_NODES
+from devplace.defaults import AUTO_PLACER, CANONICAL_ORDER, DEFAULT_SEED, DEFAULT_SIM_MODEL, FAMILY_MAX_NODES
 from devplace.errors import DevplaceError
 from devplace.files import env_limit, read_limited
 from devplace.graph.semantics import SemanticsError, parse_semantics
@@ -202,11 +202,11 @@ def parse_study(text: str, *, base_dir: Path, source: str = "<string>", max_cell
 
 def count_cells(spec: StudySpec) -> int:
     """How many cells `spec` expands to, computed without making them."""
-    from devplace.placers.registry import get_placer
+    from devplace.placers.search import request_walks_order
 
     per_pair = 0
     for p in spec.placers:
-        orders = 1 if not get_placer(p.name).uses_order else len(p.orders if p.orders is not None else spec.orders)
+        orders = 1 if not request_walks_order(p.name) else len(p.orders if p.orders is not None else spec.orders)
         per_pair += orders * len(p.seeds if p.seeds is not None else spec.seeds)
     return len(spec.graphs) * len(spec.clusters) * per_pair
 
@@ -300,10 +300,11 @@ def _orders(value: Any, what: str) -> tuple[str, ...]:
     if value == "all":
         return ORDERS
     names = _str_list(value, what)
-    bad = [n for n in names if n not in ORDERS]
+    # "auto" (devplace's default: the search picks the order) beside the orders, to compare with them
+    bad = [n for n in names if n not in ORDERS and n != "auto"]
     if bad:
         raise StudyError(f"{what}: unknown order {', '.join(map(repr, bad))}; orders: {', '.join(ORDERS)} "
-                         f"(or \"all\")")
+                         f"(or \"all\"), and auto")
     if len(set(names)) != len(names):
         raise StudyError(f"{what}: an order is listed twice")
     return tuple(names)
@@ -328,7 +329,7 @@ def _seeds(value: Any, what: str, limit: int) -> tuple[int, ...]:
 
 
 def _placers(value: Any, where: str, base_dir: Path, limit: int) -> tuple[PlacerEntry, ...]:
-    from devplace.placers.registry import get_placer
+    from devplace.placers.search import request_settings
 
     if isinstance(value, str):
         value = [value]
@@ -346,7 +347,7 @@ def _placers(value: Any, where: str, base_dir: Path, limit: int) -> tuple[Placer
         if not isinstance(name, str):
             raise StudyError(f"{what}: 'name' (the placer) is missing")
         try:
-            accepted = get_placer(name).settings
+            accepted = request_settings(name)
         except DevplaceError as exc:
             raise StudyError(f"{what}: {exc}") from None
         settings = item.get("settings", {})
@@ -373,9 +374,10 @@ def _check_settings(placer: str, settings: dict[str, Any], what: str) -> None:
     ranges such as anneal's swap_prob in [0, 1]), and names that must name something (`start`: a placer,
     `sim_model`: a simulation model): so a typo fails when the study is read, not when its first cell runs."""
     from devplace.placers.registry import get_placer
+    from devplace.placers.search import check_request_settings
     from devplace.sim import MODELS
 
-    hints = typing.get_type_hints(get_placer(placer).func)
+    hints = typing.get_type_hints(get_placer(placer).func) if placer != AUTO_PLACER else {}
     for key, value in settings.items():
         at = f"{what}: placer {placer!r} setting {key!r}"
         allowed = _scalar_types(hints.get(key))
@@ -385,7 +387,7 @@ def _check_settings(placer: str, settings: dict[str, Any], what: str) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             raise StudyError(f"{at} must be a finite number, got {value!r}")
     try:  # the placer's own checks of the values (ranges, names), as its first cell would run them
-        get_placer(placer).check_settings(settings)
+        check_request_settings(placer, settings)
     except DevplaceError as exc:
         raise StudyError(f"{what}: {exc}") from None
     if "start" in settings and placer == "anneal":

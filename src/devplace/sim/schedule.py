@@ -407,4 +407,5 @@ def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, s
         start_s=mb_start.min(axis=0), finish_s=finish,
         peak_memory_bytes=r.peak_memory_bytes, memory_bytes=r.memory_bytes, device_busy_s=r.device_busy_s,
         comm_bytes=r.comm_bytes, transfers=transfers, schedule=schedule, stage=stages.stage,
-        microbatch_start_s=mb_start, microbatch_finish_s=mb_finish, transfer_microbatch=u.microbatch[t.node])
+        microbatch_start_s=mb_start, microbatch_finish_s=mb_finish, transfer_microbatch=u.microbatch[t.node],
+        peak_activation_bytes=r.peak_activation_bytes)

@@ -149,6 +149,8 @@ def test_bad_inputs_say_what_is_wrong() -> None:
         simulate_parallel(g, c, np.zeros(3, dtype=np.int64), plan)
     with pytest.raises(ParallelPlanError, match=r"stage must be 0\.\.1"):
         simulate_parallel(g, c, np.full(g.num_nodes, 2), plan)
+    with pytest.raises(ParallelPlanError, match=r"forward op 'f0' \(stage 1\) feeds 'f1' \(stage 0\)"):
+        simulate_parallel(g, c, 1 - stages_of(g, 2), plan)
     with pytest.raises(ParallelPlanError, match="has 2 devices"):
         simulate_parallel(g, c, stages_of(g, 2), ParallelPlan(dp=2, pp=2, microbatches=1, batch=2))
     mb = model(2, meta={"microbatches": 4})

@@ -26,7 +26,7 @@ from devplace.graph.schedule import Schedule
 
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "dualpipev")
 V_SHAPED = ("zbv", "dualpipev")  # two chunks per device, the second running the stages back
-MULTI_CHUNK = ("interleaved-1f1b", "zero-bubble", *V_SHAPED)
+MULTI_CHUNK = ("interleaved-1f1b", "zero-bubble", *V_SHAPED)  # kinds that may run several chunks per device
 RECOMPUTE = ("none", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 KEYS = ("dp", "pp", "tp", "microbatches", "batch", "schedule", "chunks", "zero", "recompute", "devices")
@@ -127,14 +127,19 @@ class ParallelPlan:
         chunks = default if self.chunks is None else _count(self.chunks, "chunks")
         if kind in V_SHAPED and chunks != 2:
             raise ParallelPlanError(f"parallel plan: {kind} runs two chunks per device (a V), got chunks={chunks}")
-        if kind in MULTI_CHUNK and chunks < 2:
+        if kind in ("interleaved-1f1b", *V_SHAPED) and chunks < 2:
             raise ParallelPlanError(f"parallel plan: {kind} needs chunks >= 2 per device, got {chunks}; with one "
                                     "chunk per device use '1f1b'")
         if kind not in MULTI_CHUNK and chunks != 1:
             raise ParallelPlanError(f"parallel plan: {kind} runs one chunk per device, got chunks={chunks}")
-        if kind in ("interleaved-1f1b", "zero-bubble") and m % pp:
+        if kind == "interleaved-1f1b" and m % pp:
             raise ParallelPlanError(f"parallel plan: {kind} runs micro-batches in rounds of pp={pp}, got M={m}; "
                                     f"use a multiple of {pp}")
+        rounds = max(1, m // pp)
+        if kind == "zero-bubble" and m % rounds:
+            raise ParallelPlanError(f"parallel plan: zero-bubble runs M={m} micro-batches in {rounds} equal rounds "
+                                    f"(torch's rule: M // pp of them), which {m} does not split; use a multiple of "
+                                    f"{pp} or an M below {pp}")
         object.__setattr__(self, "chunks", chunks)
 
     @property
@@ -157,11 +162,12 @@ class ParallelPlan:
 
     def pipeline_schedule(self, replica: int = 0, microbatch_graph: bool = False) -> Schedule:
         """The `Schedule` one replica's pipeline runs ("none": 1F1B on one device, which runs each micro-batch's
-        forward then its backward). ParallelPlanError for the zero-bubble kinds, which `Schedule` cannot
-        express yet."""
-        if self.schedule in ("zero-bubble", *V_SHAPED):
-            raise ParallelPlanError(f"parallel plan: the {self.schedule} schedule is not compiled into pipeline "
-                                    "actions yet; use gpipe, 1f1b or interleaved-1f1b")
+        forward then its backward). ParallelPlanError for dualpipev, which `Schedule` cannot express (it overlaps
+        a forward and a backward in one action)."""
+        if self.schedule == "dualpipev":
+            raise ParallelPlanError("parallel plan: the dualpipev schedule (a forward and a backward of two "
+                                    "micro-batches overlapped in one action) is not simulated yet; use zbv, "
+                                    "zero-bubble, 1f1b, interleaved-1f1b or gpipe")
         kind = "1f1b" if self.schedule == "none" else self.schedule
         return Schedule(kind, self.microbatches, self.chunks, microbatch_graph, self.replica(replica))
 

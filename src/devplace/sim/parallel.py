@@ -38,7 +38,7 @@ import numpy as np
 
 from devplace.graph.batch import graph_batch, graph_microbatches
 from devplace.graph.compgraph import KIND_COMPUTE_KEY, CompGraph
-from devplace.graph.parallel import ParallelPlan, ParallelPlanError
+from devplace.graph.parallel import V_SHAPED, ParallelPlan, ParallelPlanError
 from devplace.graph.phases import STEP_COMPUTE_BY_KIND_KEY, STEP_COMPUTE_KEY, step_compute
 from devplace.hardware.cluster import Cluster, step_times
 from devplace.hardware.collectives import collective_s
@@ -219,13 +219,17 @@ class ParallelResult:
 
 def simulate_parallel(graph: CompGraph, cluster: Cluster, stage: np.ndarray, plan: ParallelPlan, *,
                       bucket_bytes: float = DDP_BUCKET_BYTES) -> ParallelResult:
-    """Simulate one step of `plan` (module docstring); `stage[v]` is op v's pipeline stage (0..pp-1)."""
+    """Simulate one step of `plan` (module docstring); `stage[v]` is op v's pipeline stage: 0..pp-1, or, for
+    a schedule of V chunks per device, 0..V*pp-1 in the order data flows (`stage_layout` says where each
+    runs). The plan's per-stage choices (ZeRO, recomputation) and its stage groups are per device position."""
     stage = _check(graph, cluster, stage, plan, bucket_bytes)
     own = graph_microbatches(graph)
+    pos, chunk = stage_layout(plan, stage)
     recomputed = tuple(s for s in range(plan.pp) if plan.recompute[s] == "full")
-    run_graph = recompute_graph(graph, stage, recomputed) if recomputed else graph
-    run_stage = np.concatenate([stage, stage[[graph.index[i.removesuffix(RECOMPUTE_SUFFIX)]
-                                              for i in run_graph.ids[graph.num_nodes:]]]])
+    run_graph = recompute_graph(graph, pos, recomputed) if recomputed else graph
+    originals = [graph.index[i.removesuffix(RECOMPUTE_SUFFIX)] for i in run_graph.ids[graph.num_nodes:]]
+    run_stage = np.concatenate([pos, pos[originals]])
+    run_chunk = np.concatenate([chunk, chunk[originals]])
     pipelines: list[ScheduledResult] = []
     simulated_on: list[tuple[int, ...]] = []
     seen: dict[bytes, tuple[ScheduledResult, tuple[int, ...]]] = {}
@@ -234,7 +238,8 @@ def simulate_parallel(graph: CompGraph, cluster: Cluster, stage: np.ndarray, pla
         key = _signature(cluster, devs)
         if key not in seen:
             seen[key] = (simulate_schedule(run_graph, cluster, devs[run_stage],
-                                           plan.pipeline_schedule(r, microbatch_graph=own is not None)),
+                                           plan.pipeline_schedule(r, microbatch_graph=own is not None),
+                                           run_chunk if (plan.chunks or 1) > 1 else None),
                          plan.replica(r))
         pipelines.append(seen[key][0])
         simulated_on.append(seen[key][1])
@@ -255,6 +260,16 @@ def simulate_parallel(graph: CompGraph, cluster: Cluster, stage: np.ndarray, pla
                           tuple(sorted(memory, key=lambda m: m.device)))
 
 
+def stage_layout(plan: ParallelPlan, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(device position in the pipeline, chunk on that device) of each op of pipeline stage `stage`: stage k of
+    V * pp runs chunk k // pp, on position k % pp (a loop, as interleaved schedules run), or, for the V-shaped
+    schedules, on position k on the way out and 2 pp - 1 - k on the way back."""
+    chunk = stage // plan.pp
+    back = 2 * plan.pp - 1 - stage
+    pos = np.where(chunk == 0, stage, back) if plan.schedule in V_SHAPED else stage % plan.pp
+    return pos.astype(np.int64), chunk.astype(np.int64)
+
+
 def _check(graph: CompGraph, cluster: Cluster, stage: np.ndarray, plan: ParallelPlan,
            bucket_bytes: float) -> np.ndarray:
     """The validated stage array; ParallelPlanError naming what does not fit."""
@@ -262,9 +277,17 @@ def _check(graph: CompGraph, cluster: Cluster, stage: np.ndarray, plan: Parallel
     if stage.shape != (graph.num_nodes,) or not np.issubdtype(stage.dtype, np.integer):
         raise ParallelPlanError(f"stages: give one integer stage per op of graph {graph.name!r} "
                                 f"({graph.num_nodes} ops), got an array of shape {stage.shape}")
-    if graph.num_nodes and (stage.min() < 0 or stage.max() >= plan.pp):
-        raise ParallelPlanError(f"stages: every op's stage must be 0..{plan.pp - 1} for pp={plan.pp}, got "
-                                f"{int(stage.min())}..{int(stage.max())}")
+    k = plan.pp * int(plan.chunks or 1)
+    if graph.num_nodes and (stage.min() < 0 or stage.max() >= k):
+        raise ParallelPlanError(f"stages: every op's stage must be 0..{k - 1} for pp={plan.pp} and {plan.chunks} "
+                                f"chunk(s) per device, got {int(stage.min())}..{int(stage.max())}")
+    phase = op_phases(graph)
+    fwd = (phase[graph.edge_src] == FORWARD) & (phase[graph.edge_dst] == FORWARD)
+    back = np.flatnonzero(fwd & (stage[graph.edge_dst] < stage[graph.edge_src]))
+    if back.size:
+        u, v = int(graph.edge_src[back[0]]), int(graph.edge_dst[back[0]])
+        raise ParallelPlanError(f"stages: forward op {graph.ids[u]!r} (stage {int(stage[u])}) feeds {graph.ids[v]!r} "
+                                f"(stage {int(stage[v])}); activations flow from each stage to the same or a later one")
     if max(plan.devices or (0,)) >= cluster.num_devices:
         raise ParallelPlanError(f"the plan uses device {max(plan.devices or (0,))} but cluster {cluster.name!r} "
                                 f"has {cluster.num_devices} devices (0..{cluster.num_devices - 1})")

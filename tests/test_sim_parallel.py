@@ -118,6 +118,21 @@ def test_recomputation_keeps_inputs_and_reruns_the_forward() -> None:
     assert r1.step_time_s > r0.step_time_s
 
 
+def test_recomputation_is_on_the_critical_path_of_a_uniform_chain() -> None:
+    # one layer per stage, F = 1, B = 2: 1F1B takes (M + p - 1)(F + B); rerunning F before B, (M + p - 1)(2F + B)
+    g, c = model(4, meta={"microbatches": 8}), cluster(4, bw=1e9)
+    for recompute, expect in (("none", 11 * 3), ("full", 11 * 4)):
+        plan = ParallelPlan(dp=1, pp=4, microbatches=8, batch=8, recompute=recompute)
+        assert simulate_parallel(g, c, stages_of(g, 4), plan).step_time_s == pytest.approx(expect)
+
+
+def test_recompute_graph_reads_other_stages_originals_and_waits_for_the_gradient() -> None:
+    g = model(2)
+    out = recompute_graph(g, np.array([0 if i in ("x", "f0", "b0", "o0") else 1 for i in g.ids]), (0, 1))
+    assert {out.ids[u] for u in out.predecessors(out.index["f1#recompute"])} == {"f0"}  # stage 0's, as received
+    assert {out.ids[u] for u in out.predecessors(out.index["f0#recompute"])} == {"x", "b1"}  # b1: the gradient
+
+
 def test_recompute_graph_rewires_the_backward_to_copies() -> None:
     g = model(2)
     out = recompute_graph(g, np.zeros(g.num_nodes, dtype=np.int64), (0,))

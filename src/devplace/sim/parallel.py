@@ -98,8 +98,10 @@ def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]
     """`graph` with the forward ops of `stages` recomputed before their backward (module docstring, step 2):
     for every forward op of such a stage that has a predecessor (sources, the inputs, are kept), a copy
     "<id>#recompute" of kind "backward" (tied to the original, no parameters, no once-per-step compute) that
-    reads what the original reads (the copy of a copied op) and feeds the stage's backward ops in its
-    place. Ops on the way to no backward op of the stage are not copied."""
+    reads what the original reads (the copy of an op copied in the same stage; another stage's output as kept
+    or received) and feeds the stage's backward ops in its place. The first copies also read the gradients the
+    stage's backward receives from other stages, so that the rerun waits for the backward to begin, on its
+    critical path. Ops on the way to no backward op of the stage are not copied."""
     phase = op_phases(graph)
     chosen = np.isin(stage, np.asarray(stages, dtype=np.int64))
     src, dst = graph.edge_src, graph.edge_dst
@@ -140,8 +142,23 @@ def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]
         rec = graph.edge_record(e)
         to_copy = copied[u] and phase[w] == BACKWARD and stage[w] == stage[u]
         edges.append({**rec, "src": clone_of[u]} if to_copy else rec)
-        if copied[w]:  # the copy reads what the original reads (a copied producer's copy)
-            edges.append({**rec, "src": clone_of.get(u, graph.ids[u]), "dst": clone_of[w]})
+        if copied[w]:  # the copy reads what the original reads: the copy of a producer copied in its stage
+            own = copied[u] and stage[u] == stage[w]
+            edges.append({**rec, "src": clone_of[u] if own else graph.ids[u], "dst": clone_of[w]})
+    # the rerun starts when the backward does: each first copy also waits for the gradients the stage's
+    # backward receives from later stages (the same tensors, so no transfer more)
+    incoming: dict[int, list[int]] = {}
+    for e in np.flatnonzero((phase[src] == BACKWARD) & (phase[dst] == BACKWARD) & (stage[src] != stage[dst])
+                            & chosen[dst]).tolist():
+        incoming.setdefault(int(stage[dst[e]]), []).append(e)
+    first = [v for v in clone_of if not any(copied[u] and stage[u] == stage[v] for u in graph.predecessors(v))]
+    for v in first:
+        seen = set()
+        for e in incoming.get(int(stage[v]), []):
+            key = (int(src[e]), int(graph.edge_tensor[e]))
+            if key not in seen:
+                seen.add(key)
+                edges.append({**graph.edge_record(e), "dst": clone_of[v]})
     return CompGraph.build(graph.name, nodes, edges, graph.meta)
 
 

@@ -133,6 +133,25 @@ def test_recompute_graph_reads_other_stages_originals_and_waits_for_the_gradient
     assert {out.ids[u] for u in out.predecessors(out.index["f0#recompute"])} == {"x", "b1"}  # b1: the gradient
 
 
+def test_recompute_graph_waits_only_for_gradients_that_do_not_wait_for_it() -> None:
+    # a coarse backward group of stage 0 (q) feeds stage 1's backward (m), which feeds stage 0's b0: the
+    # rerun of stage 0 may not wait for m, which needs q, which needs the rerun
+    nodes = [{"id": "x", "op": "input", "kind": "forward"}, {"id": "f0", "kind": "forward"},
+             {"id": "f1", "kind": "forward"},
+             {"id": "q", "kind": "backward", "group": "f0"}, {"id": "m", "kind": "backward", "group": "f1"},
+             {"id": "b0", "kind": "backward", "group": "f0"}]
+    edges = [{"src": "x", "dst": "f0", "bytes": 1}, {"src": "f0", "dst": "f1", "bytes": 1},
+             {"src": "f0", "dst": "q", "bytes": 1},
+             {"src": "f1", "dst": "m", "bytes": 1}, {"src": "q", "dst": "m", "bytes": 1},
+             {"src": "m", "dst": "b0", "bytes": 1}]
+    g = CompGraph.build("c", nodes, edges)
+    stage = np.array([0, 0, 1, 0, 1, 0])
+    out = recompute_graph(g, stage, (0,))
+    assert {out.ids[u] for u in out.predecessors(out.index["f0#recompute"])} == {"x"}  # not m
+    out = recompute_graph(g, stage, (1,))
+    assert {out.ids[u] for u in out.predecessors(out.index["f1#recompute"])} == {"f0", "q"}  # q: what m receives
+
+
 def test_recompute_graph_rewires_the_backward_to_copies() -> None:
     g = model(2)
     out = recompute_graph(g, np.zeros(g.num_nodes, dtype=np.int64), (0,))

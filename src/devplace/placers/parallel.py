@@ -73,7 +73,7 @@ def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatc
     judged: list[tuple[float, ParallelResult, np.ndarray]] = []
     for dp in choices:
         pp, m = n // dp, batch // microbatch_size // dp
-        one = _as_microbatch(graph, m)
+        one = as_microbatch(graph, m)
         if pp == 1:
             stage, kind = np.zeros(graph.num_nodes, dtype=np.int64), "none"
         else:
@@ -99,7 +99,7 @@ def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatc
     return ParallelSearch(best, stage, tuple(candidates))
 
 
-def _as_microbatch(graph: CompGraph, m: int) -> CompGraph:
+def as_microbatch(graph: CompGraph, m: int) -> CompGraph:
     """`graph` marked as one of `m` micro-batches of its replica's step (meta "microbatches")."""
     if graph.meta.get(MICROBATCHES_META_KEY) == m:
         return graph
@@ -111,7 +111,7 @@ def _as_microbatch(graph: CompGraph, m: int) -> CompGraph:
 def _stages(graph: CompGraph, cluster: Cluster, replica: tuple[int, ...], m: int, schedule: str) -> np.ndarray:
     """Each op's pipeline stage: the pipeline placer's cut of `graph` on the devices `replica` (in that order),
     with room to spare where no split fits them (module docstring)."""
-    sub = _sub_cluster(cluster, replica)
+    sub = sub_cluster(cluster, replica)
     try:
         cut = pipeline_plan(graph, sub, graph.topo_order, schedule=schedule, microbatches=m)
     except NoFitError:
@@ -124,7 +124,7 @@ def _stages(graph: CompGraph, cluster: Cluster, replica: tuple[int, ...], m: int
     return position[cut.devices]
 
 
-def _sub_cluster(cluster: Cluster, devices: tuple[int, ...]) -> Cluster:
+def sub_cluster(cluster: Cluster, devices: tuple[int, ...]) -> Cluster:
     """The cluster of `devices` (device i of it is devices[i]) with the links among them."""
     index = {d: i for i, d in enumerate(devices)}
     links: dict[tuple[int, int], Link] = {(index[a], index[b]): lk for (a, b), lk in cluster.links.items()

@@ -146,20 +146,43 @@ def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]
             own = copied[u] and stage[u] == stage[w]
             edges.append({**rec, "src": clone_of[u] if own else graph.ids[u], "dst": clone_of[w]})
     # the rerun starts when the backward does: each first copy also waits for the gradients the stage's
-    # backward receives from later stages (the same tensors, so no transfer more)
+    # backward receives from other stages (the same tensors, so no transfer more) -- those that do not
+    # themselves wait for the copies (a coarse backward group may feed a later stage's backward)
     incoming: dict[int, list[int]] = {}
     for e in np.flatnonzero((phase[src] == BACKWARD) & (phase[dst] == BACKWARD) & (stage[src] != stage[dst])
                             & chosen[dst]).tolist():
         incoming.setdefault(int(stage[dst[e]]), []).append(e)
     first = [v for v in clone_of if not any(copied[u] and stage[u] == stage[v] for u in graph.predecessors(v))]
+    after: dict[int, np.ndarray] = {}
     for v in first:
+        s = int(stage[v])
+        if s not in after:
+            after[s] = _descendants(graph, np.flatnonzero(_reads_copies(graph, copied, phase, stage, s)))
         seen = set()
-        for e in incoming.get(int(stage[v]), []):
+        for e in incoming.get(s, []):
             key = (int(src[e]), int(graph.edge_tensor[e]))
-            if key not in seen:
+            if key not in seen and not after[s][src[e]]:
                 seen.add(key)
                 edges.append({**graph.edge_record(e), "dst": clone_of[v]})
     return CompGraph.build(graph.name, nodes, edges, graph.meta)
+
+
+def _reads_copies(graph: CompGraph, copied: np.ndarray, phase: np.ndarray, stage: np.ndarray, s: int) -> np.ndarray:
+    """bool[V]: the backward ops of stage s that read a copied op (and so will read its copy)."""
+    src, dst = graph.edge_src, graph.edge_dst
+    out = np.zeros(graph.num_nodes, dtype=bool)
+    out[dst[copied[src] & (phase[dst] == BACKWARD) & (stage[dst] == s) & (stage[src] == s)]] = True
+    return out
+
+
+def _descendants(graph: CompGraph, starts: np.ndarray) -> np.ndarray:
+    """bool[V]: `starts` and every op reachable from them."""
+    reached = np.zeros(graph.num_nodes, dtype=bool)
+    reached[starts] = True
+    for v in graph.topo_order.tolist():
+        if reached[v]:
+            reached[graph.edge_dst[graph.out_edges(v)]] = True
+    return reached
 
 
 # --------------------------------------------------------------------------- the result

@@ -15,6 +15,7 @@ from devplace.sim.parallel import (
     ParamShares,
     param_shares,
     recompute_graph,
+    recompute_units,
     simulate_parallel,
 )
 from devplace.sim.schedule import Schedule, simulate_schedule
@@ -131,6 +132,38 @@ def test_recompute_graph_reads_other_stages_originals_and_waits_for_the_gradient
     out = recompute_graph(g, np.array([0 if i in ("x", "f0", "b0", "o0") else 1 for i in g.ids]), (0, 1))
     assert {out.ids[u] for u in out.predecessors(out.index["f1#recompute"])} == {"f0"}  # stage 0's, as received
     assert {out.ids[u] for u in out.predecessors(out.index["f0#recompute"])} == {"x", "b1"}  # b1: the gradient
+
+
+def blocks(layers: int, act: float = 100.0) -> CompGraph:
+    """x -> m.layers.i/a -> m.layers.i/b -> ... (1 s each, `act` bytes out); each op's backward (2 s) reads its
+    output, the backward chain in reverse."""
+    nodes = [{"id": "x", "op": "input", "kind": "forward", "output_bytes": 1.0}]
+    edges, prev, back = [], "x", None
+    for i in range(layers):
+        for j in "ab":
+            nodes.append({"id": f"m.layers.{i}/{j}", "kind": "forward", "compute_s": 1.0, "output_bytes": act})
+            edges.append({"src": prev, "dst": f"m.layers.{i}/{j}", "bytes": act})
+            prev = f"m.layers.{i}/{j}"
+    for i in reversed(range(layers)):
+        for j in "ba":
+            f = f"m.layers.{i}/{j}"
+            nodes.append({"id": f + "#bw", "kind": "backward", "group": f, "compute_s": 2.0})
+            edges += [{"src": f, "dst": f + "#bw", "bytes": act}] + ([{"src": back, "dst": f + "#bw", "bytes": 0}]
+                                                                      if back else [])
+            back = f + "#bw"
+    return CompGraph.build("blocks", nodes, edges)
+
+
+def test_full_recomputation_checkpoints_each_numbered_block() -> None:
+    g = blocks(4)
+    one = np.zeros(g.num_nodes, dtype=np.int64)
+    assert recompute_units(g, one).tolist()[:9] == [1, 1, 1, 2, 2, 3, 3, 4, 4]  # the input with block 0
+    plain, rerun = (simulate_parallel(g, cluster(1), one, ParallelPlan(1, 1, 1, 1, "none", recompute=r))
+                    for r in ("none", "full"))
+    assert plain.memory[0].stash == 8 * 100.0
+    # kept: the input and the inputs of blocks 1-3; live: the block being run (forward) or rerun (backward)
+    assert rerun.memory[0].total == 1.0 + 3 * 100.0 + 2 * 100.0
+    assert rerun.step_time_s - plain.step_time_s == pytest.approx(8 * 1.0)  # every forward op once more
 
 
 def test_recompute_graph_waits_only_for_gradients_that_do_not_wait_for_it() -> None:

@@ -8,8 +8,11 @@ category.
    `simulate_schedule` does) or one micro-batch of it (captured at batch / dp / M, meta "microbatches" = M:
    exact). `stage[v]` is the pipeline stage of op v; replica r runs stage s on `plan.replica(r)[s]`.
 2. Stages that recompute get a copy of their forward ops, of kind "backward", that reads what the original
-   read and feeds the stage's backward ops instead of the original (`recompute_graph`): the stage then keeps
-   only its inputs per micro-batch, and reruns its forward just before its backward, on its critical path.
+   read and feeds the stage's backward ops instead of the original (`recompute_graph`), unit by unit: each
+   numbered block (transformer layer) of the stage is a checkpoint (`recompute_units`), as Megatron-LM's full
+   recomputation and torch's per-layer activation checkpointing run it. The stage then keeps only each
+   block's input per micro-batch, and reruns a block's forward when its backward begins, on the critical
+   path.
 3. Each replica's pipeline is simulated with the reference model (`simulate_schedule`; replicas on devices of
    the same speeds, memory and links are simulated once).
 4. Gradients of a parameter are complete when the last backward op feeding its update has finished (for a
@@ -38,8 +41,10 @@ import numpy as np
 
 from devplace.graph.batch import graph_batch, graph_microbatches
 from devplace.graph.compgraph import KIND_COMPUTE_KEY, CompGraph
+from devplace.graph.modules import numbered_block
 from devplace.graph.parallel import V_SHAPED, ParallelPlan, ParallelPlanError
 from devplace.graph.phases import STEP_COMPUTE_BY_KIND_KEY, STEP_COMPUTE_KEY, step_compute
+from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster, step_times
 from devplace.hardware.collectives import collective_s
 from devplace.sim.schedule import BACKWARD, FORWARD, PER_STEP, ScheduledResult, op_phases, simulate_schedule
@@ -94,9 +99,28 @@ def _bytes(value: Any) -> float | None:
 # --------------------------------------------------------------------------- recomputation
 
 
+def recompute_units(graph: CompGraph, stage: np.ndarray) -> np.ndarray:
+    """int64[V]: each op's recomputation unit, a checkpoint of activation checkpointing: the ops of one
+    numbered block (a transformer layer: `numbered_block` of the forward op's id or group) on one stage, the
+    stage's other ops (embeddings, head) as one more unit; a backward op in its tie class's unit. On a graph
+    without numbered blocks, each stage is one unit."""
+    phase = op_phases(graph)
+    classes = tie_classes(graph)
+    index: dict[tuple[str, int], int] = {}
+    class_block: dict[int, int] = {}
+    for v in np.flatnonzero(phase == FORWARD).tolist():  # node order: the program's, blocks numbered as run
+        found = numbered_block(graph.group[v]) or numbered_block(graph.ids[v])
+        if found:
+            class_block.setdefault(int(classes[v]), index.setdefault(found, len(index)))
+    block = np.array([class_block.get(int(c), -1) for c in classes.tolist()], dtype=np.int64)
+    return np.asarray(stage, dtype=np.int64) * (len(index) + 1) + block + 1
+
+
 def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]) -> CompGraph:
     """`graph` with the forward ops of `stages` recomputed before their backward (module docstring, step 2):
-    for every forward op of such a stage that has a predecessor (sources, the inputs, are kept), a copy
+    `stage` is any grouping of the ops into units that are rerun as one (pipeline stages, or the blocks of
+    `recompute_units`). For every forward op of such a unit that has a predecessor (sources, the inputs, are
+    kept), a copy
     "<id>#recompute" of kind "backward" (tied to the original, no parameters, no once-per-step compute) that
     reads what the original reads (the copy of an op copied in the same stage; another stage's output as kept
     or received) and feeds the stage's backward ops in its place. The first copies also read the gradients the
@@ -265,8 +289,10 @@ def simulate_parallel(graph: CompGraph, cluster: Cluster, stage: np.ndarray, pla
     stage = _check(graph, cluster, stage, plan, bucket_bytes)
     own = graph_microbatches(graph)
     pos, chunk = stage_layout(plan, stage)
-    recomputed = tuple(s for s in range(plan.pp) if plan.recompute[s] == "full")
-    run_graph = recompute_graph(graph, pos, recomputed) if recomputed else graph
+    recomputed = [s for s in range(plan.pp) if plan.recompute[s] == "full"]
+    units = recompute_units(graph, stage)
+    chosen = tuple(np.unique(units[np.isin(pos, recomputed)]).tolist())
+    run_graph = recompute_graph(graph, units, chosen) if recomputed else graph
     originals = [graph.index[i.removesuffix(RECOMPUTE_SUFFIX)] for i in run_graph.ids[graph.num_nodes:]]
     run_stage = np.concatenate([pos, pos[originals]])
     run_chunk = np.concatenate([chunk, chunk[originals]])

@@ -7,8 +7,9 @@ configurations of issue 31, all simulated by `devplace.sim.parallel.simulate_par
 The model is captured once at the micro-batch size (cached as JSON under --cache), costed for the cluster's
 device kind and colocated (`capture.pipeline.prepare`); every plan runs that graph M = batch / (dp x micro-batch
 size) times per replica. Hand configurations, as a Megatron-LM or torchtitan user writes them: pure data
-parallel with ZeRO-1, and with ZeRO-3 and full recomputation; dp x pp with 1F1B, no sharding, no recomputation,
-the stages cut evenly by compute at module boundaries (`placers.even.even_devices`, accelerate's "balanced").
+parallel with ZeRO-1, and with ZeRO-3 and full recomputation; every dp x pp (pp >= 2) with 1F1B, no sharding, no
+recomputation, the stages cut evenly by compute at module boundaries (`placers.even.even_devices`, accelerate's
+"balanced").
 Printed: each hand configuration's step, memory fit and ratio to the search's answer; the search's answer and
 its wall time; every plan the search judged.
 """
@@ -30,9 +31,12 @@ from devplace.placers.even import even_devices
 from devplace.placers.parallel import as_microbatch, search_parallel, sub_cluster
 from devplace.sim.parallel import ParallelResult, simulate_parallel
 
-HAND = (  # (dp, zero, recompute) with pp = devices / dp
-    (16, 1, "none"), (16, 3, "full"), (8, 0, "none"), (4, 0, "none"), (2, 0, "none"),
-)
+
+def hand_configurations(devices: int) -> list[tuple[int, int, str]]:
+    """(dp, zero, recompute), pp = devices / dp: pure data parallel with ZeRO-1, and with ZeRO-3 and full
+    recomputation; every dp x pp with pp >= 2 without either (on 16 devices the issue's five and pp = 16)."""
+    pipelines = [(dp, 0, "none") for dp in range(devices // 2, 0, -1) if devices % dp == 0]
+    return [(devices, 1, "none"), (devices, 3, "full"), *pipelines]
 
 
 def hand(graph, cluster, batch: int, size: int, dp: int, zero: int, recompute: str) -> ParallelResult:
@@ -74,7 +78,7 @@ def main() -> None:
           f"{len(found.candidates)} plans judged")
     print("\n| configuration | step (ms) | fits | peak GB (max device) | ratio default / this |")
     print("|---|---|---|---|---|")
-    for dp, zero, recompute in HAND:
+    for dp, zero, recompute in hand_configurations(cluster.num_devices):
         r = hand(graph, cluster, args.batch, args.microbatch_size, dp, zero, recompute)
         peak = max(m.total for m in r.memory) / 1e9
         print(f"| {r.plan.label} (even cuts) | {r.step_time_s * 1e3:.1f} | {'yes' if r.feasible else 'no'} | "

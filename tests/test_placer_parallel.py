@@ -17,9 +17,11 @@ def test_the_search_answers_the_fastest_plan_that_fits() -> None:
     g, c = model(4, param=8e9, meta={"capture": {"batch": 1}}), cluster(4, bw=1e10, mem=2e10)
     found = search_parallel(g, c, batch=8, microbatch_size=1)
     plans = [x.plan for x in found.candidates if x.plan is not None]
-    assert [(p.dp, p.pp, p.microbatches) for p in plans[:1] + plans[2:3] + plans[10:11]] == [(1, 4, 8), (2, 2, 4),
-                                                                                             (4, 1, 2)]
-    assert len(plans) == 2 + 8 + 8  # ZeRO 0 only at dp=1; 4 ZeRO stages x 2 recompute choices otherwise
+    shapes = {(p.dp, p.pp, p.microbatches) for p in plans}
+    assert shapes == {(1, 4, 8), (2, 2, 4), (4, 1, 2)}
+    # per pipeline: 2 schedules (1f1b, zero-bubble) x ZeRO stages (0 only at dp=1) x 2 recompute choices
+    assert [sum(p.dp == dp for p in plans) for dp in (1, 2, 4)] == [2 * 1 * 2, 2 * 4 * 2, 1 * 4 * 2]
+    assert {p.schedule for p in plans if p.dp == 2} == {"1f1b", "zero-bubble"}
     pure_dp = {(x.plan.zero[0], x.plan.recompute[0]): x.feasible for x in found.candidates if x.dp == 4}
     assert not pure_dp[(0, "none")] and not pure_dp[(1, "none")] and pure_dp[(3, "none")]
     best = min(x.step_time_s for x in found.candidates if x.feasible)

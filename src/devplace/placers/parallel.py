@@ -10,9 +10,10 @@ node first), so the pipeline's hops cross nodes and the gradient syncs stay insi
 For pp > 1 the `pipeline` placer (`pipeline_plan`, as a function: the cuts, the micro-batch schedule and its
 refinement are its own) cuts the graph into pp stages on replica 0's devices, without sharding or
 recomputation; where no such split fits memory, it cuts on devices with room to spare, and the ZeRO stages and
-recomputation below decide whether the plan fits. Every ZeRO stage (0 only when dp = 1) and recomputation
-choice (the same for all stages) is then simulated on those stages; the fastest plan that fits memory wins
-(ties: the first in the order dp ascending, ZeRO ascending, no recomputation first).
+recomputation below decide whether the plan fits. Every schedule (1F1B and zero bubble, one chunk per device),
+ZeRO stage (0 only when dp = 1) and recomputation choice (the same for all stages) is then simulated on those
+stages; the fastest plan that fits memory wins (ties: the first in the order dp ascending, schedule, ZeRO
+ascending, no recomputation first).
 """
 
 from __future__ import annotations
@@ -55,11 +56,13 @@ class ParallelSearch:
 
 def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatch_size: int,
                     dps: tuple[int, ...] | None = None, zeros: tuple[int, ...] = ZERO_STAGES,
-                    recomputes: tuple[str, ...] = RECOMPUTE, schedule: str = "1f1b") -> ParallelSearch:
+                    recomputes: tuple[str, ...] = RECOMPUTE, schedules: tuple[str, ...] = ("1f1b", "zero-bubble"),
+                    ) -> ParallelSearch:
     """The fastest plan that fits memory for a global `batch` on all of `cluster`'s devices (module
     docstring). `graph` is one micro-batch of `microbatch_size` samples; `dps` the data-parallel degrees to try
-    (default: every one that divides the devices and leaves whole micro-batches); `schedule` the pipelines'
-    (for pp > 1). DevplaceError when no plan fits, naming each candidate's outcome."""
+    (default: every one that divides the devices and leaves whole micro-batches); `schedules` the pipeline
+    schedules judged on each cut (for pp > 1; the placer cuts for the first; one chunk per device, so
+    "zero-bubble" is ZB-H1). DevplaceError when no plan fits, naming each candidate's outcome."""
     n = cluster.num_devices
     recorded = graph_batch(graph)
     if recorded is not None and recorded != microbatch_size:
@@ -75,21 +78,23 @@ def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatc
         pp, m = n // dp, batch // microbatch_size // dp
         one = as_microbatch(graph, m)
         if pp == 1:
-            stage, kind = np.zeros(graph.num_nodes, dtype=np.int64), "none"
+            stage, kinds = np.zeros(graph.num_nodes, dtype=np.int64), ("none",)
         else:
             try:
-                stage, kind = _stages(one, cluster, ParallelPlan(dp, pp, m, batch, schedule).replica(0), m,
-                                      schedule), schedule
+                stage = _stages(one, cluster, ParallelPlan(dp, pp, m, batch, schedules[0]).replica(0), m,
+                                schedules[0])
             except NoFitError as exc:
                 candidates.append(Candidate(None, dp, None, False, f"no pipeline of {pp} stages: {exc}"))
                 continue
-        for zero in (z for z in zeros if dp > 1 or z == 0):
-            for recompute in recomputes:
-                plan = ParallelPlan(dp, pp, m, batch, kind, zero=zero, recompute=recompute)
-                result = simulate_parallel(one, cluster, stage, plan)
-                candidates.append(Candidate(plan, dp, result.step_time_s, result.feasible))
-                if result.feasible:
-                    judged.append((result.step_time_s, result, stage))
+            kinds = schedules
+        for kind in kinds:
+            for zero in (z for z in zeros if dp > 1 or z == 0):
+                for recompute in recomputes:
+                    plan = ParallelPlan(dp, pp, m, batch, kind, chunks=1, zero=zero, recompute=recompute)
+                    result = simulate_parallel(one, cluster, stage, plan)
+                    candidates.append(Candidate(plan, dp, result.step_time_s, result.feasible))
+                    if result.feasible:
+                        judged.append((result.step_time_s, result, stage))
     if not judged:
         tried = "; ".join(f"{c.plan.label if c.plan else f'dp={c.dp}'}: {c.note or 'over memory'}"
                           for c in candidates)

@@ -2,14 +2,15 @@
 configurations of issue 31, all simulated by `devplace.sim.parallel.simulate_parallel` in this run.
 
     PYTHONPATH=src .venv/bin/python benchmarks/parallel.py [--model llama-1b] [--cluster 2x8xA100-IB]
-        [--batch 32] [--microbatch-size 2] [--cache /tmp/devplace-parallel]
+        [--batch 32] [--microbatch-size 2] [--cache /tmp/devplace-parallel] [--graph colocated|full]
 
 The model is captured once at the micro-batch size (cached as JSON under --cache), costed for the cluster's
-device kind and colocated (`capture.pipeline.prepare`); every plan runs that graph M = batch / (dp x micro-batch
-size) times per replica. Hand configurations, as a Megatron-LM or torchtitan user writes them: pure data
-parallel with ZeRO-1, and with ZeRO-3 and full recomputation; every dp x pp (pp >= 2) with 1F1B, no sharding, no
-recomputation, the stages cut evenly by compute at module boundaries (`placers.even.even_devices`, accelerate's
-"balanced").
+device kind and colocated (`capture.pipeline.prepare`; `--graph full` plans every op instead, which keeps the
+backward's B and W ops apart, as zero-bubble schedules need: colocation merges them); every plan runs that
+graph M = batch / (dp x micro-batch size) times per replica. Hand configurations, as a Megatron-LM or
+torchtitan user writes them: pure data parallel with ZeRO-1, and with ZeRO-3 and full recomputation; every
+dp x pp (pp >= 2) with 1F1B, no sharding, no recomputation, the stages cut evenly by compute at module
+boundaries (`placers.even.even_devices`, accelerate's "balanced").
 Printed: each hand configuration's step, memory fit and ratio to the search's answer; the search's answer and
 its wall time; every plan the search judged.
 """
@@ -57,6 +58,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--microbatch-size", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=Path("/tmp/devplace-parallel"))
+    ap.add_argument("--graph", choices=("colocated", "full"), default="colocated",
+                    help="plan the colocated groups (default) or every op (keeps B and W apart for zero bubble)")
     args = ap.parse_args()
     cluster = PRESETS[args.cluster]()
     path = args.cache / f"{args.model}-b{args.microbatch_size}.json"
@@ -67,9 +70,10 @@ def main() -> None:
         args.cache.mkdir(parents=True, exist_ok=True)
         save_graph(captured, path)
     device, kinds = cost_devices(cluster)
-    graph = prepare(captured, device=device, kinds=kinds).graph
+    prepared = prepare(captured, device=device, kinds=kinds)
+    graph = prepared.graph if args.graph == "colocated" else prepared.full
     print(f"{args.model} batch {args.batch} (micro-batches of {args.microbatch_size}) on {args.cluster}: "
-          f"{graph.num_nodes} colocated groups")
+          f"{graph.num_nodes} {'colocated groups' if args.graph == 'colocated' else 'ops'}")
     t0 = time.perf_counter()
     found = search_parallel(graph, cluster, batch=args.batch, microbatch_size=args.microbatch_size)
     wall = time.perf_counter() - t0

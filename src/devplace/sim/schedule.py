@@ -106,21 +106,25 @@ def _op_phases(graph: CompGraph) -> np.ndarray:
 
 
 def weight_grad_ops(graph: CompGraph) -> np.ndarray:
-    """bool[V]: the backward ops classed W (weight gradients) by what they produce: a backward op all of whose
-    successors, at least one, run once per step (the optimizer's updates) or are W themselves. Every other
-    backward op is B: it leads to an input gradient (or to nothing a step uses, kept on the safe side).
-    Read-only, computed once per graph."""
+    """bool[V]: the backward ops classed W (weight gradients) by what they produce: a backward op whose results
+    reach the optimizer's updates (per-step ops) and no backward op of another tie class (`graph.ties`: the
+    backward of another forward op, where an input gradient goes). Every other backward op is B: input
+    gradients, and what both need (a gradient flowing into a layer). A coarse node that merges a layer's B and
+    W ops is B. Read-only, computed once per graph."""
     return graph.derived("weight_grad_ops", _weight_grad_ops)
 
 
 def _weight_grad_ops(graph: CompGraph) -> np.ndarray:
     phase = op_phases(graph)
+    classes = tie_classes(graph)
     w = np.zeros(graph.num_nodes, dtype=bool)
     for v in graph.topo_order[::-1].tolist():  # successors first
         if phase[v] != BACKWARD:
             continue
         succ = graph.edge_dst[graph.out_edges(v)]
-        w[v] = succ.size > 0 and bool(((phase[succ] == PER_STEP) | w[succ]).all())
+        bwd = succ[phase[succ] == BACKWARD]
+        to_step = bool((phase[succ] == PER_STEP).any())
+        w[v] = bool(w[bwd].all() and (classes[bwd] == classes[v]).all()) and (to_step or bool(bwd.size))
     return w
 
 

@@ -52,6 +52,18 @@ def test_backward_ops_are_b_or_w_by_what_they_produce() -> None:
                             [{"src": "f", "dst": "t", "bytes": 0}, {"src": "t", "dst": "mm", "bytes": 0},
                              {"src": "t", "dst": "gi", "bytes": 0}, {"src": "mm", "dst": "o", "bytes": 0}])
     assert weight_grad_ops(extra).tolist() == [False, False, True, False, False]
+    # the first layer computes no input gradient, so every gradient ends in an update; what flows into the
+    # first layer's backward from the second's is still B
+    two = CompGraph.build("two", [{"id": "l0", "kind": "forward"}, {"id": "l1", "kind": "forward"},
+                                  {"id": "gx1", "kind": "backward", "group": "l1"},
+                                  {"id": "gw1", "kind": "backward", "group": "l1"},
+                                  {"id": "gw0", "kind": "backward", "group": "l0"},
+                                  {"id": "o0", "kind": "optimizer", "group": "l0"},
+                                  {"id": "o1", "kind": "optimizer", "group": "l1"}],
+                          [{"src": "l0", "dst": "l1", "bytes": 0}, {"src": "l1", "dst": "gx1", "bytes": 0},
+                           {"src": "l1", "dst": "gw1", "bytes": 0}, {"src": "gx1", "dst": "gw0", "bytes": 0},
+                           {"src": "gw0", "dst": "o0", "bytes": 0}, {"src": "gw1", "dst": "o1", "bytes": 0}])
+    assert [two.ids[v] for v in np.flatnonzero(weight_grad_ops(two))] == ["gw1", "gw0"]
 
 
 def test_action_orders_are_torchs() -> None:

@@ -23,8 +23,9 @@ category.
    bucket, so the sync is on the step's critical path only where it outlasts the backward. Under ZeRO 1-3
    the update runs on 1/dp of the parameters; under ZeRO 1-2 the updated shards are all-gathered after it.
    Under ZeRO-3 every forward and backward of a micro-batch first all-gathers the stage's parameters
-   (2 M all-gathers per step, prefetched while the stage computes): the part of them that the stage's busy
-   time does not cover is added to its end.
+   (2 M all-gathers per step, prefetched while the stage computes): the first unit's (one bucket) gather,
+   before any compute, and the part of the rest that the stage's busy time does not cover are added to its
+   end.
 5. Memory per device, by category (`MemoryBreakdown`): parameters, gradients and optimizer state are the
    stage's persistent bytes split by `param_shares` and divided by dp as the ZeRO stage shards them;
    activations ("stash") and temporaries are the simulated live bytes at the device's peak (forward outputs
@@ -423,9 +424,10 @@ def _stage_sync(graph: CompGraph, cluster: Cluster, plan: ParallelPlan, s: int, 
         gather = collective_s(cluster, group, "all-gather", weight_bytes)
         extra += gather
         comm += gather
-    if zero == 3:
+    if zero == 3:  # the first unit's gather precedes all compute; the rest overlap it where it is long enough
+        first = collective_s(cluster, group, "all-gather", min(bucket_bytes, weight_bytes))
         gathers = 2 * plan.microbatches * collective_s(cluster, group, "all-gather", weight_bytes)
-        extra += max(0.0, gathers - busy)
+        extra += first + max(0.0, gathers - first - busy)
         comm += gathers
     return StageSync(s, group, backward_end, sync_end, comm, end + (sync_end - backward_end) + extra)
 

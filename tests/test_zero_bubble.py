@@ -127,3 +127,15 @@ def test_schedule_checks_the_zero_bubble_kinds() -> None:
     assert Schedule("zero-bubble", 4).chunks == 2 and Schedule("zero-bubble", 4, chunks=1).chunks == 1
     with pytest.raises(ScheduleError, match="equal rounds"):
         actions(Schedule("zero-bubble", 5, chunks=1), 2, 0)
+
+
+def test_the_pipeline_placer_cuts_for_zero_bubble_but_not_for_zbv() -> None:
+    from devplace.placers.pipeline import pipeline_plan
+    from devplace.placers.registry import PlacerError
+
+    g = zchain(8, microbatches=4)
+    zb = pipeline_plan(g, cluster(2, bw=1e9), g.topo_order, schedule="zero-bubble", microbatches=4, cuts="ops")
+    il = pipeline_plan(g, cluster(2, bw=1e9), g.topo_order, schedule="interleaved-1f1b", microbatches=4, cuts="ops")
+    assert zb.schedule.kind == "zero-bubble" and zb.step_time_s < il.step_time_s
+    with pytest.raises(PlacerError, match=r"setting 'schedule' must be one of .*zero-bubble, got 'zbv'"):
+        pipeline_plan(g, cluster(2, bw=1e9), g.topo_order, schedule="zbv", microbatches=4)

@@ -34,7 +34,7 @@ from devplace.errors import GraphError
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.phases import runs_per_step, step_compute
-from devplace.graph.schedule import KINDS as KINDS  # re-exported: the kinds are the schedule value's
+from devplace.graph.schedule import KINDS as VALUE_KINDS
 from devplace.graph.schedule import Schedule, ScheduleError
 from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster
@@ -44,6 +44,9 @@ from devplace.sim.result import SimResult, Transfers
 FORWARD, BACKWARD, PER_STEP = 0, 1, 2  # an op's phase
 WEIGHT = 3  # the action of a stage's weight-gradient (W) ops under a zero-bubble schedule
 SPLIT_KINDS = ("zero-bubble", "zbv")  # schedules that run B and W as separate actions
+# the kinds a placement alone can run (what placers and `--schedule` offer): a V-shaped zbv pipeline also needs
+# each op's chunk (`chunk_of`), which a `ParallelPlan`'s stages give
+KINDS = tuple(k for k in VALUE_KINDS if k != "zbv")
 BARRIER = "barrier"  # op name of the zero-cost nodes that sequence a device's actions
 # the output index of a barrier's in-edges: a 0-byte tensor of its own, so that it never meets a real one
 BARRIER_TENSOR = 2**62

@@ -55,7 +55,11 @@ def test_dp1_zero0_agrees_with_the_pipeline_simulator() -> None:
     # 1F1B: stage 0 holds its two layers' activations for pp - 0 = 2 micro-batches in flight (x is freed
     # once f0 has read it)
     assert r.memory[0].stash == 2 * 2 * 10.0
-    assert r.feasible and r.to_dict()["parallel"]["pp"] == 2
+    doc = r.to_dict()
+    assert r.feasible and doc["parallel"]["pp"] == 2 and doc["step_time_s"] == r.step_time_s
+    assert doc["memory"][0] == {"device": 0, "stage": 0, "parameters": 4.0, "gradients": 4.0, "optimizer_state": 8.0,
+                                "stash": 40.0, "temporaries": r.memory[0].temporaries, "total": r.memory[0].total,
+                                "capacity": 1e12}
 
 
 def test_gradient_buckets_overlap_the_backward() -> None:

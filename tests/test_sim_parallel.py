@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from conftest import cluster
 from devplace.graph import CompGraph
@@ -18,7 +19,8 @@ from devplace.sim.parallel import (
     recompute_units,
     simulate_parallel,
 )
-from devplace.sim.schedule import Schedule, simulate_schedule
+from devplace.sim.schedule import Schedule, ScheduleError, simulate_schedule
+from test_sim_schedule import pipelines
 
 
 def model(layers: int, *, f: float = 1.0, b: float = 2.0, act: float = 10.0, inp: float = 1.0,
@@ -231,3 +233,25 @@ def test_bad_inputs_say_what_is_wrong() -> None:
     captured = model(2, meta={"capture": {"batch": 8}})
     with pytest.raises(ParallelPlanError, match="runs batch 2 / dp 1 = 2"):
         simulate_parallel(captured, c, stages_of(captured, 2), plan)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pipelines())
+def test_one_replica_without_sharding_is_the_pipeline_simulation(case: tuple) -> None:
+    # dp = 1, ZeRO-0, no recomputation: the same step and, by category, the same peaks as simulate_schedule
+    nodes, edges, p, placement, kind, m, _, bw, lat, micro = case
+    if kind == "interleaved-1f1b":
+        return  # its stages are not the devices; the V-chunk mapping is tested in test_zero_bubble.py
+    g = CompGraph.build("p", nodes, edges, {"microbatches": m} if micro else None)
+    devices = np.array([placement[i] for i in g.ids], dtype=np.int64)
+    c = cluster(p, bw=bw, lat=lat)
+    plan = ParallelPlan(dp=1, pp=p, microbatches=m, batch=m, schedule=kind if p > 1 else "none")
+    try:
+        ref = simulate_schedule(g, c, devices, plan.pipeline_schedule(microbatch_graph=micro))
+    except ScheduleError:
+        with pytest.raises((ScheduleError, ParallelPlanError)):
+            simulate_parallel(g, c, devices, plan)
+        return
+    r = simulate_parallel(g, c, devices, plan)
+    assert r.step_time_s == ref.step_time_s
+    assert [m.total for m in r.memory] == pytest.approx(ref.peak_memory_bytes.tolist())

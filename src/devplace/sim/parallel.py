@@ -118,15 +118,15 @@ def recompute_units(graph: CompGraph, stage: np.ndarray) -> np.ndarray:
 
 
 def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]) -> CompGraph:
-    """`graph` with the forward ops of `stages` recomputed before their backward (module docstring, step 2):
-    `stage` is any grouping of the ops into units that are rerun as one (pipeline stages, or the blocks of
-    `recompute_units`). For every forward op of such a unit that has a predecessor (sources, the inputs, are
-    kept), a copy
-    "<id>#recompute" of kind "backward" (tied to the original, no parameters, no once-per-step compute) that
-    reads what the original reads (the copy of an op copied in the same stage; another stage's output as kept
-    or received) and feeds the stage's backward ops in its place. The first copies also read the gradients the
-    stage's backward receives from other stages, so that the rerun waits for the backward to begin, on its
-    critical path. Ops on the way to no backward op of the stage are not copied."""
+    """`graph` with the forward ops of `stages` recomputed before their backward (module docstring, step 2).
+    `stage` groups the ops into units rerun as one (pipeline stages, or the blocks of `recompute_units`;
+    "stage" below). Every forward op of a chosen stage that has a predecessor (sources, the inputs, are kept)
+    and leads to an op the stage's backward reads gets a copy "<id>#recompute" of kind "backward" (tied to the
+    original, no parameters, no once-per-step compute) that reads what the original reads (the copy of an op
+    copied in the same stage; another stage's output as kept or received) and feeds the stage's backward ops
+    in its place. The first copies also read the gradients the stage's backward receives from other stages
+    (those that do not depend on the copies), so that the rerun waits for the backward to begin, on its
+    critical path."""
     phase = op_phases(graph)
     chosen = np.isin(stage, np.asarray(stages, dtype=np.int64))
     src, dst = graph.edge_src, graph.edge_dst

@@ -38,5 +38,7 @@ def test_the_search_says_what_is_wrong() -> None:
         search_parallel(g, c, batch=8, microbatch_size=1)
     with pytest.raises(DevplaceError, match="not a whole number of micro-batches of 2"):
         search_parallel(g, c, batch=7, microbatch_size=2)
+    with pytest.raises(DevplaceError, match=r"degrees \[3\] do not divide the 2 devices .* use some of 1, 2"):
+        search_parallel(g, c, batch=8, microbatch_size=2, dps=(1, 3))
     with pytest.raises(DevplaceError, match="no parallel plan of 'm' at batch 8 fits"):
         search_parallel(g, c, batch=8, microbatch_size=2)

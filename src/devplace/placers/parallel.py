@@ -71,7 +71,12 @@ def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatc
     if microbatch_size < 1 or batch < 1 or batch % microbatch_size:
         raise DevplaceError(f"the batch of {batch} is not a whole number of micro-batches of {microbatch_size}; "
                             "use a micro-batch size that divides the batch")
-    choices = dps or tuple(d for d in range(1, n + 1) if n % d == 0 and (batch // microbatch_size) % d == 0)
+    fitting = tuple(d for d in range(1, n + 1) if n % d == 0 and (batch // microbatch_size) % d == 0)
+    choices = dps or fitting
+    if set(choices) - set(fitting):
+        raise DevplaceError(f"data-parallel degrees {sorted(set(choices) - set(fitting))} do not divide the "
+                            f"{n} devices and the {batch // microbatch_size} micro-batches of the batch; use some "
+                            f"of {', '.join(map(str, fitting))}")
     candidates: list[Candidate] = []
     judged: list[tuple[float, ParallelResult, np.ndarray]] = []
     for dp in choices:

@@ -31,7 +31,6 @@ Times are per sample (the step over the batch), in ms; ratios are of step times.
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from beyond_zoo import CASES, captured
 from devplace.app.with_torch import place_prepared, prepare_model
 from devplace.capture.pipeline import Prepared, prepare
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.modules import numbered_block
 from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster
 from devplace.hardware.cost import cost_devices
@@ -53,10 +53,6 @@ from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.schedule import FORWARD, op_phases
 from devplace.zoo.models import MODELS
 
-# a numbered block: `h.7`, `layers.3`, `block.0`, torchvision's `encoder_layer_11`; the text before the number
-# names its stack (t5's encoder and decoder, CLIP's two towers have blocks of the same numbers)
-LAYER = re.compile(r"^(.*?(?:\.(?:h|layers?|blocks?)\.|encoder_layer_))(\d+)[./]")
-
 
 def equal_layer_split(graph: CompGraph, devices: int) -> np.ndarray | None:
     """The numbered blocks, in the order the program first runs them (the encoder's before the decoder's),
@@ -67,9 +63,9 @@ def equal_layer_split(graph: CompGraph, devices: int) -> np.ndarray | None:
     index: dict[tuple[str, int], int] = {}
     block = np.full(graph.num_nodes, -1)
     for v in range(graph.num_nodes):  # node order: the order of the capture, the program's
-        found = LAYER.search(graph.group[v]) or LAYER.search(graph.ids[v])
+        found = numbered_block(graph.group[v]) or numbered_block(graph.ids[v])
         if found:
-            block[v] = index.setdefault((found.group(1), int(found.group(2))), len(index))
+            block[v] = index.setdefault(found, len(index))
     if not index:
         return None
     device_of = np.arange(len(index)) * devices // len(index)

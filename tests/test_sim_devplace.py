@@ -266,3 +266,22 @@ def test_active_mask_simulates_the_induced_subgraph(case, rnd):
     assert masked.step_time_s == ref.step_time_s
     assert masked.peak_memory_bytes.tolist() == ref.peak
     assert {nid: masked.start_s[g.index[nid]] for nid in kept} == ref.start
+
+
+@settings(max_examples=100, deadline=None)
+@given(cases(), st.booleans())
+def test_activation_bytes_at_the_peak_are_the_live_forward_outputs(case, all_backward):
+    # of each device's peak, the live part is outputs (kept or received) and temps; outputs of forward ops
+    # (kind "forward" or none) count as activations, of backward ops not
+    nodes, edges, speeds, bw, lat, placement = case
+    if all_backward:
+        case = ([{**n, "kind": "backward"} for n in nodes], edges, speeds, bw, lat, placement)
+    g, c, devs = build(case)
+    r = simulate(g, c, devs)
+    live = r.peak_memory_bytes - np.bincount(devs, weights=g.param_bytes, minlength=c.num_devices)
+    assert r.peak_activation_bytes is not None
+    if all_backward:
+        assert r.peak_activation_bytes.tolist() == [0.0] * c.num_devices
+    elif not g.temp_bytes.any():
+        assert r.peak_activation_bytes.tolist() == pytest.approx(live.tolist())
+    assert (r.peak_activation_bytes <= live + 1e-9).all()

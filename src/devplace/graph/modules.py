@@ -9,6 +9,7 @@ module boundaries.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 
 import numpy as np
@@ -17,9 +18,19 @@ from devplace.errors import GraphError
 from devplace.graph.compgraph import CompGraph
 
 __all__ = ["SEGMENTS_KEY", "ancestors", "forward_ops", "group_segments", "has_modules", "module_of", "module_starts",
-           "segment_spans"]
+           "numbered_block", "segment_spans"]
 
 SEGMENTS_KEY = "segments"  # node extra key of a coarse node: [first, last] segment of its forward ops
+# a numbered block: `h.7`, `layers.3`, `block.0`, torchvision's `encoder_layer_11`; the text before the number
+# names its stack (t5's encoder and decoder, CLIP's two towers have blocks of the same numbers)
+LAYER = re.compile(r"^(.*?(?:\.(?:h|layers?|blocks?)\.|encoder_layer_))(\d+)[./]")
+
+
+def numbered_block(name: str) -> tuple[str, int] | None:
+    """(stack, number) of the numbered block (a transformer layer, a ResNet block) an op id or module path
+    names, or None: "model.layers.3.mlp/mm#0" -> ("model.layers.", 3)."""
+    found = LAYER.search(name)
+    return (found.group(1), int(found.group(2))) if found else None
 
 
 def module_of(graph: CompGraph, v: int) -> str | None:

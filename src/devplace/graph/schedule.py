@@ -11,7 +11,8 @@ from typing import Any
 from devplace.defaults import MAX_MICROBATCHES
 from devplace.errors import DevplaceError
 
-KINDS = ("gpipe", "1f1b", "interleaved-1f1b")
+KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
+MULTI_CHUNK = ("interleaved-1f1b", "zbv")  # kinds that need (or, for zbv, have exactly) two or more chunks
 
 
 class ScheduleError(DevplaceError):
@@ -28,8 +29,10 @@ def _int_at_least(value: object, name: str, low: int, high: int | None = None) -
 
 @dataclass(frozen=True)
 class Schedule:
-    """A micro-batch pipeline schedule: `kind` ("gpipe", "1f1b" or "interleaved-1f1b"), `microbatches` M,
-    `chunks` V (model chunks per device; 1 except for interleaved-1f1b, where it defaults to 2), and
+    """A micro-batch pipeline schedule: `kind` ("gpipe", "1f1b", "interleaved-1f1b", or torch's zero-bubble
+    schedules "zero-bubble" (interleaved zero bubble, ZB1P) and "zbv"), `microbatches` M, `chunks` V (model
+    chunks per device: 1 for gpipe and 1f1b; interleaved-1f1b at least 2; zero-bubble any; zbv exactly 2, in a V;
+    default 2 where more than 1 is possible), and
     `microbatch_graph` (True: the graph given to the simulator was captured at batch/M, so nothing is scaled;
     False: it is the whole batch's step and forward/backward ops are scaled by 1/M), and `device_order` (the
     devices in pipeline order, stage 0's first; None: by index), so that any device can run any stage."""
@@ -45,12 +48,15 @@ class Schedule:
             raise ScheduleError(f"unknown schedule kind {self.kind!r}; choose one of: {', '.join(KINDS)}")
         object.__setattr__(self, "microbatches", _int_at_least(self.microbatches, "microbatches", 1,
                                                                     MAX_MICROBATCHES))
-        interleaved = self.kind == "interleaved-1f1b"
-        chunks = (2 if interleaved else 1) if self.chunks is None else _int_at_least(self.chunks, "chunks", 1)
-        if interleaved and chunks < 2:
+        multi = self.kind in MULTI_CHUNK
+        default = 2 if multi or self.kind == "zero-bubble" else 1
+        chunks = default if self.chunks is None else _int_at_least(self.chunks, "chunks", 1)
+        if self.kind == "zbv" and chunks != 2:
+            raise ScheduleError(f"Schedule: zbv runs two model chunks per device (a V), got chunks={chunks}")
+        if multi and chunks < 2:
             raise ScheduleError(f"Schedule: interleaved-1f1b needs chunks >= 2 (model chunks per device), got "
                                 f"{chunks}; with one chunk per device use kind='1f1b'")
-        if not interleaved and chunks != 1:
+        if not multi and self.kind != "zero-bubble" and chunks != 1:
             raise ScheduleError(f"Schedule: {self.kind} runs one model chunk per device, got chunks={chunks}; "
                                 "use kind='interleaved-1f1b' for several")
         object.__setattr__(self, "chunks", chunks)

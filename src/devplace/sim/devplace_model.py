@@ -195,9 +195,10 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
 
 @njit(cache=True)
 def _peak_memory(dev, active, start_i, finish_i, n_times, num_devices, output_bytes, temp_bytes, param_bytes,
-                 edge_src, edge_dst, edge_transfer, t_node, t_dst, t_bytes, t_start_i,
-                 t_finish_i):  # pragma: no cover - compiled
-    """Peak memory per device (rule 7), from the schedule in time indices (same order as times)."""
+                 edge_src, edge_dst, edge_transfer, t_node, t_dst, t_bytes, t_start_i, t_finish_i,
+                 activation):  # pragma: no cover - compiled
+    """Peak memory per device (rule 7), from the schedule in time indices (same order as times), and of its
+    live part the bytes that are outputs of `activation` nodes (kept or received) at that peak."""
     n = dev.shape[0]
     n_t = t_node.shape[0]
     # free instants: an output when its local consumers are done and its transfers have arrived, a received
@@ -223,16 +224,19 @@ def _peak_memory(dev, active, start_i, finish_i, n_times, num_devices, output_by
     when = np.empty(m, dtype=np.int64)
     delta = np.empty(m, dtype=np.float64)
     where = np.empty(m, dtype=np.int64)
+    is_act = np.zeros(m, dtype=np.bool_)
     c = 0
     for v in range(n):
         if not active[v]:
             continue
         if output_bytes[v] > 0 and out_free[v] > start_i[v]:
+            is_act[c:c + 2] = activation[v]
             c = _interval(when, delta, where, c, start_i[v], out_free[v], output_bytes[v], dev[v])
         if temp_bytes[v] > 0 and finish_i[v] > start_i[v]:
             c = _interval(when, delta, where, c, start_i[v], finish_i[v], temp_bytes[v], dev[v])
     for x in range(n_t):
         if t_bytes[x] > 0 and recv_free[x] > t_start_i[x]:
+            is_act[c:c + 2] = activation[t_node[x]]
             c = _interval(when, delta, where, c, t_start_i[x], recv_free[x], t_bytes[x], t_dst[x])
     bucket = np.zeros(n_times + 1, dtype=np.int64)
     for i in range(c):
@@ -250,15 +254,20 @@ def _peak_memory(dev, active, start_i, finish_i, n_times, num_devices, output_by
             persistent[dev[v]] += param_bytes[v]
     # all changes at one instant are applied before the peak is read: the same as frees before allocations
     live = np.zeros(num_devices, dtype=np.float64)
+    live_act = np.zeros(num_devices, dtype=np.float64)
     peak_live = np.zeros(num_devices, dtype=np.float64)
+    peak_act = np.zeros(num_devices, dtype=np.float64)
     for b in range(n_times):
         for k in range(bucket[b], bucket[b + 1]):
             live[where[order[k]]] += delta[order[k]]
+            if is_act[order[k]]:
+                live_act[where[order[k]]] += delta[order[k]]
         for k in range(bucket[b], bucket[b + 1]):
             d = where[order[k]]
             if live[d] > peak_live[d]:
                 peak_live[d] = live[d]
-    return persistent + peak_live
+                peak_act[d] = live_act[d]
+    return persistent + peak_live, peak_act
 
 
 @njit(cache=True, inline="always")
@@ -288,6 +297,8 @@ class DevplaceModel:
         self.memory = cluster.memory
         self.bandwidth = np.ascontiguousarray(cluster.bandwidth)
         self.latency = np.ascontiguousarray(cluster.latency)
+        # outputs of forward ops (kind "forward" or none) are activations: what a backward reads
+        self.activation = np.array([k in ("", "forward") for k in graph.kind], dtype=np.bool_)
 
     def run(self, devices: np.ndarray, active: np.ndarray | None = None) -> SimResult:
         """Simulate one step with `devices[v]` the device index of node v (already validated).
@@ -310,16 +321,16 @@ class DevplaceModel:
          t_finish_i, edge_transfer) = _schedule(dev, dur, active, g.topo_rank, nd, g.succ_ptr, self.tsorted_edges,
                                                 g.edge_dst, g.edge_tensor, g.edge_bytes, indeg, self.bandwidth,
                                                 self.latency)
-        peak = _peak_memory(dev, active, start_i, finish_i, n_times, nd, g.output_bytes, g.temp_bytes,
-                            g.param_bytes, g.edge_src, g.edge_dst, edge_transfer, t_node, t_dst, t_bytes, t_start_i,
-                            t_finish_i)
+        peak, peak_act = _peak_memory(dev, active, start_i, finish_i, n_times, nd, g.output_bytes, g.temp_bytes,
+                                      g.param_bytes, g.edge_src, g.edge_dst, edge_transfer, t_node, t_dst, t_bytes,
+                                      t_start_i, t_finish_i, self.activation)
         transfers = Transfers(node=t_node, tensor=t_tensor, src_dev=dev[t_node], dst_dev=t_dst, nbytes=t_bytes,
                               start_s=t_start, finish_s=t_finish)
         return SimResult(
             model=self.name,
             step_time_s=float(finish.max()) if finish.size else 0.0,
             device=dev, start_s=start, finish_s=finish,
-            peak_memory_bytes=peak, memory_bytes=self.memory,
+            peak_memory_bytes=peak, memory_bytes=self.memory, peak_activation_bytes=peak_act,
             device_busy_s=np.bincount(dev, weights=dur, minlength=nd).astype(np.float64),
             comm_bytes=float(t_bytes.sum()),
             transfers=transfers,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,9 @@ class SimResult:
     device_busy_s: np.ndarray  # float64[D], total compute time on each device
     comm_bytes: float  # total bytes moved between devices
     transfers: Transfers
+    # float64[D]: of each device's peak, the bytes of forward ops' outputs live then (kept or received), the
+    # activations; None where the model does not say (`placeto-sim`)
+    peak_activation_bytes: np.ndarray | None = field(default=None, kw_only=True)
 
     @property
     def feasible(self) -> bool:

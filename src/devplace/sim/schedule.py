@@ -11,7 +11,10 @@ at a time per device, FIFO channels, memory intervals) holds unchanged. docs/sim
   to one of lower index (the wrap-around of an interleaved pipeline); a backward op is in the stage of the
   forward op it is tied to (`devplace.graph.ties`);
 - each device runs its stages' actions (forward or backward of one stage for one micro-batch) strictly in
-  the schedule's order; the ops inside one action follow the reference model's rule 5.
+  the schedule's order; the ops inside one action follow the reference model's rule 5;
+- the zero-bubble schedules ("zero-bubble", "zbv", torch's ScheduleInterleavedZeroBubble and
+  ScheduleZBVZeroBubble, in the same action order) split a stage's backward into B (input gradients) and W
+  (weight gradients: `weight_grad_ops`), run as separate actions, W free to move into the bubbles.
 
 The micro-batch graph: by default the graph is the step of the whole batch and forward/backward ops' compute,
 output, temp and the bytes between them are divided by M (an approximation: not every op's cost is linear in
@@ -31,7 +34,7 @@ from devplace.errors import GraphError
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.phases import runs_per_step, step_compute
-from devplace.graph.schedule import KINDS as KINDS  # re-exported: the kinds are the schedule value's
+from devplace.graph.schedule import KINDS as VALUE_KINDS
 from devplace.graph.schedule import Schedule, ScheduleError
 from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster
@@ -39,6 +42,11 @@ from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.result import SimResult, Transfers
 
 FORWARD, BACKWARD, PER_STEP = 0, 1, 2  # an op's phase
+WEIGHT = 3  # the action of a stage's weight-gradient (W) ops under a zero-bubble schedule
+SPLIT_KINDS = ("zero-bubble", "zbv")  # schedules that run B and W as separate actions
+# the kinds a placement alone can run (what placers and `--schedule` offer): a V-shaped zbv pipeline also needs
+# each op's chunk (`chunk_of`), which a `ParallelPlan`'s stages give
+KINDS = tuple(k for k in VALUE_KINDS if k != "zbv")
 BARRIER = "barrier"  # op name of the zero-cost nodes that sequence a device's actions
 # the output index of a barrier's in-edges: a 0-byte tensor of its own, so that it never meets a real one
 BARRIER_TENSOR = 2**62
@@ -100,11 +108,36 @@ def _op_phases(graph: CompGraph) -> np.ndarray:
     return phase
 
 
+def weight_grad_ops(graph: CompGraph) -> np.ndarray:
+    """bool[V]: the backward ops classed W (weight gradients) by what they produce: a backward op whose results
+    reach the optimizer's updates (per-step ops) and no backward op of another tie class (`graph.ties`: the
+    backward of another forward op, where an input gradient goes). Every other backward op is B: input
+    gradients, and what both need (a gradient flowing into a layer). A coarse node that merges a layer's B and
+    W ops is B. Read-only, computed once per graph."""
+    return graph.derived("weight_grad_ops", _weight_grad_ops)
+
+
+def _weight_grad_ops(graph: CompGraph) -> np.ndarray:
+    phase = op_phases(graph)
+    classes = tie_classes(graph)
+    w = np.zeros(graph.num_nodes, dtype=bool)
+    for v in graph.topo_order[::-1].tolist():  # successors first
+        if phase[v] != BACKWARD:
+            continue
+        succ = graph.edge_dst[graph.out_edges(v)]
+        bwd = succ[phase[succ] == BACKWARD]
+        to_step = bool((phase[succ] == PER_STEP).any())
+        w[v] = bool(w[bwd].all() and (classes[bwd] == classes[v]).all()) and (to_step or bool(bwd.size))
+    return w
+
+
 def pipeline_stages(graph: CompGraph, devices: np.ndarray, chunks: int,
-                    device_order: tuple[int, ...] | None = None) -> Stages:
+                    device_order: tuple[int, ...] | None = None, chunk_of: np.ndarray | None = None) -> Stages:
     """The stage of every op under `devices` (see the module docstring), or a ScheduleError when the
     placement is not a pipeline with at most `chunks` chunks per device. The pipeline's devices are in
-    `device_order` (devices it does not list after, by index), else by index."""
+    `device_order` (devices it does not list after, by index), else by index. `chunk_of` (each op's chunk on
+    its device, 0..chunks-1) replaces the chunks read off the data flow: a V-shaped pipeline (zbv), whose
+    turn runs two chunks on one device one after the other, needs it."""
     phase = op_phases(graph)
     feeds = np.flatnonzero((phase[graph.edge_src] == PER_STEP) & (phase[graph.edge_dst] != PER_STEP))
     if feeds.size:
@@ -118,8 +151,15 @@ def pipeline_stages(graph: CompGraph, devices: np.ndarray, chunks: int,
     pos_of = np.full(int(devices.max(initial=0)) + 1, -1, dtype=np.int64)
     pos_of[np.asarray(used, dtype=np.int64)] = np.arange(len(used))
     pos = np.where(phase != PER_STEP, pos_of[devices], -1)
-    chunk, bad, bad_chunk = _chunks(graph.topo_order, graph.pred_ptr, graph.pred_edges, graph.edge_src, phase, pos,
-                                    devices, tie_classes(graph), chunks)
+    if chunk_of is not None:
+        chunk = np.asarray(chunk_of)
+        mb = phase != PER_STEP
+        if chunk.shape != (graph.num_nodes,) or (mb.any() and not (0 <= chunk[mb].min() <= chunk[mb].max() < chunks)):
+            raise ScheduleError(f"chunk_of must give every op of graph {graph.name!r} its chunk 0..{chunks - 1}")
+        chunk, bad, bad_chunk = np.where(mb, chunk, -1).astype(np.int64), -1, 0
+    else:
+        chunk, bad, bad_chunk = _chunks(graph.topo_order, graph.pred_ptr, graph.pred_edges, graph.edge_src, phase,
+                                        pos, devices, tie_classes(graph), chunks)
     if bad >= 0:
         what = ("a pipeline sends activations along its device order only (by index unless the schedule "
                 "gives a device_order)" if chunks == 1
@@ -170,8 +210,13 @@ def _chunks(topo, pred_ptr, pred_edges, edge_src, phase, pos, devices, classes, 
 
 
 def actions(schedule: Schedule, p: int, r: int) -> list[tuple[int, int, int]]:
-    """The actions of pipeline position r of p, in the order it runs them: (phase, chunk, micro-batch)."""
+    """The actions of pipeline position r of p, in the order it runs them: (phase, chunk, micro-batch); phase
+    WEIGHT is the W half of a backward split by a zero-bubble schedule."""
     m, v = schedule.microbatches, int(schedule.chunks or 1)
+    if schedule.kind == "zero-bubble":
+        return _zero_bubble_actions(m, v, p, r)
+    if schedule.kind == "zbv":
+        return _zbv_actions(m, p, r)
     if schedule.kind == "gpipe":
         return [(FORWARD, 0, k) for k in range(m)] + [(BACKWARD, 0, k) for k in range(m)]
     if schedule.kind == "1f1b":
@@ -189,6 +234,78 @@ def actions(schedule: Schedule, p: int, r: int) -> list[tuple[int, int, int]]:
     for i in range(len(fwd) - warmup):
         seq += [fwd[warmup + i], bwd[i]]
     return seq + bwd[len(fwd) - warmup:]
+
+
+def _zero_bubble_actions(m: int, v: int, p: int, r: int) -> list[tuple[int, int, int]]:
+    """torch's ScheduleInterleavedZeroBubble (ZB1P, arXiv 2401.10241) at position r: micro-batches in rounds
+    of M // p (at least 1), a warm-up of forwards one shorter per position, then forward / B pairs, each B
+    followed, after the first r of them, by the W of the oldest backward not yet weighed; the rest of the Ws
+    at the end. Torch's idle slots do not matter here: the simulator waits for data."""
+    rounds = max(1, m // p)
+    if m % rounds:
+        raise ScheduleError(f"zero-bubble runs the micro-batches in {rounds} equal rounds (M // pipeline devices), "
+                            f"which M={m} does not split; use a multiple of {p} or fewer than {p}")
+    per_round = m // rounds
+    warmup = min((v - 1) * per_round + (p - 1 - r), m * v)
+    total = m * v + warmup  # warm-up forwards, then forward + B, then the cooldown's Bs
+
+    def fwd_chunk(step: int) -> int:
+        return (step // per_round) % v
+
+    def bwd_chunk(step: int) -> int:
+        return v - 1 - ((step - warmup) // per_round) % v
+    count = {ph: [0] * v for ph in (FORWARD, BACKWARD, WEIGHT)}
+
+    def act(ph: int, c: int) -> tuple[int, int, int]:
+        count[ph][c] += 1
+        return (ph, c, count[ph][c] - 1)
+    seq: list[tuple[int, int, int]] = []
+    backward_steps: list[int] = []
+    for step in range(total):
+        if step < m * v:
+            seq.append(act(FORWARD, fwd_chunk(step)))
+        if step < warmup:
+            continue
+        seq.append(act(BACKWARD, bwd_chunk(step)))
+        backward_steps.append(step)
+        if step - warmup >= r:
+            seq.append(act(WEIGHT, bwd_chunk(backward_steps[len(backward_steps) - 1 - r])))
+    weighed = len(backward_steps) - r if len(backward_steps) > r else 0
+    seq += [act(WEIGHT, bwd_chunk(s)) for s in backward_steps[weighed:]]
+    return seq
+
+
+def _zbv_actions(m: int, p: int, r: int) -> list[tuple[int, int, int]]:
+    """torch's ScheduleZBVZeroBubble (arXiv 2401.10241, section 6) at position r: chunk 0 runs the pipeline's
+    stage r, chunk 1 its stage 2p - 1 - r (the way back of the V); its warm-up, steady state and cooldown, with
+    the actions of micro-batches >= M (torch plans at least 2p - 1) dropped."""
+    n = max(2 * p - 1, m)
+    f0, f1, b0, b1, w0, w1 = ((ph, c) for ph in (FORWARD, BACKWARD, WEIGHT) for c in (0, 1))
+    count = dict.fromkeys((f0, f1, b0, b1, w0, w1), 0)
+    seq: list[tuple[int, int, int]] = []
+
+    def act(*steps: tuple[int, int]) -> None:
+        for step in steps:  # each (phase, chunk) runs its next micro-batch
+            seq.append((*step, count[step]))
+            count[step] += 1
+    for _ in range(2 * (p - r) - 1):
+        act(f0)
+    for _ in range(r):
+        act(f1, f0)
+    for _ in range(p - r):
+        act(f1, b1, w1)
+    while count[f1] < count[f0] or count[f0] < n:
+        if count[f0] < n:
+            act(f0)
+        act(b0, w0, f1, b1, w1)
+    for _ in range(r):
+        act(b0, b1)
+    for _ in range(p - r):
+        act(b0, w0)
+    for w, b in ((w1, b1), (w0, b0)):
+        while count[w] < count[b]:
+            act(w)
+    return [a for a in seq if a[2] < m]
 
 
 # --------------------------------------------------------------------------- unrolling
@@ -303,10 +420,13 @@ def _barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages:
     p = len(stages.pipeline_devices)
     devices = np.asarray(devices, dtype=np.int64)
     mb = stages.phase != PER_STEP
-    # an action's ops: one (device, phase, stage); its sources have no in-edge from the same action, its sinks
-    # no out-edge to it
+    action_phase = stages.phase
+    if schedule.kind in SPLIT_KINDS:  # a backward op's action is B or W
+        action_phase = np.where(weight_grad_ops(graph), WEIGHT, stages.phase)
+    # an action's ops: one (device, action phase, stage); its sources have no in-edge from the same action, its
+    # sinks no out-edge to it
     width = int(stages.stage.max(initial=0)) + 2  # stage + 1 in 0 .. width - 1
-    code = (devices * 3 + stages.phase) * width + stages.stage + 1
+    code = (devices * 4 + action_phase) * width + stages.stage + 1
     u, v = graph.edge_src, graph.edge_dst
     inner = mb[u] & (code[u] == code[v])
     has_pred = np.zeros(graph.num_nodes, dtype=bool)
@@ -333,7 +453,7 @@ def _barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages:
         prev = np.zeros(0, dtype=np.int64)
         for j, (ph, c, k) in enumerate(actions(schedule, p, r)):
             stage = c * p + r
-            ops = members.get((d * 3 + ph) * width + stage + 1) if stage + 1 < width else None
+            ops = members.get((d * 4 + ph) * width + stage + 1) if stage + 1 < width else None
             if ops is None:
                 continue
             if prev.size:
@@ -380,11 +500,17 @@ class ScheduledResult(SimResult):
         return doc
 
 
-def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, schedule: Schedule) -> ScheduledResult:
-    """Simulate one pipelined step of `graph` under `devices` (validated device index per node)."""
+def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, schedule: Schedule,
+                      chunk_of: np.ndarray | None = None) -> ScheduledResult:
+    """Simulate one pipelined step of `graph` under `devices` (validated device index per node); `chunk_of`
+    each op's chunk on its device where the data flow does not say it (`pipeline_stages`; zbv needs it)."""
     check_microbatches(graph, schedule)
     devices = np.asarray(devices, dtype=np.int64)
-    stages = pipeline_stages(graph, devices, int(schedule.chunks or 1), schedule.device_order)
+    if schedule.kind == "zbv" and chunk_of is None:
+        raise ScheduleError("the zbv schedule runs two chunks per device in a V (stages r and 2p-1-r on device r), "
+                            "which the placement alone does not tell apart at the turn; give chunk_of, each op's "
+                            "chunk, or simulate it through a ParallelPlan with V-shaped stages")
+    stages = pipeline_stages(graph, devices, int(schedule.chunks or 1), schedule.device_order, chunk_of)
     u = unroll(graph, devices, schedule, stages, cluster)
     r = DevplaceModel(u.graph, cluster).run(u.devices)
     n, m = graph.num_nodes, schedule.microbatches
@@ -407,4 +533,5 @@ def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, s
         start_s=mb_start.min(axis=0), finish_s=finish,
         peak_memory_bytes=r.peak_memory_bytes, memory_bytes=r.memory_bytes, device_busy_s=r.device_busy_s,
         comm_bytes=r.comm_bytes, transfers=transfers, schedule=schedule, stage=stages.stage,
-        microbatch_start_s=mb_start, microbatch_finish_s=mb_finish, transfer_microbatch=u.microbatch[t.node])
+        microbatch_start_s=mb_start, microbatch_finish_s=mb_finish, transfer_microbatch=u.microbatch[t.node],
+        peak_activation_bytes=r.peak_activation_bytes)

@@ -1,0 +1,200 @@
+"""`ParallelPlan`: how a training step runs on many devices (DESIGN.md section 9b), as a validated value with
+its JSON form. `dp` replicas of a pipeline of `pp` stages, `microbatches` M per replica, a pipeline schedule,
+and per stage a ZeRO stage (over that stage's replicas) and a recomputation choice.
+
+Devices form a mesh of shape (dp, pp, tp), stored row-major as one flat tuple (`devices`), as torch's
+`DeviceMesh` does: replica r of stage s (tensor-parallel rank t) runs on `devices[(r * pp + s) * tp + t]`.
+A tensor-parallel degree `tp` is part of the format already; only tp = 1 is accepted until tensor
+parallelism is built, so adding it changes no key. Which ops form each stage (the cuts) is a placement of one
+replica's graph; the plan says where the stages and their replicas run.
+
+Pipeline schedules (`SCHEDULES`): "none" (one stage: the M micro-batches run one after another, gradient
+accumulation), the `Schedule` kinds GPipe, 1F1B and interleaved 1F1B (`chunks` V >= 2), and the zero-bubble
+schedules torch runs: interleaved zero bubble ("zero-bubble", V >= 2 chunks per device), ZBV and DualPipeV
+(two chunks per device in a V shape).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+from devplace.defaults import MAX_MICROBATCHES
+from devplace.errors import DevplaceError
+from devplace.graph.schedule import Schedule
+
+SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "dualpipev")
+V_SHAPED = ("zbv", "dualpipev")  # two chunks per device, the second running the stages back
+MULTI_CHUNK = ("interleaved-1f1b", "zero-bubble", *V_SHAPED)  # kinds that may run several chunks per device
+RECOMPUTE = ("none", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+KEYS = ("dp", "pp", "tp", "microbatches", "batch", "schedule", "chunks", "zero", "recompute", "devices")
+
+
+class ParallelPlanError(DevplaceError):
+    """An invalid parallel plan: degrees, batch split, schedule, per-stage choices or device mesh."""
+
+
+def _count(value: object, name: str, low: int = 1, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ParallelPlanError(f"parallel plan: {name} must be an integer >= {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ParallelPlanError(f"parallel plan: {name} must be at most {high:,}, got {value:,}")
+    return int(value)
+
+
+def _per_stage(value: object, pp: int, name: str) -> tuple[Any, ...]:
+    """A per-stage choice: one value for every stage, or a list of `pp` values."""
+    if isinstance(value, tuple | list):
+        if len(value) != pp:
+            raise ParallelPlanError(f"parallel plan: {name} lists {len(value)} values for {pp} stages; give one "
+                                    "per stage (or a single value for all)")
+        return tuple(value)
+    return (value,) * pp
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """A dp x pp (x tp) plan for a global `batch` (see the module docstring). Every field is checked when the
+    plan is made: M divides batch / dp, the schedule suits pp and `chunks`, `zero` and `recompute` hold one
+    value per stage (a single value is broadcast), `devices` lists dp * pp * tp distinct device indices
+    (default: stage s's replicas on consecutive devices, so a stage's data-parallel group shares a node)."""
+
+    dp: int
+    pp: int
+    microbatches: int
+    batch: int
+    schedule: str = "1f1b"
+    chunks: int | None = None
+    zero: tuple[int, ...] | int = 0
+    recompute: tuple[str, ...] | str = "none"
+    devices: tuple[int, ...] | None = None
+    tp: int = 1
+
+    def __post_init__(self) -> None:
+        dp, pp = _count(self.dp, "dp"), _count(self.pp, "pp")
+        tp = _count(self.tp, "tp")
+        if tp != 1:
+            raise ParallelPlanError(f"parallel plan: tensor parallelism is not built yet, got tp={tp}; use tp=1")
+        m = _count(self.microbatches, "microbatches", 1, MAX_MICROBATCHES)
+        batch = _count(self.batch, "batch")
+        if batch % dp:
+            raise ParallelPlanError(f"parallel plan: dp={dp} replicas do not split the batch of {batch} evenly; "
+                                    "use a dp that divides the batch")
+        if (batch // dp) % m:
+            raise ParallelPlanError(f"parallel plan: M={m} micro-batches do not split a replica's batch of "
+                                    f"{batch // dp} (batch {batch} / dp {dp}) evenly; use an M that divides "
+                                    f"{batch // dp}")
+        for name, value in (("dp", dp), ("pp", pp), ("tp", tp), ("microbatches", m), ("batch", batch)):
+            object.__setattr__(self, name, value)
+        self._check_schedule()
+        zero = _per_stage(self.zero, pp, "zero")
+        for z in zero:
+            if isinstance(z, bool) or z not in ZERO_STAGES:
+                raise ParallelPlanError(f"parallel plan: zero must be one of 0, 1, 2, 3 per stage, got {z!r}")
+            if z and dp == 1:
+                raise ParallelPlanError(f"parallel plan: ZeRO-{z} shards over a stage's data-parallel replicas, "
+                                        "and dp=1 has none to shard over; use zero=0 or dp >= 2")
+        object.__setattr__(self, "zero", tuple(int(z) for z in zero))
+        recompute = _per_stage(self.recompute, pp, "recompute")
+        for r in recompute:
+            if r not in RECOMPUTE:
+                raise ParallelPlanError(f"parallel plan: recompute must be one of {', '.join(RECOMPUTE)} per "
+                                        f"stage, got {r!r}")
+        object.__setattr__(self, "recompute", tuple(recompute))
+        n = dp * pp * tp
+        if self.devices is None:  # stage s's replicas on devices s*dp .. s*dp + dp - 1
+            devices = tuple(s * dp + r for r in range(dp) for s in range(pp))
+        else:
+            devices = self.devices
+            ok = (isinstance(devices, tuple | list) and len(devices) == n and len(set(devices)) == n
+                  and all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0 for d in devices))
+            if not ok:
+                raise ParallelPlanError(f"parallel plan: devices must list dp*pp*tp = {n} distinct device indices "
+                                        f"(mesh (dp, pp, tp), row-major), got {devices!r}")
+        object.__setattr__(self, "devices", tuple(int(d) for d in devices))
+
+    def _check_schedule(self) -> None:
+        kind, pp, m = self.schedule, self.pp, self.microbatches
+        if kind not in SCHEDULES:
+            raise ParallelPlanError(f"parallel plan: unknown schedule {kind!r}; choose one of: {', '.join(SCHEDULES)}")
+        if (kind == "none") != (pp == 1):
+            raise ParallelPlanError(f"parallel plan: schedule {kind!r} with pp={pp}; one stage runs schedule "
+                                    "'none' (micro-batches one after another), a pipeline of several stages any "
+                                    "other")
+        default = 2 if kind in MULTI_CHUNK else 1
+        chunks = default if self.chunks is None else _count(self.chunks, "chunks")
+        if kind in V_SHAPED and chunks != 2:
+            raise ParallelPlanError(f"parallel plan: {kind} runs two chunks per device (a V), got chunks={chunks}")
+        if kind in ("interleaved-1f1b", *V_SHAPED) and chunks < 2:
+            raise ParallelPlanError(f"parallel plan: {kind} needs chunks >= 2 per device, got {chunks}; with one "
+                                    "chunk per device use '1f1b'")
+        if kind not in MULTI_CHUNK and chunks != 1:
+            raise ParallelPlanError(f"parallel plan: {kind} runs one chunk per device, got chunks={chunks}")
+        if kind == "interleaved-1f1b" and m % pp:
+            raise ParallelPlanError(f"parallel plan: {kind} runs micro-batches in rounds of pp={pp}, got M={m}; "
+                                    f"use a multiple of {pp}")
+        rounds = max(1, m // pp)
+        if kind == "zero-bubble" and m % rounds:
+            raise ParallelPlanError(f"parallel plan: zero-bubble runs M={m} micro-batches in {rounds} equal rounds "
+                                    f"(torch's rule: M // pp of them), which {m} does not split; use a multiple of "
+                                    f"{pp} or an M below {pp}")
+        object.__setattr__(self, "chunks", chunks)
+
+    @property
+    def num_devices(self) -> int:
+        """dp * pp * tp: the devices the plan uses."""
+        return self.dp * self.pp * self.tp
+
+    @property
+    def microbatch_size(self) -> int:
+        """Samples per micro-batch: batch / dp / M."""
+        return self.batch // self.dp // self.microbatches
+
+    def replica(self, r: int) -> tuple[int, ...]:
+        """The devices of replica r, stage 0's first (its pipeline's device order)."""
+        return tuple(self.devices[(r * self.pp + s) * self.tp] for s in range(self.pp))
+
+    def stage_group(self, s: int) -> tuple[int, ...]:
+        """The data-parallel group of stage s: its replicas' devices, replica 0's first."""
+        return tuple(self.devices[(r * self.pp + s) * self.tp] for r in range(self.dp))
+
+    def pipeline_schedule(self, replica: int = 0, microbatch_graph: bool = False) -> Schedule:
+        """The `Schedule` one replica's pipeline runs ("none": 1F1B on one device, which runs each micro-batch's
+        forward then its backward). ParallelPlanError for dualpipev, which `Schedule` cannot express (it overlaps
+        a forward and a backward in one action)."""
+        if self.schedule == "dualpipev":
+            raise ParallelPlanError("parallel plan: the dualpipev schedule (a forward and a backward of two "
+                                    "micro-batches overlapped in one action) is not simulated yet; use zbv, "
+                                    "zero-bubble, 1f1b, interleaved-1f1b or gpipe")
+        kind = "1f1b" if self.schedule == "none" else self.schedule
+        return Schedule(kind, self.microbatches, self.chunks, microbatch_graph, self.replica(replica))
+
+    @property
+    def label(self) -> str:
+        """Short form for reports: "dp=2 pp=4 1f1b M=8 zero=1 recompute=full"."""
+        def one(values: tuple[Any, ...]) -> str:
+            return str(values[0]) if len(set(values)) == 1 else ",".join(map(str, values))
+        chunks = f" V={self.chunks}" if (self.chunks or 1) > 1 else ""
+        return (f"dp={self.dp} pp={self.pp} {self.schedule} M={self.microbatches}{chunks} "
+                f"zero={one(self.zero)} recompute={one(self.recompute)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan's JSON form (the "parallel" object of a placement or a `--json` answer)."""
+        return {"dp": self.dp, "pp": self.pp, "tp": self.tp, "microbatches": self.microbatches, "batch": self.batch,
+                "schedule": self.schedule, "chunks": self.chunks, "zero": list(self.zero),
+                "recompute": list(self.recompute), "devices": list(self.devices or ())}
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> ParallelPlan:
+        """The plan of a `to_dict()` document; ParallelPlanError for anything else (unknown keys included)."""
+        required = ("dp", "pp", "microbatches", "batch")
+        if not isinstance(doc, dict) or set(doc) - set(KEYS) or any(k not in doc for k in required):
+            raise ParallelPlanError(f"a parallel plan is an object with keys {', '.join(KEYS)} ("
+                                    f"{', '.join(required)} required), got {doc!r}")
+        doc = dict(doc)
+        for key in ("zero", "recompute", "devices"):
+            if isinstance(doc.get(key), list):
+                doc[key] = tuple(doc[key])
+        return cls(**doc)

@@ -1,0 +1,142 @@
+"""A nested search over parallel plans (DESIGN.md section 9b): data-parallel degree, pipeline stages, ZeRO stage
+and recomputation, each plan judged by `devplace.sim.parallel.simulate_parallel`.
+
+The graph is one micro-batch, captured at `microbatch_size` samples, so one capture serves every plan: for each
+data-parallel degree dp that divides the cluster's devices and leaves whole micro-batches (batch divisible by
+dp * microbatch_size), the pipeline has pp = devices / dp stages and M = batch / (dp * microbatch_size)
+micro-batches. The devices form the plan's default mesh: a stage's dp replicas on consecutive devices (inside a
+node first), so the pipeline's hops cross nodes and the gradient syncs stay inside them where they can.
+
+For pp > 1 the `pipeline` placer (`pipeline_plan`, as a function: the cuts, the micro-batch schedule and its
+refinement are its own) cuts the graph into pp stages on replica 0's devices, without sharding or
+recomputation; where no such split fits memory, it cuts on devices with room to spare, and the ZeRO stages and
+recomputation below decide whether the plan fits. Every schedule (1F1B and zero bubble, one chunk per device),
+ZeRO stage (0 only when dp = 1) and recomputation choice (the same for all stages) is then simulated on those
+stages; the fastest plan that fits memory wins (ties: the first in the order dp ascending, schedule, ZeRO
+ascending, no recomputation first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from devplace.errors import DevplaceError
+from devplace.graph.batch import MICROBATCHES_META_KEY, graph_batch
+from devplace.graph.compgraph import CompGraph
+from devplace.graph.parallel import RECOMPUTE, ZERO_STAGES, ParallelPlan
+from devplace.hardware.cluster import Cluster, Link
+from devplace.placers.memory import NoFitError
+from devplace.placers.pipeline import pipeline_plan
+from devplace.sim.parallel import ParallelResult, simulate_parallel
+
+ROOM = 1e3  # memory factor of the devices a pipeline is cut on when no split fits without sharding
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One plan the search judged: its simulated step, whether it fits, and why it was not judged (`note`)."""
+
+    plan: ParallelPlan | None
+    dp: int
+    step_time_s: float | None
+    feasible: bool
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ParallelSearch:
+    """The best plan found (`best`, simulated, with `stage`: each op's pipeline stage) and every candidate."""
+
+    best: ParallelResult
+    stage: np.ndarray
+    candidates: tuple[Candidate, ...]
+
+
+def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatch_size: int,
+                    dps: tuple[int, ...] | None = None, zeros: tuple[int, ...] = ZERO_STAGES,
+                    recomputes: tuple[str, ...] = RECOMPUTE, schedules: tuple[str, ...] = ("1f1b", "zero-bubble"),
+                    ) -> ParallelSearch:
+    """The fastest plan that fits memory for a global `batch` on all of `cluster`'s devices (module
+    docstring). `graph` is one micro-batch of `microbatch_size` samples; `dps` the data-parallel degrees to try
+    (default: every one that divides the devices and leaves whole micro-batches); `schedules` the pipeline
+    schedules judged on each cut (for pp > 1; the placer cuts for the first; one chunk per device, so
+    "zero-bubble" is ZB-H1). DevplaceError when no plan fits, naming each candidate's outcome."""
+    n = cluster.num_devices
+    recorded = graph_batch(graph)
+    if recorded is not None and recorded != microbatch_size:
+        raise DevplaceError(f"graph {graph.name!r} was captured at batch {recorded}, not at the micro-batch size "
+                            f"{microbatch_size}; capture one micro-batch, or pass microbatch_size={recorded}")
+    if microbatch_size < 1 or batch < 1 or batch % microbatch_size:
+        raise DevplaceError(f"the batch of {batch} is not a whole number of micro-batches of {microbatch_size}; "
+                            "use a micro-batch size that divides the batch")
+    fitting = tuple(d for d in range(1, n + 1) if n % d == 0 and (batch // microbatch_size) % d == 0)
+    choices = dps or fitting
+    if set(choices) - set(fitting):
+        raise DevplaceError(f"data-parallel degrees {sorted(set(choices) - set(fitting))} do not divide the "
+                            f"{n} devices and the {batch // microbatch_size} micro-batches of the batch; use some "
+                            f"of {', '.join(map(str, fitting))}")
+    candidates: list[Candidate] = []
+    judged: list[tuple[float, ParallelResult, np.ndarray]] = []
+    for dp in choices:
+        pp, m = n // dp, batch // microbatch_size // dp
+        one = as_microbatch(graph, m)
+        if pp == 1:
+            stage, kinds = np.zeros(graph.num_nodes, dtype=np.int64), ("none",)
+        else:
+            try:
+                stage = _stages(one, cluster, ParallelPlan(dp, pp, m, batch, schedules[0]).replica(0), m,
+                                schedules[0])
+            except NoFitError as exc:
+                candidates.append(Candidate(None, dp, None, False, f"no pipeline of {pp} stages: {exc}"))
+                continue
+            kinds = schedules
+        for kind in kinds:
+            for zero in (z for z in zeros if dp > 1 or z == 0):
+                for recompute in recomputes:
+                    plan = ParallelPlan(dp, pp, m, batch, kind, chunks=1, zero=zero, recompute=recompute)
+                    result = simulate_parallel(one, cluster, stage, plan)
+                    candidates.append(Candidate(plan, dp, result.step_time_s, result.feasible))
+                    if result.feasible:
+                        judged.append((result.step_time_s, result, stage))
+    if not judged:
+        tried = "; ".join(f"{c.plan.label if c.plan else f'dp={c.dp}'}: {c.note or 'over memory'}"
+                          for c in candidates)
+        raise DevplaceError(f"no parallel plan of {graph.name!r} at batch {batch} fits {cluster.name!r} ({tried}); "
+                            "use more devices or a smaller micro-batch")
+    _, best, stage = min(judged, key=lambda x: x[0])
+    return ParallelSearch(best, stage, tuple(candidates))
+
+
+def as_microbatch(graph: CompGraph, m: int) -> CompGraph:
+    """`graph` marked as one of `m` micro-batches of its replica's step (meta "microbatches")."""
+    if graph.meta.get(MICROBATCHES_META_KEY) == m:
+        return graph
+    nodes = [graph.node_record(v) for v in range(graph.num_nodes)]
+    edges = [graph.edge_record(e) for e in range(graph.num_edges)]
+    return CompGraph.build(graph.name, nodes, edges, {**graph.meta, MICROBATCHES_META_KEY: m})
+
+
+def _stages(graph: CompGraph, cluster: Cluster, replica: tuple[int, ...], m: int, schedule: str) -> np.ndarray:
+    """Each op's pipeline stage: the pipeline placer's cut of `graph` on the devices `replica` (in that order),
+    with room to spare where no split fits them (module docstring)."""
+    sub = sub_cluster(cluster, replica)
+    try:
+        cut = pipeline_plan(graph, sub, graph.topo_order, schedule=schedule, microbatches=m)
+    except NoFitError:
+        roomy = Cluster(sub.name, tuple(replace(d, memory_bytes=d.memory_bytes * ROOM) for d in sub.devices),
+                        sub.link, dict(sub.links), dict(sub.meta))
+        cut = pipeline_plan(graph, roomy, graph.topo_order, schedule=schedule, microbatches=m)
+    order = cut.schedule.device_order or tuple(range(sub.num_devices))
+    position = np.empty(sub.num_devices, dtype=np.int64)
+    position[np.asarray(order, dtype=np.int64)] = np.arange(len(order))
+    return position[cut.devices]
+
+
+def sub_cluster(cluster: Cluster, devices: tuple[int, ...]) -> Cluster:
+    """The cluster of `devices` (device i of it is devices[i]) with the links among them."""
+    index = {d: i for i, d in enumerate(devices)}
+    links: dict[tuple[int, int], Link] = {(index[a], index[b]): lk for (a, b), lk in cluster.links.items()
+                                          if a in index and b in index}
+    return Cluster(cluster.name, tuple(cluster.devices[d] for d in devices), cluster.link, links, dict(cluster.meta))

@@ -1,0 +1,44 @@
+"""The nested search over parallel plans (placers/parallel.py) on a small model: it judges every (dp, ZeRO,
+recompute) it should and answers the fastest plan that fits."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import cluster
+from devplace.errors import DevplaceError
+from devplace.placers.parallel import search_parallel
+from devplace.sim.parallel import simulate_parallel
+from test_sim_parallel import model
+
+
+def test_the_search_answers_the_fastest_plan_that_fits() -> None:
+    # 4 layers holding 8 GB each (2 GB weights), 20 GB per device: a whole replica (32 GB) fits only sharded
+    g, c = model(4, param=8e9, meta={"capture": {"batch": 1}}), cluster(4, bw=1e10, mem=2e10)
+    found = search_parallel(g, c, batch=8, microbatch_size=1)
+    plans = [x.plan for x in found.candidates if x.plan is not None]
+    shapes = {(p.dp, p.pp, p.microbatches) for p in plans}
+    assert shapes == {(1, 4, 8), (2, 2, 4), (4, 1, 2)}
+    # per pipeline: 2 schedules (1f1b, zero-bubble) x ZeRO stages (0 only at dp=1) x 2 recompute choices
+    assert [sum(p.dp == dp for p in plans) for dp in (1, 2, 4)] == [2 * 1 * 2, 2 * 4 * 2, 1 * 4 * 2]
+    assert {p.schedule for p in plans if p.dp == 2} == {"1f1b", "zero-bubble"}
+    pure_dp = {(x.plan.zero[0], x.plan.recompute[0]): x.feasible for x in found.candidates if x.dp == 4}
+    assert not pure_dp[(0, "none")] and not pure_dp[(1, "none")] and pure_dp[(3, "none")]
+    best = min(x.step_time_s for x in found.candidates if x.feasible)
+    assert found.best.step_time_s == best and found.best.feasible
+    assert found.best.plan.dp == 4 and found.best.plan.zero == (3,)
+    one_of_two = model(4, param=8e9, meta={"capture": {"batch": 1}, "microbatches": 2})  # the winner's M
+    again = simulate_parallel(one_of_two, c, found.stage, found.best.plan)
+    assert again.step_time_s == found.best.step_time_s
+
+
+def test_the_search_says_what_is_wrong() -> None:
+    g, c = model(2, param=8e9, meta={"capture": {"batch": 2}}), cluster(2, mem=1e9)
+    with pytest.raises(DevplaceError, match="captured at batch 2, not at the micro-batch size 1"):
+        search_parallel(g, c, batch=8, microbatch_size=1)
+    with pytest.raises(DevplaceError, match="not a whole number of micro-batches of 2"):
+        search_parallel(g, c, batch=7, microbatch_size=2)
+    with pytest.raises(DevplaceError, match=r"degrees \[3\] do not divide the 2 devices .* use some of 1, 2"):
+        search_parallel(g, c, batch=8, microbatch_size=2, dps=(1, 3))
+    with pytest.raises(DevplaceError, match="no parallel plan of 'm' at batch 8 fits"):
+        search_parallel(g, c, batch=8, microbatch_size=2)

@@ -13,7 +13,15 @@ from conftest import cluster, graph
 from devplace.orders import traversal_indices, traversal_order
 from devplace.placers import PlacerError, get_placer, place
 from devplace.placers.rl.curve import read_curve
-from devplace.placers.rl.placeto import PlacetoHyper, PlacetoPolicy, _GraphContext, num_parameters, train_placeto
+from devplace.placers.rl.placeto import (
+    HYPER_SETS,
+    PlacetoHyper,
+    PlacetoPolicy,
+    _GraphContext,
+    num_parameters,
+    resolve_hyper,
+    train_placeto,
+)
 from devplace.sim import simulate
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.placeto import PlacetoModel
@@ -36,12 +44,64 @@ def two_chains(params: float = 0.0):
 def test_registered_as_a_sequential_placer_with_its_settings():
     spec = get_placer("placeto")
     assert spec.uses_order and spec.reports_progress
-    assert spec.settings == {"episodes": 50, "memory_penalty": 1.0, "rounds": 8, "hidden": 32,
-                             "encoder": "placeto-gnn", "sim_model": "devplace", "lr": 1e-3, "start": "classic",
-                             "parallel": 1, "update_fraction": 1.0, "policy": None, "log": None}
-    # the defaults are PlacetoHyper's, the one place they are written
-    hyper = PlacetoHyper()
-    assert all(getattr(hyper, k) == v for k, v in spec.settings.items() if k not in ("policy", "log"))
+    # None: the value of the named set `hyper`
+    assert spec.settings == {"episodes": 50, "memory_penalty": None, "rounds": None, "hidden": None,
+                             "encoder": "placeto-gnn", "sim_model": "devplace", "lr": None, "start": None,
+                             "parallel": 1, "update_fraction": 1.0, "hyper": "devplace", "policy": None, "log": None}
+    # the defaults are PlacetoHyper's, the one place they are written; every named set agrees with the settings
+    # that have a value of their own (so naming a set never overrides it with a default)
+    assert HYPER_SETS["devplace"] == PlacetoHyper()
+    for hyper in HYPER_SETS.values():
+        assert all(getattr(hyper, k) == v for k, v in spec.settings.items()
+                   if k not in ("policy", "log", "hyper") and v is not None)
+
+
+def test_placeto_paper_set_is_the_seed_studys_and_settings_replace_its_values():
+    paper = HYPER_SETS["placeto-paper"]
+    assert (paper.episodes, paper.eval_every, paper.start, paper.discount, paper.entropy_weight) == \
+        (50, 5, "device0", 1.0, 1.0)
+    assert (paper.normalize_advantage, paper.loss_sum, paper.memory_penalty, paper.hidden, paper.rounds) == \
+        (False, True, 0.0, 8, 8)
+    assert (paper.lr, paper.grad_clip, paper.baseline_window) == (1e-3, 1.25, 1000)
+    assert resolve_hyper("placeto-paper", hidden=16, start=None) == replace(paper, hidden=16)
+    g = layered_graph(10, width=3, seed=1)
+    with pytest.raises(PlacerError, match="unknown hyperparameter set 'paper'; choose one of: devplace, "
+                                          "placeto-paper"):
+        place(g, cluster(2), placer="placeto", hyper="paper")
+    spec = get_placer("placeto")
+    with pytest.raises(PlacerError, match="unknown hyperparameter set"):
+        spec.check_settings({"hyper": ["placeto-paper"]})  # as a study file would give it, refused when read
+    from devplace.study import load_study
+
+    seed_preset = load_study("seed", preset=True)
+    assert [p.settings for p in seed_preset.placers if p.name == "placeto"] == [
+        {"episodes": 50, "hyper": "placeto-paper"}]
+
+
+def test_placeto_paper_evaluates_every_5th_episode_greedily_without_touching_the_best():
+    g = two_chains()
+    c = cluster(2, bw=1e3, speeds=[1.0, 2.0])  # device 1 is twice as fast: moving any heavy op there helps
+    o = traversal_indices(g, "topo")
+    policy = PlacetoPolicy(_GraphContext(g, c, FAST).num_features, 2, hidden=8, rounds=2)
+    with torch.no_grad():
+        policy.head[-1].bias.copy_(torch.tensor([0.0, 50.0]))  # argmax: device 1 for every node
+    # devplace's final argmax episode may improve the best so far; Placeto's evaluation (episode 0) may not (the
+    # answer is then still judged against every single device: all on the fast one here, for both)
+    devplace = train_placeto(g, c, o, 0, PlacetoHyper(episodes=0, hidden=8, rounds=2, start="device0"),
+                             policy=policy)
+    assert devplace.rows[0]["best_step_time_s"] < 0.6 * devplace.start_step_time_s
+    paper = train_placeto(g, c, o, 0, resolve_hyper("placeto-paper", episodes=1, hidden=8, rounds=2),
+                          policy=policy)
+    assert paper.rows[0]["best_step_time_s"] == paper.start_step_time_s and paper.rows[0]["greedy"] == 1
+    assert paper.eval_step_time_s < 0.6 * paper.start_step_time_s  # the evaluation did find the better states
+    run = train_placeto(g, c, o, 1, resolve_hyper("placeto-paper", episodes=11, hidden=8, rounds=2))
+    assert [r["greedy"] for r in run.rows] == [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1]  # 11 episodes in all, no extra
+    assert len(run.curve) == 8 and len(run.visits) == 11
+    before = run.start_step_time_s
+    for r in run.rows:
+        if r["greedy"]:
+            assert r["best_step_time_s"] == before
+        before = r["best_step_time_s"]
 
 
 def test_old_names_of_the_encoder_and_the_simulation_model_are_aliases():
@@ -259,14 +319,16 @@ def per_step_gradient(policy, ctx, log, advantage, hyper) -> list[torch.Tensor]:
                         torch.from_numpy(log.pool_masks[t:t + 1].astype(np.float32)))[0]
         logp = torch.log_softmax(logits, dim=-1)
         entropy = -(logp.exp() * logp).sum()
-        total = total - float(advantage[t]) * logp[log.actions[t]] / steps - hyper.entropy_weight * entropy / steps
+        scale = 1.0 if hyper.loss_sum else 1.0 / steps
+        total = total - (float(advantage[t]) * logp[log.actions[t]] + hyper.entropy_weight * entropy) * scale
     total.backward()
     return [p.grad.clone() for p in policy.parameters()]
 
 
-@pytest.mark.parametrize("encoder", ["placeto", "sage", "gat"])
+@pytest.mark.parametrize(("encoder", "loss_sum"), [("placeto", False), ("placeto", True), ("sage", False),
+                                                   ("gat", False)])
 @pytest.mark.parametrize("chunk_floats", [1, 3000, 10**9])  # one state per slice, a few, all in one slice
-def test_batched_gradient_equals_the_per_step_computation(encoder, chunk_floats):
+def test_batched_gradient_equals_the_per_step_computation(encoder, loss_sum, chunk_floats):
     from collections import deque
 
     from devplace.placers.rl.placeto import (
@@ -281,7 +343,8 @@ def test_batched_gradient_equals_the_per_step_computation(encoder, chunk_floats)
 
     g = layered_graph(30, width=4, seed=8)
     c = cluster(3, bw=1e9, lat=1e-5)
-    hyper = PlacetoHyper(rounds=3, hidden=8, encoder=encoder, update_chunk_floats=chunk_floats, start="device0")
+    hyper = PlacetoHyper(rounds=3, hidden=8, encoder=encoder, update_chunk_floats=chunk_floats, start="device0",
+                         loss_sum=loss_sum)
     ctx = _GraphContext(g, c, hyper)
     policy = new_policy(ctx.num_features, 3, hyper, 0)
     o = traversal_indices(g, "topo")

@@ -78,7 +78,8 @@ def test_presets_load_and_have_the_documented_shape():
     paper = load_study("paper", preset=True)
     assert len(paper.graphs) == 96 and {g.family for g in paper.graphs} == {"cifar10", "ptb", "nmt"}
     assert paper.sim_model == "placeto" and [c.spec for c in paper.clusters] == ["3xGPU-placeto"]
-    assert paper.placers[0].name == "placeto" and paper.placers[0].settings == {"episodes": 50, "start": "device0"}
+    assert paper.placers[0].name == "placeto"
+    assert paper.placers[0].settings == {"episodes": 50, "hyper": "placeto-paper"}
     assert {"lexicographic", "topo", "reversed-topo", "dfs-preorder", "dfs-postorder", "bfs"} <= set(paper.orders)
     assert len(paper.seeds) == 10 and len(expand(paper)) == 96 * len(paper.orders) * 10
     quick = load_study("quick", preset=True)

@@ -52,6 +52,13 @@ argmax episode is run. The answer is the best feasible placement seen in any sta
 once more on the graph that runs (the full graph a folded one stands for, `devplace.placers.rl.start`) against
 the start and every single device that fits: never worse than either there.
 
+Hyperparameter sets (`HYPER_SETS`, the placer's `hyper` setting): the numbers above are the "devplace" set.
+"placeto-paper" is the seed study's (Placeto's code as the seed ran it): discount 1, entropy weight 1, raw
+advantages summed over the steps, a per-step baseline over all past episodes, no memory penalty, width 8, from all
+on device 0, and a greedy evaluation every 5 episodes (episode 0, 5, ...) that neither learns nor changes the best;
+`episodes` then counts them all and there is no final argmax episode. Sources: `HYPER_SETS` and
+docs/learned-placers.md.
+
 Encoders (`encoder`): "placeto-gnn" (above; old name "placeto"); "sage" -- GraphSAGE (torch_geometric's
 `SAGEConv`, mean aggregation, separate root and neighbour weights) and "gat" -- one-head graph attention
 (GATConv's form, with self loops, written with torch_geometric's segment softmax so it runs on a batch of
@@ -168,6 +175,13 @@ class PlacetoHyper:
     # divide the episode's advantages by their std over the episode: log-ratio rewards are ~0.01, so the
     # REINFORCE term was as small as the entropy term and Adam's steps followed noise
     normalize_advantage: bool = True
+    # the loss sums over the episode's steps (Placeto's: it adds every step's gradient) instead of taking the mean
+    loss_sum: bool = False
+    # k > 0: episode i is a greedy (argmax) evaluation when i % k == 0 -- it neither learns nor changes the best
+    # placement -- and `episodes` counts every episode (Placeto's `--eval-freq`, `--n-eps`); there is then no
+    # final argmax episode. 0: `episodes` training episodes, then one argmax episode whose states may become
+    # the best
+    eval_every: int = 0
 
     def __post_init__(self) -> None:
         # old names stored as the names they stand for, so comparisons, checkpoints and logs see one spelling
@@ -175,6 +189,48 @@ class PlacetoHyper:
             object.__setattr__(self, "encoder", encoder_name(self.encoder))
         if isinstance(self.sim_model, str):
             object.__setattr__(self, "sim_model", sim_model_name(self.sim_model))
+
+
+# The named hyperparameter sets (the `placeto` placer's `hyper` setting). "devplace": this project's, tuned so that
+# the policy learns within 50 episodes (see the fields' comments). "placeto-paper": the seed study's, read from its
+# code (github.com/bwhub/Graph_Traversal_Order_in_Device_Placement at commit 0e9df248fd1e3e8e4ddf908a80ed89e7c6c2c227,
+# "SEED" below) where it sets them, else from Placeto's (github.com/aravic/generalizable-device-placement at
+# d9a81a9f6cb05bfc94773722a4e7ead793ca7fd1, "PLACETO"); docs/learned-placers.md lists every value with its source.
+HYPER_DEVPLACE = "devplace"
+HYPER_PLACETO_PAPER = "placeto-paper"
+HYPER_SETS: dict[str, PlacetoHyper] = {
+    HYPER_DEVPLACE: PlacetoHyper(),
+    HYPER_PLACETO_PAPER: PlacetoHyper(
+        episodes=50,  # SEED config/config_base.txt `--n-eps 50` (evaluations included)
+        eval_every=5,  # SEED config_base.txt `--eval-freq 5`; model/progressive_placer.py `ep % eval_freq == 0`
+        start="device0",  # SEED `--init-best-pl`, progressive_placer.py `best_pl = zero_placement`
+        discount=1.0,  # PLACETO model/progressive_placer_test.py `--disc-factor` default 1.
+        # PLACETO model/rl_params.py `--ent-dec-init 1.`, decay from step `--ent-start-dec-step 1e9`: constant
+        entropy_weight=1.0,
+        normalize_advantage=False,  # raw return - baseline (SEED progressive_placer.py `adv = rew - bl`)
+        loss_sum=True,  # SEED progressive_placer.py improve_placement: `sum_grads[i] += g` over the steps
+        baseline_window=1000,  # `--turn-based-baseline` (SEED), over `--bl-n-rnds` 1000 episodes (PLACETO)
+        memory_penalty=0.0,  # `--mem-penalty` default 0. (PLACETO progressive_placer_test.py), not set by SEED
+        # Placeto's message width is its feature count, 5 + devices (SEED model/pgraph.py get_emb_size,
+        # mp_progressive_nn.py `d_msg = emb_size`): 8 at the seed's 3 devices
+        hidden=8,
+        lr=1e-3,  # PLACETO rl_params.py `--lr-init 1e-3`, decay from step 1e9: constant
+        grad_clip=1.25,  # SEED model/rl_agent.py `grad_bound=1.25`
+        rounds=8,  # SEED model/hyperparameters.txt "Number of propogation rounds 8"
+    ),
+}
+
+
+def hyper_set(name: str) -> PlacetoHyper:
+    """The named hyperparameter set `name` (`HYPER_SETS`); a PlacerError naming the choices otherwise."""
+    if not isinstance(name, str) or name not in HYPER_SETS:
+        raise PlacerError(f"placeto: unknown hyperparameter set {name!r}; choose one of: {', '.join(HYPER_SETS)}")
+    return HYPER_SETS[name]
+
+
+def resolve_hyper(name: str, **given: Any) -> PlacetoHyper:
+    """The set `name` with every setting in `given` that is not None put in place of the set's value."""
+    return replace(hyper_set(name), **{k: v for k, v in given.items() if v is not None})
 
 
 def _choices(names: tuple[str, ...], aliases: dict[str, str]) -> str:
@@ -524,11 +580,12 @@ def run_episode(policy: PlacetoPolicy, ctx: _GraphContext, start: np.ndarray, st
 
 
 def run_episodes(policy: PlacetoPolicy, ctx: _GraphContext, start: np.ndarray, start_result: SimResult,
-                 order: np.ndarray, best: _Best, gen: torch.Generator | None, count: int, *, memory_penalty: float,
-                 keep_states: bool) -> list[EpisodeLog]:
+                 order: np.ndarray, best: _Best | None, gen: torch.Generator | None, count: int, *,
+                 memory_penalty: float, keep_states: bool) -> list[EpisodeLog]:
     """`count` episodes side by side, each one pass over `order` from placement `start`: at every step the
     `count` states are embedded in one batched product (the same sums as one at a time, a fraction of the
-    calls), then each samples (gen given; one draw per episode from `gen`) or takes the argmax (gen None)."""
+    calls), then each samples (gen given; one draw per episode from `gen`) or takes the argmax (gen None). Every
+    state is offered to `best` (None: an evaluation that leaves the best alone)."""
     n = ctx.n
     devices = [start.copy() for _ in range(count)]
     results = [start_result] * count
@@ -568,7 +625,8 @@ def run_episodes(policy: PlacetoPolicy, ctx: _GraphContext, start: np.ndarray, s
             if a != devices[k][v]:
                 devices[k][v] = a
                 results[k] = ctx.model.run(devices[k])
-                best.offer(devices[k], results[k])
+                if best is not None:
+                    best.offer(devices[k], results[k])
             reward = _log_time(prev_t) - _log_time(results[k].step_time_s)
             if not results[k].feasible:
                 reward -= memory_penalty * ctx.overflow(results[k])
@@ -625,7 +683,8 @@ def accumulate_gradient(policy: PlacetoPolicy, ctx: _GraphContext, log: EpisodeL
         logp = torch.log_softmax(logits, dim=-1)
         chosen = logp.gather(1, actions[at, None]).squeeze(1)
         entropy = -(logp.exp() * logp).sum(dim=-1)
-        loss = -(adv[at] * chosen).sum() / count - hyper.entropy_weight * entropy.sum() / count
+        scale = 1.0 if hyper.loss_sum else 1.0 / count
+        loss = (-(adv[at] * chosen).sum() - hyper.entropy_weight * entropy.sum()) * scale
         (loss * weight).backward()
 
 
@@ -694,6 +753,8 @@ def check_settings(hyper: PlacetoHyper) -> None:
         low = 0 if name == "episodes" else 1
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or not low <= value <= high:
             raise PlacerError(f"placeto: {name} must be an integer from {low} to {high:,}, got {value!r}")
+    if isinstance(hyper.eval_every, bool) or not isinstance(hyper.eval_every, int | np.integer) or hyper.eval_every < 0:
+        raise PlacerError(f"placeto: eval_every must be an integer >= 0, got {hyper.eval_every!r}")
     if not (isinstance(hyper.memory_penalty, int | float) and 0 <= hyper.memory_penalty < math.inf):
         raise PlacerError(f"placeto: memory_penalty must be a number >= 0, got {hyper.memory_penalty!r}")
     if not (isinstance(hyper.discount, int | float) and 0 <= hyper.discount <= 1):
@@ -765,19 +826,24 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, hyp
     opt = torch.optim.Adam(policy.parameters(), lr=hyper.lr)
     best = new_best(ctx, start, start_result.step_time_s)
     recent: deque[np.ndarray] = deque(maxlen=hyper.baseline_window)
+    total = episode_count(hyper)
     ep = 0
-    while ep <= hyper.episodes:  # batches of `parallel` training episodes, then the argmax episode
+    while ep < total:  # batches of `parallel` training episodes, and greedy ones (evaluations, the final argmax)
         if progress is not None:
-            progress(ep, hyper.episodes + 1)
-        training = ep < hyper.episodes
-        count = min(hyper.parallel, hyper.episodes - ep) if training else 1
+            progress(ep, total)
+        training = not is_greedy(hyper, ep)
+        count = 1
+        while training and count < hyper.parallel and ep + count < total and not is_greedy(hyper, ep + count):
+            count += 1
         begin = best.devices
         begin_result = ctx.model.run(begin)
-        logs = run_episodes(policy, ctx, begin, begin_result, order, best, gen if training else None, count,
-                            memory_penalty=hyper.memory_penalty, keep_states=training)
+        # an evaluation (eval_every) leaves the best alone; the final argmax episode may improve it
+        logs = run_episodes(policy, ctx, begin, begin_result, order, best if training or not hyper.eval_every
+                            else None, gen if training else None, count, memory_penalty=hyper.memory_penalty,
+                            keep_states=training)
         for j, log in enumerate(logs):
             if progress is not None and j:  # the batch's later episodes: reported as their updates run
-                progress(ep, hyper.episodes + 1)
+                progress(ep, total)
             run.visits.append(log.visited)
             if training:
                 _update(policy, opt, ctx, log, advantages_of(returns_of(log, hyper.discount), recent, hyper), hyper,
@@ -794,31 +860,47 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, hyp
     return run
 
 
-def _check_placer_settings(episodes: int, memory_penalty: float, rounds: int, hidden: int, encoder: str,
-                           sim_model: str, lr: float, start: str, parallel: int, update_fraction: float) -> None:
+def episode_count(hyper: PlacetoHyper) -> int:
+    """Every episode of a run: `episodes` with evaluations among them (eval_every > 0), else `episodes` training
+    episodes and the final argmax one."""
+    return hyper.episodes if hyper.eval_every else hyper.episodes + 1
+
+
+def is_greedy(hyper: PlacetoHyper, ep: int) -> bool:
+    """True when episode `ep` (0-based) takes the argmax instead of sampling and does not learn."""
+    return ep % hyper.eval_every == 0 if hyper.eval_every else ep == hyper.episodes
+
+
+def _check_placer_settings(episodes: int, memory_penalty: float | None, rounds: int | None, hidden: int | None,
+                           encoder: str, sim_model: str, lr: float | None, start: str | None, parallel: int,
+                           update_fraction: float, hyper: str) -> None:
     """The `placeto` placer's settings checked as `train_placeto` checks them (for a study file, before any cell
     runs)."""
-    check_settings(replace(PlacetoHyper(), episodes=episodes, memory_penalty=memory_penalty, rounds=rounds,
-                           hidden=hidden, encoder=encoder, sim_model=sim_model, lr=lr, start=start,
-                           parallel=parallel, update_fraction=update_fraction))
+    check_settings(resolve_hyper(hyper, episodes=episodes, memory_penalty=memory_penalty, rounds=rounds,
+                                 hidden=hidden, encoder=encoder, sim_model=sim_model, lr=lr, start=start,
+                                 parallel=parallel, update_fraction=update_fraction))
 
 
 @register("placeto", uses_order=True, check=_check_placer_settings)
 def placeto(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0,
-            episodes: int = PlacetoHyper.episodes, memory_penalty: float = PlacetoHyper.memory_penalty,
-            rounds: int = PlacetoHyper.rounds, hidden: int = PlacetoHyper.hidden, encoder: str = PlacetoHyper.encoder,
-            sim_model: str = PlacetoHyper.sim_model, lr: float = PlacetoHyper.lr, start: str = PlacetoHyper.start,
-            parallel: int = PlacetoHyper.parallel, update_fraction: float = PlacetoHyper.update_fraction,
+            episodes: int = PlacetoHyper.episodes, memory_penalty: float | None = None, rounds: int | None = None,
+            hidden: int | None = None, encoder: str = PlacetoHyper.encoder, sim_model: str = PlacetoHyper.sim_model,
+            lr: float | None = None, start: str | None = None, parallel: int = PlacetoHyper.parallel,
+            update_fraction: float = PlacetoHyper.update_fraction, hyper: str = HYPER_DEVPLACE,
             policy: str | None = None, log: str | None = None, progress: Progress | None = None,
             full: FullGraph | None = None) -> np.ndarray:
     """Placeto-style RL: a GNN policy improves the best placement node by node, visiting nodes in the order.
 
+    `hyper` names the hyperparameter set (`HYPER_SETS`): "devplace" (this project's) or "placeto-paper" (the seed
+    study's: discount 1, entropy weight 1, raw advantages, no memory penalty, width 8, from all on device 0, a
+    greedy evaluation every 5 episodes); a setting given here replaces the set's value (None: the set's).
     Each episode starts from the best feasible placement so far (first: `start` "classic", the best of the
     classic placers' placements, or "device0", all on device 0 or m-etf's when that does not fit), visits
     every node once in the traversal order and samples its device; the reward is the decrease of the
     simulated log step time (`sim_model` "devplace" or "placeto-sim"), minus `memory_penalty` x relative
-    overflow when over memory. REINFORCE with a per-step baseline, Adam (`lr`); `episodes` training
-    episodes, then one argmax episode. The graph embedding is `rounds` rounds of message passing forward and
+    overflow when over memory. REINFORCE with a per-step baseline, Adam (`lr`); "devplace": `episodes` training
+    episodes, then one argmax episode; "placeto-paper": `episodes` in all, every 5th (0, 5, ...) a greedy
+    evaluation. The graph embedding is `rounds` rounds of message passing forward and
     backward, width `hidden`, `encoder` "placeto-gnn", "sage" (GraphSAGE) or "gat" (graph attention). `policy`: a
     checkpoint from `devplace train` to start from (its encoder, hidden and rounds win; `episodes=0` applies it
     zero-shot). `parallel` episodes are sampled side by side (one batched embedding per step) and each update
@@ -828,16 +910,16 @@ def placeto(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int 
     device.
     Deterministic for a seed. See `devplace.placers.rl.placeto` for the full description and costs.
     """
-    hyper = replace(PlacetoHyper(), episodes=episodes, memory_penalty=memory_penalty, rounds=rounds, hidden=hidden,
-                    encoder=encoder, sim_model=sim_model, lr=lr, start=start, parallel=parallel,
-                    update_fraction=update_fraction)
+    settings = resolve_hyper(hyper, episodes=episodes, memory_penalty=memory_penalty, rounds=rounds, hidden=hidden,
+                             encoder=encoder, sim_model=sim_model, lr=lr, start=start, parallel=parallel,
+                             update_fraction=update_fraction)
     net = None
     if policy is not None:
         from devplace.placers.rl.checkpoint import load_policy
 
         net, _ = load_policy(policy, num_devices=cluster.num_devices)
-        hyper = replace(hyper, encoder=net.encoder, hidden=net.hidden, rounds=net.rounds)
-    run = train_placeto(graph, cluster, order, seed, hyper, progress, policy=net, full=full)
+        settings = replace(settings, encoder=net.encoder, hidden=net.hidden, rounds=net.rounds)
+    run = train_placeto(graph, cluster, order, seed, settings, progress, policy=net, full=full)
     if log is not None:
         from devplace.placers.rl.curve import write_curve
 

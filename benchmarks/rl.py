@@ -24,7 +24,9 @@ the same graph (captured once here, handed to both as a file), cluster, order an
 process with the numba kernels compiled before the clock starts, the two alternating per seed so that both
 see the same load on a shared machine. Both run with `start=--speed-start` (default "device0": the answer
 then depends on what was learned, and the start costs nothing), so both learn the same thing;
-`--speed-episodes` episodes per run.
+`--speed-episodes` episodes per run; `--speed-hyper` names the hyperparameter set (a commit without named sets
+runs only `devplace`, "n/a" otherwise) and `--speed-settings` adds settings (JSON) to both. Episodes per second
+are printed by wall clock and by the process's CPU time (the machine is shared: CPU time is the steadier figure).
 """
 
 from __future__ import annotations
@@ -89,10 +91,20 @@ path, cluster, order, seed, episodes, extra = sys.argv[1:]
 g, c = load_graph(path), load_cluster(cluster)
 DevplaceModel(g, c).run(np.zeros(g.num_nodes, dtype=np.int64))  # compile (or load) the numba kernels first
 o = traversal_indices(g, order, int(seed), cluster=c)
+settings = json.loads(extra)
+name = settings.pop("hyper", "devplace")
+import devplace.placers.rl.placeto as P
+if hasattr(P, "resolve_hyper"):  # named sets (issue 33)
+    hyper = P.resolve_hyper(name, episodes=int(episodes), **settings)
+elif name == "devplace":
+    hyper = PlacetoHyper(episodes=int(episodes), **settings)
+else:
+    print(json.dumps(None))
+    sys.exit(0)
 t0, c0 = time.perf_counter(), time.process_time()
-run = train_placeto(g, c, o, int(seed), PlacetoHyper(episodes=int(episodes), **json.loads(extra)))
+run = train_placeto(g, c, o, int(seed), hyper)
 print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "curve": run.curve,
-                  "best": run.step_time_s, "start": run.start_step_time_s}))
+                  "best": run.step_time_s, "start": run.start_step_time_s, "episodes": len(run.rows)}))
 """
 
 
@@ -118,29 +130,47 @@ def speed(args: argparse.Namespace) -> None:
         try:
             rows = []
             for i, seed in enumerate(seeds):
-                extra = {"start": args.speed_start}
+                extra = {"start": args.speed_start, "hyper": args.speed_hyper, **json.loads(args.speed_settings)}
                 pair = [("before", old / "src", extra), ("after", root / "src", extra)]
                 res = dict((name, _timed_run(src, graph_path, args, seed, settings))
                            for name, src, settings in (pair if i % 2 == 0 else pair[::-1]))
                 rows.append((seed, res["before"], res["after"]))
-                print(f"  seed {seed}: before {(args.speed_episodes + 1) / res['before']['wall_s']:.2f} ep/s, "
-                      f"after {(args.speed_episodes + 1) / res['after']['wall_s']:.2f} ep/s", flush=True)
+                print(f"  seed {seed}: before {_rate(res['before'], 'wall_s')} ep/s, "
+                      f"after {_rate(res['after'], 'wall_s')} ep/s (wall)", flush=True)
         finally:
             subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(old)], check=True)
-    e = args.speed_episodes + 1  # the training episodes and the final argmax one
     print(f"\nplaceto on {g.name} ({g.num_nodes} groups), {args.cluster}, order {args.speed_order}, "
-          f"{args.speed_episodes} training episodes; before = commit {args.speed}, after = this checkout\n")
-    print("| seed | ep/s before | ep/s after | after / before | CPU s per episode before | after | "
+          f"hyperparameter set {args.speed_hyper}, settings {args.speed_settings}, episodes={args.speed_episodes}; "
+          f"before = commit {args.speed}, after = this checkout; load average {os.getloadavg()[0]:.1f} at the end "
+          f"on {os.cpu_count()} CPUs; ep/s counts every episode run (training, evaluations, the final argmax)\n")
+    print("| seed | ep/s wall before | after | ep/s CPU before | after | CPU after / before | "
           "last episode / start before | after | best / start before | after |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for seed, b, a in rows:
-        print(f"| {seed} | {e / b['wall_s']:.2f} | {e / a['wall_s']:.2f} | {b['wall_s'] / a['wall_s']:.2f} "
-              f"| {b['cpu_s'] / e:.3f} | {a['cpu_s'] / e:.3f} | {b['curve'][-1] / b['start']:.4f} "
-              f"| {a['curve'][-1] / a['start']:.4f} | {b['best'] / b['start']:.4f} | {a['best'] / a['start']:.4f} |")
-    same = sum(b["curve"] == a["curve"] for _, b, a in rows)
-    print(f"\nidentical learning curves (every episode's step time equal): {same} of {len(rows)} seeds; "
-          f"mean speed-up {np.mean([b['wall_s'] / a['wall_s'] for _, b, a in rows]):.2f}x wall, "
-          f"{np.mean([b['cpu_s'] / a['cpu_s'] for _, b, a in rows]):.2f}x CPU")
+        print(f"| {seed} | {_rate(b, 'wall_s')} | {_rate(a, 'wall_s')} | {_rate(b, 'cpu_s')} | {_rate(a, 'cpu_s')} "
+              f"| {_ratio(a, b)} | {_rel(b, 'last')} | {_rel(a, 'last')} | {_rel(b, 'best')} | {_rel(a, 'best')} |")
+    both = [(b, a) for _, b, a in rows if b is not None and a is not None]
+    if both:
+        same = sum(b["curve"] == a["curve"] for b, a in both)
+        print(f"\nidentical learning curves (every episode's step time equal): {same} of {len(both)} seeds; "
+              f"mean speed-up {np.mean([b['wall_s'] / a['wall_s'] for b, a in both]):.2f}x wall, "
+              f"{np.mean([b['cpu_s'] / a['cpu_s'] for b, a in both]):.2f}x CPU")
+
+
+def _rate(run: dict | None, clock: str) -> str:
+    """Episodes per second of a timed run by `clock` ("wall_s" or "cpu_s"); "n/a" where the code could not run it."""
+    return "n/a" if run is None else f"{run['episodes'] / run[clock]:.2f}"
+
+
+def _ratio(after: dict | None, before: dict | None) -> str:
+    return "n/a" if after is None or before is None else f"{after['cpu_s'] / before['cpu_s']:.2f}"
+
+
+def _rel(run: dict | None, what: str) -> str:
+    """The last training episode's (`what` "last") or the answer's ("best") step time over the start's."""
+    if run is None:
+        return "n/a"
+    return f"{(run['curve'][-1] if what == 'last' else run['best']) / run['start']:.4f}"
 
 
 def main() -> None:
@@ -159,6 +189,9 @@ def main() -> None:
     ap.add_argument("--speed-seeds", default="0,1,2")
     ap.add_argument("--speed-order", default="topo")
     ap.add_argument("--speed-start", default="device0", help="placeto's start in both runs (device0 or classic)")
+    ap.add_argument("--speed-hyper", default="devplace",
+                    help="placeto's hyperparameter set in both runs (a commit without named sets runs devplace only)")
+    ap.add_argument("--speed-settings", default="{}", help='more placeto settings for both runs, JSON: {"hidden": 8}')
     args = ap.parse_args()
     if args.speed:
         speed(args)

@@ -225,6 +225,23 @@ def test_sage_and_gat_encoders_learn_the_two_chains(encoder):
     assert [r["entropy"] for r in other.rows] != [r["entropy"] for r in mine.rows]
 
 
+def test_the_three_pools_sum_each_its_own_members():
+    g = layered_graph(25, width=4, seed=3)
+    ctx = _GraphContext(g, cluster(3), PlacetoHyper(rounds=2, hidden=8))
+    policy = PlacetoPolicy(ctx.num_features, 3, 8, 2)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(4, g.num_nodes, ctx.num_features, generator=gen)
+    masks = (torch.rand(4, 3, g.num_nodes, generator=gen) > 0.5).float()
+    current = torch.tensor([0, 5, 9, 24])
+    emb = policy.embed(x, ctx.adj)  # [V, batch, 2d]
+    summaries = []
+    for s in range(3):  # pool s: relu(g_s(sum over its members of relu(f_s(embedding))))
+        z = torch.relu(policy.pool_f[s](emb))  # [V, batch, d]
+        summaries.append(torch.relu(policy.pool_g[s]((masks[:, s].T[..., None] * z).sum(0))))
+    reference = policy.head(torch.cat([emb[current, torch.arange(4)], *summaries], dim=-1))
+    assert torch.allclose(policy(x, ctx.adj, current, masks), reference, atol=1e-5)
+
+
 def test_encoders_embed_a_batch_of_states_like_one_state_at_a_time():
     g = layered_graph(25, width=4, seed=3)
     c = cluster(3)
@@ -237,9 +254,9 @@ def test_encoders_embed_a_batch_of_states_like_one_state_at_a_time():
         single = torch.cat([policy.embed(x[b:b + 1], ctx.adj) for b in range(4)], dim=1)
         assert torch.allclose(batched, single, atol=1e-5)
         assert batched.shape == (g.num_nodes, 4, 16)
+        masks = torch.ones(4, 3, g.num_nodes)
         with torch.inference_mode():  # the rollout's in-place path computes the same embedding and logits
             assert torch.allclose(policy.embed(x, ctx.adj), batched, atol=1e-5)
-            masks = torch.ones(4, 3, g.num_nodes)
             fast = policy(x, ctx.adj, torch.arange(4), masks)
         assert torch.allclose(fast, policy(x, ctx.adj, torch.arange(4), masks), atol=1e-5)
 

@@ -18,11 +18,12 @@ Run: `.venv/bin/python benchmarks/rl.py` (10 episodes per run; `--episodes 50`, 
 to narrow it.
 Prints Markdown tables.
 
-`--speed COMMIT`: placeto's episodes per second and learning curves, this checkout against the code of
-git commit COMMIT (checked out into a temporary `git worktree`, removed after), side by side in one run:
-the same graph (captured once here, handed to both as a file), cluster, order and seeds, each run in a fresh
-process with the numba kernels compiled before the clock starts, the two alternating per seed so that both
-see the same load on a shared machine. Both run with `start=--speed-start` (default "device0": the answer
+`--speed COMMIT`: placeto's episodes per second and learning curves, this checkout against the code of git commit
+COMMIT (checked out into a temporary `git worktree`, removed after), side by side in one run: the same graph
+(captured once here, handed to both as a file), cluster, order and seeds, each run in a fresh process with both
+simulators' numba kernels compiled before the clock starts (until 2026-12-06 only the devplace model's: a placeto-sim
+run paid its kernels' compilation inside the clock where the cache was cold), the two alternating per seed so
+that both see the same load on a shared machine. Both run with `start=--speed-start` (default "device0": the answer
 then depends on what was learned, and the start costs nothing), so both learn the same thing;
 `--speed-episodes` episodes per run; `--speed-hyper` names the hyperparameter set (a commit without named sets
 runs only `devplace`, "n/a" otherwise) and `--speed-settings` adds settings (JSON) to both. Episodes per second
@@ -87,9 +88,11 @@ from devplace.orders import traversal_indices
 from devplace.placers.rl.placeto import PlacetoHyper, train_placeto
 from devplace.placers.rl.trainer import parse_indices
 from devplace.sim import DevplaceModel
+from devplace.sim.placeto import PlacetoModel
 path, cluster, order, seed, episodes, extra = sys.argv[1:]
 g, c = load_graph(path), load_cluster(cluster)
-DevplaceModel(g, c).run(np.zeros(g.num_nodes, dtype=np.int64))  # compile (or load) the numba kernels first
+for Model in (DevplaceModel, PlacetoModel):  # compile (or load) both simulators' numba kernels first
+    Model(g, c).run(np.zeros(g.num_nodes, dtype=np.int64))
 o = traversal_indices(g, order, int(seed), cluster=c)
 settings = json.loads(extra)
 name = settings.pop("hyper", "devplace")

@@ -405,7 +405,7 @@ class PlacetoPolicy(nn.Module):
         `w`: this policy's `stacked()` weights when the caller holds them (the rollout, once per episode)."""
         w = w or self.stacked()
         emb = self.embed(x, adj, w)  # [V, batch, 2d]
-        v, b, _ = emb.shape
+        b = emb.shape[1]
         d = self.hidden
         own = emb[current, torch.arange(b)]
         # the three pools' f layers as one product, their g layers as one batched product (same sums as three

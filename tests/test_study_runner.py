@@ -150,6 +150,19 @@ def test_rl_cell_gives_place_s_placement_and_a_curve(tmp_path, placer, sim_model
     assert set(CONTRACT_COLUMNS) <= set(COLUMN_NAMES) and set(row) <= set(COLUMN_NAMES)
 
 
+def test_placeto_paper_cell_stores_every_episode_and_the_training_curve(tmp_path):
+    # issue 33: under the seed's set, `episodes` counts the evaluations (episodes 0 and 5 of 6), the curve does not
+    _graphs(tmp_path, 1)
+    spec = parse_study('graphs = ["g0.json"]\nclusters = ["3xGPU-placeto"]\nsim_model = "placeto"\norders = ["topo"]\n'
+                       '[[placers]]\nname = "placeto"\n'
+                       'settings = { episodes = 6, hyper = "placeto-paper", hidden = 4, rounds = 1 }',
+                       base_dir=tmp_path)
+    (cell,) = expand(spec)
+    row = run_cell(cell, layered_graph(30, width=5, seed=0), load_cluster("3xGPU-placeto"))
+    assert row["status"] == "ok", row["error"]
+    assert row["episodes"] == 6 and len(row["curve"]) == 4
+
+
 def test_failing_cells_are_recorded_and_retried_on_request(tmp_path):
     _graphs(tmp_path, 1)
     (tmp_path / "broken.json").write_text("{not json")

@@ -78,7 +78,7 @@ from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster, op_times, step_times
 from devplace.placers.common import positive_int
 from devplace.placers.memory import no_fit_error
-from devplace.placers.registry import PlacerError, PlacerOutput, register
+from devplace.placers.registry import FullGraph, PlacerError, PlacerOutput, register
 from devplace.sim.schedule import (
     BACKWARD,
     FORWARD,
@@ -94,7 +94,6 @@ from devplace.sim.schedule import (
 MICROBATCH_CHOICES = (1, 2, 4, 8, 16, 32)
 CANDIDATES = 2  # splits simulated per micro-batch count and way of counting transfers
 GRID_RATIO = 1.02  # spacing of the bounds on the slowest stage
-ROUNDS = 6  # rounds that learn memory allowances from the simulator
 REFINE_SIMULATIONS = 64  # at most this many simulated moves of a cut when refining the judged best split
 CUTS = ("modules", "ops")  # the `cuts` setting: where a captured model's stages may begin
 
@@ -123,9 +122,6 @@ class _Items:
     owner: np.ndarray  # int64[V], the item whose device each node takes
     work: np.ndarray  # float64[n, D], seconds of the class run per micro-batch on each device (the graph's batch)
     step_work: np.ndarray  # float64[n, D], seconds of the class run once per step on each device
-    params: np.ndarray  # float64[n]
-    stash: np.ndarray  # float64[n], forward output bytes (whole batch)
-    peak_op: np.ndarray  # float64[n], the largest output + temp of one op of the class (whole batch)
     cross: np.ndarray  # float64[n + 1], bytes crossing a cut before item i, both directions (whole batch)
     blocked: np.ndarray  # bool[n + 1], True where no stage may end before item i (module docstring, step 2)
     stops: np.ndarray  # int64, the places `_refine` moves cuts among: 0..n, or those between segments
@@ -186,7 +182,6 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.n
            cuts: str) -> _Items:
     """Step 1 of the module docstring; `times` every op's seconds on every device, `once` the part of them that
     runs once per step (`step_times`); `cuts` the setting (where stages may be cut)."""
-    phase = op_phases(graph)
     fwd = _forward_ops(graph)
     spans = segment_spans(graph) if cuts == "modules" else None
     seq = forward_sequence(graph, order, None if spans is None else spans[:, 0]).tolist()
@@ -208,19 +203,9 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.n
         if owner[v] < 0:
             placed = [int(owner[w]) for w in graph.successors(v) if owner[w] >= 0]
             owner[v] = placed[0] if placed else n - 1
-    per_mb = phase != PER_STEP
     # per micro-batch and once per step: a coarse group may hold a layer's backward ops with its optimizer update
     work = np.stack([np.bincount(owner, weights=col, minlength=n) for col in (times - once).T], axis=1)
     step_work = np.stack([np.bincount(owner, weights=col, minlength=n) for col in once.T], axis=1)
-    params = np.bincount(owner, weights=graph.param_bytes, minlength=n)
-    # the stash: forward outputs a backward op reads, held from a micro-batch's forward to its backward; the
-    # others are freed within the forward (they count in peak_op); the simulator corrects what this misses
-    saved = np.zeros(graph.num_nodes, dtype=bool)
-    saved[graph.edge_src[phase[graph.edge_dst] == BACKWARD]] = True
-    kept = fwd & saved if saved[fwd].any() else fwd  # a graph without backward ops: every forward output
-    stash = np.bincount(owner[kept], weights=graph.output_bytes[kept], minlength=n)
-    peak_op = np.zeros(n)
-    np.maximum.at(peak_op, owner[per_mb], (graph.output_bytes + graph.temp_bytes)[per_mb])
     # cut i (before item i) is crossed by a tensor whose producer's item and a consumer's item lie on
     # different sides: forward from the producer to its last consumer, backward to its first
     ipos = owner
@@ -254,8 +239,7 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.n
     blocked = np.cumsum(inside)[: n + 1] > 0
     within = _between_segments(spans, owner, n) if spans is not None else np.zeros(n + 1, dtype=bool)
     blocked |= within
-    return _Items(np.asarray(seq, dtype=np.int64), owner, work, step_work, params, stash, peak_op, cross, blocked,
-                  np.flatnonzero(~within))
+    return _Items(np.asarray(seq, dtype=np.int64), owner, work, step_work, cross, blocked, np.flatnonzero(~within))
 
 
 def _between_segments(spans: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
@@ -275,70 +259,187 @@ def _between_segments(spans: np.ndarray, owner: np.ndarray, n: int) -> np.ndarra
 # --------------------------------------------------------------------------- the dynamic program
 
 
+class StageMemory:
+    """What the dynamic program knows of memory: a lower bound on the simulator's peak of the device that runs a
+    stage, for every stage [i, j) of the items (module docstring, step 3), on the graph the placer is judged on
+    (a micro-batch's bytes are the graph's / div: M for a whole step's graph, 1 for one captured at the
+    micro-batch size).
+
+    - `params[i]`: the parameter bytes of the ops of items before i, held all step where they are placed;
+    - `stash[i, j]`: the output bytes of the forward ops of items i..j-1 that a backward op of the same items
+      reads (one micro-batch's);
+    - `op_need[i]`: the most that one op of item i (forward or backward, taking time) holds when it starts: its
+      inputs, output and scratch;
+    - `grads[i]`: the output bytes of items before i's micro-batch ops that an op of their own item run once per
+      step reads (the gradients the optimizer reads).
+
+    A stage [i, j) whose device runs n forward actions before its first backward action (`inflight`) holds at
+    least params + max(n stash, (n - 1) stash + op_need, grads) (`bound`): when that backward action starts,
+    each of those n forwards' outputs that a backward op of the stage reads is held (allocated when its op
+    started, freed only when its readers on the device have finished, which run from then on and take time);
+    while an op of the n-th forward or of the first backward action runs, the other n - 1 micro-batches' are,
+    beside what the op holds (its inputs are held until it finishes, its output and scratch from its start);
+    when the first once-per-step op starts, every gradient of the last micro-batch that such an op reads is.
+    Only what a reader that takes time holds is counted (an op of no time holds nothing, DESIGN.md section 4)."""
+
+    params: np.ndarray  # float64[n + 1]
+    stash: np.ndarray  # float64[n + 1, n + 1], the graph's bytes
+    op_need: np.ndarray  # float64[n], the graph's bytes
+    grads: np.ndarray  # float64[n + 1], the graph's bytes
+
+    def __init__(self, judged: CompGraph, item_of: np.ndarray, n: int, cluster: Cluster) -> None:
+        """`judged`: the graph the placer is judged on; `item_of`: the item each of its nodes goes with."""
+        def prefix(weights: np.ndarray) -> np.ndarray:
+            return np.concatenate([[0.0], np.cumsum(np.bincount(item_of, weights=weights, minlength=n))])
+
+        self.params = prefix(judged.param_bytes)
+        phase = op_phases(judged)
+        runs = op_times(judged, cluster).min(axis=1) > 0 if judged.num_nodes else np.zeros(0, dtype=bool)
+        u, w = judged.edge_src, judged.edge_dst
+        b = judged.output_bytes
+        read = (phase[u] == FORWARD) & (phase[w] == BACKWARD) & runs[w]
+        a, c = item_of[u[read]], item_of[w[read]]
+        # per forward op: the nearest item at or before its own (lo) and at or after it (hi) with a reader
+        lo = np.full(judged.num_nodes, -1, dtype=np.int64)
+        hi = np.full(judged.num_nodes, n, dtype=np.int64)
+        np.maximum.at(lo, u[read], np.where(c <= a, c, -1))
+        np.minimum.at(hi, u[read], np.where(c >= a, c, n))
+        own = item_of
+        # stage [i, j) holds op v's output when it holds v's item and one of its readers: i <= lo (lo <= own < j)
+        # or hi < j (i <= own <= hi); counted by inclusion-exclusion as sums over x >= i, y < j of a grid
+        grid = np.zeros((n + 1, n + 1))
+        has_lo, has_hi = lo >= 0, hi < n
+        np.add.at(grid, (lo[has_lo], own[has_lo]), b[has_lo])
+        np.add.at(grid, (own[has_hi], hi[has_hi]), b[has_hi])
+        both = has_lo & has_hi
+        np.add.at(grid, (lo[both], hi[both]), -b[both])
+        table = np.cumsum(grid[::-1], axis=0)[::-1]  # rows: x >= i
+        self.stash = np.zeros((n + 1, n + 1))
+        self.stash[:, 1:] = np.cumsum(table, axis=1)[:, :n]  # columns: y < j
+        # one op's inputs (each tensor read once; at most its producer's output), output and scratch
+        mb = phase != PER_STEP
+        first = np.unique(np.stack([w, u, judged.edge_tensor]), axis=1, return_index=True)[1] \
+            if judged.num_edges else np.zeros(0, dtype=np.int64)
+        inputs = np.zeros(judged.num_nodes)
+        np.add.at(inputs, w[first], np.minimum(judged.edge_bytes[first], b[u[first]]))
+        need = np.where(mb & runs, inputs + b + judged.temp_bytes, 0.0)
+        self.op_need = np.zeros(n)
+        np.maximum.at(self.op_need, item_of, need)
+        # gradients: a micro-batch op's output read by an op of its item that runs once per step and takes time
+        feeds = mb[u] & (phase[w] == PER_STEP) & runs[w] & (item_of[u] == item_of[w])
+        held = np.zeros(judged.num_nodes, dtype=bool)
+        held[u[feeds]] = True
+        self.grads = prefix(np.where(held, b, 0.0))
+
+    def bound(self, cuts: tuple[int, ...], schedule: Schedule, div: float) -> np.ndarray:
+        """The lower bound of each stage of the split `cuts` (stage ends), as the dynamic program counts it."""
+        starts = (0, *cuts[:-1])
+        nonempty = [j > i for i, j in zip(starts, cuts, strict=True)]
+        out = np.zeros(len(cuts))
+        for k, (i, j) in enumerate(zip(starts, cuts, strict=True)):
+            if j > i:
+                out[k] = _stage_bound(self.params[j] - self.params[i], self.stash[i, j] / div,
+                                      float(self.op_need[i:j].max()) / div, (self.grads[j] - self.grads[i]) / div,
+                                      inflight(schedule, sum(nonempty[k + 1:])))
+        return out
+
+
+GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2  # schedule kinds, as the compiled dynamic program takes them
+
+
+def _kind_code(schedule: Schedule) -> int:
+    return {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B}.get(schedule.kind, INTERLEAVED)
+
+
+def inflight(schedule: Schedule, after: int) -> int:
+    """Forward actions a device runs before its first backward action (`StageMemory`), for a non-empty stage
+    with `after` non-empty stages after it: M under gpipe; under 1f1b the pipeline's position r of p used
+    devices warms up with p - r - 1 forwards (p - r - 1 = `after`), then runs one more; interleaved, at least
+    the first micro-batch of each of its chunks."""
+    return int(_inflight(_kind_code(schedule), schedule.microbatches, after))
+
+
 @njit(cache=True)
-def _split(bound, pre_time, pre_param, pre_stash, peak_op, cross, blocked, cap, inflight, m, comm_Bps,
-           latency, waits):  # pragma: no cover - compiled
-    """Cut ends (one per stage, none at a `blocked` cut) minimising sum of stage times with every stage time
-    <= bound and every stage within memory; per-micro-batch figures are the graph's / m (M for a whole step's
-    graph, 1 for one captured at the micro-batch size). A stage's time
-    per micro-batch is its compute plus, with `waits`, the transfer of what crosses its first cut (activations
-    forward, gradients back); without, that transfer only adds to the sum (it overlaps the other micro-batches'
-    compute).
+def _inflight(kind, m, after):  # pragma: no cover - compiled
+    if kind == GPIPE:
+        return m
+    if kind == ONE_F_ONE_B:
+        return min(after + 1, m)
+    return 1
+
+
+@njit(cache=True)
+def _stage_bound(weights, held, big, grad, n):  # pragma: no cover - compiled
+    """`StageMemory.bound` of one stage from its sums."""
+    return weights + max(n * held, (n - 1) * held + big, grad)
+
+
+@njit(cache=True)
+def _split(bound, pre_time, params, stash, op_need, grads, cap, kind, m, div, cross, blocked, comm_Bps, latency,
+           waits):  # pragma: no cover - compiled
+    """Cut ends (one per stage, none at a `blocked` cut) minimising the sum of stage times with every stage
+    time <= bound and every stage's memory lower bound (`StageMemory`) within its device's `cap`; per-micro-batch
+    figures are the graph's / div (M for a whole step's graph, 1 for one captured at the micro-batch size). A
+    stage's time per micro-batch is its compute plus, with `waits`, the transfer of what crosses its first cut
+    (activations forward, gradients back); without, that transfer only adds to the sum (it overlaps the other
+    micro-batches' compute).
+
+    Solved from the last stage back: f[k, i, c] is the least sum for items i..n-1 in stages k..K-1 of which c
+    are non-empty (under 1f1b a stage's micro-batches in flight depend on that count; other kinds keep c = 0).
     Returns the stage ends, or ends[0] = -1 when nothing fits."""
     n = pre_time.shape[1] - 1
     k_stages = pre_time.shape[0]
+    counts = k_stages + 1 if kind == ONE_F_ONE_B else 1
     inf = np.inf
-    dp = np.full((k_stages + 1, n + 1), inf)
-    back = np.full((k_stages + 1, n + 1), -1, dtype=np.int64)
-    dp[0, 0] = 0.0
-    for k in range(k_stages):
+    f = np.full((k_stages + 1, n + 1, counts), inf)
+    nxt = np.full((k_stages + 1, n + 1, counts), -1, dtype=np.int64)
+    f[k_stages, n, 0] = 0.0
+    for k in range(k_stages - 1, -1, -1):
         for i in range(n + 1):
-            base = dp[k, i]
-            if base == inf:
+            for c in range(counts):  # an empty stage
+                if f[k + 1, i, c] < f[k, i, c]:
+                    f[k, i, c] = f[k + 1, i, c]
+                    nxt[k, i, c] = i
+            if i == n or (i > 0 and blocked[i]):
                 continue
-            if base < dp[k + 1, i]:  # empty stage
-                dp[k + 1, i] = base
-                back[k + 1, i] = i
+            comm = latency + cross[i] / div / comm_Bps if i > 0 else 0.0
             big = 0.0
-            comm = 0.0
-            if 0 < i < n:
-                comm = latency + cross[i] / m / comm_Bps
             for j in range(i + 1, n + 1):
-                if peak_op[j - 1] > big:
-                    big = peak_op[j - 1]
-                t = (pre_time[k, j] - pre_time[k, i]) / m + (comm if waits else 0.0)
-                mem = (pre_param[j] - pre_param[i]) + inflight[k] * (pre_stash[j] - pre_stash[i]) / m + big / m
-                if t > bound or mem > cap[k]:
+                t = (pre_time[k, j] - pre_time[k, i]) / div + (comm if waits else 0.0)
+                if t > bound:
                     break
-                if blocked[j]:
-                    continue
-                c = base + t + (0.0 if waits else comm)
-                if c < dp[k + 1, j]:
-                    dp[k + 1, j] = c
-                    back[k + 1, j] = i
+                big = max(big, op_need[j - 1] / div)
+                weights = params[j] - params[i]
+                held = stash[i, j] / div
+                grad = (grads[j] - grads[i]) / div
+                if _stage_bound(weights, held, big, grad, _inflight(kind, m, 0)) > cap[k]:
+                    break  # more items only add
+                for c in range(counts - 1 if counts > 1 else 1):
+                    if _stage_bound(weights, held, big, grad, _inflight(kind, m, c)) > cap[k]:
+                        break  # more stages after it only add micro-batches in flight
+                    base = f[k + 1, j, c]
+                    if base == inf:
+                        continue
+                    here = c + 1 if counts > 1 else 0
+                    value = base + t + (0.0 if waits else comm)
+                    if value < f[k, i, here]:
+                        f[k, i, here] = value
+                        nxt[k, i, here] = j
     ends = np.full(k_stages, -1, dtype=np.int64)
-    if dp[k_stages, n] == inf:
+    c = 0
+    for x in range(counts):
+        if f[0, 0, x] < f[0, 0, c]:
+            c = x
+    if f[0, 0, c] == inf:
         return ends
-    j = n
-    for k in range(k_stages, 0, -1):
-        ends[k - 1] = j
-        j = back[k, j]
+    i = 0
+    for k in range(k_stages):
+        j = nxt[k, i, c]
+        ends[k] = j
+        if j > i and counts > 1:
+            c -= 1
+        i = j
     return ends
-
-
-def _inflight(schedule: Schedule, p: int) -> np.ndarray:
-    """Micro-batches whose stash a stage holds at once, per stage (stage k at position k mod p)."""
-    m, v = schedule.microbatches, int(schedule.chunks or 1)
-    out = np.empty(p * v)
-    for k in range(p * v):
-        r = k % p
-        if schedule.kind == "gpipe":
-            out[k] = m
-        elif schedule.kind == "1f1b":
-            out[k] = min(p - r, m)
-        else:
-            out[k] = math.ceil(min(2 * (p - r - 1) + (v - 1) * p + 1, m * v) / v)
-    return out
 
 
 def _per_microbatch(schedule: Schedule) -> float:
@@ -361,22 +462,21 @@ def device_orders(graph: CompGraph, cluster: Cluster) -> list[tuple[int, ...]]:
 
 
 class _Search:
-    def __init__(self, graph: CompGraph, cluster: Cluster, items: _Items, device_order: tuple[int, ...]) -> None:
+    def __init__(self, graph: CompGraph, cluster: Cluster, items: _Items, memory: StageMemory,
+                 device_order: tuple[int, ...]) -> None:
         self.graph, self.cluster = graph, cluster
         self.perm = np.asarray(device_order, dtype=np.int64)  # the device at each pipeline position
         self.items = it = items
+        self.memory = memory
         # [D, n + 1] prefix sums of the items' seconds on each device
         self.pre_work = np.concatenate([np.zeros((1, cluster.num_devices)), np.cumsum(it.work, axis=0)]).T.copy()
-        self.pre_param = np.concatenate([[0.0], np.cumsum(it.params)])
-        self.pre_stash = np.concatenate([[0.0], np.cumsum(it.stash)])
         self.pre_step = np.concatenate([np.zeros((1, cluster.num_devices)), np.cumsum(it.step_work, axis=0)]).T.copy()
         bw = cluster.bandwidth[~np.eye(cluster.num_devices, dtype=bool)]
         lat = cluster.latency[~np.eye(cluster.num_devices, dtype=bool)]
         self.comm_Bps = float(bw.min()) if bw.size else math.inf
         self.latency = float(lat.max()) if lat.size else 0.0
 
-    def splits(self, schedule: Schedule, allowance: np.ndarray, waits: bool,
-               keep: int) -> list[tuple[float, tuple[int, ...]]]:
+    def splits(self, schedule: Schedule, waits: bool, keep: int) -> list[tuple[float, tuple[int, ...]]]:
         """(model step time, cut ends) of the `keep` best distinct splits found under the bounds, best first
         (`waits`: see `_split`).
 
@@ -390,8 +490,9 @@ class _Search:
         m = _per_microbatch(schedule)
         dev = self.perm[np.arange(p * v) % p]
         pre = np.ascontiguousarray(self.pre_work[dev])  # [K, n + 1]: stage k's prefix sums on its device
-        cap = ((self.cluster.memory[dev] - allowance[dev]) / v).astype(np.float64)
-        inflight = _inflight(schedule, p)
+        # the memory bound only prunes: a stage is dropped only where no schedule could hold it (float rounding
+        # of the bound's sums must not drop a split the simulator finds within memory to the byte)
+        cap = (self.cluster.memory[dev] * (1 + 1e-9)).astype(np.float64)
         total = float(pre[:, -1].max()) / m
         # no split's slowest stage is below the one where every stage's device does an equal share of the time:
         # stage k doing a fraction f_k of the work takes f_k * total_k, and the fractions sum to 1
@@ -401,8 +502,10 @@ class _Search:
         found: dict[tuple[int, ...], float] = {}
 
         def split(bound: float) -> bool:
-            ends = _split(bound, pre, self.pre_param, self.pre_stash, self.items.peak_op, self.items.cross,
-                          self.items.blocked, cap, inflight, float(m), self.comm_Bps, self.latency, waits)
+            ends = _split(bound, pre, self.memory.params, self.memory.stash, self.memory.op_need, self.memory.grads,
+                          cap, _kind_code(schedule),
+                          schedule.microbatches, float(m), self.items.cross, self.items.blocked, self.comm_Bps,
+                          self.latency, waits)
             if ends[0] >= 0:
                 cuts = tuple(int(x) for x in ends)
                 found.setdefault(cuts, self.model_time(cuts, schedule, waits))
@@ -454,30 +557,32 @@ class _Search:
 
 
 class _Judge:
-    """Simulates each (schedule, split) once, keeps the best feasible one, and notes per schedule the largest
-    excess over memory per device in this round."""
+    """Simulates each (schedule, split) once on the graph the placer is judged on, keeps the best feasible one
+    and, while none is, the one least over memory (the sum of its devices' excess)."""
 
-    def __init__(self, graph: CompGraph, cluster: Cluster, search: _Search) -> None:
-        self.graph, self.cluster, self.search = graph, cluster, search
+    def __init__(self, judged: FullGraph, cluster: Cluster, search: _Search) -> None:
+        self.judged, self.cluster, self.search = judged, cluster, search
         self.simulated: dict[tuple[Schedule, tuple[int, ...]], ScheduledResult | None] = {}
-        self.excess: dict[Schedule, np.ndarray] = {}
         self.best: tuple[float, int, int, PipelinePlan] | None = None
+        self.least_over: tuple[float, Schedule, tuple[int, ...]] | None = None
 
     def consider(self, s: Schedule, cuts: tuple[int, ...], rank: int) -> None:
         if (s, cuts) not in self.simulated:
+            devices = self.search.devices(cuts)
             try:
-                r = simulate_schedule(self.graph, self.cluster, self.search.devices(cuts), s)
+                r = simulate_schedule(self.judged.graph, self.cluster, self.judged.expand(devices), s)
             except DevplaceError:  # a class forced across the stage order: not a pipeline, skip it
                 r = None
             self.simulated[s, cuts] = r
             if r is not None and not r.feasible:
-                for d, b in r.oom.items():
-                    self.excess[s][d] = max(self.excess[s][d], b)
+                over = float(sum(r.oom.values()))
+                if self.least_over is None or over < self.least_over[0]:
+                    self.least_over = (over, s, cuts)
         r = self.simulated[s, cuts]
         if r is not None and r.feasible:
             key = (r.step_time_s, s.microbatches, rank)
             if self.best is None or key < self.best[:3]:
-                self.best = (*key, PipelinePlan(r.device, s, r, cuts))
+                self.best = (*key, PipelinePlan(self.search.devices(cuts), s, r, cuts))
 
 
 def _check_settings(schedule: str, microbatches: int | None, chunks: int | None, cuts: str) -> None:
@@ -531,11 +636,14 @@ def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | No
 
 def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, schedule: str = "1f1b",
                   microbatches: int | None = None, chunks: int | None = None, cuts: str = "modules",
-                  ties: np.ndarray | None = None) -> PipelinePlan:
+                  ties: np.ndarray | None = None, as_run: FullGraph | None = None) -> PipelinePlan:
     """The best pipeline placement of `graph` found by the search of the module docstring, with its schedule.
 
     `order` is the traversal as node indices; `ties` a tie class per node, each kept on one device (None:
-    `devplace.graph.ties.tie_classes(graph)`); `cuts` where stages may begin (module docstring, step 2).
+    `devplace.graph.ties.tie_classes(graph)`); `cuts` where stages may begin (module docstring, step 2);
+    `as_run` the graph that runs (a device per node of `graph` expands to one per node of it; None: `graph`
+    itself), which the memory bound is taken on and every split is simulated on. The plan's `devices` are
+    `graph`'s, its `result` the simulation of the graph as run.
     Raises NoFitError when no split fits memory under the schedule, PlacerError (a DevplaceError) for invalid
     settings."""
     _check_settings(schedule, microbatches, chunks, cuts)
@@ -544,11 +652,14 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
     classes = tie_classes(graph) if ties is None else np.asarray(ties, dtype=np.int64)
     # the same for every device order
     items = _items(graph, order, classes, op_times(graph, cluster), step_times(graph, cluster), cuts)
+    judged = as_run if as_run is not None else FullGraph.same(graph)
+    # the item of each node of the graph as run: expanding gathers a value per node of `graph` (its item)
+    memory = StageMemory(judged.graph, judged.expand(items.owner), items.nodes.shape[0], cluster)
     plans = []
     for device_order in device_orders(graph, cluster):
         identity = device_order == tuple(range(cluster.num_devices))
         ordered = [s if identity else replace(s, device_order=device_order) for s in schedules]
-        plan = _plan_in_order(graph, cluster, _Search(graph, cluster, items, device_order), ordered)
+        plan = _plan_in_order(judged, cluster, _Search(graph, cluster, items, memory, device_order), ordered)
         if plan is not None:
             plans.append(plan)
     if not plans:
@@ -558,46 +669,45 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
     return min(plans, key=lambda pl: (pl.step_time_s, pl.schedule.microbatches))  # of equals the first order's
 
 
-def _plan_in_order(graph: CompGraph, cluster: Cluster, search: _Search,
+def _plan_in_order(judged: FullGraph, cluster: Cluster, search: _Search,
                    schedules: list[Schedule]) -> PipelinePlan | None:
     """Steps 4-6 of the module docstring for one order of the devices along the pipeline (`search.perm`):
     the best split found, judged and refined, or None when none fits memory."""
-    p = cluster.num_devices
-    judge = _Judge(graph, cluster, search)
-    allowance = {s: np.zeros(p) for s in schedules}
-    for _ in range(ROUNDS):
-        judge.excess = {s: np.zeros(p) for s in schedules}
-        # each way's leading split for every M, then the others for the M that did best
-        found = {s: [search.splits(s, allowance[s], waits, CANDIDATES) for waits in (False, True)]
-                 for s in schedules}
-        for s in schedules:
-            for way in found[s]:
-                if way:
-                    judge.consider(s, way[0][1], 0)
-        if judge.best is not None:
-            s_best = judge.best[3].schedule
-            for way in found[s_best]:
-                for rank, (_, cuts) in enumerate(way[1:], start=1):
-                    judge.consider(s_best, cuts, rank)
-        if not any(e.any() for e in judge.excess.values()):
-            break
-        for s in schedules:
-            allowance[s] += judge.excess[s]
-    return None if judge.best is None else _refine(judge, judge.best[3])
+    judge = _Judge(judged, cluster, search)
+    # each way's leading split for every M, then the others for the M that did best
+    found = {s: [search.splits(s, waits, CANDIDATES) for waits in (False, True)] for s in schedules}
+    for s in schedules:
+        for way in found[s]:
+            if way:
+                judge.consider(s, way[0][1], 0)
+    s_next = judge.best[3].schedule if judge.best is not None else None
+    for s in [s_next] if s_next is not None else schedules:
+        for way in found[s]:
+            for rank, (_, cuts) in enumerate(way[1:], start=1):
+                judge.consider(s, cuts, rank)
+    if judge.best is None and judge.least_over is None:
+        return None
+    return _refine(judge)
 
 
-def _refine(judge: _Judge, plan: PipelinePlan) -> PipelinePlan:
-    """Pattern search on the cut points of the judged best split, the simulator judging each move: move one
-    cut at a time by `step` places either way (a stage may become empty), keeping a move that shortens the
-    simulated step within memory; when none does, every cut inside the sequence together (the first stage grows
+def _refine(judge: _Judge) -> PipelinePlan | None:
+    """Pattern search on the cut points of the judged best split (where none is within memory: of the one least
+    over it), the simulator judging each move: move one cut at a time by `step` places either way (a stage may
+    become empty), keeping a move that shortens the simulated step within memory (while none is within memory:
+    one that brings the split within memory or less over it); when none does, every cut inside the sequence together (the first stage grows
     and the last shrinks, or back: the middle stages keep their size, which no one-cut move does; bert-base's
     interleaved pipeline on 4 V100s found 1.6% faster so); when that does not either, halve `step`; at most
     `REFINE_SIMULATIONS` simulations.
     The places are the items' `stops` (every item boundary; on a captured model, the boundaries between
     segments only, so that a step moves a cut by whole segments). The cost model ranks splits only approximately
     (transfers and the schedule's waits are estimated), so the best split it finds is often a few items off
-    the simulator's best."""
-    s, cuts = plan.schedule, plan.cuts
+    the simulator's best. The dynamic program's memory is a lower bound, so its splits can be over memory
+    as run; this search moves their cuts until they are not. None when no split it tried fits."""
+    if judge.best is not None:
+        s, cuts = judge.best[3].schedule, judge.best[3].cuts
+    else:
+        assert judge.least_over is not None
+        _, s, cuts = judge.least_over
     stops = judge.search.items.stops
     blocked = judge.search.items.blocked
     at = {int(x): j for j, x in enumerate(stops.tolist())}
@@ -610,6 +720,13 @@ def _refine(judge: _Judge, plan: PipelinePlan) -> PipelinePlan:
 
     spent = 0
 
+    def score() -> tuple[int, float]:
+        """The best split's step within memory, else how far the least-over split is over memory."""
+        if judge.best is not None:
+            return (0, judge.best[0])
+        assert judge.least_over is not None
+        return (1, judge.least_over[0])
+
     def better(trial: tuple[int, ...]) -> bool:
         """Simulate `trial` (a split not seen yet, every inner cut where a stage may end): True when it is
         the best so far."""
@@ -617,11 +734,10 @@ def _refine(judge: _Judge, plan: PipelinePlan) -> PipelinePlan:
         if (any(c < 0 or (0 < c < end and blocked[c]) for c in trial)
                 or any(a > b for a, b in itertools.pairwise(trial)) or (s, trial) in judge.simulated):
             return False
-        assert judge.best is not None
-        before = judge.best[0]
+        before = score()
         judge.consider(s, trial, CANDIDATES)
         spent += 1
-        return judge.best[0] < before
+        return score() < before
 
     while step >= 1 and spent < REFINE_SIMULATIONS:
         moved = False
@@ -640,8 +756,7 @@ def _refine(judge: _Judge, plan: PipelinePlan) -> PipelinePlan:
                 break
         if not moved:
             step //= 2
-    assert judge.best is not None
-    return judge.best[3]
+    return None if judge.best is None else judge.best[3]
 
 
 def _order_key(graph: CompGraph, visit: np.ndarray, settings: Mapping[str, Any]) -> bytes:
@@ -661,8 +776,8 @@ def _order_key(graph: CompGraph, visit: np.ndarray, settings: Mapping[str, Any])
 
 @register("pipeline", uses_order=True, cheap=True, check=_check_settings, order_key=_order_key)
 def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int, ties: np.ndarray | None = None,
-             schedule: str = "1f1b", microbatches: int | None = None, chunks: int | None = None,
-             cuts: str = "modules") -> PlacerOutput:
+             as_run: FullGraph | None = None, schedule: str = "1f1b", microbatches: int | None = None,
+             chunks: int | None = None, cuts: str = "modules") -> PlacerOutput:
     """Pipeline stages: cut the traversal order into contiguous stages (one per device, or `chunks` per device
     for interleaved-1f1b) minimising the simulated pipelined step under memory, choosing the micro-batch count.
 
@@ -674,5 +789,5 @@ def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int
     the placement carries (`Placement.schedule`) and the search judges the step under.
     """
     plan = pipeline_plan(graph, cluster, order, schedule=schedule, microbatches=microbatches, chunks=chunks,
-                         cuts=cuts, ties=ties)
+                         cuts=cuts, ties=ties, as_run=as_run)
     return PlacerOutput(plan.devices, plan.schedule)

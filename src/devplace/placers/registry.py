@@ -128,6 +128,12 @@ class PlacerSpec:
         return "full" in inspect.signature(self.func).parameters
 
     @property
+    def takes_as_run(self) -> bool:
+        """True when the placer takes `as_run` (a `FullGraph`: the graph that runs, which the search judges the
+        answer on, even under a coarsening) to judge its own candidates there (the `pipeline` placer)."""
+        return "as_run" in inspect.signature(self.func).parameters
+
+    @property
     def handles_ties(self) -> bool:
         """True when the placer takes `ties` (a tie class per node) and keeps every class on one device
         itself; `place` folds the graph for the others (see `place`'s semantics)."""

@@ -732,7 +732,8 @@ def _runner(req: Request, view: View, spec: PlacerSpec, orders: tuple[Order, ...
     """run(cluster seen) -> (the placer's output on `view`, the order it walked)."""
     extra = {"progress": progress} if progress is not None and spec.reports_progress else {}
     call = {**settings, **extra, **({"ties": view.ties} if spec.handles_ties else {}),
-            **({"full": view.judged_on()} if spec.takes_full else {})}
+            **({"full": view.judged_on()} if spec.takes_full else {}),
+            **({"as_run": FullGraph(req.graph, view.expand)} if spec.takes_as_run else {})}
     visits = [traversal_indices(view.graph, order, req.seed, cluster=req.cluster) for order in orders]
 
     def once(seen: Cluster, visit: np.ndarray) -> PlacerOutput:

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import sparse
 from scipy.optimize import linprog
+from scipy.sparse.csgraph import breadth_first_order
 
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.info import longest_path
 from devplace.hardware.cluster import Cluster, op_times, step_times
 from devplace.sim.schedule import Schedule
+from devplace.units import fmt_bytes
 
 
 @dataclass(frozen=True)
@@ -130,3 +132,100 @@ def _shared_work(times: np.ndarray) -> float:
     if res.status != 0:  # cannot happen for finite times; the serial bound is still valid then
         return float(cols.min(axis=1).sum() / counts.sum())
     return float(res.x[-1]) * (1 - 1e-9)  # the solver's tolerance must not lift the bound above a real step
+
+
+# --------------------------------------------------------------------------------------------- memory
+
+
+@dataclass(frozen=True)
+class MemoryBound:
+    """Lower bounds on the memory of `graph`'s step run unpipelined (the reference model, DESIGN.md section 4)
+    under any placement (`memory_lower_bound`): `total_bytes` held at one instant summed over the devices (every
+    parameter, gradient and optimizer state, and the activations live at `total_at`'s start), and
+    `op_bytes` held by the device that runs `op` when it starts (its tie class's parameters, its inputs, its
+    output and scratch)."""
+
+    total_bytes: float
+    params_bytes: float
+    total_at: int  # node index, -1 for none
+    op_bytes: float
+    op: int  # node index, -1 for none
+
+    def why_not(self, graph: CompGraph, cluster: Cluster) -> str | None:
+        """Why no placement of `graph` on `cluster` fits memory (a sentence), or None when the bound allows one."""
+        have, largest = float(cluster.memory.sum()), float(cluster.memory.max())
+        if self.total_bytes > have:
+            where = f" when {graph.ids[self.total_at]!r} starts" if self.total_at >= 0 else ""
+            return (f"its lower bound on memory is {fmt_bytes(self.total_bytes)} (parameters with their gradients "
+                    f"and optimizer state {fmt_bytes(self.params_bytes)} + the activations live{where}), the "
+                    f"cluster has {fmt_bytes(have)}")
+        if self.op_bytes > largest:
+            return (f"the device that runs {graph.ids[self.op]!r} holds at least {fmt_bytes(self.op_bytes)} when it "
+                    f"starts (its tie class's parameters, its inputs, output and scratch), the largest device has "
+                    f"{fmt_bytes(largest)}")
+        return None
+
+
+def memory_lower_bound(graph: CompGraph, cluster: Cluster, classes: np.ndarray | None = None) -> MemoryBound:
+    """Lower bounds on the memory any placement of `graph` on `cluster` holds, run unpipelined (`MemoryBound`),
+    each class of `classes` (a class per node; None: every node its own) on one device. What the search skips a
+    candidate by before running it: a placement can fit only if `why_not` is None.
+
+    Why they hold (DESIGN.md section 4, rule 7): an op x that takes time starts at some s and ends after it.
+    Its inputs are held on its device at s (produced there and not freed before x finishes, or received there
+    and freed only when x finishes), so are its output and scratch, and every parameter of its tie class. And an
+    output of an ancestor u of x read by x or by a descendant of x is held somewhere at s: on u's device from u's
+    start until its transfers arrive, and where it is received from the transfer's start until its readers there
+    finish (the bytes of the tensors read, at least). Summed over the devices, every parameter is held all the
+    step. The total is taken at a few x (where the backward pass begins: the last forward ops and the first
+    backward ops that take time, in the canonical order), each giving a bound."""
+    times = op_times(graph, cluster).min(axis=1) if graph.num_nodes else np.zeros(0)
+    runs = times > 0  # an op of no time holds nothing (a zero-length interval)
+    params = float(graph.param_bytes.sum())
+    own = (graph.param_bytes if classes is None or not graph.num_nodes else
+           np.bincount(classes, weights=graph.param_bytes)[classes])
+    src, dst = graph.edge_src, graph.edge_dst
+    # an input held at x's start: per distinct (producer, tensor) read, its bytes (at most the producer's output)
+    pair = np.unique(np.stack([dst, src, graph.edge_tensor]), axis=1, return_index=True)[1] \
+        if graph.num_edges else np.zeros(0, dtype=np.int64)
+    read = np.zeros(graph.num_nodes)
+    np.add.at(read, dst[pair], np.minimum(graph.edge_bytes[pair], graph.output_bytes[src[pair]]))
+    op_need = np.where(runs, own + read + graph.output_bytes + graph.temp_bytes, 0.0)
+    op = int(np.argmax(op_need)) if graph.num_nodes else -1
+    best, at = 0.0, -1
+    edges = sparse.csr_matrix((np.ones(graph.num_edges), (graph.edge_src, graph.edge_dst)),
+                              shape=(graph.num_nodes, graph.num_nodes))
+    for x in _stash_points(graph, runs):
+        live = _live_at(graph, edges, x) + graph.output_bytes[x] + graph.temp_bytes[x]
+        if live > best:
+            best, at = float(live), x
+    return MemoryBound(params + best, params, at, float(op_need[op]) if op >= 0 else 0.0, op)
+
+
+STASH_POINTS = 4  # the ops on either side of the start of the backward pass that the total bound is taken at
+
+
+def _stash_points(graph: CompGraph, runs: np.ndarray) -> list[int]:
+    """The ops `memory_lower_bound` takes the total at: the last `STASH_POINTS` forward ops and the first
+    `STASH_POINTS` other ops that take time, in the canonical order (all forward: the last ones)."""
+    topo = graph.topo_order
+    fwd = np.array([k in ("", "forward") for k in graph.kind], dtype=bool)[topo] if graph.num_nodes else topo
+    timed = runs[topo]
+    last = topo[fwd & timed][-STASH_POINTS:]
+    first = topo[~fwd & timed][:STASH_POINTS]
+    return [int(v) for v in np.concatenate([last, first])]
+
+
+def _live_at(graph: CompGraph, edges: sparse.csr_matrix, x: int) -> float:
+    """Bytes held somewhere when op x starts: per ancestor u of x read by x or a descendant of x, the largest
+    tensor of u so read (at most u's output). `edges`: the graph's adjacency."""
+    after = np.zeros(graph.num_nodes, dtype=bool)  # x and its descendants
+    after[breadth_first_order(edges, x, directed=True, return_predecessors=False)] = True
+    before = np.zeros(graph.num_nodes, dtype=bool)  # the ancestors of x
+    before[breadth_first_order(edges.T.tocsr(), x, directed=True, return_predecessors=False)] = True
+    before[x] = False
+    src, dst = graph.edge_src, graph.edge_dst
+    hit = before[src] & after[dst]
+    per = np.zeros(graph.num_nodes)
+    np.maximum.at(per, src[hit], np.minimum(graph.edge_bytes[hit], graph.output_bytes[src[hit]]))
+    return float(per.sum())

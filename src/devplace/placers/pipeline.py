@@ -30,20 +30,26 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    bytes that cross a cut (both directions, at the slowest link) is counted two ways, each giving
    candidates: added to the stage after the cut (it waits for it every micro-batch), or once in the sum (it
    overlaps compute). A device's once-per-step compute (the optimizer) adds its largest to the step.
-   Memory of a stage: its parameters + (micro-batches in flight) * stash / M + its largest op's output and
-   temp / M, plus an allowance per device learned from the simulator; in flight: M (gpipe), p - r (1f1b at
-   position r), (2 (p - r - 1) + (V - 1) p + 1) / V per chunk (interleaved), at most M (M V).
+   Memory of a stage: a lower bound on the simulator's peak of its device (`StageMemory`: its parameters +
+   the larger of the micro-batches in flight times its stash, one fewer plus its largest op's working set, and
+   its gradients), taken on the graph as run (`as_run`: the full graph under a coarsening, whose peak the
+   search judges; a coarse group's memory is an estimate, which overstated gpt2-xl's peaks by 2.4 GB).
+   It only prunes: no split the simulator finds within memory is rejected (tests/test_placer_pipeline.py
+   checks it against every split of random chains); the simulator judges the rest.
 4. *Search.* For each bound B on max_k t_k (a geometric grid, 2% apart, from the largest item to the whole
-   work), a dynamic program over the cut points finds the split with the least sum_k t_k under B and memory
-   (O(K n^2) with early exits); the cost model ranks the splits.
+   work), a dynamic program over the cut points finds the split with the least sum_k t_k under B with every
+   stage's memory bound within its device (compiled; O(K n^2) per bound with early exits, times K under
+   1f1b, where a stage's micro-batches in flight depend on the non-empty stages after it, a dimension of the
+   table); the cost model ranks the splits.
 5. *Judge.* For each micro-batch count M (the setting, or each of `MICROBATCH_CHOICES`) the best split of
-   each way is simulated with the schedule (`devplace.sim.schedule`), then the next `CANDIDATES` - 1 of
-   each way for the M that did best; the fastest memory-feasible one wins (ties: smaller M, then the cost
-   model's rank). Devices over memory in the simulator get their allowance raised by the largest measured
-   excess, and the search runs again, up to `ROUNDS` times; nothing feasible: NoFitError.
-6. *Refine.* The winner's cuts are moved one at a time by `step` items either way under the simulator (pattern
-   search: keep a move that shortens the simulated step within memory, halve `step` when none does), at most
-   `REFINE_SIMULATIONS` simulations: the cost model ranks splits, the simulator has the last word on each cut.
+   each way is simulated on the graph as run with the schedule (`devplace.sim.schedule`), then the next
+   `CANDIDATES` - 1 of each way for the M that did best; the fastest memory-feasible one wins (ties: smaller
+   M, then the cost model's rank). No retry loop: a split over memory as run is left to step 6.
+6. *Refine.* The winner's cuts (where none fits: those of the split least over memory) are moved one at a time
+   by `step` items either way under the simulator (pattern search: keep a move that shortens the simulated
+   step within memory, or, while nothing fits, that brings the split within memory or nearer it; halve `step`
+   when none does), at most `REFINE_SIMULATIONS` simulations: the cost model ranks splits, the simulator has
+   the last word on each cut; nothing feasible: NoFitError.
 
 The placer is registered cheap (a run is some tens of simulations, as greedy's), so `order="auto"` places
 under every candidate order and keeps the fastest pipeline: which order gives the best forward sequence
@@ -694,10 +700,10 @@ def _refine(judge: _Judge) -> PipelinePlan | None:
     """Pattern search on the cut points of the judged best split (where none is within memory: of the one least
     over it), the simulator judging each move: move one cut at a time by `step` places either way (a stage may
     become empty), keeping a move that shortens the simulated step within memory (while none is within memory:
-    one that brings the split within memory or less over it); when none does, every cut inside the sequence together (the first stage grows
-    and the last shrinks, or back: the middle stages keep their size, which no one-cut move does; bert-base's
-    interleaved pipeline on 4 V100s found 1.6% faster so); when that does not either, halve `step`; at most
-    `REFINE_SIMULATIONS` simulations.
+    one that brings the split within memory or less over it); when none does, every cut inside the sequence
+    together (the first stage grows and the last shrinks, or back: the middle stages keep their size, which no
+    one-cut move does; bert-base's interleaved pipeline on 4 V100s found 1.6% faster so); when that does not
+    either, halve `step`; at most `REFINE_SIMULATIONS` simulations.
     The places are the items' `stops` (every item boundary; on a captured model, the boundaries between
     segments only, so that a step moves a cut by whole segments). The cost model ranks splits only approximately
     (transfers and the schedule's waits are estimated), so the best split it finds is often a few items off

@@ -44,7 +44,10 @@ The peers, each written here after its published source (our code, no copied cod
   stage, no replication), its command line's defaults otherwise (no memory constraint, no fewer machines, no
   activation compression ratio, so transfers do not enter the DP), on the first device's times; the stage
   boundaries are read back as `analyze_partitioning` does; msr-fiddle/pipedream,
-  optimizer/optimizer_graph_hierarchical.py at 7db6a1c3e64996d5b319faec6ca38cb31bfea1c4.
+  optimizer/optimizer_graph_hierarchical.py at 7db6a1c3e64996d5b319faec6ca38cb31bfea1c4. pipedream-mem: the
+  same with its memory constraint (`--use_memory_constraint --memory_size` = the first device's memory): a
+  stage that is the last of m + 1 machines is taken only if ceil(p - (m + 1)) x (its units' forward output
+  bytes + parameter bytes) fits (weight stashing: a copy per micro-batch in flight).
 - alpa: `training_dp` of Alpa's stage construction with one-device submeshes and one sharding configuration:
   for each bound t_max over the distinct stage costs (ascending, stopping once t_max * M reaches the best
   cost), a DP over (stages, first unit) minimising the sum of stage costs, with stage costs <= t_max and the
@@ -279,26 +282,44 @@ def gpipe_solve(sequence: Sequence[int], partitions: int) -> list[int]:
 
 # -------------------------------------------------------------------------------------------------- PipeDream
 
-def pipedream_straight(times: Sequence[float], machines: int) -> list[int]:
+def pipedream_straight(times: Sequence[float], machines: int, acts: Sequence[float] | None = None,
+                       params: Sequence[float] | None = None, memory: float | None = None) -> list[int] | None:
     """PipeDream's `compute_partitioning` for a straight pipeline (`--straight_pipeline`, one machine per stage)
-    with its other defaults (no memory constraint, no fewer machines, no activation compression ratio: no
-    transfer terms), over the chain of units (each unit's antichain predecessors are all units before it);
-    A[j][m] = the least slowest-stage time of units 0..j on m + 1 machines, the last stage's first unit taken as
-    the first k of least time; boundaries read back as `analyze_partitioning` does."""
+    with its other defaults (no fewer machines, no activation compression ratio: no transfer terms), over the
+    chain of units (each unit's antichain predecessors are all units before it); A[j][m] = the least
+    slowest-stage time of units 0..j on m + 1 machines, the last stage's first unit taken as the first k of
+    least time; boundaries read back as `analyze_partitioning` does.
+
+    With `memory` (`--use_memory_constraint --memory_size`), a stage that is the last of m + 1 machines stashes
+    ceil((machines - (m + 1)) / 1) copies of its activations and parameters (`acts`, `params` per unit;
+    PipeDream's weight stashing), and a stage over `memory` is not taken; None when no split meets it."""
     n = len(times)
-    prefix = [0.0]
-    for t in times:
-        prefix.append(prefix[-1] + float(t))
+
+    def prefix(values: Sequence[float]) -> list[float]:
+        out = [0.0]
+        for t in values:
+            out.append(out[-1] + float(t))
+        return out
+
+    pre_t = prefix(times)
+    held = prefix([a + b for a, b in zip(acts or [0.0] * n, params or [0.0] * n, strict=True)])
+
+    def fits(first: int, last: int, used: int) -> bool:
+        """Units first..last as the last stage of `used` machines, within the memory constraint."""
+        return memory is None or (held[last + 1] - held[first]) * math.ceil((machines - used) / 1) <= memory
+
     # A[j][m] = (time, split k: last unit of the stages before, machines of the last stage)
     best: list[list[tuple[float | None, int | None]]] = [[(None, None)] * machines for _ in range(n)]
     for j in range(n):
-        best[j][0] = (prefix[j + 1], None)
+        best[j][0] = (pre_t[j + 1], None) if fits(0, j, 1) else (None, None)
     for m in range(1, machines):
         for j in range(1, n):
             time_jm: float | None = None
             split: int | None = None
             for k in range(j):  # all predecessors of state j
-                last = prefix[j + 1] - prefix[k + 1]
+                if not fits(k + 1, j, m + 1):
+                    continue
+                last = pre_t[j + 1] - pre_t[k + 1]
                 before = best[k][m - 1][0]
                 if before is None:
                     continue
@@ -306,6 +327,8 @@ def pipedream_straight(times: Sequence[float], machines: int) -> list[int]:
                 if time_jm is None or time_jm > stage:
                     time_jm, split = stage, k
             best[j][m] = (time_jm, split)
+    if best[n - 1][machines - 1][0] is None:
+        return None
     bounds = [n]
     j, m = n - 1, machines - 1
     while best[j][m][1] is not None:
@@ -459,6 +482,8 @@ def peer_rows(micro: Prepared, cluster: Cluster, m: int) -> tuple[list[Row], flo
         ("ds-type", lambda: ds_partition_balanced(units.blocks.tolist(), p)),
         ("torchgpipe", lambda: gpipe_solve([int(t * 1e6) for t in first], p)),
         ("pipedream", lambda: pipedream_straight(first.tolist(), p)),
+        ("pipedream-mem", lambda: pipedream_straight(first.tolist(), p, units.acts.tolist(), units.params.tolist(),
+                                                     float(memory[0]))),
         ("alpa", lambda: alpa_training_dp(np.repeat(first[:, None], p, axis=1), units.params, units.acts,
                                           np.full(p, memory[0]), m)),
         ("alpa-hetero", lambda: alpa_training_dp(units.times, units.params, units.acts, memory, m)),

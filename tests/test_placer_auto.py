@@ -82,3 +82,33 @@ def test_when_nothing_fits_the_error_gives_each_placers_reason() -> None:
     text = str(info.value)
     assert text.startswith("placer 'auto' found no placement") and "\n" not in text
     assert all(f"{p}: " in text for p in (*AUTO_PLACERS, "pipeline"))
+
+
+def test_placers_that_cannot_fit_by_the_memory_lower_bound_are_skipped_and_logged_so(monkeypatch) -> None:
+    # 8 layers stash 10 bytes each for their backward: when the backward begins 80 bytes of activations and
+    # 8 of parameters are held somewhere, the two devices have 60; the pipeline (micro-batches) fits
+    from devplace.placers import registry, search_placement
+
+    n = 8
+    nodes = [{"id": f"l{i}", "kind": "forward", "compute_s": 1.0, "output_bytes": 10.0, "param_bytes": 1.0}
+             for i in range(n)]
+    nodes += [{"id": f"g{i}", "kind": "backward", "group": f"l{i}", "compute_s": 2.0} for i in reversed(range(n))]
+    edges = [{"src": f"l{i}", "dst": f"l{i + 1}", "bytes": 10.0} for i in range(n - 1)]
+    edges += [{"src": f"l{i}", "dst": f"g{i}", "bytes": 10.0} for i in range(n)]
+    edges += [{"src": f"g{i + 1}", "dst": f"g{i}", "bytes": 1.0} for i in range(n - 1)]
+    g = graph(nodes, edges)
+    ran: list[str] = []
+    real = registry.get_placer
+
+    def watched(name: str):  # note every placer the search runs
+        spec = real(name)
+        return type(spec)(**{**spec.__dict__, "func": lambda *a, **k: (ran.append(spec.name), spec.func(*a, **k))[1]})
+
+    monkeypatch.setattr("devplace.placers.search.get_placer", watched)
+    found = search_placement(g, cluster(2, mem=30.0, bw=1e6), order="topo")
+    skipped = {e.placer: e.dropped for e in found.log if e.level == "placer" and e.placer in AUTO_PLACERS}
+    assert set(skipped) == set(AUTO_PLACERS)
+    for why in skipped.values():
+        assert why.startswith("skipped: no placement without micro-batches fits, its lower bound on memory is 88 B")
+    assert not set(ran) & set(AUTO_PLACERS)
+    assert found.placement.schedule is not None and found.result.feasible  # the pipeline, the last resort

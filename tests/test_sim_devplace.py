@@ -12,6 +12,7 @@ from conftest import cluster, graph
 from devplace.errors import DevplaceError, PlacementError
 from devplace.graph import Placement
 from devplace.sim import DevplaceModel, lower_bound, simulate
+from devplace.sim.bounds import memory_lower_bound
 from reference_sim import reference_simulate
 
 
@@ -225,6 +226,43 @@ def test_step_time_is_at_least_the_lower_bound_and_deterministic(case):
     assert r.step_time_s >= lower_bound(g, c).value_s - 1e-12
     r2 = simulate(g, c, devs)
     assert r2.to_dict(g.ids, per_op=True) == r.to_dict(g.ids, per_op=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases(), st.data())
+def test_the_memory_lower_bound_is_below_the_simulated_peaks_of_every_placement(case, data):
+    g, c, devs = build(case)
+    r = simulate(g, c, devs)
+    b = memory_lower_bound(g, c)
+    assert b.total_bytes <= r.peak_memory_bytes.sum() * (1 + 1e-12)  # at one instant, over all devices
+    if b.op >= 0:
+        assert b.op_bytes <= r.peak_memory_bytes[devs[b.op]] * (1 + 1e-12)
+    # tie classes drawn at random, each class on one device (its parameters count where any of its ops runs)
+    classes = np.array(data.draw(st.lists(st.integers(0, 2), min_size=g.num_nodes, max_size=g.num_nodes)))
+    _, classes = np.unique(classes, return_inverse=True)
+    on = np.array(data.draw(st.lists(st.integers(0, c.num_devices - 1), min_size=3, max_size=3)))
+    tied = on[classes]
+    r = simulate(g, c, tied)
+    b = memory_lower_bound(g, c, classes)
+    assert b.total_bytes <= r.peak_memory_bytes.sum() * (1 + 1e-12)
+    if b.op >= 0:
+        assert b.op_bytes <= r.peak_memory_bytes[tied[b.op]] * (1 + 1e-12)
+
+
+def test_the_memory_lower_bound_counts_the_stash_at_the_start_of_the_backward():
+    # f0 -> f1 -> b1 -> b0, each backward reading its forward op's output: when b1 starts, f0's and f1's outputs
+    # are held somewhere whatever the placement, beside every parameter
+    g = graph([{"id": "f0", "kind": "forward", "compute_s": 1, "output_bytes": 8, "param_bytes": 5},
+               {"id": "f1", "kind": "forward", "compute_s": 1, "output_bytes": 16, "param_bytes": 5},
+               {"id": "b1", "kind": "backward", "compute_s": 1, "output_bytes": 4},
+               {"id": "b0", "kind": "backward", "compute_s": 1, "output_bytes": 4}],
+              [{"src": "f0", "dst": "f1", "bytes": 8}, {"src": "f1", "dst": "b1", "bytes": 16},
+               {"src": "b1", "dst": "b0", "bytes": 4}, {"src": "f0", "dst": "b0", "bytes": 8}])
+    b = memory_lower_bound(g, cluster(2))
+    assert b.params_bytes == 10
+    assert b.total_bytes == 10 + 8 + 16 + 4  # at b1's start: f0's, f1's and b1's own output
+    assert b.why_not(g, cluster(2, mem=29.0)) is None  # f1 holds 29 when it starts: 5 + 8 + 16
+    assert "lower bound on memory is 38 B" in b.why_not(g, cluster(2, mem=18.0))
 
 
 @settings(max_examples=100, deadline=None)

@@ -85,6 +85,7 @@ from devplace.hardware.cluster import Cluster, op_times, step_times
 from devplace.placers.common import positive_int
 from devplace.placers.memory import no_fit_error
 from devplace.placers.registry import FullGraph, PlacerError, PlacerOutput, register
+from devplace.sim.bounds import op_holds
 from devplace.sim.schedule import (
     BACKWARD,
     FORWARD,
@@ -322,13 +323,9 @@ class StageMemory:
         table = np.cumsum(grid[::-1], axis=0)[::-1]  # rows: x >= i
         self.stash = np.zeros((n + 1, n + 1))
         self.stash[:, 1:] = np.cumsum(table, axis=1)[:, :n]  # columns: y < j
-        # one op's inputs (each tensor read once; at most its producer's output), output and scratch
+        # one op's inputs, output and scratch (`op_holds`)
         mb = phase != PER_STEP
-        first = np.unique(np.stack([w, u, judged.edge_tensor]), axis=1, return_index=True)[1] \
-            if judged.num_edges else np.zeros(0, dtype=np.int64)
-        inputs = np.zeros(judged.num_nodes)
-        np.add.at(inputs, w[first], np.minimum(judged.edge_bytes[first], b[u[first]]))
-        need = np.where(mb & runs, inputs + b + judged.temp_bytes, 0.0)
+        need = np.where(mb & runs, op_holds(judged), 0.0)
         self.op_need = np.zeros(n)
         np.maximum.at(self.op_need, item_of, need)
         # gradients: a micro-batch op's output read by an op of its item that runs once per step and takes time

@@ -82,7 +82,7 @@ from devplace.placers.registry import (
     as_output,
     get_placer,
 )
-from devplace.sim.bounds import microbatch_bounds
+from devplace.sim.bounds import memory_lower_bound, microbatch_bounds
 from devplace.sim.count import counting
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.result import SimResult
@@ -338,8 +338,15 @@ def plan_search(req: Request) -> SearchPlan:
     schedule = check_auto_placer(req.settings)
     names = auto_candidates(req.graph, schedule)
     skipped = auto_skipped(req.graph) if schedule not in SCHEDULE_KINDS else {}
-    plans = [PlacerCandidates(p, {}, skipped=why) for p, why in skipped.items()]
-    for p in names:
+    # the unpipelined placers when no placement of the step fits memory by its lower bound, before they run
+    classes = tie_classes(req.graph) if req.semantics is Semantics.AUTOGRAD else None
+    why = memory_lower_bound(req.graph, req.cluster, classes).why_not(req.graph, req.cluster) \
+        if any(p in AUTO_PLACERS and p not in skipped for p in names) else None
+    if why is not None:
+        skipped.update((p, f"skipped: no placement without micro-batches fits, {why}")
+                       for p in names if p in AUTO_PLACERS and p not in skipped)
+    plans = [PlacerCandidates(p, {}, skipped=reason) for p, reason in skipped.items()]
+    for p in (p for p in names if p not in skipped):
         settings, note = auto_settings(p, schedule, req.seen)
         plans.append(replace(_placer_candidates(req, p, settings, order), note=note))
     if (AUTO_PIPELINE not in names and schedule is None
@@ -606,6 +613,7 @@ def _best_placer(req: Request, plan: SearchPlan, log: list[Tried]) -> Fitted:
         if best is None or fitted.step_time_s < best.step_time_s:  # strictly smaller: ties keep the earlier
             best = fitted
     if best is None:
+        reasons = {**{pc.placer: pc.skipped for pc in plan.placers if pc.skipped}, **reasons}
         why = "; ".join(f"{p}: {r}" for p, r in reasons.items())
         raise no_fit_error(req.graph, req.cluster, AUTO_PLACER, f"none of {', '.join(reasons)} fits ({why})")
     placers = [e for e in log if e.level == "placer"]

@@ -184,13 +184,7 @@ def memory_lower_bound(graph: CompGraph, cluster: Cluster, classes: np.ndarray |
     params = float(graph.param_bytes.sum())
     own = (graph.param_bytes if classes is None or not graph.num_nodes else
            np.bincount(classes, weights=graph.param_bytes)[classes])
-    src, dst = graph.edge_src, graph.edge_dst
-    # an input held at x's start: per distinct (producer, tensor) read, its bytes (at most the producer's output)
-    pair = np.unique(np.stack([dst, src, graph.edge_tensor]), axis=1, return_index=True)[1] \
-        if graph.num_edges else np.zeros(0, dtype=np.int64)
-    read = np.zeros(graph.num_nodes)
-    np.add.at(read, dst[pair], np.minimum(graph.edge_bytes[pair], graph.output_bytes[src[pair]]))
-    op_need = np.where(runs, own + read + graph.output_bytes + graph.temp_bytes, 0.0)
+    op_need = np.where(runs, own + op_holds(graph), 0.0)
     op = int(np.argmax(op_need)) if graph.num_nodes else -1
     best, at = 0.0, -1
     edges = sparse.csr_matrix((np.ones(graph.num_edges), (graph.edge_src, graph.edge_dst)),
@@ -200,6 +194,20 @@ def memory_lower_bound(graph: CompGraph, cluster: Cluster, classes: np.ndarray |
         if live > best:
             best, at = float(live), x
     return MemoryBound(params + best, params, at, float(op_need[op]) if op >= 0 else 0.0, op)
+
+
+def op_holds(graph: CompGraph) -> np.ndarray:
+    """Per op, the least it holds on its device when it starts (`memory_lower_bound`): its inputs (per producer,
+    the bytes of the distinct tensors it reads, at most the producer's output: held there if produced there,
+    else received), its output and its scratch."""
+    src, dst = graph.edge_src, graph.edge_dst
+    read = np.zeros(graph.num_nodes)
+    if graph.num_edges:
+        first = np.unique(np.stack([dst, src, graph.edge_tensor]), axis=1, return_index=True)[1]  # distinct tensors
+        pair, at = np.unique(np.stack([dst[first], src[first]]), axis=1, return_inverse=True)
+        per_pair = np.bincount(at.ravel(), weights=graph.edge_bytes[first])
+        np.add.at(read, pair[0], np.minimum(per_pair, graph.output_bytes[pair[1]]))
+    return read + graph.output_bytes + graph.temp_bytes
 
 
 STASH_POINTS = 4  # the ops on either side of the start of the backward pass that the total bound is taken at

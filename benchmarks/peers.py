@@ -137,11 +137,12 @@ def clip_b16(batch: int = 96) -> tuple[Any, ...]:
     return _clip_b16(batch)()
 
 
-# name in the table -> (model name for prepare_model, batch): every batch divisible by 8
+# name in the table -> (model name for prepare_model, batch); a count of micro-batches that does not divide the
+# batch is left out
 MODELS: dict[str, tuple[str, int]] = {
     "gpt2-xl": ("gpt2-xl", 8), "llama-1b": ("llama-1b", 8), "t5-small": ("t5-small", 32),
     "bert-base": ("bert-base", 32), "vit_b_16": ("peers:vit_b_16", 128), "clip-b16": ("peers:clip_b16", 96),
-    "gpt2": ("gpt2", 8)}
+    "gpt2": ("gpt2", 8), "gpt2-xl-b4": ("gpt2-xl", 4), "llama-1b-b4": ("llama-1b", 4)}
 
 # ------------------------------------------------------------------------------------------------- the units
 
@@ -518,7 +519,7 @@ def run(name: str, cluster: Cluster, ms: list[int], cache: dict[Any, Prepared]
         cache[key] = prepare_model(model, batch=batch, cluster=cluster)
     prepared = cache[key]
     rows = [placer_row("default", prepared, cluster), placer_row("pipeline", prepared, cluster, placer="pipeline")]
-    counts = sorted({*ms, *(m for m in map(kept_m, rows) if m is not None and m > 1)})
+    counts = sorted(m for m in {*ms, *(m for m in map(kept_m, rows) if m is not None and m > 1)} if batch % m == 0)
     best: dict[str, Row] = {}
     ideal: dict[int, float] = {}
     count = 0

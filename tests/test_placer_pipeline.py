@@ -481,7 +481,7 @@ def _search_of(g, c, schedule):
 
     items = _items(g, traversal_indices(g, "topo", 0, cluster=c), tie_classes(g), op_times(g, c),
                    step_times(g, c), "ops")
-    memory = StageMemory(g, items.owner, items.nodes.shape[0], c)
+    memory = StageMemory(g, items.owner, items.blocked, c)
     return _Search(g, c, items, memory, tuple(range(c.num_devices))), memory
 
 

@@ -95,6 +95,8 @@ CAP_RETRIES = 4  # placer reruns with lowered device caps when the graph as run 
 # REFINE_STEPS times
 REFINE_FACTOR = 4
 REFINE_STEPS = 2
+# why placer "auto" skips its unpipelined placers when the memory lower bound rules out every placement
+UNPIPELINED_NO_FIT = "skipped: no placement without micro-batches fits"
 
 
 # ----------------------------------------------------------------------------------------- the request
@@ -343,7 +345,7 @@ def plan_search(req: Request) -> SearchPlan:
     why = memory_lower_bound(req.graph, req.cluster, classes).why_not(req.graph, req.cluster) \
         if any(p in AUTO_PLACERS and p not in skipped for p in names) else None
     if why is not None:
-        skipped.update((p, f"skipped: no placement without micro-batches fits, {why}")
+        skipped.update((p, f"{UNPIPELINED_NO_FIT}, {why}")
                        for p in names if p in AUTO_PLACERS and p not in skipped)
     plans = [PlacerCandidates(p, {}, skipped=reason) for p, reason in skipped.items()]
     for p in (p for p in names if p not in skipped):
@@ -618,7 +620,9 @@ def _best_placer(req: Request, plan: SearchPlan, log: list[Tried]) -> Fitted:
         raise no_fit_error(req.graph, req.cluster, AUTO_PLACER, f"none of {', '.join(reasons)} fits ({why})")
     placers = [e for e in log if e.level == "placer"]
     times = {e.placer: e.seconds for e in placers if not (e.dropped or "").startswith("skipped")}
-    flat = [e for e in placers if e.placer in AUTO_PLACERS and e.placer in times]  # those that ran
+    # those that ran, and those the memory bound skipped
+    flat = [e for e in placers if e.placer in AUTO_PLACERS
+            and (e.placer in times or (e.dropped or "").startswith(UNPIPELINED_NO_FIT))]
     if best.placer == AUTO_PIPELINE and flat and all(e.step_time_s is None for e in flat):
         why = (f"none of {', '.join(AUTO_PLACERS)} fits without micro-batches; {AUTO_PIPELINE} runs the step in "
                "micro-batches, which hold the activations of fewer samples at once")

@@ -47,7 +47,8 @@ The peers, each written here after its published source (our code, no copied cod
   optimizer/optimizer_graph_hierarchical.py at 7db6a1c3e64996d5b319faec6ca38cb31bfea1c4. pipedream-mem: the
   same with its memory constraint (`--use_memory_constraint --memory_size` = the first device's memory): a
   stage that is the last of m + 1 machines is taken only if ceil(p - (m + 1)) x (its units' forward output
-  bytes + parameter bytes) fits (weight stashing: a copy per micro-batch in flight).
+  bytes + weight bytes, as its profiler records them: `weight_share` of the parameter bytes) fits (weight
+  stashing: a copy per micro-batch in flight; the last stage is never constrained).
 - alpa: `training_dp` of Alpa's stage construction with one-device submeshes and one sharding configuration:
   for each bound t_max over the distinct stage costs (ascending, stopping once t_max * M reaches the best
   cost), a DP over (stages, first unit) minimising the sum of stage costs, with stage costs <= t_max and the
@@ -153,12 +154,14 @@ BLOCK = re.compile(r"^(.*?(?:\.(?:h|layers?|blocks?)\.|encoder_layer_))(\d+)(?:[
 @dataclass(frozen=True)
 class Units:
     """The even placer's cut points as units (module docstring). `node_unit`: unit of each node; per unit:
-    `times` [U, D] forward + backward seconds on each device, `params` parameter bytes, `acts` forward output
+    `times` [U, D] forward + backward seconds on each device, `params` parameter bytes (with gradients and
+    optimizer state), `weights` the weights' bytes alone (what PipeDream's profiler records), `acts` forward output
     bytes, `blocks` 1 where a numbered block begins; `names`: the module that begins each unit."""
 
     node_unit: np.ndarray
     times: np.ndarray
     params: np.ndarray
+    weights: np.ndarray
     acts: np.ndarray
     blocks: np.ndarray
     names: list[str]
@@ -205,7 +208,18 @@ def units_of(graph: CompGraph, cluster: Cluster) -> Units:
         if found and (found.group(1), int(found.group(2))) not in seen:
             seen.add((found.group(1), int(found.group(2))))
             blocks[u] = 1
-    return Units(node_unit, times, params, acts, blocks, names)
+    return Units(node_unit, times, params, params * weight_share(graph), acts, blocks, names)
+
+
+def weight_share(graph: CompGraph) -> float:
+    """The weights' share of the parameter bytes (`param_bytes` also holds gradients and optimizer state): the
+    captured parameter count times its element size over the captured parameter bytes (0.25 under fp32 Adam);
+    1 where the capture does not record them."""
+    cap = graph.meta.get("capture")
+    sizes = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+    if not isinstance(cap, dict) or not cap.get("param_bytes") or cap.get("dtype") not in sizes:
+        return 1.0
+    return float(cap["params"]) * sizes[cap["dtype"]] / float(cap["param_bytes"])
 
 
 # -------------------------------------------------------------------------------------------------- DeepSpeed
@@ -483,8 +497,8 @@ def peer_rows(micro: Prepared, cluster: Cluster, m: int) -> tuple[list[Row], flo
         ("ds-type", lambda: ds_partition_balanced(units.blocks.tolist(), p)),
         ("torchgpipe", lambda: gpipe_solve([int(t * 1e6) for t in first], p)),
         ("pipedream", lambda: pipedream_straight(first.tolist(), p)),
-        ("pipedream-mem", lambda: pipedream_straight(first.tolist(), p, units.acts.tolist(), units.params.tolist(),
-                                                     float(memory[0]))),
+        ("pipedream-mem", lambda: pipedream_straight(first.tolist(), p, units.acts.tolist(),
+                                                     units.weights.tolist(), float(memory[0]))),
         ("alpa", lambda: alpa_training_dp(np.repeat(first[:, None], p, axis=1), units.params, units.acts,
                                           np.full(p, memory[0]), m)),
         ("alpa-hetero", lambda: alpa_training_dp(units.times, units.params, units.acts, memory, m)),

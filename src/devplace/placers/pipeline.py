@@ -49,7 +49,7 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    by `step` items either way under the simulator (pattern search: keep a move that shortens the simulated
    step within memory, or, while nothing fits, that brings the split within memory or nearer it; halve `step`
    when none does), at most `REFINE_SIMULATIONS` simulations: the cost model ranks splits, the simulator has
-   the last word on each cut; nothing feasible: NoFitError.
+   the last word on each cut (while nothing fits, at most `FIT_SIMULATIONS`); nothing feasible: NoFitError.
 
 The placer is registered cheap (a run is some tens of simulations, as greedy's), so `order="auto"` places
 under every candidate order and keeps the fastest pipeline: which order gives the best forward sequence
@@ -102,6 +102,7 @@ MICROBATCH_CHOICES = (1, 2, 4, 8, 16, 32)
 CANDIDATES = 2  # splits simulated per micro-batch count and way of counting transfers
 GRID_RATIO = 1.02  # spacing of the bounds on the slowest stage
 REFINE_SIMULATIONS = 64  # at most this many simulated moves of a cut when refining the judged best split
+FIT_SIMULATIONS = 16  # of which at most this many while no split tried is within memory
 CUTS = ("modules", "ops")  # the `cuts` setting: where a captured model's stages may begin
 
 
@@ -714,7 +715,9 @@ def _refine(judge: _Judge) -> PipelinePlan | None:
     one that brings the split within memory or less over it); when none does, every cut inside the sequence
     together (the first stage grows and the last shrinks, or back: the middle stages keep their size, which no
     one-cut move does; bert-base's interleaved pipeline on 4 V100s found 1.6% faster so); when that does not
-    either, halve `step`; at most `REFINE_SIMULATIONS` simulations.
+    either, halve `step`; at most `REFINE_SIMULATIONS` simulations, of which `FIT_SIMULATIONS` while no split
+    tried is within memory (a split far over memory is not worth a long walk: gpt2-xl's interleaved M=4 spent
+    22.7 s walking to no fit).
     The places are the items' `stops` (every item boundary; on a captured model, the boundaries between
     segments only, so that a step moves a cut by whole segments). The cost model ranks splits only approximately
     (transfers and the schedule's waits are estimated), so the best split it finds is often a few items off
@@ -756,7 +759,10 @@ def _refine(judge: _Judge) -> PipelinePlan | None:
         spent += 1
         return score() < before
 
-    while step >= 1 and spent < REFINE_SIMULATIONS:
+    def budget() -> bool:
+        return spent < (REFINE_SIMULATIONS if judge.best is not None else FIT_SIMULATIONS)
+
+    while step >= 1 and budget():
         moved = False
         for k in range(len(cuts) - 1):  # one cut either way; the last cut is the end of the sequence
             for by in (step, -step):
@@ -764,9 +770,9 @@ def _refine(judge: _Judge) -> PipelinePlan | None:
                 if better(trial):
                     cuts, moved = trial, True
                     break
-            if spent >= REFINE_SIMULATIONS:
+            if not budget():
                 break
-        for by in (step, -step) if not moved and spent < REFINE_SIMULATIONS else ():  # every inner cut together
+        for by in (step, -step) if not moved and budget() else ():  # every inner cut together
             trial = tuple(moved_by(c, by) if 0 < c < end else c for c in cuts)
             if better(trial):
                 cuts, moved = trial, True

@@ -27,6 +27,12 @@ def build(batch=8):
     torch.manual_seed(0)
     model = nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(512, 512), nn.ReLU())], nn.Linear(512, 4))
     return model, torch.randn(batch, 512)
+
+
+def chain(batch=2048):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 1024), *[nn.Tanh() for _ in range(24)])
+    return model, torch.randn(batch, 1024)
 '''
 
 
@@ -79,6 +85,24 @@ def test_auto_on_a_captured_model_compares_unpipelined_and_pipelined_micro_batch
     assert flat.placement.schedule is None
     assert set(flat.placement.meta["placer_auto"]["time_s"]) == {"unpipelined"}
     assert flat.result.step_time_s == steps["unpipelined"]
+
+
+def test_auto_skips_the_unpipelined_placers_when_their_lower_bound_is_not_below_a_pipeline(mlp):
+    # fast links: the pipeline's step is below the unpipelined step's lower bound (DESIGN.md section 8; a chain of
+    # tanh, its critical path all its compute), so the unpipelined placers never run (issue 29: they spent 309 of
+    # 320 s of llama-1b b4's default search finding nothing within memory)
+    from devplace.sim import lower_bound
+
+    prepared = prepare_model(mlp.replace(":build", ":chain"), batch=2048)
+    cluster = Cluster("fast", tuple(Device(f"d{i}", 1e9, kind="V100") for i in range(4)), Link(1e12, 0.0))
+    placed = place_prepared(prepared, cluster, order="topo")
+    meta = placed.placement.meta["placer_auto"]
+    bound = lower_bound(prepared.full, cluster).value_s
+    assert meta["tried"]["unpipelined"].startswith("skipped: no step without micro-batches beats")
+    assert f"its lower bound is {bound:.4g} s" in meta["tried"]["unpipelined"]
+    assert bound >= placed.result.step_time_s and placed.placement.schedule is not None
+    assert not [e for e in placed.log if e.level == "placer" and e.placer in AUTO_PLACERS]
+    assert next(iter(meta["tried"])) == "unpipelined"  # reported first, as before
 
 
 class _Fork(nn.Module):

@@ -42,6 +42,7 @@ next: mobilenet_v3_large at batch 384 on 4xV100-16GB with m-etf).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -82,7 +83,7 @@ from devplace.placers.registry import (
     as_output,
     get_placer,
 )
-from devplace.sim.bounds import memory_lower_bound, microbatch_bounds
+from devplace.sim.bounds import lower_bound, memory_lower_bound, microbatch_bounds
 from devplace.sim.count import counting
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.result import SimResult
@@ -893,7 +894,8 @@ def search_captured(req: Request) -> SearchResult:
 
 def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
     """Placer auto on a captured model: the best of `AUTO_PLACERS` without micro-batches (skipped, with the reason,
-    where the parameters and the whole batch's activations exceed the cluster's memory) and of `AUTO_PIPELINE`
+    where the parameters and the whole batch's activations exceed the cluster's memory, or where the step's lower
+    bound is not below the fastest pipeline, which are placed first) and of `AUTO_PIPELINE`
     under each of `AUTO_PIPELINE_KINDS` (or the one kind asked for) on micro-batches captured at their own size
     (`search_microbatches`), unless `schedule` is "none". The fastest that fits is kept (of equals the first:
     unpipelined). The log holds every search's entries and one per candidate (level "schedule");
@@ -902,19 +904,28 @@ def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
     log: list[Tried] = []
     found: list[tuple[str, SearchResult]] = []
     captured: dict[int, tuple[CompGraph, Coarsening | None]] = {}  # each micro-batch captured once for every kind
-    if schedule in (None, "none"):  # no schedule kind asked for
-        needs, has = memory_needs(req.graph).total_bytes, float(req.cluster.memory.sum())
-        if needs > has:
-            log.append(Tried("schedule", "unpipelined", None, None, f"skipped: the parameters and the whole "
-                             f"batch's activations need {fmt_bytes(needs)}, the cluster has {fmt_bytes(has)}", 0.0))
-        else:
-            flat = replace(req, settings={"schedule": "none"}, microbatch_graph=None)
-            found += _candidate(log, "schedule", "unpipelined", lambda: search_graph(flat))
     if schedule != "none" and graph_batch(req.graph) >= 2:  # type: ignore[operator]
         for kind in (schedule,) if schedule is not None else AUTO_PIPELINE_KINDS:
             # PlacerError too: e.g. no micro-batch count divides the batch for interleaving
             found += _candidate(log, "schedule", f"{AUTO_PIPELINE} {kind}", lambda kind=kind: search_microbatches(
                 req, {"schedule": kind}, captured), (NoFitError, PlacerError))
+    if schedule in (None, "none"):  # no schedule kind asked for
+        needs, has = memory_needs(req.graph).total_bytes, float(req.cluster.memory.sum())
+        # after the pipelines: no step without micro-batches is shorter than its lower bound (DESIGN.md section 8)
+        fastest = min((r.result.step_time_s for _, r in found), default=math.inf)
+        bound = lower_bound(req.graph, req.cluster).value_s
+        if needs > has:
+            log.insert(0, Tried("schedule", "unpipelined", None, None, f"skipped: the parameters and the whole "
+                                f"batch's activations need {fmt_bytes(needs)}, the cluster has {fmt_bytes(has)}", 0.0))
+        elif bound >= fastest:
+            log.insert(0, Tried("schedule", "unpipelined", None, None, f"skipped: no step without micro-batches "
+                                f"beats {fastest:.4g} s (its lower bound is {bound:.4g} s)", 0.0))
+        else:  # first in the log and among equals, as if placed before the pipelines
+            flat = replace(req, settings={"schedule": "none"}, microbatch_graph=None)
+            mark = len(log)
+            unpiped = _candidate(log, "schedule", "unpipelined", lambda: search_graph(flat))
+            log[:] = log[mark:] + log[:mark]
+            found = unpiped + found
     candidates = [e for e in log if e.level == "schedule"]
     if not found:
         why = "; ".join(f"{e.placer}: {e.dropped}" for e in candidates)

@@ -94,6 +94,7 @@ from devplace.sim.schedule import (
     Schedule,
     ScheduledResult,
     ScheduleError,
+    actions,
     op_phases,
     simulate_schedule,
 )
@@ -353,12 +354,14 @@ class StageMemory:
         cuts = tuple(int(x) for x in np.searchsorted(self.at, cuts))
         starts = (0, *cuts[:-1])
         nonempty = [j > i for i, j in zip(starts, cuts, strict=True)]
+        fixed = inflight(schedule, len(cuts) // int(schedule.chunks or 1), all(nonempty))
         out = np.zeros(len(cuts))
         for k, (i, j) in enumerate(zip(starts, cuts, strict=True)):
             if j > i:
+                n = min(sum(nonempty[k + 1:]) + 1, schedule.microbatches) if schedule.kind == "1f1b" else fixed[k]
                 out[k] = _stage_bound(self.params[j] - self.params[i], self.stash[i, j] / div,
                                       float(self.op_need[i:j].max()) / div, (self.grads[j] - self.grads[i]) / div,
-                                      inflight(schedule, sum(nonempty[k + 1:])))
+                                      int(n))
         return out
 
 
@@ -369,21 +372,23 @@ def _kind_code(schedule: Schedule) -> int:
     return {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B}.get(schedule.kind, INTERLEAVED)
 
 
-def inflight(schedule: Schedule, after: int) -> int:
-    """Forward actions a device runs before its first backward action (`StageMemory`), for a non-empty stage
-    with `after` non-empty stages after it: M under gpipe; under 1f1b the pipeline's position r of p used
-    devices warms up with p - r - 1 forwards (p - r - 1 = `after`), then runs one more; interleaved, at least
-    the first micro-batch of each of its chunks."""
-    return int(_inflight(_kind_code(schedule), schedule.microbatches, after))
-
-
-@njit(cache=True)
-def _inflight(kind, m, after):  # pragma: no cover - compiled
-    if kind == GPIPE:
-        return m
-    if kind == ONE_F_ONE_B:
-        return min(after + 1, m)
-    return 1
+def inflight(schedule: Schedule, p: int, full: bool) -> np.ndarray:
+    """Per stage k (chunk k // p at position k mod p of `p` devices), the forward actions of its chunk that its
+    device runs before its first backward action (`StageMemory`), where it does not depend on the other stages:
+    M under gpipe; interleaved, as the schedule orders them (`actions`) when every stage holds items (`full`:
+    all p devices in the pipeline), else 1 (the first micro-batch of every chunk comes first). Under 1f1b the
+    dynamic program counts it: position r of p' used devices warms up with p' - r - 1 forwards (the non-empty
+    stages after it), then runs one more, at most M (here: 1)."""
+    v = int(schedule.chunks or 1)
+    out = np.ones(p * v, dtype=np.int64)
+    if schedule.kind == "gpipe":
+        out[:] = schedule.microbatches
+    elif schedule.kind != "1f1b" and full:
+        for r in range(p):
+            before = itertools.takewhile(lambda a: a[0] == FORWARD, actions(schedule, p, r))
+            chunks = np.bincount([c for _, c, _ in before], minlength=v)
+            out[np.arange(v) * p + r] = chunks
+    return out
 
 
 @njit(cache=True)
@@ -393,8 +398,8 @@ def _stage_bound(weights, held, big, grad, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _split(bound, pre_time, at, params, stash, op_need, grads, cap, kind, m, div, cross, comm_Bps, latency,
-           waits):  # pragma: no cover - compiled
+def _split(bound, pre_time, at, params, stash, op_need, grads, cap, kind, m, fixed, full, div, cross, comm_Bps,
+           latency, waits):  # pragma: no cover - compiled
     """Cut ends (one per stage, none at a `blocked` cut) minimising the sum of stage times with every stage
     time <= bound and every stage's memory lower bound (`StageMemory`) within its device's `cap`; per-micro-batch
     figures are the graph's / div (M for a whole step's graph, 1 for one captured at the micro-batch size). A
@@ -404,8 +409,9 @@ def _split(bound, pre_time, at, params, stash, op_need, grads, cap, kind, m, div
 
     Stages begin and end at the places `at` (`StageMemory`, whose figures are per run between them). Solved from
     the last stage back: f[k, r, c] is the least sum for runs r..R-1 in stages k..K-1 of which c are non-empty
-    (under 1f1b a stage's micro-batches in flight depend on that count; other kinds keep c = 0). Returns the
-    stage ends (items), or ends[0] = -1 when nothing fits."""
+    (under 1f1b a stage's micro-batches in flight depend on that count; other kinds keep c = 0 and take them
+    from `fixed`, per stage, `inflight`; with `full`, every stage holds items). Returns the stage ends (items),
+    or ends[0] = -1 when nothing fits."""
     n = at.shape[0] - 1
     k_stages = pre_time.shape[0]
     counts = k_stages + 1 if kind == ONE_F_ONE_B else 1
@@ -415,7 +421,7 @@ def _split(bound, pre_time, at, params, stash, op_need, grads, cap, kind, m, div
     f[k_stages, n, 0] = 0.0
     for k in range(k_stages - 1, -1, -1):
         for i in range(n + 1):
-            for c in range(counts):  # an empty stage
+            for c in range(counts if not full else 0):  # an empty stage
                 if f[k + 1, i, c] < f[k, i, c]:
                     f[k, i, c] = f[k + 1, i, c]
                     nxt[k, i, c] = i
@@ -431,10 +437,12 @@ def _split(bound, pre_time, at, params, stash, op_need, grads, cap, kind, m, div
                 weights = params[j] - params[i]
                 held = stash[i, j] / div
                 grad = (grads[j] - grads[i]) / div
-                if _stage_bound(weights, held, big, grad, _inflight(kind, m, 0)) > cap[k]:
+                least = min(1, m) if kind == ONE_F_ONE_B else fixed[k]
+                if _stage_bound(weights, held, big, grad, least) > cap[k]:
                     break  # more items only add
                 for c in range(counts - 1 if counts > 1 else 1):
-                    if _stage_bound(weights, held, big, grad, _inflight(kind, m, c)) > cap[k]:
+                    n_in = min(c + 1, m) if kind == ONE_F_ONE_B else fixed[k]
+                    if _stage_bound(weights, held, big, grad, n_in) > cap[k]:
                         break  # more stages after it only add micro-batches in flight
                     base = f[k + 1, j, c]
                     if base == inf:
@@ -512,6 +520,10 @@ class _Search:
         # the memory bound only prunes: a stage is dropped only where no schedule could hold it (float rounding
         # of the bound's sums must not drop a split the simulator finds within memory to the byte)
         cap = (self.cluster.memory[dev] * (1 + 1e-9)).astype(np.float64)
+        # interleaved over every device: no stage left empty where there are runs enough, so that each chunk's
+        # micro-batches in flight are the schedule's (an empty stage would change the pipeline's positions)
+        full = schedule.kind == "interleaved-1f1b" and self.memory.at.size - 1 >= p * v
+        fixed = inflight(schedule, p, full)
         total = float(pre[:, -1].max()) / m
         # no split's slowest stage is below the one where every stage's device does an equal share of the time:
         # stage k doing a fraction f_k of the work takes f_k * total_k, and the fractions sum to 1
@@ -522,7 +534,7 @@ class _Search:
 
         def split(bound: float) -> bool:
             ends = _split(bound, pre, self.memory.at, self.memory.params, self.memory.stash, self.memory.op_need,
-                          self.memory.grads, cap, _kind_code(schedule), schedule.microbatches, float(m),
+                          self.memory.grads, cap, _kind_code(schedule), schedule.microbatches, fixed, full, float(m),
                           self.items.cross, self.comm_Bps, self.latency, waits)
             if ends[0] >= 0:
                 cuts = tuple(int(x) for x in ends)

@@ -48,6 +48,7 @@ from devplace.files import (
 )
 from devplace.graph import load_graph, load_placement
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.parallel import ParallelAsk
 from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.hardware.cost import CostTable, apply_overheads, check_table_fits
 from devplace.orders.auto import Recommendation, load_order_model, recommend_order
@@ -154,7 +155,7 @@ def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer:
                order: str = DEFAULT_ORDER, seed: int = DEFAULT_SEED, settings: dict[str, Any] | None = None,
                try_orders: int | None = None, try_with: str | None = None, progress: Progress | None = None,
                output: Path | None = None, trace: Path | None = None, plot: Path | None = None,
-               semantics: str | None = None) -> Placed:
+               semantics: str | None = None, parallel: ParallelAsk | None = None) -> Placed:
     """`devplace place GRAPH`: place a graph (file, `example`, or CompGraph) on a cluster (preset, file or
     Cluster), simulate it, and write the placement, trace and timeline asked for (checked before placing);
     `semantics` overrides the graph's placement semantics (`devplace.graph.semantics`)."""
@@ -163,7 +164,7 @@ def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer:
     # after reading the inputs (quick), so that an output naming one of them is refused before placing
     check_outputs({"output": PLACEMENT_FILE}, output=output, trace=trace, plot=plot, log=log_setting(settings))
     placed = place_graph(g, c, placer=placer, order=order, seed=seed, progress=progress, try_orders=try_orders,
-                         try_with=try_with, semantics=semantics, **(settings or {}))
+                         try_with=try_with, semantics=semantics, parallel=parallel, **(settings or {}))
     placed.write(output=output, trace=trace, plot=plot)
     return placed
 
@@ -179,7 +180,7 @@ def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None
                settings: dict[str, Any] | None = None, module_map: Path | None = None, output: Path | None = None,
                trace: Path | None = None, plot: Path | None = None, save_plan: Path | None = None,
                dtype: str | None = None, amp: bool = False, costs: Path | None = None,
-               busy: Callable[[str], AbstractContextManager[Any]] = _quiet,
+               parallel: ParallelAsk | None = None, busy: Callable[[str], AbstractContextManager[Any]] = _quiet,
                progress: Callable[[str], AbstractContextManager[Progress | None]] = _quiet) -> Placed:
     """`devplace place`: a GRAPH file (or `example`), or a zoo or custom `model` captured here, placed on
     `cluster` by `placer` (`plan_graph`, `place_prepared`) or by a hand-made `module_map` (`place_by_map`),
@@ -187,7 +188,10 @@ def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None
     before any work. `busy(message)` is shown while the model is captured, `progress(what)` gives the progress
     callback while it is placed (context managers; by default nothing is shown). `costs`: a cost table of
     `devplace profile` for the model's ops and the machine's overheads (`hardware.cost.apply_overheads`), measured
-    on the kind of the cluster's devices."""
+    on the kind of the cluster's devices. `parallel`: search parallel plans (data-parallel replicas, ZeRO,
+    recomputation, zero-bubble schedules: `ParallelAsk` says which dimensions are fixed) instead of placements of
+    one replica; off by default, since devplace's runtime does not run them yet (`graph.parallel.runtime_gap`).
+    """
     settings = dict(settings or {})
     if costs is not None:
         if model is None:
@@ -201,6 +205,8 @@ def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None
     map_schedule = ({k: settings.pop(k) for k in PIPELINE_SETTINGS if k in settings} if module_map is not None
                     else {})
     check_pipeline_settings(placer, cluster, settings, batch=batch)
+    if parallel is not None:
+        parallel.check_devices(cluster.num_devices)
     if (graph is None) == (model is None):
         raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`, or "
                             "package.module:factory)")
@@ -212,10 +218,13 @@ def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None
             ("--placer", placer != DEFAULT_PLACER), ("--order", order != DEFAULT_ORDER),
             ("--try", try_orders is not None), ("--try-with", try_with is not None),
             ("--set/--episodes/--policy/--log", bool(settings)), ("--semantics", semantics is not None)) if given]
+        if parallel is not None:
+            placer_flags.append("--dp/--pp/--zero/--recompute/--parallel")
         if placer_flags:
             raise DevplaceError(f"--map places by the map, not by a placer; drop {', '.join(placer_flags)}")
     placing: dict[str, Any] = dict(placer=placer, order=order, seed=seed, settings=settings, try_orders=try_orders,
-                                   try_with=try_with, output=output, trace=trace, plot=plot, semantics=semantics)
+                                   try_with=try_with, output=output, trace=trace, plot=plot, semantics=semantics,
+                                   parallel=parallel)
     mapped = dict(output=output, trace=trace, plot=plot, **map_schedule)
     check_outputs(save_plan=save_plan)
     if model is not None:

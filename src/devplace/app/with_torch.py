@@ -56,6 +56,7 @@ from devplace.graph import save_graph
 from devplace.graph.batch import graph_batch
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.parallel import ParallelAsk, ParallelPlan, runtime_gap
 from devplace.hardware.cluster import Cluster, Device, load_cluster
 from devplace.hardware.cost import CostTable, apply_overheads, check_table_fits, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
@@ -168,14 +169,16 @@ def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAUL
                    order: str = DEFAULT_ORDER, seed: int = DEFAULT_SEED, settings: dict[str, Any] | None = None,
                    try_orders: int | None = None, try_with: str | None = None, progress: Progress | None = None,
                    output: Path | None = None, trace: Path | None = None, plot: Path | None = None,
-                   semantics: str | None = None) -> Placed:
+                   semantics: str | None = None, parallel: ParallelAsk | None = None) -> Placed:
     """Place a prepared model's coarse graph, expand the placement to every op, simulate and write files
     (checked before placing); `semantics` overrides the graph's ("autograd" for a captured model). A captured
-    model's pipelines are placed on micro-batches captured at their own size (`microbatch_graphs`)."""
+    model's pipelines are placed on micro-batches captured at their own size (`microbatch_graphs`); `parallel`
+    searches parallel plans on them instead (`devplace.placers.search.search_parallel_plans`)."""
     check_outputs({"output": PLACEMENT_FILE}, output=output, trace=trace, plot=plot, log=log_setting(settings))
     placed = place_graph(prepared.graph, cluster, placer=placer, order=order, seed=seed, progress=progress,
                          try_orders=try_orders, try_with=try_with, semantics=semantics, coarsening=prepared.coarsening,
-                         full=prepared.full, microbatch_graph=microbatch_graphs(prepared), **(settings or {}))
+                         full=prepared.full, microbatch_graph=microbatch_graphs(prepared), parallel=parallel,
+                         **(settings or {}))
     placed.write(output=output, trace=trace, plot=plot)
     return placed
 
@@ -575,6 +578,7 @@ def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, dev
                                 "file runs in the precision it was made in, under its own schedule, costed when it "
                                 "was made")
         p = load_plan_file(plan_file)
+        check_runs(p, plan_file)
         module, inputs = rebuild_zoo_model(p, trust_model=trust_model or (model or False), where=str(plan_file))
         return p, module, inputs
     assert model is not None
@@ -590,6 +594,21 @@ def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, dev
     if save_plan is not None:
         p.save(save_plan)
     return p, module, inputs
+
+
+def check_runs(p: Plan, where: Path) -> None:
+    """A DevplaceError for a plan devplace's runtime does not run (`graph.parallel.runtime_gap`: a parallel plan
+    with data-parallel replicas, ZeRO, recomputation or a schedule the runtime lacks), rather than running
+    something else (its replica 0 alone)."""
+    doc = p.placement.meta.get("parallel")
+    if doc is None:
+        return
+    plan = ParallelPlan.from_dict(doc)
+    gap = runtime_gap(plan)
+    if gap is not None:
+        raise DevplaceError(f"{where} holds the parallel plan {plan.label}, and devplace run does not run {gap} yet; "
+                            "run it with torch (DDP/FSDP, activation checkpointing), or place without "
+                            "--dp/--pp/--zero/--recompute/--parallel for a plan devplace runs")
 
 
 def is_pipelined(p: Plan) -> bool:

@@ -42,6 +42,7 @@ next: mobilenet_v3_large at batch 384 on 4xV100-16GB with m-etf).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -57,6 +58,7 @@ from devplace.defaults import (
     AUTO_SCHEDULES,
     AUTO_SIMULATED_NODES,
     AUTO_SIMULATED_NODES_FLOOR,
+    CANONICAL_ORDER,
     DEFAULT_ORDER,
     DEFAULT_PLACER,
     DEFAULT_SEED,
@@ -65,6 +67,7 @@ from devplace.errors import GraphError
 from devplace.graph.batch import graph_batch, graph_microbatches
 from devplace.graph.coarsen import Coarsening, coarsen
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.parallel import RECOMPUTE, ZERO_STAGES, ParallelAsk
 from devplace.graph.placement import MadeBy, Placement
 from devplace.graph.semantics import Semantics, semantics_of
 from devplace.graph.ties import fold, tie_classes, untied, violations
@@ -72,6 +75,7 @@ from devplace.hardware.cluster import Cluster, canonical_order, reordered
 from devplace.orders import Order, check_order, order_label, traversal_indices
 from devplace.orders.auto import candidate_orders, recommend_order
 from devplace.placers.memory import NoFitError, memory_needs, no_fit_error
+from devplace.placers.parallel import as_microbatch, search_parallel
 from devplace.placers.pipeline import pipeline_schedules
 from devplace.placers.registry import (
     FullGraph,
@@ -85,6 +89,7 @@ from devplace.placers.registry import (
 from devplace.sim.bounds import microbatch_bounds
 from devplace.sim.count import counting
 from devplace.sim.devplace_model import DevplaceModel
+from devplace.sim.parallel import ParallelResult
 from devplace.sim.result import SimResult
 from devplace.sim.schedule import KINDS as SCHEDULE_KINDS
 from devplace.sim.schedule import Schedule, ScheduledResult, ScheduleError, simulate_schedule
@@ -119,6 +124,7 @@ class Request:
     coarsening: Coarsening | None = None
     progress: Progress | None = None
     microbatch_graph: MicrobatchGraph | None = None
+    parallel: ParallelAsk | None = None  # parallel plans asked for (`search_parallel_plans`); None: not searched
 
     @property
     def seen(self) -> CompGraph:
@@ -538,6 +544,7 @@ class SearchResult:
     log: tuple[Tried, ...]
     seconds: float
     simulations: int
+    parallel: ParallelResult | None = None  # the parallel plan found, simulated (`search_parallel_plans`)
 
 
 def search(req: Request) -> SearchResult:
@@ -546,7 +553,10 @@ def search(req: Request) -> SearchResult:
     (`search_captured`). `seconds` (wall time) and `simulations` are measured here, once for the whole search."""
     t0 = time.perf_counter()
     with counting() as count:
-        found = search_captured(req) if captures_microbatches(req) else search_graph(req)
+        if req.parallel is not None:
+            found = search_parallel_plans(req)
+        else:
+            found = search_captured(req) if captures_microbatches(req) else search_graph(req)
     return replace(found, seconds=time.perf_counter() - t0, simulations=count.runs)
 
 
@@ -1066,16 +1076,100 @@ def search_placement(graph: CompGraph, cluster: Cluster, *, coarsening: Coarseni
                      placer: str = DEFAULT_PLACER, order: Order = DEFAULT_ORDER, seed: int = DEFAULT_SEED,
                      progress: Progress | None = None, try_orders: int | None = None, try_with: str | None = None,
                      semantics: Semantics | str | None = None, microbatch_graph: MicrobatchGraph | None = None,
-                     **settings: Any) -> SearchResult:
+                     parallel: ParallelAsk | None = None, **settings: Any) -> SearchResult:
     """`place` (without `coarsening`) or `place_expanded` (`graph` is then the full graph the coarsening was made
     from), answering with the whole SearchResult: the placement, its simulation, the log and the cost.
 
     `microbatch_graph(M)` gives the graph of one of M micro-batches of a captured model, captured at batch / M
     (`devplace.capture.custom.microbatch_graphs`): placer "auto" and `pipeline` then place each count's pipeline
     on it (`search_captured`). Without it a pipeline costs a micro-batch as the whole batch's / M, all a graph
-    file allows; `placement.schedule.microbatch_graph` says which."""
+    file allows; `placement.schedule.microbatch_graph` says which. `parallel` (a `ParallelAsk`) searches
+    parallel plans instead (`search_parallel_plans`; the answer's `parallel`)."""
     if coarsening is not None and coarsening.original and coarsening.original != graph.name:
         raise GraphError(f"the coarsening was made from graph {coarsening.original!r}, not {graph.name!r}; pass the "
                          "full graph it was made from (e.g. Prepared.full with Prepared.coarsening)")
     return search(Request(graph, cluster, placer, order, seed, semantics_of(graph, semantics), settings, try_orders,
-                          try_with, coarsening, progress, microbatch_graph))
+                          try_with, coarsening, progress, microbatch_graph, parallel))
+
+
+# ------------------------------------------------------------- parallel plans: the nested search, resolved here
+
+PARALLEL_SCHEDULES = ("1f1b", "zero-bubble")  # the pipeline schedules judged on each cut of a parallel plan
+
+
+def parallel_degrees(ask: ParallelAsk, devices: int, batch: int) -> tuple[int, ...]:
+    """The data-parallel degrees a parallel search tries for `ask` on `devices` at a global `batch` (pp = devices
+    / dp: a plan uses every device): the one `--dp` or `--pp` fixes, else every divisor of the devices that
+    divides the batch (above 1 where `--zero` shards). PlacerError saying what does not match, and what would."""
+    ask.check_devices(devices)
+    divisors = [d for d in range(1, devices + 1) if devices % d == 0]
+    if ask.dp is not None or ask.pp is not None:
+        dps = (ask.dp if ask.dp is not None else devices // ask.pp,)  # type: ignore[operator]
+    else:
+        dps = tuple(d for d in divisors if batch % d == 0 and (d > 1 or not ask.zero))
+    if not dps:
+        raise PlacerError(f"no data-parallel degree above 1 divides both the {devices} devices and the batch of "
+                          f"{batch}, and --zero {ask.zero} needs one; use --zero 0 or another --batch")
+    if batch % dps[0]:
+        raise PlacerError(f"dp = {dps[0]} replicas do not split the batch of {batch} evenly; use a --batch that "
+                          f"{dps[0]} divides, or another --dp/--pp")
+    return dps
+
+
+def parallel_microbatches(batch: int, devices: int, dps: tuple[int, ...]) -> int:
+    """K, the micro-batches the global `batch` is cut into for a parallel search over the degrees `dps` (each
+    replica runs K / dp of them; one capture, at batch / K samples, serves every plan): the smallest multiple of
+    every dp that divides the batch and gives at least as many micro-batches as `devices` (a pipeline over all
+    of them keeps every stage busy), else the largest such multiple."""
+    step = math.lcm(*dps)
+    counts = [k for k in range(step, batch + 1, step) if batch % k == 0]
+    return next((k for k in counts if k >= devices), counts[-1])
+
+
+def search_parallel_plans(req: Request) -> SearchResult:
+    """Parallel plans for `req` (DESIGN.md section 9b): every dimension `req.parallel` leaves open resolved here
+    (dp and pp, `parallel_degrees`; ZeRO 0-3; recomputation none or full; 1F1B or zero bubble on each cut), then
+    the nested search `devplace.placers.parallel.search_parallel` on one micro-batch captured at its own size
+    (`parallel_microbatches`; the full graph: zero bubble needs each backward's B and W ops apart). The answer
+    places replica 0 (stage s on `plan.replica(0)[s]`) under the plan's pipeline schedule; `parallel` is the
+    plan simulated, and meta["parallel"] the plan (`ParallelPlan.to_dict`, what a saved placement replays),
+    meta["parallel_search"] what was asked and each plan's step or why it did not fit. PlacerError for a
+    request parallel plans cannot answer (a graph file, another placer, an order, placer settings); a
+    DevplaceError naming every plan's outcome when none fits."""
+    ask, t0 = req.parallel, time.perf_counter()
+    assert ask is not None
+    flags = "--dp/--pp/--zero/--recompute/--parallel"
+    batch = graph_batch(req.graph)
+    if req.microbatch_graph is None or batch is None:
+        raise PlacerError(f"parallel plans ({flags}) need a model captured here (--model NAME), so that each "
+                          "micro-batch is captured at its own size; a graph file cannot be cut into micro-batches")
+    given = [what for what, yes in (("--placer", req.placer not in (AUTO_PLACER, AUTO_PIPELINE)),
+                                    ("--order", req.order != "auto"), ("--try/--try-with", req.try_orders is not None),
+                                    ("--set/--schedule/--microbatches/--chunks",
+                                     any(v is not None for v in req.settings.values()))) if yes]
+    if given:
+        raise PlacerError(f"parallel plans ({flags}) cut their stages with the {AUTO_PIPELINE} placer in the "
+                          f"canonical order and choose their schedule and micro-batches; drop {', '.join(given)}")
+    n = req.cluster.num_devices
+    dps = parallel_degrees(ask, n, batch)
+    k = parallel_microbatches(batch, n, dps)
+    graph = req.graph if k == 1 else req.microbatch_graph(k)[0]
+    found = search_parallel(graph, req.cluster, batch=batch, microbatch_size=batch // k, dps=dps,
+                            zeros=ZERO_STAGES if ask.zero is None else (ask.zero,),
+                            recomputes=RECOMPUTE if ask.recompute == "auto" else (ask.recompute,),
+                            schedules=PARALLEL_SCHEDULES)
+    best, plan = found.best, found.best.plan
+    one = as_microbatch(graph, plan.microbatches)
+    devices = np.asarray(plan.replica(0), dtype=np.int64)[found.stage]
+    made_by = MadeBy(AUTO_PIPELINE if plan.pp > 1 else "single", CANONICAL_ORDER if plan.pp > 1 else None, req.seed,
+                     {}, req.semantics.value)
+    tried = {c.plan.label if c.plan is not None else f"dp={c.dp}":
+             c.step_time_s if c.feasible else (c.note or "over memory") for c in found.candidates}
+    meta = {"step_time_s": best.step_time_s, "parallel": plan.to_dict(),
+            "parallel_search": {"asked": ask.to_dict(), "microbatch_size": batch // k, "tried": tried,
+                                "kept": plan.label}}
+    placement = Placement(dict(zip(one.ids, devices.tolist(), strict=True)), graph=one.name,
+                          cluster=req.cluster.name, meta=meta, schedule=plan.pipeline_schedule(0, True),
+                          made_by=made_by)
+    log = (Tried("parallel", plan.label, None, best.step_time_s, None, time.perf_counter() - t0),)
+    return SearchResult(one, placement, best.as_sim_result(), placement, None, 0, log, 0.0, 0, best)

@@ -187,3 +187,17 @@ def test_a_graph_file_has_no_parallel_plans(capsys, monkeypatch):
     code, _out, err = run(["place", "example", "-c", "2xK80", "--parallel"], capsys, monkeypatch)
     assert code == 2 and "need a model captured here" in err, err
 
+
+
+def test_simulating_replica_0_of_a_plan_warns(tmp_path, capsys, monkeypatch):
+    from devplace.graph import save_graph
+    from devplace.graph.placement import Placement, save_placement
+
+    g = model(2)
+    plan = ParallelPlan(dp=2, pp=1, microbatches=1, batch=2, schedule="none")
+    save_graph(g, tmp_path / "g.json")
+    save_placement(Placement.from_array(g, [0] * g.num_nodes, "2xK80").with_meta(parallel=plan.to_dict()),
+                   tmp_path / "p.json")
+    code, _out, err = run(["simulate", str(tmp_path / "g.json"), "2xK80", str(tmp_path / "p.json")], capsys,
+                          monkeypatch)
+    assert code == 0 and "is replica 0 of a parallel plan" in " ".join(err.split()), err

@@ -259,7 +259,8 @@ def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None
 def simulate_file(graph: str | Path, cluster: str | Cluster, placement: str | Path, *,
                   model: str = DEFAULT_SIM_MODEL, trace: Path | None = None, plot: Path | None = None) -> Simulated:
     """`devplace simulate`: simulate a placement file of a graph file on a cluster under simulation `model`.
-    A placement made for another graph or cluster (by the names it records) is simulated with a warning."""
+    A placement made for another graph or cluster (by the names it records), or replica 0 of a parallel plan, is
+    simulated with a warning."""
     g = load_graph_arg(graph)
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
     p = load_placement(placement)
@@ -268,6 +269,10 @@ def simulate_file(graph: str | Path, cluster: str | Cluster, placement: str | Pa
     for what, recorded, given in (("graph", p.graph, g.name), ("cluster", p.cluster, c.name)):
         if recorded and recorded != given:
             sim.warnings.append(f"{placement} was made for {what} {recorded!r}, simulated on {what} {given!r}")
+    if isinstance(p.meta.get("parallel"), dict):
+        sim.warnings.append(f"{placement} is replica 0 of a parallel plan (its \"parallel\"), simulated here as that "
+                            "one pipeline, without the other replicas' gradient sync, ZeRO or recomputation; `devplace "
+                            "place --model ... --dp/--pp/--zero/--recompute` reports the plan's step")
     sim.write(trace=trace, plot=plot)
     return sim
 

@@ -13,11 +13,15 @@ from conftest import cluster
 from conftest import run_cli as run
 from devplace.graph.parallel import RUN_SCHEDULES, ParallelAsk, ParallelPlan, ParallelPlanError, runtime_gap
 from devplace.graph.placement import load_placement
+from devplace.hardware.cluster import load_cluster
 from devplace.placers import search_placement
 from devplace.placers.parallel import search_parallel
 from devplace.placers.registry import PlacerError
 from devplace.placers.search import parallel_degrees, parallel_microbatches
 from devplace.sim.parallel import CATEGORIES, simulate_parallel
+from devplace.study import runner
+from devplace.study.grid import Cell
+from devplace.study.spec import ClusterRef, GraphRef, StudyError, load_study
 from test_sim_parallel import model, stages_of
 
 BATCH = 8
@@ -164,6 +168,13 @@ def test_place_fixes_dimensions_reports_memory_and_run_refuses(python_package, t
         assert set(CATEGORIES) <= set(m) and m["total"] == pytest.approx(sum(m[k] for k in CATEGORIES))
     assert doc["peak_memory_bytes"] == [m["total"] for m in par["memory"]]
     assert load_placement(out_file).meta["parallel"] == par["plan"]  # the saved placement replays the plan
+    # a study cell whose placer asks for the same parallel plans answers the same
+    ref = GraphRef(spec=f"zoo:{tower}", family="zoo", name=tower)
+    cell = Cell("k", "s", ref, ClusterRef("2xK80", "2xK80"), "devplace", None, "auto",
+                json.dumps({"parallel": {"dp": 2, "zero": 1, "recompute": "full"}}), "auto", 0)
+    row = runner.run_cell(cell, runner.prepare_graph(ref, None), load_cluster("2xK80"))
+    assert row["status"] == "ok", row.get("error")
+    assert row["step_time_s"] == doc["step_time_s"] and row["peak_memory_bytes"] == doc["peak_memory_bytes"]
     code, out, err = run(["run", "--plan", str(plan_file)], capsys, monkeypatch)
     assert code == 2 and "devplace run does not run 2 data-parallel replicas, ZeRO-1, activation recomputation" \
         in err, err
@@ -201,3 +212,20 @@ def test_simulating_replica_0_of_a_plan_warns(tmp_path, capsys, monkeypatch):
     code, _out, err = run(["simulate", str(tmp_path / "g.json"), "2xK80", str(tmp_path / "p.json")], capsys,
                           monkeypatch)
     assert code == 0 and "is replica 0 of a parallel plan" in " ".join(err.split()), err
+
+
+@pytest.mark.parametrize(("table", "match"), [
+    ("parallel = { dp = 2, zero = 1 }", None),
+    ("parallel = { dp = 2, zeros = 1 }", r"parallel: unknown key\(s\) 'zeros'"),
+    ("parallel = { zero = 7 }", "--zero must be one of 0, 1, 2, 3"),
+    ("parallel = 2", "must be a table of dp, pp, zero, recompute"),
+])
+def test_a_study_placer_asks_for_parallel_plans(table, match, tmp_path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(f'name = "s"\ngraphs = ["cifar10/0"]\nclusters = ["2xK80"]\norders = ["auto"]\n'
+                    f'[[placers]]\nname = "auto"\n{table}\n')
+    if match is None:
+        assert load_study(path).placers[0].settings == {"parallel": {"dp": 2, "zero": 1}}
+    else:
+        with pytest.raises(StudyError, match=match):
+            load_study(path)

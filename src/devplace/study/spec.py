@@ -22,6 +22,7 @@ from typing import Any
 from devplace.defaults import AUTO_PLACER, CANONICAL_ORDER, DEFAULT_SEED, DEFAULT_SIM_MODEL, FAMILY_MAX_NODES
 from devplace.errors import DevplaceError
 from devplace.files import env_limit, read_limited
+from devplace.graph.parallel import ParallelAsk
 from devplace.graph.semantics import SemanticsError, parse_semantics
 from devplace.planning import MAX_SEED
 
@@ -30,7 +31,8 @@ NO_ORDER = "-"  # order_name of cells whose placer ignores the traversal order
 
 _TOP_KEYS = ("name", "description", "graphs", "max_nodes", "clusters", "sim_model", "semantics", "placers", "orders",
              "seeds")
-_PLACER_KEYS = ("name", "settings", "orders", "seeds")
+PARALLEL_SETTING = "parallel"  # a placer's `parallel` table, kept among a cell's settings
+_PLACER_KEYS = ("name", "settings", "orders", "seeds", "parallel")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 # A study's grid is counted before any cell is made: a typo such as `seeds = 100000000` would otherwise fill
 # memory (gigabytes) before the first cell runs. The paper preset has 10,560 cells.
@@ -359,6 +361,8 @@ def _placers(value: Any, where: str, base_dir: Path, limit: int) -> tuple[Placer
             raise StudyError(f"{what}: placer {name!r} has no setting {', '.join(map(repr, unknown))}; "
                              f"its settings: {listed}")
         _check_settings(name, settings, what)
+        if "parallel" in item:
+            settings = {**settings, PARALLEL_SETTING: _parallel(item["parallel"], f"{what}: parallel")}
         log_path = _log_path(settings["log"], base_dir, what) if "log" in settings else None
         policy_path = _policy_path(settings["policy"], base_dir, what) if "policy" in settings else None
         orders = _orders(item["orders"], f"{what}: orders") if "orders" in item else None
@@ -366,6 +370,29 @@ def _placers(value: Any, where: str, base_dir: Path, limit: int) -> tuple[Placer
         out.append(PlacerEntry(name=name, settings=dict(settings), orders=orders, seeds=seeds, log_path=log_path,
                                policy_path=policy_path))
     return tuple(out)
+
+
+def _parallel(value: Any, what: str) -> dict[str, Any]:
+    """A placer's `parallel` table (`dp`, `pp`, `zero`, `recompute`, each optional: what `devplace place --dp/--pp/
+    --zero/--recompute` fix; an empty table is `--parallel`), checked as a `ParallelAsk`."""
+    if not isinstance(value, dict):
+        raise StudyError(f"{what} must be a table of dp, pp, zero, recompute (each optional), got {value!r}"[:300])
+    unknown = sorted(set(value) - set(ParallelAsk.__dataclass_fields__))
+    if unknown:
+        raise StudyError(f"{what}: unknown key(s) {', '.join(map(repr, unknown))}; it takes dp, pp, zero, recompute")
+    try:
+        ParallelAsk(**value)
+    except DevplaceError as exc:
+        raise StudyError(f"{what}: {exc}") from None
+    return dict(value)
+
+
+def parallel_ask(settings: dict[str, Any]) -> tuple[ParallelAsk | None, dict[str, Any]]:
+    """A cell's parallel plans asked for (its placer's `parallel` table, kept among its settings so the cell's key
+    holds it) and the placer's own settings without it."""
+    rest = {k: v for k, v in settings.items() if k != PARALLEL_SETTING}
+    table = settings.get(PARALLEL_SETTING)
+    return (ParallelAsk(**table) if isinstance(table, dict) else None), rest
 
 
 def _check_settings(placer: str, settings: dict[str, Any], what: str) -> None:

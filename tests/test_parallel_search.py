@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+import devplace
 from conftest import cluster
 from conftest import run_cli as run
 from devplace.graph.parallel import RUN_SCHEDULES, ParallelAsk, ParallelPlan, ParallelPlanError, runtime_gap
@@ -52,6 +53,11 @@ def test_the_search_nests_search_parallel_with_what_the_request_leaves_open() ->
         [m.total for m in found.parallel.memory]
     assert found.placement.meta["parallel"] == plan.to_dict()
     assert ParallelPlan.from_dict(found.placement.meta["parallel"]) == plan
+    # replayed from what the placement records: its plan, and replica 0's device per op (the stages)
+    saved = ParallelPlan.from_dict(json.loads(json.dumps(found.placement.to_dict()))["parallel"])
+    position = {d: s for s, d in enumerate(saved.replica(0))}
+    stage = np.array([position[d] for d in found.placement.to_array(found.graph, 4)], dtype=np.int64)
+    assert simulate_parallel(found.graph, c, stage, saved).step_time_s == found.parallel.step_time_s
     assert found.placement.schedule == plan.pipeline_schedule(0, microbatch_graph=True)
     tried = found.placement.meta["parallel_search"]["tried"]
     assert len(tried) == len(direct.candidates) and found.placement.meta["parallel_search"]["microbatch_size"] == 2
@@ -175,6 +181,10 @@ def test_place_fixes_dimensions_reports_memory_and_run_refuses(python_package, t
     row = runner.run_cell(cell, runner.prepare_graph(ref, None), load_cluster("2xK80"))
     assert row["status"] == "ok", row.get("error")
     assert row["step_time_s"] == doc["step_time_s"] and row["peak_memory_bytes"] == doc["peak_memory_bytes"]
+    # and devplace.plan on the module itself
+    module, inputs = __import__(tower.partition(":")[0], fromlist=["build"]).build()
+    p = devplace.plan(module, (inputs,), "2xK80", parallel=ParallelAsk(dp=2, zero=1, recompute="full"))
+    assert p.placement.meta["parallel"] == par["plan"] and p.result.step_time_s == doc["step_time_s"]
     code, out, err = run(["run", "--plan", str(plan_file)], capsys, monkeypatch)
     assert code == 2 and "devplace run does not run 2 data-parallel replicas, ZeRO-1, activation recomputation" \
         in err, err

@@ -478,7 +478,8 @@ class Tried:
     for), "order" (an order of order "auto", placed by `placer`) or "start" (a refining placer's start, `placer`,
     judged beside it) -- and, in the searches over captures of a model (`devplace.app`), "schedule" (`placer`
     names the candidate: "unpipelined", "pipeline 1f1b") and "microbatches" (the pipeline on the capture at
-    batch / `microbatches`): the step on the graph as run, or why it was `dropped` (its NoFitError, or why it
+    batch / `microbatches`), and "parallel" (`placer` names the parallel plan kept, `search_parallel_plans`): the
+    step on the graph as run, or why it was `dropped` (its NoFitError, or why it
     was skipped), and the `seconds` it took; `note`: what the search changed about the candidate (placer "auto"
     limits a refining placer's simulations on a large graph)."""
 

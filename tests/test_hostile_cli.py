@@ -137,7 +137,7 @@ REFUSED = [
     (["place", "one.json", "-c", "2xK80", "--nope"], "No such option: --nope"),
     (["place", "one.json", "-c", "2xK80", "--try", "0"], "must be an integer >= 1, got 0"),
     (["place", "one.json", "-c", "2xK80", "--order", "[/]"], "unknown traversal order '[/]'"),
-    (["place", "one.json", "-c", "2xK80", "--placer", "anneal", "--set", "steps=1e400"], "steps must be"),
+    (["place", "one.json", "-c", "2xK80", "--placer", "anneal", "--set", "steps=1e400"], "setting 'steps' must be int"),
     (["place", "one.json", "-c", "2xK80", "--placer", "anneal", "--set", "swap_prob=-0.5"], "swap_prob"),
     (["place", "one.json", "-c", "2xK80", "--placer", "placeto", "--policy", "adir"], "adir: is a folder"),
     (["place", "one.json", "-c", "2xK80", "--placer", "placeto", "--policy", "empty.json"],

@@ -130,7 +130,7 @@ def test_a_plan_whose_settings_are_not_an_object_is_one_line(work, fmt, capsys, 
 @pytest.mark.parametrize(("spec", "message"), [
     ("evil.m:boom", "custom model 'evil.m:boom' failed: ValueError: no weights here"),
     ("evil.m:leave", "custom model 'evil.m:leave' failed: SystemExit: 3"),
-    ("evil.m:interrupt", "custom model 'evil.m:interrupt' failed: KeyboardInterrupt: "),
+    ("evil.m:interrupt", "custom model 'evil.m:interrupt' failed: KeyboardInterrupt"),
     ("evil.syntax:f", "custom model 'evil.syntax:f' failed: SyntaxError: "),
     ("evil.raising:f", "custom model 'evil.raising:f' failed: RuntimeError: at import"),
     (".m:f", "must be written package.module:factory"),

@@ -131,3 +131,42 @@ MAX_ROUNDS = 64
 
 MAX_HIDDEN = 4096
 """Embedding width of the learned placers' policies (parameters grow with its square)."""
+
+MAX_SEARCH_STEPS = 1_000_000
+"""Simulations a search placer may run: anneal's `steps`, even-refine's `max_evals`, random's `tries` (one
+simulation each; a million anneal steps take about 11 minutes on 1,000 ops on this project's 2-core machine)."""
+
+MAX_TIME_LIMIT_S = 86_400.0
+"""A placer's wall-clock budget (anneal's and ilp's `time_limit_s`), in seconds: one day."""
+
+MAX_SEQ2SEQ_HIDDEN = 1024
+"""seq2seq's `hidden` (its LSTMs' width; parameters and Adam state grow with its square): one iteration of one
+sample on a 12-node graph took 19 s and 1.7 GB at 1024, 31 s and 2.8 GB at 2048, and ran past 100 s at 4.4 GB
+at 4096 (`devplace place --placer seq2seq --set episodes=1 --set samples=1`, this project's 2-core machine)."""
+
+MAX_SAMPLES = 1024
+"""Placements seq2seq samples per iteration (`samples`; its memory grows with them)."""
+
+MAX_PARALLEL = 256
+"""Episodes placeto samples side by side (`parallel`; one batched embedding of them all per step)."""
+
+MAX_CHUNKS = 64
+"""Model chunks per device of an interleaved pipeline schedule (`chunks`; the stages grow with them)."""
+
+MAX_ILP_NODES = 1000
+"""ilp's `max_nodes`: the exact program has a variable per pair of ops, a million at this size."""
+
+MAX_LP_NODES = 1_000_000
+"""m-sct's `max_lp_nodes`: the largest graph whose LP relaxation it solves."""
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on: the most worker processes (`study run --workers`, `train
+    --workers`) and CPU threads (`--threads`) devplace starts. More only share the same cores, and each worker
+    process costs hundreds of MB."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)

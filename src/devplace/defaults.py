@@ -35,11 +35,21 @@ AUTO_QUADRATIC_NODES = 5000
 nodes than this: greedy takes about 4.7 s per order at 5,000 nodes and 68 s at 20,000 on this project's 2-core
 machine, and auto would run it under every candidate order."""
 
+AUTO_QUADRATIC_WORK = 5000 * 15_000
+"""Placer auto also leaves them out where nodes x (nodes + edges) is above this (a 5,000-node graph of 2 edges per
+node): one greedy run simulates the graph nodes x devices times, each simulation costing about nodes + edges, so a
+dense graph is as slow as a much larger sparse one -- 600 nodes with 134,770 edges (8.1e7) took greedy 18 s per
+order under each of 10 orders, 184 s in all (`devplace place`, this project's 2-core machine, loaded)."""
+
 AUTO_SIMULATED_NODES = 10_000_000
 """Placer auto's budget for a placer that refines by simulating (even-refine, setting `max_evals`): at most this
 many nodes simulated in all, so `max_evals` is this divided by the nodes of the graph it places when that is
 below its default (3,000 simulations up to 3,333 nodes; 500 at 20,000 nodes, where one simulation takes about
 27 ms on this project's 2-core machine and 3,000 of them took 81 s). The report says when it applies."""
+
+AUTO_SIMULATED_EDGES = 25_000_000
+"""The same budget counted in edges simulated (a simulation's cost grows with edges as with nodes): `max_evals` is
+also at most this divided by the edges of the graph -- 185 simulations on 134,770 edges, whose 3,000 took 27 s."""
 
 AUTO_SIMULATED_NODES_FLOOR = 50
 """The fewest simulations that budget leaves a refining placer, however large the graph."""

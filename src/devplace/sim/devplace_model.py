@@ -131,14 +131,7 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
             if n_fin == 0:
                 break
             # transfers of every op that finished at t, in (rank, tensor, destination) order
-            # insertion sort by rank: the batch of ops finishing at one time is small
-            for i in range(1, n_fin):
-                r = finished_now[i]
-                j = i - 1
-                while j >= 0 and finished_now[j] > r:
-                    finished_now[j + 1] = finished_now[j]
-                    j -= 1
-                finished_now[j + 1] = r
+            _sort_few(finished_now, n_fin)  # by rank: the batch of ops finishing at one time is small
             batch = n_fin
             n_fin = 0
             for i in range(batch):
@@ -157,13 +150,7 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
                             n_marked += 1
                         k += 1
                     nbytes = edge_bytes[tsorted_edges[lo]]
-                    for i2 in range(1, n_marked):  # destinations in index order (insertion sort: few)
-                        b = marked[i2]
-                        j = i2 - 1
-                        while j >= 0 and marked[j] > b:
-                            marked[j + 1] = marked[j]
-                            j -= 1
-                        marked[j + 1] = b
+                    _sort_few(marked, n_marked)  # destinations in index order
                     for i2 in range(n_marked):
                         b = marked[i2]
                         mark[b] = False
@@ -205,6 +192,18 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
         chan_last[dev[t_node[x]], t_dst[x]] = -1
     return (start, finish, start_i, finish_i, ti + 1, t_node[:n_t], t_tensor[:n_t], t_dst[:n_t], t_bytes[:n_t],
             t_start[:n_t], t_finish[:n_t], t_start_i[:n_t], t_finish_i[:n_t], edge_transfer)
+
+
+@njit(cache=True, inline="always")
+def _sort_few(values, count):  # pragma: no cover - compiled
+    """Sort values[:count] in place, ascending: an insertion sort, for the few items of one instant."""
+    for i in range(1, count):
+        x = values[i]
+        j = i - 1
+        while j >= 0 and values[j] > x:
+            values[j + 1] = values[j]
+            j -= 1
+        values[j + 1] = x
 
 
 @njit(cache=True)

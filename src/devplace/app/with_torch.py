@@ -126,6 +126,7 @@ __all__ = [
     "StudyRan",
     "capture_graph",
     "check_learned_placer",
+    "check_threads",
     "cost_device",
     "export_device_map",
     "export_plan",
@@ -616,14 +617,19 @@ def load_plan_file(path: Path) -> Plan:
                           "write the plan with `devplace place ... --save-plan plan.json` and give that") from None
 
 
-def set_threads(threads: int | None) -> None:
-    """`torch.set_num_threads(threads)` when given (`--threads` of `devplace run` and `devplace profile`)."""
-    if threads is None:
-        return
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= cpu_cores():
+def check_threads(threads: int | None) -> None:
+    """Refuse, before any work, a `--threads` that is not None or a whole number from 1 to the CPU cores."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or not 1 <= threads <= cpu_cores()):
         raise DevplaceError(f"--threads must be an integer from 1 to {cpu_cores()} (the CPU cores of this machine), "
                             f"got {threads!r}")
-    torch.set_num_threads(threads)
+
+
+def set_threads(threads: int | None) -> None:
+    """`torch.set_num_threads(threads)` when given (`--threads` of `devplace run` and `devplace profile`)."""
+    check_threads(threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
 
 
 def run_model(p: Plan, module: Any, inputs: Any, devices: str, *, steps: int = 5, warmup: int = 2,

@@ -182,7 +182,7 @@ def test_study_file_that_is_not_utf8(tmp_path, capsys, monkeypatch):
     ('name = "placeto"\nsettings = {sim_model = "fast"}', "sim_model"),
     ('name = "contiguous"\nsettings = {devices = "two"}', r"'devices' must be int, got 'two'"),
     # the values, by the placers' own checks (PlacerSpec.check_settings), not only the types
-    ('name = "anneal"\nsettings = {steps = -5}', "anneal: steps must be an integer >= 0, got -5"),
+    ('name = "anneal"\nsettings = {steps = -5}', "anneal: steps must be an integer >= 0 and at most 1,000,000, got -5"),
     ('name = "anneal"\nsettings = {swap_prob = 7}', r"swap_prob must be in \[0, 1\], got 7"),
     ('name = "placeto"\nsettings = {lr = -1}', "placeto: lr must be a number > 0"),
     ('name = "placeto"\nsettings = {encoder = "cnn"}', "unknown encoder 'cnn'"),

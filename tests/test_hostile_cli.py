@@ -178,10 +178,10 @@ REFUSED = [
      "--log missing/x.csv: folder missing does not exist"),
     # issue 32: every setting that scales work has a limit, in the message (a typo must not run for hours)
     (["place", "one.json", "-c", "2xK80", "--placer", "anneal", "--set", "time_limit_s=1e300"], "at most 86,400"),
-    (["place", "one.json", "-c", "2xK80", "--placer", "seq2seq", "--set", "hidden=1000000"], "from 1 to 1,024"),
-    (["place", "one.json", "-c", "2xK80", "--placer", "seq2seq", "--set", "samples=100000000"], "from 1 to 1,024"),
+    (["place", "one.json", "-c", "2xK80", "--placer", "seq2seq", "--set", "hidden=1000000"], "at most 1,024"),
+    (["place", "one.json", "-c", "2xK80", "--placer", "seq2seq", "--set", "samples=100000000"], "at most 1,024"),
     (["place", "one.json", "-c", "2xK80", "--placer", "anneal", "--set", "start=nope"], "unknown placer 'nope'"),
-    (["study", "run", "s_hidden.toml", "--db", "r.sqlite"], "placers[0]: seq2seq: hidden must be an integer from"),
+    (["study", "run", "s_hidden.toml", "--db", "r.sqlite"], "placers[0]: seq2seq: hidden must be an integer >= 1"),
     (["study", "run", "s_time.toml", "--db", "r.sqlite"], "time_limit_s must be a number of seconds"),
     (["run", "--model", "mlp", "--threads", "9223372036854775808"], "--threads must be an integer from 1 to"),
     (["profile", "--model", "mlp", "--threads", "9223372036854775808", "-o", "c.json"], "--threads must be"),

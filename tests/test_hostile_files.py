@@ -536,7 +536,7 @@ def test_a_plans_placer_settings_are_checked_as_set_would_be(work, capsys, monke
     settings["placer_settings"] = {"steps": 10**15}
     (work / "plan.json").write_text(json.dumps(_plan(None, settings=settings)))
     text = _one_line(*run_cli(["export", "plan.json"], capsys, monkeypatch))
-    assert "settings.placer_settings: anneal: steps must be an integer from 0 to 1,000,000" in text
+    assert "settings.placer_settings: anneal: steps must be an integer >= 0 and at most 1,000,000" in text
     settings.update(placer_settings={}, seed="abc")
     (work / "plan.json").write_text(json.dumps(_plan(None, settings=settings)))
     assert "settings.seed" in _one_line(*run_cli(["export", "plan.json"], capsys, monkeypatch))

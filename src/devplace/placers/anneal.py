@@ -56,7 +56,7 @@ def _check_settings(start: str, steps: int, time_limit_s: float | None, initial_
     except PlacerError as exc:
         raise PlacerError(f"anneal: setting 'start': {exc}") from None
     if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or not 0 <= steps <= MAX_SEARCH_STEPS:
-        raise PlacerError(f"anneal: steps must be an integer from 0 to {MAX_SEARCH_STEPS:,}, got {steps!r}")
+        raise PlacerError(f"anneal: steps must be an integer >= 0 and at most {MAX_SEARCH_STEPS:,}, got {steps!r}")
     if time_limit_s is not None and not (isinstance(time_limit_s, int | float) and not isinstance(time_limit_s, bool)
                                          and 0 < time_limit_s <= MAX_TIME_LIMIT_S):
         raise PlacerError(f"anneal: time_limit_s must be a number of seconds > 0 and at most {MAX_TIME_LIMIT_S:,.0f} "

@@ -159,8 +159,8 @@ def _check_settings(threshold: float, max_lp_nodes: int) -> None:
     if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0.0 <= threshold <= 1.0:
         raise PlacerError(f"placer 'm-sct': setting 'threshold' must be a number in [0, 1], got {threshold!r}")
     if isinstance(max_lp_nodes, bool) or not isinstance(max_lp_nodes, int) or not 0 <= max_lp_nodes <= MAX_LP_NODES:
-        raise PlacerError(f"placer 'm-sct': setting 'max_lp_nodes' must be an integer from 0 to {MAX_LP_NODES:,}, got "
-                          f"{max_lp_nodes!r}")
+        raise PlacerError(f"placer 'm-sct': setting 'max_lp_nodes' must be an integer >= 0 and at most "
+                          f"{MAX_LP_NODES:,}, got {max_lp_nodes!r}")
 
 
 @register("m-sct", uses_order=True, cheap=True, check=_check_settings)

@@ -377,7 +377,7 @@ def _check_settings(episodes: int, samples: int, hidden: int, memory_penalty: fl
     for name, value, low, high in (("episodes", episodes, 0, MAX_EPISODES), ("samples", samples, 1, MAX_SAMPLES),
                                    ("hidden", hidden, 1, MAX_SEQ2SEQ_HIDDEN)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or not low <= value <= high:
-            raise PlacerError(f"seq2seq: {name} must be an integer from {low} to {high:,}, got {value!r}")
+            raise PlacerError(f"seq2seq: {name} must be an integer >= {low} and at most {high:,}, got {value!r}")
     if not (isinstance(memory_penalty, int | float) and memory_penalty >= 0 and math.isfinite(memory_penalty)):
         raise PlacerError(f"seq2seq: memory_penalty must be a number >= 0, got {memory_penalty!r}")
     if sim_model_name(sim_model) not in SIM_MODELS:

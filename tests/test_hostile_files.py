@@ -545,7 +545,7 @@ def test_a_plans_placer_settings_are_checked_as_set_would_be(work, capsys, monke
 def test_export_names_one_device_per_device(work, capsys, monkeypatch):
     (work / "plan.json").write_text(json.dumps(_plan(None, settings={})))
     text = _one_line(*run_cli(["export", "plan.json", "--devices", "cuda:0"], capsys, monkeypatch))
-    assert "gives 1 name(s) but the plan's cluster has 2 device(s)" in text
+    assert "--devices names 1 device(s), but the placement uses 2 logical devices" in text
     code, out, err = run_cli(["export", "plan.json", "--devices", "cuda:0,cuda:1"], capsys, monkeypatch)
     assert code == 0 and "cuda:1" in out, err
 

@@ -115,7 +115,7 @@ def test_map_files_round_trip_the_exports(net_plan, tmp_path):
     with pytest.raises(ModuleMapError, match="a module map is a JSON object"):
         read_module_map(tmp_path / "bad.json")
     (tmp_path / "broken.json").write_text("{")
-    with pytest.raises(ModuleMapError, match="not JSON"):
+    with pytest.raises(ModuleMapError, match="not valid JSON"):
         read_module_map(tmp_path / "broken.json")
     with pytest.raises(ModuleMapError, match="cannot read module map"):
         read_module_map(tmp_path / "missing.json")

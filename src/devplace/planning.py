@@ -31,6 +31,7 @@ from devplace.defaults import (
     sim_model_name,
 )
 from devplace.errors import DevplaceError
+from devplace.files import json_safe
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.parallel import ParallelAsk, runtime_gap
 from devplace.graph.placement import Placement, runtime_placement, save_placement
@@ -87,17 +88,6 @@ def check_seed(seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise SeedError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}; e.g. --seed 0")
     return seed
-
-
-def json_safe(value: Any) -> Any:
-    """`value` with every non-finite float (NaN, +-inf) replaced by None: JSON has no NaN or Infinity."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
 
 
 def render_text(renderable: RenderableType, width: int = 120) -> str:

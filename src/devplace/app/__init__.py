@@ -99,14 +99,20 @@ def check_outputs(kinds: Mapping[str, Kind] | None = None, *, inputs: Sequence[P
     `trace=...`; `devplace.files.check_output`): a folder, a file in a missing or read-only folder, one of the
     command's `inputs` or of the files it read so far, a symbolic link or a file devplace did not write (those
     two unless --force). `kinds` gives the kind of the outputs OUTPUT_KINDS does not know (e.g. `output`).
-    Nothing is created or changed."""
+    Two options naming one file are refused too. Nothing is created or changed."""
     for path in inputs:
         if path is not None:
             protect(path)
     known = {**OUTPUT_KINDS, **(kinds or {})}
+    named: dict[Path, str] = {}  # resolved output -> its option: two outputs in one file would replace each other
     for what, path in paths.items():
         if path is not None:
-            check_output(path, "--" + what.replace("_", "-"), known.get(what))
+            option = "--" + what.replace("_", "-")
+            check_output(path, option, known.get(what))
+            other = named.setdefault(Path(path).resolve(), option)
+            if other != option:
+                raise OutputPathError(f"{option} {path}: is also the file of {other}; two outputs cannot share "
+                                      "one file, give each its own name")
 
 
 def log_setting(settings: dict[str, Any] | None) -> Path | None:
@@ -133,11 +139,14 @@ PIPELINE_SETTINGS = ("schedule", "microbatches", "chunks")  # the placer setting
 
 def check_pipeline_settings(placer: str, cluster: Cluster, settings: dict[str, Any], *,
                             batch: int | None = None) -> None:
-    """Refuse, before any work (a model's capture takes a while), pipeline settings (`schedule`,
-    `microbatches`, `chunks`) given to a placer that has none, or invalid for the `pipeline` placer on
-    `cluster` (bad kind, M < 1, chunks for a one-chunk schedule, interleaved M not a multiple of the devices,
-    M that does not divide `batch` when it is known)."""
+    """Refuse, before any work (a model's capture takes a while), the placer's settings when it has no such
+    setting or a value is of the wrong type, out of range or above its limit (`PlacerSpec.validate`), and
+    pipeline settings (`schedule`, `microbatches`, `chunks`) given to a placer that has none, or invalid for the
+    `pipeline` placer on `cluster` (bad kind, M < 1, chunks for a one-chunk schedule, interleaved M not a
+    multiple of the devices, M that does not divide `batch` when it is known)."""
     given = [k for k in PIPELINE_SETTINGS if k in settings]
+    if placer != AUTO_PLACER and not (given and any(k not in get_placer(placer).settings for k in given)):
+        get_placer(placer).validate(settings)  # (pipeline settings to another placer: the message below)
     if not given:
         return
     if placer == AUTO_PLACER and given == ["schedule"]:  # "none", or the kind auto's pipelines run under

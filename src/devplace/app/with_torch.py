@@ -26,7 +26,13 @@ from devplace.app import (
     load_graph_arg,
     log_setting,
 )
-from devplace.capture.custom import build_named_model, capture_named_model, microbatch_graphs, named_prepared
+from devplace.capture.custom import (
+    build_named_model,
+    capture_named_model,
+    microbatch_graphs,
+    model_code,
+    named_prepared,
+)
 from devplace.capture.onnx_import import load_onnx
 from devplace.capture.pipeline import Prepared, family_graph, prepare
 from devplace.capture.profile import (
@@ -49,6 +55,7 @@ from devplace.defaults import (
     FAMILY_MAX_NODES,
     LEARNED_PLACER,
     TRAIN_FAMILY_GRAPHS,
+    cpu_cores,
 )
 from devplace.errors import DevplaceError, FormatError
 from devplace.files import CHECKPOINT, PNG, json_kind
@@ -92,6 +99,7 @@ from devplace.runtime.plan import (
     named_source,
     plan_from_placed,
     rebuild_zoo_model,
+    source_params,
     zoo_plan,
 )
 from devplace.runtime.run import (
@@ -119,6 +127,7 @@ __all__ = [
     "StudyRan",
     "capture_graph",
     "check_learned_placer",
+    "check_threads",
     "cost_device",
     "export_device_map",
     "export_plan",
@@ -627,13 +636,19 @@ def load_plan_file(path: Path) -> Plan:
                           "write the plan with `devplace place ... --save-plan plan.json` and give that") from None
 
 
+def check_threads(threads: int | None) -> None:
+    """Refuse, before any work, a `--threads` that is not None or a whole number from 1 to the CPU cores."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or not 1 <= threads <= cpu_cores()):
+        raise DevplaceError(f"--threads must be an integer from 1 to {cpu_cores()} (the CPU cores of this machine), "
+                            f"got {threads!r}")
+
+
 def set_threads(threads: int | None) -> None:
     """`torch.set_num_threads(threads)` when given (`--threads` of `devplace run` and `devplace profile`)."""
-    if threads is None:
-        return
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise DevplaceError(f"--threads must be an integer >= 1, got {threads!r}")
-    torch.set_num_threads(threads)
+    check_threads(threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
 
 
 def run_model(p: Plan, module: Any, inputs: Any, devices: str, *, steps: int = 5, warmup: int = 2,
@@ -641,7 +656,8 @@ def run_model(p: Plan, module: Any, inputs: Any, devices: str, *, steps: int = 5
     """`devplace run`: run and time real training steps of plan `p` on `devices` (with `threads` CPU threads
     when given: `torch.set_num_threads`) and append the calibration record to `record` (JSON lines) if given."""
     set_threads(threads)
-    placed, run, rec = measure_plan(p, module, inputs, normalize_devices(devices), steps=steps, warmup=warmup)
+    with model_code("the training steps"):
+        placed, run, rec = measure_plan(p, module, inputs, normalize_devices(devices), steps=steps, warmup=warmup)
     if record is not None:
         append_record(record, rec)
     return Measured(p, run, rec, list(placed.devices), placed.granularity, placed.crossings, steps, record)
@@ -678,6 +694,7 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
             doc["stage_device_names"] = [names[d] for d in split.devices]
         if isinstance(p.settings.get("source"), dict):
             doc["source"] = p.settings["source"]  # so that `devplace run --pipeline` can rebuild a zoo model
+            doc["source_params"] = source_params(p.graph)  # and check that it is the model the file describes
         return doc, split.summary()
     if fmt == "device-map":
         return export_device_map(p, names, trust_model=trust_model, where=str(plan_file))
@@ -779,7 +796,8 @@ def run_pipeline_export(pipeline_file: Path, *, processes: int | None = None, st
     custom model the export names is imported only when `trust_model` is True or its name."""
     check_steps(steps, warmup)
     ex = read_pipeline(pipeline_file)
-    module, inputs, loss_fn = build_source(ex.source, trust_model=trust_model, where=str(pipeline_file))
+    module, inputs, loss_fn = build_source(ex.source, trust_model=trust_model, where=str(pipeline_file),
+                                           params=ex.source_params)
     return _run_pipelined(ex, module, inputs, loss_fn, processes=processes, steps=steps, warmup=warmup,
                           optimizer=optimizer)
 

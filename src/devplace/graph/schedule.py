@@ -8,7 +8,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from devplace.defaults import MAX_MICROBATCHES
+from devplace.defaults import MAX_CHUNKS, MAX_MICROBATCHES
 from devplace.errors import DevplaceError
 
 KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
@@ -50,7 +50,7 @@ class Schedule:
                                                                     MAX_MICROBATCHES))
         multi = self.kind in MULTI_CHUNK
         default = 2 if multi or self.kind == "zero-bubble" else 1
-        chunks = default if self.chunks is None else _int_at_least(self.chunks, "chunks", 1)
+        chunks = default if self.chunks is None else _int_at_least(self.chunks, "chunks", 1, MAX_CHUNKS)
         if self.kind == "zbv" and chunks != 2:
             raise ScheduleError(f"Schedule: zbv runs two model chunks per device (a V), got chunks={chunks}")
         if multi and chunks < 2:

@@ -69,6 +69,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from devplace.defaults import MAX_CHUNKS, MAX_MICROBATCHES
 from devplace.errors import DevplaceError
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches, microbatch_counts
 from devplace.graph.compgraph import CompGraph
@@ -485,9 +486,9 @@ def _check_settings(schedule: str, microbatches: int | None, chunks: int | None,
         raise PlacerError(f"placer 'pipeline': setting 'schedule' must be one of {', '.join(KINDS)}, got {schedule!r}")
     if cuts not in CUTS:
         raise PlacerError(f"placer 'pipeline': setting 'cuts' must be one of {', '.join(CUTS)}, got {cuts!r}")
-    for name, value in (("microbatches", microbatches), ("chunks", chunks)):
+    for name, value, high in (("microbatches", microbatches, MAX_MICROBATCHES), ("chunks", chunks, MAX_CHUNKS)):
         if value is not None:
-            positive_int(value, name, "pipeline")
+            positive_int(value, name, "pipeline", high)
 
 
 def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | None, devices: int, *,

@@ -55,7 +55,9 @@ from devplace.defaults import (
     AUTO_PLACER,
     AUTO_PLACERS,
     AUTO_QUADRATIC_NODES,
+    AUTO_QUADRATIC_WORK,
     AUTO_SCHEDULES,
+    AUTO_SIMULATED_EDGES,
     AUTO_SIMULATED_NODES,
     AUTO_SIMULATED_NODES_FLOOR,
     CANONICAL_ORDER,
@@ -212,8 +214,8 @@ def auto_candidates(graph: CompGraph, schedule: str | None) -> tuple[str, ...]:
     """The placers placer "auto" compares under `schedule` (`check_auto_placer`): `AUTO_PLACERS` unless a
     schedule kind is asked for, and `AUTO_PIPELINE` unless "none" is, when the graph records a batch of at least
     2 samples (a graph of unknown batch is pipelined only when nothing else fits, `plan_search`). On a graph of
-    more than `AUTO_QUADRATIC_NODES` nodes the placers whose time grows with its square are left out
-    (`auto_skipped`)."""
+    more than `AUTO_QUADRATIC_NODES` nodes (or of more nodes x (nodes + edges) than `AUTO_QUADRATIC_WORK`) the
+    placers whose time grows with its square are left out (`auto_skipped`)."""
     if schedule in SCHEDULE_KINDS:
         return (AUTO_PIPELINE,)
     batch = graph_batch(graph)
@@ -224,11 +226,16 @@ def auto_candidates(graph: CompGraph, schedule: str | None) -> tuple[str, ...]:
 
 def auto_skipped(graph: CompGraph) -> dict[str, str]:
     """The placers of `AUTO_PLACERS` that placer "auto" leaves out on `graph`, each with the reason."""
-    if graph.num_nodes <= AUTO_QUADRATIC_NODES:
+    work = graph.num_nodes * (graph.num_nodes + graph.num_edges)
+    if graph.num_nodes > AUTO_QUADRATIC_NODES:
+        why = f"{graph.num_nodes:,} nodes (more than {AUTO_QUADRATIC_NODES:,})"
+    elif work > AUTO_QUADRATIC_WORK:
+        why = (f"{graph.num_nodes:,} nodes and {graph.num_edges:,} edges (nodes x (nodes + edges) = {work:.1e}, more "
+               f"than {AUTO_QUADRATIC_WORK:.1e})")
+    else:
         return {}
-    return {p: (f"skipped: its time grows with the square of the graph, and {graph.name!r} has "
-                f"{graph.num_nodes:,} nodes (more than {AUTO_QUADRATIC_NODES:,}); name it with --placer to run it")
-            for p in AUTO_PLACERS if get_placer(p).quadratic}
+    return {p: (f"skipped: its time grows with the square of the graph, and {graph.name!r} has {why}; name it with "
+                "--placer to run it") for p in AUTO_PLACERS if get_placer(p).quadratic}
 
 
 @dataclass(frozen=True)
@@ -288,13 +295,15 @@ def auto_settings(placer: str, schedule: str | None, seen: CompGraph) -> tuple[d
     if placer == AUTO_PIPELINE:
         return ({"schedule": schedule} if schedule in SCHEDULE_KINDS else {}), None
     default = get_placer(placer).settings.get("max_evals")
-    if not isinstance(default, int) or seen.num_nodes * default <= AUTO_SIMULATED_NODES:
+    if not isinstance(default, int) or (seen.num_nodes * default <= AUTO_SIMULATED_NODES
+                                        and seen.num_edges * default <= AUTO_SIMULATED_EDGES):
         return {}, None
-    evals = max(AUTO_SIMULATED_NODES_FLOOR, AUTO_SIMULATED_NODES // seen.num_nodes)
+    evals = max(AUTO_SIMULATED_NODES_FLOOR, min(AUTO_SIMULATED_NODES // seen.num_nodes,
+                                                AUTO_SIMULATED_EDGES // max(seen.num_edges, 1)))
     return {"max_evals": evals}, (f"limited to {evals:,} simulations (max_evals; default {default:,}): placer auto "
-                                  f"simulates at most {AUTO_SIMULATED_NODES:,} nodes per refining placer, and "
-                                  f"the graph it places has {seen.num_nodes:,}; name it with --placer to run it "
-                                  f"in full")
+                                  f"simulates at most {AUTO_SIMULATED_NODES:,} nodes and {AUTO_SIMULATED_EDGES:,} "
+                                  f"edges per refining placer, and the graph it places has {seen.num_nodes:,} "
+                                  f"nodes and {seen.num_edges:,} edges; name it with --placer to run it in full")
 
 
 # ------------------------------------------------------------------------------------ the candidates

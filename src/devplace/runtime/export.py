@@ -159,14 +159,21 @@ def default_schedule(stages: int) -> Schedule:
 class PipelineExport:
     """A `devplace.pipeline/2` document read back and checked: the split points (stage i > 0 begins at module
     `split_points[i-1]`), the logical device of each stage, the schedule, the model `source` of the plan it
-    came from (a zoo name with batch and sequence length, as in `devplace.plan/1` settings; None when unknown),
-    and the whole document."""
+    came from (a zoo name with batch and sequence length, as in `devplace.plan/1` settings; None when unknown)
+    with its model's parameter count (`source_params`, checked against the model before it is built), and the
+    whole document."""
 
     split_points: tuple[str, ...]
     stage_devices: tuple[int, ...]
     schedule: Schedule
     source: dict[str, Any] | None
     doc: dict[str, Any]
+
+    @property
+    def source_params(self) -> int | None:
+        """The parameter count of the model the export was made for (None: not recorded, an older export)."""
+        params = self.doc.get("source_params")
+        return params if isinstance(params, int) else None
 
     @property
     def num_stages(self) -> int:
@@ -216,6 +223,10 @@ def read_pipeline(source: str | Path | Mapping[str, Any]) -> PipelineExport:
     source_doc = doc.get("source")
     if source_doc is not None and not isinstance(source_doc, dict):
         raise ExportError(f"{where}: source must be an object (the plan's model source), got {source_doc!r}")
+    params = doc.get("source_params")
+    if params is not None and (isinstance(params, bool) or not isinstance(params, int) or params < 0):
+        raise ExportError(f"{where}: source_params must be the model's parameter count (an integer >= 0), got "
+                          f"{params!r:.60}")
     return PipelineExport(tuple(names), tuple(devices), schedule, source_doc, doc)
 
 

@@ -292,7 +292,7 @@ def _run_cells(spec: StudySpec, cells: list[Cell], con: Any, db: str | Path, bac
     summary = StudySummary(spec.name, len(cells), len(cells) - len(todo), 0, 0, 0.0, str(db))
     if not todo:
         return replace(summary, wall_s=time.perf_counter() - t0)
-    be = make_backend(backend, workers, address)
+    be = make_backend(backend, min(workers, len(todo)), address)  # a worker without a cell costs its memory only
     bar = _Bar(progress)
     failed = 0
     try:

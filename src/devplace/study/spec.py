@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import math
 import re
 import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -396,52 +393,19 @@ def parallel_ask(settings: dict[str, Any]) -> tuple[ParallelAsk | None, dict[str
 
 
 def _check_settings(placer: str, settings: dict[str, Any], what: str) -> None:
-    """Each setting against the type the placer's function declares for it (int, float, bool, str, or a
-    union of them), numbers finite, the placer's own checks of the values (`PlacerSpec.check_settings`:
-    ranges such as anneal's swap_prob in [0, 1]), and names that must name something (`start`: a placer,
-    `sim_model`: a simulation model): so a typo fails when the study is read, not when its first cell runs."""
+    """The placer's settings as `PlacerSpec.validate` checks them (known, of the declared types, finite, in range
+    and under their limits, names that name something), placer "auto"'s as `check_auto_placer` does: so a typo
+    fails when the study is read, not when its first cell runs."""
     from devplace.placers.registry import get_placer
     from devplace.placers.search import check_request_settings
-    from devplace.sim import MODELS
 
-    hints = typing.get_type_hints(get_placer(placer).func) if placer != AUTO_PLACER else {}
-    for key, value in settings.items():
-        at = f"{what}: placer {placer!r} setting {key!r}"
-        allowed = _scalar_types(hints.get(key))
-        if allowed is not None and not any(_is(value, t) for t in allowed):
-            names = " or ".join(t.__name__ for t in allowed if t is not type(None))
-            raise StudyError(f"{at} must be {names}, got {value!r}"[:300])
-        if isinstance(value, float) and not math.isfinite(value):
-            raise StudyError(f"{at} must be a finite number, got {value!r}")
-    try:  # the placer's own checks of the values (ranges, names), as its first cell would run them
-        check_request_settings(placer, settings)
+    try:
+        if placer == AUTO_PLACER:
+            check_request_settings(placer, settings)
+        else:
+            get_placer(placer).validate(settings)
     except DevplaceError as exc:
         raise StudyError(f"{what}: {exc}") from None
-    if "start" in settings and placer == "anneal":
-        try:
-            get_placer(settings["start"])
-        except DevplaceError as exc:
-            raise StudyError(f"{what}: setting 'start': {exc}") from None
-    if "sim_model" in settings and settings["sim_model"] not in MODELS:
-        raise StudyError(f"{what}: setting 'sim_model' is {settings['sim_model']!r}; choose one of: "
-                         f"{', '.join(MODELS)}")
-
-
-def _scalar_types(hint: Any) -> tuple[type, ...] | None:
-    """The plain types a setting's annotation allows, or None when it is not made of int/float/bool/str/None."""
-    members = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
-        else (hint,)
-    if not members or not all(m in (int, float, bool, str, type(None)) for m in members):
-        return None
-    return tuple(members)
-
-
-def _is(value: Any, t: type) -> bool:
-    if t is float:  # an integer is a fine float; a bool is neither
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if t is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, t)
 
 
 def _log_path(value: Any, base_dir: Path, what: str) -> Path:

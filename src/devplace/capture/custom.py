@@ -37,7 +37,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from devplace.capture.pipeline import ModelRef, Prepared, capture_zoo_model, precision_suffix, prepare
+from devplace.capture.pipeline import (
+    ModelRef,
+    Prepared,
+    capture_zoo_model,
+    first_samples,
+    precision_suffix,
+    prepare,
+)
 from devplace.capture.torch_capture import capture
 from devplace.errors import DevplaceError
 from devplace.files import protect_modules
@@ -263,10 +270,33 @@ def microbatch_prepared(prepared: Prepared, microbatches: int) -> Prepared:
         raise DevplaceError(f"{microbatches} micro-batches do not split the batch of {batch} into equal "
                             f"micro-batches; with batch {batch} use one of {divisors_text(batch)}, or a batch that "
                             f"{microbatches} divides")
-    graph = capture_named_model(ref.name, batch=batch // microbatches, seq_len=ref.seq_len, optimizer=ref.optimizer,
-                                seed=ref.seed, dtype=ref.dtype, amp=ref.amp)
+    if is_custom(ref.name) and not _takes_batch(ref.name):
+        graph = _capture_first_samples(ref, batch, batch // microbatches)
+    else:
+        graph = capture_named_model(ref.name, batch=batch // microbatches, seq_len=ref.seq_len,
+                                    optimizer=ref.optimizer, seed=ref.seed, dtype=ref.dtype, amp=ref.amp)
     graph.meta[MICROBATCHES_META_KEY] = microbatches  # a fresh capture's own dict: mark it before it is costed
     return prepare(graph, model=ref, **dict(ref.options))
+
+
+def _takes_batch(spec: str) -> bool:
+    """Whether the factory `spec` names sizes its inputs from a `batch=` keyword (a builtin: assume it does)."""
+    try:
+        params = inspect.signature(load_factory(spec)).parameters
+    except (TypeError, ValueError):
+        return True
+    return "batch" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _capture_first_samples(ref: ModelRef, batch: int, size: int) -> CompGraph:
+    """The step of custom model `ref`, whose factory sizes its own inputs (`batch` samples), captured on the first
+    `size` samples of every input of that batch: a micro-batch, as `devplace.plan` cuts a module's inputs."""
+    module, inputs, loss_fn = build_custom_model(ref.name, None, ref.seq_len, seed=ref.seed)
+    label = ref.name.rpartition(":")[2] + f"-b{size}" + (f"-s{ref.seq_len}" if ref.seq_len is not None else "") + (
+        precision_suffix(ref.dtype, ref.amp))
+    with model_code("the capture"):
+        return capture(module, first_samples(inputs, batch, size), loss_fn=loss_fn, optimizer=ref.optimizer,
+                       name=label, dtype=ref.dtype, amp=ref.amp)
 
 
 def microbatch_graphs(prepared: Prepared) -> Callable[[int], tuple[CompGraph, Coarsening]] | None:

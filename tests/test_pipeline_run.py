@@ -388,3 +388,19 @@ def test_cuts_anywhere_is_a_setting_whose_export_says_what_it_moved():
     assert split.moved_fraction > 0 and split.pipelined_step_time_s is not None
     assert split.pipelined_step_time_s != p.result.step_time_s
     assert "moved" in split.summary() and f"{100 * split.moved_fraction:.1f}%" in split.summary()
+
+
+@pytest.mark.parametrize(("kind", "points", "schedule"), [
+    ("llama", ["model.model.layers.0", "model.model.layers.1"], Schedule("1f1b", 4)),
+    ("t5", ["model.encoder.block.1", "model.decoder.block.0", "model.decoder.block.1"], Schedule("gpipe", 2))])
+def test_three_and_four_stages_run_a_value_read_by_a_later_stage(kind, points, schedule):
+    """Issue 30 item 1: every Llama layer reads the rotary tables stage 0 makes, every T5 decoder block the
+    encoder's output, and the last stage the labels: torch's pipelining died on such a split ("Backward of
+    skip connections not supported yet"); the runner now passes such a value on through the stages between,
+    and the simulator sends it the same way (relay hops on the links between)."""
+    model, inputs = _tiny(kind)
+    p = plan(model, inputs, "4xV100-16GB", placer="single")
+    split = pipeline_split(p.graph, placement_from_module_map(p.graph, p.cluster, points), p.cluster, model,
+                           schedule=schedule)
+    assert split.split_points == tuple(points) and split.pipelined_step_time_s is not None
+    _runs_like_the_unpipelined_step(model, inputs, split)

@@ -11,7 +11,9 @@ then the optimizer step on each stage.
 
 The inputs go to the first stage as keyword arguments, and the traced forward begins with a view of each, so
 a later stage that reads a model input (the labels of the loss the module returns, as the zoo's models do)
-receives it from the first stage. Each micro-batch is a contiguous slice of the batch along dimension 0 of
+receives it from the first stage. torch's runtime sends a value to one stage only, and its interleaved schedules
+only to the next stage, so a value read further on (Llama's rotary tables, BART's encoder output, those labels)
+is passed on by every stage between (`_relay_skips`; the simulator costs the same hops). Each micro-batch is a contiguous slice of the batch along dimension 0 of
 every tensor input.
 
 The pipelined loss of a step is the mean of the micro-batch losses, and the gradients are averaged over the
@@ -137,9 +139,105 @@ def _trace(module: nn.Module, export: PipelineExport, mb_kwargs: dict[str, Any])
         raise PipelineRunError(f"splitting {type(module).__name__} at {', '.join(export.split_points)} gave "
                                f"{pipe.num_stages} stages, not the export's {export.num_stages}: a split point "
                                "module is never called, or called twice")
+    _relay_skips(pipe)
     for i in range(pipe.num_stages):
         _contiguous_boundaries(pipe.get_stage_module(i))
     return pipe
+
+
+def _relay_skips(pipe: Any) -> None:
+    """Make every stage send only to the next one: a value that a later, non-adjacent stage reads (Llama's
+    rotary tables, BART's encoder output, the labels the last stage's loss reads), or that two later stages
+    read, is passed on by every stage between, which takes it as one more input and returns it as one more
+    output (a view, so its gradient flows back the same way). torch's runtime has no backward for a value
+    sent to several stages ('Backward of skip connections not supported yet') and its interleaved schedules
+    no sends past the next stage. `devplace.sim.schedule.relay` costs the same hops."""
+    import operator
+
+    graph: torch.fx.Graph = pipe.split_gm.graph
+    calls = [n for n in graph.nodes if n.op == "call_module"]
+    index = {c: i for i, c in enumerate(calls)}
+
+    def source(arg: torch.fx.Node) -> int | None:
+        while arg.op == "call_function" and arg.target is operator.getitem:
+            arg = arg.args[0]  # type: ignore[assignment]
+        return index.get(arg)
+
+    def outputs(i: int) -> tuple[torch.fx.Graph, torch.fx.Node, list[Any]]:
+        sub = pipe.split_gm.get_submodule(calls[i].target).graph
+        out = next(n for n in sub.nodes if n.op == "output")
+        vals = out.args[0]
+        return sub, out, list(vals) if isinstance(vals, tuple | list) else [vals]
+
+    def pass_on(i: int, arg: torch.fx.Node, val: Any) -> torch.fx.Node:
+        """Stage i takes `arg` (a value of stage i-1, or stage i-1's copy of it) and returns it; its copy."""
+        call = calls[i]
+        sub, out, vals = outputs(i)
+        holders = [n for n in sub.nodes if n.op == "placeholder"]
+        if arg in call.args:
+            ph = holders[list(call.args).index(arg)]
+        else:
+            with sub.inserting_after(holders[-1] if holders else None):
+                ph = sub.placeholder(f"relayed_{len(holders)}")
+            ph.meta["val"] = val
+            call.args = (*call.args, arg)
+        with sub.inserting_before(out):
+            copy_ = sub.call_method("view_as", (ph, ph))
+        copy_.meta["val"] = val
+        single = not isinstance(out.args[0], tuple | list)
+        out.args = ((*vals, copy_),)
+        if single:  # the outer graph used the call itself as its one output: it is item 0 now
+            with graph.inserting_after(call):
+                first = graph.call_function(operator.getitem, (call, 0))
+            call.replace_all_uses_with(first, delete_user_cb=lambda user: user is not first)
+        with graph.inserting_after(call):
+            item = graph.call_function(operator.getitem, (call, len(vals)))
+        return item
+
+    copies: dict[tuple[torch.fx.Node, int], torch.fx.Node] = {}  # (value, stage) -> the node stage i-1 sends
+    for k, call in enumerate(calls):
+        relayed: dict[int, torch.fx.Node] = {}
+        for j, arg in enumerate(call.args):
+            src = source(arg) if isinstance(arg, torch.fx.Node) else None
+            if src is None or src >= k - 1:
+                continue
+            sub = pipe.split_gm.get_submodule(call.target).graph
+            val = [n for n in sub.nodes if n.op == "placeholder"][j].meta.get("val")
+            held = arg
+            for i in range(src + 1, k):
+                if (arg, i) not in copies:
+                    copies[(arg, i)] = pass_on(i, held, val)
+                held = copies[(arg, i)]
+            relayed[j] = held
+        # read the arguments again: passing a value on can have renamed one (a call's output became its item 0)
+        call.args = tuple(relayed.get(j, a) for j, a in enumerate(call.args))
+    for call in calls[1:]:
+        _inputs_in_send_order(pipe.split_gm.get_submodule(call.target).graph, call)
+    graph.lint()
+    for call in calls:
+        pipe.split_gm.get_submodule(call.target).recompile()
+    pipe.split_gm.recompile()
+
+
+def _inputs_in_send_order(sub: torch.fx.Graph, call: torch.fx.Node) -> None:
+    """Order a stage's inputs (its placeholders and the call's arguments alike) as the previous stage sends them:
+    the runtime sends a stage's outputs in output order and receives in input order, and gloo matches the
+    messages between two processes in order, so the two orders must agree (model inputs first)."""
+    import operator
+
+    def sent_as(arg: Any) -> int:
+        if isinstance(arg, torch.fx.Node) and arg.op == "call_function" and arg.target is operator.getitem:
+            return int(arg.args[1])  # type: ignore[arg-type]
+        return 0 if isinstance(arg, torch.fx.Node) and arg.op == "call_module" else -1
+
+    holders = [n for n in sub.nodes if n.op == "placeholder"]
+    order = sorted(range(len(holders)), key=lambda j: (sent_as(call.args[j]), j))
+    if order == list(range(len(holders))):
+        return
+    body = next(n for n in sub.nodes if n.op != "placeholder")
+    for j in order:
+        body.prepend(holders[j])
+    call.args = tuple(call.args[j] for j in order)
 
 
 def _contiguous_boundaries(stage: torch.fx.GraphModule) -> None:

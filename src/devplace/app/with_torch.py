@@ -60,7 +60,7 @@ from devplace.defaults import (
 from devplace.errors import DevplaceError, FormatError
 from devplace.files import CHECKPOINT, PNG, json_kind
 from devplace.graph import save_graph
-from devplace.graph.batch import graph_batch
+from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.parallel import ParallelAsk, ParallelPlan, runtime_gap
@@ -688,6 +688,10 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
             kind = schedule or base.kind
             sched = Schedule(kind, base.microbatches if microbatches is None else microbatches,
                              base.chunks if kind == base.kind else None)
+            _check_step_batch(p.graph, sched.microbatches)
+            why = sched.unrunnable(stages)
+            if why is not None:
+                raise DevplaceError(f"devplace run would refuse this export: {why} (--microbatches, --schedule)")
         split = pipeline_split(p.graph, p.placement, p.cluster, schedule=sched)
         doc = split.to_dict()
         if names is not None:
@@ -736,6 +740,18 @@ def export_device_map(p: Plan, names: list[str] | None = None, *, trust_model: b
            "feasible": dm.feasible}
     return doc, (f"{what}; simulated step {fmt_time(dm.step_time_s)} vs {fmt_time(dm.op_level_step_time_s)} at op "
                  f"granularity ({dm.slowdown:.3f}x)" + ("" if dm.feasible else "; the map does NOT fit memory"))
+
+
+def _check_step_batch(graph: CompGraph, microbatches: int) -> None:
+    """A DevplaceError unless `microbatches` splits the batch of the step `graph` is (or is one micro-batch of)
+    into equal micro-batches: what `devplace run` needs, checked when exporting instead of when running."""
+    batch = graph_batch(graph)
+    if batch is None:
+        return
+    batch *= graph_microbatches(graph) or 1
+    if batch % microbatches:
+        raise DevplaceError(f"--microbatches {microbatches} does not split the plan's batch of {batch} into equal "
+                            f"micro-batches; use one of {divisors_text(batch)}")
 
 
 @dataclass(frozen=True)

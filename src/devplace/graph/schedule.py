@@ -69,6 +69,20 @@ class Schedule:
                 raise ScheduleError(f"Schedule: device_order must list distinct device indices, got {order!r}")
             object.__setattr__(self, "device_order", tuple(int(d) for d in order))
 
+    def unrunnable(self, devices: int) -> str | None:
+        """Why torch.distributed.pipelining cannot run this schedule on a pipeline of `devices` devices (None: it
+        can): its 1F1B fills the pipeline before the first backward, so it needs M >= the stages; its interleaved
+        1F1B, M a multiple of max(1, M // devices), which M a multiple of the devices (Megatron-LM's order, what
+        the simulator runs) satisfies. GPipe runs any M."""
+        m = self.microbatches
+        if self.kind == "1f1b" and m < devices:
+            return (f"1f1b runs at least as many micro-batches as stages: {m} micro-batch(es) for {devices} stages; "
+                    f"use {devices} or more micro-batches, or the gpipe schedule")
+        if self.kind == "interleaved-1f1b" and m % devices:
+            return (f"interleaved-1f1b needs microbatches to be a multiple of the {devices} devices, got {m}; use a "
+                    f"multiple of {devices}")
+        return None
+
     @property
     def label(self) -> str:
         """Short form for reports: "1f1b M=8", "interleaved-1f1b M=8 V=2"."""

@@ -470,6 +470,8 @@ class _Judge:
                 r = simulate_schedule(self.graph, self.cluster, self.search.devices(cuts), s)
             except DevplaceError:  # a class forced across the stage order: not a pipeline, skip it
                 r = None
+            if r is not None and s.unrunnable(np.unique(r.device[r.stage >= 0]).size) is not None:
+                r = None  # torch's pipelining cannot run it (1f1b with fewer micro-batches than stages)
             self.simulated[s, cuts] = r
             if r is not None and not r.feasible:
                 for d, b in r.oom.items():
@@ -494,7 +496,8 @@ def _check_settings(schedule: str, microbatches: int | None, chunks: int | None,
 def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | None, devices: int, *,
                        batch: int | None = None, own: int | None = None) -> list[Schedule]:
     """The schedules the placer tries on `devices` devices for its settings (one per micro-batch count: the
-    given one, else every one of `MICROBATCH_CHOICES` that divides `batch` and the schedule can run), or a
+    given one, else every one of `MICROBATCH_CHOICES` that divides `batch` and torch's pipelining runs on all
+    `devices`: `Schedule.unrunnable`), or a
     PlacerError (a DevplaceError) for invalid settings; what `devplace place` checks before capturing a model.
 
     `batch`: the step's batch (None: unknown, every count allowed); `own`: M of a graph captured at the
@@ -522,12 +525,13 @@ def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | No
         schedules = [Schedule(schedule, m, chunks, microbatch_graph=own is not None) for m in counts]
     except ScheduleError as exc:  # e.g. chunks for a one-chunk schedule
         raise PlacerError(f"placer 'pipeline': {exc}") from None
-    schedules = [s for s in schedules if s.kind != "interleaved-1f1b" or s.microbatches % devices == 0]
-    if not schedules:
-        raise PlacerError(f"placer 'pipeline': interleaved-1f1b needs microbatches to be a multiple of the "
-                          f"{devices} devices, got {', '.join(str(m) for m in counts)}"
+    # only what torch's pipelining runs on all the devices (1f1b: M >= stages; interleaved: M a multiple of them)
+    runnable = [s for s in schedules if s.unrunnable(devices) is None]
+    if not runnable:
+        raise PlacerError(f"placer 'pipeline' on {devices} devices: {schedules[-1].unrunnable(devices)}; got "
+                          f"microbatches {', '.join(str(m) for m in counts)}"
                           + (f" (the counts that divide the batch of {batch})" if microbatches is None else ""))
-    return schedules
+    return runnable
 
 
 def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, schedule: str = "1f1b",

@@ -102,6 +102,7 @@ class PipelineSplit:
     feasible: bool | None = None
     schedule: Schedule | None = None
     pipelined_step_time_s: float | None = None
+    unsimulated: str | None = None  # why the stages were not simulated pipelined (with a cluster)
 
     @property
     def slowdown(self) -> float | None:
@@ -124,7 +125,7 @@ class PipelineSplit:
         if self.pipelined_step_time_s is not None:
             text += f"; simulated pipelined step {fmt_time(self.pipelined_step_time_s)}"
         elif self.step_time_s is not None:
-            text += "; not simulated pipelined (the stages do not run along the device indices)"
+            text += f"; not simulated pipelined ({self.unsimulated})"
         if self.moved_fraction > 0:
             text += f"; moved {100 * self.moved_fraction:.1f}% of the forward work to cut at module starts"
             if self.step_time_s is not None and self.op_level_step_time_s is not None:
@@ -336,14 +337,14 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
     fw_total = float(fwork.sum())
     step, base, feasible = _costs(graph, cluster, placement, exported)
     schedule = schedule or default_schedule(len(stage_devices))
-    pipelined = None
+    pipelined, why = None, None
     if cluster is not None:
-        try:
+        try:  # stages out of device order, or a graph of one micro-batch of another M: not timed as a pipeline
             pipelined = simulate(graph, cluster, exported, schedule=schedule).step_time_s
-        except ScheduleError:
-            pipelined = None  # stages out of device order: the simulator cannot time them as a pipeline
+        except ScheduleError as exc:
+            why = str(exc)
     return PipelineSplit(tuple(stage_devices), tuple(points), tuple(first_ops), exported,
-                         moved / fw_total if fw_total > 0 else 0.0, step, base, feasible, schedule, pipelined)
+                         moved / fw_total if fw_total > 0 else 0.0, step, base, feasible, schedule, pipelined, why)
 
 
 # ------------------------------------------------------------------------------------------ device map

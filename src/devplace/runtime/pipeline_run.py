@@ -13,8 +13,8 @@ The inputs go to the first stage as keyword arguments, and the traced forward be
 a later stage that reads a model input (the labels of the loss the module returns, as the zoo's models do)
 receives it from the first stage. torch's runtime sends a value to one stage only, and its interleaved schedules
 only to the next stage, so a value read further on (Llama's rotary tables, BART's encoder output, those labels)
-is passed on by every stage between (`_relay_skips`; the simulator costs the same hops). Each micro-batch is a contiguous slice of the batch along dimension 0 of
-every tensor input.
+is passed on by every stage between (`_relay_skips`; the simulator costs the same hops). Each micro-batch is a
+contiguous slice of the batch along dimension 0 of every tensor input.
 
 The pipelined loss of a step is the mean of the micro-batch losses, and the gradients are averaged over the
 micro-batches (the schedule's `scale_grads`): the same as one step on the whole batch when the module's loss
@@ -509,11 +509,9 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
     if n != ex.num_stages:
         raise PipelineRunError(f"the export has {ex.num_stages} stages, so it runs in {ex.num_stages} processes (one "
                                f"stage each), not {n}")
-    if ex.schedule.kind == "1f1b" and ex.schedule.microbatches < n:
-        # torch.distributed.pipelining's 1F1B fills the pipeline before its first backward
-        raise PipelineRunError(f"1f1b runs at least as many micro-batches as stages: {ex.schedule.microbatches} "
-                               f"micro-batch(es) for {n} stages; export with --microbatches {n} (or more), or "
-                               "--schedule gpipe")
+    why = ex.schedule.unrunnable(n)
+    if why is not None:
+        raise PipelineRunError(f"{why} (devplace export --microbatches / --schedule)")
     if steps < 1:
         raise PipelineRunError(f"steps must be at least 1, got {steps}")
     if loss_reduction not in ("mean", "sum"):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import inspect
 import io
 import pickle
@@ -414,7 +415,12 @@ def _meta_tensor(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.d
     return torch.empty_strided(shape, stride, dtype=dtype, device="meta").requires_grad_(grad)
 
 
-def _aten_op(namespace: str, name: str, overload: str | None) -> Any:
+def _aten_op(namespace: str, name: str, overload: str | None, home: str | None = None) -> Any:
+    """The operator `namespace::name.overload`, after importing `home`, the module that registers it (a custom
+    op such as transformers' `grouped_mm_fallback`, which a Mixtral MoE layer calls: a stage process has not
+    run the model's code, so the op exists there only once its module is imported)."""
+    if home is not None:
+        importlib.import_module(home)
     packet = getattr(getattr(torch.ops, namespace), name)
     return getattr(packet, overload) if overload is not None else packet
 
@@ -450,6 +456,14 @@ def _graph_module_of(body: dict[str, Any], graph: torch.fx.Graph) -> torch.fx.Gr
     return torch.fx.GraphModule(root, graph)
 
 
+def _op_home(qualname: str) -> str | None:
+    """The module that defines custom operator `qualname` (`torch.library.custom_op`), or None (a built-in)."""
+    from torch._library.custom_ops import OPDEFS
+
+    op = OPDEFS.get(qualname)
+    return getattr(getattr(op, "_init_fn", None), "__module__", None) if op is not None else None
+
+
 class _StagePickler(pickle.Pickler):
     """Pickles a traced stage for its process: a graph as its nodes with each value's metadata ("val", which the
     stage reads to allocate its receive buffers; the trace's fake tensors become meta tensors), operators by
@@ -464,10 +478,10 @@ class _StagePickler(pickle.Pickler):
             return _meta_tensor, (tuple(obj.shape), tuple(obj.stride()), obj.dtype, obj.requires_grad)
         if isinstance(obj, OpOverload):
             namespace, name = obj._schema.name.split("::")
-            return _aten_op, (namespace, name, obj._overloadname)
+            return _aten_op, (namespace, name, obj._overloadname, _op_home(obj._schema.name))
         if isinstance(obj, OpOverloadPacket):
             namespace, name = obj._qualified_op_name.split("::")
-            return _aten_op, (namespace, name, None)
+            return _aten_op, (namespace, name, None, _op_home(obj._qualified_op_name))
         if isinstance(obj, torch.fx.GraphModule):  # its code is generated again from the graph
             return _graph_module_of, ({k: v for k, v in obj.__dict__.items() if k != "_graph"}, obj.graph)
         if isinstance(obj, torch.fx.Graph):

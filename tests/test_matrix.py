@@ -1,0 +1,59 @@
+"""Issue 30's matrix, the cut CI runs (the whole matrix is `benchmarks/run_matrix.py`): every architecture of
+`devplace.zoo.tiny`, every stage count (2, 3, 4) and every schedule at least once, each placed by the `pipeline`
+placer, exported at its module starts and run in CPU processes with gloo; the loss and every parameter gradient
+equal the unpipelined step's -- except for BatchNorm, whose statistics are per micro-batch: there they equal the
+step accumulated over the same micro-batches, and differ from the whole batch's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from devplace.runtime import plan
+from devplace.runtime.export import callable_modules, pipeline_split
+from devplace.runtime.pipeline_run import run_pipeline
+from devplace.zoo import tiny
+
+# (architecture, cluster, schedule, micro-batches): the cluster's device count is the stage count
+CASES = [("llama", "3xGPU-placeto", "1f1b", 4),  # every layer reads the rotary tables: relayed on 3 stages
+         ("neox", "4xV100-16GB", "gpipe", 2),  # parallel residual, partial rotary, 4 stages
+         ("bart", "3xGPU-placeto", "gpipe", 2),  # every decoder layer reads the encoder's output
+         ("mixtral", "2xK80", "1f1b", 2),  # a custom op (transformers' grouped_mm_fallback) in every stage
+         ("cnn_bn", "2xK80", "gpipe", 2),  # BatchNorm
+         ("vit", "4xV100-16GB", "1f1b", 4)]
+
+
+def _reference(model: nn.Module, inputs: tuple[torch.Tensor, ...], microbatches: int) -> tuple[float, dict]:
+    """Loss and gradients of one step of `model` on `inputs` cut into `microbatches` equal micro-batches, each
+    micro-batch's loss weighted 1/M (gradient accumulation; one micro-batch is the unpipelined step)."""
+    model.zero_grad()
+    total = 0.0
+    size = inputs[0].shape[0] // microbatches
+    for k in range(microbatches):
+        loss = model(*(x[k * size:(k + 1) * size] for x in inputs)) / microbatches
+        loss.backward()
+        total += float(loss.detach())
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    return total, grads
+
+
+@pytest.mark.parametrize(("arch", "cluster", "kind", "microbatches"), CASES, ids=[c[0] for c in CASES])
+def test_every_architecture_placed_pipelined_exports_and_runs_like_its_step(arch, cluster, kind, microbatches):
+    model, inputs = tiny.ARCHITECTURES[arch]()
+    p = plan(model, inputs, cluster, placer="pipeline", schedule=kind, microbatches=microbatches)
+    split = pipeline_split(p.graph, p.placement, p.cluster, model)
+    assert len(split.devices) == p.cluster.num_devices and set(split.split_points) <= callable_modules(model)
+    assert split.moved_fraction == 0.0 and split.pipelined_step_time_s == p.result.step_time_s
+    ran = run_pipeline(model, inputs, json.loads(json.dumps(split.to_dict())), return_grads=True)
+    assert ran.schedule.kind == kind and ran.schedule.microbatches == microbatches
+    batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    loss, grads = _reference(model, inputs, microbatches if batchnorm else 1)
+    assert ran.losses[0] == pytest.approx(loss, rel=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(ran.grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    if batchnorm:  # what micro-batching changes: the whole batch's step is another one
+        assert _reference(model, inputs, 1)[0] != pytest.approx(loss, rel=1e-5)

@@ -170,3 +170,27 @@ def test_the_micro_batch_search_skips_a_count_its_bound_rules_out_without_captur
     assert skipped and not skipped & {str(m) for m in captured}
     text = " ".join(placed.text().split())
     assert all(f"M={m} skipped" in text for m in skipped)  # the report says skipped, not "no fit"
+
+
+def test_a_model_whose_result_micro_batching_changes_is_reported_and_kept_unpipelined():
+    """Issue 30 item 6: BatchNorm normalises each micro-batch alone, so placer auto keeps such a model's own
+    step (before: it tried and could pick a pipeline without a word) unless a schedule is asked for, and a
+    pipelined plan of it says that its result changes. Eval-mode BatchNorm and LayerNorm change nothing."""
+    from devplace.graph.batch import batch_statistics_ops
+    from devplace.zoo import tiny
+
+    whole = prepare_model("devplace.zoo.tiny:cnn_bn", batch=8)
+    assert len(batch_statistics_ops(whole.full)) == 4  # one per BatchNorm2d
+    cluster = get_preset("2xK80")
+    auto = place_prepared(whole, cluster, order="topo")
+    tried = auto.placement.meta["placer_auto"]["tried"]
+    piped = [k for k in tried if k.startswith("pipeline")]
+    assert piped and all(str(tried[k]).startswith("skipped: micro-batching changes this model's result") for k in piped)
+    asked = place_prepared(whole, cluster, order="topo", settings={"schedule": "1f1b"})
+    assert isinstance(asked.placement.meta["placer_auto"]["tried"]["pipeline 1f1b"], float)
+    pipelined = place_prepared(whole, cluster, placer="pipeline", order="topo", settings={"microbatches": 2})
+    assert "note: micro-batching changes this model's result" in " ".join(pipelined.text().split())
+    assert "BatchNorm" in pipelined.to_dict()["microbatching_changes_result"]
+    model, inputs = tiny.cnn_bn()
+    for quiet in (capture(model.eval(), inputs), capture(*tiny.vit())):  # eval-mode BatchNorm; LayerNorm
+        assert batch_statistics_ops(quiet) == []

@@ -32,6 +32,7 @@ from devplace.defaults import (
 )
 from devplace.errors import DevplaceError
 from devplace.files import json_safe
+from devplace.graph.batch import microbatching_note
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.parallel import ParallelAsk, runtime_gap
 from devplace.graph.placement import Placement, runtime_placement, save_placement
@@ -355,6 +356,7 @@ class Placed:
         if self.placement.schedule is not None:  # how its micro-batches were costed (docs/simulation.md)
             doc["microbatch_costs"] = ("captured at the micro-batch size" if self.placement.schedule.microbatch_graph
                                        else "the whole batch's / M")
+            doc["microbatching_changes_result"] = microbatching_note(self.graph)
         for key in ("order_auto", "placer_auto", "microbatch_search"):
             if key in self.placement.meta:
                 doc[key] = self.placement.meta[key]
@@ -382,6 +384,9 @@ class Placed:
                             "micro-batch captured and costed at its own size"
                             + (f"; orders compared at M={at}, the order kept there walked the others" if at else "")))
         sched = self.placement.schedule
+        changes = microbatching_note(self.graph) if sched is not None else None
+        if changes is not None:
+            out.append(Text(f"note: {changes}; place without --schedule/--placer pipeline for the unpipelined step"))
         if sched is not None and not sched.microbatch_graph and sched.microbatches > 1:
             out.append(Text(f"micro-batches: {sched.label}, each micro-batch's forward and backward ops costed as "
                             f"the whole batch's / {sched.microbatches} (this graph is the whole step, not one "

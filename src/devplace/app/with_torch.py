@@ -762,6 +762,7 @@ class PipelineRan:
     run: PipelineRun
     warmup: int
     reference_loss: float
+    batch_statistics: bool = False  # the model has training-mode BatchNorm: micro-batching changes its loss
 
     @property
     def timed_s(self) -> list[float]:
@@ -780,6 +781,7 @@ class PipelineRan:
                           "split_points": list(self.export.split_points), "schedule": self.export.schedule.to_dict(),
                           "processes": self.run.processes, "backend": "gloo", "losses": self.run.losses,
                           "reference_loss": self.reference_loss, "measured_steps_s": self.timed_s,
+                          "microbatching_changes_result": self.batch_statistics,
                           "measured_step_s": statistics.median(self.timed_s),
                           "measured_spread": RunResult(self.timed_s, "wall clock").spread,
                           "measured_cpu_steps_s": self.run.cpu_times_s[self.warmup:],
@@ -798,7 +800,9 @@ class PipelineRan:
                     + (f" [warning: steps vary by more than {NOISY_SPREAD:.0%}; not to be trusted]"
                        if spread > NOISY_SPREAD else "")
                     + (f", simulated {fmt_time(float(sim))} on the plan's cluster" if sim is not None else "")
-                    + f"; first step's loss {r.losses[0]:.6g}, unpipelined {self.reference_loss:.6g}")
+                    + f"; first step's loss {r.losses[0]:.6g}, unpipelined {self.reference_loss:.6g}"
+                    + (" (they differ: the model's BatchNorm normalises each micro-batch by its own statistics)"
+                       if self.batch_statistics else ""))
 
     def text(self, width: int = 120) -> str:
         """The report as plain text."""
@@ -845,7 +849,8 @@ def _run_pipelined(ex: PipelineExport, module: Any, inputs: Any, loss_fn: Any, *
         reference = float((loss_fn(out) if loss_fn is not None else default_loss(out)).detach())
     ran = run_pipeline(module, inputs, ex, processes=processes, steps=warmup + steps, optimizer=optimizer,
                        loss_fn=loss_fn)
-    return PipelineRan(ex, ran, warmup, reference)
+    norms = (m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
+    return PipelineRan(ex, ran, warmup, reference, any(m.training for m in norms))
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ from devplace.defaults import (
     DEFAULT_SEED,
 )
 from devplace.errors import GraphError
-from devplace.graph.batch import graph_batch, graph_microbatches
+from devplace.graph.batch import graph_batch, graph_microbatches, microbatching_note
 from devplace.graph.coarsen import Coarsening, coarsen
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.parallel import RECOMPUTE, ZERO_STAGES, ParallelAsk
@@ -902,7 +902,9 @@ def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
     """Placer auto on a captured model: the best of `AUTO_PLACERS` without micro-batches (skipped, with the reason,
     where the parameters and the whole batch's activations exceed the cluster's memory) and of `AUTO_PIPELINE`
     under each of `AUTO_PIPELINE_KINDS` (or the one kind asked for) on micro-batches captured at their own size
-    (`search_microbatches`), unless `schedule` is "none". The fastest that fits is kept (of equals the first:
+    (`search_microbatches`), unless `schedule` is "none"; a model whose result micro-batching changes (BatchNorm:
+    `microbatching_note`) only where its unpipelined step does not fit or a schedule is asked for. The fastest
+    that fits is kept (of equals the first:
     unpipelined). The log holds every search's entries and one per candidate (level "schedule");
     meta["placer_auto"] is read from it: each of `AUTO_PLACERS`' and each candidate's step (or why it was skipped
     or did not fit), and the candidates' times."""
@@ -917,8 +919,13 @@ def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
         else:
             flat = replace(req, settings={"schedule": "none"}, microbatch_graph=None)
             found += _candidate(log, "schedule", "unpipelined", lambda: search_graph(flat))
+    changes = microbatching_note(req.graph)
     if schedule != "none" and graph_batch(req.graph) >= 2:  # type: ignore[operator]
         for kind in (schedule,) if schedule is not None else AUTO_PIPELINE_KINDS:
+            if changes is not None and schedule is None and found:  # the model's own step fits: keep it (issue 30)
+                log.append(Tried("schedule", f"{AUTO_PIPELINE} {kind}", None, None,
+                                 f"skipped: {changes} (--schedule {kind} pipelines it anyway)", 0.0))
+                continue
             # PlacerError too: e.g. no micro-batch count divides the batch for interleaving
             found += _candidate(log, "schedule", f"{AUTO_PIPELINE} {kind}", lambda kind=kind: search_microbatches(
                 req, {"schedule": kind}, captured), (NoFitError, PlacerError))

@@ -792,7 +792,8 @@ class PipelineRan:
         s, r = self.export.schedule, self.run
         sim = self.export.doc.get("pipelined_step_time_s")
         spread = RunResult(self.timed_s, "wall clock").spread
-        return Text(f"{r.processes} stages in {r.processes} CPU processes (gloo), {s.kind} schedule, {s.microbatches} "
+        return Text(f"{self.export.num_stages} stages in {r.processes} CPU processes (gloo), {s.kind} schedule, "
+                    f"{s.microbatches} "
                     f"micro-batches: measured step {fmt_time(statistics.median(self.timed_s))} (median of "
                     f"{len(self.timed_s)}, spread {spread:.0%} of it, wall clock, 1 thread per process"
                     + (f", {self.cores_busy:.2f} of {r.processes} cores busy" if self.cores_busy is not None else "")

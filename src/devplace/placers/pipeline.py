@@ -278,13 +278,14 @@ def _between_segments(spans: np.ndarray, owner: np.ndarray, n: int) -> np.ndarra
 
 @njit(cache=True)
 def _split(bound, pre_time, pre_param, pre_stash, peak_op, cross, blocked, cap, inflight, m, comm_Bps,
-           latency, waits):  # pragma: no cover - compiled
+           latency, waits, empty):  # pragma: no cover - compiled
     """Cut ends (one per stage, none at a `blocked` cut) minimising sum of stage times with every stage time
     <= bound and every stage within memory; per-micro-batch figures are the graph's / m (M for a whole step's
     graph, 1 for one captured at the micro-batch size). A stage's time
     per micro-batch is its compute plus, with `waits`, the transfer of what crosses its first cut (activations
     forward, gradients back); without, that transfer only adds to the sum (it overlaps the other micro-batches'
-    compute).
+    compute). With `empty` False every stage holds something (an interleaved pipeline: torch's pipelining runs
+    all V chunks of every device).
     Returns the stage ends, or ends[0] = -1 when nothing fits."""
     n = pre_time.shape[1] - 1
     k_stages = pre_time.shape[0]
@@ -297,7 +298,7 @@ def _split(bound, pre_time, pre_param, pre_stash, peak_op, cross, blocked, cap, 
             base = dp[k, i]
             if base == inf:
                 continue
-            if base < dp[k + 1, i]:  # empty stage
+            if empty and base < dp[k + 1, i]:  # empty stage
                 dp[k + 1, i] = base
                 back[k + 1, i] = i
             big = 0.0
@@ -403,7 +404,8 @@ class _Search:
 
         def split(bound: float) -> bool:
             ends = _split(bound, pre, self.pre_param, self.pre_stash, self.items.peak_op, self.items.cross,
-                          self.items.blocked, cap, inflight, float(m), self.comm_Bps, self.latency, waits)
+                          self.items.blocked, cap, inflight, float(m), self.comm_Bps, self.latency, waits,
+                          int(schedule.chunks or 1) == 1)
             if ends[0] >= 0:
                 cuts = tuple(int(x) for x in ends)
                 found.setdefault(cuts, self.model_time(cuts, schedule, waits))
@@ -454,6 +456,15 @@ class _Search:
         return self.perm[stage_of_item[it.owner] % self.cluster.num_devices]
 
 
+def _runnable(r: ScheduledResult, s: Schedule) -> bool:
+    """Whether torch's pipelining runs the simulated pipeline `r`: its schedule on its devices
+    (`Schedule.unrunnable`: 1f1b with at least as many micro-batches as stages), and every one of the V stages
+    per device holding ops (an empty chunk has no module start to split at)."""
+    staged = r.stage >= 0
+    p = np.unique(r.device[staged]).size
+    return s.unrunnable(p) is None and np.unique(r.stage[staged]).size == p * int(s.chunks or 1)
+
+
 class _Judge:
     """Simulates each (schedule, split) once, keeps the best feasible one, and notes per schedule the largest
     excess over memory per device in this round."""
@@ -470,8 +481,8 @@ class _Judge:
                 r = simulate_schedule(self.graph, self.cluster, self.search.devices(cuts), s)
             except DevplaceError:  # a class forced across the stage order: not a pipeline, skip it
                 r = None
-            if r is not None and s.unrunnable(np.unique(r.device[r.stage >= 0]).size) is not None:
-                r = None  # torch's pipelining cannot run it (1f1b with fewer micro-batches than stages)
+            if r is not None and not _runnable(r, s):
+                r = None
             self.simulated[s, cuts] = r
             if r is not None and not r.feasible:
                 for d, b in r.oom.items():

@@ -10,6 +10,7 @@ and its simulated step time is reported next to the placement's own.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,6 +181,11 @@ class PipelineExport:
     def num_stages(self) -> int:
         return len(self.stage_devices)
 
+    @property
+    def processes(self) -> int:
+        """One per device: the stages are laid out round the devices, V per device under interleaved-1f1b."""
+        return len(set(self.stage_devices))
+
     def split_spec(self) -> dict[str, Any]:
         """`{module name: SplitPoint.BEGINNING}` for `torch.distributed.pipelining.pipeline(split_spec=...)`."""
         return _split_spec(self.split_points)
@@ -218,9 +224,12 @@ def read_pipeline(source: str | Path | Mapping[str, Any]) -> PipelineExport:
         schedule = Schedule.from_dict(doc.get("schedule"))
     except ScheduleError as exc:
         raise ExportError(f"{where}: {exc}") from None
-    if int(schedule.chunks or 1) != 1:
-        raise ExportError(f"{where}: a pipeline export runs one stage per device; schedule {schedule.kind!r} with "
-                          f"{schedule.chunks} chunks is not supported (use gpipe or 1f1b)")
+    chunks = int(schedule.chunks or 1)
+    p = len(devices) // chunks
+    if len(devices) % chunks or len(set(devices)) != p or any(d != devices[i % p] for i, d in enumerate(devices)):
+        raise ExportError(f"{where}: a {schedule.kind} schedule with {chunks} chunk(s) per device runs stage s on "
+                          f"the device of stage s mod p ({chunks} stages per device, the devices distinct within "
+                          f"each round), got stage_devices {devices}")
     source_doc = doc.get("source")
     if source_doc is not None and not isinstance(source_doc, dict):
         raise ExportError(f"{where}: source must be an object (the plan's model source), got {source_doc!r}")
@@ -252,6 +261,31 @@ def _monotone_stages(cost: np.ndarray) -> list[int]:
     return stages
 
 
+def _round_stages(fdev: np.ndarray, fwork: np.ndarray, bounds: list[int], chunks: int) -> tuple[list[int], list[int]]:
+    """Stages of an interleaved placement (`chunks` per device): each unit (a run of forward ops from one module
+    start to the next) goes where most of its forward work is placed, and a stage is a run of units on one device.
+    Returns (the device of each stage, the stage of each unit), or an ExportError unless the stages go round the
+    devices `chunks` times in one order, as torch's interleaved schedules run them."""
+    unit_dev: list[int] = []
+    for a, b in itertools.pairwise(bounds):
+        share: dict[int, float] = {}
+        for d, w in zip(fdev[a:b].tolist(), fwork[a:b].tolist(), strict=True):
+            share[d] = share.get(d, 0.0) + w
+        unit_dev.append(max(share, key=lambda d: (share[d], -d)))
+    order: list[int] = []
+    stage_of: list[int] = []
+    for d in unit_dev:
+        if not order or order[-1] != d:
+            order.append(d)
+        stage_of.append(len(order) - 1)
+    p = len(set(order))
+    if len(order) != p * chunks or any(d != order[i % p] for i, d in enumerate(order)):
+        raise ExportError(f"the placement's stages run on devices {order}, not {chunks} rounds of the same {p} "
+                          f"devices, as an interleaved schedule with {chunks} chunks per device runs them; export "
+                          "a placement made for that schedule, or export with --schedule 1f1b")
+    return order, stage_of
+
+
 def callable_modules(model: Any) -> set[str]:
     """Names of the modules of `model` that can be called (have a forward; not ModuleList/ModuleDict)."""
     from torch import nn
@@ -278,13 +312,11 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
     With `model` (the captured module), a split point may be a module without ops of its own (an
     `nn.Sequential`); without it, the innermost module that begins there and has ops of its own is named.
     `schedule` is the micro-batch schedule the export carries: by default the one the placement was made for
-    (`placement.schedule`), else `default_schedule`; one stage per device, so not interleaved.
+    (`placement.schedule`), else `default_schedule`. Under an interleaved schedule (V chunks per device) the stages
+    are the placement's own runs of units on one device (`_round_stages`: each unit where most of its work is),
+    which must go round the devices V times in one order.
     """
     schedule = schedule or placement.schedule
-    if schedule is not None and int(schedule.chunks or 1) != 1:
-        raise ExportError(f"a pipeline export runs one stage per device, so it cannot carry the placement's "
-                          f"{schedule.kind} schedule with {schedule.chunks} chunks per device; export it with a "
-                          "gpipe or 1f1b schedule (`devplace export --schedule 1f1b`)")
     devs = _module_devices(graph, placement)
     fwd = forward_ops(graph)
     if not fwd:
@@ -306,13 +338,16 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
         middle[d] = float(np.searchsorted(mine, mine[-1] / 2.0)) if mine[-1] > 0 else 0.0
     order = sorted(used, key=lambda d: (middle[d], d))
     units = len(bounds) - 1
-    cost = np.zeros((len(order), units), dtype=np.float64)
-    for u in range(units):
-        a, b = bounds[u], bounds[u + 1]
-        unit_total = float(fwork[a:b].sum())
-        for j, d in enumerate(order):
-            cost[j, u] = unit_total - float(fwork[a:b][fdev[a:b] == d].sum())
-    stage_of = _monotone_stages(cost)
+    if schedule is not None and int(schedule.chunks or 1) > 1:
+        order, stage_of = _round_stages(fdev, fwork, bounds, int(schedule.chunks or 1))
+    else:
+        cost = np.zeros((len(order), units), dtype=np.float64)
+        for u in range(units):
+            a, b = bounds[u], bounds[u + 1]
+            unit_total = float(fwork[a:b].sum())
+            for j, d in enumerate(order):
+                cost[j, u] = unit_total - float(fwork[a:b][fdev[a:b] == d].sum())
+        stage_of = _monotone_stages(cost)
     out = devs.copy()
     moved = 0.0
     for u in range(units):

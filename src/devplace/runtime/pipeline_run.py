@@ -50,7 +50,7 @@ from devplace.sim.schedule import Schedule
 
 __all__ = ["PipelineRun", "PipelineRunError", "run_pipeline"]
 
-SCHEDULES = ("gpipe", "1f1b")  # the kinds with one stage per process
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")  # interleaved: V stages per process, stage s on process s mod p
 
 
 class PipelineRunError(DevplaceError):
@@ -272,6 +272,7 @@ class _Job:
 
     folder: str
     stages: list[bytes]
+    processes: int  # p; stage s runs on process s mod p
     tied: list[list[tuple[int, str]]]  # per tied parameter: (stage, name in that stage), by stage
     schedule: Schedule
     microbatches: list[dict[str, Any]]
@@ -309,9 +310,10 @@ def _failure(folder: str, n: int, fallback: str) -> str:
 
 
 def _stage(rank: int, job: _Job) -> None:
-    """One pipeline stage: join the gloo group, build the stage, run the steps, save what the parent reads."""
+    """One process of the pipeline: join the gloo group, build its stages (stage s on process s mod p), run the
+    steps, save what the parent reads."""
     import torch.distributed as dist
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
     from torch.distributed.pipelining.stage import _PipelineStage
     from torch.export.unflatten import InterpreterModule
 
@@ -320,11 +322,13 @@ def _stage(rank: int, job: _Job) -> None:
 
     torch.manual_seed(job.seed)
     torch.set_num_threads(1)  # the processes, one per stage, share the cores
-    mod, info = pickle.loads(job.stages[rank])
-    for sub in mod.modules():  # pipelining's submodules interpret their graph node by node in Python: 20-30 us an op
-        if isinstance(sub, InterpreterModule):
-            sub._run_with_interpreter = False  # their generated code instead, as a GraphModule runs
-    world = info.num_stages
+    world = job.processes
+    mine = list(range(rank, len(job.stages), world))  # stage s runs on process s mod p
+    loaded = [pickle.loads(job.stages[i]) for i in mine]
+    for mod, _ in loaded:
+        for sub in mod.modules():  # pipelining's submodules interpret their graph node by node in Python: 20-30 us
+            if isinstance(sub, InterpreterModule):  # an op; their generated code instead, as a GraphModule runs
+                sub._run_with_interpreter = False
     dist.init_process_group("gloo", init_method=f"file://{job.folder}/rendezvous", rank=rank, world_size=world,
                             timeout=timedelta(seconds=job.timeout_s))
     try:
@@ -332,22 +336,31 @@ def _stage(rank: int, job: _Job) -> None:
         # stage only (T5's encoder and decoder embeddings, both before the cut) needs no group
         ties = []
         for users in job.tied:
-            ranks = sorted({s for s, _ in users})
-            ties.append((dist.new_group(ranks) if len(ranks) > 1 else None, [n for s, n in users if s == rank]))
+            ranks = sorted({s % world for s, _ in users})
+            ties.append((dist.new_group(ranks) if len(ranks) > 1 else None,
+                         [(s, n) for s, n in users if s % world == rank]))
         # what Pipe.build_stage does, from the stage module and graph it sent (on the CPU, where they were traced)
-        stage = _PipelineStage(mod, rank, info, torch.device("cpu"))
+        stages = [_PipelineStage(mod, i, info, torch.device("cpu"))
+                  for i, (mod, info) in zip(mine, loaded, strict=True)]
+        for st in stages:
+            if not st.is_first:  # the model's inputs go to stage 0 only (the others receive activations), but
+                st.forward_one_chunk = _without_inputs(st.forward_one_chunk)  # multi-stage schedules give them all
         loss_of = job.loss_fn or default_loss
 
         def loss(output: Any, _target: Any) -> torch.Tensor:
             value = loss_of(output)
             return value if value.numel() == 1 else value.sum()
 
-        kind = ScheduleGPipe if job.schedule.kind == "gpipe" else Schedule1F1B
-        sched = kind(stage, job.schedule.microbatches, loss_fn=loss, scale_grads=job.loss_reduction == "mean")
-        params = dict(mod.named_parameters())
+        scale = job.loss_reduction == "mean"
+        if job.schedule.kind == "interleaved-1f1b":
+            sched: Any = ScheduleInterleaved1F1B(stages, job.schedule.microbatches, loss_fn=loss, scale_grads=scale)
+        else:
+            kind = ScheduleGPipe if job.schedule.kind == "gpipe" else Schedule1F1B
+            sched = kind(stages[0], job.schedule.microbatches, loss_fn=loss, scale_grads=scale)
+        params = {(i, n): p for i, (mod, _) in zip(mine, loaded, strict=True) for n, p in mod.named_parameters()}
         opt = _make_optimizer(job.optimizer, [p for p in params.values() if p.requires_grad])
         m = job.schedule.microbatches
-        mine = stage.is_first or stage.is_last
+        first, last = any(st.is_first for st in stages), any(st.is_last for st in stages)
         losses: list[float] = []
         times: list[float] = []
         cpu_times: list[float] = []
@@ -356,8 +369,8 @@ def _stage(rank: int, job: _Job) -> None:
             dist.barrier()
             t0, c0 = time.perf_counter(), time.process_time()
             mb_losses: list[torch.Tensor] = []
-            sched.step(arg_mbs=[()] * m, kwarg_mbs=job.microbatches if stage.is_first else [{}] * m,
-                       target_mbs=[None] * m, losses=mb_losses if mine else None, return_outputs=False)
+            sched.step(arg_mbs=[()] * m, kwarg_mbs=job.microbatches if first else [{}] * m,
+                       target_mbs=[None] * m, losses=mb_losses if first or last else None, return_outputs=False)
             for group, names in ties:
                 if not names:
                     continue
@@ -370,21 +383,31 @@ def _stage(rank: int, job: _Job) -> None:
                 for n in names:
                     params[n].grad = total.clone()
             if step == 0 and job.return_grads:
-                grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
+                grads = {n: p.grad.detach().clone() for (_, n), p in params.items() if p.grad is not None}
             if opt is not None:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             else:
-                mod.zero_grad(set_to_none=True)
+                for mod, _ in loaded:
+                    mod.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - t0)
             cpu_times.append(time.process_time() - c0)
-            if stage.is_last:
+            if last:
                 total = torch.stack([v.detach() for v in mb_losses]).sum()
                 losses.append(float(total / m if job.loss_reduction == "mean" else total))
         torch.save({"losses": losses, "times": times, "cpu_times": cpu_times, "grads": grads},
                    Path(job.folder) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def _without_inputs(forward_one_chunk: Callable[..., Any]) -> Callable[..., Any]:
+    """A stage's `forward_one_chunk` that drops the step's keyword inputs (the model's own, for stage 0)."""
+
+    def run(fwd_chunk_id: int, args: Any, kwargs: Any = None, save_forward_output: bool = True) -> Any:
+        return forward_one_chunk(fwd_chunk_id, args, None, save_forward_output)
+
+    return run
 
 
 def _tied(pipe: Any, module: nn.Module) -> list[list[tuple[int, str]]]:
@@ -519,10 +542,10 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
     ex = export if isinstance(export, PipelineExport) else read_pipeline(export)
     if ex.schedule.kind not in SCHEDULES:
         raise PipelineRunError(f"schedule {ex.schedule.kind!r} is not run here; choose one of {', '.join(SCHEDULES)}")
-    n = ex.num_stages if processes is None else processes
-    if n != ex.num_stages:
-        raise PipelineRunError(f"the export has {ex.num_stages} stages, so it runs in {ex.num_stages} processes (one "
-                               f"stage each), not {n}")
+    n = ex.processes if processes is None else processes
+    if n != ex.processes:
+        raise PipelineRunError(f"the export has {ex.num_stages} stages on {ex.processes} devices, so it runs in "
+                               f"{ex.processes} processes (one per device), not {n}")
     why = ex.schedule.unrunnable(n)
     if why is not None:
         raise PipelineRunError(f"{why} (devplace export --microbatches / --schedule)")
@@ -545,8 +568,8 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
     mbs = _microbatches(_named_inputs(module, inputs), ex.schedule.microbatches)
     pipe = _trace(module, ex, mbs[0])
     with tempfile.TemporaryDirectory(prefix="devplace-pipe-") as folder:
-        job = _Job(folder, [_dump_stage(pipe, i) for i in range(n)], _tied(pipe, module), ex.schedule, mbs, steps,
-                   optimizer, loss_fn, loss_reduction, return_grads, seed, timeout_s)
+        job = _Job(folder, [_dump_stage(pipe, i) for i in range(ex.num_stages)], n, _tied(pipe, module), ex.schedule,
+                   mbs, steps, optimizer, loss_fn, loss_reduction, return_grads, seed, timeout_s)
         try:
             mp.start_processes(_worker, args=(job,), nprocs=n, join=True, start_method=_start_method())
         except mp.ProcessRaisedException as exc:

@@ -31,7 +31,7 @@ from torch import nn
 
 from devplace.capture.custom import build_custom_model
 from devplace.runtime.export import read_pipeline
-from devplace.runtime.pipeline_run import run_pipeline
+from devplace.runtime.pipeline_run import accumulated_step, run_pipeline
 from devplace.zoo.tiny import ARCHITECTURES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -42,19 +42,6 @@ DEFAULT_CLUSTER = "4xV100-16GB"
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "devplace", *args], capture_output=True, text=True, timeout=900,
                           env={**os.environ, "COLUMNS": "200"}, check=False)
-
-
-def _reference(model: nn.Module, inputs: tuple[torch.Tensor, ...], m: int) -> tuple[float, dict[str, torch.Tensor]]:
-    """Loss and gradients of one step on `inputs` cut into `m` micro-batches, each loss weighted 1/m."""
-    model.zero_grad()
-    size, total = inputs[0].shape[0] // m, 0.0
-    for k in range(m):
-        loss = model(*(x[k * size:(k + 1) * size] for x in inputs)) / m
-        loss.backward()
-        total += float(loss.detach())
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    return total, grads
 
 
 def cell(arch: str, cluster: str, schedule: str | None, folder: Path) -> dict[str, object]:
@@ -77,7 +64,7 @@ def cell(arch: str, cluster: str, schedule: str | None, folder: Path) -> dict[st
         if done.returncode:
             return {**row, "ok": False, "what": f"run: {done.stderr.strip().splitlines()[-1:]}"}
         loss = json.loads(done.stdout)["losses"][0]
-        ref, _ = _reference(model, inputs, 1)
+        ref, _ = accumulated_step(model, inputs, 1)
         ok = abs(loss - ref) <= 1e-5 * abs(ref)
         return {**row, "ok": ok, "what": f"unpipelined on {devices.count('cpu')} device(s): loss {loss:.6g} vs "
                 f"{ref:.6g}", "s": time.perf_counter() - t0}
@@ -87,7 +74,7 @@ def cell(arch: str, cluster: str, schedule: str | None, folder: Path) -> dict[st
     ex = read_pipeline(export)
     ran = run_pipeline(model, inputs, ex, return_grads=True, optimizer="sgd")
     norms = any(isinstance(x, nn.modules.batchnorm._BatchNorm) for x in model.modules())
-    ref, grads = _reference(model, inputs, ex.schedule.microbatches if norms else 1)
+    ref, grads = accumulated_step(model, inputs, ex.schedule.microbatches if norms else 1)
     worst = max(float(((ran.grads[n] - g).abs() / (g.abs() + 1e-6)).max()) for n, g in grads.items())
     ok = abs(ran.losses[0] - ref) <= 1e-5 * abs(ref) and all(
         torch.allclose(ran.grads[n], g, rtol=1e-4, atol=1e-6) for n, g in grads.items())

@@ -14,7 +14,7 @@ from torch import nn
 
 from devplace.runtime import plan
 from devplace.runtime.export import callable_modules, pipeline_split
-from devplace.runtime.pipeline_run import run_pipeline
+from devplace.runtime.pipeline_run import accumulated_step, run_pipeline
 from devplace.zoo import tiny
 
 # (architecture, cluster, schedule, micro-batches): the stage count is the cluster's device count (times 2 chunks
@@ -25,21 +25,6 @@ CASES = [("llama", "3xGPU-placeto", "1f1b", 4),  # every layer reads the rotary 
          ("mixtral", "2xK80", "1f1b", 2),  # a custom op (transformers' grouped_mm_fallback) in every stage
          ("cnn_bn", "2xK80", "gpipe", 2),  # BatchNorm
          ("vit", "2xK80", "interleaved-1f1b", 4)]  # 4 stages on 2 processes, 2 each
-
-
-def _reference(model: nn.Module, inputs: tuple[torch.Tensor, ...], microbatches: int) -> tuple[float, dict]:
-    """Loss and gradients of one step of `model` on `inputs` cut into `microbatches` equal micro-batches, each
-    micro-batch's loss weighted 1/M (gradient accumulation; one micro-batch is the unpipelined step)."""
-    model.zero_grad()
-    total = 0.0
-    size = inputs[0].shape[0] // microbatches
-    for k in range(microbatches):
-        loss = model(*(x[k * size:(k + 1) * size] for x in inputs)) / microbatches
-        loss.backward()
-        total += float(loss.detach())
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    return total, grads
 
 
 @pytest.mark.parametrize(("arch", "cluster", "kind", "microbatches"), CASES, ids=[c[0] for c in CASES])
@@ -53,9 +38,9 @@ def test_every_architecture_placed_pipelined_exports_and_runs_like_its_step(arch
     ran = run_pipeline(model, inputs, json.loads(json.dumps(split.to_dict())), return_grads=True)
     assert ran.schedule.kind == kind and ran.schedule.microbatches == microbatches
     batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-    loss, grads = _reference(model, inputs, microbatches if batchnorm else 1)
+    loss, grads = accumulated_step(model, inputs, microbatches if batchnorm else 1)
     assert ran.losses[0] == pytest.approx(loss, rel=1e-5)
     for name, grad in grads.items():
         torch.testing.assert_close(ran.grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
     if batchnorm:  # what micro-batching changes: the whole batch's step is another one
-        assert _reference(model, inputs, 1)[0] != pytest.approx(loss, rel=1e-5)
+        assert accumulated_step(model, inputs, 1)[0] != pytest.approx(loss, rel=1e-5)

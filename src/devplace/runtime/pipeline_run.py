@@ -48,7 +48,7 @@ from devplace.errors import DevplaceError
 from devplace.runtime.export import PipelineExport, read_pipeline
 from devplace.sim.schedule import Schedule
 
-__all__ = ["PipelineRun", "PipelineRunError", "run_pipeline"]
+__all__ = ["PipelineRun", "PipelineRunError", "accumulated_step", "run_pipeline"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")  # interleaved: V stages per process, stage s on process s mod p
 
@@ -592,3 +592,20 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
                     grads.setdefault(name, grads[alias])
                     grads.setdefault(first, grads[alias])
     return PipelineRun(results[-1]["losses"], times, ex.schedule, n, grads, cpu_times)
+
+
+def accumulated_step(module: nn.Module, inputs: tuple[torch.Tensor, ...], microbatches: int = 1
+                     ) -> tuple[float, dict[str, torch.Tensor]]:
+    """Loss and parameter gradients (by name) of one unpipelined step of `module` on the positional `inputs` cut
+    into `microbatches` equal slices along dimension 0, each slice's loss weighted 1/M (gradient accumulation):
+    what a pipelined run's first step equals -- at M=1 for most models, at the run's own M where micro-batching
+    changes the result (BatchNorm). The module's gradients are zeroed before and after."""
+    module.zero_grad()
+    size, total = inputs[0].shape[0] // microbatches, 0.0
+    for k in range(microbatches):
+        loss = module(*(x[k * size:(k + 1) * size] for x in inputs)) / microbatches
+        loss.backward()
+        total += float(loss.detach())
+    grads = {n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None}
+    module.zero_grad()
+    return total, grads

@@ -60,7 +60,7 @@ def cell(arch: str, cluster: str, schedule: str | None, folder: Path) -> dict[st
     if sched is None:  # unpipelined: devplace run --plan
         devices = ",".join(["cpu"] * (max(placed["placement"]["assignment"].values()) + 1))
         done = _cli("run", "--plan", str(plan), "--model", spec, "--devices", devices, "--steps", "1", "--warmup", "0",
-                    "--json")
+                    "--record", str(folder / "runs.jsonl"), "--json")
         if done.returncode:
             return {**row, "ok": False, "what": f"run: {done.stderr.strip().splitlines()[-1:]}"}
         loss = json.loads(done.stdout)["losses"][0]

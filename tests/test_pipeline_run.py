@@ -217,6 +217,12 @@ def test_cli_exports_a_plan_with_its_schedule_and_runs_it(cnn_zoo, tmp_path, cap
     assert doc["format"] == "devplace.pipeline/2" and doc["schedule"]["kind"] == "gpipe"
     assert doc["schedule"]["microbatches"] == 4 and doc["source"]["zoo"] == cnn_zoo
     stages = len(doc["stage_devices"])
+    # issue 30: what `run` would refuse is refused by `export`, before anything runs
+    for refused, says in [(["--microbatches", "3"], "does not split the plan's batch of 8"),
+                          (["--schedule", "1f1b", "--microbatches", "1"], "at least as many micro-batches as stages")]:
+        code, out, err = _cli(["export", str(plan_path), "--format", "pipeline", *refused, "-o",
+                               str(tmp_path / "refused.json")], capsys, monkeypatch)
+        assert code == 2 and says in " ".join(err.split()) and not (tmp_path / "refused.json").exists()
     code, out, err = _cli(["run", "--pipeline", str(export_path), "--steps", "1", "--warmup", "0", "--json"],
                           capsys, monkeypatch)
     assert code == 0, err

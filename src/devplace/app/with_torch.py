@@ -689,10 +689,10 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
             sched = Schedule(kind, base.microbatches if microbatches is None else microbatches,
                              base.chunks if kind == base.kind else None)
             _check_step_batch(p.graph, sched.microbatches)
-            why = sched.unrunnable(stages)
-            if why is not None:
-                raise DevplaceError(f"devplace run would refuse this export: {why} (--microbatches, --schedule)")
         split = pipeline_split(p.graph, p.placement, p.cluster, schedule=sched)
+        why = split.schedule.unrunnable(len(set(split.devices))) if split.schedule is not None else None
+        if why is not None:  # e.g. a hand split judged under 1f1b with too few micro-batches (place --map)
+            raise DevplaceError(f"devplace run would refuse this export: {why} (--microbatches, --schedule)")
         doc = split.to_dict()
         if names is not None:
             doc["stage_device_names"] = [names[d] for d in split.devices]

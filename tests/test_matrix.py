@@ -44,3 +44,14 @@ def test_every_architecture_placed_pipelined_exports_and_runs_like_its_step(arch
         torch.testing.assert_close(ran.grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
     if batchnorm:  # what micro-batching changes: the whole batch's step is another one
         assert accumulated_step(model, inputs, 1)[0] != pytest.approx(loss, rel=1e-5)
+
+
+def test_an_interleaved_placement_exports_as_rounds_of_the_devices():
+    """The pipeline placer's interleaved pipelines are ones the export can cut into V rounds of the devices: a
+    stage holding only constants (sources, which the simulator puts in chunk 0) is no stage of the program
+    (before: neox on 2xK80 exported as devices [1, 0, 1], an ExportError)."""
+    model, inputs = tiny.neox()
+    p = plan(model, inputs, "2xK80", placer="pipeline", schedule="interleaved-1f1b", microbatches=2)
+    split = pipeline_split(p.graph, p.placement, p.cluster, model)
+    assert len(split.devices) == 4 and split.devices[:2] == split.devices[2:] and len(set(split.devices)) == 2
+    assert split.pipelined_step_time_s == p.result.step_time_s

@@ -456,13 +456,32 @@ class _Search:
         return self.perm[stage_of_item[it.owner] % self.cluster.num_devices]
 
 
-def _runnable(r: ScheduledResult, s: Schedule) -> bool:
+def _runnable(graph: CompGraph, r: ScheduledResult, s: Schedule) -> bool:
     """Whether torch's pipelining runs the simulated pipeline `r`: its schedule on its devices
-    (`Schedule.unrunnable`: 1f1b with at least as many micro-batches as stages), and every one of the V stages
-    per device holding ops (an empty chunk has no module start to split at)."""
+    (`Schedule.unrunnable`: 1f1b with at least as many micro-batches as stages), and under V > 1 chunks per
+    device all p V stages in order along the program, as the export sees them (`_program_stages`)."""
     staged = r.stage >= 0
     p = np.unique(r.device[staged]).size
-    return s.unrunnable(p) is None and np.unique(r.stage[staged]).size == p * int(s.chunks or 1)
+    v = int(s.chunks or 1)
+    return s.unrunnable(p) is None and (v == 1 or _program_stages(graph, r.stage) == list(range(p * v)))
+
+
+def _program_stages(graph: CompGraph, stage: np.ndarray) -> list[int]:
+    """The stages met along the forward program, as the export cuts it: on a captured model each segment between
+    module starts (`segment_spans`) goes to the stage with most of its compute, and runs of one stage count once
+    (a constant that the simulator puts in stage 0, being a source, does not make a stage of its own: the
+    export runs it where it lies in the program); without module paths, the stages of the forward ops in order."""
+    first = graph.derived("segment_spans", segment_spans)[:, 0]
+    ops = np.flatnonzero((stage >= 0) & (first >= 0))
+    if ops.size:
+        seq = []
+        for seg in np.unique(first[ops]).tolist():
+            mine = ops[first[ops] == seg]
+            weight = np.bincount(stage[mine], weights=graph.compute_s[mine] + 1e-300)
+            seq.append(int(np.argmax(weight)))
+    else:
+        seq = stage[op_phases(graph) == FORWARD].tolist()
+    return [x for i, x in enumerate(seq) if i == 0 or seq[i - 1] != x]
 
 
 class _Judge:
@@ -481,7 +500,7 @@ class _Judge:
                 r = simulate_schedule(self.graph, self.cluster, self.search.devices(cuts), s)
             except DevplaceError:  # a class forced across the stage order: not a pipeline, skip it
                 r = None
-            if r is not None and not _runnable(r, s):
+            if r is not None and not _runnable(self.graph, r, s):
                 r = None
             self.simulated[s, cuts] = r
             if r is not None and not r.feasible:

@@ -130,6 +130,26 @@ def reference_schedule(nodes: list[dict], edges: list[dict], speeds: list[float]
                 chunk[i] = chunk[e["src"]]
                 break
     stage = {i: chunk[i] * p + position[placement[i]] for i in ids if phase[i] != "S"}
+    # a value read more than one stage on (or its gradient, more than one stage back) is passed on by every
+    # stage between: one relay op per (value, stage), appended in edge order, on that stage's device
+    nodes, edges, placement = list(nodes), [dict(e) for e in edges], dict(placement)
+    for e in list(edges):
+        s, d, t = e["src"], e["dst"], e.get("tensor", 0)
+        if phase[s] == "S" or phase[d] == "S":
+            continue
+        if not ((phase[s] == "F" and stage[d] > stage[s] + 1) or (phase[s] == "B" and stage[d] < stage[s] - 1)):
+            continue
+        step = 1 if stage[d] > stage[s] else -1
+        prev, prev_t = s, t
+        for h in range(stage[s] + step, stage[d], step):
+            r = f"{s}:{t}~relay{h}"
+            if r not in phase:
+                nodes.append({"id": r, "output_bytes": e.get("bytes", 0)})
+                edges.append({"src": prev, "dst": r, "bytes": e.get("bytes", 0), "tensor": prev_t})
+                phase[r], stage[r], placement[r] = phase[s], h, pipe[h % p]
+            prev, prev_t = r, 0
+        e["src"], e["tensor"] = prev, prev_t
+    ids = [n["id"] for n in nodes]
 
     f = 1.0 if microbatch_graph else 1.0 / m
     un_nodes: list[dict] = []

@@ -182,7 +182,7 @@ def test_study_file_that_is_not_utf8(tmp_path, capsys, monkeypatch):
     ('name = "placeto"\nsettings = {sim_model = "fast"}', "sim_model"),
     ('name = "contiguous"\nsettings = {devices = "two"}', r"'devices' must be int, got 'two'"),
     # the values, by the placers' own checks (PlacerSpec.check_settings), not only the types
-    ('name = "anneal"\nsettings = {steps = -5}', "anneal: steps must be an integer >= 0, got -5"),
+    ('name = "anneal"\nsettings = {steps = -5}', "anneal: steps must be an integer >= 0 and at most 1,000,000, got -5"),
     ('name = "anneal"\nsettings = {swap_prob = 7}', r"swap_prob must be in \[0, 1\], got 7"),
     ('name = "placeto"\nsettings = {lr = -1}', "placeto: lr must be a number > 0"),
     ('name = "placeto"\nsettings = {encoder = "cnn"}', "unknown encoder 'cnn'"),
@@ -436,7 +436,7 @@ def test_no_process_outlives_a_killed_driver(tmp_path, backend, sig):
         pytest.importorskip("ray")
     save_graph(layered_graph(40, width=5, seed=0), tmp_path / "g.json")
     (tmp_path / "s.toml").write_text('graphs = ["g.json"]\nclusters = ["3xGPU-placeto"]\nseeds = 4\n'
-                                     '[[placers]]\nname = "anneal"\nsettings = {steps = 100000000}\n')
+                                     '[[placers]]\nname = "anneal"\nsettings = {steps = 1000000}\n')
     proc = subprocess.Popen([sys.executable, "-m", "devplace", "study", "run", str(tmp_path / "s.toml"), "--db",
                              str(tmp_path / "r.sqlite"), "--workers", "2", "--backend", backend, "--quiet"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -386,7 +386,7 @@ def test_bound_is_never_above_a_reported_pipelined_step_and_says_what_it_bounds(
 
 @pytest.mark.parametrize("flags,message", [
     (["--schedule", "zigzag"], "'schedule' must be one of gpipe, 1f1b, interleaved-1f1b"),
-    (["--microbatches", "0"], "'microbatches' must be an integer >= 1, got 0"),
+    (["--microbatches", "0"], "'microbatches' must be an integer >= 1 and at most 1,024, got 0"),
     (["--schedule", "1f1b", "--chunks", "2"], "1f1b runs one model chunk per device"),
     (["--schedule", "interleaved-1f1b", "--microbatches", "3"], "multiple of the 2 devices"),
     (["--microbatches", "8", "--set", "microbatches=4"], "--microbatches and --set microbatches"),

@@ -70,6 +70,13 @@ FILES = {
     "deep.toml": "x = " + "[" * 100_000 + "]" * 100_000 + "\n",
     "deep_tables.toml": "x = " + "{a = " * 50_000 + "1" + "}" * 50_000 + "\n",
     "s.toml": 'graphs = ["g12.json"]\nclusters = ["3xGPU-placeto"]\nseeds = 2\nplacers = ["m-topo"]\n',
+    # issue 32: settings that scale work, in a study file
+    "s_hidden.toml": 'graphs = ["g12.json"]\nclusters = ["2xK80"]\n[[placers]]\nname = "seq2seq"\n'
+                     'settings = {hidden = 1000000}\n',
+    "s_time.toml": 'graphs = ["g12.json"]\nclusters = ["2xK80"]\n[[placers]]\nname = "anneal"\n'
+                   'settings = {time_limit_s = 1e300}\n',
+    "deep.jsonl": "[" * 50_000 + "]" * 50_000 + "\n",
+    "runs_bad.jsonl": json.dumps({"format": "devplace.run/1", "ratio": 1.0, "devices": [1, 2]}) + "\n",
 }
 
 
@@ -137,7 +144,7 @@ REFUSED = [
     (["place", "one.json", "-c", "2xK80", "--nope"], "No such option: --nope"),
     (["place", "one.json", "-c", "2xK80", "--try", "0"], "must be an integer >= 1, got 0"),
     (["place", "one.json", "-c", "2xK80", "--order", "[/]"], "unknown traversal order '[/]'"),
-    (["place", "one.json", "-c", "2xK80", "--placer", "anneal", "--set", "steps=1e400"], "steps must be"),
+    (["place", "one.json", "-c", "2xK80", "--placer", "anneal", "--set", "steps=1e400"], "setting 'steps' must be int"),
     (["place", "one.json", "-c", "2xK80", "--placer", "anneal", "--set", "swap_prob=-0.5"], "swap_prob"),
     (["place", "one.json", "-c", "2xK80", "--placer", "placeto", "--policy", "adir"], "adir: is a folder"),
     (["place", "one.json", "-c", "2xK80", "--placer", "placeto", "--policy", "empty.json"],
@@ -169,6 +176,18 @@ REFUSED = [
     (["train", "one.json", "-c", "2xK80", "--episodes", "1", "--log", "adir", "-o", "t.pt"], "--log adir: is a"),
     (["place", "one.json", "-c", "2xK80", "--placer", "placeto", "--episodes", "1", "--log", "missing/x.csv"],
      "--log missing/x.csv: folder missing does not exist"),
+    # issue 32: every setting that scales work has a limit, in the message (a typo must not run for hours)
+    (["place", "one.json", "-c", "2xK80", "--placer", "anneal", "--set", "time_limit_s=1e300"], "at most 86,400"),
+    (["place", "one.json", "-c", "2xK80", "--placer", "seq2seq", "--set", "hidden=1000000"], "at most 1,024"),
+    (["place", "one.json", "-c", "2xK80", "--placer", "seq2seq", "--set", "samples=100000000"], "at most 1,024"),
+    (["place", "one.json", "-c", "2xK80", "--placer", "anneal", "--set", "start=nope"], "unknown placer 'nope'"),
+    (["study", "run", "s_hidden.toml", "--db", "r.sqlite"], "placers[0]: seq2seq: hidden must be an integer >= 1"),
+    (["study", "run", "s_time.toml", "--db", "r.sqlite"], "time_limit_s must be a number of seconds"),
+    (["run", "--model", "mlp", "--threads", "9223372036854775808"], "--threads must be an integer from 1 to"),
+    (["profile", "--model", "mlp", "--threads", "9223372036854775808", "-o", "c.json"], "--threads must be"),
+    (["place", "one.json", "-c", "2xK80", "--placer", "m-topo", "-o", "x" * 300 + ".json"], "File name too long"),
+    (["calibrate", "--runs", "deep.jsonl"], "deep.jsonl:1: not valid JSON (arrays or objects nested too deeply)"),
+    (["calibrate", "--runs", "runs_bad.jsonl"], "runs_bad.jsonl:1: field 'devices' of the run record must be"),
 ]
 
 

@@ -6,9 +6,11 @@ code a data file names. Tiny inputs only."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -57,7 +59,7 @@ def work(tmp_path, monkeypatch):
     (tmp_path / "evil" / "raising.py").write_text("raise RuntimeError('at import')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
-    for name in [n for n in sys.modules if n == "evil" or n.startswith("evil.")]:  # this test's copy of it
+    for name in [n for n in sys.modules if n.split(".")[0] in ("evil", "fwd")]:  # this test's copies of them
         del sys.modules[name]
 
 
@@ -130,7 +132,7 @@ def test_a_plan_whose_settings_are_not_an_object_is_one_line(work, fmt, capsys, 
 @pytest.mark.parametrize(("spec", "message"), [
     ("evil.m:boom", "custom model 'evil.m:boom' failed: ValueError: no weights here"),
     ("evil.m:leave", "custom model 'evil.m:leave' failed: SystemExit: 3"),
-    ("evil.m:interrupt", "custom model 'evil.m:interrupt' failed: KeyboardInterrupt: "),
+    ("evil.m:interrupt", "custom model 'evil.m:interrupt' failed: KeyboardInterrupt"),
     ("evil.syntax:f", "custom model 'evil.syntax:f' failed: SyntaxError: "),
     ("evil.raising:f", "custom model 'evil.raising:f' failed: RuntimeError: at import"),
     (".m:f", "must be written package.module:factory"),
@@ -343,6 +345,15 @@ def test_study_database_is_protected_while_reading(work):
     ("UPDATE cells SET step_time_s = 'fast' WHERE rowid = 1", "step_time_s"),
     ("UPDATE cells SET step_time_s = 9e999 WHERE rowid = 1", "step_time_s"),
     ("UPDATE cells SET features = '{not json' WHERE rowid = 1", "features"),
+    # issue 32: valid JSON of the wrong type (AttributeError, JSONDecodeError, ValueError tracebacks before)
+    ("UPDATE cells SET features = '[1, 2]' WHERE rowid = 1", "features"),
+    ("UPDATE cells SET features = '\"abc\"' WHERE rowid = 1", "features"),
+    ("UPDATE cells SET features = '{\"nodes\": \"many\"}' WHERE rowid = 1", "features"),
+    ("UPDATE cells SET features = 5 WHERE rowid = 1", "features"),
+    ("UPDATE cells SET settings = '[]' WHERE rowid = 1", "settings"),
+    ("UPDATE cells SET curve = '{\"a\": 1}' WHERE rowid = 1", "curve"),
+    ("UPDATE cells SET status = 'weird' WHERE rowid = 1", "status"),
+    ("UPDATE cells SET placer = 7 WHERE rowid = 1", "placer"),
 ])
 def test_a_report_on_an_altered_database_names_row_and_column(work, sql, column, capsys, monkeypatch):
     db = write_fixture_db(work / "db.sqlite")
@@ -435,3 +446,185 @@ def test_train_settings_are_checked_before_a_family_is_captured(work, capsys, mo
     monkeypatch.setattr(app.torch_tasks(), "training_graphs", no_capture)
     args = ["train", "--family", "cifar10", "-c", "2xK80", "--hidden", "200000", "-o", "x.pt"]
     assert "4,096" in _one_line(*run_cli(args, capsys, monkeypatch))
+
+
+# ------------------------------------------------------------------------------------ issue 32: the residue
+
+
+def _fwd_package(work: Path) -> None:
+    """Package `fwd`: factories whose model's forward or loss (not the factory) exits or is interrupted."""
+    (work / "fwd").mkdir()
+    (work / "fwd" / "__init__.py").write_text("")
+    (work / "fwd" / "m.py").write_text(
+        "import sys, torch\nfrom torch import nn\n"
+        "class Exits(nn.Module):\n    def __init__(self, how):\n        super().__init__()\n"
+        "        self.l, self.how = nn.Linear(4, 4), how\n"
+        "    def forward(self, x):\n        if self.how == 'exit':\n            sys.exit(3)\n"
+        "        raise KeyboardInterrupt\n"
+        "def exits():\n    return Exits('exit'), (torch.randn(2, 4),)\n"
+        "def interrupted():\n    return Exits('interrupt'), (torch.randn(2, 4),)\n"
+        "def loss_exits():\n    return nn.Linear(4, 4), (torch.randn(2, 4),), lambda out: sys.exit(0)\n"
+        "def fine():\n    return nn.Linear(4, 4), (torch.randn(2, 4),)\n")
+
+
+@pytest.mark.parametrize(("factory", "what"), [("exits", "SystemExit: 3"), ("interrupted", "KeyboardInterrupt"),
+                                               ("loss_exits", "SystemExit: 0")])
+def test_user_code_that_exits_in_its_forward_or_loss_is_one_line(work, factory, what, capsys, monkeypatch):
+    _fwd_package(work)
+    text = _one_line(*run_cli(["capture", "--model", f"fwd.m:{factory}", "-o", "out.json"], capsys, monkeypatch))
+    assert "the model's code failed during the capture at " in text and "fwd/m.py:" in text and what in text
+    assert not (work / "out.json").exists()
+
+
+def test_a_module_the_command_imported_is_an_input_even_with_force(work):
+    from devplace.capture.custom import load_factory
+    from devplace.files import OutputPathError, begin_command, check_output, end_command, set_force
+
+    _fwd_package(work)
+    begin_command()
+    try:
+        load_factory("fwd.m:fine")
+        set_force(True)
+        for name in ("fwd/m.py", "fwd/__init__.py"):
+            with pytest.raises(OutputPathError, match="an input of this command"):
+                check_output(work / name, "-o")
+    finally:
+        end_command()
+
+
+def test_two_outputs_naming_one_file_are_refused(work, capsys, monkeypatch):
+    text = _one_line(*run_cli(["capture", "--model", "mlp", "-o", "g2.json", "--full", "./g2.json"], capsys,
+                              monkeypatch))
+    assert "--full g2.json: is also the file of --output" in text and not (work / "g2.json").exists()
+
+
+@pytest.mark.parametrize(("placer", "settings", "limit"), [
+    ("anneal", {"steps": 10**15}, "1,000,000"), ("anneal", {"time_limit_s": 1e300}, "86,400"),
+    ("even-refine", {"max_evals": 10**9}, "1,000,000"), ("random", {"tries": 10**9}, "1,000,000"),
+    ("ilp", {"max_nodes": 10**6}, "1,000"), ("ilp", {"time_limit_s": 1e9}, "86,400"),
+    ("m-sct", {"max_lp_nodes": 10**9}, "1,000,000"), ("pipeline", {"chunks": 10**6}, "64"),
+    ("pipeline", {"microbatches": 10**6}, "1,024"), ("seq2seq", {"episodes": 10**9}, "100,000"),
+    ("seq2seq", {"hidden": 4096}, "1,024"), ("seq2seq", {"samples": 10**6}, "1,024"),
+    ("placeto", {"parallel": 10**5}, "256"), ("anneal", {"steps": "many"}, "must be int"),
+    ("m-topo", {"steps": 3}, "has no setting 'steps'"),
+])
+def test_every_setting_that_scales_work_has_a_limit_checked_before_work(placer, settings, limit):
+    from devplace.placers import get_placer
+    from devplace.placers.registry import PlacerError
+
+    with pytest.raises(PlacerError) as info:
+        get_placer(placer).validate(settings)
+    assert limit in str(info.value)
+
+
+def test_workers_and_threads_are_at_most_the_cores(monkeypatch):
+    from devplace.study import backends
+    from devplace.study.backends import BackendError, check_backend
+
+    monkeypatch.setattr(backends, "cpu_cores", lambda: 8)
+    check_backend("local", 8)
+    with pytest.raises(BackendError, match="at most the 8 CPU cores of this machine, got 64"):
+        check_backend("local", 64)
+    check_backend("ray", 64, address="head:6379")  # a Ray cluster's workers are its own
+
+
+def test_a_plans_placer_settings_are_checked_as_set_would_be(work, capsys, monkeypatch):
+    settings = {"placer": "anneal", "placer_settings": [1, 2]}
+    (work / "plan.json").write_text(json.dumps(_plan(None, settings=settings)))
+    text = _one_line(*run_cli(["export", "plan.json"], capsys, monkeypatch))
+    assert "plan.json: settings.placer_settings must be a JSON object" in text
+    settings["placer_settings"] = {"steps": 10**15}
+    (work / "plan.json").write_text(json.dumps(_plan(None, settings=settings)))
+    text = _one_line(*run_cli(["export", "plan.json"], capsys, monkeypatch))
+    assert "settings.placer_settings: anneal: steps must be an integer >= 0 and at most 1,000,000" in text
+    settings.update(placer_settings={}, seed="abc")
+    (work / "plan.json").write_text(json.dumps(_plan(None, settings=settings)))
+    assert "settings.seed" in _one_line(*run_cli(["export", "plan.json"], capsys, monkeypatch))
+
+
+def test_export_names_one_device_per_device(work, capsys, monkeypatch):
+    (work / "plan.json").write_text(json.dumps(_plan(None, settings={})))
+    text = _one_line(*run_cli(["export", "plan.json", "--devices", "cuda:0"], capsys, monkeypatch))
+    assert "--devices names 1 device(s), but the placement uses 2 logical devices" in text
+    code, out, err = run_cli(["export", "plan.json", "--devices", "cuda:0,cuda:1"], capsys, monkeypatch)
+    assert code == 0 and "cuda:1" in out, err
+
+
+def test_a_pipeline_source_edited_to_another_model_is_refused_before_it_is_built(work):
+    from devplace.errors import FormatError
+    from devplace.runtime.export import ExportError, read_pipeline
+
+    source = {"zoo": "mobilenet_v3_large", "batch": 1, "seq_len": None, "build_seed": 0}
+    with pytest.raises(FormatError, match="a model of 5,483,032 parameters, but the file was made for a model of 7"):
+        build_source(source, params=7)  # built on the meta device only: no memory, no weights
+    module, _, _ = build_source(source, params=5_483_032)
+    assert sum(p.numel() for p in module.parameters()) == 5_483_032
+    doc = {"format": "devplace.pipeline/2", "split_points": [], "stage_devices": [0],
+           "schedule": {"kind": "1f1b", "microbatches": 1}, "source": source, "source_params": "many"}
+    with pytest.raises(ExportError, match="source_params must be the model's parameter count"):
+        read_pipeline(doc)
+
+
+def test_every_json_devplace_writes_is_strict(work):
+    """The report's validation.json held a bare NaN on any small study (a leave-one-family-out fold of one
+    family); json_text writes null for every non-finite number, as --json does."""
+    from devplace.files import json_text
+    from devplace.study.report import write_report
+    from study_fixture import fixture_rows
+
+    assert json_text({"a": [math.nan, math.inf, 1.5]}) == '{"a": [null, null, 1.5]}'
+    rows = [r for r in fixture_rows() if r["graph"] in ("fa/0", "fa/1")]  # one family
+    write_report(write_fixture_db(work / "db.sqlite", rows), work / "rep")
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"bare {name} in validation.json")
+
+    assert json.loads((work / "rep" / "validation.json").read_text(), parse_constant=refuse)
+
+
+def test_a_report_whose_placer_failed_everywhere_draws_without_library_warnings(work):
+    from devplace.study.report import write_report
+    from study_fixture import fixture_rows
+
+    rows = fixture_rows()
+    for r in rows:
+        if r["placer"] == "greedy":
+            r.update(status="failed", step_time_s=None, feasible=None, error="NoFitError: nothing fits")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        write_report(write_fixture_db(work / "db.sqlite", rows), work / "rep")
+    assert [str(w.message) for w in seen] == []
+
+
+def test_the_simulators_channel_scratch_is_clean_between_runs():
+    """One DevplaceModel keeps its channels (devices x devices) between runs and resets the ones a run used:
+    a run after another gives what a fresh model gives."""
+    import numpy as np
+
+    from devplace.sim.devplace_model import DevplaceModel
+    from devplace.zoo.synthetic import layered_graph
+
+    g, c = layered_graph(30, width=4, seed=1), load_cluster("4xV100-16GB")
+    rng = np.random.default_rng(0)
+    first, second = (rng.integers(0, 4, g.num_nodes) for _ in range(2))
+    model = DevplaceModel(g, c)
+    model.run(first)
+    again, fresh = model.run(second), DevplaceModel(g, c).run(second)
+    assert again.step_time_s == fresh.step_time_s and np.array_equal(again.start_s, fresh.start_s)
+    assert not model._chan_free.any() and (model._chan_last == -1).all()
+
+
+def test_auto_leaves_greedy_out_on_a_dense_graph_and_says_so(monkeypatch):
+    import devplace.placers.search as search
+    from devplace.graph.compgraph import CompGraph
+
+    nodes = [{"id": f"n{i}", "compute_s": 1e-3, "output_bytes": 1000} for i in range(12)]
+    edges = [{"src": f"n{i}", "dst": f"n{j}", "bytes": 1000} for i in range(12) for j in range(i + 1, 12)]
+    g = CompGraph.build("dense", nodes, edges)
+    monkeypatch.setattr(search, "AUTO_QUADRATIC_WORK", 12 * (12 + 66) - 1)
+    assert "66 edges" in search.auto_skipped(g)["greedy"]
+    monkeypatch.setattr(search, "AUTO_QUADRATIC_WORK", 12 * (12 + 66))
+    assert search.auto_skipped(g) == {}
+    monkeypatch.setattr(search, "AUTO_SIMULATED_EDGES", 66 * 100)
+    settings, note = search.auto_settings("even-refine", None, g)
+    assert settings == {"max_evals": 100} and "66 edges" in note

@@ -54,8 +54,10 @@ def test_a_schedule_whose_count_does_not_divide_the_batch_is_refused_with_the_co
 
 
 def test_the_pipeline_placer_only_tries_counts_that_divide_the_batch():
-    assert [s.microbatches for s in pipeline_schedules("1f1b", None, None, 2, batch=12)] == [1, 2, 4]
-    assert [s.microbatches for s in pipeline_schedules("1f1b", None, None, 2)] == [1, 2, 4, 8, 16, 32]
+    # 1f1b on 2 devices runs M >= 2 (issue 30); gpipe any M
+    assert [s.microbatches for s in pipeline_schedules("1f1b", None, None, 2, batch=12)] == [2, 4]
+    assert [s.microbatches for s in pipeline_schedules("gpipe", None, None, 2, batch=12)] == [1, 2, 4]
+    assert [s.microbatches for s in pipeline_schedules("1f1b", None, None, 2)] == [2, 4, 8, 16, 32]
     with pytest.raises(DevplaceError, match=r"microbatches=8 does not split the batch of 12 .* 1, 2, 3, 4, 6, 12"):
         pipeline_schedules("1f1b", 8, None, 2, batch=12)
     g = _mlp_graph(6)
@@ -93,7 +95,7 @@ def test_a_captured_model_is_pipelined_on_micro_batches_of_its_own_size(convnet)
     placed = place_prepared(whole, cluster, placer="pipeline", order="topo")
     sched = placed.placement.schedule
     search = placed.placement.meta["microbatch_search"]
-    assert search["batch"] == 8 and set(search["tried"]) == {"1", "2", "4", "8"}
+    assert search["batch"] == 8 and set(search["tried"]) == {"2", "4", "8"}  # 1f1b on 2 devices: M >= 2
     assert sched.microbatches == search["kept"] and sched.microbatch_graph == (sched.microbatches > 1)
     assert placed.result.step_time_s == min(t for t in search["tried"].values() if isinstance(t, float))
     if sched.microbatches > 1:
@@ -125,8 +127,10 @@ def test_no_pipeline_of_a_micro_batch_count_beats_its_bound(convnet, cluster_nam
         micro = microbatch_prepared(whole, m)
         bound = one_stage[m]
         assert bound >= any_schedule[m] > 0
-        sched = Schedule("1f1b", m, microbatch_graph=m > 1)
-        placed = place_prepared(whole, cluster, placer="pipeline", order="topo", settings={"microbatches": m})
+        kind = "1f1b" if m > 1 else "gpipe"  # torch's 1f1b runs M >= the 2 stages
+        sched = Schedule(kind, m, microbatch_graph=m > 1)
+        placed = place_prepared(whole, cluster, placer="pipeline", order="topo",
+                                settings={"microbatches": m, "schedule": kind})
         assert placed.result.step_time_s >= bound
         if cluster_name == "2xK80":  # even's split, in device index order (on mixed it puts the fast device last)
             devices = place(micro.full, cluster, placer="even", order="topo").to_array(micro.full, cluster.num_devices)
@@ -158,9 +162,35 @@ def test_the_micro_batch_search_skips_a_count_its_bound_rules_out_without_captur
     captured: list[int] = []
     real = custom.microbatch_prepared
     monkeypatch.setattr(custom, "microbatch_prepared", lambda p, m: captured.append(m) or real(p, m))
-    placed = place_prepared(whole, get_preset("4xV100-16GB"), placer="pipeline", order="topo")
+    # gpipe: every count that divides the batch (1f1b on 4 devices starts at M=4, where no bound rules one out)
+    placed = place_prepared(whole, get_preset("4xV100-16GB"), placer="pipeline", order="topo",
+                            settings={"schedule": "gpipe"})
     tried = placed.placement.meta["microbatch_search"]["tried"]
     skipped = {m for m, t in tried.items() if isinstance(t, str) and t.startswith("skipped")}
     assert skipped and not skipped & {str(m) for m in captured}
     text = " ".join(placed.text().split())
     assert all(f"M={m} skipped" in text for m in skipped)  # the report says skipped, not "no fit"
+
+
+def test_a_model_whose_result_micro_batching_changes_is_reported_and_kept_unpipelined():
+    """Issue 30 item 6: BatchNorm normalises each micro-batch alone, so placer auto keeps such a model's own
+    step (before: it tried and could pick a pipeline without a word) unless a schedule is asked for, and a
+    pipelined plan of it says that its result changes. Eval-mode BatchNorm and LayerNorm change nothing."""
+    from devplace.graph.batch import batch_statistics_ops
+    from devplace.zoo import tiny
+
+    whole = prepare_model("devplace.zoo.tiny:cnn_bn", batch=8)
+    assert len(batch_statistics_ops(whole.full)) == 4  # one per BatchNorm2d
+    cluster = get_preset("2xK80")
+    auto = place_prepared(whole, cluster, order="topo")
+    tried = auto.placement.meta["placer_auto"]["tried"]
+    piped = [k for k in tried if k.startswith("pipeline")]
+    assert piped and all(str(tried[k]).startswith("skipped: micro-batching changes this model's result") for k in piped)
+    asked = place_prepared(whole, cluster, order="topo", settings={"schedule": "1f1b"})
+    assert isinstance(asked.placement.meta["placer_auto"]["tried"]["pipeline 1f1b"], float)
+    pipelined = place_prepared(whole, cluster, placer="pipeline", order="topo", settings={"microbatches": 2})
+    assert "note: micro-batching changes this model's result" in " ".join(pipelined.text().split())
+    assert "BatchNorm" in pipelined.to_dict()["microbatching_changes_result"]
+    model, inputs = tiny.cnn_bn()
+    for quiet in (capture(model.eval(), inputs), capture(*tiny.vit())):  # eval-mode BatchNorm; LayerNorm
+        assert batch_statistics_ops(quiet) == []

@@ -13,6 +13,7 @@ from devplace.capture.custom import (
     capture_named_model,
     load_factory,
 )
+from devplace.graph.batch import graph_batch, graph_microbatches
 from devplace.graph.modules import forward_ops
 from devplace.runtime import plan
 from devplace.runtime.module_map import ModuleMapError
@@ -115,7 +116,7 @@ def test_map_files_round_trip_the_exports(net_plan, tmp_path):
     with pytest.raises(ModuleMapError, match="a module map is a JSON object"):
         read_module_map(tmp_path / "bad.json")
     (tmp_path / "broken.json").write_text("{")
-    with pytest.raises(ModuleMapError, match="not JSON"):
+    with pytest.raises(ModuleMapError, match="not valid JSON"):
         read_module_map(tmp_path / "broken.json")
     with pytest.raises(ModuleMapError, match="cannot read module map"):
         read_module_map(tmp_path / "missing.json")
@@ -166,6 +167,17 @@ def test_custom_model_builds_and_captures_like_a_zoo_model(factories):
     assert g.name == "build-b3" and {str(e.get("module")) for e in g.node_extra} >= {"0", "2"}
     g2 = capture_named_model(f"{factories}:with_loss")
     assert any(g2.op[v] == "aten.pow.Tensor_Scalar" for v in range(g2.num_nodes))  # its own loss_fn ran
+
+
+def test_micro_batches_of_a_factory_that_sizes_its_own_inputs_are_its_first_samples(factories):
+    # the factory takes no batch=: a micro-batch is the captured step on the first batch / M samples, as
+    # devplace.plan cuts a module's inputs (it used to be refused, so placer auto could not place such a model)
+    from devplace.capture.custom import microbatch_prepared, named_prepared
+
+    prepared = named_prepared(f"{factories}:no_sizes")
+    micro = microbatch_prepared(prepared, 2)
+    assert graph_batch(micro.full) == 1 and graph_microbatches(micro.full) == 2
+    assert micro.full.num_nodes == prepared.full.num_nodes
 
 
 @pytest.mark.parametrize(("suffix", "kwargs", "match"), [

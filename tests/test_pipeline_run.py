@@ -121,7 +121,7 @@ def test_bad_exports_and_inputs_are_clear_errors(planned, tmp_path):
     for broken, says in [({"format": "devplace.pipeline/1"}, "devplace.pipeline/2"),
                          ({"schedule": None}, "schedule"),
                          ({"schedule": {"kind": "zigzag", "microbatches": 2}}, "unknown schedule kind"),
-                         ({"schedule": {"kind": "interleaved-1f1b", "microbatches": 4, "chunks": 2}}, "one stage per"),
+                         ({"schedule": {"kind": "interleaved-1f1b", "microbatches": 4, "chunks": 2}}, "stage s mod p"),
                          ({"stage_devices": [0]}, "stage_devices"),
                          ({"split_points": [{"module": "x", "point": "end"}]}, "beginning")]:
         with pytest.raises(ExportError, match=says):
@@ -183,7 +183,7 @@ def test_export_carries_the_schedule_the_placement_was_made_for(planned):
     assert pipeline_split(p.graph, placement, p.cluster).to_dict()["schedule"] == Schedule("1f1b", 2).to_dict()
     piped = replace(placement, schedule=Schedule("gpipe", 4))  # as `place` gives a pipeline placer's
     assert read_pipeline(pipeline_split(p.graph, piped, p.cluster).to_dict()).schedule == Schedule("gpipe", 4)
-    with pytest.raises(ExportError, match="one stage per device"):
+    with pytest.raises(ExportError, match="not 2 rounds of the same 2 devices"):  # one stage per device
         pipeline_split(p.graph, replace(placement, schedule=Schedule("interleaved-1f1b", 4, 2)), p.cluster)
     with pytest.raises(ScheduleError):
         Schedule("gpipe", 0)
@@ -217,6 +217,12 @@ def test_cli_exports_a_plan_with_its_schedule_and_runs_it(cnn_zoo, tmp_path, cap
     assert doc["format"] == "devplace.pipeline/2" and doc["schedule"]["kind"] == "gpipe"
     assert doc["schedule"]["microbatches"] == 4 and doc["source"]["zoo"] == cnn_zoo
     stages = len(doc["stage_devices"])
+    # issue 30: what `run` would refuse is refused by `export`, before anything runs
+    for refused, says in [(["--microbatches", "3"], "does not split the plan's batch of 8"),
+                          (["--schedule", "1f1b", "--microbatches", "1"], "at least as many micro-batches as stages")]:
+        code, out, err = _cli(["export", str(plan_path), "--format", "pipeline", *refused, "-o",
+                               str(tmp_path / "refused.json")], capsys, monkeypatch)
+        assert code == 2 and says in " ".join(err.split()) and not (tmp_path / "refused.json").exists()
     code, out, err = _cli(["run", "--pipeline", str(export_path), "--steps", "1", "--warmup", "0", "--json"],
                           capsys, monkeypatch)
     assert code == 0, err
@@ -388,3 +394,18 @@ def test_cuts_anywhere_is_a_setting_whose_export_says_what_it_moved():
     assert split.moved_fraction > 0 and split.pipelined_step_time_s is not None
     assert split.pipelined_step_time_s != p.result.step_time_s
     assert "moved" in split.summary() and f"{100 * split.moved_fraction:.1f}%" in split.summary()
+
+
+@pytest.mark.parametrize(("kind", "points", "schedule"), [  # Llama on 3 stages: tests/test_matrix.py
+    ("t5", ["model.encoder.block.1", "model.decoder.block.0", "model.decoder.block.1"], Schedule("gpipe", 2))])
+def test_three_and_four_stages_run_a_value_read_by_a_later_stage(kind, points, schedule):
+    """Issue 30 item 1: every Llama layer reads the rotary tables stage 0 makes, every T5 decoder block the
+    encoder's output, and the last stage the labels: torch's pipelining died on such a split ("Backward of
+    skip connections not supported yet"); the runner now passes such a value on through the stages between,
+    and the simulator sends it the same way (relay hops on the links between)."""
+    model, inputs = _tiny(kind)
+    p = plan(model, inputs, "4xV100-16GB", placer="single")
+    split = pipeline_split(p.graph, placement_from_module_map(p.graph, p.cluster, points), p.cluster, model,
+                           schedule=schedule)
+    assert split.split_points == tuple(points) and split.pipelined_step_time_s is not None
+    _runs_like_the_unpipelined_step(model, inputs, split)

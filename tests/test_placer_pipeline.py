@@ -108,7 +108,11 @@ def test_chooses_the_microbatches_when_not_given():
     pl = plan(g, c)
     assert pl.schedule.microbatches in MICROBATCH_CHOICES
     for m in MICROBATCH_CHOICES:
-        assert pl.step_time_s <= plan(g, c, microbatches=m).step_time_s
+        if m >= 4:  # 1f1b on 4 devices runs M >= 4 (issue 30)
+            assert pl.step_time_s <= plan(g, c, microbatches=m).step_time_s
+        else:
+            with pytest.raises(PlacerError, match="at least as many micro-batches as stages"):
+                plan(g, c, microbatches=m)
 
 
 def test_interleaved_uses_chunks_per_device():
@@ -194,6 +198,10 @@ def test_a_graph_without_module_paths_places_as_with_cuts_anywhere():
        st.sampled_from(["gpipe", "1f1b"]), st.sampled_from([1, 2, 4]), st.sampled_from([30.0, 60.0, 1e9]))
 def test_never_returns_a_placement_over_memory(costs, p, kind, m, mem):
     g, c = layers(costs, act=20.0, params=3.0), cluster(p, bw=100.0, mem=mem)
+    if Schedule(kind, m, chunks=2 if kind == "interleaved-1f1b" else None).unrunnable(p) is not None:
+        with pytest.raises(PlacerError, match="micro"):  # torch's pipelining would not run it (issue 30)
+            plan(g, c, schedule=kind, microbatches=m)
+        return
     try:
         pl = plan(g, c, schedule=kind, microbatches=m)
     except NoFitError:
@@ -323,7 +331,7 @@ def split_devices(g: CompGraph, cuts: tuple[int, ...], p: int) -> np.ndarray:
 
 @settings(max_examples=30, deadline=None)
 @given(costs=st.lists(st.sampled_from([0.5, 1.0, 2.0, 4.0]), min_size=4, max_size=9),
-       bw=st.sampled_from([2.0, 20.0, 1e12]), m=st.sampled_from([2, 4, 8]))
+       bw=st.sampled_from([2.0, 20.0, 1e12]), m=st.sampled_from([3, 4, 8]))  # 1f1b on 3: M >= 3
 def test_no_move_of_one_cut_shortens_the_simulated_step(costs, bw, m):
     # the cost model only ranks splits; the simulator has the last word on each cut (`_refine`)
     g, c = layers(costs, act=10.0), cluster(3, bw=bw)
@@ -332,7 +340,7 @@ def test_no_move_of_one_cut_shortens_the_simulated_step(costs, bw, m):
 
 @settings(max_examples=30, deadline=None)
 @given(costs=st.lists(st.sampled_from([0.5, 1.0, 2.0, 4.0]), min_size=4, max_size=10),
-       bw=st.sampled_from([2.0, 20.0, 1e12]), m=st.sampled_from([2, 4, 8]))
+       bw=st.sampled_from([2.0, 20.0, 1e12]), m=st.sampled_from([3, 4, 8]))  # 1f1b on 3: M >= 3
 def test_no_move_of_one_cut_by_a_segment_shortens_the_simulated_step(costs, bw, m):
     # a captured model's cuts move by whole segments (here of two layers each): between segments, every item
     # boundary inside one is blocked
@@ -364,7 +372,7 @@ def test_no_stage_ends_where_a_tie_class_would_send_activations_back():
     nodes = [{**base.node_record(v), **({"tie": "t"} if base.ids[v] in ("l1", "l6") else {})}
              for v in range(base.num_nodes)]
     g, c = CompGraph.build("spanned", nodes, [base.edge_record(e) for e in range(base.num_edges)]), cluster(4)
-    for m in (2, 8):
+    for m in (4, 8):  # 1f1b on 4 devices runs M >= 4
         pl = plan(g, c, microbatches=m)
         assert len({int(pl.devices[g.index[f"l{i}"]]) for i in range(1, 7)}) == 1
         again = simulate(g, c, pl.devices, schedule=pl.schedule)  # a pipeline: no ScheduleError
@@ -405,7 +413,7 @@ def test_order_auto_places_a_view_whose_two_stage_splits_do_not_run():
     found = place_expanded(coarsening, full, c, placer="pipeline", order="auto", microbatches=2, semantics="op-by-op")
     assert found.result.feasible
     g = layers([1.0, 3.0, 1.0, 2.0, 1.0, 1.0])
-    ok = place(g, cluster(3, bw=1e12), placer="pipeline", order="auto", microbatches=2)
+    ok = place(g, cluster(3, bw=1e12), placer="pipeline", order="auto", microbatches=3)
     assert ok.meta["order_auto"]["tried"]
 
 
@@ -525,3 +533,15 @@ def test_the_dynamic_program_never_rejects_a_split_the_simulator_finds_within_me
                               for i, d in enumerate(c.devices)), c.link)
     search, _ = _search_of(g, c, s)
     assert search.splits(s, False, 1), "the dynamic program rejected every split; the simulator finds one that fits"
+
+
+def test_one_f_one_b_plans_only_what_torch_runs():
+    """Issue 30 item 1: torch's 1F1B runs at least as many micro-batches as stages, so the placer tries on 4
+    devices only M >= 4 (before: M=2 on 4 stages, which `devplace run` refused); gpipe runs any M."""
+    g, c = layers([1.0] * 8), cluster(4, bw=1e12)
+    assert plan(g, c).schedule.microbatches >= 4
+    for m in (1, 2, 3):
+        with pytest.raises(PlacerError, match=f"{m} micro-batch"):
+            plan(g, c, microbatches=m)
+        assert Schedule("gpipe", m).unrunnable(4) is None and Schedule("1f1b", m).unrunnable(4) is not None
+    assert len(set(plan(g, c, microbatches=2, schedule="gpipe").devices.tolist())) == 4

@@ -312,7 +312,7 @@ def test_fold_runs_groups_ratios_and_skips_other_records(tmp_path):
     assert folded["device_kinds"]["k"] == {"runs": 3, "median_ratio": 2.0, "min_ratio": 1.0, "max_ratio": 4.0}
     path = tmp_path / "runs.jsonl"
     path.write_text(json.dumps(recs[0]) + "\n\n{not json\n")
-    with pytest.raises(FormatError, match=":3: not a JSON record"):
+    with pytest.raises(FormatError, match=":3: not valid JSON"):
         read_runs(path)
 
 

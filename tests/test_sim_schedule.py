@@ -97,6 +97,31 @@ def test_transfers_between_stages_once_per_microbatch_and_optimizer_once_per_ste
         r.step_time_s
 
 
+def test_a_value_read_two_stages_on_is_passed_on_by_the_stage_between():
+    """Issue 30: torch's pipelining sends only to the next stage, so a value stage 0 makes and stage 2 reads (Llama's
+    rotary tables, BART's encoder output) goes 0 -> 1 -> 2, and its gradient 2 -> 1 -> 0, as the runtime relays
+    them: two hops each way on the links, never the 0 -> 2 link, and only once however many ops read it."""
+    nodes = [{"id": f"f{s}", "compute_s": 1.0, "kind": "forward"} for s in range(3)]
+    nodes += [{"id": "g2", "compute_s": 1.0, "kind": "forward"}]  # a second reader of f0's value on stage 2
+    nodes += [{"id": f"b{s}", "compute_s": 1.0, "kind": "backward", "group": f"f{s}"} for s in (2, 1, 0)]
+    edges = [{"src": "f0", "dst": "f1", "bytes": 8}, {"src": "f1", "dst": "f2", "bytes": 8},
+             {"src": "f0", "dst": "f2", "bytes": 80, "tensor": 1}, {"src": "f0", "dst": "g2", "bytes": 80, "tensor": 1},
+             {"src": "f2", "dst": "g2", "bytes": 0, "tensor": 5}, {"src": "g2", "dst": "b2", "bytes": 0, "tensor": 5},
+             {"src": "b2", "dst": "b1", "bytes": 8}, {"src": "b1", "dst": "b0", "bytes": 8},
+             {"src": "b2", "dst": "b0", "bytes": 80, "tensor": 1}]
+    g = CompGraph.build("skip", nodes, edges)
+    devs = np.array([0, 1, 2, 2, 2, 1, 0])
+    r = simulate(g, cluster(3, bw=8.0), devs, schedule=Schedule("gpipe", 1, microbatch_graph=True))
+    hops = sorted((g.ids[int(n)], int(a), int(b), float(x)) for n, a, b, x in
+                  zip(r.transfers.node, r.transfers.src_dev, r.transfers.dst_dev, r.transfers.nbytes, strict=True))
+    assert hops == [("b1", 1, 0, 8.0), ("b2", 1, 0, 80.0), ("b2", 2, 1, 8.0), ("b2", 2, 1, 80.0),
+                    ("f0", 0, 1, 8.0), ("f0", 0, 1, 80.0), ("f0", 1, 2, 80.0), ("f1", 1, 2, 8.0)]
+    assert r.comm_bytes == pytest.approx(4 * 8 + 4 * 80)
+    # f0 ends at 1; on link 0 -> 1 its 8 bytes go first (1 s), then the 80 (10 s); the relay sends them on at 12
+    # (10 s more), then f2 (1 s) and g2, which both read them
+    assert r.start_s[g.index["g2"]] == pytest.approx(1.0 + 1.0 + 10.0 + 10.0 + 1.0)
+
+
 def test_one_f_one_b_action_order():
     assert actions(Schedule("1f1b", 4), 3, 0) == [(0, 0, 0), (0, 0, 1), (0, 0, 2), (1, 0, 0), (0, 0, 3), (1, 0, 1),
                                                     (1, 0, 2), (1, 0, 3)]

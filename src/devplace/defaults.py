@@ -35,11 +35,21 @@ AUTO_QUADRATIC_NODES = 5000
 nodes than this: greedy takes about 4.7 s per order at 5,000 nodes and 68 s at 20,000 on this project's 2-core
 machine, and auto would run it under every candidate order."""
 
+AUTO_QUADRATIC_WORK = 5000 * 15_000
+"""Placer auto also leaves them out where nodes x (nodes + edges) is above this (a 5,000-node graph of 2 edges per
+node): one greedy run simulates the graph nodes x devices times, each simulation costing about nodes + edges, so a
+dense graph is as slow as a much larger sparse one -- 600 nodes with 134,770 edges (8.1e7) took greedy 18 s per
+order under each of 10 orders, 184 s in all (`devplace place`, this project's 2-core machine, loaded)."""
+
 AUTO_SIMULATED_NODES = 10_000_000
 """Placer auto's budget for a placer that refines by simulating (even-refine, setting `max_evals`): at most this
 many nodes simulated in all, so `max_evals` is this divided by the nodes of the graph it places when that is
 below its default (3,000 simulations up to 3,333 nodes; 500 at 20,000 nodes, where one simulation takes about
 27 ms on this project's 2-core machine and 3,000 of them took 81 s). The report says when it applies."""
+
+AUTO_SIMULATED_EDGES = 25_000_000
+"""The same budget counted in edges simulated (a simulation's cost grows with edges as with nodes): `max_evals` is
+also at most this divided by the edges of the graph -- 185 simulations on 134,770 edges, whose 3,000 took 27 s."""
 
 AUTO_SIMULATED_NODES_FLOOR = 50
 """The fewest simulations that budget leaves a refining placer, however large the graph."""
@@ -131,3 +141,42 @@ MAX_ROUNDS = 64
 
 MAX_HIDDEN = 4096
 """Embedding width of the learned placers' policies (parameters grow with its square)."""
+
+MAX_SEARCH_STEPS = 1_000_000
+"""Simulations a search placer may run: anneal's `steps`, even-refine's `max_evals`, random's `tries` (one
+simulation each; a million anneal steps take about 11 minutes on 1,000 ops on this project's 2-core machine)."""
+
+MAX_TIME_LIMIT_S = 86_400.0
+"""A placer's wall-clock budget (anneal's and ilp's `time_limit_s`), in seconds: one day."""
+
+MAX_SEQ2SEQ_HIDDEN = 1024
+"""seq2seq's `hidden` (its LSTMs' width; parameters and Adam state grow with its square): one iteration of one
+sample on a 12-node graph took 19 s and 1.7 GB at 1024, 31 s and 2.8 GB at 2048, and ran past 100 s at 4.4 GB
+at 4096 (`devplace place --placer seq2seq --set episodes=1 --set samples=1`, this project's 2-core machine)."""
+
+MAX_SAMPLES = 1024
+"""Placements seq2seq samples per iteration (`samples`; its memory grows with them)."""
+
+MAX_PARALLEL = 256
+"""Episodes placeto samples side by side (`parallel`; one batched embedding of them all per step)."""
+
+MAX_CHUNKS = 64
+"""Model chunks per device of an interleaved pipeline schedule (`chunks`; the stages grow with them)."""
+
+MAX_ILP_NODES = 1000
+"""ilp's `max_nodes`: the exact program has a variable per pair of ops, a million at this size."""
+
+MAX_LP_NODES = 1_000_000
+"""m-sct's `max_lp_nodes`: the largest graph whose LP relaxation it solves."""
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on: the most worker processes (`study run --workers`, `train
+    --workers`) and CPU threads (`--threads`) devplace starts. More only share the same cores, and each worker
+    process costs hundreds of MB."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)

@@ -20,12 +20,15 @@ This module imports only `devplace.errors`, so every layer may use it.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import re
 import stat
+import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -50,10 +53,14 @@ __all__ = [
     "end_command",
     "env_limit",
     "json_kind",
+    "json_safe",
+    "json_text",
     "max_input_bytes",
     "output_file",
     "output_folder",
+    "parse_json",
     "protect",
+    "protect_modules",
     "read_limited",
     "save_png",
     "set_force",
@@ -158,6 +165,20 @@ def protect(path: str | Path) -> None:
         _command.inputs.add(_resolved(Path(path)))
 
 
+def protect_modules(names: Iterable[str]) -> None:
+    """Remember the source files of the imported modules `names` (those of `sys.modules` that have a file) as
+    inputs of this command: code it imported (a custom model, `--model pkg.mod:factory`) is one of its inputs,
+    which no output may replace, --force or not."""
+    if _command is None:
+        return
+    for name in names:
+        module = sys.modules.get(name)
+        for attr in ("__file__", "__cached__"):
+            file = getattr(module, attr, None)
+            if isinstance(file, str):
+                protect(file)
+
+
 def _resolved(path: Path) -> Path:
     try:
         return path.resolve()
@@ -240,6 +261,15 @@ def check_output(path: str | Path, what: str, kind: Kind | None = None) -> Path:
     path."""
     path = Path(path)
     name = _option(path, what)
+    try:
+        _check_output(path, name, what, kind)
+    except OSError as exc:  # a name longer than the file system allows (ENAMETOOLONG), a component not a folder
+        raise OutputPathError(f"{name}: cannot be used as an output ({exc.strerror or exc}); give a shorter or "
+                              "other file name") from None
+    return path
+
+
+def _check_output(path: Path, name: str, what: str, kind: Kind | None) -> None:
     force = _command is not None and _command.force
     if str(path).endswith(("/", os.sep)) or path.is_dir():
         raise OutputPathError(f"{name}: is a folder; give the name of a file (in it, or elsewhere)")
@@ -262,7 +292,6 @@ def check_output(path: str | Path, what: str, kind: Kind | None = None) -> Path:
                                   "--force to replace it")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputPathError(f"{name}: folder {parent} is not writable; choose another folder")
-    return path
 
 
 def _is_kind(path: Path, kind: Kind) -> bool:
@@ -315,6 +344,38 @@ def output_file(path: str | Path, what: str, kind: Kind | None = None, *, binary
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def parse_json(text: str, where: str, expected: str) -> Any:
+    """`text` parsed as JSON, or a FormatError "`where`: not valid JSON (why); `expected`" for malformed text,
+    nesting too deep for the parser (RecursionError) or an integer too long to convert (`expected` says what the
+    file should hold)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        why = f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+    except RecursionError:
+        why = "arrays or objects nested too deeply"
+    except ValueError as exc:  # an integer of more than 4300 digits
+        why = str(exc).split(";")[0]
+    raise FormatError(f"{where}: not valid JSON ({why}); {expected}")
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float (NaN, +-inf) replaced by None: JSON has no NaN or Infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def json_text(doc: Any, *, indent: int | None = None, sort_keys: bool = False) -> str:
+    """`doc` as strict JSON text, what every JSON devplace writes goes through: NaN and infinities become null
+    (`json_safe`; Python's json would write the bare NaN and Infinity that other readers refuse)."""
+    return json.dumps(json_safe(doc), indent=indent, sort_keys=sort_keys, allow_nan=False)
 
 
 def write_output(path: str | Path, data: str | bytes, what: str, kind: Kind | None = None) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.console import Console, Group, RenderableType
+from rich.table import Table
 from rich.text import Text
 
 from devplace.defaults import (
@@ -30,7 +31,10 @@ from devplace.defaults import (
     sim_model_name,
 )
 from devplace.errors import DevplaceError
+from devplace.files import json_safe
+from devplace.graph.batch import microbatching_note
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.parallel import ParallelAsk, runtime_gap
 from devplace.graph.placement import Placement, runtime_placement, save_placement
 from devplace.graph.semantics import Semantics
 from devplace.hardware.cluster import Cluster, canonical_order, reordered
@@ -39,6 +43,7 @@ from devplace.placers import Tried, search_placement
 from devplace.placers.even import even_devices
 from devplace.placers.search import MicrobatchGraph
 from devplace.sim import LowerBound, Schedule, ScheduleError, SimResult, lower_bound, simulate
+from devplace.sim.parallel import CATEGORIES, ParallelResult
 from devplace.sim.summary import result_view
 from devplace.sim.timeline import plot_timeline, write_trace
 from devplace.units import fmt_bytes, fmt_time
@@ -84,17 +89,6 @@ def check_seed(seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise SeedError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}; e.g. --seed 0")
     return seed
-
-
-def json_safe(value: Any) -> Any:
-    """`value` with every non-finite float (NaN, +-inf) replaced by None: JSON has no NaN or Infinity."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
 
 
 def render_text(renderable: RenderableType, width: int = 120) -> str:
@@ -306,6 +300,7 @@ class Placed:
     log: tuple[Tried, ...] = ()  # what the search tried: each candidate's step or why it was dropped, its seconds
     request: dict[str, Any] = field(default_factory=dict)  # what was asked: placer, order, seed, settings
     whole: CompGraph | None = None  # the whole batch's step where `graph` is one micro-batch of it
+    parallel: ParallelResult | None = None  # a parallel plan (`--dp/--pp/...`): `placement` is its replica 0
 
     @property
     def order(self) -> str | None:
@@ -321,7 +316,9 @@ class Placed:
     @cached_property
     def bound(self) -> LowerBound:
         """The lower bound of the graph on the cluster (DESIGN.md section 8), of the pipelined step for a
-        placement made for a schedule."""
+        placement made for a schedule; of a parallel plan, the whole batch's step on every device."""
+        if self.parallel is not None:
+            return lower_bound(self.whole if self.whole is not None else self.graph, self.cluster)
         return lower_bound(self.graph, self.cluster, self.placement.schedule)
 
     @cached_property
@@ -359,17 +356,21 @@ class Placed:
         if self.placement.schedule is not None:  # how its micro-batches were costed (docs/simulation.md)
             doc["microbatch_costs"] = ("captured at the micro-batch size" if self.placement.schedule.microbatch_graph
                                        else "the whole batch's / M")
+            doc["microbatching_changes_result"] = microbatching_note(self.graph)
         for key in ("order_auto", "placer_auto", "microbatch_search"):
             if key in self.placement.meta:
                 doc[key] = self.placement.meta[key]
+        if self.parallel is not None:
+            doc["parallel"] = parallel_doc(self.parallel, self.placement.meta.get("parallel_search"))
         if self.coarsening is not None:
             doc["as_run"] = {"ops_moved": self.as_run.moved, "step_time_s": self.as_run.result.step_time_s,
                              "feasible": self.as_run.result.feasible}
         return json_safe(doc)
 
-    def lines(self) -> list[Text]:
-        """The lines under the table: the order `auto` chose, how it was placed, the as-run view, files."""
-        out = []
+    def lines(self) -> list[RenderableType]:
+        """The lines under the table: a parallel plan and its memory by category, the order `auto` chose, how it
+        was placed, the as-run view, files."""
+        out: list[RenderableType] = parallel_lines(self.parallel) if self.parallel is not None else []
         chosen = self.placement.meta.get("placer_auto")
         if isinstance(chosen, dict):
             tried = ", ".join(f"{p} {_outcome(t)}" for p, t in chosen["tried"].items())
@@ -383,6 +384,9 @@ class Placed:
                             "micro-batch captured and costed at its own size"
                             + (f"; orders compared at M={at}, the order kept there walked the others" if at else "")))
         sched = self.placement.schedule
+        changes = microbatching_note(self.graph) if sched is not None else None
+        if changes is not None:
+            out.append(Text(f"note: {changes}; place without --schedule/--placer pipeline for the unpipelined step"))
         if sched is not None and not sched.microbatch_graph and sched.microbatches > 1:
             out.append(Text(f"micro-batches: {sched.label}, each micro-batch's forward and backward ops costed as "
                             f"the whole batch's / {sched.microbatches} (this graph is the whole step, not one "
@@ -431,11 +435,46 @@ class Placed:
         return render_text(self, width)
 
 
+def parallel_doc(found: ParallelResult, search: Any) -> dict[str, Any]:
+    """The "parallel" object of `devplace place --json` for a parallel plan: its dimensions (dp, pp,
+    microbatches, schedule, zero, recompute; zero and recompute per stage), the whole plan, each device's memory
+    by category, each stage's gradient sync, what devplace's runtime does not run of it, and the search."""
+    plan = found.plan
+    gap = runtime_gap(plan)
+    return {"dp": plan.dp, "pp": plan.pp, "microbatches": plan.microbatches, "schedule": plan.schedule,
+            "zero": list(plan.zero), "recompute": list(plan.recompute), "plan": plan.to_dict(),
+            "devplace_run_runs_it": gap is None, "devplace_run_does_not_run": gap,
+            **{k: v for k, v in found.to_dict().items() if k in ("memory", "sync", "pipeline_step_time_s")},
+            "search": search}
+
+
+def parallel_lines(found: ParallelResult) -> list[RenderableType]:
+    """The report's lines for a parallel plan: the plan, what devplace's runtime does not run of it, and each
+    device's memory by category at its peak (why the plan fits)."""
+    plan, gap = found.plan, runtime_gap(found.plan)
+    out = [Text(f"parallel plan: {plan.label} ({plan.microbatch_size} samples per micro-batch); step "
+                f"{fmt_time(found.step_time_s)} with gradient sync, one replica's pipeline "
+                f"{fmt_time(max(p.step_time_s for p in found.pipelines))}; the table's ops and transfers are "
+                "replica 0's"),
+           Text("devplace run runs this plan" if gap is None else
+                f"devplace run does not run this plan yet ({gap}): it refuses it; torch runs it with DDP/FSDP and "
+                "activation checkpointing, written by hand")]
+    table = Table(show_edge=False, header_style="bold", title="memory per device at its peak: parameters, "
+                  "gradients, optimizer state, activations stashed for the backward, temporaries")
+    for col in ("device", "stage", "params", "grads", "optimizer", "stash", "temps", "total", "capacity"):
+        table.add_column(col, justify="left" if col == "device" else "right")
+    for m in found.memory:
+        table.add_row(str(m.device), str(m.stage), *(fmt_bytes(getattr(m, c)) for c in CATEGORIES),
+                      fmt_bytes(m.total), fmt_bytes(m.capacity))
+    return [*out, table]
+
+
 def place_graph(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLACER, order: str = DEFAULT_ORDER,
                 seed: int = DEFAULT_SEED, coarsening: Coarsening | None = None, full: CompGraph | None = None,
                 progress: Progress | None = None, try_orders: int | None = None, try_with: str | None = None,
                 simulation_model: str = DEFAULT_SIM_MODEL, semantics: Semantics | str | None = None,
-                microbatch_graph: MicrobatchGraph | None = None, **settings: Any) -> Placed:
+                microbatch_graph: MicrobatchGraph | None = None, parallel: ParallelAsk | None = None,
+                **settings: Any) -> Placed:
     """Place `graph` on `cluster` with `placer` walking `order`, and simulate the result: the one search
     (`devplace.placers.search`) behind every entry point (`devplace place`, `devplace.plan`, a study cell,
     `devplace run --model`).
@@ -446,7 +485,8 @@ def place_graph(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLA
     so placer auto and `pipeline` place pipelines on it (the reported graph is then that micro-batch's).
     `simulation_model` is the model `result` is simulated under (the placement fits under the devplace model
     whatever it is). `progress`, `try_orders`, `try_with`, `semantics` (None: the graph's own,
-    `devplace.graph.semantics`) and the placer `settings` go to the search unchanged. The search's wall time and
+    `devplace.graph.semantics`), `parallel` (parallel plans asked for, `ParallelAsk`) and the placer `settings`
+    go to the search unchanged. The search's wall time and
     simulation count are the report's.
     """
     if (coarsening is None) != (full is None):
@@ -456,7 +496,7 @@ def place_graph(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLA
     # full graph, which is what is reported
     found = search_placement(full if full is not None else graph, cluster, coarsening=coarsening, placer=placer,
                              order=order, seed=seed, progress=progress, try_orders=try_orders, try_with=try_with,
-                             semantics=semantics, microbatch_graph=microbatch_graph, **settings)
+                             semantics=semantics, microbatch_graph=microbatch_graph, parallel=parallel, **settings)
     placement = found.placement
     # the search simulated it as run under the devplace model (a pipeline: under the schedule it was made for);
     # another model simulates it again
@@ -470,7 +510,7 @@ def place_graph(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLA
     return Placed(found.graph, cluster, placement, result, made.placer if made is not None else placer, seed,
                   dict(made.settings) if made is not None else dict(settings), found.seconds, groups,
                   found.coarsening, simulations=found.simulations, log=found.log, request=request,
-                  whole=asked if found.graph is not asked else None)
+                  whole=asked if found.graph is not asked else None, parallel=found.parallel)
 
 
 @dataclass(eq=False)

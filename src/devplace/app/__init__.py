@@ -48,6 +48,7 @@ from devplace.files import (
 )
 from devplace.graph import load_graph, load_placement
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.parallel import ParallelAsk
 from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.hardware.cost import CostTable, apply_overheads, check_table_fits
 from devplace.orders.auto import Recommendation, load_order_model, recommend_order
@@ -98,14 +99,20 @@ def check_outputs(kinds: Mapping[str, Kind] | None = None, *, inputs: Sequence[P
     `trace=...`; `devplace.files.check_output`): a folder, a file in a missing or read-only folder, one of the
     command's `inputs` or of the files it read so far, a symbolic link or a file devplace did not write (those
     two unless --force). `kinds` gives the kind of the outputs OUTPUT_KINDS does not know (e.g. `output`).
-    Nothing is created or changed."""
+    Two options naming one file are refused too. Nothing is created or changed."""
     for path in inputs:
         if path is not None:
             protect(path)
     known = {**OUTPUT_KINDS, **(kinds or {})}
+    named: dict[Path, str] = {}  # resolved output -> its option: two outputs in one file would replace each other
     for what, path in paths.items():
         if path is not None:
-            check_output(path, "--" + what.replace("_", "-"), known.get(what))
+            option = "--" + what.replace("_", "-")
+            check_output(path, option, known.get(what))
+            other = named.setdefault(Path(path).resolve(), option)
+            if other != option:
+                raise OutputPathError(f"{option} {path}: is also the file of {other}; two outputs cannot share "
+                                      "one file, give each its own name")
 
 
 def log_setting(settings: dict[str, Any] | None) -> Path | None:
@@ -132,11 +139,14 @@ PIPELINE_SETTINGS = ("schedule", "microbatches", "chunks")  # the placer setting
 
 def check_pipeline_settings(placer: str, cluster: Cluster, settings: dict[str, Any], *,
                             batch: int | None = None) -> None:
-    """Refuse, before any work (a model's capture takes a while), pipeline settings (`schedule`,
-    `microbatches`, `chunks`) given to a placer that has none, or invalid for the `pipeline` placer on
-    `cluster` (bad kind, M < 1, chunks for a one-chunk schedule, interleaved M not a multiple of the devices,
-    M that does not divide `batch` when it is known)."""
+    """Refuse, before any work (a model's capture takes a while), the placer's settings when it has no such
+    setting or a value is of the wrong type, out of range or above its limit (`PlacerSpec.validate`), and
+    pipeline settings (`schedule`, `microbatches`, `chunks`) given to a placer that has none, or invalid for the
+    `pipeline` placer on `cluster` (bad kind, M < 1, chunks for a one-chunk schedule, interleaved M not a
+    multiple of the devices, M that does not divide `batch` when it is known)."""
     given = [k for k in PIPELINE_SETTINGS if k in settings]
+    if placer != AUTO_PLACER and not (given and any(k not in get_placer(placer).settings for k in given)):
+        get_placer(placer).validate(settings)  # (pipeline settings to another placer: the message below)
     if not given:
         return
     if placer == AUTO_PLACER and given == ["schedule"]:  # "none", or the kind auto's pipelines run under
@@ -154,7 +164,7 @@ def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer:
                order: str = DEFAULT_ORDER, seed: int = DEFAULT_SEED, settings: dict[str, Any] | None = None,
                try_orders: int | None = None, try_with: str | None = None, progress: Progress | None = None,
                output: Path | None = None, trace: Path | None = None, plot: Path | None = None,
-               semantics: str | None = None) -> Placed:
+               semantics: str | None = None, parallel: ParallelAsk | None = None) -> Placed:
     """`devplace place GRAPH`: place a graph (file, `example`, or CompGraph) on a cluster (preset, file or
     Cluster), simulate it, and write the placement, trace and timeline asked for (checked before placing);
     `semantics` overrides the graph's placement semantics (`devplace.graph.semantics`)."""
@@ -163,7 +173,7 @@ def plan_graph(graph: str | Path | CompGraph, cluster: str | Cluster, *, placer:
     # after reading the inputs (quick), so that an output naming one of them is refused before placing
     check_outputs({"output": PLACEMENT_FILE}, output=output, trace=trace, plot=plot, log=log_setting(settings))
     placed = place_graph(g, c, placer=placer, order=order, seed=seed, progress=progress, try_orders=try_orders,
-                         try_with=try_with, semantics=semantics, **(settings or {}))
+                         try_with=try_with, semantics=semantics, parallel=parallel, **(settings or {}))
     placed.write(output=output, trace=trace, plot=plot)
     return placed
 
@@ -179,7 +189,7 @@ def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None
                settings: dict[str, Any] | None = None, module_map: Path | None = None, output: Path | None = None,
                trace: Path | None = None, plot: Path | None = None, save_plan: Path | None = None,
                dtype: str | None = None, amp: bool = False, costs: Path | None = None,
-               busy: Callable[[str], AbstractContextManager[Any]] = _quiet,
+               parallel: ParallelAsk | None = None, busy: Callable[[str], AbstractContextManager[Any]] = _quiet,
                progress: Callable[[str], AbstractContextManager[Progress | None]] = _quiet) -> Placed:
     """`devplace place`: a GRAPH file (or `example`), or a zoo or custom `model` captured here, placed on
     `cluster` by `placer` (`plan_graph`, `place_prepared`) or by a hand-made `module_map` (`place_by_map`),
@@ -187,7 +197,10 @@ def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None
     before any work. `busy(message)` is shown while the model is captured, `progress(what)` gives the progress
     callback while it is placed (context managers; by default nothing is shown). `costs`: a cost table of
     `devplace profile` for the model's ops and the machine's overheads (`hardware.cost.apply_overheads`), measured
-    on the kind of the cluster's devices."""
+    on the kind of the cluster's devices. `parallel`: search parallel plans (data-parallel replicas, ZeRO,
+    recomputation, zero-bubble schedules: `ParallelAsk` says which dimensions are fixed) instead of placements of
+    one replica; off by default, since devplace's runtime does not run them yet (`graph.parallel.runtime_gap`).
+    """
     settings = dict(settings or {})
     if costs is not None:
         if model is None:
@@ -201,6 +214,8 @@ def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None
     map_schedule = ({k: settings.pop(k) for k in PIPELINE_SETTINGS if k in settings} if module_map is not None
                     else {})
     check_pipeline_settings(placer, cluster, settings, batch=batch)
+    if parallel is not None:
+        parallel.check_devices(cluster.num_devices)
     if (graph is None) == (model is None):
         raise DevplaceError("give either a GRAPH file or --model NAME (see `devplace zoo list`, or "
                             "package.module:factory)")
@@ -212,10 +227,13 @@ def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None
             ("--placer", placer != DEFAULT_PLACER), ("--order", order != DEFAULT_ORDER),
             ("--try", try_orders is not None), ("--try-with", try_with is not None),
             ("--set/--episodes/--policy/--log", bool(settings)), ("--semantics", semantics is not None)) if given]
+        if parallel is not None:
+            placer_flags.append("--dp/--pp/--zero/--recompute/--parallel")
         if placer_flags:
             raise DevplaceError(f"--map places by the map, not by a placer; drop {', '.join(placer_flags)}")
     placing: dict[str, Any] = dict(placer=placer, order=order, seed=seed, settings=settings, try_orders=try_orders,
-                                   try_with=try_with, output=output, trace=trace, plot=plot, semantics=semantics)
+                                   try_with=try_with, output=output, trace=trace, plot=plot, semantics=semantics,
+                                   parallel=parallel)
     mapped = dict(output=output, trace=trace, plot=plot, **map_schedule)
     check_outputs(save_plan=save_plan)
     if model is not None:
@@ -250,7 +268,8 @@ def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None
 def simulate_file(graph: str | Path, cluster: str | Cluster, placement: str | Path, *,
                   model: str = DEFAULT_SIM_MODEL, trace: Path | None = None, plot: Path | None = None) -> Simulated:
     """`devplace simulate`: simulate a placement file of a graph file on a cluster under simulation `model`.
-    A placement made for another graph or cluster (by the names it records) is simulated with a warning."""
+    A placement made for another graph or cluster (by the names it records), or replica 0 of a parallel plan, is
+    simulated with a warning."""
     g = load_graph_arg(graph)
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
     p = load_placement(placement)
@@ -259,6 +278,10 @@ def simulate_file(graph: str | Path, cluster: str | Cluster, placement: str | Pa
     for what, recorded, given in (("graph", p.graph, g.name), ("cluster", p.cluster, c.name)):
         if recorded and recorded != given:
             sim.warnings.append(f"{placement} was made for {what} {recorded!r}, simulated on {what} {given!r}")
+    if isinstance(p.meta.get("parallel"), dict):
+        sim.warnings.append(f"{placement} is replica 0 of a parallel plan (its \"parallel\"), simulated here as that "
+                            "one pipeline, without the other replicas' gradient sync, ZeRO or recomputation; `devplace "
+                            "place --model ... --dp/--pp/--zero/--recompute` reports the plan's step")
     sim.write(trace=trace, plot=plot)
     return sim
 

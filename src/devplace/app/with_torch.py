@@ -26,7 +26,13 @@ from devplace.app import (
     load_graph_arg,
     log_setting,
 )
-from devplace.capture.custom import build_named_model, capture_named_model, microbatch_graphs, named_prepared
+from devplace.capture.custom import (
+    build_named_model,
+    capture_named_model,
+    microbatch_graphs,
+    model_code,
+    named_prepared,
+)
 from devplace.capture.onnx_import import load_onnx
 from devplace.capture.pipeline import Prepared, family_graph, prepare
 from devplace.capture.profile import (
@@ -49,13 +55,15 @@ from devplace.defaults import (
     FAMILY_MAX_NODES,
     LEARNED_PLACER,
     TRAIN_FAMILY_GRAPHS,
+    cpu_cores,
 )
 from devplace.errors import DevplaceError, FormatError
 from devplace.files import CHECKPOINT, PNG, json_kind
 from devplace.graph import save_graph
-from devplace.graph.batch import graph_batch
+from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.parallel import ParallelAsk, ParallelPlan, runtime_gap
 from devplace.hardware.cluster import Cluster, Device, load_cluster
 from devplace.hardware.cost import CostTable, apply_overheads, check_table_fits, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
@@ -91,6 +99,7 @@ from devplace.runtime.plan import (
     named_source,
     plan_from_placed,
     rebuild_zoo_model,
+    source_params,
     zoo_plan,
 )
 from devplace.runtime.run import (
@@ -118,6 +127,7 @@ __all__ = [
     "StudyRan",
     "capture_graph",
     "check_learned_placer",
+    "check_threads",
     "cost_device",
     "export_device_map",
     "export_plan",
@@ -168,14 +178,16 @@ def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAUL
                    order: str = DEFAULT_ORDER, seed: int = DEFAULT_SEED, settings: dict[str, Any] | None = None,
                    try_orders: int | None = None, try_with: str | None = None, progress: Progress | None = None,
                    output: Path | None = None, trace: Path | None = None, plot: Path | None = None,
-                   semantics: str | None = None) -> Placed:
+                   semantics: str | None = None, parallel: ParallelAsk | None = None) -> Placed:
     """Place a prepared model's coarse graph, expand the placement to every op, simulate and write files
     (checked before placing); `semantics` overrides the graph's ("autograd" for a captured model). A captured
-    model's pipelines are placed on micro-batches captured at their own size (`microbatch_graphs`)."""
+    model's pipelines are placed on micro-batches captured at their own size (`microbatch_graphs`); `parallel`
+    searches parallel plans on them instead (`devplace.placers.search.search_parallel_plans`)."""
     check_outputs({"output": PLACEMENT_FILE}, output=output, trace=trace, plot=plot, log=log_setting(settings))
     placed = place_graph(prepared.graph, cluster, placer=placer, order=order, seed=seed, progress=progress,
                          try_orders=try_orders, try_with=try_with, semantics=semantics, coarsening=prepared.coarsening,
-                         full=prepared.full, microbatch_graph=microbatch_graphs(prepared), **(settings or {}))
+                         full=prepared.full, microbatch_graph=microbatch_graphs(prepared), parallel=parallel,
+                         **(settings or {}))
     placed.write(output=output, trace=trace, plot=plot)
     return placed
 
@@ -575,6 +587,7 @@ def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, dev
                                 "file runs in the precision it was made in, under its own schedule, costed when it "
                                 "was made")
         p = load_plan_file(plan_file)
+        check_runs(p, plan_file)
         module, inputs = rebuild_zoo_model(p, trust_model=trust_model or (model or False), where=str(plan_file))
         return p, module, inputs
     assert model is not None
@@ -590,6 +603,21 @@ def plan_for_run(*, model: str | None = None, plan_file: Path | None = None, dev
     if save_plan is not None:
         p.save(save_plan)
     return p, module, inputs
+
+
+def check_runs(p: Plan, where: Path) -> None:
+    """A DevplaceError for a plan devplace's runtime does not run (`graph.parallel.runtime_gap`: a parallel plan
+    with data-parallel replicas, ZeRO, recomputation or a schedule the runtime lacks), rather than running
+    something else (its replica 0 alone)."""
+    doc = p.placement.meta.get("parallel")
+    if doc is None:
+        return
+    plan = ParallelPlan.from_dict(doc)
+    gap = runtime_gap(plan)
+    if gap is not None:
+        raise DevplaceError(f"{where} holds the parallel plan {plan.label}, and devplace run does not run {gap} yet; "
+                            "run it with torch (DDP/FSDP, activation checkpointing), or place without "
+                            "--dp/--pp/--zero/--recompute/--parallel for a plan devplace runs")
 
 
 def is_pipelined(p: Plan) -> bool:
@@ -608,13 +636,19 @@ def load_plan_file(path: Path) -> Plan:
                           "write the plan with `devplace place ... --save-plan plan.json` and give that") from None
 
 
+def check_threads(threads: int | None) -> None:
+    """Refuse, before any work, a `--threads` that is not None or a whole number from 1 to the CPU cores."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or not 1 <= threads <= cpu_cores()):
+        raise DevplaceError(f"--threads must be an integer from 1 to {cpu_cores()} (the CPU cores of this machine), "
+                            f"got {threads!r}")
+
+
 def set_threads(threads: int | None) -> None:
     """`torch.set_num_threads(threads)` when given (`--threads` of `devplace run` and `devplace profile`)."""
-    if threads is None:
-        return
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise DevplaceError(f"--threads must be an integer >= 1, got {threads!r}")
-    torch.set_num_threads(threads)
+    check_threads(threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
 
 
 def run_model(p: Plan, module: Any, inputs: Any, devices: str, *, steps: int = 5, warmup: int = 2,
@@ -622,7 +656,8 @@ def run_model(p: Plan, module: Any, inputs: Any, devices: str, *, steps: int = 5
     """`devplace run`: run and time real training steps of plan `p` on `devices` (with `threads` CPU threads
     when given: `torch.set_num_threads`) and append the calibration record to `record` (JSON lines) if given."""
     set_threads(threads)
-    placed, run, rec = measure_plan(p, module, inputs, normalize_devices(devices), steps=steps, warmup=warmup)
+    with model_code("the training steps"):
+        placed, run, rec = measure_plan(p, module, inputs, normalize_devices(devices), steps=steps, warmup=warmup)
     if record is not None:
         append_record(record, rec)
     return Measured(p, run, rec, list(placed.devices), placed.granularity, placed.crossings, steps, record)
@@ -653,12 +688,17 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
             kind = schedule or base.kind
             sched = Schedule(kind, base.microbatches if microbatches is None else microbatches,
                              base.chunks if kind == base.kind else None)
+            _check_step_batch(p.graph, sched.microbatches)
         split = pipeline_split(p.graph, p.placement, p.cluster, schedule=sched)
+        why = split.schedule.unrunnable(len(set(split.devices))) if split.schedule is not None else None
+        if why is not None:  # e.g. a hand split judged under 1f1b with too few micro-batches (place --map)
+            raise DevplaceError(f"devplace run would refuse this export: {why} (--microbatches, --schedule)")
         doc = split.to_dict()
         if names is not None:
             doc["stage_device_names"] = [names[d] for d in split.devices]
         if isinstance(p.settings.get("source"), dict):
             doc["source"] = p.settings["source"]  # so that `devplace run --pipeline` can rebuild a zoo model
+            doc["source_params"] = source_params(p.graph)  # and check that it is the model the file describes
         return doc, split.summary()
     if fmt == "device-map":
         return export_device_map(p, names, trust_model=trust_model, where=str(plan_file))
@@ -702,6 +742,18 @@ def export_device_map(p: Plan, names: list[str] | None = None, *, trust_model: b
                  f"granularity ({dm.slowdown:.3f}x)" + ("" if dm.feasible else "; the map does NOT fit memory"))
 
 
+def _check_step_batch(graph: CompGraph, microbatches: int) -> None:
+    """A DevplaceError unless `microbatches` splits the batch of the step `graph` is (or is one micro-batch of)
+    into equal micro-batches: what `devplace run` needs, checked when exporting instead of when running."""
+    batch = graph_batch(graph)
+    if batch is None:
+        return
+    batch *= graph_microbatches(graph) or 1
+    if batch % microbatches:
+        raise DevplaceError(f"--microbatches {microbatches} does not split the plan's batch of {batch} into equal "
+                            f"micro-batches; use one of {divisors_text(batch)}")
+
+
 @dataclass(frozen=True)
 class PipelineRan:
     """What `devplace run --pipeline` did: the pipelined steps and the unpipelined loss of the same batch."""
@@ -710,6 +762,7 @@ class PipelineRan:
     run: PipelineRun
     warmup: int
     reference_loss: float
+    batch_statistics: bool = False  # the model has training-mode BatchNorm: micro-batching changes its loss
 
     @property
     def timed_s(self) -> list[float]:
@@ -728,6 +781,7 @@ class PipelineRan:
                           "split_points": list(self.export.split_points), "schedule": self.export.schedule.to_dict(),
                           "processes": self.run.processes, "backend": "gloo", "losses": self.run.losses,
                           "reference_loss": self.reference_loss, "measured_steps_s": self.timed_s,
+                          "microbatching_changes_result": self.batch_statistics,
                           "measured_step_s": statistics.median(self.timed_s),
                           "measured_spread": RunResult(self.timed_s, "wall clock").spread,
                           "measured_cpu_steps_s": self.run.cpu_times_s[self.warmup:],
@@ -738,7 +792,8 @@ class PipelineRan:
         s, r = self.export.schedule, self.run
         sim = self.export.doc.get("pipelined_step_time_s")
         spread = RunResult(self.timed_s, "wall clock").spread
-        return Text(f"{r.processes} stages in {r.processes} CPU processes (gloo), {s.kind} schedule, {s.microbatches} "
+        return Text(f"{self.export.num_stages} stages in {r.processes} CPU processes (gloo), {s.kind} schedule, "
+                    f"{s.microbatches} "
                     f"micro-batches: measured step {fmt_time(statistics.median(self.timed_s))} (median of "
                     f"{len(self.timed_s)}, spread {spread:.0%} of it, wall clock, 1 thread per process"
                     + (f", {self.cores_busy:.2f} of {r.processes} cores busy" if self.cores_busy is not None else "")
@@ -746,7 +801,9 @@ class PipelineRan:
                     + (f" [warning: steps vary by more than {NOISY_SPREAD:.0%}; not to be trusted]"
                        if spread > NOISY_SPREAD else "")
                     + (f", simulated {fmt_time(float(sim))} on the plan's cluster" if sim is not None else "")
-                    + f"; first step's loss {r.losses[0]:.6g}, unpipelined {self.reference_loss:.6g}")
+                    + f"; first step's loss {r.losses[0]:.6g}, unpipelined {self.reference_loss:.6g}"
+                    + (" (they differ: the model's BatchNorm normalises each micro-batch by its own statistics)"
+                       if self.batch_statistics else ""))
 
     def text(self, width: int = 120) -> str:
         """The report as plain text."""
@@ -760,7 +817,8 @@ def run_pipeline_export(pipeline_file: Path, *, processes: int | None = None, st
     custom model the export names is imported only when `trust_model` is True or its name."""
     check_steps(steps, warmup)
     ex = read_pipeline(pipeline_file)
-    module, inputs, loss_fn = build_source(ex.source, trust_model=trust_model, where=str(pipeline_file))
+    module, inputs, loss_fn = build_source(ex.source, trust_model=trust_model, where=str(pipeline_file),
+                                           params=ex.source_params)
     return _run_pipelined(ex, module, inputs, loss_fn, processes=processes, steps=steps, warmup=warmup,
                           optimizer=optimizer)
 
@@ -792,7 +850,8 @@ def _run_pipelined(ex: PipelineExport, module: Any, inputs: Any, loss_fn: Any, *
         reference = float((loss_fn(out) if loss_fn is not None else default_loss(out)).detach())
     ran = run_pipeline(module, inputs, ex, processes=processes, steps=warmup + steps, optimizer=optimizer,
                        loss_fn=loss_fn)
-    return PipelineRan(ex, ran, warmup, reference)
+    norms = (m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
+    return PipelineRan(ex, ran, warmup, reference, any(m.training for m in norms))
 
 
 @dataclass(frozen=True)

@@ -15,29 +15,45 @@ imported; a name read from a data file (a plan, a pipeline export) only when the
 (`check_trusted`), so that a file passed around cannot run code.
 
 Whatever the user's code raises while importing or building (any BaseException: SystemExit and
-KeyboardInterrupt included) becomes one CustomModelError, "custom model 'x:f' failed: <type>: <message>".
+KeyboardInterrupt included) becomes one CustomModelError, "custom model 'x:f' failed: <type>: <message>"; what
+it raises later, in its forward or loss while a step is captured or run (`model_code`), becomes one too.
+
+The modules a custom name imports are inputs of the command (`devplace.files.protect_modules`): no output
+replaces them, --force or not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import re
-from collections.abc import Callable
+import sys
+import sysconfig
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from devplace.capture.pipeline import ModelRef, Prepared, capture_zoo_model, precision_suffix, prepare
+from devplace.capture.pipeline import (
+    ModelRef,
+    Prepared,
+    capture_zoo_model,
+    first_samples,
+    precision_suffix,
+    prepare,
+)
 from devplace.capture.torch_capture import capture
 from devplace.errors import DevplaceError
+from devplace.files import protect_modules
 from devplace.graph.batch import MICROBATCHES_META_KEY, divisors_text, graph_batch
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 
 __all__ = ["CustomModelError", "build_custom_model", "build_named_model", "capture_named_model", "check_trusted",
-           "is_custom", "load_factory", "named_prepared"]
+           "is_custom", "load_factory", "model_code", "named_prepared"]
 
 # how a factory must look, for the messages about one that does not
 FACTORY_SHAPE = ("a factory is a function returning (module, example_inputs) or (module, example_inputs, loss_fn), "
@@ -70,8 +86,13 @@ def check_trusted(spec: str, trust: bool | str, where: str) -> None:
                            "--trust-model")
 
 
+def _what(exc: BaseException) -> str:
+    """"Type: message" of what the user's code raised (the type alone when it says nothing, as KeyboardInterrupt)."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 def _failed(spec: str, exc: BaseException) -> CustomModelError:
-    return CustomModelError(f"custom model {spec!r} failed: {type(exc).__name__}: {exc}")
+    return CustomModelError(f"custom model {spec!r} failed: {_what(exc)}")
 
 
 def load_factory(spec: str) -> Callable[..., Any]:
@@ -80,6 +101,7 @@ def load_factory(spec: str) -> Callable[..., Any]:
     if not _DOTTED.fullmatch(mod_name) or not _DOTTED.fullmatch(attr):
         raise CustomModelError(f"custom model {spec!r} must be written package.module:factory (dotted Python names, "
                                "no relative import), e.g. mymodels.towers:build")
+    before = set(sys.modules)
     try:
         obj: Any = importlib.import_module(mod_name)
     except ModuleNotFoundError as exc:
@@ -89,6 +111,9 @@ def load_factory(spec: str) -> Callable[..., Any]:
         raise _failed(spec, exc) from exc
     except BaseException as exc:  # the module's own code: a syntax error, an exception, even sys.exit() at import
         raise _failed(spec, exc) from exc
+    finally:  # what it imported (its package and the modules it loaded) is code the command read
+        parents = [mod_name.rsplit(".", i)[0] for i in range(mod_name.count(".") + 1)]
+        protect_modules(sorted(set(sys.modules) - before | set(parents)))
     for part in attr.split("."):
         if not hasattr(obj, part):
             have = sorted(n for n in dir(obj) if not n.startswith("_"))[:8]
@@ -99,6 +124,42 @@ def load_factory(spec: str) -> Callable[..., Any]:
         raise CustomModelError(f"custom model {spec!r}: {attr!r} is a {type(obj).__name__}, not a function that "
                                "returns (module, example_inputs[, loss_fn])")
     return obj  # type: ignore[no-any-return]
+
+
+# where Python, the installed packages and devplace itself live: a frame elsewhere is the user's model code
+_LIBRARY_ROOTS = tuple(sorted({str(Path(p).resolve()) for p in (
+    *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")), sys.prefix, sys.base_prefix,
+    Path(__file__).resolve().parents[1])}))
+
+
+def _user_frame(exc: BaseException) -> str | None:
+    """"file:line" of the innermost frame of `exc`'s traceback in the user's code (outside `_LIBRARY_ROOTS`),
+    or None when it passed through none (an error of devplace or a library, or a signal)."""
+    where = None
+    tb = exc.__traceback__
+    while tb is not None:
+        file = tb.tb_frame.f_code.co_filename
+        if not file.startswith("<") and not str(Path(file).resolve()).startswith(_LIBRARY_ROOTS):
+            where = f"{file}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
+
+
+@contextlib.contextmanager
+def model_code(stage: str) -> Iterator[None]:
+    """Run a model's forward and loss (during `stage`, e.g. "the capture"): what the user's own code raises -- an
+    exception whose traceback passes through a file outside Python, the installed packages and devplace, such
+    as SystemExit from sys.exit() or KeyboardInterrupt raised in a forward -- becomes one CustomModelError
+    naming that line; devplace's own errors and the libraries' pass unchanged."""
+    try:
+        yield
+    except DevplaceError:
+        raise
+    except BaseException as exc:
+        where = _user_frame(exc)
+        if where is None:
+            raise
+        raise CustomModelError(f"the model's code failed during {stage} at {where}: {_what(exc)}"[:1000]) from exc
 
 
 def _sizes(factory: Callable[..., Any], spec: str, batch: int | None, seq_len: int | None) -> dict[str, int]:
@@ -170,7 +231,8 @@ def capture_named_model(name: str, *, batch: int | None = None, seq_len: int | N
     module, inputs, loss_fn = build_custom_model(name, batch, seq_len, seed=seed)
     label = name.rpartition(":")[2] + (f"-b{batch}" if batch is not None else "") + (
         f"-s{seq_len}" if seq_len is not None else "") + precision_suffix(dtype, amp)
-    return capture(module, inputs, loss_fn=loss_fn, optimizer=optimizer, name=label, dtype=dtype, amp=amp)
+    with model_code("the capture"):
+        return capture(module, inputs, loss_fn=loss_fn, optimizer=optimizer, name=label, dtype=dtype, amp=amp)
 
 
 def named_prepared(name: str, *, batch: int | None = None, seq_len: int | None = None, optimizer: str = "adam",
@@ -208,10 +270,33 @@ def microbatch_prepared(prepared: Prepared, microbatches: int) -> Prepared:
         raise DevplaceError(f"{microbatches} micro-batches do not split the batch of {batch} into equal "
                             f"micro-batches; with batch {batch} use one of {divisors_text(batch)}, or a batch that "
                             f"{microbatches} divides")
-    graph = capture_named_model(ref.name, batch=batch // microbatches, seq_len=ref.seq_len, optimizer=ref.optimizer,
-                                seed=ref.seed, dtype=ref.dtype, amp=ref.amp)
+    if is_custom(ref.name) and not _takes_batch(ref.name):
+        graph = _capture_first_samples(ref, batch, batch // microbatches)
+    else:
+        graph = capture_named_model(ref.name, batch=batch // microbatches, seq_len=ref.seq_len,
+                                    optimizer=ref.optimizer, seed=ref.seed, dtype=ref.dtype, amp=ref.amp)
     graph.meta[MICROBATCHES_META_KEY] = microbatches  # a fresh capture's own dict: mark it before it is costed
     return prepare(graph, model=ref, **dict(ref.options))
+
+
+def _takes_batch(spec: str) -> bool:
+    """Whether the factory `spec` names sizes its inputs from a `batch=` keyword (a builtin: assume it does)."""
+    try:
+        params = inspect.signature(load_factory(spec)).parameters
+    except (TypeError, ValueError):
+        return True
+    return "batch" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _capture_first_samples(ref: ModelRef, batch: int, size: int) -> CompGraph:
+    """The step of custom model `ref`, whose factory sizes its own inputs (`batch` samples), captured on the first
+    `size` samples of every input of that batch: a micro-batch, as `devplace.plan` cuts a module's inputs."""
+    module, inputs, loss_fn = build_custom_model(ref.name, None, ref.seq_len, seed=ref.seed)
+    label = ref.name.rpartition(":")[2] + f"-b{size}" + (f"-s{ref.seq_len}" if ref.seq_len is not None else "") + (
+        precision_suffix(ref.dtype, ref.amp))
+    with model_code("the capture"):
+        return capture(module, first_samples(inputs, batch, size), loss_fn=loss_fn, optimizer=ref.optimizer,
+                       name=label, dtype=ref.dtype, amp=ref.amp)
 
 
 def microbatch_graphs(prepared: Prepared) -> Callable[[int], tuple[CompGraph, Coarsening]] | None:

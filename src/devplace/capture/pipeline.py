@@ -87,7 +87,7 @@ def module_microbatch_graphs(model: torch.nn.Module, example_inputs: Any, batch:
             raise DevplaceError(f"{microbatches} micro-batches do not split the batch of {batch} into equal "
                                 f"micro-batches; use one of {divisors_text(batch)}")
         size = batch // microbatches
-        graph = capture(model, _first_samples(example_inputs, batch, size), loss_fn=loss_fn, optimizer=optimizer,
+        graph = capture(model, first_samples(example_inputs, batch, size), loss_fn=loss_fn, optimizer=optimizer,
                         dtype=dtype, amp=amp)
         graph.meta[MICROBATCHES_META_KEY] = microbatches  # a fresh capture's own dict: mark it before it is costed
         prepared = prepare(graph, **options)
@@ -95,15 +95,15 @@ def module_microbatch_graphs(model: torch.nn.Module, example_inputs: Any, batch:
     return graph_of
 
 
-def _first_samples(inputs: Any, batch: int, size: int) -> Any:
+def first_samples(inputs: Any, batch: int, size: int) -> Any:
     """`inputs` (a tensor, or tuples, lists and dicts of them) with every tensor whose first dimension is `batch`
     cut to its first `size` samples."""
     if isinstance(inputs, torch.Tensor):
         return inputs[:size] if inputs.dim() >= 1 and inputs.shape[0] == batch else inputs
     if isinstance(inputs, dict):
-        return {k: _first_samples(v, batch, size) for k, v in inputs.items()}
+        return {k: first_samples(v, batch, size) for k, v in inputs.items()}
     if isinstance(inputs, tuple | list):
-        return type(inputs)(_first_samples(v, batch, size) for v in inputs)
+        return type(inputs)(first_samples(v, batch, size) for v in inputs)
     return inputs
 
 

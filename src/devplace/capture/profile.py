@@ -360,12 +360,30 @@ def fold_runs(records: list[Mapping[str, Any]]) -> dict[str, Any]:
             "graphs": {k: row(v) for k, v in sorted(by_graph.items())}}
 
 
+def _check_run(rec: Mapping[str, Any], where: str) -> None:
+    """Refuse a devplace.run/1 record whose fields `fold_runs` reads have the wrong type (FormatError naming the
+    line and the field): the file was edited or damaged."""
+    from devplace.errors import FormatError
+
+    for key, test, shape in (("device_kinds", _texts, "a list of texts"), ("devices", _texts, "a list of texts"),
+                             ("graph", _text, "a text"), ("cluster", _text, "a text")):
+        if key in rec and not test(rec[key]):
+            raise FormatError(f"{where}: field {key!r} of the run record must be {shape}, got {rec[key]!r:.60}; the "
+                              "record was edited or damaged: remove that line or record the run again")
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _texts(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
 def read_runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The JSON-lines records of a `devplace run --record` file (blank lines skipped)."""
-    import json
-
     from devplace.errors import FormatError
-    from devplace.files import read_limited
+    from devplace.files import parse_json, read_limited
 
     out: list[dict[str, Any]] = []
     try:
@@ -375,11 +393,9 @@ def read_runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"{path}:{i}: not a JSON record ({exc.msg}); expected one devplace.run/1 object a line"
-                              ) from None
+        rec = parse_json(line, f"{path}:{i}", "expected one devplace.run/1 object a line")
+        if isinstance(rec, dict) and rec.get("format") == RUN_FORMAT:
+            _check_run(rec, f"{path}:{i}")
         if isinstance(rec, dict):
             out.append(rec)
     return out

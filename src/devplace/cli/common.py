@@ -22,9 +22,9 @@ from rich.text import Text
 from devplace import app
 from devplace.defaults import AUTO_PIPELINE, AUTO_PLACER, AUTO_PLACERS, SIM_MODEL_ALIASES, SIM_MODELS
 from devplace.errors import DevplaceError
-from devplace.files import set_force
+from devplace.files import json_text, set_force
 from devplace.graph.semantics import parse_semantics
-from devplace.planning import check_seed, json_safe
+from devplace.planning import check_seed
 
 
 def _escaped(text: str, keep: str = "") -> str:
@@ -124,7 +124,7 @@ SIM_MODEL_HELP = (f"simulation model: {' or '.join(SIM_MODELS)}"
 
 def print_json(doc: Any) -> None:
     """Print `doc` as indented JSON (NaN and infinities as null: JSON has neither)."""
-    sys.stdout.write(json.dumps(json_safe(doc), indent=1) + "\n")
+    sys.stdout.write(json_text(doc, indent=1) + "\n")
 
 
 def one_line(text: str) -> Text:

@@ -56,6 +56,7 @@ from devplace.defaults import (
 from devplace.errors import DevplaceError
 from devplace.graph.features import FEATURE_DESCRIPTIONS
 from devplace.graph.info import graph_info
+from devplace.graph.parallel import ParallelAsk
 from devplace.hardware.cluster import load_cluster
 from devplace.hardware.features import graph_features
 from devplace.hardware.presets import PRESETS
@@ -186,6 +187,18 @@ def place_cmd(
                                                    "`devplace run --plan`")] = None,
     costs: CostsOpt = None,
     force: ForceOpt = False,
+    parallel: Annotated[bool, typer.Option(
+        "--parallel", help="with --model: search parallel plans (data-parallel replicas x pipeline stages, ZeRO, "
+                           "recomputation, zero-bubble schedules) instead of placements of one replica; devplace run "
+                           "does not run data-parallel, ZeRO or recomputing plans yet")] = False,
+    dp: Annotated[int | None, typer.Option("--dp", help="parallel plans: fix the data-parallel degree (dp x pp = the "
+                                                        "devices; implies --parallel)")] = None,
+    pp: Annotated[int | None, typer.Option("--pp", help="parallel plans: fix the pipeline stages (implies "
+                                                        "--parallel)")] = None,
+    zero: Annotated[int | None, typer.Option("--zero", help="parallel plans: fix the ZeRO stage, 0-3 (implies "
+                                                            "--parallel)")] = None,
+    recompute: Annotated[str | None, typer.Option("--recompute", help="parallel plans: none, full or auto (the "
+                                                                      "search chooses; implies --parallel)")] = None,
 ) -> None:
     """Place GRAPH (or a zoo or custom --model, captured on the fly) on a cluster and print the predicted step
     time and memory per device, with the best single device and the even split as baselines.
@@ -196,6 +209,8 @@ def place_cmd(
     full graph. With --map, the captured graph is placed by the map, as autograd runs it.
     """
     require_cluster(cluster)
+    asked = parallel or any(v is not None for v in (dp, pp, zero, recompute))
+    ask = ParallelAsk(dp, pp, zero, recompute or "auto") if asked else None
     c = load_cluster(cluster)
     settings = parse_settings(setting or [])
     for key, value in (("episodes", episodes), ("policy", policy), ("log", log), ("schedule", schedule),
@@ -208,7 +223,7 @@ def place_cmd(
                             optimizer=optimizer, placer=placer, order=order, try_orders=try_k, try_with=try_with,
                             seed=seed, semantics=semantics, settings=settings, module_map=module_map, output=output,
                             trace=trace, plot=plot, save_plan=save_plan, dtype=dtype, amp=amp, costs=costs,
-                            busy=lambda message: busy(message, quiet or as_json),
+                            parallel=ask, busy=lambda message: busy(message, quiet or as_json),
                             progress=lambda what: progress_bar(what, quiet or as_json))
     if as_json:
         print_json(placed.to_dict())

@@ -110,6 +110,7 @@ def run_cmd(
             console.print(ran)
         return
     tasks.check_steps(steps, warmup)  # before capturing and placing
+    tasks.check_threads(threads)
     if schedule not in (None, "none"):  # pipelined: its stages run 1 thread each, as the CPU is to be measured
         _one_thread(threads, f"--schedule {schedule}")
         threads = 1

@@ -9,6 +9,11 @@ from typing import Any
 from devplace.graph.compgraph import CompGraph
 
 MICROBATCHES_META_KEY = "microbatches"  # graph meta: this graph is one micro-batch of a step that runs it M times
+# ops whose result depends on the whole batch they see: training-mode batch normalisation (statistics of its batch)
+BATCH_STATISTICS_OPS = frozenset({
+    "aten._native_batch_norm_legit", "aten._native_batch_norm_legit_functional", "aten.native_batch_norm",
+    "aten._batch_norm_with_update", "aten._batch_norm_with_update_functional", "aten.cudnn_batch_norm",
+    "aten.miopen_batch_norm"})
 
 
 def _count(value: Any) -> int | None:
@@ -38,3 +43,22 @@ def microbatch_counts(batch: int | None, choices: tuple[int, ...]) -> tuple[int,
 def divisors_text(batch: int) -> str:
     """"1, 2, 4": the micro-batch counts that split `batch` into equal micro-batches, for messages."""
     return ", ".join(str(d) for d in range(1, batch + 1) if batch % d == 0)
+
+
+def batch_statistics_ops(graph: CompGraph) -> list[int]:
+    """The ops of `graph` whose result depends on every sample of the batch they see (`BATCH_STATISTICS_OPS`:
+    BatchNorm in training mode; not in eval mode, not LayerNorm or GroupNorm). Under a micro-batch schedule each
+    normalises its micro-batch alone, so a pipelined step of such a graph is not the step of the whole batch
+    (its loss and gradients differ)."""
+    return [v for v, op in enumerate(graph.op) if op.rpartition(".")[0] in BATCH_STATISTICS_OPS
+            or op in BATCH_STATISTICS_OPS]
+
+
+def microbatching_note(graph: CompGraph) -> str | None:
+    """One sentence saying that micro-batching changes `graph`'s result, and why (None when it does not)."""
+    ops = batch_statistics_ops(graph)
+    if not ops:
+        return None
+    return (f"micro-batching changes this model's result: its {len(ops)} BatchNorm op(s) normalise each micro-batch "
+            "by that micro-batch's own statistics, so a pipelined step computes another loss and other gradients "
+            "than the step of the whole batch")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from devplace.errors import FormatError
-from devplace.files import json_kind, read_limited, write_output
+from devplace.files import json_kind, json_text, read_limited, write_output
 
 
 def read_json(path: str | Path, expected_format: str, *, max_bytes: int | None = None) -> dict[str, Any]:
@@ -84,4 +84,4 @@ def write_json(path: str | Path, doc: dict[str, Any], what: str = "output") -> N
     messages)."""
     fmt = doc.get("format")
     kind = json_kind(fmt.rsplit("/", 1)[0]) if isinstance(fmt, str) else None
-    write_output(path, json.dumps(doc, indent=1) + "\n", what, kind)
+    write_output(path, json_text(doc, indent=1) + "\n", what, kind)

@@ -198,3 +198,68 @@ class ParallelPlan:
             if isinstance(doc.get(key), list):
                 doc[key] = tuple(doc[key])
         return cls(**doc)
+
+
+RECOMPUTE_ASKS = (*RECOMPUTE, "auto")
+
+
+@dataclass(frozen=True)
+class ParallelAsk:
+    """What a request fixes of a parallel plan (`devplace place --dp/--pp/--zero/--recompute`, `--parallel`):
+    each dimension None (or recompute "auto") is searched, any other value is the only one tried. Checked when
+    made; whether dp x pp matches a cluster and the batch is the search's check (it knows them)."""
+
+    dp: int | None = None
+    pp: int | None = None
+    zero: int | None = None
+    recompute: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "pp"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _count(value, name))
+        if self.zero is not None and (isinstance(self.zero, bool) or self.zero not in ZERO_STAGES):
+            raise ParallelPlanError(f"--zero must be one of 0, 1, 2, 3, got {self.zero!r}")
+        if self.recompute not in RECOMPUTE_ASKS:
+            raise ParallelPlanError(f"--recompute must be one of {', '.join(RECOMPUTE_ASKS)}, got {self.recompute!r}")
+        if self.dp == 1 and self.zero:
+            raise ParallelPlanError(f"--zero {self.zero} shards over a stage's data-parallel replicas, and --dp 1 has "
+                                    "none to shard over; use --zero 0 or --dp >= 2")
+
+    def check_devices(self, devices: int) -> None:
+        """ParallelPlanError where the fixed dp and pp do not fit `devices` (a plan uses every device: dp x pp =
+        devices), naming what would."""
+        divisors = ", ".join(str(d) for d in range(1, devices + 1) if devices % d == 0)
+        if self.dp is not None and self.pp is not None and self.dp * self.pp != devices:
+            raise ParallelPlanError(f"--dp {self.dp} x --pp {self.pp} = {self.dp * self.pp} devices, and the cluster "
+                                    f"has {devices}: a plan uses every device; give dp and pp whose product is "
+                                    f"{devices}")
+        for name, value in (("--dp", self.dp), ("--pp", self.pp)):
+            if value is not None and devices % value:
+                raise ParallelPlanError(f"{name} {value} does not divide the cluster's {devices} devices (a plan uses "
+                                        f"every device: dp x pp = {devices}); use one of {divisors}")
+        if self.pp == devices and self.zero:
+            raise ParallelPlanError(f"--zero {self.zero} shards over a stage's data-parallel replicas, and --pp "
+                                    f"{devices} leaves dp = 1, none to shard over; use --zero 0 or fewer stages")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: each dimension's fixed value, or "auto"."""
+        return {"dp": self.dp or "auto", "pp": self.pp or "auto",
+                "zero": "auto" if self.zero is None else self.zero, "recompute": self.recompute}
+
+
+# the pipeline schedules devplace's runtime runs (`runtime.pipeline_run.SCHEDULES`, which graph/ may not import;
+# tests/test_parallel_search.py checks the two agree)
+RUN_SCHEDULES = ("gpipe", "1f1b")
+
+
+def runtime_gap(plan: ParallelPlan) -> str | None:
+    """What of `plan` devplace's runtime does not run, or None when it runs all of it: today `devplace run` runs
+    one pipeline under one of `RUN_SCHEDULES`, or one device, without data-parallel replicas, ZeRO sharding or
+    recomputation."""
+    missing = [what for what, needed in (
+        (f"{plan.dp} data-parallel replicas", plan.dp > 1), (f"ZeRO-{max(plan.zero)}", max(plan.zero) > 0),
+        ("activation recomputation", "full" in plan.recompute),
+        (f"the {plan.schedule} schedule", plan.schedule not in ("none", *RUN_SCHEDULES))) if needed]
+    return ", ".join(missing) or None

@@ -8,7 +8,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from devplace.defaults import MAX_MICROBATCHES
+from devplace.defaults import MAX_CHUNKS, MAX_MICROBATCHES
 from devplace.errors import DevplaceError
 
 KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
@@ -50,7 +50,7 @@ class Schedule:
                                                                     MAX_MICROBATCHES))
         multi = self.kind in MULTI_CHUNK
         default = 2 if multi or self.kind == "zero-bubble" else 1
-        chunks = default if self.chunks is None else _int_at_least(self.chunks, "chunks", 1)
+        chunks = default if self.chunks is None else _int_at_least(self.chunks, "chunks", 1, MAX_CHUNKS)
         if self.kind == "zbv" and chunks != 2:
             raise ScheduleError(f"Schedule: zbv runs two model chunks per device (a V), got chunks={chunks}")
         if multi and chunks < 2:
@@ -68,6 +68,20 @@ class Schedule:
                     or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0 for d in order)):
                 raise ScheduleError(f"Schedule: device_order must list distinct device indices, got {order!r}")
             object.__setattr__(self, "device_order", tuple(int(d) for d in order))
+
+    def unrunnable(self, devices: int) -> str | None:
+        """Why torch.distributed.pipelining cannot run this schedule on a pipeline of `devices` devices (None: it
+        can): its 1F1B fills the pipeline before the first backward, so it needs M >= the stages; its interleaved
+        1F1B, M a multiple of max(1, M // devices), which M a multiple of the devices (Megatron-LM's order, what
+        the simulator runs) satisfies. GPipe runs any M."""
+        m = self.microbatches
+        if self.kind == "1f1b" and m < devices:
+            return (f"1f1b runs at least as many micro-batches as stages: {m} micro-batch(es) for {devices} stages; "
+                    f"use {devices} or more micro-batches, or the gpipe schedule")
+        if self.kind == "interleaved-1f1b" and m % devices:
+            return (f"interleaved-1f1b needs microbatches to be a multiple of the {devices} devices, got {m}; use a "
+                    f"multiple of {devices}")
+        return None
 
     @property
     def label(self) -> str:

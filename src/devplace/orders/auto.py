@@ -38,7 +38,6 @@ many simulations or a training) the tree's order is used, unless `try_orders=K` 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -48,7 +47,7 @@ from typing import Any
 
 from devplace.defaults import CANONICAL_ORDER, RECOMMEND_PLACER
 from devplace.errors import DevplaceError, FormatError
-from devplace.files import json_kind, read_limited, write_output
+from devplace.files import json_kind, json_text, parse_json, read_limited, write_output
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.hardware.features import graph_features
@@ -128,16 +127,15 @@ class OrderModel:
         """Read a model file; FormatError for bad JSON or another format/version."""
         p = Path(path)
         try:
-            doc = json.loads(read_limited(p).decode("utf-8"))
+            text = read_limited(p).decode("utf-8")
         except UnicodeDecodeError:
             raise FormatError(f"{p} is not UTF-8 text; an order model is a JSON file") from None
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"{p} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        doc = parse_json(text, str(p), "an order model is a devplace.order-model/1 JSON file")
         return cls(doc, str(p))
 
     def save(self, path: str | Path) -> None:
         """Write the model as indented JSON with sorted-free, stable key order (as built)."""
-        write_output(path, json.dumps(self.doc, indent=1) + "\n", "order model", json_kind("devplace.order-model"))
+        write_output(path, json_text(self.doc, indent=1) + "\n", "order model", json_kind("devplace.order-model"))
 
     @property
     def placers(self) -> list[str]:

@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 
+from devplace.defaults import MAX_SEARCH_STEPS, MAX_TIME_LIMIT_S
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.placers.memory import NoFitError, no_fit_error
@@ -50,10 +51,16 @@ def _check_settings(start: str, steps: int, time_limit_s: float | None, initial_
                     swap_prob: float) -> None:
     if start == "anneal":
         raise PlacerError("anneal cannot start from itself; give start= another placer, e.g. 'm-topo' or 'greedy'")
-    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 0:
-        raise PlacerError(f"anneal: steps must be an integer >= 0, got {steps!r}")
-    if time_limit_s is not None and not (isinstance(time_limit_s, int | float) and time_limit_s > 0):
-        raise PlacerError(f"anneal: time_limit_s must be a number of seconds > 0 or None, got {time_limit_s!r}")
+    try:
+        get_placer(start)
+    except PlacerError as exc:
+        raise PlacerError(f"anneal: setting 'start': {exc}") from None
+    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or not 0 <= steps <= MAX_SEARCH_STEPS:
+        raise PlacerError(f"anneal: steps must be an integer >= 0 and at most {MAX_SEARCH_STEPS:,}, got {steps!r}")
+    if time_limit_s is not None and not (isinstance(time_limit_s, int | float) and not isinstance(time_limit_s, bool)
+                                         and 0 < time_limit_s <= MAX_TIME_LIMIT_S):
+        raise PlacerError(f"anneal: time_limit_s must be a number of seconds > 0 and at most {MAX_TIME_LIMIT_S:,.0f} "
+                          f"(a day), or None, got {time_limit_s!r}")
     if not (isinstance(initial_temp, int | float) and isinstance(final_temp, int | float)
             and 0 < final_temp <= initial_temp and math.isfinite(initial_temp)):
         raise PlacerError("anneal: need 0 < final_temp <= initial_temp (fractions of the start's gap to the lower "

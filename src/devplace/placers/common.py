@@ -27,10 +27,13 @@ def describe_oom(result: SimResult) -> str:
                      f"{fmt_bytes(float(result.memory_bytes[d]))})" for d in result.oom)
 
 
-def positive_int(value: object, setting: str, placer: str) -> int:
-    """`value` as an int >= 1, or a PlacerError naming the placer's setting."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise PlacerError(f"placer {placer!r}: setting {setting!r} must be an integer >= 1, got {value!r}")
+def positive_int(value: object, setting: str, placer: str, high: int | None = None) -> int:
+    """`value` as an int >= 1 (and <= `high`, the setting's limit, when given), or a PlacerError naming the
+    placer's setting."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1 or (
+            high is not None and value > high):
+        limit = "" if high is None else f" and at most {high:,}"
+        raise PlacerError(f"placer {placer!r}: setting {setting!r} must be an integer >= 1{limit}, got {value!r}")
     return int(value)
 
 

@@ -39,6 +39,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from devplace.defaults import MAX_SEARCH_STEPS
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.placers.common import describe_oom, positive_int
@@ -81,7 +82,11 @@ def _moves(part: np.ndarray, num_devices: int) -> Iterator[tuple[int, int, int]]
                 yield i, i + 1, d
 
 
-@register("even-refine", uses_order=False, refines=lambda settings: "even")
+def _check_settings(max_evals: int) -> int:
+    return positive_int(max_evals, "max_evals", "even-refine", MAX_SEARCH_STEPS)
+
+
+@register("even-refine", uses_order=False, check=_check_settings, refines=lambda settings: "even")
 def even_refine(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int = 0,
                 max_evals: int = DEFAULT_MAX_EVALS, ties: np.ndarray | None = None) -> np.ndarray:
     """Local search from the `even` split: moves blocks of the class sequence between devices while the step shortens.
@@ -94,7 +99,7 @@ def even_refine(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: 
     it places; a start that is over memory is repaired by moves that lower the overflow (else NoFitError).
     Whole tie classes move (`ties` makes `place` hand it the graph itself). Deterministic; `seed` unused.
     """
-    max_evals = positive_int(max_evals, "max_evals", "even-refine")
+    max_evals = _check_settings(max_evals)
     nd = cluster.num_devices
     classes, seq, part = even_split(graph, nd)
     if graph.num_nodes == 0 or nd == 1:

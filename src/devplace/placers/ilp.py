@@ -60,6 +60,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from devplace.defaults import MAX_ILP_NODES, MAX_TIME_LIMIT_S
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, op_times
 from devplace.placers.common import positive_int, silent_highs
@@ -154,9 +155,11 @@ def _interchangeable(cluster: Cluster) -> bool:
 
 
 def _check_settings(time_limit_s: float, max_nodes: int) -> None:
-    if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, int | float) or not 0 < time_limit_s < math.inf:
-        raise PlacerError(f"ilp: time_limit_s={time_limit_s!r} must be a number of seconds > 0")
-    positive_int(max_nodes, "max_nodes", "ilp")
+    if (isinstance(time_limit_s, bool) or not isinstance(time_limit_s, int | float)
+            or not 0 < time_limit_s <= MAX_TIME_LIMIT_S):
+        raise PlacerError(f"ilp: time_limit_s={time_limit_s!r} must be a number of seconds > 0 and at most "
+                          f"{MAX_TIME_LIMIT_S:,.0f} (a day)")
+    positive_int(max_nodes, "max_nodes", "ilp", MAX_ILP_NODES)
 
 
 def solve_ilp(graph: CompGraph, cluster: Cluster, *, seed: int = 0, time_limit_s: float = 60.0,

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from devplace.defaults import MAX_LP_NODES
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, op_times
 from devplace.placers.common import silent_highs
@@ -157,8 +158,9 @@ def favourite_children(graph: CompGraph, cluster: Cluster, threshold: float) -> 
 def _check_settings(threshold: float, max_lp_nodes: int) -> None:
     if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0.0 <= threshold <= 1.0:
         raise PlacerError(f"placer 'm-sct': setting 'threshold' must be a number in [0, 1], got {threshold!r}")
-    if isinstance(max_lp_nodes, bool) or not isinstance(max_lp_nodes, int) or max_lp_nodes < 0:
-        raise PlacerError(f"placer 'm-sct': setting 'max_lp_nodes' must be an integer >= 0, got {max_lp_nodes!r}")
+    if isinstance(max_lp_nodes, bool) or not isinstance(max_lp_nodes, int) or not 0 <= max_lp_nodes <= MAX_LP_NODES:
+        raise PlacerError(f"placer 'm-sct': setting 'max_lp_nodes' must be an integer >= 0 and at most "
+                          f"{MAX_LP_NODES:,}, got {max_lp_nodes!r}")
 
 
 @register("m-sct", uses_order=True, cheap=True, check=_check_settings)

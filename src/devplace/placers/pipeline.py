@@ -75,6 +75,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from devplace.defaults import MAX_CHUNKS, MAX_MICROBATCHES
 from devplace.errors import DevplaceError
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches, microbatch_counts
 from devplace.graph.compgraph import CompGraph
@@ -506,7 +507,7 @@ class _Search:
     def splits(self, schedule: Schedule, waits: bool, keep: int,
                full: bool = False) -> list[tuple[float, tuple[int, ...]]]:
         """(model step time, cut ends) of the `keep` best distinct splits found under the bounds, best first
-        (`waits`: see `_split`; `full`: interleaved, no stage left empty, below).
+        (`waits`: see `_split`; `full`: no stage left empty, as an interleaved pipeline needs).
 
         The bounds rise from the smallest possible slowest stage; a split first found under a bound has its
         slowest stage above the previous bound B (one within B would have been found there, ties aside), so its
@@ -584,6 +585,34 @@ class _Search:
         return self.perm[stage_of_item[it.owner] % self.cluster.num_devices]
 
 
+def _runnable(graph: CompGraph, r: ScheduledResult, s: Schedule) -> bool:
+    """Whether torch's pipelining runs the simulated pipeline `r`: its schedule on its devices
+    (`Schedule.unrunnable`: 1f1b with at least as many micro-batches as stages), and under V > 1 chunks per
+    device all p V stages in order along the program, as the export sees them (`_program_stages`)."""
+    staged = r.stage >= 0
+    p = np.unique(r.device[staged]).size
+    v = int(s.chunks or 1)
+    return s.unrunnable(p) is None and (v == 1 or _program_stages(graph, r.stage) == list(range(p * v)))
+
+
+def _program_stages(graph: CompGraph, stage: np.ndarray) -> list[int]:
+    """The stages met along the forward program, as the export cuts it: on a captured model each segment between
+    module starts (`segment_spans`) goes to the stage with most of its compute, and runs of one stage count once
+    (a constant that the simulator puts in stage 0, being a source, does not make a stage of its own: the
+    export runs it where it lies in the program); without module paths, the stages of the forward ops in order."""
+    first = graph.derived("segment_spans", segment_spans)[:, 0]
+    ops = np.flatnonzero((stage >= 0) & (first >= 0))
+    if ops.size:
+        seq = []
+        for seg in np.unique(first[ops]).tolist():
+            mine = ops[first[ops] == seg]
+            weight = np.bincount(stage[mine], weights=graph.compute_s[mine] + 1e-300)
+            seq.append(int(np.argmax(weight)))
+    else:
+        seq = stage[op_phases(graph) == FORWARD].tolist()
+    return [x for i, x in enumerate(seq) if i == 0 or seq[i - 1] != x]
+
+
 class _Judge:
     """Simulates each (schedule, split) once on the graph the placer is judged on, keeps the best feasible one
     and, while none is, the one least over memory (the sum of its devices' excess)."""
@@ -600,6 +629,8 @@ class _Judge:
             try:
                 r = simulate_schedule(self.judged.graph, self.cluster, self.judged.expand(devices), s)
             except DevplaceError:  # a class forced across the stage order: not a pipeline, skip it
+                r = None
+            if r is not None and not _runnable(self.judged.graph, r, s):  # as torch's pipelining would refuse
                 r = None
             self.simulated[s, cuts] = r
             if r is not None and not r.feasible:
@@ -618,15 +649,16 @@ def _check_settings(schedule: str, microbatches: int | None, chunks: int | None,
         raise PlacerError(f"placer 'pipeline': setting 'schedule' must be one of {', '.join(KINDS)}, got {schedule!r}")
     if cuts not in CUTS:
         raise PlacerError(f"placer 'pipeline': setting 'cuts' must be one of {', '.join(CUTS)}, got {cuts!r}")
-    for name, value in (("microbatches", microbatches), ("chunks", chunks)):
+    for name, value, high in (("microbatches", microbatches, MAX_MICROBATCHES), ("chunks", chunks, MAX_CHUNKS)):
         if value is not None:
-            positive_int(value, name, "pipeline")
+            positive_int(value, name, "pipeline", high)
 
 
 def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | None, devices: int, *,
                        batch: int | None = None, own: int | None = None) -> list[Schedule]:
     """The schedules the placer tries on `devices` devices for its settings (one per micro-batch count: the
-    given one, else every one of `MICROBATCH_CHOICES` that divides `batch` and the schedule can run), or a
+    given one, else every one of `MICROBATCH_CHOICES` that divides `batch` and torch's pipelining runs on all
+    `devices`: `Schedule.unrunnable`), or a
     PlacerError (a DevplaceError) for invalid settings; what `devplace place` checks before capturing a model.
 
     `batch`: the step's batch (None: unknown, every count allowed); `own`: M of a graph captured at the
@@ -654,12 +686,13 @@ def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | No
         schedules = [Schedule(schedule, m, chunks, microbatch_graph=own is not None) for m in counts]
     except ScheduleError as exc:  # e.g. chunks for a one-chunk schedule
         raise PlacerError(f"placer 'pipeline': {exc}") from None
-    schedules = [s for s in schedules if s.kind != "interleaved-1f1b" or s.microbatches % devices == 0]
-    if not schedules:
-        raise PlacerError(f"placer 'pipeline': interleaved-1f1b needs microbatches to be a multiple of the "
-                          f"{devices} devices, got {', '.join(str(m) for m in counts)}"
+    # only what torch's pipelining runs on all the devices (1f1b: M >= stages; interleaved: M a multiple of them)
+    runnable = [s for s in schedules if s.unrunnable(devices) is None]
+    if not runnable:
+        raise PlacerError(f"placer 'pipeline' on {devices} devices: {schedules[-1].unrunnable(devices)}; got "
+                          f"microbatches {', '.join(str(m) for m in counts)}"
                           + (f" (the counts that divide the batch of {batch})" if microbatches is None else ""))
-    return schedules
+    return runnable
 
 
 def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, schedule: str = "1f1b",
@@ -701,31 +734,24 @@ def _plan_in_order(judged: FullGraph, cluster: Cluster, search: _Search,
                    schedules: list[Schedule]) -> PipelinePlan | None:
     """Steps 4-6 of the module docstring for one order of the devices along the pipeline (`search.perm`):
     the best split found, judged and refined, or None when none fits memory."""
-    plans = []
-    # interleaved: also with no stage left empty (where there are runs enough), where each chunk's micro-batches
-    # in flight are the schedule's (an empty stage changes the pipeline's positions, so a split with some gets
-    # 1 per chunk), judged and refined on its own: gpt2 on 4xV100-16GB runs fastest with stages left empty
-    # (0.3742 s; 0.4476 s with every stage held), llama-1b on mixed-fast-first with every stage held (6.5526 s;
-    # 6.8957 s from the splits with 1 per chunk)
-    v = max(int(s.chunks or 1) for s in schedules)
-    interleaved = any(s.kind == "interleaved-1f1b" for s in schedules)
-    for full in (False, True) if interleaved and search.memory.at.size - 1 >= cluster.num_devices * v else (False,):
-        judge = _Judge(judged, cluster, search)
-        # each way's leading split for every M, then the others for the M that did best
-        found = {s: [search.splits(s, waits, CANDIDATES, full) for waits in (False, True)] for s in schedules}
-        for s in schedules:
-            for way in found[s]:
-                if way:
-                    judge.consider(s, way[0][1], 0)
-        s_next = judge.best[3].schedule if judge.best is not None else None
-        for s in [s_next] if s_next is not None else schedules:
-            for way in found[s]:
-                for rank, (_, cuts) in enumerate(way[1:], start=1):
-                    judge.consider(s, cuts, rank)
-        plan = None if judge.best is None and judge.least_over is None else _refine(judge)
-        if plan is not None:
-            plans.append(plan)
-    return min(plans, key=lambda pl: (pl.step_time_s, pl.schedule.microbatches)) if plans else None
+    # interleaved: no stage left empty (torch's pipelining runs all V chunks of every device), so each chunk's
+    # micro-batches in flight are the schedule's
+    full = any(int(s.chunks or 1) > 1 for s in schedules)
+    judge = _Judge(judged, cluster, search)
+    # each way's leading split for every M, then the others for the M that did best
+    found = {s: [search.splits(s, waits, CANDIDATES, full) for waits in (False, True)] for s in schedules}
+    for s in schedules:
+        for way in found[s]:
+            if way:
+                judge.consider(s, way[0][1], 0)
+    s_next = judge.best[3].schedule if judge.best is not None else None
+    for s in [s_next] if s_next is not None else schedules:
+        for way in found[s]:
+            for rank, (_, cuts) in enumerate(way[1:], start=1):
+                judge.consider(s, cuts, rank)
+    if judge.best is None and judge.least_over is None:
+        return None
+    return _refine(judge)
 
 
 def _refine(judge: _Judge) -> PipelinePlan | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from devplace.defaults import MAX_SEARCH_STEPS
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.placers.common import describe_oom, positive_int
@@ -18,8 +19,8 @@ from devplace.placers.registry import register
 from devplace.sim.devplace_model import DevplaceModel
 
 
-def _check_settings(tries: int) -> None:
-    positive_int(tries, "tries", "random")
+def _check_settings(tries: int) -> int:
+    return positive_int(tries, "tries", "random", MAX_SEARCH_STEPS)
 
 
 @register("random", uses_order=False, check=_check_settings)
@@ -29,7 +30,7 @@ def random_placement(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, s
 
     Does not use the traversal order. Settings: `tries` (int >= 1, default 20).
     """
-    tries = positive_int(tries, "tries", "random")
+    tries = _check_settings(tries)
     rng = np.random.Generator(np.random.PCG64(seed))
     model = DevplaceModel(graph, cluster)
     result = None

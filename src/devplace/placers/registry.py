@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import pkgutil
+import types
+import typing
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -97,6 +100,27 @@ class PlacerSpec:
         """The placer whose placement this one refines under `settings` (None: not a refining placer)."""
         return None if self.refines is None else self.refines({**self.settings, **settings})
 
+    def validate(self, settings: Mapping[str, Any]) -> None:
+        """Refuse, without placing anything, settings this placer does not have, values not of the type its
+        function declares (int, float, bool, str or a union of them; numbers finite), and values its own check
+        refuses (ranges, names, and the upper limit of every setting that scales work: docs/limits.md). What
+        `--set`, a study file and a plan's placer_settings are checked with before any work. PlacerError."""
+        accepted = self.settings
+        unknown = sorted(set(settings) - set(accepted), key=str)
+        if unknown:
+            listed = ", ".join(f"{k}={v!r}" for k, v in accepted.items()) or "none"
+            raise PlacerError(f"placer {self.name!r} has no setting {', '.join(map(repr, unknown))}; its settings: "
+                              f"{listed}")
+        hints = typing.get_type_hints(self.func)
+        for key, value in settings.items():
+            allowed = _scalar_types(hints.get(key))
+            if allowed is not None and not any(_is(value, t) for t in allowed):
+                names = " or ".join(t.__name__ for t in allowed if t is not type(None))
+                raise PlacerError(f"placer {self.name!r} setting {key!r} must be {names}, got {value!r}"[:300])
+            if isinstance(value, float) and not math.isfinite(value):
+                raise PlacerError(f"placer {self.name!r} setting {key!r} must be a finite number, got {value!r}")
+        self.check_settings(settings)
+
     def check_settings(self, settings: Mapping[str, Any]) -> None:
         """Raise the PlacerError the placer would raise for a bad setting value, without placing anything
         (settings not given take their defaults; placers without a `check` accept any value here)."""
@@ -138,6 +162,23 @@ class PlacerSpec:
         """True when the placer takes `ties` (a tie class per node) and keeps every class on one device
         itself; `place` folds the graph for the others (see `place`'s semantics)."""
         return "ties" in inspect.signature(self.func).parameters
+
+
+def _scalar_types(hint: Any) -> tuple[type, ...] | None:
+    """The plain types a setting's annotation allows, or None when it is not made of int/float/bool/str/None."""
+    members = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+        else (hint,)
+    if not members or not all(m in (int, float, bool, str, type(None)) for m in members):
+        return None
+    return tuple(members)
+
+
+def _is(value: Any, t: type) -> bool:
+    if t is float:  # an integer is a fine float; a bool is neither
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, t)
 
 
 _REGISTRY: dict[str, PlacerSpec] = {}

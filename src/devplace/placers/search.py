@@ -55,17 +55,21 @@ from devplace.defaults import (
     AUTO_PLACER,
     AUTO_PLACERS,
     AUTO_QUADRATIC_NODES,
+    AUTO_QUADRATIC_WORK,
     AUTO_SCHEDULES,
+    AUTO_SIMULATED_EDGES,
     AUTO_SIMULATED_NODES,
     AUTO_SIMULATED_NODES_FLOOR,
+    CANONICAL_ORDER,
     DEFAULT_ORDER,
     DEFAULT_PLACER,
     DEFAULT_SEED,
 )
 from devplace.errors import GraphError
-from devplace.graph.batch import graph_batch, graph_microbatches
+from devplace.graph.batch import graph_batch, graph_microbatches, microbatching_note
 from devplace.graph.coarsen import Coarsening, coarsen
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.parallel import RECOMPUTE, ZERO_STAGES, ParallelAsk
 from devplace.graph.placement import MadeBy, Placement
 from devplace.graph.semantics import Semantics, semantics_of
 from devplace.graph.ties import fold, tie_classes, untied, violations
@@ -73,6 +77,7 @@ from devplace.hardware.cluster import Cluster, canonical_order, reordered
 from devplace.orders import Order, check_order, order_label, traversal_indices
 from devplace.orders.auto import candidate_orders, recommend_order
 from devplace.placers.memory import NoFitError, memory_needs, no_fit_error
+from devplace.placers.parallel import as_microbatch, search_parallel
 from devplace.placers.pipeline import pipeline_schedules
 from devplace.placers.registry import (
     FullGraph,
@@ -86,6 +91,7 @@ from devplace.placers.registry import (
 from devplace.sim.bounds import lower_bound, memory_lower_bound, microbatch_bounds
 from devplace.sim.count import counting
 from devplace.sim.devplace_model import DevplaceModel
+from devplace.sim.parallel import ParallelResult
 from devplace.sim.result import SimResult
 from devplace.sim.schedule import KINDS as SCHEDULE_KINDS
 from devplace.sim.schedule import Schedule, ScheduledResult, ScheduleError, simulate_schedule
@@ -122,6 +128,7 @@ class Request:
     coarsening: Coarsening | None = None
     progress: Progress | None = None
     microbatch_graph: MicrobatchGraph | None = None
+    parallel: ParallelAsk | None = None  # parallel plans asked for (`search_parallel_plans`); None: not searched
 
     @property
     def seen(self) -> CompGraph:
@@ -209,8 +216,8 @@ def auto_candidates(graph: CompGraph, schedule: str | None) -> tuple[str, ...]:
     """The placers placer "auto" compares under `schedule` (`check_auto_placer`): `AUTO_PLACERS` unless a
     schedule kind is asked for, and `AUTO_PIPELINE` unless "none" is, when the graph records a batch of at least
     2 samples (a graph of unknown batch is pipelined only when nothing else fits, `plan_search`). On a graph of
-    more than `AUTO_QUADRATIC_NODES` nodes the placers whose time grows with its square are left out
-    (`auto_skipped`)."""
+    more than `AUTO_QUADRATIC_NODES` nodes (or of more nodes x (nodes + edges) than `AUTO_QUADRATIC_WORK`) the
+    placers whose time grows with its square are left out (`auto_skipped`)."""
     if schedule in SCHEDULE_KINDS:
         return (AUTO_PIPELINE,)
     batch = graph_batch(graph)
@@ -221,11 +228,16 @@ def auto_candidates(graph: CompGraph, schedule: str | None) -> tuple[str, ...]:
 
 def auto_skipped(graph: CompGraph) -> dict[str, str]:
     """The placers of `AUTO_PLACERS` that placer "auto" leaves out on `graph`, each with the reason."""
-    if graph.num_nodes <= AUTO_QUADRATIC_NODES:
+    work = graph.num_nodes * (graph.num_nodes + graph.num_edges)
+    if graph.num_nodes > AUTO_QUADRATIC_NODES:
+        why = f"{graph.num_nodes:,} nodes (more than {AUTO_QUADRATIC_NODES:,})"
+    elif work > AUTO_QUADRATIC_WORK:
+        why = (f"{graph.num_nodes:,} nodes and {graph.num_edges:,} edges (nodes x (nodes + edges) = {work:.1e}, more "
+               f"than {AUTO_QUADRATIC_WORK:.1e})")
+    else:
         return {}
-    return {p: (f"skipped: its time grows with the square of the graph, and {graph.name!r} has "
-                f"{graph.num_nodes:,} nodes (more than {AUTO_QUADRATIC_NODES:,}); name it with --placer to run it")
-            for p in AUTO_PLACERS if get_placer(p).quadratic}
+    return {p: (f"skipped: its time grows with the square of the graph, and {graph.name!r} has {why}; name it with "
+                "--placer to run it") for p in AUTO_PLACERS if get_placer(p).quadratic}
 
 
 @dataclass(frozen=True)
@@ -285,13 +297,15 @@ def auto_settings(placer: str, schedule: str | None, seen: CompGraph) -> tuple[d
     if placer == AUTO_PIPELINE:
         return ({"schedule": schedule} if schedule in SCHEDULE_KINDS else {}), None
     default = get_placer(placer).settings.get("max_evals")
-    if not isinstance(default, int) or seen.num_nodes * default <= AUTO_SIMULATED_NODES:
+    if not isinstance(default, int) or (seen.num_nodes * default <= AUTO_SIMULATED_NODES
+                                        and seen.num_edges * default <= AUTO_SIMULATED_EDGES):
         return {}, None
-    evals = max(AUTO_SIMULATED_NODES_FLOOR, AUTO_SIMULATED_NODES // seen.num_nodes)
+    evals = max(AUTO_SIMULATED_NODES_FLOOR, min(AUTO_SIMULATED_NODES // seen.num_nodes,
+                                                AUTO_SIMULATED_EDGES // max(seen.num_edges, 1)))
     return {"max_evals": evals}, (f"limited to {evals:,} simulations (max_evals; default {default:,}): placer auto "
-                                  f"simulates at most {AUTO_SIMULATED_NODES:,} nodes per refining placer, and "
-                                  f"the graph it places has {seen.num_nodes:,}; name it with --placer to run it "
-                                  f"in full")
+                                  f"simulates at most {AUTO_SIMULATED_NODES:,} nodes and {AUTO_SIMULATED_EDGES:,} "
+                                  f"edges per refining placer, and the graph it places has {seen.num_nodes:,} "
+                                  f"nodes and {seen.num_edges:,} edges; name it with --placer to run it in full")
 
 
 # ------------------------------------------------------------------------------------ the candidates
@@ -482,7 +496,8 @@ class Tried:
     for), "order" (an order of order "auto", placed by `placer`) or "start" (a refining placer's start, `placer`,
     judged beside it) -- and, in the searches over captures of a model (`devplace.app`), "schedule" (`placer`
     names the candidate: "unpipelined", "pipeline 1f1b") and "microbatches" (the pipeline on the capture at
-    batch / `microbatches`): the step on the graph as run, or why it was `dropped` (its NoFitError, or why it
+    batch / `microbatches`), and "parallel" (`placer` names the parallel plan kept, `search_parallel_plans`): the
+    step on the graph as run, or why it was `dropped` (its NoFitError, or why it
     was skipped), and the `seconds` it took; `note`: what the search changed about the candidate (placer "auto"
     limits a refining placer's simulations on a large graph)."""
 
@@ -548,6 +563,7 @@ class SearchResult:
     log: tuple[Tried, ...]
     seconds: float
     simulations: int
+    parallel: ParallelResult | None = None  # the parallel plan found, simulated (`search_parallel_plans`)
 
 
 def search(req: Request) -> SearchResult:
@@ -556,7 +572,10 @@ def search(req: Request) -> SearchResult:
     (`search_captured`). `seconds` (wall time) and `simulations` are measured here, once for the whole search."""
     t0 = time.perf_counter()
     with counting() as count:
-        found = search_captured(req) if captures_microbatches(req) else search_graph(req)
+        if req.parallel is not None:
+            found = search_parallel_plans(req)
+        else:
+            found = search_captured(req) if captures_microbatches(req) else search_graph(req)
     return replace(found, seconds=time.perf_counter() - t0, simulations=count.runs)
 
 
@@ -897,21 +916,22 @@ def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
     where the parameters and the whole batch's activations exceed the cluster's memory, or where the step's lower
     bound is not below the fastest pipeline, which are placed first) and of `AUTO_PIPELINE`
     under each of `AUTO_PIPELINE_KINDS` (or the one kind asked for) on micro-batches captured at their own size
-    (`search_microbatches`), unless `schedule` is "none". The fastest that fits is kept (of equals the first:
+    (`search_microbatches`), unless `schedule` is "none"; a model whose result micro-batching changes (BatchNorm:
+    `microbatching_note`) only where its unpipelined step does not fit or a schedule is asked for. The fastest
+    that fits is kept (of equals the first:
     unpipelined). The log holds every search's entries and one per candidate (level "schedule");
     meta["placer_auto"] is read from it: each of `AUTO_PLACERS`' and each candidate's step (or why it was skipped
     or did not fit), and the candidates' times."""
     log: list[Tried] = []
     found: list[tuple[str, SearchResult]] = []
     captured: dict[int, tuple[CompGraph, Coarsening | None]] = {}  # each micro-batch captured once for every kind
-    if schedule != "none" and graph_batch(req.graph) >= 2:  # type: ignore[operator]
-        for kind in (schedule,) if schedule is not None else AUTO_PIPELINE_KINDS:
-            # PlacerError too: e.g. no micro-batch count divides the batch for interleaving
-            found += _candidate(log, "schedule", f"{AUTO_PIPELINE} {kind}", lambda kind=kind: search_microbatches(
-                req, {"schedule": kind}, captured), (NoFitError, PlacerError))
-    if schedule in (None, "none"):  # no schedule kind asked for
+    changes = microbatching_note(req.graph)
+
+    def unpipelined() -> None:
+        """The placement without micro-batches, unless it cannot fit or its lower bound is not below the fastest
+        pipeline found (DESIGN.md section 8); first in the log and among equals either way."""
+        nonlocal found
         needs, has = memory_needs(req.graph).total_bytes, float(req.cluster.memory.sum())
-        # after the pipelines: no step without micro-batches is shorter than its lower bound (DESIGN.md section 8)
         fastest = min((r.result.step_time_s for _, r in found), default=math.inf)
         bound = lower_bound(req.graph, req.cluster).value_s
         if needs > has:
@@ -920,12 +940,29 @@ def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
         elif bound >= fastest:
             log.insert(0, Tried("schedule", "unpipelined", None, None, f"skipped: no step without micro-batches "
                                 f"beats {fastest:.4g} s (its lower bound is {bound:.4g} s)", 0.0))
-        else:  # first in the log and among equals, as if placed before the pipelines
+        else:
             flat = replace(req, settings={"schedule": "none"}, microbatch_graph=None)
             mark = len(log)
             unpiped = _candidate(log, "schedule", "unpipelined", lambda: search_graph(flat))
             log[:] = log[mark:] + log[:mark]
             found = unpiped + found
+
+    # placed after the pipelines, so its lower bound can skip it; first where micro-batching changes the
+    # model's result, whose own step is kept when it fits (issue 30)
+    first = changes is not None and schedule is None
+    if first:
+        unpipelined()
+    if schedule != "none" and graph_batch(req.graph) >= 2:  # type: ignore[operator]
+        for kind in (schedule,) if schedule is not None else AUTO_PIPELINE_KINDS:
+            if changes is not None and schedule is None and found:  # the model's own step fits: keep it (issue 30)
+                log.append(Tried("schedule", f"{AUTO_PIPELINE} {kind}", None, None,
+                                 f"skipped: {changes} (--schedule {kind} pipelines it anyway)", 0.0))
+                continue
+            # PlacerError too: e.g. no micro-batch count divides the batch for interleaving
+            found += _candidate(log, "schedule", f"{AUTO_PIPELINE} {kind}", lambda kind=kind: search_microbatches(
+                req, {"schedule": kind}, captured), (NoFitError, PlacerError))
+    if schedule in (None, "none") and not first:  # no schedule kind asked for
+        unpipelined()
     candidates = [e for e in log if e.level == "schedule"]
     if not found:
         why = "; ".join(f"{e.placer}: {e.dropped}" for e in candidates)
@@ -1090,16 +1127,100 @@ def search_placement(graph: CompGraph, cluster: Cluster, *, coarsening: Coarseni
                      placer: str = DEFAULT_PLACER, order: Order = DEFAULT_ORDER, seed: int = DEFAULT_SEED,
                      progress: Progress | None = None, try_orders: int | None = None, try_with: str | None = None,
                      semantics: Semantics | str | None = None, microbatch_graph: MicrobatchGraph | None = None,
-                     **settings: Any) -> SearchResult:
+                     parallel: ParallelAsk | None = None, **settings: Any) -> SearchResult:
     """`place` (without `coarsening`) or `place_expanded` (`graph` is then the full graph the coarsening was made
     from), answering with the whole SearchResult: the placement, its simulation, the log and the cost.
 
     `microbatch_graph(M)` gives the graph of one of M micro-batches of a captured model, captured at batch / M
     (`devplace.capture.custom.microbatch_graphs`): placer "auto" and `pipeline` then place each count's pipeline
     on it (`search_captured`). Without it a pipeline costs a micro-batch as the whole batch's / M, all a graph
-    file allows; `placement.schedule.microbatch_graph` says which."""
+    file allows; `placement.schedule.microbatch_graph` says which. `parallel` (a `ParallelAsk`) searches
+    parallel plans instead (`search_parallel_plans`; the answer's `parallel`)."""
     if coarsening is not None and coarsening.original and coarsening.original != graph.name:
         raise GraphError(f"the coarsening was made from graph {coarsening.original!r}, not {graph.name!r}; pass the "
                          "full graph it was made from (e.g. Prepared.full with Prepared.coarsening)")
     return search(Request(graph, cluster, placer, order, seed, semantics_of(graph, semantics), settings, try_orders,
-                          try_with, coarsening, progress, microbatch_graph))
+                          try_with, coarsening, progress, microbatch_graph, parallel))
+
+
+# ------------------------------------------------------------- parallel plans: the nested search, resolved here
+
+PARALLEL_SCHEDULES = ("1f1b", "zero-bubble")  # the pipeline schedules judged on each cut of a parallel plan
+
+
+def parallel_degrees(ask: ParallelAsk, devices: int, batch: int) -> tuple[int, ...]:
+    """The data-parallel degrees a parallel search tries for `ask` on `devices` at a global `batch` (pp = devices
+    / dp: a plan uses every device): the one `--dp` or `--pp` fixes, else every divisor of the devices that
+    divides the batch (above 1 where `--zero` shards). PlacerError saying what does not match, and what would."""
+    ask.check_devices(devices)
+    divisors = [d for d in range(1, devices + 1) if devices % d == 0]
+    if ask.dp is not None or ask.pp is not None:
+        dps = (ask.dp if ask.dp is not None else devices // ask.pp,)  # type: ignore[operator]
+    else:
+        dps = tuple(d for d in divisors if batch % d == 0 and (d > 1 or not ask.zero))
+    if not dps:
+        raise PlacerError(f"no data-parallel degree above 1 divides both the {devices} devices and the batch of "
+                          f"{batch}, and --zero {ask.zero} needs one; use --zero 0 or another --batch")
+    if batch % dps[0]:
+        raise PlacerError(f"dp = {dps[0]} replicas do not split the batch of {batch} evenly; use a --batch that "
+                          f"{dps[0]} divides, or another --dp/--pp")
+    return dps
+
+
+def parallel_microbatches(batch: int, devices: int, dps: tuple[int, ...]) -> int:
+    """K, the micro-batches the global `batch` is cut into for a parallel search over the degrees `dps` (each
+    replica runs K / dp of them; one capture, at batch / K samples, serves every plan): the smallest multiple of
+    every dp that divides the batch and gives at least as many micro-batches as `devices` (a pipeline over all
+    of them keeps every stage busy), else the largest such multiple."""
+    step = math.lcm(*dps)
+    counts = [k for k in range(step, batch + 1, step) if batch % k == 0]
+    return next((k for k in counts if k >= devices), counts[-1])
+
+
+def search_parallel_plans(req: Request) -> SearchResult:
+    """Parallel plans for `req` (DESIGN.md section 9b): every dimension `req.parallel` leaves open resolved here
+    (dp and pp, `parallel_degrees`; ZeRO 0-3; recomputation none or full; 1F1B or zero bubble on each cut), then
+    the nested search `devplace.placers.parallel.search_parallel` on one micro-batch captured at its own size
+    (`parallel_microbatches`; the full graph: zero bubble needs each backward's B and W ops apart). The answer
+    places replica 0 (stage s on `plan.replica(0)[s]`) under the plan's pipeline schedule; `parallel` is the
+    plan simulated, and meta["parallel"] the plan (`ParallelPlan.to_dict`, what a saved placement replays),
+    meta["parallel_search"] what was asked and each plan's step or why it did not fit. PlacerError for a
+    request parallel plans cannot answer (a graph file, another placer, an order, placer settings); a
+    DevplaceError naming every plan's outcome when none fits."""
+    ask, t0 = req.parallel, time.perf_counter()
+    assert ask is not None
+    flags = "--dp/--pp/--zero/--recompute/--parallel"
+    batch = graph_batch(req.graph)
+    if req.microbatch_graph is None or batch is None:
+        raise PlacerError(f"parallel plans ({flags}) need a model captured here (--model NAME), so that each "
+                          "micro-batch is captured at its own size; a graph file cannot be cut into micro-batches")
+    given = [what for what, yes in (("--placer", req.placer not in (AUTO_PLACER, AUTO_PIPELINE)),
+                                    ("--order", req.order != "auto"), ("--try/--try-with", req.try_orders is not None),
+                                    ("--set/--schedule/--microbatches/--chunks",
+                                     any(v is not None for v in req.settings.values()))) if yes]
+    if given:
+        raise PlacerError(f"parallel plans ({flags}) cut their stages with the {AUTO_PIPELINE} placer in the "
+                          f"canonical order and choose their schedule and micro-batches; drop {', '.join(given)}")
+    n = req.cluster.num_devices
+    dps = parallel_degrees(ask, n, batch)
+    k = parallel_microbatches(batch, n, dps)
+    graph = req.graph if k == 1 else req.microbatch_graph(k)[0]
+    found = search_parallel(graph, req.cluster, batch=batch, microbatch_size=batch // k, dps=dps,
+                            zeros=ZERO_STAGES if ask.zero is None else (ask.zero,),
+                            recomputes=RECOMPUTE if ask.recompute == "auto" else (ask.recompute,),
+                            schedules=PARALLEL_SCHEDULES)
+    best, plan = found.best, found.best.plan
+    one = as_microbatch(graph, plan.microbatches)
+    devices = np.asarray(plan.replica(0), dtype=np.int64)[found.stage]
+    made_by = MadeBy(AUTO_PIPELINE if plan.pp > 1 else "single", CANONICAL_ORDER if plan.pp > 1 else None, req.seed,
+                     {}, req.semantics.value)
+    tried = {c.plan.label if c.plan is not None else f"dp={c.dp}":
+             c.step_time_s if c.feasible else (c.note or "over memory") for c in found.candidates}
+    meta = {"step_time_s": best.step_time_s, "parallel": plan.to_dict(),
+            "parallel_search": {"asked": ask.to_dict(), "microbatch_size": batch // k, "tried": tried,
+                                "kept": plan.label}}
+    placement = Placement(dict(zip(one.ids, devices.tolist(), strict=True)), graph=one.name,
+                          cluster=req.cluster.name, meta=meta, schedule=plan.pipeline_schedule(0, True),
+                          made_by=made_by)
+    log = (Tried("parallel", plan.label, None, best.step_time_s, None, time.perf_counter() - t0),)
+    return SearchResult(one, placement, best.as_sim_result(), placement, None, 0, log, 0.0, 0, best)

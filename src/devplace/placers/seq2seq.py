@@ -66,7 +66,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from devplace.defaults import DEFAULT_SIM_MODEL, SIM_DEVPLACE, SIM_MODELS, sim_model_name
+from devplace.defaults import (
+    DEFAULT_SIM_MODEL,
+    MAX_EPISODES,
+    MAX_SAMPLES,
+    MAX_SEQ2SEQ_HIDDEN,
+    SIM_DEVPLACE,
+    SIM_MODELS,
+    sim_model_name,
+)
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster, op_times
 from devplace.placers.memory import no_fit_error
@@ -366,9 +374,10 @@ def _train(graph: CompGraph, cluster: Cluster, order: np.ndarray, seed: int, cfg
 
 
 def _check_settings(episodes: int, samples: int, hidden: int, memory_penalty: float, sim_model: str) -> None:
-    for name, value, low in (("episodes", episodes, 0), ("samples", samples, 1), ("hidden", hidden, 1)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-            raise PlacerError(f"seq2seq: {name} must be an integer >= {low}, got {value!r}")
+    for name, value, low, high in (("episodes", episodes, 0, MAX_EPISODES), ("samples", samples, 1, MAX_SAMPLES),
+                                   ("hidden", hidden, 1, MAX_SEQ2SEQ_HIDDEN)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or not low <= value <= high:
+            raise PlacerError(f"seq2seq: {name} must be an integer >= {low} and at most {high:,}, got {value!r}")
     if not (isinstance(memory_penalty, int | float) and memory_penalty >= 0 and math.isfinite(memory_penalty)):
         raise PlacerError(f"seq2seq: memory_penalty must be a number >= 0, got {memory_penalty!r}")
     if sim_model_name(sim_model) not in SIM_MODELS:

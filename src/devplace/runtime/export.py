@@ -10,6 +10,7 @@ and its simulated step time is reported next to the placement's own.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,7 @@ class PipelineSplit:
     feasible: bool | None = None
     schedule: Schedule | None = None
     pipelined_step_time_s: float | None = None
+    unsimulated: str | None = None  # why the stages were not simulated pipelined (with a cluster)
 
     @property
     def slowdown(self) -> float | None:
@@ -124,7 +126,7 @@ class PipelineSplit:
         if self.pipelined_step_time_s is not None:
             text += f"; simulated pipelined step {fmt_time(self.pipelined_step_time_s)}"
         elif self.step_time_s is not None:
-            text += "; not simulated pipelined (the stages do not run along the device indices)"
+            text += f"; not simulated pipelined ({self.unsimulated})"
         if self.moved_fraction > 0:
             text += f"; moved {100 * self.moved_fraction:.1f}% of the forward work to cut at module starts"
             if self.step_time_s is not None and self.op_level_step_time_s is not None:
@@ -159,8 +161,9 @@ def default_schedule(stages: int) -> Schedule:
 class PipelineExport:
     """A `devplace.pipeline/2` document read back and checked: the split points (stage i > 0 begins at module
     `split_points[i-1]`), the logical device of each stage, the schedule, the model `source` of the plan it
-    came from (a zoo name with batch and sequence length, as in `devplace.plan/1` settings; None when unknown),
-    and the whole document."""
+    came from (a zoo name with batch and sequence length, as in `devplace.plan/1` settings; None when unknown)
+    with its model's parameter count (`source_params`, checked against the model before it is built), and the
+    whole document."""
 
     split_points: tuple[str, ...]
     stage_devices: tuple[int, ...]
@@ -169,8 +172,19 @@ class PipelineExport:
     doc: dict[str, Any]
 
     @property
+    def source_params(self) -> int | None:
+        """The parameter count of the model the export was made for (None: not recorded, an older export)."""
+        params = self.doc.get("source_params")
+        return params if isinstance(params, int) else None
+
+    @property
     def num_stages(self) -> int:
         return len(self.stage_devices)
+
+    @property
+    def processes(self) -> int:
+        """One per device: the stages are laid out round the devices, V per device under interleaved-1f1b."""
+        return len(set(self.stage_devices))
 
     def split_spec(self) -> dict[str, Any]:
         """`{module name: SplitPoint.BEGINNING}` for `torch.distributed.pipelining.pipeline(split_spec=...)`."""
@@ -210,12 +224,19 @@ def read_pipeline(source: str | Path | Mapping[str, Any]) -> PipelineExport:
         schedule = Schedule.from_dict(doc.get("schedule"))
     except ScheduleError as exc:
         raise ExportError(f"{where}: {exc}") from None
-    if int(schedule.chunks or 1) != 1:
-        raise ExportError(f"{where}: a pipeline export runs one stage per device; schedule {schedule.kind!r} with "
-                          f"{schedule.chunks} chunks is not supported (use gpipe or 1f1b)")
+    chunks = int(schedule.chunks or 1)
+    p = len(devices) // chunks
+    if len(devices) % chunks or len(set(devices)) != p or any(d != devices[i % p] for i, d in enumerate(devices)):
+        raise ExportError(f"{where}: a {schedule.kind} schedule with {chunks} chunk(s) per device runs stage s on "
+                          f"the device of stage s mod p ({chunks} stages per device, the devices distinct within "
+                          f"each round), got stage_devices {devices}")
     source_doc = doc.get("source")
     if source_doc is not None and not isinstance(source_doc, dict):
         raise ExportError(f"{where}: source must be an object (the plan's model source), got {source_doc!r}")
+    params = doc.get("source_params")
+    if params is not None and (isinstance(params, bool) or not isinstance(params, int) or params < 0):
+        raise ExportError(f"{where}: source_params must be the model's parameter count (an integer >= 0), got "
+                          f"{params!r:.60}")
     return PipelineExport(tuple(names), tuple(devices), schedule, source_doc, doc)
 
 
@@ -238,6 +259,31 @@ def _monotone_stages(cost: np.ndarray) -> list[int]:
         stages[u] = j
         j = int(choice[u][j])
     return stages
+
+
+def _round_stages(fdev: np.ndarray, fwork: np.ndarray, bounds: list[int], chunks: int) -> tuple[list[int], list[int]]:
+    """Stages of an interleaved placement (`chunks` per device): each unit (a run of forward ops from one module
+    start to the next) goes where most of its forward work is placed, and a stage is a run of units on one device.
+    Returns (the device of each stage, the stage of each unit), or an ExportError unless the stages go round the
+    devices `chunks` times in one order, as torch's interleaved schedules run them."""
+    unit_dev: list[int] = []
+    for a, b in itertools.pairwise(bounds):
+        share: dict[int, float] = {}
+        for d, w in zip(fdev[a:b].tolist(), fwork[a:b].tolist(), strict=True):
+            share[d] = share.get(d, 0.0) + w
+        unit_dev.append(max(share, key=lambda d: (share[d], -d)))
+    order: list[int] = []
+    stage_of: list[int] = []
+    for d in unit_dev:
+        if not order or order[-1] != d:
+            order.append(d)
+        stage_of.append(len(order) - 1)
+    p = len(set(order))
+    if len(order) != p * chunks or any(d != order[i % p] for i, d in enumerate(order)):
+        raise ExportError(f"the placement's stages run on devices {order}, not {chunks} rounds of the same {p} "
+                          f"devices, as an interleaved schedule with {chunks} chunks per device runs them; export "
+                          "a placement made for that schedule, or export with --schedule 1f1b")
+    return order, stage_of
 
 
 def callable_modules(model: Any) -> set[str]:
@@ -266,13 +312,11 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
     With `model` (the captured module), a split point may be a module without ops of its own (an
     `nn.Sequential`); without it, the innermost module that begins there and has ops of its own is named.
     `schedule` is the micro-batch schedule the export carries: by default the one the placement was made for
-    (`placement.schedule`), else `default_schedule`; one stage per device, so not interleaved.
+    (`placement.schedule`), else `default_schedule`. Under an interleaved schedule (V chunks per device) the stages
+    are the placement's own runs of units on one device (`_round_stages`: each unit where most of its work is),
+    which must go round the devices V times in one order.
     """
     schedule = schedule or placement.schedule
-    if schedule is not None and int(schedule.chunks or 1) != 1:
-        raise ExportError(f"a pipeline export runs one stage per device, so it cannot carry the placement's "
-                          f"{schedule.kind} schedule with {schedule.chunks} chunks per device; export it with a "
-                          "gpipe or 1f1b schedule (`devplace export --schedule 1f1b`)")
     devs = _module_devices(graph, placement)
     fwd = forward_ops(graph)
     if not fwd:
@@ -294,13 +338,16 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
         middle[d] = float(np.searchsorted(mine, mine[-1] / 2.0)) if mine[-1] > 0 else 0.0
     order = sorted(used, key=lambda d: (middle[d], d))
     units = len(bounds) - 1
-    cost = np.zeros((len(order), units), dtype=np.float64)
-    for u in range(units):
-        a, b = bounds[u], bounds[u + 1]
-        unit_total = float(fwork[a:b].sum())
-        for j, d in enumerate(order):
-            cost[j, u] = unit_total - float(fwork[a:b][fdev[a:b] == d].sum())
-    stage_of = _monotone_stages(cost)
+    if schedule is not None and int(schedule.chunks or 1) > 1:
+        order, stage_of = _round_stages(fdev, fwork, bounds, int(schedule.chunks or 1))
+    else:
+        cost = np.zeros((len(order), units), dtype=np.float64)
+        for u in range(units):
+            a, b = bounds[u], bounds[u + 1]
+            unit_total = float(fwork[a:b].sum())
+            for j, d in enumerate(order):
+                cost[j, u] = unit_total - float(fwork[a:b][fdev[a:b] == d].sum())
+        stage_of = _monotone_stages(cost)
     out = devs.copy()
     moved = 0.0
     for u in range(units):
@@ -325,14 +372,14 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
     fw_total = float(fwork.sum())
     step, base, feasible = _costs(graph, cluster, placement, exported)
     schedule = schedule or default_schedule(len(stage_devices))
-    pipelined = None
+    pipelined, why = None, None
     if cluster is not None:
-        try:
+        try:  # stages out of device order, or a graph of one micro-batch of another M: not timed as a pipeline
             pipelined = simulate(graph, cluster, exported, schedule=schedule).step_time_s
-        except ScheduleError:
-            pipelined = None  # stages out of device order: the simulator cannot time them as a pipeline
+        except ScheduleError as exc:
+            why = str(exc)
     return PipelineSplit(tuple(stage_devices), tuple(points), tuple(first_ops), exported,
-                         moved / fw_total if fw_total > 0 else 0.0, step, base, feasible, schedule, pipelined)
+                         moved / fw_total if fw_total > 0 else 0.0, step, base, feasible, schedule, pipelined, why)
 
 
 # ------------------------------------------------------------------------------------------ device map

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import itertools
-import json
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from devplace.errors import FormatError, PlacementError
-from devplace.files import read_limited
+from devplace.files import parse_json, read_limited
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.modules import ancestors, forward_ops, module_of
 from devplace.graph.placement import Placement, runtime_placement
@@ -165,14 +164,15 @@ def read_module_map(path: str | Path) -> dict[str, Any] | list[str]:
     `devplace export` writes (`devplace.device_map/1`'s "device_map", its names under the wrapped model its
     "module" names put back under it; `devplace.pipeline/1` or `/2`'s split points)."""
     try:
-        doc = json.loads(read_limited(path).decode("utf-8"))
+        text = read_limited(path).decode("utf-8")
     except FormatError as exc:  # missing, not a regular file, too large
         raise ModuleMapError(f"cannot read module map {exc}") from None
     except UnicodeDecodeError as exc:
         raise ModuleMapError(f"{path}: not UTF-8 text; a module map is a JSON file") from exc
-    except json.JSONDecodeError as exc:
-        raise ModuleMapError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); a module map is a JSON object "
-                             "module -> device or a list of split points") from exc
+    try:
+        doc = parse_json(text, str(path), "a module map is a JSON object module -> device or a list of split points")
+    except FormatError as exc:
+        raise ModuleMapError(str(exc)) from None
     if isinstance(doc, dict) and doc.get("format") == "devplace.device_map/1":
         inner = doc.get("module") or ""
         if not isinstance(inner, str):

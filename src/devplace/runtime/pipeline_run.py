@@ -11,8 +11,10 @@ then the optimizer step on each stage.
 
 The inputs go to the first stage as keyword arguments, and the traced forward begins with a view of each, so
 a later stage that reads a model input (the labels of the loss the module returns, as the zoo's models do)
-receives it from the first stage. Each micro-batch is a contiguous slice of the batch along dimension 0 of
-every tensor input.
+receives it from the first stage. torch's runtime sends a value to one stage only, and its interleaved schedules
+only to the next stage, so a value read further on (Llama's rotary tables, BART's encoder output, those labels)
+is passed on by every stage between (`_relay_skips`; the simulator costs the same hops). Each micro-batch is a
+contiguous slice of the batch along dimension 0 of every tensor input.
 
 The pipelined loss of a step is the mean of the micro-batch losses, and the gradients are averaged over the
 micro-batches (the schedule's `scale_grads`): the same as one step on the whole batch when the module's loss
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import inspect
 import io
 import pickle
@@ -45,9 +48,9 @@ from devplace.errors import DevplaceError
 from devplace.runtime.export import PipelineExport, read_pipeline
 from devplace.sim.schedule import Schedule
 
-__all__ = ["PipelineRun", "PipelineRunError", "run_pipeline"]
+__all__ = ["PipelineRun", "PipelineRunError", "accumulated_step", "run_pipeline"]
 
-SCHEDULES = ("gpipe", "1f1b")  # the kinds with one stage per process
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")  # interleaved: V stages per process, stage s on process s mod p
 
 
 class PipelineRunError(DevplaceError):
@@ -137,9 +140,105 @@ def _trace(module: nn.Module, export: PipelineExport, mb_kwargs: dict[str, Any])
         raise PipelineRunError(f"splitting {type(module).__name__} at {', '.join(export.split_points)} gave "
                                f"{pipe.num_stages} stages, not the export's {export.num_stages}: a split point "
                                "module is never called, or called twice")
+    _relay_skips(pipe)
     for i in range(pipe.num_stages):
         _contiguous_boundaries(pipe.get_stage_module(i))
     return pipe
+
+
+def _relay_skips(pipe: Any) -> None:
+    """Make every stage send only to the next one: a value that a later, non-adjacent stage reads (Llama's
+    rotary tables, BART's encoder output, the labels the last stage's loss reads), or that two later stages
+    read, is passed on by every stage between, which takes it as one more input and returns it as one more
+    output (a view, so its gradient flows back the same way). torch's runtime has no backward for a value
+    sent to several stages ('Backward of skip connections not supported yet') and its interleaved schedules
+    no sends past the next stage. `devplace.sim.schedule.relay` costs the same hops."""
+    import operator
+
+    graph: torch.fx.Graph = pipe.split_gm.graph
+    calls = [n for n in graph.nodes if n.op == "call_module"]
+    index = {c: i for i, c in enumerate(calls)}
+
+    def source(arg: torch.fx.Node) -> int | None:
+        while arg.op == "call_function" and arg.target is operator.getitem:
+            arg = arg.args[0]  # type: ignore[assignment]
+        return index.get(arg)
+
+    def outputs(i: int) -> tuple[torch.fx.Graph, torch.fx.Node, list[Any]]:
+        sub = pipe.split_gm.get_submodule(calls[i].target).graph
+        out = next(n for n in sub.nodes if n.op == "output")
+        vals = out.args[0]
+        return sub, out, list(vals) if isinstance(vals, tuple | list) else [vals]
+
+    def pass_on(i: int, arg: torch.fx.Node, val: Any) -> torch.fx.Node:
+        """Stage i takes `arg` (a value of stage i-1, or stage i-1's copy of it) and returns it; its copy."""
+        call = calls[i]
+        sub, out, vals = outputs(i)
+        holders = [n for n in sub.nodes if n.op == "placeholder"]
+        if arg in call.args:
+            ph = holders[list(call.args).index(arg)]
+        else:
+            with sub.inserting_after(holders[-1] if holders else None):
+                ph = sub.placeholder(f"relayed_{len(holders)}")
+            ph.meta["val"] = val
+            call.args = (*call.args, arg)
+        with sub.inserting_before(out):
+            copy_ = sub.call_method("view_as", (ph, ph))
+        copy_.meta["val"] = val
+        single = not isinstance(out.args[0], tuple | list)
+        out.args = ((*vals, copy_),)
+        if single:  # the outer graph used the call itself as its one output: it is item 0 now
+            with graph.inserting_after(call):
+                first = graph.call_function(operator.getitem, (call, 0))
+            call.replace_all_uses_with(first, delete_user_cb=lambda user: user is not first)
+        with graph.inserting_after(call):
+            item = graph.call_function(operator.getitem, (call, len(vals)))
+        return item
+
+    copies: dict[tuple[torch.fx.Node, int], torch.fx.Node] = {}  # (value, stage) -> the node stage i-1 sends
+    for k, call in enumerate(calls):
+        relayed: dict[int, torch.fx.Node] = {}
+        for j, arg in enumerate(call.args):
+            src = source(arg) if isinstance(arg, torch.fx.Node) else None
+            if src is None or src >= k - 1:
+                continue
+            sub = pipe.split_gm.get_submodule(call.target).graph
+            val = [n for n in sub.nodes if n.op == "placeholder"][j].meta.get("val")
+            held = arg
+            for i in range(src + 1, k):
+                if (arg, i) not in copies:
+                    copies[(arg, i)] = pass_on(i, held, val)
+                held = copies[(arg, i)]
+            relayed[j] = held
+        # read the arguments again: passing a value on can have renamed one (a call's output became its item 0)
+        call.args = tuple(relayed.get(j, a) for j, a in enumerate(call.args))
+    for call in calls[1:]:
+        _inputs_in_send_order(pipe.split_gm.get_submodule(call.target).graph, call)
+    graph.lint()
+    for call in calls:
+        pipe.split_gm.get_submodule(call.target).recompile()
+    pipe.split_gm.recompile()
+
+
+def _inputs_in_send_order(sub: torch.fx.Graph, call: torch.fx.Node) -> None:
+    """Order a stage's inputs (its placeholders and the call's arguments alike) as the previous stage sends them:
+    the runtime sends a stage's outputs in output order and receives in input order, and gloo matches the
+    messages between two processes in order, so the two orders must agree (model inputs first)."""
+    import operator
+
+    def sent_as(arg: Any) -> int:
+        if isinstance(arg, torch.fx.Node) and arg.op == "call_function" and arg.target is operator.getitem:
+            return int(arg.args[1])  # type: ignore[arg-type]
+        return 0 if isinstance(arg, torch.fx.Node) and arg.op == "call_module" else -1
+
+    holders = [n for n in sub.nodes if n.op == "placeholder"]
+    order = sorted(range(len(holders)), key=lambda j: (sent_as(call.args[j]), j))
+    if order == list(range(len(holders))):
+        return
+    body = next(n for n in sub.nodes if n.op != "placeholder")
+    for j in order:
+        body.prepend(holders[j])
+    call.args = tuple(call.args[j] for j in order)
 
 
 def _contiguous_boundaries(stage: torch.fx.GraphModule) -> None:
@@ -173,6 +272,7 @@ class _Job:
 
     folder: str
     stages: list[bytes]
+    processes: int  # p; stage s runs on process s mod p
     tied: list[list[tuple[int, str]]]  # per tied parameter: (stage, name in that stage), by stage
     schedule: Schedule
     microbatches: list[dict[str, Any]]
@@ -210,9 +310,10 @@ def _failure(folder: str, n: int, fallback: str) -> str:
 
 
 def _stage(rank: int, job: _Job) -> None:
-    """One pipeline stage: join the gloo group, build the stage, run the steps, save what the parent reads."""
+    """One process of the pipeline: join the gloo group, build its stages (stage s on process s mod p), run the
+    steps, save what the parent reads."""
     import torch.distributed as dist
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
     from torch.distributed.pipelining.stage import _PipelineStage
     from torch.export.unflatten import InterpreterModule
 
@@ -221,11 +322,13 @@ def _stage(rank: int, job: _Job) -> None:
 
     torch.manual_seed(job.seed)
     torch.set_num_threads(1)  # the processes, one per stage, share the cores
-    mod, info = pickle.loads(job.stages[rank])
-    for sub in mod.modules():  # pipelining's submodules interpret their graph node by node in Python: 20-30 us an op
-        if isinstance(sub, InterpreterModule):
-            sub._run_with_interpreter = False  # their generated code instead, as a GraphModule runs
-    world = info.num_stages
+    world = job.processes
+    mine = list(range(rank, len(job.stages), world))  # stage s runs on process s mod p
+    loaded = [pickle.loads(job.stages[i]) for i in mine]
+    for mod, _ in loaded:
+        for sub in mod.modules():  # pipelining's submodules interpret their graph node by node in Python: 20-30 us
+            if isinstance(sub, InterpreterModule):  # an op; their generated code instead, as a GraphModule runs
+                sub._run_with_interpreter = False
     dist.init_process_group("gloo", init_method=f"file://{job.folder}/rendezvous", rank=rank, world_size=world,
                             timeout=timedelta(seconds=job.timeout_s))
     try:
@@ -233,22 +336,31 @@ def _stage(rank: int, job: _Job) -> None:
         # stage only (T5's encoder and decoder embeddings, both before the cut) needs no group
         ties = []
         for users in job.tied:
-            ranks = sorted({s for s, _ in users})
-            ties.append((dist.new_group(ranks) if len(ranks) > 1 else None, [n for s, n in users if s == rank]))
+            ranks = sorted({s % world for s, _ in users})
+            ties.append((dist.new_group(ranks) if len(ranks) > 1 else None,
+                         [(s, n) for s, n in users if s % world == rank]))
         # what Pipe.build_stage does, from the stage module and graph it sent (on the CPU, where they were traced)
-        stage = _PipelineStage(mod, rank, info, torch.device("cpu"))
+        stages = [_PipelineStage(mod, i, info, torch.device("cpu"))
+                  for i, (mod, info) in zip(mine, loaded, strict=True)]
+        for st in stages:
+            if not st.is_first:  # the model's inputs go to stage 0 only (the others receive activations), but
+                st.forward_one_chunk = _without_inputs(st.forward_one_chunk)  # multi-stage schedules give them all
         loss_of = job.loss_fn or default_loss
 
         def loss(output: Any, _target: Any) -> torch.Tensor:
             value = loss_of(output)
             return value if value.numel() == 1 else value.sum()
 
-        kind = ScheduleGPipe if job.schedule.kind == "gpipe" else Schedule1F1B
-        sched = kind(stage, job.schedule.microbatches, loss_fn=loss, scale_grads=job.loss_reduction == "mean")
-        params = dict(mod.named_parameters())
+        scale = job.loss_reduction == "mean"
+        if job.schedule.kind == "interleaved-1f1b":
+            sched: Any = ScheduleInterleaved1F1B(stages, job.schedule.microbatches, loss_fn=loss, scale_grads=scale)
+        else:
+            kind = ScheduleGPipe if job.schedule.kind == "gpipe" else Schedule1F1B
+            sched = kind(stages[0], job.schedule.microbatches, loss_fn=loss, scale_grads=scale)
+        params = {(i, n): p for i, (mod, _) in zip(mine, loaded, strict=True) for n, p in mod.named_parameters()}
         opt = _make_optimizer(job.optimizer, [p for p in params.values() if p.requires_grad])
         m = job.schedule.microbatches
-        mine = stage.is_first or stage.is_last
+        first, last = any(st.is_first for st in stages), any(st.is_last for st in stages)
         losses: list[float] = []
         times: list[float] = []
         cpu_times: list[float] = []
@@ -257,8 +369,8 @@ def _stage(rank: int, job: _Job) -> None:
             dist.barrier()
             t0, c0 = time.perf_counter(), time.process_time()
             mb_losses: list[torch.Tensor] = []
-            sched.step(arg_mbs=[()] * m, kwarg_mbs=job.microbatches if stage.is_first else [{}] * m,
-                       target_mbs=[None] * m, losses=mb_losses if mine else None, return_outputs=False)
+            sched.step(arg_mbs=[()] * m, kwarg_mbs=job.microbatches if first else [{}] * m,
+                       target_mbs=[None] * m, losses=mb_losses if first or last else None, return_outputs=False)
             for group, names in ties:
                 if not names:
                     continue
@@ -271,21 +383,31 @@ def _stage(rank: int, job: _Job) -> None:
                 for n in names:
                     params[n].grad = total.clone()
             if step == 0 and job.return_grads:
-                grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
+                grads = {n: p.grad.detach().clone() for (_, n), p in params.items() if p.grad is not None}
             if opt is not None:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             else:
-                mod.zero_grad(set_to_none=True)
+                for mod, _ in loaded:
+                    mod.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - t0)
             cpu_times.append(time.process_time() - c0)
-            if stage.is_last:
+            if last:
                 total = torch.stack([v.detach() for v in mb_losses]).sum()
                 losses.append(float(total / m if job.loss_reduction == "mean" else total))
         torch.save({"losses": losses, "times": times, "cpu_times": cpu_times, "grads": grads},
                    Path(job.folder) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def _without_inputs(forward_one_chunk: Callable[..., Any]) -> Callable[..., Any]:
+    """A stage's `forward_one_chunk` that drops the step's keyword inputs (the model's own, for stage 0)."""
+
+    def run(fwd_chunk_id: int, args: Any, kwargs: Any = None, save_forward_output: bool = True) -> Any:
+        return forward_one_chunk(fwd_chunk_id, args, None, save_forward_output)
+
+    return run
 
 
 def _tied(pipe: Any, module: nn.Module) -> list[list[tuple[int, str]]]:
@@ -316,7 +438,12 @@ def _meta_tensor(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.d
     return torch.empty_strided(shape, stride, dtype=dtype, device="meta").requires_grad_(grad)
 
 
-def _aten_op(namespace: str, name: str, overload: str | None) -> Any:
+def _aten_op(namespace: str, name: str, overload: str | None, home: str | None = None) -> Any:
+    """The operator `namespace::name.overload`, after importing `home`, the module that registers it (a custom
+    op such as transformers' `grouped_mm_fallback`, which a Mixtral MoE layer calls: a stage process has not
+    run the model's code, so the op exists there only once its module is imported)."""
+    if home is not None:
+        importlib.import_module(home)
     packet = getattr(getattr(torch.ops, namespace), name)
     return getattr(packet, overload) if overload is not None else packet
 
@@ -352,6 +479,14 @@ def _graph_module_of(body: dict[str, Any], graph: torch.fx.Graph) -> torch.fx.Gr
     return torch.fx.GraphModule(root, graph)
 
 
+def _op_home(qualname: str) -> str | None:
+    """The module that defines custom operator `qualname` (`torch.library.custom_op`), or None (a built-in)."""
+    from torch._library.custom_ops import OPDEFS
+
+    op = OPDEFS.get(qualname)
+    return getattr(getattr(op, "_init_fn", None), "__module__", None) if op is not None else None
+
+
 class _StagePickler(pickle.Pickler):
     """Pickles a traced stage for its process: a graph as its nodes with each value's metadata ("val", which the
     stage reads to allocate its receive buffers; the trace's fake tensors become meta tensors), operators by
@@ -366,10 +501,10 @@ class _StagePickler(pickle.Pickler):
             return _meta_tensor, (tuple(obj.shape), tuple(obj.stride()), obj.dtype, obj.requires_grad)
         if isinstance(obj, OpOverload):
             namespace, name = obj._schema.name.split("::")
-            return _aten_op, (namespace, name, obj._overloadname)
+            return _aten_op, (namespace, name, obj._overloadname, _op_home(obj._schema.name))
         if isinstance(obj, OpOverloadPacket):
             namespace, name = obj._qualified_op_name.split("::")
-            return _aten_op, (namespace, name, None)
+            return _aten_op, (namespace, name, None, _op_home(obj._qualified_op_name))
         if isinstance(obj, torch.fx.GraphModule):  # its code is generated again from the graph
             return _graph_module_of, ({k: v for k, v in obj.__dict__.items() if k != "_graph"}, obj.graph)
         if isinstance(obj, torch.fx.Graph):
@@ -407,15 +542,13 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
     ex = export if isinstance(export, PipelineExport) else read_pipeline(export)
     if ex.schedule.kind not in SCHEDULES:
         raise PipelineRunError(f"schedule {ex.schedule.kind!r} is not run here; choose one of {', '.join(SCHEDULES)}")
-    n = ex.num_stages if processes is None else processes
-    if n != ex.num_stages:
-        raise PipelineRunError(f"the export has {ex.num_stages} stages, so it runs in {ex.num_stages} processes (one "
-                               f"stage each), not {n}")
-    if ex.schedule.kind == "1f1b" and ex.schedule.microbatches < n:
-        # torch.distributed.pipelining's 1F1B fills the pipeline before its first backward
-        raise PipelineRunError(f"1f1b runs at least as many micro-batches as stages: {ex.schedule.microbatches} "
-                               f"micro-batch(es) for {n} stages; export with --microbatches {n} (or more), or "
-                               "--schedule gpipe")
+    n = ex.processes if processes is None else processes
+    if n != ex.processes:
+        raise PipelineRunError(f"the export has {ex.num_stages} stages on {ex.processes} devices, so it runs in "
+                               f"{ex.processes} processes (one per device), not {n}")
+    why = ex.schedule.unrunnable(n)
+    if why is not None:
+        raise PipelineRunError(f"{why} (devplace export --microbatches / --schedule)")
     if steps < 1:
         raise PipelineRunError(f"steps must be at least 1, got {steps}")
     if loss_reduction not in ("mean", "sum"):
@@ -435,8 +568,8 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
     mbs = _microbatches(_named_inputs(module, inputs), ex.schedule.microbatches)
     pipe = _trace(module, ex, mbs[0])
     with tempfile.TemporaryDirectory(prefix="devplace-pipe-") as folder:
-        job = _Job(folder, [_dump_stage(pipe, i) for i in range(n)], _tied(pipe, module), ex.schedule, mbs, steps,
-                   optimizer, loss_fn, loss_reduction, return_grads, seed, timeout_s)
+        job = _Job(folder, [_dump_stage(pipe, i) for i in range(ex.num_stages)], n, _tied(pipe, module), ex.schedule,
+                   mbs, steps, optimizer, loss_fn, loss_reduction, return_grads, seed, timeout_s)
         try:
             mp.start_processes(_worker, args=(job,), nprocs=n, join=True, start_method=_start_method())
         except mp.ProcessRaisedException as exc:
@@ -459,3 +592,20 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
                     grads.setdefault(name, grads[alias])
                     grads.setdefault(first, grads[alias])
     return PipelineRun(results[-1]["losses"], times, ex.schedule, n, grads, cpu_times)
+
+
+def accumulated_step(module: nn.Module, inputs: tuple[torch.Tensor, ...], microbatches: int = 1
+                     ) -> tuple[float, dict[str, torch.Tensor]]:
+    """Loss and parameter gradients (by name) of one unpipelined step of `module` on the positional `inputs` cut
+    into `microbatches` equal slices along dimension 0, each slice's loss weighted 1/M (gradient accumulation):
+    what a pipelined run's first step equals -- at M=1 for most models, at the run's own M where micro-batching
+    changes the result (BatchNorm). The module's gradients are zeroed before and after."""
+    module.zero_grad()
+    size, total = inputs[0].shape[0] // microbatches, 0.0
+    for k in range(microbatches):
+        loss = module(*(x[k * size:(k + 1) * size] for x in inputs)) / microbatches
+        loss.backward()
+        total += float(loss.detach())
+    grads = {n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None}
+    module.zero_grad()
+    return total, grads

@@ -14,8 +14,8 @@ from rich.console import Group
 from rich.text import Text
 from torch import nn
 
-from devplace.defaults import DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
-from devplace.errors import FormatError
+from devplace.defaults import AUTO_PLACER, DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
+from devplace.errors import DevplaceError, FormatError
 from devplace.graph.batch import graph_batch
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
@@ -23,12 +23,15 @@ from devplace.graph.jsonio import read_json, write_json
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.hardware.cost import CostTable, cost_devices
+from devplace.placers import get_placer
 from devplace.placers.search import MicrobatchGraph
 from devplace.planning import (
+    MAP_PLACER,
     AsRun,
     Baseline,
     Placed,
     baselines_line,
+    check_seed,
     place_graph,
     precision_text,
     render_text,
@@ -218,6 +221,32 @@ def plan(model: nn.Module, example_inputs: Any, cluster: Cluster | str, *, place
     return p
 
 
+def _check_settings(settings: Mapping[str, Any], path: str | Path) -> None:
+    """A plan's record of how it was placed: `placer` a name, `seed` a seed, `placer_settings` an object that the
+    placer (when registered) accepts, as `--set` would be checked (`PlacerSpec.validate`: types, ranges,
+    limits); FormatError naming the file and the field."""
+    placer, seed, given = settings.get("placer"), settings.get("seed"), settings.get("placer_settings")
+    if placer is not None and not isinstance(placer, str):
+        raise FormatError(f"{path}: settings.placer must be a placer name, got {placer!r:.60}; the file was edited "
+                          "or damaged: make the plan again")
+    if seed is not None:
+        try:
+            check_seed(seed)
+        except DevplaceError as exc:
+            raise FormatError(f"{path}: settings.seed: {exc}") from None
+    if given is None:
+        return
+    if not isinstance(given, Mapping):
+        raise FormatError(f"{path}: settings.placer_settings must be a JSON object (setting -> value), got "
+                          f"{given!r:.60}; the file was edited or damaged: make the plan again")
+    if placer in (None, "", AUTO_PLACER, MAP_PLACER):
+        return  # no one placer's settings to check them against
+    try:
+        get_placer(placer).validate(given)
+    except DevplaceError as exc:
+        raise FormatError(f"{path}: settings.placer_settings: {exc}") from None
+
+
 def load_plan(path: str | Path) -> Plan:
     """Read a `devplace.plan/1` file (unknown versions are rejected) and re-simulate its placement."""
     doc = read_json(path, FORMAT)
@@ -233,6 +262,7 @@ def load_plan(path: str | Path) -> Plan:
     if not isinstance(settings, Mapping) or not isinstance(settings.get("source", {}), Mapping | None):
         raise FormatError(f"{path}: \"settings\" must be a JSON object (and its \"source\" too); is this a devplace "
                           "plan file?")
+    _check_settings(settings, path)
     result = simulate(graph, cluster, placement, schedule=placement.schedule)
     # how it was placed, as `plan_from_placed` recorded it; the search's time is not kept in the file
     placed = Placed(graph, cluster, placement, result, str(settings.get("placer") or ""),
@@ -273,22 +303,35 @@ def rebuild_zoo_model(p: Plan, *, trust_model: bool | str = False, where: str = 
     """The zoo (or custom `package.module:factory`) module and inputs a plan made by `zoo_plan` was made for
     (and `p.loss_fn` set to the factory's loss); an error for other plans. A custom model is code, imported only
     when `trust_model` is True or equal to its name (`devplace.capture.custom.check_trusted`); `where` names the
-    plan in messages."""
-    module, inputs, p.loss_fn = _build_named_source(p.settings.get("source"), trust_model, where)
+    plan in messages. A source whose model has another parameter count than the plan's graph records is refused
+    before it is built (`build_source`'s `params`)."""
+    module, inputs, p.loss_fn = _build_named_source(p.settings.get("source"), trust_model, where,
+                                                    source_params(p.graph))
     return module, inputs
 
 
+def source_params(graph: CompGraph) -> int | None:
+    """The parameter count of the model `graph` was captured from, as its capture recorded it (None: not
+    recorded); what a pipeline export keeps beside the model source ("source_params")."""
+    cap = graph.meta.get("capture") if isinstance(graph.meta, Mapping) else None
+    params = cap.get("params") if isinstance(cap, Mapping) else None
+    return params if isinstance(params, int) and not isinstance(params, bool) else None
+
+
 def build_source(src: Any, *, trust_model: bool | str = False, where: str = "the pipeline file",
+                 params: int | None = None,
                  ) -> tuple[nn.Module, tuple[torch.Tensor, ...], Callable[[Any], torch.Tensor] | None]:
     """The zoo (or custom) module, inputs and loss function (None: the capture's default) of a plan's `source`
     setting (model name, batch, seq_len, build_seed; also what a pipeline export made from the plan keeps); an
     error when the plan was made from a Python module. A custom model is imported only when trusted, as for
-    `rebuild_zoo_model`."""
-    return _build_named_source(src, trust_model, where)
+    `rebuild_zoo_model`. `params` (the parameter count the file records for its model): a zoo model is first built
+    on the meta device (no memory, no weights) and refused when its count differs, so that a source edited to
+    name another model does not build, let alone train, a model the file does not describe."""
+    return _build_named_source(src, trust_model, where, params)
 
 
-def _build_named_source(src: Any, trust_model: bool | str, where: str) -> tuple[nn.Module, tuple[torch.Tensor, ...],
-                                                                                 Any]:
+def _build_named_source(src: Any, trust_model: bool | str, where: str, params: int | None,
+                        ) -> tuple[nn.Module, tuple[torch.Tensor, ...], Any]:
     from devplace.capture.custom import build_named_model, check_trusted, is_custom
     from devplace.errors import DevplaceError
 
@@ -305,6 +348,14 @@ def _build_named_source(src: Any, trust_model: bool | str, where: str) -> tuple[
         raise DevplaceError(f"--model {trust_model} differs from the model {where} names ({name}); drop --model")
     sizes = [_source_int(src, key, where, 1, 2**31 - 1) for key in ("batch", "seq_len")]
     seed = _source_int(src, "build_seed", where, 0, 2**63 - 1)
+    if params is not None and not is_custom(name):  # (a custom model is code the user vouched for)
+        with torch.device("meta"):
+            shape = build_named_model(name, sizes[0], sizes[1], seed=0 if seed is None else seed)[0]
+        built = sum(p.numel() for p in shape.parameters())
+        if built != params:
+            raise FormatError(f"{where}: its model source names {name!r}, a model of {built:,} parameters, but the "
+                              f"file was made for a model of {params:,}; the file was edited or damaged: make it "
+                              "again from the model you mean to run")
     return build_named_model(name, sizes[0], sizes[1], seed=0 if seed is None else seed)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +28,7 @@ from torch import nn
 
 from devplace.defaults import MAX_STEPS
 from devplace.errors import DevplaceError
-from devplace.files import JSON_LINES_RUN, append_output
+from devplace.files import JSON_LINES_RUN, append_output, json_text
 
 __all__ = ["RUN_FORMAT", "PrecisionError", "RunResult", "append_record", "check_steps", "local_cluster", "measure_plan",
            "plan_precision", "run_record", "run_steps"]
@@ -188,7 +187,7 @@ def run_record(run: RunResult, *, graph: str, cluster: Any, devices: Sequence[to
 
 def append_record(path: str | Path, record: dict[str, Any]) -> None:
     """Append `record` as one JSON line to `path` (atomically; only to a file of such records, unless --force)."""
-    append_output(path, json.dumps(record, sort_keys=True) + "\n", "--record", JSON_LINES_RUN)
+    append_output(path, json_text(record, sort_keys=True) + "\n", "--record", JSON_LINES_RUN)
 
 
 # Assumed links of a machine's own devices (not measured): PCIe gen3 x16 effective between two GPUs and between

@@ -28,7 +28,10 @@ from devplace.sim.result import SimResult, Transfers
 
 @njit(cache=True)
 def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge_dst, edge_tensor, edge_bytes,
-              indeg, bandwidth, latency):  # pragma: no cover - compiled
+              indeg, bandwidth, latency, chan_free, chan_last):  # pragma: no cover - compiled
+    # chan_free, chan_last: [devices, devices] scratch of the caller, 0.0 and -1 everywhere on entry and again on
+    # return (only the channels used are touched and reset): allocating them per run cost O(devices^2), 16 MB and
+    # most of a run's time at 1,024 devices
     n = dev.shape[0]
     n_e = edge_dst.shape[0]
     start = np.zeros(n, dtype=np.float64)
@@ -51,7 +54,6 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
     finish_i = np.zeros(n, dtype=np.int64)
     t_start_i = np.empty(n_e, dtype=np.int64)  # -1 - x: starts when transfer x (same channel) arrives
     t_finish_i = np.empty(n_e, dtype=np.int64)
-    chan_last = np.full((num_devices, num_devices), -1, dtype=np.int64)
     ti = 0
 
     # per-device ready heaps keyed by (ready time, rank)
@@ -75,10 +77,10 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
     ekp = np.empty(n + n_e, dtype=np.int64)  # payload: unused (the id is the key)
     esize = 0
     busy = np.zeros(num_devices, dtype=np.bool_)
-    chan_free = np.zeros((num_devices, num_devices), dtype=np.float64)
     finished_now = np.empty(n, dtype=np.int64)  # ranks of ops finished at the current time
     n_fin = 0
     mark = np.full(num_devices, False)
+    marked = np.empty(num_devices, dtype=np.int64)  # the marked devices, sorted before use (few per tensor)
 
     for v in range(n):
         if active[v] and deps[v] == 0:
@@ -129,14 +131,7 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
             if n_fin == 0:
                 break
             # transfers of every op that finished at t, in (rank, tensor, destination) order
-            # insertion sort by rank: the batch of ops finishing at one time is small
-            for i in range(1, n_fin):
-                r = finished_now[i]
-                j = i - 1
-                while j >= 0 and finished_now[j] > r:
-                    finished_now[j + 1] = finished_now[j]
-                    j -= 1
-                finished_now[j + 1] = r
+            _sort_few(finished_now, n_fin)  # by rank: the batch of ops finishing at one time is small
             batch = n_fin
             n_fin = 0
             for i in range(batch):
@@ -146,38 +141,42 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
                 while k < succ_ptr[u + 1]:
                     tensor = edge_tensor[tsorted_edges[k]]
                     lo = k
+                    n_marked = 0
                     while k < succ_ptr[u + 1] and edge_tensor[tsorted_edges[k]] == tensor:
                         w = edge_dst[tsorted_edges[k]]
-                        if dev[w] != a and active[w]:
+                        if dev[w] != a and active[w] and not mark[dev[w]]:
                             mark[dev[w]] = True
+                            marked[n_marked] = dev[w]
+                            n_marked += 1
                         k += 1
                     nbytes = edge_bytes[tsorted_edges[lo]]
-                    for b in range(num_devices):
-                        if mark[b]:
-                            mark[b] = False
-                            if chan_free[a, b] > t:
-                                s = chan_free[a, b]
-                                t_start_i[n_t] = -1 - chan_last[a, b]
-                            else:
-                                s = t
-                                t_start_i[n_t] = ti
-                            f = s + latency[a, b] + nbytes / bandwidth[a, b]
-                            chan_free[a, b] = f
-                            chan_last[a, b] = n_t
-                            t_node[n_t] = u
-                            t_tensor[n_t] = tensor
-                            t_dst[n_t] = b
-                            t_bytes[n_t] = nbytes
-                            t_lo[n_t] = lo
-                            t_hi[n_t] = k
-                            t_start[n_t] = s
-                            t_finish[n_t] = f
-                            for j in range(lo, k):
-                                w = edge_dst[tsorted_edges[j]]
-                                if dev[w] == b and active[w]:
-                                    edge_transfer[tsorted_edges[j]] = n_t
-                            esize = heap_push(ekt, ekr, ekp, 0, esize, f, n + n_t, 0)
-                            n_t += 1
+                    _sort_few(marked, n_marked)  # destinations in index order
+                    for i2 in range(n_marked):
+                        b = marked[i2]
+                        mark[b] = False
+                        if chan_free[a, b] > t:
+                            s = chan_free[a, b]
+                            t_start_i[n_t] = -1 - chan_last[a, b]
+                        else:
+                            s = t
+                            t_start_i[n_t] = ti
+                        f = s + latency[a, b] + nbytes / bandwidth[a, b]
+                        chan_free[a, b] = f
+                        chan_last[a, b] = n_t
+                        t_node[n_t] = u
+                        t_tensor[n_t] = tensor
+                        t_dst[n_t] = b
+                        t_bytes[n_t] = nbytes
+                        t_lo[n_t] = lo
+                        t_hi[n_t] = k
+                        t_start[n_t] = s
+                        t_finish[n_t] = f
+                        for j in range(lo, k):
+                            w = edge_dst[tsorted_edges[j]]
+                            if dev[w] == b and active[w]:
+                                edge_transfer[tsorted_edges[j]] = n_t
+                        esize = heap_push(ekt, ekr, ekp, 0, esize, f, n + n_t, 0)
+                        n_t += 1
             if esize > 0 and ekt[0] == t:
                 continue
             break
@@ -189,8 +188,22 @@ def _schedule(dev, dur, active, rank, num_devices, succ_ptr, tsorted_edges, edge
     for x in range(n_t):  # transfers that waited on their channel start when the one before arrives
         if t_start_i[x] < 0:
             t_start_i[x] = t_finish_i[-1 - t_start_i[x]]
+        chan_free[dev[t_node[x]], t_dst[x]] = 0.0  # the caller's scratch as it was
+        chan_last[dev[t_node[x]], t_dst[x]] = -1
     return (start, finish, start_i, finish_i, ti + 1, t_node[:n_t], t_tensor[:n_t], t_dst[:n_t], t_bytes[:n_t],
             t_start[:n_t], t_finish[:n_t], t_start_i[:n_t], t_finish_i[:n_t], edge_transfer)
+
+
+@njit(cache=True, inline="always")
+def _sort_few(values, count):  # pragma: no cover - compiled
+    """Sort values[:count] in place, ascending: an insertion sort, for the few items of one instant."""
+    for i in range(1, count):
+        x = values[i]
+        j = i - 1
+        while j >= 0 and values[j] > x:
+            values[j + 1] = values[j]
+            j -= 1
+        values[j + 1] = x
 
 
 @njit(cache=True)
@@ -299,6 +312,9 @@ class DevplaceModel:
         self.latency = np.ascontiguousarray(cluster.latency)
         # outputs of forward ops (kind "forward" or none) are activations: what a backward reads
         self.activation = np.array([k in ("", "forward") for k in graph.kind], dtype=np.bool_)
+        nd = cluster.num_devices
+        self._chan_free = np.zeros((nd, nd), dtype=np.float64)  # `_schedule`'s scratch, reset by it after each run
+        self._chan_last = np.full((nd, nd), -1, dtype=np.int64)
 
     def run(self, devices: np.ndarray, active: np.ndarray | None = None) -> SimResult:
         """Simulate one step with `devices[v]` the device index of node v (already validated).
@@ -320,7 +336,7 @@ class DevplaceModel:
         (start, finish, start_i, finish_i, n_times, t_node, t_tensor, t_dst, t_bytes, t_start, t_finish, t_start_i,
          t_finish_i, edge_transfer) = _schedule(dev, dur, active, g.topo_rank, nd, g.succ_ptr, self.tsorted_edges,
                                                 g.edge_dst, g.edge_tensor, g.edge_bytes, indeg, self.bandwidth,
-                                                self.latency)
+                                                self.latency, self._chan_free, self._chan_last)
         peak, peak_act = _peak_memory(dev, active, start_i, finish_i, n_times, nd, g.output_bytes, g.temp_bytes,
                                       g.param_bytes, g.edge_src, g.edge_dst, edge_transfer, t_node, t_dst, t_bytes,
                                       t_start_i, t_finish_i, self.activation)

@@ -35,7 +35,7 @@ category.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -269,6 +269,19 @@ class ParallelResult:
     @property
     def feasible(self) -> bool:
         return all(m.fits for m in self.memory)
+
+    def as_sim_result(self) -> ScheduledResult:
+        """The plan as one simulation result, for a report's table: replica 0's pipeline (each op's times, its
+        schedule, its transfers: the collectives are in `sync`) with the plan's step time, each device's peak
+        its memory total by category (`memory`) and each device's busy time in its own replica's pipeline."""
+        first = self.pipelines[0]
+        peak, busy = first.peak_memory_bytes.copy(), first.device_busy_s.copy()
+        for m in self.memory:
+            peak[m.device] = m.total
+        for r, (pipeline, on) in enumerate(zip(self.pipelines, self.simulated_on, strict=True)):
+            for s, device in enumerate(self.plan.replica(r)):
+                busy[device] = pipeline.device_busy_s[on[s]]
+        return replace(first, step_time_s=self.step_time_s, peak_memory_bytes=peak, device_busy_s=busy)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the plan under "parallel", step time, feasibility, per-stage sync, memory per device."""

@@ -206,6 +206,87 @@ def _chunks(topo, pred_ptr, pred_edges, edge_src, phase, pos, devices, classes, 
     return chunk, -1, 0
 
 
+# --------------------------------------------------------------------------- values sent past the next stage
+
+RELAY = "relay"  # op name of the nodes that carry a value through a stage it only passes on
+
+
+@dataclass(frozen=True)
+class Relayed:
+    """A graph with its relay nodes (`relay`): `origin[i]` is the node of the original graph that node i is, or
+    whose output it carries; `devices` and `stages` cover every node."""
+
+    graph: CompGraph
+    devices: np.ndarray
+    stages: Stages
+    origin: np.ndarray
+
+
+def relay(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relayed:
+    """The step as torch's pipelining runs it: a stage sends only to the next stage (forward) and the previous
+    one (backward), so a value read further on (Llama's rotary tables, BART's encoder output, a model input the
+    last stage's loss reads) is received and sent on by every stage between (`devplace.runtime.pipeline_run`
+    makes the stages do so), and so is its gradient on the way back. Each hop is a relay node: no compute, on
+    that stage's device, in that stage's forward (or backward) action, one per (value, stage) however many ops
+    of later stages read the value. Edges between ops one stage apart, and per-step ops, are left as they are.
+    Returns the graph unchanged (no copy) when nothing is sent past the next stage."""
+    n, phase, stage = graph.num_nodes, stages.phase, stages.stage
+    u, v = graph.edge_src, graph.edge_dst
+    micro = (phase[u] != PER_STEP) & (phase[v] != PER_STEP)
+    far = np.flatnonzero(micro & (((phase[u] == FORWARD) & (stage[v] > stage[u] + 1))
+                                  | ((phase[u] == BACKWARD) & (stage[v] < stage[u] - 1))))
+    if not far.size:
+        return Relayed(graph, np.asarray(devices, dtype=np.int64), stages, np.arange(n))
+    p = len(stages.pipeline_devices)
+    src, tensor = graph.edge_src.copy(), graph.edge_tensor.copy()
+    hop: dict[tuple[int, int, int], int] = {}  # (value's node, its tensor, stage) -> relay node
+    names: list[str] = []
+    origin: list[int] = []
+    hop_stage: list[int] = []
+    add_src: list[int] = []
+    add_dst: list[int] = []
+    add_bytes: list[float] = []
+    add_tensor: list[int] = []
+    for e in far.tolist():
+        a, t = int(u[e]), int(graph.edge_tensor[e])
+        step = 1 if stage[v[e]] > stage[a] else -1
+        prev, prev_tensor = a, t
+        for s in range(int(stage[a]) + step, int(stage[v[e]]), step):
+            r = hop.get((a, t, s))
+            if r is None:
+                r = hop[(a, t, s)] = n + len(origin)
+                names.append(f"{graph.ids[a]}:{t}~{RELAY}{s}")
+                origin.append(a)
+                hop_stage.append(s)
+                add_src.append(prev)
+                add_dst.append(r)
+                add_bytes.append(float(graph.edge_bytes[e]))
+                add_tensor.append(prev_tensor)
+            prev, prev_tensor = r, 0
+        src[e], tensor[e] = prev, prev_tensor
+    k = len(origin)
+    of = np.asarray(origin, dtype=np.int64)
+    at = np.asarray(hop_stage, dtype=np.int64)
+    carried = np.asarray(add_bytes)  # relay i's in-edge is the i-th added: a relay holds the value it passes on
+    hop_devices = np.asarray(stages.pipeline_devices, dtype=np.int64)[at % p]
+    zeros = np.zeros(k)
+    g = CompGraph.from_arrays(
+        graph.name, [*graph.ids, *names],
+        [*graph.op, *([RELAY] * k)],
+        [*graph.kind, *("backward" if phase[a] == BACKWARD else "forward" for a in origin)],
+        [*graph.group, *([""] * k)],
+        np.concatenate([graph.compute_s, zeros]), np.concatenate([graph.output_bytes, carried]),
+        np.concatenate([graph.param_bytes, zeros]), np.concatenate([graph.temp_bytes, zeros]),
+        np.concatenate([src, add_src]).astype(np.int64), np.concatenate([graph.edge_dst, add_dst]).astype(np.int64),
+        np.concatenate([graph.edge_bytes, add_bytes]), np.concatenate([tensor, add_tensor]).astype(np.int64),
+        meta=graph.meta, kind_compute={kind: np.concatenate([col, zeros]) for kind, col in graph.kind_compute.items()},
+        node_extra=[*graph.node_extra, *([{}] * k)] if graph.node_extra else ())
+    staged = Stages(phase=np.concatenate([phase, phase[of]]), stage=np.concatenate([stage, at]),
+                    pipeline_devices=stages.pipeline_devices, chunks=stages.chunks)
+    return Relayed(g, np.concatenate([np.asarray(devices, dtype=np.int64), hop_devices]), staged,
+                   np.concatenate([np.arange(n), of]))
+
+
 # --------------------------------------------------------------------------- the schedules' action lists
 
 
@@ -511,12 +592,15 @@ def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, s
                             "which the placement alone does not tell apart at the turn; give chunk_of, each op's "
                             "chunk, or simulate it through a ParallelPlan with V-shaped stages")
     stages = pipeline_stages(graph, devices, int(schedule.chunks or 1), schedule.device_order, chunk_of)
-    u = unroll(graph, devices, schedule, stages, cluster)
+    # a V's stage numbers (chunk * p + position) are not its order along the data: its hops are not relayed
+    relayed = (relay(graph, devices, stages) if schedule.kind != "zbv"
+               else Relayed(graph, devices, stages, np.arange(graph.num_nodes)))
+    u = unroll(relayed.graph, relayed.devices, schedule, relayed.stages, cluster)
     r = DevplaceModel(u.graph, cluster).run(u.devices)
     n, m = graph.num_nodes, schedule.microbatches
     mb_start = np.zeros((m, n))
     mb_finish = np.zeros((m, n))
-    real = (u.source >= 0) & ~u.step_part
+    real = (u.source >= 0) & (u.source < n) & ~u.step_part  # relay nodes have no row of their own
     rows = np.where(u.microbatch[real] >= 0, u.microbatch[real], 0)
     mb_start[rows, u.source[real]] = r.start_s[real]
     mb_finish[rows, u.source[real]] = r.finish_s[real]
@@ -526,7 +610,7 @@ def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, s
     finish = mb_finish.max(axis=0)  # an op's once-per-step part ends its step
     np.maximum.at(finish, u.source[u.step_part], r.finish_s[u.step_part])
     t = r.transfers
-    transfers = Transfers(node=u.source[t.node], tensor=t.tensor, src_dev=t.src_dev, dst_dev=t.dst_dev,
+    transfers = Transfers(node=relayed.origin[u.source[t.node]], tensor=t.tensor, src_dev=t.src_dev, dst_dev=t.dst_dev,
                           nbytes=t.nbytes, start_s=t.start_s, finish_s=t.finish_s)
     return ScheduledResult(
         model=r.model, step_time_s=r.step_time_s, device=devices,

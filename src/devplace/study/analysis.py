@@ -342,7 +342,10 @@ BOOTSTRAP = 2_000
 
 def block_ranks(values: np.ndarray) -> np.ndarray:
     """Ranks within each row (block) of a blocks x treatments array: 1 = smallest, ties averaged."""
-    return np.vstack([stats.rankdata(row) for row in np.asarray(values, dtype=np.float64)])
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) == 0:  # no complete block (a placer whose cells all failed): no ranks, not an error
+        return np.zeros(values.shape, dtype=np.float64)
+    return np.vstack([stats.rankdata(row) for row in values])
 
 
 def _at_least(x: np.ndarray, observed: float) -> np.ndarray:

@@ -29,6 +29,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from devplace.defaults import cpu_cores
 from devplace.errors import DevplaceError
 
 BACKENDS = ("local", "ray")
@@ -298,10 +299,14 @@ def _ray_call(driver: tuple[str, int], fn: Callable[..., Any], *args: Any) -> An
 
 
 def check_backend(name: str, workers: int, address: str | None = None) -> None:
-    """Refuse (BackendError) what `make_backend` could not start: an unknown backend, a worker count below 1,
-    or an --address for the local backend. Checked before a study touches its database."""
+    """Refuse (BackendError) what `make_backend` could not start: an unknown backend, a worker count below 1
+    or, on this machine (no --address), above its CPU cores (`defaults.cpu_cores`: more only share them, each
+    costing its memory), or an --address for the local backend. Checked before a study touches its database."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise BackendError(f"workers must be an integer >= 1, got {workers!r}")
+    if address is None and workers > cpu_cores():
+        raise BackendError(f"workers must be at most the {cpu_cores()} CPU cores of this machine, got {workers:,}; "
+                           "more workers only share them, and each costs hundreds of MB")
     if name not in BACKENDS:
         raise BackendError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
     if name == "local" and address is not None:

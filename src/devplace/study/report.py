@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from devplace.errors import DevplaceError
-from devplace.files import Kind, output_file, output_folder, save_png, write_output
+from devplace.files import Kind, json_text, output_file, output_folder, save_png, write_output
 from devplace.graph.features import FEATURE_NAMES
 from devplace.study import analysis as an
 from devplace.study.recommend import fit_order_model, make_dataset, validate
@@ -67,7 +68,7 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
         w = csv.writer(fh)
         w.writerow(cols)
         for r in rows:
-            w.writerow([json.dumps(r.get(c), sort_keys=True) if c in JSON_COLUMNS and r.get(c) is not None
+            w.writerow([json_text(r.get(c), sort_keys=True) if c in JSON_COLUMNS and r.get(c) is not None
                         and not isinstance(r.get(c), str) else r.get(c) for c in cols])
     per_graph: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows:
@@ -532,6 +533,15 @@ def _comparison_section(rows: Sequence[dict[str, Any]]) -> list[str]:
 def write_report(db_path: str | Path, out_dir: str | Path, *, command: str | None = None) -> list[Path]:
     """Write report.md, results.csv, the PNG plots and order_model.json for the study in `db_path` into
     `out_dir`; returns the paths written. ReportError when there is nothing to report on."""
+    with warnings.catch_warnings():
+        # the libraries' warnings about degenerate input (matplotlib's empty heat map of a placer whose cells all
+        # failed, numpy's mean of an empty slice) name the devplace line that called them, so the filter that
+        # keeps devplace's own warnings would print them; the report says what is missing in its own words
+        warnings.simplefilter("ignore")
+        return _write_report(db_path, out_dir, command=command)
+
+
+def _write_report(db_path: str | Path, out_dir: str | Path, *, command: str | None) -> list[Path]:
     rows = an.load_rows(db_path)
     if not rows:
         raise ReportError(f"{db_path} has no result rows; run `devplace study run ... --db {db_path}` first")
@@ -570,7 +580,7 @@ def write_report(db_path: str | Path, out_dir: str | Path, *, command: str | Non
     model.save(out / "order_model.json")
     written.append(out / "order_model.json")
     rec_lines, validation = _recommend_section(units, model)
-    write_output(out / "validation.json", json.dumps(validation, indent=1, sort_keys=True) + "\n", "report",
+    write_output(out / "validation.json", json_text(validation, indent=1, sort_keys=True) + "\n", "report",
                  VALIDATION_JSON)
     written.append(out / "validation.json")
 

@@ -40,7 +40,7 @@ from devplace.placers.search import request_settings
 from devplace.planning import Placed, place_graph
 from devplace.sim import lower_bound
 from devplace.study.grid import Cell, expand
-from devplace.study.spec import NO_ORDER, GraphRef, StudySpec, load_study
+from devplace.study.spec import NO_ORDER, GraphRef, StudySpec, load_study, parallel_ask
 
 if TYPE_CHECKING:  # the capture modules bring torch: imported where a zoo model is prepared
     from devplace.capture.pipeline import Prepared
@@ -155,8 +155,11 @@ def model_prepared(cell: Cell, graph: CompGraph, cluster: Cluster) -> Prepared |
 def _place(cell: Cell, graph: CompGraph, cluster: Cluster,
            how: dict[str, Any]) -> tuple[Placed, list[float] | None, int | None]:
     """The placement simulated under the cell's model (`how`: a zoo model's coarsening, full graph and
-    micro-batch graphs), the learning curve of RL placers, and their episode count."""
-    settings = cell.settings
+    micro-batch graphs; the placer's `parallel` table asks for parallel plans, `study.spec.parallel_ask`), the
+    learning curve of RL placers, and their episode count."""
+    parallel, settings = parallel_ask(cell.settings)
+    if parallel is not None:
+        how = {**how, "parallel": parallel}
     if cell.policy_path is not None:
         settings["policy"] = str(cell.policy_path)  # as the study wrote it, read from the study's folder
     accepted = request_settings(cell.placer)
@@ -289,7 +292,7 @@ def _run_cells(spec: StudySpec, cells: list[Cell], con: Any, db: str | Path, bac
     summary = StudySummary(spec.name, len(cells), len(cells) - len(todo), 0, 0, 0.0, str(db))
     if not todo:
         return replace(summary, wall_s=time.perf_counter() - t0)
-    be = make_backend(backend, workers, address)
+    be = make_backend(backend, min(workers, len(todo)), address)  # a worker without a cell costs its memory only
     bar = _Bar(progress)
     failed = 0
     try:

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import math
 import re
 import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -22,6 +19,7 @@ from typing import Any
 from devplace.defaults import AUTO_PLACER, CANONICAL_ORDER, DEFAULT_SEED, DEFAULT_SIM_MODEL, FAMILY_MAX_NODES
 from devplace.errors import DevplaceError
 from devplace.files import env_limit, read_limited
+from devplace.graph.parallel import ParallelAsk
 from devplace.graph.semantics import SemanticsError, parse_semantics
 from devplace.planning import MAX_SEED
 
@@ -30,7 +28,8 @@ NO_ORDER = "-"  # order_name of cells whose placer ignores the traversal order
 
 _TOP_KEYS = ("name", "description", "graphs", "max_nodes", "clusters", "sim_model", "semantics", "placers", "orders",
              "seeds")
-_PLACER_KEYS = ("name", "settings", "orders", "seeds")
+PARALLEL_SETTING = "parallel"  # a placer's `parallel` table, kept among a cell's settings
+_PLACER_KEYS = ("name", "settings", "orders", "seeds", "parallel")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 # A study's grid is counted before any cell is made: a typo such as `seeds = 100000000` would otherwise fill
 # memory (gigabytes) before the first cell runs. The paper preset has 10,560 cells.
@@ -359,6 +358,8 @@ def _placers(value: Any, where: str, base_dir: Path, limit: int) -> tuple[Placer
             raise StudyError(f"{what}: placer {name!r} has no setting {', '.join(map(repr, unknown))}; "
                              f"its settings: {listed}")
         _check_settings(name, settings, what)
+        if "parallel" in item:
+            settings = {**settings, PARALLEL_SETTING: _parallel(item["parallel"], f"{what}: parallel")}
         log_path = _log_path(settings["log"], base_dir, what) if "log" in settings else None
         policy_path = _policy_path(settings["policy"], base_dir, what) if "policy" in settings else None
         orders = _orders(item["orders"], f"{what}: orders") if "orders" in item else None
@@ -368,53 +369,43 @@ def _placers(value: Any, where: str, base_dir: Path, limit: int) -> tuple[Placer
     return tuple(out)
 
 
-def _check_settings(placer: str, settings: dict[str, Any], what: str) -> None:
-    """Each setting against the type the placer's function declares for it (int, float, bool, str, or a
-    union of them), numbers finite, the placer's own checks of the values (`PlacerSpec.check_settings`:
-    ranges such as anneal's swap_prob in [0, 1]), and names that must name something (`start`: a placer,
-    `sim_model`: a simulation model): so a typo fails when the study is read, not when its first cell runs."""
-    from devplace.placers.registry import get_placer
-    from devplace.placers.search import check_request_settings
-    from devplace.sim import MODELS
-
-    hints = typing.get_type_hints(get_placer(placer).func) if placer != AUTO_PLACER else {}
-    for key, value in settings.items():
-        at = f"{what}: placer {placer!r} setting {key!r}"
-        allowed = _scalar_types(hints.get(key))
-        if allowed is not None and not any(_is(value, t) for t in allowed):
-            names = " or ".join(t.__name__ for t in allowed if t is not type(None))
-            raise StudyError(f"{at} must be {names}, got {value!r}"[:300])
-        if isinstance(value, float) and not math.isfinite(value):
-            raise StudyError(f"{at} must be a finite number, got {value!r}")
-    try:  # the placer's own checks of the values (ranges, names), as its first cell would run them
-        check_request_settings(placer, settings)
+def _parallel(value: Any, what: str) -> dict[str, Any]:
+    """A placer's `parallel` table (`dp`, `pp`, `zero`, `recompute`, each optional: what `devplace place --dp/--pp/
+    --zero/--recompute` fix; an empty table is `--parallel`), checked as a `ParallelAsk`."""
+    if not isinstance(value, dict):
+        raise StudyError(f"{what} must be a table of dp, pp, zero, recompute (each optional), got {value!r}"[:300])
+    unknown = sorted(set(value) - set(ParallelAsk.__dataclass_fields__))
+    if unknown:
+        raise StudyError(f"{what}: unknown key(s) {', '.join(map(repr, unknown))}; it takes dp, pp, zero, recompute")
+    try:
+        ParallelAsk(**value)
     except DevplaceError as exc:
         raise StudyError(f"{what}: {exc}") from None
-    if "start" in settings and placer == "anneal":
-        try:
-            get_placer(settings["start"])
-        except DevplaceError as exc:
-            raise StudyError(f"{what}: setting 'start': {exc}") from None
-    if "sim_model" in settings and settings["sim_model"] not in MODELS:
-        raise StudyError(f"{what}: setting 'sim_model' is {settings['sim_model']!r}; choose one of: "
-                         f"{', '.join(MODELS)}")
+    return dict(value)
 
 
-def _scalar_types(hint: Any) -> tuple[type, ...] | None:
-    """The plain types a setting's annotation allows, or None when it is not made of int/float/bool/str/None."""
-    members = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
-        else (hint,)
-    if not members or not all(m in (int, float, bool, str, type(None)) for m in members):
-        return None
-    return tuple(members)
+def parallel_ask(settings: dict[str, Any]) -> tuple[ParallelAsk | None, dict[str, Any]]:
+    """A cell's parallel plans asked for (its placer's `parallel` table, kept among its settings so the cell's key
+    holds it) and the placer's own settings without it."""
+    rest = {k: v for k, v in settings.items() if k != PARALLEL_SETTING}
+    table = settings.get(PARALLEL_SETTING)
+    return (ParallelAsk(**table) if isinstance(table, dict) else None), rest
 
 
-def _is(value: Any, t: type) -> bool:
-    if t is float:  # an integer is a fine float; a bool is neither
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if t is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, t)
+def _check_settings(placer: str, settings: dict[str, Any], what: str) -> None:
+    """The placer's settings as `PlacerSpec.validate` checks them (known, of the declared types, finite, in range
+    and under their limits, names that name something), placer "auto"'s as `check_auto_placer` does: so a typo
+    fails when the study is read, not when its first cell runs."""
+    from devplace.placers.registry import get_placer
+    from devplace.placers.search import check_request_settings
+
+    try:
+        if placer == AUTO_PLACER:
+            check_request_settings(placer, settings)
+        else:
+            get_placer(placer).validate(settings)
+    except DevplaceError as exc:
+        raise StudyError(f"{what}: {exc}") from None
 
 
 def _log_path(value: Any, base_dir: Path, what: str) -> Path:

@@ -19,7 +19,7 @@ import json
 import math
 import os
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 )
 COLUMN_NAMES: tuple[str, ...] = tuple(c for c, _ in COLUMNS)
 JSON_COLUMNS: frozenset[str] = frozenset({"settings", "peak_memory_bytes", "curve", "features", "versions"})
+STATUSES = ("ok", "failed")  # what a cell's row says in `status`
 
 
 class StoreError(DevplaceError):
@@ -248,6 +249,23 @@ def read_cells(db_path: str | Path, *, decode: bool = True, study: str | None = 
 
 
 _NUMERIC = tuple(name for name, sql_type in COLUMNS if sql_type in ("REAL", "INTEGER"))
+_TEXT = tuple(name for name, sql_type in COLUMNS if sql_type.startswith("TEXT") and name not in JSON_COLUMNS)
+
+
+def _number(value: Any) -> bool:
+    """A JSON number (NaN included: a feature without a cluster is stored as NaN) or null."""
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+# each JSON column: what it must decode to (for the message) and the test of that; the readers (analysis,
+# report) rely on these shapes
+_JSON_SHAPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "settings": ("a JSON object", lambda v: isinstance(v, dict)),
+    "versions": ("a JSON object", lambda v: isinstance(v, dict)),
+    "features": ("a JSON object of numbers", lambda v: isinstance(v, dict) and all(map(_number, v.values()))),
+    "peak_memory_bytes": ("a JSON list of numbers", lambda v: isinstance(v, list) and all(map(_number, v))),
+    "curve": ("a JSON list of numbers", lambda v: isinstance(v, list) and all(map(_number, v))),
+}
 
 
 def _check_row(row: Mapping[str, Any], db_path: str | Path) -> None:
@@ -260,13 +278,25 @@ def _check_row(row: Mapping[str, Any], db_path: str | Path) -> None:
                                   or not math.isfinite(value)):
             raise StoreError(f"{where}: column {name!r} must be a finite number, got {value!r:.40}; the database "
                              "was altered: run the study again into a new --db")
-    for name in JSON_COLUMNS:
-        if isinstance(row.get(name), str):
-            try:
-                json.loads(row[name])
-            except (ValueError, RecursionError):
-                raise StoreError(f"{where}: column {name!r} is not valid JSON; the database was altered: run the "
-                                 "study again into a new --db") from None
+    for name in _TEXT:
+        value = row.get(name)
+        if value is not None and not isinstance(value, str):
+            raise StoreError(f"{where}: column {name!r} must be text, got {value!r:.40}; the database was altered: "
+                             "run the study again into a new --db")
+    if row.get("status") not in STATUSES:
+        raise StoreError(f"{where}: column 'status' must be one of {', '.join(STATUSES)}, got "
+                         f"{row.get('status')!r:.40}; the database was altered: run the study again into a new --db")
+    for name, (shape, test) in _JSON_SHAPES.items():
+        if row.get(name) is None:
+            continue
+        try:
+            value = json.loads(row[name])
+        except (TypeError, ValueError, RecursionError):  # TypeError: not text at all
+            raise StoreError(f"{where}: column {name!r} is not valid JSON; the database was altered: run the "
+                             "study again into a new --db") from None
+        if not test(value):
+            raise StoreError(f"{where}: column {name!r} must hold {shape}, got {row[name]!r:.60}; the database was "
+                             "altered: run the study again into a new --db")
 
 
 def count_rows(db_path: str | Path) -> int:

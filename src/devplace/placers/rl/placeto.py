@@ -110,6 +110,7 @@ from devplace.defaults import (
     ENCODERS,
     MAX_EPISODES,
     MAX_HIDDEN,
+    MAX_PARALLEL,
     MAX_ROUNDS,
     SIM_DEVPLACE,
     SIM_MODEL_ALIASES,
@@ -753,7 +754,7 @@ def check_settings(hyper: PlacetoHyper) -> None:
         raise PlacerError(f"placeto: unknown start {hyper.start!r}; choose one of: {', '.join(STARTS)}")
     # parallel: episodes embedded side by side, bounded like the episodes they sample
     for name, high in (("episodes", MAX_EPISODES), ("rounds", MAX_ROUNDS), ("hidden", MAX_HIDDEN),
-                       ("parallel", MAX_EPISODES)):
+                       ("parallel", MAX_PARALLEL)):
         value = getattr(hyper, name)
         low = 0 if name == "episodes" else 1
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or not low <= value <= high:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from devplace.defaults import CANONICAL_ORDER, DEFAULT_SEED
+from devplace.defaults import CANONICAL_ORDER, DEFAULT_SEED, cpu_cores
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.semantics import Semantics, semantics_of
 from devplace.graph.ties import fold, is_tied
@@ -228,8 +228,9 @@ def train(graphs: Sequence[CompGraph], cluster: Cluster, *, order: str = CANONIC
         raise PlacerError("train: no graphs to train on")
     if backend not in BACKENDS:
         raise PlacerError(f"train: unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise PlacerError(f"train: workers must be an integer >= 1, got {workers!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= cpu_cores():
+        raise PlacerError(f"train: workers must be an integer from 1 to {cpu_cores()} (the CPU cores of this "
+                          f"machine), got {workers!r}")
     check_order_name(order)
     names = [g.name for g in graphs]
     if len(set(names)) != len(names):

@@ -1,0 +1,241 @@
+"""Parallel plans in the one search (issue 31, the search and CLI part): `search_placement(..., parallel=)` nests
+`search_parallel` with the dimensions a request leaves open, `devplace place --dp/--pp/--zero/--recompute/
+--parallel` reaches it, the answer records its `ParallelPlan`, and `devplace run` refuses what it cannot run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import devplace
+from conftest import cluster
+from conftest import run_cli as run
+from devplace.graph.parallel import RUN_SCHEDULES, ParallelAsk, ParallelPlan, ParallelPlanError, runtime_gap
+from devplace.graph.placement import load_placement
+from devplace.hardware.cluster import load_cluster
+from devplace.placers import search_placement
+from devplace.placers.parallel import search_parallel
+from devplace.placers.registry import PlacerError
+from devplace.placers.search import parallel_degrees, parallel_microbatches
+from devplace.sim.parallel import CATEGORIES, simulate_parallel
+from devplace.study import runner
+from devplace.study.grid import Cell
+from devplace.study.spec import ClusterRef, GraphRef, StudyError, load_study
+from test_sim_parallel import model, stages_of
+
+BATCH = 8
+
+
+def captured(m: int = 1):
+    """The 4-layer model of test_placer_parallel "captured" at BATCH / m (its costs do not change with the size)."""
+    meta = {"capture": {"batch": BATCH // m}, **({"microbatches": m} if m > 1 else {})}
+    return model(4, param=8e9, meta=meta)
+
+
+def provider(m: int):
+    return captured(m), None
+
+
+def test_the_search_nests_search_parallel_with_what_the_request_leaves_open() -> None:
+    c = cluster(4, bw=1e10, mem=2e10)  # a whole replica (32 GB) fits only sharded
+    found = search_placement(captured(), c, microbatch_graph=provider, parallel=ParallelAsk())
+    # every dp of the 4 devices, K = 4 micro-batches of 2 samples: the nested search on that capture
+    direct = search_parallel(captured(4), c, batch=BATCH, microbatch_size=2)
+    assert found.parallel is not None
+    plan = found.parallel.plan
+    assert plan == direct.best.plan and found.parallel.step_time_s == direct.best.step_time_s
+    assert plan.dp == 4 and plan.zero == (3,)
+    # the answer is the plan's: its step, memory per device by category, replica 0 placed under its schedule
+    assert found.result.step_time_s == found.parallel.step_time_s and found.result.feasible
+    assert [float(found.result.peak_memory_bytes[m.device]) for m in found.parallel.memory] == \
+        [m.total for m in found.parallel.memory]
+    assert found.placement.meta["parallel"] == plan.to_dict()
+    assert ParallelPlan.from_dict(found.placement.meta["parallel"]) == plan
+    # replayed from what the placement records: its plan, and replica 0's device per op (the stages)
+    saved = ParallelPlan.from_dict(json.loads(json.dumps(found.placement.to_dict()))["parallel"])
+    position = {d: s for s, d in enumerate(saved.replica(0))}
+    stage = np.array([position[d] for d in found.placement.to_array(found.graph, 4)], dtype=np.int64)
+    assert simulate_parallel(found.graph, c, stage, saved).step_time_s == found.parallel.step_time_s
+    assert found.placement.schedule == plan.pipeline_schedule(0, microbatch_graph=True)
+    tried = found.placement.meta["parallel_search"]["tried"]
+    assert len(tried) == len(direct.candidates) and found.placement.meta["parallel_search"]["microbatch_size"] == 2
+    # fixed dimensions are the only ones tried
+    fixed = search_placement(captured(), c, microbatch_graph=provider,
+                             parallel=ParallelAsk(dp=2, zero=1, recompute="full"))
+    assert fixed.parallel is not None
+    p = fixed.parallel.plan
+    assert (p.dp, p.pp, p.zero, p.recompute) == (2, 2, (1, 1), ("full", "full"))
+    assert all(label.startswith("dp=2 pp=2") and "zero=1 recompute=full" in label
+               for label in fixed.placement.meta["parallel_search"]["tried"])
+
+
+def test_the_search_says_what_a_parallel_request_cannot_do() -> None:
+    c = cluster(4, bw=1e10, mem=2e10)
+    with pytest.raises(PlacerError, match=r"need a model captured here \(--model NAME\)"):
+        search_placement(captured(), c, parallel=ParallelAsk())
+    with pytest.raises(PlacerError, match="drop --placer, --order"):
+        search_placement(captured(), c, placer="m-etf", order="topo", microbatch_graph=provider,
+                         parallel=ParallelAsk(dp=2))
+    with pytest.raises(ParallelPlanError, match=r"--dp 3 does not divide the cluster's 4 devices .* one of 1, 2, 4"):
+        search_placement(captured(), c, microbatch_graph=provider, parallel=ParallelAsk(dp=3))
+
+
+def test_degrees_and_microbatches_resolved() -> None:
+    assert parallel_degrees(ParallelAsk(), 16, 32) == (1, 2, 4, 8, 16)
+    assert parallel_degrees(ParallelAsk(zero=1), 4, 8) == (2, 4)
+    assert parallel_degrees(ParallelAsk(pp=4), 16, 32) == (4,)
+    assert parallel_degrees(ParallelAsk(), 16, 8) == (1, 2, 4, 8)
+    with pytest.raises(ParallelPlanError, match=r"--dp 2 x --pp 4 = 8 devices, and the cluster has 16"):
+        parallel_degrees(ParallelAsk(dp=2, pp=4), 16, 32)
+    with pytest.raises(ParallelPlanError, match=r"--pp 4 leaves dp = 1"):
+        parallel_degrees(ParallelAsk(pp=4, zero=2), 4, 8)
+    with pytest.raises(PlacerError, match=r"dp = 4 replicas do not split the batch of 6"):
+        parallel_degrees(ParallelAsk(dp=4), 4, 6)
+    with pytest.raises(PlacerError, match=r"no data-parallel degree above 1 divides both the 4 devices and the batch"):
+        parallel_degrees(ParallelAsk(zero=1), 4, 3)
+    assert parallel_microbatches(32, 16, (1, 2, 4, 8, 16)) == 16  # micro-batches of 2
+    assert parallel_microbatches(8, 4, (1, 2, 4)) == 4
+    assert parallel_microbatches(8, 16, (1, 2, 4, 8)) == 8  # fewer samples than devices: the largest count
+    assert parallel_microbatches(6, 4, (2,)) == 6
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"zero": 4}, "--zero must be one of 0, 1, 2, 3"),
+    ({"recompute": "some"}, "--recompute must be one of none, full, auto"),
+    ({"dp": 1, "zero": 2}, "--dp 1 has none to shard over"),
+    ({"dp": 0}, "dp must be an integer >= 1"),
+])
+def test_asks_are_checked(kwargs, match) -> None:
+    with pytest.raises(ParallelPlanError, match=match):
+        ParallelAsk(**kwargs)
+
+
+def test_what_the_runtime_runs_of_a_plan() -> None:
+    from devplace.runtime.pipeline_run import SCHEDULES
+
+    assert RUN_SCHEDULES == SCHEDULES  # the one list graph/ may not import
+    assert runtime_gap(ParallelPlan(1, 2, 2, 2, "1f1b")) is None
+    assert runtime_gap(ParallelPlan(1, 1, 2, 2, "none")) is None
+    gap = runtime_gap(ParallelPlan(2, 2, 2, 8, "zero-bubble", zero=1, recompute="full"))
+    assert gap == "2 data-parallel replicas, ZeRO-1, activation recomputation, the zero-bubble schedule"
+
+
+def test_one_table_view_of_a_plan() -> None:
+    g, c = model(4, param=8.0, meta={"microbatches": 2}), cluster(4, bw=100.0)
+    plan = ParallelPlan(dp=2, pp=2, microbatches=2, batch=8, zero=1)
+    r = simulate_parallel(g, c, stages_of(g, 2), plan)
+    view = r.as_sim_result()
+    assert view.step_time_s == r.step_time_s
+    for m in r.memory:
+        assert view.peak_memory_bytes[m.device] == m.total
+        assert m.total == pytest.approx(sum(getattr(m, k) for k in CATEGORIES))
+    # every replica's devices are busy, not only replica 0's
+    assert np.all(view.device_busy_s[list(plan.devices)] > 0)
+
+
+TOWER = '''
+import torch
+from torch import nn
+
+
+class Tower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(16, 32)
+        self.blocks = nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(3)])
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)))
+
+
+def build(batch=8):
+    torch.manual_seed(0)
+    return Tower(), torch.randn(batch, 16)
+'''
+
+
+def test_place_fixes_dimensions_reports_memory_and_run_refuses(python_package, tmp_path, capsys, monkeypatch):
+    tower = python_package("psearch_pkg", TOWER) + ":build"
+    out_file, plan_file = tmp_path / "p.json", tmp_path / "plan.json"
+    code, out, err = run(["place", "--model", tower, "-c", "2xK80", "--dp", "2", "--zero", "1", "--recompute",
+                          "full", "--json", "-o", str(out_file), "--save-plan", str(plan_file)], capsys, monkeypatch)
+    assert code == 0, err
+    doc = json.loads(out)
+    par = doc["parallel"]
+    assert {k: par[k] for k in ("dp", "pp", "microbatches", "schedule", "zero", "recompute")} == \
+        {"dp": 2, "pp": 1, "microbatches": par["microbatches"], "schedule": "none", "zero": [1], "recompute": ["full"]}
+    assert par["plan"]["batch"] == 8 and par["plan"]["devices"] == [0, 1]
+    assert not par["devplace_run_runs_it"] and "2 data-parallel replicas" in par["devplace_run_does_not_run"]
+    assert [m["device"] for m in par["memory"]] == [0, 1]
+    for m in par["memory"]:
+        assert set(CATEGORIES) <= set(m) and m["total"] == pytest.approx(sum(m[k] for k in CATEGORIES))
+    assert doc["peak_memory_bytes"] == [m["total"] for m in par["memory"]]
+    assert load_placement(out_file).meta["parallel"] == par["plan"]  # the saved placement replays the plan
+    # a study cell whose placer asks for the same parallel plans answers the same
+    ref = GraphRef(spec=f"zoo:{tower}", family="zoo", name=tower)
+    cell = Cell("k", "s", ref, ClusterRef("2xK80", "2xK80"), "devplace", None, "auto",
+                json.dumps({"parallel": {"dp": 2, "zero": 1, "recompute": "full"}}), "auto", 0)
+    row = runner.run_cell(cell, runner.prepare_graph(ref, None), load_cluster("2xK80"))
+    assert row["status"] == "ok", row.get("error")
+    assert row["step_time_s"] == doc["step_time_s"] and row["peak_memory_bytes"] == doc["peak_memory_bytes"]
+    # and devplace.plan on the module itself
+    module, inputs = __import__(tower.partition(":")[0], fromlist=["build"]).build()
+    p = devplace.plan(module, (inputs,), "2xK80", parallel=ParallelAsk(dp=2, zero=1, recompute="full"))
+    assert p.placement.meta["parallel"] == par["plan"] and p.result.step_time_s == doc["step_time_s"]
+    code, out, err = run(["run", "--plan", str(plan_file)], capsys, monkeypatch)
+    assert code == 2 and "devplace run does not run 2 data-parallel replicas, ZeRO-1, activation recomputation" \
+        in err, err
+    # the text report shows memory by category
+    code, out, err = run(["place", "--model", tower, "-c", "2xK80", "--dp", "2", "--zero", "1"], capsys, monkeypatch)
+    assert code == 0, err
+    assert "parallel plan: dp=2 pp=1 none" in out and "optimizer" in out and "stash" in out
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (["--dp", "3"], "--dp 3 does not divide the cluster's 2 devices"),
+    (["--zero", "5"], "--zero must be one of 0, 1, 2, 3"),
+    (["--recompute", "half"], "--recompute must be one of none, full, auto"),
+])
+def test_place_refuses_bad_dimensions_before_capturing(args, match, capsys, monkeypatch):
+    code, _out, err = run(["place", "--model", "no-such-model", "-c", "2xK80", *args], capsys, monkeypatch)
+    assert code == 2 and match in err, err
+
+
+def test_a_graph_file_has_no_parallel_plans(capsys, monkeypatch):
+    code, _out, err = run(["place", "example", "-c", "2xK80", "--parallel"], capsys, monkeypatch)
+    assert code == 2 and "need a model captured here" in err, err
+
+
+
+def test_simulating_replica_0_of_a_plan_warns(tmp_path, capsys, monkeypatch):
+    from devplace.graph import save_graph
+    from devplace.graph.placement import Placement, save_placement
+
+    g = model(2)
+    plan = ParallelPlan(dp=2, pp=1, microbatches=1, batch=2, schedule="none")
+    save_graph(g, tmp_path / "g.json")
+    save_placement(Placement.from_array(g, [0] * g.num_nodes, "2xK80").with_meta(parallel=plan.to_dict()),
+                   tmp_path / "p.json")
+    code, _out, err = run(["simulate", str(tmp_path / "g.json"), "2xK80", str(tmp_path / "p.json")], capsys,
+                          monkeypatch)
+    assert code == 0 and "is replica 0 of a parallel plan" in " ".join(err.split()), err
+
+
+@pytest.mark.parametrize(("table", "match"), [
+    ("parallel = { dp = 2, zero = 1 }", None),
+    ("parallel = { dp = 2, zeros = 1 }", r"parallel: unknown key\(s\) 'zeros'"),
+    ("parallel = { zero = 7 }", "--zero must be one of 0, 1, 2, 3"),
+    ("parallel = 2", "must be a table of dp, pp, zero, recompute"),
+])
+def test_a_study_placer_asks_for_parallel_plans(table, match, tmp_path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(f'name = "s"\ngraphs = ["cifar10/0"]\nclusters = ["2xK80"]\norders = ["auto"]\n'
+                    f'[[placers]]\nname = "auto"\n{table}\n')
+    if match is None:
+        assert load_study(path).placers[0].settings == {"parallel": {"dp": 2, "zero": 1}}
+    else:
+        with pytest.raises(StudyError, match=match):
+            load_study(path)

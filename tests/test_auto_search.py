@@ -53,10 +53,10 @@ def _slow_links(n: int = 2) -> Cluster:
 
 def test_auto_compares_a_pipeline_where_the_batch_can_be_split():
     g = _graph(8)
-    assert auto_candidates(g, None) == (*AUTO_PLACERS, AUTO_PIPELINE)
-    assert auto_candidates(g, "none") == AUTO_PLACERS
-    assert auto_candidates(g, "interleaved-1f1b") == (AUTO_PIPELINE,)
-    assert auto_candidates(_graph(1), None) == AUTO_PLACERS  # one sample: no micro-batches
+    assert auto_candidates(g, None, devices=4) == (*AUTO_PLACERS, AUTO_PIPELINE)
+    assert auto_candidates(g, "none", devices=4) == AUTO_PLACERS
+    assert auto_candidates(g, "interleaved-1f1b", devices=4) == (AUTO_PIPELINE,)
+    assert auto_candidates(_graph(1), None, devices=4) == AUTO_PLACERS  # one sample: no micro-batches
     p = place(g, _slow_links(), order="topo")
     tried = p.meta["placer_auto"]["tried"]
     assert set(tried) == {*AUTO_PLACERS, AUTO_PIPELINE}

@@ -622,9 +622,13 @@ def test_auto_leaves_greedy_out_on_a_dense_graph_and_says_so(monkeypatch):
     edges = [{"src": f"n{i}", "dst": f"n{j}", "bytes": 1000} for i in range(12) for j in range(i + 1, 12)]
     g = CompGraph.build("dense", nodes, edges)
     monkeypatch.setattr(search, "AUTO_QUADRATIC_WORK", 12 * (12 + 66) - 1)
-    assert "66 edges" in search.auto_skipped(g)["greedy"]
+    assert "66 edges" in search.auto_skipped(g, devices=4)["greedy"]
     monkeypatch.setattr(search, "AUTO_QUADRATIC_WORK", 12 * (12 + 66))
-    assert search.auto_skipped(g) == {}
+    assert search.auto_skipped(g, devices=4) == {}
+    # greedy simulates the graph once per node and device: a small graph on a huge cluster is left out too
+    monkeypatch.setattr(search, "AUTO_QUADRATIC_SIMULATIONS", 12 * 1024 - 1)
+    assert "12 nodes on 1,024 devices" in search.auto_skipped(g, devices=1024)["greedy"]
+    assert search.auto_skipped(g, devices=1023) == {}
     monkeypatch.setattr(search, "AUTO_SIMULATED_EDGES", 66 * 100)
     settings, note = search.auto_settings("even-refine", None, g)
     assert settings == {"max_evals": 100} and "66 edges" in note

@@ -41,6 +41,12 @@ node): one greedy run simulates the graph nodes x devices times, each simulation
 dense graph is as slow as a much larger sparse one -- 600 nodes with 134,770 edges (8.1e7) took greedy 18 s per
 order under each of 10 orders, 184 s in all (`devplace place`, this project's 2-core machine, loaded)."""
 
+AUTO_QUADRATIC_SIMULATIONS = 20_000
+"""Placer auto also leaves them out where nodes x devices is above this: one greedy run simulates the graph once
+per node and device, so a small graph on a very large cluster is slow too -- the 98-node example on 1,024 devices
+(100,352 simulations) took greedy 12 s per order, over two minutes under auto's orders (this project's 2-core
+machine, loaded); llama-1b's 1,138 groups on 16 devices are 18,208."""
+
 AUTO_SIMULATED_NODES = 10_000_000
 """Placer auto's budget for a placer that refines by simulating (even-refine, setting `max_evals`): at most this
 many nodes simulated in all, so `max_evals` is this divided by the nodes of the graph it places when that is

@@ -55,6 +55,7 @@ from devplace.defaults import (
     AUTO_PLACER,
     AUTO_PLACERS,
     AUTO_QUADRATIC_NODES,
+    AUTO_QUADRATIC_SIMULATIONS,
     AUTO_QUADRATIC_WORK,
     AUTO_SCHEDULES,
     AUTO_SIMULATED_EDGES,
@@ -212,28 +213,33 @@ def check_request_settings(placer: str, settings: Mapping[str, Any]) -> None:
         get_placer(placer).check_settings(settings)
 
 
-def auto_candidates(graph: CompGraph, schedule: str | None) -> tuple[str, ...]:
+def auto_candidates(graph: CompGraph, schedule: str | None, *, devices: int) -> tuple[str, ...]:
     """The placers placer "auto" compares under `schedule` (`check_auto_placer`): `AUTO_PLACERS` unless a
     schedule kind is asked for, and `AUTO_PIPELINE` unless "none" is, when the graph records a batch of at least
     2 samples (a graph of unknown batch is pipelined only when nothing else fits, `plan_search`). On a graph of
-    more than `AUTO_QUADRATIC_NODES` nodes (or of more nodes x (nodes + edges) than `AUTO_QUADRATIC_WORK`) the
-    placers whose time grows with its square are left out (`auto_skipped`)."""
+    more than `AUTO_QUADRATIC_NODES` nodes (or of more nodes x (nodes + edges) than `AUTO_QUADRATIC_WORK`, or of
+    more nodes x `devices` than `AUTO_QUADRATIC_SIMULATIONS`) the placers whose time grows with its square are left
+    out (`auto_skipped`)."""
     if schedule in SCHEDULE_KINDS:
         return (AUTO_PIPELINE,)
     batch = graph_batch(graph)
     split = schedule is None and graph_microbatches(graph) is None and batch is not None and batch >= 2
-    kept = tuple(p for p in AUTO_PLACERS if p not in auto_skipped(graph))
+    kept = tuple(p for p in AUTO_PLACERS if p not in auto_skipped(graph, devices=devices))
     return (*kept, AUTO_PIPELINE) if split else kept
 
 
-def auto_skipped(graph: CompGraph) -> dict[str, str]:
-    """The placers of `AUTO_PLACERS` that placer "auto" leaves out on `graph`, each with the reason."""
+def auto_skipped(graph: CompGraph, *, devices: int) -> dict[str, str]:
+    """The placers of `AUTO_PLACERS` that placer "auto" leaves out on `graph` placed on `devices` devices, each
+    with the reason."""
     work = graph.num_nodes * (graph.num_nodes + graph.num_edges)
     if graph.num_nodes > AUTO_QUADRATIC_NODES:
         why = f"{graph.num_nodes:,} nodes (more than {AUTO_QUADRATIC_NODES:,})"
     elif work > AUTO_QUADRATIC_WORK:
         why = (f"{graph.num_nodes:,} nodes and {graph.num_edges:,} edges (nodes x (nodes + edges) = {work:.1e}, more "
                f"than {AUTO_QUADRATIC_WORK:.1e})")
+    elif graph.num_nodes * devices > AUTO_QUADRATIC_SIMULATIONS:
+        why = (f"{graph.num_nodes:,} nodes on {devices:,} devices (nodes x devices = {graph.num_nodes * devices:,}, "
+               f"more than {AUTO_QUADRATIC_SIMULATIONS:,})")
     else:
         return {}
     return {p: (f"skipped: its time grows with the square of the graph, and {graph.name!r} has {why}; name it with "
@@ -353,8 +359,9 @@ def plan_search(req: Request) -> SearchPlan:
     if req.placer != AUTO_PLACER:
         return SearchPlan((_placer_candidates(req, req.placer, dict(req.settings), order),), auto=False)
     schedule = check_auto_placer(req.settings)
-    names = auto_candidates(req.graph, schedule)
-    skipped = auto_skipped(req.graph) if schedule not in SCHEDULE_KINDS else {}
+    devices = req.cluster.num_devices
+    names = auto_candidates(req.graph, schedule, devices=devices)
+    skipped = auto_skipped(req.graph, devices=devices) if schedule not in SCHEDULE_KINDS else {}
     # the unpipelined placers when no placement of the step fits memory by its lower bound, before they run
     classes = tie_classes(req.graph) if req.semantics is Semantics.AUTOGRAD else None
     why = memory_lower_bound(req.graph, req.cluster, classes).why_not(req.graph, req.cluster) \

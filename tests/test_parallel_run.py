@@ -5,6 +5,7 @@ the loss and every gradient match the one-process step. Also reading exports bac
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -136,3 +137,52 @@ def test_bad_exports_and_runs_are_clear_errors(tmp_path):
                                                                  schedule="none"), []))
     with pytest.raises(PipelineRunError, match="4 equal micro-batches"):  # dp * M pieces of a batch of 6
         run_parallel(model, (inputs[0][:6], inputs[1][:6]), doc)
+
+
+@pytest.fixture
+def net_zoo(monkeypatch):
+    from devplace.zoo import models
+
+    def factory(batch: int, seq_len: int | None) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+        return _Net(), (torch.randn(batch, 6), torch.randint(0, 3, (batch,)))
+
+    spec = models.ModelSpec("net-test", factory, 8, None, 2000, "four blocks for tests", "devplace")
+    monkeypatch.setitem(models.MODELS, "net-test", spec)
+    return "net-test"
+
+
+def test_cli_exports_a_pipelined_plan_as_a_parallel_plan_and_runs_it(net_zoo, tmp_path, capsys, monkeypatch):
+    """`place --save-plan` (a 2-stage pipeline) -> `export --format parallel --dp 2 --zero 1 --recompute full` ->
+    `run --parallel`: 4 processes whose first loss is the one-process loss; `--format torchtitan` of the same."""
+    from conftest import run_cli
+
+    plan_path, par_path = tmp_path / "plan.json", tmp_path / "par.json"
+    code, _, err = run_cli(["place", "--model", net_zoo, "-c", "2xK80", "--placer", "pipeline", "--schedule", "1f1b",
+                            "--microbatches", "2", "--save-plan", str(plan_path)], capsys, monkeypatch)
+    assert code == 0, err
+    code, out, err = run_cli(["export", str(plan_path), "--format", "parallel", "--dp", "2", "--zero", "1",
+                              "--recompute", "full", "-o", str(par_path)], capsys, monkeypatch)
+    assert code == 0, err
+    ex = read_parallel(par_path)
+    assert ex.plan.dp == 2 and ex.plan.pp == 2 and ex.plan.microbatches == 2 and ex.plan.batch == 8
+    assert ex.plan.zero == (1, 1) and ex.plan.recompute == ("full", "full") and ex.source["zoo"] == net_zoo
+    code, out, err = run_cli(["run", "--parallel", str(par_path), "--steps", "1", "--warmup", "0", "--json"], capsys,
+                             monkeypatch)
+    assert code == 0, err
+    ran = json.loads(out)
+    assert ran["processes"] == 4 and ran["parallel"] == ex.plan.to_dict()
+    assert ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
+    assert [s["optimizer"] for s in ran["processes_setup"]] == ["ZeroRedundancyOptimizer"] * 4
+    code, out, err = run_cli(["export", str(plan_path), "--format", "torchtitan", "--dp", "2", "--zero", "3"], capsys,
+                             monkeypatch)
+    assert code == 0, err
+    titan = json.loads(out)
+    assert titan["parallelism"]["data_parallel_shard_degree"] == 2 and titan["activation_checkpoint"] == "none"
+    for bad, says in [(["export", str(plan_path), "--format", "json", "--dp", "2"], "--dp, --zero and --recompute"),
+                      (["export", str(plan_path), "--format", "parallel", "--dp", "3"], "dp=3 replicas"),
+                      (["export", str(plan_path), "--format", "parallel", "--zero", "1"], "dp=1 has none"),
+                      (["export", str(plan_path), "--format", "parallel", "--devices", "cpu,cpu"], "drop --devices"),
+                      (["run", "--parallel", str(par_path), "--plan", str(plan_path)], "--parallel runs an export"),
+                      (["run", "--parallel", str(plan_path)], "devplace.parallel/1")]:
+        code, _, err = run_cli(bad, capsys, monkeypatch)
+        assert code == 2 and says in err and err.count("\n") == 1, (bad, err)

@@ -13,7 +13,8 @@ export), and per stage the torch program configuration that runs it:
   whole stage where it has none, as the simulator's recomputation units are (`sim.parallel.recompute_units`).
 
 `devplace run --parallel FILE` runs such a document (`runtime.parallel_run.run_parallel`); `torchtitan_config`
-gives the same plan as the parallelism and activation-checkpoint sections of a torchtitan job config.
+gives the same plan as the parallelism and activation-checkpoint sections of a torchtitan job config
+(torchtitan 0.3: its config classes and command-line overrides; the optional extra `titan`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from devplace.graph.jsonio import read_json
 from devplace.graph.parallel import ParallelPlan, ParallelPlanError
 from devplace.runtime.export import ExportError
 
-__all__ = ["PARALLEL_FORMAT", "ParallelExport", "data_parallel_of", "parallel_export", "read_parallel"]
+__all__ = ["PARALLEL_FORMAT", "TORCHTITAN_FORMAT", "ParallelExport", "data_parallel_of", "parallel_export",
+           "read_parallel", "torchtitan_config"]
 
 PARALLEL_FORMAT = "devplace.parallel/1"
 
@@ -104,3 +106,57 @@ def read_parallel(source: str | Path | Mapping[str, Any]) -> ParallelExport:
     if src is not None and not isinstance(src, dict):
         raise ExportError(f"{where}: source must be an object (the plan's model source), got {src!r}")
     return ParallelExport(plan, names, src, doc)
+
+
+# ------------------------------------------------------------------------------------------ torchtitan
+TORCHTITAN_FORMAT = "devplace.torchtitan/1"
+# torch.distributed.pipelining's schedule names (`get_schedule_class`), which torchtitan's
+# `parallelism.pipeline_parallel_schedule` takes
+TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+                   "zero-bubble": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
+
+
+def _flag(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def torchtitan_config(export: ParallelExport) -> dict[str, Any]:
+    """A parallel export's plan as the parallelism, training-batch and activation-checkpoint sections of a
+    torchtitan (0.3) job config, with the same as torchtitan's command-line overrides ("overrides":
+    `--parallelism.NAME=VALUE` and the `activation_checkpoint:full` or `:none` choice), and "notes" where
+    torchtitan cannot say what the plan says. torchtitan applies one data-parallel mode and one checkpointing
+    policy to every stage, so a plan whose stages differ is an ExportError. Its data parallelism is DDP
+    (`data_parallel_replicate_degree`, ZeRO-0) or FSDP (`data_parallel_shard_degree`): ZeRO-3 reshards after
+    forward ("always"), ZeRO-2 does not ("never"), and ZeRO-1 (optimizer state sharded alone) has no
+    counterpart: it is written as ZeRO-2, which holds no more memory, with a note. The stage cuts are not
+    written: torchtitan cuts its own model definitions (`module_fqns_per_model_part` names their modules, not
+    this model's), so a note gives devplace's."""
+    plan = export.plan
+    if len(set(plan.zero)) > 1 or len(set(plan.recompute)) > 1:
+        raise ExportError(f"torchtitan applies one ZeRO stage and one recomputation to every pipeline stage; this "
+                          f"plan has zero={list(plan.zero)}, recompute={list(plan.recompute)} (export it with "
+                          "--format parallel, or give one --zero and --recompute)")
+    zero, notes = plan.zero[0], []
+    parallelism: dict[str, Any] = {
+        "data_parallel_replicate_degree": plan.dp if zero == 0 else 1,
+        "data_parallel_shard_degree": plan.dp if zero >= 1 else 1,
+        "tensor_parallel_degree": plan.tp,
+        "pipeline_parallel_degree": plan.pp}
+    if zero >= 1:
+        parallelism["fsdp_reshard_after_forward"] = "always" if zero == 3 else "never"
+    if zero == 1:
+        notes.append("ZeRO-1 is written as FSDP without resharding after forward (ZeRO-2): torchtitan does not "
+                     "shard the optimizer state alone")
+    if plan.pp > 1:
+        parallelism["pipeline_parallel_schedule"] = TORCH_SCHEDULES[plan.schedule]
+        parallelism["pipeline_parallel_microbatch_size"] = plan.microbatch_size
+        notes.append(f"devplace cuts this model's pipeline at {', '.join(export.split_points)}; torchtitan cuts its "
+                     "own model definition: name the same layers in parallelism.module_fqns_per_model_part")
+    training = {"local_batch_size": plan.batch // plan.dp, "global_batch_size": plan.batch}
+    checkpointing = "full" if plan.recompute[0] == "full" else "none"
+    doc = {"format": TORCHTITAN_FORMAT, "training": training, "parallelism": parallelism,
+           "activation_checkpoint": checkpointing}
+    doc["overrides"] = [f"--{section}.{k}={_flag(v)}" for section in ("training", "parallelism")
+                        for k, v in doc[section].items()] + [f"activation_checkpoint:{checkpointing}"]
+    doc["notes"] = notes
+    return doc

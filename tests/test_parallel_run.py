@@ -14,7 +14,7 @@ from torch import nn
 
 from devplace.graph.parallel import ParallelPlan
 from devplace.runtime.export import ExportError
-from devplace.runtime.parallel_export import data_parallel_of, parallel_export, read_parallel
+from devplace.runtime.parallel_export import data_parallel_of, parallel_export, read_parallel, torchtitan_config
 from devplace.runtime.parallel_run import checkpoint_blocks, run_parallel
 from devplace.runtime.pipeline_run import PipelineRunError
 
@@ -109,6 +109,10 @@ def test_the_program_configuration_per_stage():
     assert [st["devices"] for st in doc["stages"]] == [list(plan.stage_group(0)), list(plan.stage_group(1))]
     back = read_parallel(doc)
     assert back.plan == plan and back.split_points == ("blocks.2",) and back.source == {"zoo": "x", "batch": 8}
+    # torchtitan applies one data-parallel mode and one checkpointing policy to all stages (test_torchtitan_export
+    # checks its sections against torchtitan's classes where the extra is installed)
+    with pytest.raises(ExportError, match="one ZeRO stage and one recomputation"):
+        torchtitan_config(back)
 
 
 def test_bad_exports_and_runs_are_clear_errors(tmp_path):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -42,6 +42,14 @@ def _one_thread(threads: int | None, what: str) -> None:
         raise DevplaceError(f"{what}: each stage runs in its own process with 1 thread (the processes share the "
                             f"cores), so --threads {threads} would not be the steps' count; drop --threads or give "
                             "--threads 1")
+
+
+def _show(result: Any, as_json: bool) -> None:
+    """Print a run's result: its JSON form with --json, else its report."""
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        console.print(result)
 
 
 def run_cmd(
@@ -109,10 +117,7 @@ def run_cmd(
         with busy(f"running {warmup + steps} parallel steps of {parallel}", as_json):
             ran = tasks.run_parallel_export(parallel, steps=steps, warmup=warmup,
                                             trust_model=trust_model or (model or False))
-        if as_json:
-            print_json(ran.to_dict())
-        else:
-            console.print(ran)
+        _show(ran, as_json)
         return
     if pipeline is not None:
         if plan_file is not None or costs is not None:
@@ -122,10 +127,7 @@ def run_cmd(
         with busy(f"running {warmup + steps} pipelined steps of {pipeline}", as_json):
             ran = tasks.run_pipeline_export(pipeline, processes=processes, steps=steps, warmup=warmup,
                                             trust_model=trust_model or (model or False))
-        if as_json:
-            print_json(ran.to_dict())
-        else:
-            console.print(ran)
+        _show(ran, as_json)
         return
     tasks.check_steps(steps, warmup)  # before capturing and placing
     tasks.check_threads(threads)
@@ -145,18 +147,12 @@ def run_cmd(
         _one_thread(threads, "this plan runs pipelined")
         with busy(f"running {warmup + steps} pipelined steps", as_json):
             ran = tasks.run_plan_pipelined(p, module, inputs, steps=steps, warmup=warmup)
-        if as_json:
-            print_json(ran.to_dict())
-        else:
-            console.print(ran)
+        _show(ran, as_json)
         return
     with busy(f"running {steps} timed steps on {devices}", as_json):
         measured = tasks.run_model(p, module, inputs, devices, steps=steps, warmup=warmup, record=record,
                                    threads=threads)
-    if as_json:
-        print_json(measured.to_dict())
-    else:
-        console.print(measured)
+    _show(measured, as_json)
 
 
 def export_cmd(

@@ -12,11 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import run_cli
 from devplace.graph.parallel import ParallelPlan
 from devplace.runtime.export import ExportError
 from devplace.runtime.parallel_export import data_parallel_of, parallel_export, read_parallel, torchtitan_config
 from devplace.runtime.parallel_run import checkpoint_blocks, run_parallel
 from devplace.runtime.pipeline_run import PipelineRunError
+from devplace.runtime.plan import build_source
 
 
 class _Block(nn.Module):
@@ -143,22 +145,42 @@ def test_bad_exports_and_runs_are_clear_errors(tmp_path):
         run_parallel(model, (inputs[0][:6], inputs[1][:6]), doc)
 
 
+class _TiedNet(nn.Module):
+    """Tokens -> an embedding, four blocks, an output layer tied to the embedding (as GPT-2's `lm_head` is to
+    `wte`): the pipeline's first and last stage each hold a copy of the one parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 16)
+        self.blocks = nn.ModuleList(_Block(16) for _ in range(4))
+        self.head = nn.Linear(16, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        for block in self.blocks:
+            h = block(h)
+        return F.cross_entropy(self.head(h), labels)
+
+
+def _tied(batch: int, seq_len: int | None) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    return _TiedNet(), (torch.randint(0, 10, (batch,)), torch.randint(0, 10, (batch,)))
+
+
 @pytest.fixture
 def net_zoo(monkeypatch):
     from devplace.zoo import models
 
-    def factory(batch: int, seq_len: int | None) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-        return _Net(), (torch.randn(batch, 6), torch.randint(0, 3, (batch,)))
-
-    spec = models.ModelSpec("net-test", factory, 8, None, 2000, "four blocks for tests", "devplace")
+    spec = models.ModelSpec("net-test", _tied, 8, None, 2000, "four blocks, tied embeddings, for tests", "devplace")
     monkeypatch.setitem(models.MODELS, "net-test", spec)
     return "net-test"
 
 
 def test_cli_exports_a_pipelined_plan_as_a_parallel_plan_and_runs_it(net_zoo, tmp_path, capsys, monkeypatch):
     """`place --save-plan` (a 2-stage pipeline) -> `export --format parallel --dp 2 --zero 1 --recompute full` ->
-    `run --parallel`: 4 processes whose first loss is the one-process loss; `--format torchtitan` of the same."""
-    from conftest import run_cli
+    `run --parallel`: 4 processes whose losses over two Adam steps are the one-process step's (the tied
+    parameter's gradient summed over its copies in the two stages, then averaged over the replicas);
+    `--format torchtitan` of the same."""
 
     plan_path, par_path = tmp_path / "plan.json", tmp_path / "par.json"
     code, _, err = run_cli(["place", "--model", net_zoo, "-c", "2xK80", "--placer", "pipeline", "--schedule", "1f1b",
@@ -170,11 +192,17 @@ def test_cli_exports_a_pipelined_plan_as_a_parallel_plan_and_runs_it(net_zoo, tm
     ex = read_parallel(par_path)
     assert ex.plan.dp == 2 and ex.plan.pp == 2 and ex.plan.microbatches == 2 and ex.plan.batch == 8
     assert ex.plan.zero == (1, 1) and ex.plan.recompute == ("full", "full") and ex.source["zoo"] == net_zoo
-    code, out, err = run_cli(["run", "--parallel", str(par_path), "--steps", "1", "--warmup", "0", "--json"], capsys,
+    code, out, err = run_cli(["run", "--parallel", str(par_path), "--steps", "2", "--warmup", "0", "--json"], capsys,
                              monkeypatch)
     assert code == 0, err
     ran = json.loads(out)
     assert ran["processes"] == 4 and ran["parallel"] == ex.plan.to_dict()
+    model, inputs, _ = build_source(ex.source)  # the model the run rebuilt, stepped in one process
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)  # as run_steps sets it up
+    loss = model(*inputs)
+    loss.backward()
+    opt.step()
+    assert ran["losses"] == pytest.approx([loss.item(), model(*inputs).item()], rel=1e-5)
     assert ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
     assert [s["optimizer"] for s in ran["processes_setup"]] == ["ZeroRedundancyOptimizer"] * 4
     code, out, err = run_cli(["export", str(plan_path), "--format", "torchtitan", "--dp", "2", "--zero", "3"], capsys,

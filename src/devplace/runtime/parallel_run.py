@@ -163,6 +163,7 @@ def _process(rank: int, job: _Job) -> None:
     dist.init_process_group("gloo", init_method=f"file://{job.folder}/rendezvous", rank=rank,
                             world_size=job.dp * job.pp, timeout=timedelta(seconds=job.timeout_s))
     try:
+        params = dict(mod.named_parameters())
         mesh = init_device_mesh("cpu", (job.dp, job.pp), mesh_dim_names=("dp", "pp"))
         dp_group = mesh.get_group("dp")
         # a tied parameter's copies in several stages of one replica: a group per replica (new_group is collective:
@@ -172,7 +173,9 @@ def _process(rank: int, job: _Job) -> None:
             stages = sorted({st for st, _ in users})
             groups = [dist.new_group([q * job.pp + st for st in stages]) if len(stages) > 1 else None
                       for q in range(job.dp)]
-            ties.append((groups[r], [n for st, n in users if st == s]))
+            # a name the unpickled stage no longer lists is the same tensor as another it does (pickling keeps
+            # one object per storage): its gradient is that one's
+            ties.append((groups[r], [n for st, n in users if st == s and n in params]))
         checkpointed = checkpoint_blocks(mod) if job.recompute[s] == "full" else []
         zero, sharded = job.zero[s], job.dp > 1 and job.zero[s] >= 2
         if sharded:
@@ -187,7 +190,7 @@ def _process(rank: int, job: _Job) -> None:
         m = job.schedule.microbatches
         kind = ScheduleGPipe if job.schedule.kind == "gpipe" else Schedule1F1B
         sched = kind(stage, m, loss_fn=loss, scale_grads=True)
-        params = dict(mod.named_parameters())
+        params = dict(mod.named_parameters())  # under fully_shard: its sharded parameters
         local = _make_optimizer(job.optimizer, [p for p in params.values() if p.requires_grad])
         opt: Any = local
         if local is not None and zero == 1 and job.dp > 1:
@@ -205,7 +208,9 @@ def _process(rank: int, job: _Job) -> None:
             for group, names in ties:  # a tied parameter's gradient is the sum over its copies in the replica
                 if not names:
                     continue
-                total = sum((params[n].grad for n in names[1:]), start=params[names[0]].grad)
+                # a copy that no op of this stage read (GPT-2's wte where the stage only holds it) has no gradient
+                own = [params[n].grad if params[n].grad is not None else torch.zeros_like(params[n]) for n in names]
+                total = sum(own[1:], start=own[0])
                 if group is not None:
                     dist.all_reduce(total, group=group)
                 for n in names:
@@ -289,9 +294,9 @@ def run_parallel(module: nn.Module, inputs: Any, export: ParallelExport | Mappin
         try:
             mp.start_processes(_worker, args=(job,), nprocs=n, join=True, start_method=_start_method())
         except mp.ProcessRaisedException as exc:
-            why = _failure(folder, n, str(exc).strip().splitlines()[-1])
-            raise PipelineRunError(f"a parallel process failed (process r * pp + s runs stage s of replica r; "
-                                   f"named 'stage' here): {why}") from exc
+            why = _failure(folder, n, str(exc).strip().splitlines()[-1]).replace("stage", "process", 1)
+            raise PipelineRunError(f"a parallel process failed (process r * pp + s runs stage s of replica r), "
+                                   f"{why}") from exc
         results = [torch.load(Path(folder) / f"rank{q}.pt") for q in range(n)]
     times = [max(res["times"][i] for res in results) for i in range(steps)]
     lasts = [results[q * plan.pp + plan.pp - 1]["losses"] for q in range(plan.dp)]

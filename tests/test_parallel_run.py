@@ -81,6 +81,21 @@ def test_two_replicas_of_two_stages_with_zero_fsdp_and_recomputation_match_the_o
     assert all(p.grad is None for p in model.parameters())  # the module itself is left as it was
 
 
+def test_pure_data_parallel_with_zero_2_matches_the_one_process_step():
+    """One stage (schedule "none": the micro-batches one after another) in 2 replicas, fully_shard without
+    resharding after forward."""
+    model, inputs = _net()
+    plan = ParallelPlan(dp=2, pp=1, microbatches=2, batch=8, schedule="none", zero=2)
+    ran = run_parallel(model, inputs, parallel_export(plan, []), steps=1, return_grads=True)
+    ref = copy.deepcopy(model)
+    loss = ref(*inputs)
+    loss.backward()
+    assert ran.losses == pytest.approx([loss.item()], rel=1e-5)
+    for name, param in ref.named_parameters():
+        torch.testing.assert_close(ran.grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert [s["sharded"] for s in ran.setups] == [True, True]
+
+
 def test_checkpointed_blocks_rerun_their_forward_in_the_backward():
     model, inputs = _net()
     calls: list[str] = []
@@ -138,9 +153,9 @@ def test_bad_exports_and_runs_are_clear_errors(tmp_path):
         run_parallel(model, inputs, parallel_export(plan, ["nowhere"]))
     with pytest.raises(PipelineRunError, match="at least as many micro-batches as stages"):
         run_parallel(model, inputs, parallel_export(ParallelPlan(dp=2, pp=2, microbatches=1, batch=8), ["blocks.2"]))
-    with pytest.raises(PipelineRunError, match="pp >= 2 stages"):
-        run_parallel(model, inputs, parallel_export(ParallelPlan(dp=2, pp=1, microbatches=2, batch=8,
-                                                                 schedule="none"), []))
+    with pytest.raises(PipelineRunError, match="under one of gpipe, 1f1b"):
+        run_parallel(model, inputs, parallel_export(ParallelPlan(dp=2, pp=2, microbatches=2, batch=8, schedule="zbv"),
+                                                    ["blocks.2"]))
     with pytest.raises(PipelineRunError, match="4 equal micro-batches"):  # dp * M pieces of a batch of 6
         run_parallel(model, (inputs[0][:6], inputs[1][:6]), doc)
 

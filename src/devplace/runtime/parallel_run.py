@@ -5,7 +5,8 @@ stages, one CPU process per (replica, stage), over gloo (docs/runtime.md, "Paral
 does), and starts dp * pp processes; process `r * pp + s` runs stage s of replica r (the plan's device mesh
 (dp, pp), row-major). `init_device_mesh("cpu", (dp, pp))` makes the process groups: one per replica for the
 pipeline's sends and receives, one per stage for its data-parallel reduction. Replica r trains on the r-th of
-dp equal slices of the batch, cut into the plan's M micro-batches, under its schedule (GPipe or 1F1B).
+dp equal slices of the batch, cut into the plan's M micro-batches, under its schedule (GPipe or 1F1B; one
+stage, schedule "none", runs them in GPipe's order: pure data parallelism with gradient accumulation).
 
 Per stage, as the export's program configuration says (`parallel_export.data_parallel_of`):
 - ZeRO-0: after the pipeline's backward, each gradient is all-reduced over the stage's group and divided by
@@ -240,9 +241,9 @@ def _process(rank: int, job: _Job) -> None:
 
 def _check(module: nn.Module, ex: ParallelExport, steps: int) -> None:
     plan = ex.plan
-    if plan.pp < 2 or plan.schedule not in SCHEDULES:
-        raise PipelineRunError(f"a parallel run pipelines pp >= 2 stages under one of {', '.join(SCHEDULES)}; the "
-                               f"plan has pp={plan.pp}, schedule {plan.schedule!r}")
+    if plan.schedule not in ("none", *SCHEDULES):
+        raise PipelineRunError(f"a parallel run pipelines its stages under one of {', '.join(SCHEDULES)} (one stage: "
+                               f"'none'); the plan has schedule {plan.schedule!r}")
     if plan.schedule == "1f1b" and plan.microbatches < plan.pp:
         raise PipelineRunError(f"1f1b runs at least as many micro-batches as stages: M={plan.microbatches} for "
                                f"pp={plan.pp}; use M >= {plan.pp} or gpipe")
@@ -280,7 +281,8 @@ def run_parallel(module: nn.Module, inputs: Any, export: ParallelExport | Mappin
     # dp slices of the batch, each cut into M micro-batches: the batch's dp * M equal pieces, in order
     pieces = _microbatches(_named_inputs(module, inputs), plan.dp * plan.microbatches)
     replicas = [pieces[q * plan.microbatches:(q + 1) * plan.microbatches] for q in range(plan.dp)]
-    schedule = Schedule(plan.schedule, plan.microbatches)
+    # one stage ("none") runs its micro-batches one after another, all forwards then all backwards: GPipe's order
+    schedule = Schedule("gpipe" if plan.schedule == "none" else plan.schedule, plan.microbatches)
     pipe = _trace(module, PipelineExport(ex.split_points, plan.replica(0), schedule, ex.source, ex.doc), pieces[0])
     tied = _tied(pipe, module)
     shared = sorted({st for users in tied for st, _ in users if plan.zero[st] >= 2})

@@ -228,6 +228,12 @@ def test_cli_exports_a_pipelined_plan_as_a_parallel_plan_and_runs_it(net_zoo, tm
     for bad, says in [(["export", str(plan_path), "--format", "json", "--dp", "2"], "--dp, --zero and --recompute"),
                       (["export", str(plan_path), "--format", "parallel", "--dp", "3"], "dp=3 replicas"),
                       (["export", str(plan_path), "--format", "parallel", "--zero", "1"], "dp=1 has none"),
+                      (["export", str(plan_path), "--format", "parallel", "--dp", "0"], "dp must be an integer >= 1"),
+                      (["export", str(plan_path), "--format", "torchtitan", "--dp", "2", "--zero", "7"],
+                       "zero must be one of 0, 1, 2, 3"),
+                      (["export", str(plan_path), "--format", "parallel", "--recompute", "half"],
+                       "recompute must be one of none, full"),
+                      (["run", "--parallel", str(par_path), "--threads", "2"], "--threads 2"),
                       (["export", str(plan_path), "--format", "parallel", "--devices", "cpu,cpu"], "drop --devices"),
                       (["run", "--parallel", str(par_path), "--plan", str(plan_path)], "--parallel runs an export"),
                       (["run", "--parallel", str(plan_path)], "devplace.parallel/1")]:

@@ -239,3 +239,53 @@ def test_cli_exports_a_pipelined_plan_as_a_parallel_plan_and_runs_it(net_zoo, tm
                       (["run", "--parallel", str(plan_path)], "devplace.parallel/1")]:
         code, _, err = run_cli(bad, capsys, monkeypatch)
         assert code == 2 and says in err and err.count("\n") == 1, (bad, err)
+
+
+TOWER = """
+import torch
+from torch import nn
+
+
+class Tower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(16, 32)
+        self.layers = nn.ModuleList(nn.Linear(32, 32) for _ in range(3))
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = self.stem(x)
+        for layer in self.layers:
+            h = torch.relu(layer(h))
+        return self.head(h)
+
+
+def build(batch=8):
+    torch.manual_seed(0)
+    return Tower(), torch.randn(batch, 16)
+"""
+
+
+def test_a_plan_placed_as_a_parallel_plan_exports_the_plan_its_search_chose(python_package, tmp_path, capsys,
+                                                                           monkeypatch):
+    """`place --dp 2 --zero 1 --recompute full --save-plan` records the searched plan; `export --format parallel`
+    writes that one (flags that would change it are refused); `run --plan` points to the export; a model that
+    returns no mean loss is refused by `run --parallel` before any process starts."""
+    tower = python_package("ptower_pkg", TOWER) + ":build"
+    plan_path, par_path = tmp_path / "plan.json", tmp_path / "par.json"
+    code, out, err = run_cli(["place", "--model", tower, "-c", "2xK80", "--dp", "2", "--zero", "1", "--recompute",
+                              "full", "--json", "--save-plan", str(plan_path)], capsys, monkeypatch)
+    assert code == 0, err
+    chosen = json.loads(out)["parallel"]["plan"]
+    code, out, err = run_cli(["export", str(plan_path), "--format", "parallel", "-o", str(par_path)], capsys,
+                             monkeypatch)
+    assert code == 0, err
+    ex = read_parallel(par_path)
+    assert ex.plan.to_dict() == chosen and ex.source["custom"] == tower
+    assert "(the search's)" in " ".join((out + err).split())
+    code, _, err = run_cli(["export", str(plan_path), "--format", "parallel", "--dp", "2"], capsys, monkeypatch)
+    assert code == 2 and "drop --dp" in err
+    code, _, err = run_cli(["run", "--plan", str(plan_path)], capsys, monkeypatch)
+    assert code == 2 and "--format parallel" in err and "run --parallel" in err
+    code, _, err = run_cli(["run", "--parallel", str(par_path), "--trust-model"], capsys, monkeypatch)
+    assert code == 2 and "return a mean loss" in err

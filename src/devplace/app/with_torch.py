@@ -620,9 +620,10 @@ def check_runs(p: Plan, where: Path) -> None:
     plan = ParallelPlan.from_dict(doc)
     gap = runtime_gap(plan)
     if gap is not None:
-        raise DevplaceError(f"{where} holds the parallel plan {plan.label}, and devplace run does not run {gap} yet; "
-                            "run it with torch (DDP/FSDP, activation checkpointing), or place without "
-                            "--dp/--pp/--zero/--recompute/--parallel for a plan devplace runs")
+        raise DevplaceError(f"{where} holds the parallel plan {plan.label}, and devplace run does not run {gap} yet "
+                            f"from a plan file; export it (`devplace export {where} --format parallel -o "
+                            "par.json`) and run `devplace run --parallel par.json`, or place without --dp/--pp/"
+                            "--zero/--recompute/--parallel")
 
 
 def is_pipelined(p: Plan) -> bool:
@@ -731,33 +732,62 @@ def _export_schedule(p: Plan, schedule: str | None, microbatches: int | None) ->
     return sched
 
 
-def export_parallel_plan(p: Plan, fmt: str = "parallel", *, dp: int = 1, zero: int = 0, recompute: str = "none",
-                         schedule: str | None = None, microbatches: int | None = None) -> tuple[dict[str, Any], str]:
-    """`devplace export --format parallel|torchtitan`: (the document, a one-line note) of the dp x pp plan made
-    of plan `p`'s pipeline: its stages (as `--format pipeline` cuts them) and schedule, `dp` replicas of it
-    sharing the plan's batch (each runs batch / dp in the schedule's M micro-batches), ZeRO stage `zero` and
-    recomputation `recompute` on every stage. "parallel" is the torch program configuration that
-    `devplace run --parallel` runs (`parallel_export`), "torchtitan" the job config sections
-    (`torchtitan_config`). The plan is not simulated here: the search over parallel plans judges them."""
+def export_parallel_plan(p: Plan, fmt: str = "parallel", *, dp: int | None = None, zero: int | None = None,
+                         recompute: str | None = None, schedule: str | None = None,
+                         microbatches: int | None = None) -> tuple[dict[str, Any], str]:
+    """`devplace export --format parallel|torchtitan`: (the document, a one-line note) of plan `p`'s dp x pp plan
+    (`parallel_plan_doc`). "parallel" is the torch program configuration that `devplace run --parallel` runs
+    (`parallel_export`), "torchtitan" the job config sections (`torchtitan_config`)."""
+    doc, plan, made = parallel_plan_doc(p, dp=dp, zero=zero, recompute=recompute, schedule=schedule,
+                                        microbatches=microbatches)
+    if fmt == "torchtitan":
+        titan = torchtitan_config(read_parallel(doc))
+        return titan, f"{plan.label}: torchtitan config sections" + "".join(f"; {n}" for n in titan["notes"])
+    cuts = ", ".join(pt["module"] for pt in doc["split_points"]) or "nothing"
+    return doc, f"{plan.label}: {plan.num_devices} processes, stages cut at {cuts}; {made}"
+
+
+def parallel_plan_doc(p: Plan, *, dp: int | None = None, zero: int | None = None, recompute: str | None = None,
+                      schedule: str | None = None, microbatches: int | None = None,
+                      ) -> tuple[dict[str, Any], ParallelPlan, str]:
+    """The `devplace.parallel/1` document of plan `p`'s dp x pp plan, the plan, and a note on where it comes
+    from. A plan placed with --dp/--pp/--zero/--recompute/--parallel records the parallel plan its search chose
+    (simulated there): that one, cut where its replica's placement cuts (as `--format pipeline` cuts), and any
+    of the arguments is an error. Otherwise the plan made of `p`'s pipeline: its stages and schedule
+    (`schedule`/`microbatches` replace them), `dp` replicas of it sharing the plan's batch (each runs
+    batch / dp in the schedule's M micro-batches), ZeRO stage `zero` and recomputation `recompute` on every
+    stage (defaults 1, 0, "none"); that plan is not simulated here."""
+    src = p.settings.get("source")
+    source = src if isinstance(src, dict) and src else None
+    recorded = p.placement.meta.get("parallel")
+    if recorded is not None:
+        given = [f"--{k}" for k, v in (("dp", dp), ("zero", zero), ("recompute", recompute), ("schedule", schedule),
+                                       ("microbatches", microbatches)) if v is not None]
+        plan = ParallelPlan.from_dict(recorded)
+        if given:
+            raise DevplaceError(f"the plan holds the parallel plan its search chose ({plan.label}); drop "
+                                f"{', '.join(given)}, or place again with them")
+        # the cut only: the stages' schedule is the plan's, which pipeline_split need not simulate
+        split = pipeline_split(p.graph, p.placement, schedule=Schedule("1f1b", plan.microbatches))
+        if len(split.devices) != plan.pp:
+            raise DevplaceError(f"the plan's placement cuts into {len(split.devices)} pipeline stages at module "
+                                f"starts, not its parallel plan's pp={plan.pp}; place it again")
+        return (parallel_export(plan, split.split_points, source=source), plan,
+                f"simulated step {fmt_time(p.result.step_time_s)} (the search's)")
     sched = _export_schedule(p, schedule, microbatches)
     split = pipeline_split(p.graph, p.placement, p.cluster, schedule=sched)
     assert split.schedule is not None  # pipeline_split always sets one
-    src = p.settings.get("source")
-    batch = src.get("batch") if isinstance(src, dict) else None
+    batch = source.get("batch") if source is not None else None
     batch = batch if isinstance(batch, int) else graph_batch(p.graph)
     if batch is None:
         raise DevplaceError("the plan does not record its batch size, which a parallel plan splits over its "
                             "replicas; save the plan of a --model (`devplace place --model ... --save-plan`)")
     pp = len(split.devices)
-    plan = ParallelPlan(dp=dp, pp=pp, microbatches=split.schedule.microbatches, batch=batch,
-                        schedule=split.schedule.kind if pp > 1 else "none", zero=zero, recompute=recompute)
-    doc = parallel_export(plan, split.split_points, source=src if isinstance(src, dict) and src else None)
-    if fmt == "torchtitan":
-        titan = torchtitan_config(read_parallel(doc))
-        return titan, f"{plan.label}: torchtitan config sections" + "".join(f"; {n}" for n in titan["notes"])
-    cuts = ", ".join(split.split_points) or "nothing"
-    return doc, (f"{plan.label}: {plan.num_devices} processes, stages cut at {cuts}; not simulated here (the search "
-                 "over parallel plans simulates them)")
+    plan = ParallelPlan(dp=dp or 1, pp=pp, microbatches=split.schedule.microbatches, batch=batch,
+                        schedule=split.schedule.kind if pp > 1 else "none", zero=zero or 0,
+                        recompute=recompute or "none")
+    return (parallel_export(plan, split.split_points, source=source), plan,
+            "not simulated here (place with --dp/--zero/--recompute for a simulated plan)")
 
 
 def export_device_map(p: Plan, names: list[str] | None = None, *, trust_model: bool | str = False,
@@ -956,6 +986,14 @@ def run_parallel_export(parallel_file: Path, *, steps: int = 5, warmup: int = 2,
     check_steps(steps, warmup)
     ex = read_parallel(parallel_file)
     module, inputs, loss_fn = build_source(ex.source, trust_model=trust_model, where=str(parallel_file))
+    if loss_fn is None:
+        with torch.no_grad():
+            out = module(*inputs)
+        if not (isinstance(out, torch.Tensor) and out.numel() == 1) and not isinstance(getattr(out, "loss", None),
+                                                                                     torch.Tensor):
+            raise DevplaceError(f"{parallel_file}: the model returns no loss, so its step's loss is the sum of its "
+                                "outputs; a parallel run averages the replicas' losses and gradients, the step of a "
+                                "loss that is a mean over the batch: return a mean loss from the model's forward")
     reference = _reference_loss(module, inputs, loss_fn)
     ran = run_parallel(module, inputs, ex, steps=warmup + steps, optimizer=optimizer, loss_fn=loss_fn)
     return ParallelRan(ex, ran, warmup, reference)

@@ -81,18 +81,19 @@ def test_two_replicas_of_two_stages_with_zero_fsdp_and_recomputation_match_the_o
     assert all(p.grad is None for p in model.parameters())  # the module itself is left as it was
 
 
-def test_pure_data_parallel_with_zero_2_matches_the_one_process_step():
+def test_pure_data_parallel_with_zero_2_and_a_summed_loss():
     """One stage (schedule "none": the micro-batches one after another) in 2 replicas, fully_shard without
-    resharding after forward."""
+    resharding after forward, the loss taken as a sum (`loss_reduction="sum"`): the 2 x 2 micro-batch losses (each
+    the mean over its 2 samples) and their gradients are summed, 4 times the one-process mean's."""
     model, inputs = _net()
     plan = ParallelPlan(dp=2, pp=1, microbatches=2, batch=8, schedule="none", zero=2)
-    ran = run_parallel(model, inputs, parallel_export(plan, []), steps=1, return_grads=True)
+    ran = run_parallel(model, inputs, parallel_export(plan, []), steps=1, loss_reduction="sum", return_grads=True)
     ref = copy.deepcopy(model)
     loss = ref(*inputs)
     loss.backward()
-    assert ran.losses == pytest.approx([loss.item()], rel=1e-5)
+    assert ran.losses == pytest.approx([4 * loss.item()], rel=1e-5)
     for name, param in ref.named_parameters():
-        torch.testing.assert_close(ran.grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(ran.grads[name], 4 * param.grad, rtol=1e-4, atol=1e-6, msg=name)
     assert [s["sharded"] for s in ran.setups] == [True, True]
 
 
@@ -269,8 +270,8 @@ def build(batch=8):
 def test_a_plan_placed_as_a_parallel_plan_exports_the_plan_its_search_chose(python_package, tmp_path, capsys,
                                                                            monkeypatch):
     """`place --dp 2 --zero 1 --recompute full --save-plan` records the searched plan; `export --format parallel`
-    writes that one (flags that would change it are refused); `run --plan` points to the export; a model that
-    returns no mean loss is refused by `run --parallel` before any process starts."""
+    writes that one (flags that would change it are refused); `run --plan` points to the export; `run --parallel`
+    runs it (2 replicas of one stage, ZeRO-1, recomputation)."""
     tower = python_package("ptower_pkg", TOWER) + ":build"
     plan_path, par_path = tmp_path / "plan.json", tmp_path / "par.json"
     code, out, err = run_cli(["place", "--model", tower, "-c", "2xK80", "--dp", "2", "--zero", "1", "--recompute",
@@ -287,5 +288,11 @@ def test_a_plan_placed_as_a_parallel_plan_exports_the_plan_its_search_chose(pyth
     assert code == 2 and "drop --dp" in err
     code, _, err = run_cli(["run", "--plan", str(plan_path)], capsys, monkeypatch)
     assert code == 2 and "--format parallel" in err and "run --parallel" in err
-    code, _, err = run_cli(["run", "--parallel", str(par_path), "--trust-model"], capsys, monkeypatch)
-    assert code == 2 and "return a mean loss" in err
+    # the tower returns no loss: its step's loss is the sum of its outputs, so the replicas' losses and
+    # gradients are summed, not averaged
+    code, out, err = run_cli(["run", "--parallel", str(par_path), "--trust-model", "--steps", "1", "--warmup", "0",
+                              "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    ran = json.loads(out)
+    assert ran["processes"] == 2 and ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
+    assert ran["losses"][0] == pytest.approx(sum(ran["replica_losses"]), rel=1e-6)

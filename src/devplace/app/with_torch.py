@@ -986,16 +986,16 @@ def run_parallel_export(parallel_file: Path, *, steps: int = 5, warmup: int = 2,
     check_steps(steps, warmup)
     ex = read_parallel(parallel_file)
     module, inputs, loss_fn = build_source(ex.source, trust_model=trust_model, where=str(parallel_file))
-    if loss_fn is None:
+    reduction = "mean"
+    if loss_fn is None:  # default_loss: the model's own loss (a mean over the batch), else the sum of its outputs
         with torch.no_grad():
             out = module(*inputs)
         if not (isinstance(out, torch.Tensor) and out.numel() == 1) and not isinstance(getattr(out, "loss", None),
                                                                                      torch.Tensor):
-            raise DevplaceError(f"{parallel_file}: the model returns no loss, so its step's loss is the sum of its "
-                                "outputs; a parallel run averages the replicas' losses and gradients, the step of a "
-                                "loss that is a mean over the batch: return a mean loss from the model's forward")
+            reduction = "sum"
     reference = _reference_loss(module, inputs, loss_fn)
-    ran = run_parallel(module, inputs, ex, steps=warmup + steps, optimizer=optimizer, loss_fn=loss_fn)
+    ran = run_parallel(module, inputs, ex, steps=warmup + steps, optimizer=optimizer, loss_fn=loss_fn,
+                       loss_reduction=reduction)
     return ParallelRan(ex, ran, warmup, reference)
 
 

@@ -19,11 +19,13 @@ Per stage, as the export's program configuration says (`parallel_export.data_par
   `torch.utils.checkpoint` (non-reentrant), the whole stage where it has none.
 
 The loss of a step is the mean of the replicas' losses and the gradients are the replicas' mean: one step on
-the whole batch when the module's loss is a mean over the batch (the micro-batches and slices are equal).
+the whole batch when the module's loss is a mean over the batch (the micro-batches and slices are equal); for
+a loss that is a sum over the batch (`loss_reduction="sum"`), sums.
 """
 
 from __future__ import annotations
 
+import math
 import pickle
 import statistics
 import tempfile
@@ -118,6 +120,7 @@ class _Job:
     steps: int
     optimizer: str
     loss_fn: Callable[[Any], torch.Tensor] | None
+    loss_reduction: str
     return_grads: bool
     seed: int
     timeout_s: float
@@ -179,6 +182,7 @@ def _process(rank: int, job: _Job) -> None:
             ties.append((groups[r], [n for st, n in users if st == s and n in params]))
         checkpointed = checkpoint_blocks(mod) if job.recompute[s] == "full" else []
         zero, sharded = job.zero[s], job.dp > 1 and job.zero[s] >= 2
+        mean = job.loss_reduction == "mean"
         if sharded:
             fully_shard(mod, mesh=mesh["dp"], reshard_after_forward=zero == 3)
         stage = _PipelineStage(mod, s, info, torch.device("cpu"), group=mesh.get_group("pp"))
@@ -190,7 +194,7 @@ def _process(rank: int, job: _Job) -> None:
 
         m = job.schedule.microbatches
         kind = ScheduleGPipe if job.schedule.kind == "gpipe" else Schedule1F1B
-        sched = kind(stage, m, loss_fn=loss, scale_grads=True)
+        sched = kind(stage, m, loss_fn=loss, scale_grads=mean)
         params = dict(mod.named_parameters())  # under fully_shard: its sharded parameters
         local = _make_optimizer(job.optimizer, [p for p in params.values() if p.requires_grad])
         opt: Any = local
@@ -216,11 +220,14 @@ def _process(rank: int, job: _Job) -> None:
                     dist.all_reduce(total, group=group)
                 for n in names:
                     params[n].grad = total.clone()
-            if job.dp > 1 and not sharded:  # the replicas' mean gradient (fully_shard reduced its own)
+            if job.dp > 1:  # the replicas' mean (sum) gradient; fully_shard reduce-scattered the mean already
                 for p in params.values():
-                    if p.grad is not None:
+                    if p.grad is not None and not sharded:
                         dist.all_reduce(p.grad, group=dp_group)
-                        p.grad.div_(job.dp)
+                        if mean:
+                            p.grad.div_(job.dp)
+                    elif p.grad is not None and not mean:  # gloo has no pre-multiplied sum to make it a sum
+                        p.grad.mul_(job.dp)
             if step == 0 and job.return_grads:
                 grads = {n: _full(p.grad) for n, p in params.items() if p.grad is not None}
             if opt is not None:
@@ -230,7 +237,8 @@ def _process(rank: int, job: _Job) -> None:
                 mod.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - t0)
             if stage.is_last:
-                losses.append(float(torch.stack([v.detach() for v in mb_losses]).sum() / m))
+                total = torch.stack([v.detach() for v in mb_losses]).sum()
+                losses.append(float(total / m if mean else total))
         setup = {"checkpointed": checkpointed, "optimizer": type(opt).__name__ if opt is not None else None,
                  "sharded": any(isinstance(p, DTensor) for p in mod.parameters())}
         torch.save({"losses": losses, "times": times, "grads": grads, "setup": setup},
@@ -258,19 +266,23 @@ def _check(module: nn.Module, ex: ParallelExport, steps: int) -> None:
 
 def run_parallel(module: nn.Module, inputs: Any, export: ParallelExport | Mapping[str, Any] | str | Path, *,
                  steps: int = 1, optimizer: str = "sgd", loss_fn: Callable[[Any], torch.Tensor] | None = None,
-                 return_grads: bool = False, seed: int = 0, timeout_s: float = 300.0) -> ParallelRun:
+                 loss_reduction: str = "mean", return_grads: bool = False, seed: int = 0,
+                 timeout_s: float = 300.0) -> ParallelRun:
     """Run `steps` training steps of `module` on `inputs` (the whole batch: a tuple of positional inputs or a
     dict of keyword inputs) as the parallel `export` says (a `read_parallel` result, its document or its file):
     dp * pp CPU processes over gloo (module docstring). `optimizer` "sgd", "adam" or "none" (as for
-    `run_steps`); `loss_fn` maps the module's output to its loss, a mean over the batch (default: the module's
-    own loss, `default_loss`; a module-level function, sent to the processes). With `return_grads`, the first
-    step's gradient of every parameter name of `module` (the replicas' mean). The module itself is not changed.
+    `run_steps`); `loss_fn` maps the module's output to its loss (default: the module's own loss,
+    `default_loss`; a module-level function, sent to the processes); `loss_reduction` "mean" (the loss is a mean
+    over the batch: micro-batches and replicas averaged) or "sum" (summed). With `return_grads`, the first
+    step's gradient of every parameter name of `module` (the replicas' mean, or sum). The module itself is not changed.
     PipelineRunError for a user problem (inputs, schedule, split, a batch that does not divide into dp * M
     equal micro-batches); a failing process raises with its own message."""
     import torch.multiprocessing as mp
 
     ex = export if isinstance(export, ParallelExport) else read_parallel(export)
     _check(module, ex, steps)
+    if loss_reduction not in ("mean", "sum"):
+        raise PipelineRunError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
     plan = ex.plan
     if loss_fn is not None:
         try:  # the processes get it by pickle
@@ -292,7 +304,8 @@ def run_parallel(module: nn.Module, inputs: Any, export: ParallelExport | Mappin
     n = plan.dp * plan.pp
     with tempfile.TemporaryDirectory(prefix="devplace-parallel-") as folder:
         job = _Job(folder, [_dump_stage(pipe, st) for st in range(plan.pp)], tied, plan.dp, plan.pp, plan.zero,
-                   plan.recompute, schedule, replicas, steps, optimizer, loss_fn, return_grads, seed, timeout_s)
+                   plan.recompute, schedule, replicas, steps, optimizer, loss_fn, loss_reduction, return_grads, seed,
+                   timeout_s)
         try:
             mp.start_processes(_worker, args=(job,), nprocs=n, join=True, start_method=_start_method())
         except mp.ProcessRaisedException as exc:
@@ -302,7 +315,8 @@ def run_parallel(module: nn.Module, inputs: Any, export: ParallelExport | Mappin
         results = [torch.load(Path(folder) / f"rank{q}.pt") for q in range(n)]
     times = [max(res["times"][i] for res in results) for i in range(steps)]
     lasts = [results[q * plan.pp + plan.pp - 1]["losses"] for q in range(plan.dp)]
-    losses = [statistics.fmean(lst[i] for lst in lasts) for i in range(steps)]
+    combine = statistics.fmean if loss_reduction == "mean" else math.fsum
+    losses = [combine(lst[i] for lst in lasts) for i in range(steps)]
     grads: dict[str, torch.Tensor] = {}
     if return_grads:
         for res in results[:plan.pp]:  # replica 0's: every replica holds the mean

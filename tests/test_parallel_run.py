@@ -270,8 +270,8 @@ def build(batch=8):
 def test_a_plan_placed_as_a_parallel_plan_exports_the_plan_its_search_chose(python_package, tmp_path, capsys,
                                                                            monkeypatch):
     """`place --dp 2 --zero 1 --recompute full --save-plan` records the searched plan; `export --format parallel`
-    writes that one (flags that would change it are refused); `run --plan` points to the export; `run --parallel`
-    runs it (2 replicas of one stage, ZeRO-1, recomputation)."""
+    writes that one (flags that would change it are refused); `run --parallel` runs it (2 replicas of one stage,
+    ZeRO-1, recomputation; `run --plan` of the plan itself: tests/test_parallel_search.py)."""
     tower = python_package("ptower_pkg", TOWER) + ":build"
     plan_path, par_path = tmp_path / "plan.json", tmp_path / "par.json"
     code, out, err = run_cli(["place", "--model", tower, "-c", "2xK80", "--dp", "2", "--zero", "1", "--recompute",
@@ -286,8 +286,6 @@ def test_a_plan_placed_as_a_parallel_plan_exports_the_plan_its_search_chose(pyth
     assert "(the search's)" in " ".join((out + err).split())
     code, _, err = run_cli(["export", str(plan_path), "--format", "parallel", "--dp", "2"], capsys, monkeypatch)
     assert code == 2 and "drop --dp" in err
-    code, _, err = run_cli(["run", "--plan", str(plan_path)], capsys, monkeypatch)
-    assert code == 2 and "--format parallel" in err and "run --parallel" in err
     # the tower returns no loss: its step's loss is the sum of its outputs, so the replicas' losses and
     # gradients are summed, not averaged
     code, out, err = run_cli(["run", "--parallel", str(par_path), "--trust-model", "--steps", "1", "--warmup", "0",

@@ -63,7 +63,7 @@ from devplace.graph import save_graph
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.parallel import ParallelAsk, ParallelPlan, runtime_gap
+from devplace.graph.parallel import RUN_SCHEDULES, ParallelAsk, ParallelPlan, runtime_gap
 from devplace.hardware.cluster import Cluster, Device, load_cluster
 from devplace.hardware.cost import CostTable, apply_overheads, check_table_fits, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
@@ -138,6 +138,7 @@ __all__ = [
     "fold_run_records",
     "format_calibration",
     "format_runs",
+    "is_parallel",
     "is_pipelined",
     "load_plan_file",
     "mean_best_ratio",
@@ -153,6 +154,7 @@ __all__ = [
     "run_model",
     "run_parallel_export",
     "run_pipeline_export",
+    "run_plan_parallel",
     "run_plan_pipelined",
     "save_placed_plan",
     "save_prepared",
@@ -621,9 +623,18 @@ def check_runs(p: Plan, where: Path) -> None:
     gap = runtime_gap(plan)
     if gap is not None:
         raise DevplaceError(f"{where} holds the parallel plan {plan.label}, and devplace run does not run {gap} yet "
-                            f"from a plan file; export it (`devplace export {where} --format parallel -o "
-                            "par.json`) and run `devplace run --parallel par.json`, or place without --dp/--pp/"
-                            "--zero/--recompute/--parallel")
+                            f"(it runs {' and '.join(RUN_SCHEDULES)}); place it again with one of them, or run it "
+                            "with torch (`devplace export --format parallel` writes its configuration)")
+
+
+def is_parallel(p: Plan) -> bool:
+    """True when plan `p` holds a parallel plan with data-parallel replicas, ZeRO or recomputation: `devplace run`
+    runs it in dp * pp processes (`run_plan_parallel`)."""
+    doc = p.placement.meta.get("parallel")
+    if doc is None:
+        return False
+    plan = ParallelPlan.from_dict(doc)
+    return plan.dp > 1 or max(plan.zero) > 0 or "full" in plan.recompute
 
 
 def is_pipelined(p: Plan) -> bool:
@@ -986,6 +997,26 @@ def run_parallel_export(parallel_file: Path, *, steps: int = 5, warmup: int = 2,
     check_steps(steps, warmup)
     ex = read_parallel(parallel_file)
     module, inputs, loss_fn = build_source(ex.source, trust_model=trust_model, where=str(parallel_file))
+    return _run_parallel(ex, module, inputs, loss_fn, steps=steps, warmup=warmup, optimizer=optimizer)
+
+
+def run_plan_parallel(p: Plan, module: Any, inputs: Any, *, steps: int = 5, warmup: int = 2,
+                      optimizer: str = "adam") -> ParallelRan:
+    """`devplace run --plan` of a plan that holds a parallel plan (`is_parallel`): its export
+    (`parallel_plan_doc`) run as `devplace run --parallel` runs one."""
+    check_steps(steps, warmup)
+    inputs, autocast = plan_precision(p, module, inputs)
+    if autocast is not None:
+        raise DevplaceError("a parallel run does not autocast (--amp): plan it without --amp, or with --dtype")
+    doc, _, _ = parallel_plan_doc(p)
+    return _run_parallel(read_parallel(doc), module, inputs, p.loss_fn, steps=steps, warmup=warmup,
+                         optimizer=optimizer)
+
+
+def _run_parallel(ex: ParallelExport, module: Any, inputs: Any, loss_fn: Any, *, steps: int, warmup: int,
+                  optimizer: str) -> ParallelRan:
+    """Run export `ex` of `module` (`run_parallel`) and the one-process loss of the same batch; a model without
+    its own loss runs with its outputs' sum as the loss, as the capture takes it (`default_loss`)."""
     reduction = "mean"
     if loss_fn is None:  # default_loss: the model's own loss (a mean over the batch), else the sum of its outputs
         with torch.no_grad():

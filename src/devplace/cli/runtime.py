@@ -143,6 +143,12 @@ def run_cmd(
                                                order=order, seed=seed, save_plan=save_plan, dtype=dtype, amp=amp,
                                                trust_model=trust_model, record=record,
                                                settings=pipelining, costs=costs)
+    if tasks.is_parallel(p):
+        _one_thread(threads, "this parallel plan runs in several processes")
+        with busy(f"running {warmup + steps} parallel steps", as_json):
+            ran = tasks.run_plan_parallel(p, module, inputs, steps=steps, warmup=warmup)
+        _show(ran, as_json)
+        return
     if tasks.is_pipelined(p):
         _one_thread(threads, "this plan runs pipelined")
         with busy(f"running {warmup + steps} pipelined steps", as_json):

@@ -113,7 +113,7 @@ def test_asks_are_checked(kwargs, match) -> None:
 
 
 def test_what_the_runtime_runs_of_a_plan() -> None:
-    from devplace.runtime.pipeline_run import SCHEDULES
+    from devplace.runtime.parallel_run import SCHEDULES
 
     assert RUN_SCHEDULES == SCHEDULES  # the one list graph/ may not import
     assert runtime_gap(ParallelPlan(1, 2, 2, 2, "1f1b")) is None

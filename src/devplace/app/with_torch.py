@@ -789,7 +789,9 @@ def parallel_plan_doc(p: Plan, *, dp: int | None = None, zero: int | None = None
     split = pipeline_split(p.graph, p.placement, p.cluster, schedule=sched)
     assert split.schedule is not None  # pipeline_split always sets one
     batch = source.get("batch") if source is not None else None
-    batch = batch if isinstance(batch, int) else graph_batch(p.graph)
+    if not isinstance(batch, int):  # the step's batch: the graph's, times M where it is one micro-batch of it
+        batch = graph_batch(p.graph)
+        batch = batch * (graph_microbatches(p.graph) or 1) if batch is not None else None
     if batch is None:
         raise DevplaceError("the plan does not record its batch size, which a parallel plan splits over its "
                             "replicas; save the plan of a --model (`devplace place --model ... --save-plan`)")

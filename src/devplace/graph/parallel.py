@@ -249,8 +249,8 @@ class ParallelAsk:
                 "zero": "auto" if self.zero is None else self.zero, "recompute": self.recompute}
 
 
-# the pipeline schedules devplace's runtime runs (`runtime.pipeline_run.SCHEDULES`, which graph/ may not import;
-# tests/test_parallel_search.py checks the two agree)
+# the pipeline schedules devplace's runtime runs a parallel plan under (`runtime.parallel_run.SCHEDULES`, which
+# graph/ may not import; tests/test_parallel_search.py checks the two agree)
 RUN_SCHEDULES = ("gpipe", "1f1b")
 
 

@@ -44,7 +44,6 @@ from devplace.graph.modules import numbered_block
 from devplace.runtime.export import PipelineExport
 from devplace.runtime.parallel_export import ParallelExport, read_parallel
 from devplace.runtime.pipeline_run import (
-    SCHEDULES,
     PipelineRunError,
     _dump_stage,
     _failure,
@@ -56,7 +55,9 @@ from devplace.runtime.pipeline_run import (
 )
 from devplace.sim.schedule import Schedule
 
-__all__ = ["ParallelRun", "checkpoint_blocks", "run_parallel"]
+__all__ = ["SCHEDULES", "ParallelRun", "checkpoint_blocks", "run_parallel"]
+
+SCHEDULES = ("gpipe", "1f1b")  # one stage per process (graph.parallel.RUN_SCHEDULES names the same)
 
 
 @dataclass

@@ -113,13 +113,14 @@ def test_asks_are_checked(kwargs, match) -> None:
 
 
 def test_what_the_runtime_runs_of_a_plan() -> None:
-    from devplace.runtime.pipeline_run import SCHEDULES
+    from devplace.runtime.parallel_run import SCHEDULES
 
     assert RUN_SCHEDULES == SCHEDULES  # the one list graph/ may not import
     assert runtime_gap(ParallelPlan(1, 2, 2, 2, "1f1b")) is None
     assert runtime_gap(ParallelPlan(1, 1, 2, 2, "none")) is None
+    assert runtime_gap(ParallelPlan(2, 2, 2, 8, "1f1b", zero=(1, 3), recompute="full")) is None  # parallel_run
     gap = runtime_gap(ParallelPlan(2, 2, 2, 8, "zero-bubble", zero=1, recompute="full"))
-    assert gap == "2 data-parallel replicas, ZeRO-1, activation recomputation, the zero-bubble schedule"
+    assert gap == "the zero-bubble schedule"
 
 
 def test_one_table_view_of_a_plan() -> None:
@@ -168,7 +169,7 @@ def test_place_fixes_dimensions_reports_memory_and_run_refuses(python_package, t
     assert {k: par[k] for k in ("dp", "pp", "microbatches", "schedule", "zero", "recompute")} == \
         {"dp": 2, "pp": 1, "microbatches": par["microbatches"], "schedule": "none", "zero": [1], "recompute": ["full"]}
     assert par["plan"]["batch"] == 8 and par["plan"]["devices"] == [0, 1]
-    assert not par["devplace_run_runs_it"] and "2 data-parallel replicas" in par["devplace_run_does_not_run"]
+    assert par["devplace_run_runs_it"] and par["devplace_run_does_not_run"] is None
     assert [m["device"] for m in par["memory"]] == [0, 1]
     for m in par["memory"]:
         assert set(CATEGORIES) <= set(m) and m["total"] == pytest.approx(sum(m[k] for k in CATEGORIES))
@@ -185,9 +186,12 @@ def test_place_fixes_dimensions_reports_memory_and_run_refuses(python_package, t
     module, inputs = __import__(tower.partition(":")[0], fromlist=["build"]).build()
     p = devplace.plan(module, (inputs,), "2xK80", parallel=ParallelAsk(dp=2, zero=1, recompute="full"))
     assert p.placement.meta["parallel"] == par["plan"] and p.result.step_time_s == doc["step_time_s"]
-    code, out, err = run(["run", "--plan", str(plan_file)], capsys, monkeypatch)
-    assert code == 2 and "devplace run does not run 2 data-parallel replicas, ZeRO-1, activation recomputation" \
-        in err, err
+    # devplace run runs it: 2 replicas, ZeRO-1, recomputation (tests/test_parallel_run.py checks such runs)
+    code, out, err = run(["run", "--plan", str(plan_file), "--steps", "1", "--warmup", "0", "--trust-model",
+                          "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    ran = json.loads(out)
+    assert ran["processes"] == 2 and ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
     # the text report shows memory by category
     code, out, err = run(["place", "--model", tower, "-c", "2xK80", "--dp", "2", "--zero", "1"], capsys, monkeypatch)
     assert code == 0, err

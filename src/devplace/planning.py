@@ -457,8 +457,8 @@ def parallel_lines(found: ParallelResult) -> list[RenderableType]:
                 f"{fmt_time(max(p.step_time_s for p in found.pipelines))}; the table's ops and transfers are "
                 "replica 0's"),
            Text("devplace run runs this plan" if gap is None else
-                f"devplace run does not run this plan yet ({gap}): it refuses it; torch runs it with DDP/FSDP and "
-                "activation checkpointing, written by hand")]
+                f"devplace run does not run this plan yet ({gap}): it refuses it; `devplace export --format "
+                "parallel` writes its torch configuration")]
     table = Table(show_edge=False, header_style="bold", title="memory per device at its peak: parameters, "
                   "gradients, optimizer state, activations stashed for the backward, temporaries")
     for col in ("device", "stage", "params", "grads", "optimizer", "stash", "temps", "total", "capacity"):

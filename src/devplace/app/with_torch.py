@@ -63,7 +63,7 @@ from devplace.graph import save_graph
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.parallel import ParallelAsk, ParallelPlan, runtime_gap
+from devplace.graph.parallel import RUN_SCHEDULES, ParallelAsk, ParallelPlan, runtime_gap
 from devplace.hardware.cluster import Cluster, Device, load_cluster
 from devplace.hardware.cost import CostTable, apply_overheads, check_table_fits, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
@@ -91,6 +91,8 @@ from devplace.runtime.export import (
     read_pipeline,
 )
 from devplace.runtime.module_map import placement_from_module_map, read_module_map
+from devplace.runtime.parallel_export import ParallelExport, parallel_export, read_parallel, torchtitan_config
+from devplace.runtime.parallel_run import ParallelRun, run_parallel
 from devplace.runtime.pipeline_run import PipelineRun, run_pipeline
 from devplace.runtime.plan import (
     Plan,
@@ -122,6 +124,7 @@ from devplace.zoo.models import MODELS, ModelSpec
 __all__ = [
     "Compared",
     "Measured",
+    "ParallelRan",
     "PipelineDemo",
     "PipelineRan",
     "StudyRan",
@@ -130,10 +133,12 @@ __all__ = [
     "check_threads",
     "cost_device",
     "export_device_map",
+    "export_parallel_plan",
     "export_plan",
     "fold_run_records",
     "format_calibration",
     "format_runs",
+    "is_parallel",
     "is_pipelined",
     "load_plan_file",
     "mean_best_ratio",
@@ -147,7 +152,9 @@ __all__ = [
     "prepare_model",
     "profile_model",
     "run_model",
+    "run_parallel_export",
     "run_pipeline_export",
+    "run_plan_parallel",
     "run_plan_pipelined",
     "save_placed_plan",
     "save_prepared",
@@ -615,9 +622,19 @@ def check_runs(p: Plan, where: Path) -> None:
     plan = ParallelPlan.from_dict(doc)
     gap = runtime_gap(plan)
     if gap is not None:
-        raise DevplaceError(f"{where} holds the parallel plan {plan.label}, and devplace run does not run {gap} yet; "
-                            "run it with torch (DDP/FSDP, activation checkpointing), or place without "
-                            "--dp/--pp/--zero/--recompute/--parallel for a plan devplace runs")
+        raise DevplaceError(f"{where} holds the parallel plan {plan.label}, and devplace run does not run {gap} yet "
+                            f"(it runs {' and '.join(RUN_SCHEDULES)}); place it again with one of them, or run it "
+                            "with torch (`devplace export --format parallel` writes its configuration)")
+
+
+def is_parallel(p: Plan) -> bool:
+    """True when plan `p` holds a parallel plan with data-parallel replicas, ZeRO or recomputation: `devplace run`
+    runs it in dp * pp processes (`run_plan_parallel`)."""
+    doc = p.placement.meta.get("parallel")
+    if doc is None:
+        return False
+    plan = ParallelPlan.from_dict(doc)
+    return plan.dp > 1 or max(plan.zero) > 0 or "full" in plan.recompute
 
 
 def is_pipelined(p: Plan) -> bool:
@@ -664,13 +681,21 @@ def run_model(p: Plan, module: Any, inputs: Any, devices: str, *, steps: int = 5
 
 
 def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, *, schedule: str | None = None,
-                microbatches: int | None = None, trust_model: bool | str = False) -> tuple[dict[str, Any], str]:
+                microbatches: int | None = None, trust_model: bool | str = False,
+                parallel: dict[str, Any] | None = None) -> tuple[dict[str, Any], str]:
     """`devplace export`: (the JSON document, a one-line note) of a plan's placement as pipeline split points
-    with their schedule, a device_map or plain JSON. `schedule`/`microbatches` (pipeline only) replace the kind
+    with their schedule, a device_map or plain JSON, or of a dp x pp plan made of its pipeline as a torch program
+    configuration ("parallel") or torchtitan config sections ("torchtitan"; `export_parallel_plan`, with
+    `parallel`: dp, zero, recompute). `schedule`/`microbatches` (pipeline, parallel, torchtitan) replace the kind
     and micro-batch count of the schedule the placement was made for (or of `default_schedule`). A device_map
     rebuilds the plan's model (`export_device_map`); a custom model only with `trust_model` (True or its name)."""
-    if fmt != "pipeline" and (schedule is not None or microbatches is not None):
-        raise DevplaceError("--schedule and --microbatches belong to --format pipeline")
+    if fmt not in PIPELINED_FORMATS and (schedule is not None or microbatches is not None):
+        raise DevplaceError(f"--schedule and --microbatches belong to --format {', '.join(PIPELINED_FORMATS)}")
+    if fmt not in ("parallel", "torchtitan") and parallel:
+        raise DevplaceError("--dp, --zero and --recompute belong to --format parallel or torchtitan")
+    if fmt in ("parallel", "torchtitan") and devices is not None:
+        raise DevplaceError(f"--devices names devices for --format pipeline, device-map or json; a {fmt} export "
+                            "runs one process per replica and stage (its mesh is in the file): drop --devices")
     if fmt != "device-map" and trust_model:
         raise DevplaceError("--model/--trust-model belong to --format device-map (the only export that rebuilds "
                             "the model)")
@@ -680,16 +705,10 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
         raise DevplaceError(f"--devices names {len(names)} device(s), but the placement uses {p.num_devices_used} "
                             "logical devices: give one real device name per logical device, e.g. "
                             + ",".join(f"cuda:{i}" for i in range(p.num_devices_used)))
+    if fmt in ("parallel", "torchtitan"):
+        return export_parallel_plan(p, fmt, schedule=schedule, microbatches=microbatches, **(parallel or {}))
     if fmt == "pipeline":
-        sched = p.placement.schedule
-        if schedule is not None or microbatches is not None:
-            stages = len(pipeline_split(p.graph, p.placement).devices)
-            base = sched or default_schedule(stages)
-            kind = schedule or base.kind
-            sched = Schedule(kind, base.microbatches if microbatches is None else microbatches,
-                             base.chunks if kind == base.kind else None)
-            _check_step_batch(p.graph, sched.microbatches)
-        split = pipeline_split(p.graph, p.placement, p.cluster, schedule=sched)
+        split = pipeline_split(p.graph, p.placement, p.cluster, schedule=_export_schedule(p, schedule, microbatches))
         why = split.schedule.unrunnable(len(set(split.devices))) if split.schedule is not None else None
         if why is not None:  # e.g. a hand split judged under 1f1b with too few micro-batches (place --map)
             raise DevplaceError(f"devplace run would refuse this export: {why} (--microbatches, --schedule)")
@@ -704,7 +723,84 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
         return export_device_map(p, names, trust_model=trust_model, where=str(plan_file))
     if fmt == "json":
         return export_json(p.graph, p.placement, names), f"{len(p.placement.assignment)} ops placed"
-    raise DevplaceError(f"unknown export format {fmt!r}; choose pipeline, device-map or json")
+    raise DevplaceError(f"unknown export format {fmt!r}; choose pipeline, device-map, json, parallel or torchtitan")
+
+
+PIPELINED_FORMATS = ("pipeline", "parallel", "torchtitan")  # the exports that take --schedule/--microbatches
+
+
+def _export_schedule(p: Plan, schedule: str | None, microbatches: int | None) -> Schedule | None:
+    """The schedule a pipelined export of plan `p` carries: the placement's (None: `pipeline_split`'s default),
+    its kind and micro-batch count replaced by `schedule` and `microbatches` where given."""
+    sched = p.placement.schedule
+    if schedule is None and microbatches is None:
+        return sched
+    base = sched or default_schedule(len(pipeline_split(p.graph, p.placement).devices))
+    kind = schedule or base.kind
+    sched = Schedule(kind, base.microbatches if microbatches is None else microbatches,
+                     base.chunks if kind == base.kind else None)
+    _check_step_batch(p.graph, sched.microbatches)
+    return sched
+
+
+def export_parallel_plan(p: Plan, fmt: str = "parallel", *, dp: int | None = None, zero: int | None = None,
+                         recompute: str | None = None, schedule: str | None = None,
+                         microbatches: int | None = None) -> tuple[dict[str, Any], str]:
+    """`devplace export --format parallel|torchtitan`: (the document, a one-line note) of plan `p`'s dp x pp plan
+    (`parallel_plan_doc`). "parallel" is the torch program configuration that `devplace run --parallel` runs
+    (`parallel_export`), "torchtitan" the job config sections (`torchtitan_config`)."""
+    doc, plan, made = parallel_plan_doc(p, dp=dp, zero=zero, recompute=recompute, schedule=schedule,
+                                        microbatches=microbatches)
+    if fmt == "torchtitan":
+        titan = torchtitan_config(read_parallel(doc))
+        return titan, f"{plan.label}: torchtitan config sections" + "".join(f"; {n}" for n in titan["notes"])
+    cuts = ", ".join(pt["module"] for pt in doc["split_points"]) or "nothing"
+    return doc, f"{plan.label}: {plan.num_devices} processes, stages cut at {cuts}; {made}"
+
+
+def parallel_plan_doc(p: Plan, *, dp: int | None = None, zero: int | None = None, recompute: str | None = None,
+                      schedule: str | None = None, microbatches: int | None = None,
+                      ) -> tuple[dict[str, Any], ParallelPlan, str]:
+    """The `devplace.parallel/1` document of plan `p`'s dp x pp plan, the plan, and a note on where it comes
+    from. A plan placed with --dp/--pp/--zero/--recompute/--parallel records the parallel plan its search chose
+    (simulated there): that one, cut where its replica's placement cuts (as `--format pipeline` cuts), and any
+    of the arguments is an error. Otherwise the plan made of `p`'s pipeline: its stages and schedule
+    (`schedule`/`microbatches` replace them), `dp` replicas of it sharing the plan's batch (each runs
+    batch / dp in the schedule's M micro-batches), ZeRO stage `zero` and recomputation `recompute` on every
+    stage (defaults 1, 0, "none"); that plan is not simulated here."""
+    src = p.settings.get("source")
+    source = src if isinstance(src, dict) and src else None
+    recorded = p.placement.meta.get("parallel")
+    if recorded is not None:
+        given = [f"--{k}" for k, v in (("dp", dp), ("zero", zero), ("recompute", recompute), ("schedule", schedule),
+                                       ("microbatches", microbatches)) if v is not None]
+        plan = ParallelPlan.from_dict(recorded)
+        if given:
+            raise DevplaceError(f"the plan holds the parallel plan its search chose ({plan.label}); drop "
+                                f"{', '.join(given)}, or place again with them")
+        # the cut only: the stages' schedule is the plan's, which pipeline_split need not simulate
+        split = pipeline_split(p.graph, p.placement, schedule=Schedule("1f1b", plan.microbatches))
+        if len(split.devices) != plan.pp:
+            raise DevplaceError(f"the plan's placement cuts into {len(split.devices)} pipeline stages at module "
+                                f"starts, not its parallel plan's pp={plan.pp}; place it again")
+        return (parallel_export(plan, split.split_points, source=source), plan,
+                f"simulated step {fmt_time(p.result.step_time_s)} (the search's)")
+    sched = _export_schedule(p, schedule, microbatches)
+    split = pipeline_split(p.graph, p.placement, p.cluster, schedule=sched)
+    assert split.schedule is not None  # pipeline_split always sets one
+    batch = source.get("batch") if source is not None else None
+    if not isinstance(batch, int):  # the step's batch: the graph's, times M where it is one micro-batch of it
+        batch = graph_batch(p.graph)
+        batch = batch * (graph_microbatches(p.graph) or 1) if batch is not None else None
+    if batch is None:
+        raise DevplaceError("the plan does not record its batch size, which a parallel plan splits over its "
+                            "replicas; save the plan of a --model (`devplace place --model ... --save-plan`)")
+    pp = len(split.devices)
+    plan = ParallelPlan(dp=1 if dp is None else dp, pp=pp, microbatches=split.schedule.microbatches, batch=batch,
+                        schedule=split.schedule.kind if pp > 1 else "none", zero=0 if zero is None else zero,
+                        recompute="none" if recompute is None else recompute)
+    return (parallel_export(plan, split.split_points, source=source), plan,
+            "not simulated here (place with --dp/--zero/--recompute for a simulated plan)")
 
 
 def export_device_map(p: Plan, names: list[str] | None = None, *, trust_model: bool | str = False,
@@ -845,13 +941,95 @@ def _run_pipelined(ex: PipelineExport, module: Any, inputs: Any, loss_fn: Any, *
     """Run export `ex` of `module` (`run_pipeline`, with the model's own `loss_fn` where it has one) and the
     unpipelined loss of the same batch, computed as the capture computes it."""
     check_steps(steps, warmup)
-    with torch.enable_grad():  # the default loss looks for an output that depends on a trainable parameter
-        out = module(*inputs)
-        reference = float((loss_fn(out) if loss_fn is not None else default_loss(out)).detach())
+    reference = _reference_loss(module, inputs, loss_fn)
     ran = run_pipeline(module, inputs, ex, processes=processes, steps=warmup + steps, optimizer=optimizer,
                        loss_fn=loss_fn)
     norms = (m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
     return PipelineRan(ex, ran, warmup, reference, any(m.training for m in norms))
+
+
+def _reference_loss(module: Any, inputs: Any, loss_fn: Any) -> float:
+    """The one-process loss of the whole batch, computed as the capture computes it (the model's own
+    `loss_fn`, else `default_loss`)."""
+    with torch.enable_grad():  # the default loss looks for an output that depends on a trainable parameter
+        out = module(*inputs)
+        return float((loss_fn(out) if loss_fn is not None else default_loss(out)).detach())
+
+
+@dataclass(frozen=True)
+class ParallelRan:
+    """What `devplace run --parallel` did: the parallel steps and the one-process loss of the same batch."""
+
+    export: ParallelExport
+    run: ParallelRun
+    warmup: int
+    reference_loss: float
+
+    @property
+    def timed_s(self) -> list[float]:
+        """The timed steps' seconds (after the warm-up)."""
+        return self.run.step_times_s[self.warmup:]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (`devplace run --parallel --json`)."""
+        return json_safe({"format": "devplace.parallel-run/1", "source": self.export.source,
+                          "parallel": self.export.plan.to_dict(), "split_points": list(self.export.split_points),
+                          "processes": self.run.processes, "backend": "gloo", "losses": self.run.losses,
+                          "replica_losses": self.run.replica_losses, "reference_loss": self.reference_loss,
+                          "processes_setup": self.run.setups, "measured_steps_s": self.timed_s,
+                          "measured_step_s": statistics.median(self.timed_s)})
+
+    def __rich__(self) -> Text:
+        plan, r = self.export.plan, self.run
+        return Text(f"{plan.label}: {r.processes} CPU processes (gloo), measured step "
+                    f"{fmt_time(statistics.median(self.timed_s))} (median of {len(self.timed_s)}, wall clock, 1 "
+                    f"thread per process); first step's loss {r.losses[0]:.6g} (replicas "
+                    f"{', '.join(f'{v:.6g}' for v in r.replica_losses)}), one process {self.reference_loss:.6g}")
+
+    def text(self, width: int = 120) -> str:
+        """The report as plain text."""
+        return render_text(self, width)
+
+
+def run_parallel_export(parallel_file: Path, *, steps: int = 5, warmup: int = 2, optimizer: str = "adam",
+                        trust_model: bool | str = False) -> ParallelRan:
+    """`devplace run --parallel`: rebuild the export's zoo model and run `warmup` + `steps` training steps of its
+    dp x pp plan in dp * pp CPU processes (gloo, `run_parallel`); also the one-process loss of the same batch.
+    A custom model the export names is imported only when `trust_model` is True or its name."""
+    check_steps(steps, warmup)
+    ex = read_parallel(parallel_file)
+    module, inputs, loss_fn = build_source(ex.source, trust_model=trust_model, where=str(parallel_file))
+    return _run_parallel(ex, module, inputs, loss_fn, steps=steps, warmup=warmup, optimizer=optimizer)
+
+
+def run_plan_parallel(p: Plan, module: Any, inputs: Any, *, steps: int = 5, warmup: int = 2,
+                      optimizer: str = "adam") -> ParallelRan:
+    """`devplace run --plan` of a plan that holds a parallel plan (`is_parallel`): its export
+    (`parallel_plan_doc`) run as `devplace run --parallel` runs one."""
+    check_steps(steps, warmup)
+    inputs, autocast = plan_precision(p, module, inputs)
+    if autocast is not None:
+        raise DevplaceError("a parallel run does not autocast (--amp): plan it without --amp, or with --dtype")
+    doc, _, _ = parallel_plan_doc(p)
+    return _run_parallel(read_parallel(doc), module, inputs, p.loss_fn, steps=steps, warmup=warmup,
+                         optimizer=optimizer)
+
+
+def _run_parallel(ex: ParallelExport, module: Any, inputs: Any, loss_fn: Any, *, steps: int, warmup: int,
+                  optimizer: str) -> ParallelRan:
+    """Run export `ex` of `module` (`run_parallel`) and the one-process loss of the same batch; a model without
+    its own loss runs with its outputs' sum as the loss, as the capture takes it (`default_loss`)."""
+    reduction = "mean"
+    if loss_fn is None:  # default_loss: the model's own loss (a mean over the batch), else the sum of its outputs
+        with torch.no_grad():
+            out = module(*inputs)
+        if not (isinstance(out, torch.Tensor) and out.numel() == 1) and not isinstance(getattr(out, "loss", None),
+                                                                                     torch.Tensor):
+            reduction = "sum"
+    reference = _reference_loss(module, inputs, loss_fn)
+    ran = run_parallel(module, inputs, ex, steps=warmup + steps, optimizer=optimizer, loss_fn=loss_fn,
+                       loss_reduction=reduction)
+    return ParallelRan(ex, ran, warmup, reference)
 
 
 @dataclass(frozen=True)

@@ -190,7 +190,7 @@ def place_cmd(
     parallel: Annotated[bool, typer.Option(
         "--parallel", help="with --model: search parallel plans (data-parallel replicas x pipeline stages, ZeRO, "
                            "recomputation, zero-bubble schedules) instead of placements of one replica; devplace run "
-                           "does not run data-parallel, ZeRO or recomputing plans yet")] = False,
+                           "runs them under GPipe or 1F1B (dp x pp CPU processes)")] = False,
     dp: Annotated[int | None, typer.Option("--dp", help="parallel plans: fix the data-parallel degree (dp x pp = the "
                                                         "devices; implies --parallel)")] = None,
     pp: Annotated[int | None, typer.Option("--pp", help="parallel plans: fix the pipeline stages (implies "

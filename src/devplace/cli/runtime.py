@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -44,6 +44,14 @@ def _one_thread(threads: int | None, what: str) -> None:
                             "--threads 1")
 
 
+def _show(result: Any, as_json: bool) -> None:
+    """Print a run's result: its JSON form with --json, else its report."""
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        console.print(result)
+
+
 def run_cmd(
     model: ModelOpt = None,
     plan_file: Annotated[Path | None, typer.Option("--plan", help="a plan file (devplace.plan/1), zoo model")] = None,
@@ -67,6 +75,9 @@ def run_cmd(
                                                   "pipeline): run its stages in CPU processes with gloo")] = None,
     processes: Annotated[int | None, typer.Option(help="with --pipeline: processes, one per stage (default: the "
                                                   "export's stages)")] = None,
+    parallel: Annotated[Path | None, typer.Option("--parallel", help="a parallel export (devplace export --format "
+                                                  "parallel): run its dp x pp plan in dp*pp CPU processes with "
+                                                  "gloo")] = None,
     as_json: JsonOpt = False,
     dtype: DtypeOpt = None,
     amp: AmpOpt = False,
@@ -94,8 +105,20 @@ def run_cmd(
     With --pipeline, the export's zoo model runs pipelined (torch.distributed.pipelining, its schedule and
     micro-batches), one CPU process per stage, and its first loss is shown next to the unpipelined one. A plan
     made for a schedule (--placer pipeline with --schedule/--microbatches, or a saved pipelined plan) runs so too.
+    With --parallel, a parallel export's dp x pp plan runs in dp * pp CPU processes (replicas of the pipeline,
+    ZeRO or FSDP per stage, per-block recomputation), its first loss shown next to the one-process loss.
     """
     tasks = app.torch_tasks()
+    if parallel is not None:
+        if pipeline is not None or plan_file is not None or costs is not None or processes is not None:
+            raise DevplaceError("--parallel runs an export on its own (dp * pp processes): drop "
+                                "--pipeline/--plan/--costs/--processes")
+        _one_thread(threads, "--parallel")
+        with busy(f"running {warmup + steps} parallel steps of {parallel}", as_json):
+            ran = tasks.run_parallel_export(parallel, steps=steps, warmup=warmup,
+                                            trust_model=trust_model or (model or False))
+        _show(ran, as_json)
+        return
     if pipeline is not None:
         if plan_file is not None or costs is not None:
             raise DevplaceError("--pipeline runs an export on its own, simulated when it was exported: drop "
@@ -104,10 +127,7 @@ def run_cmd(
         with busy(f"running {warmup + steps} pipelined steps of {pipeline}", as_json):
             ran = tasks.run_pipeline_export(pipeline, processes=processes, steps=steps, warmup=warmup,
                                             trust_model=trust_model or (model or False))
-        if as_json:
-            print_json(ran.to_dict())
-        else:
-            console.print(ran)
+        _show(ran, as_json)
         return
     tasks.check_steps(steps, warmup)  # before capturing and placing
     tasks.check_threads(threads)
@@ -123,35 +143,44 @@ def run_cmd(
                                                order=order, seed=seed, save_plan=save_plan, dtype=dtype, amp=amp,
                                                trust_model=trust_model, record=record,
                                                settings=pipelining, costs=costs)
+    if tasks.is_parallel(p):
+        _one_thread(threads, "this parallel plan runs in several processes")
+        with busy(f"running {warmup + steps} parallel steps", as_json):
+            ran = tasks.run_plan_parallel(p, module, inputs, steps=steps, warmup=warmup)
+        _show(ran, as_json)
+        return
     if tasks.is_pipelined(p):
         _one_thread(threads, "this plan runs pipelined")
         with busy(f"running {warmup + steps} pipelined steps", as_json):
             ran = tasks.run_plan_pipelined(p, module, inputs, steps=steps, warmup=warmup)
-        if as_json:
-            print_json(ran.to_dict())
-        else:
-            console.print(ran)
+        _show(ran, as_json)
         return
     with busy(f"running {steps} timed steps on {devices}", as_json):
         measured = tasks.run_model(p, module, inputs, devices, steps=steps, warmup=warmup, record=record,
                                    threads=threads)
-    if as_json:
-        print_json(measured.to_dict())
-    else:
-        console.print(measured)
+    _show(measured, as_json)
 
 
 def export_cmd(
     plan_file: Annotated[Path, typer.Argument(help="a plan file (devplace.plan/1)")],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="pipeline, device-map or json")] = "json",
+    fmt: Annotated[str, typer.Option("--format", "-f", help="pipeline, device-map, json, parallel or "
+                                     "torchtitan")] = "json",
     devices: Annotated[str | None, typer.Option(help="real device names for the logical indices, e.g. "
                                                 "cuda:0,cuda:1")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", parser=output_path,
                                                 help="write the JSON here (default: stdout)")] = None,
-    schedule: Annotated[str | None, typer.Option(help="pipeline: schedule kind, gpipe or 1f1b (default: the "
-                                                 "placement's, else 1f1b)")] = None,
-    microbatches: Annotated[int | None, typer.Option(help="pipeline: micro-batches per step (default: the "
-                                                     "placement's, else one per stage)")] = None,
+    schedule: Annotated[str | None, typer.Option(help="pipeline, parallel, torchtitan: schedule kind, gpipe or "
+                                                 "1f1b (default: the placement's, else 1f1b)")] = None,
+    microbatches: Annotated[int | None, typer.Option(help="pipeline, parallel, torchtitan: micro-batches per step "
+                                                     "(per replica; default: the placement's, else one per "
+                                                     "stage)")] = None,
+    dp: Annotated[int | None, typer.Option("--dp", help="parallel, torchtitan: data-parallel replicas of the "
+                                           "plan's pipeline, sharing its batch (default 1)")] = None,
+    zero: Annotated[int | None, typer.Option("--zero", help="parallel, torchtitan: ZeRO stage 0-3 over each "
+                                             "stage's replicas (1: ZeroRedundancyOptimizer, 2/3: fully_shard; "
+                                             "default 0)")] = None,
+    recompute: Annotated[str | None, typer.Option("--recompute", help="parallel, torchtitan: none or full "
+                                                  "(activation checkpointing per block; default none)")] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="device-map: the custom model "
                                               "(package.module:factory) the plan names, repeated to allow "
                                               "importing it")] = None,
@@ -161,14 +190,18 @@ def export_cmd(
 ) -> None:
     """Export a plan's placement: torch.distributed.pipelining split points with the micro-batch schedule
     (devplace.pipeline/2; `devplace run --pipeline` runs it), a Hugging Face style device_map (module -> device,
-    with the simulated step-time loss of that coarser mapping), or plain JSON.
+    with the simulated step-time loss of that coarser mapping), or plain JSON; or --dp replicas of its pipeline
+    with --zero and --recompute as a torch program configuration (devplace.parallel/1: pipelining stages, DDP,
+    ZeroRedundancyOptimizer or fully_shard, activation checkpointing; `devplace run --parallel` runs it) or as
+    the parallelism and activation-checkpoint sections of a torchtitan job config (--format torchtitan).
 
     A device-map rebuilds the plan's zoo or custom model, so that it covers every parameter and buffer (tied
     weights on one device) in the model's own names, as accelerate and from_pretrained(device_map=...) load it.
     A custom model is code: it is imported only when you repeat it as --model or pass --trust-model."""
     app.check_outputs({"output": ANY_JSON}, inputs=[plan_file], output=output)
+    parallel = {k: v for k, v in (("dp", dp), ("zero", zero), ("recompute", recompute)) if v is not None}
     doc, note = app.torch_tasks().export_plan(plan_file, fmt, devices, schedule=schedule, microbatches=microbatches,
-                                              trust_model=trust_model or (model or False))
+                                              trust_model=trust_model or (model or False), parallel=parallel)
     if output is None:
         print_json(doc)
         guarded_console(stderr=True).print(note, highlight=False)

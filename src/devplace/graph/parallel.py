@@ -249,17 +249,13 @@ class ParallelAsk:
                 "zero": "auto" if self.zero is None else self.zero, "recompute": self.recompute}
 
 
-# the pipeline schedules devplace's runtime runs (`runtime.pipeline_run.SCHEDULES`, which graph/ may not import;
-# tests/test_parallel_search.py checks the two agree)
+# the pipeline schedules devplace's runtime runs a parallel plan under (`runtime.parallel_run.SCHEDULES`, which
+# graph/ may not import; tests/test_parallel_search.py checks the two agree)
 RUN_SCHEDULES = ("gpipe", "1f1b")
 
 
 def runtime_gap(plan: ParallelPlan) -> str | None:
-    """What of `plan` devplace's runtime does not run, or None when it runs all of it: today `devplace run` runs
-    one pipeline under one of `RUN_SCHEDULES`, or one device, without data-parallel replicas, ZeRO sharding or
-    recomputation."""
-    missing = [what for what, needed in (
-        (f"{plan.dp} data-parallel replicas", plan.dp > 1), (f"ZeRO-{max(plan.zero)}", max(plan.zero) > 0),
-        ("activation recomputation", "full" in plan.recompute),
-        (f"the {plan.schedule} schedule", plan.schedule not in ("none", *RUN_SCHEDULES))) if needed]
-    return ", ".join(missing) or None
+    """What of `plan` devplace's runtime does not run, or None when it runs all of it: `devplace run` runs dp
+    replicas of one pipeline under one of `RUN_SCHEDULES` (or of one stage), with ZeRO 0-3 and recomputation per
+    stage (`runtime.parallel_run`); other schedules not yet."""
+    return f"the {plan.schedule} schedule" if plan.schedule not in ("none", *RUN_SCHEDULES) else None

@@ -1,0 +1,162 @@
+"""A dp x pp parallel plan as a program other tools run (docs/runtime.md, "Parallel plans").
+
+`parallel_export(plan, split_points, ...)` writes a `devplace.parallel/1` document: the `ParallelPlan` (its JSON
+form), the pipeline's split points (stage s > 0 begins at module `split_points[s-1]`, as in a pipeline
+export), and per stage the torch program configuration that runs it:
+- the stage, built by `torch.distributed.pipelining` (`pipeline(..., split_spec)` at the split points) and run
+  under the plan's schedule on a process group per replica;
+- its data-parallel wrapping over a process group per stage: ZeRO-0 is DDP (gradients all-reduced and
+  averaged), ZeRO-1 DDP with `torch.distributed.optim.ZeroRedundancyOptimizer` (optimizer state sharded),
+  ZeRO-2 `fully_shard(reshard_after_forward=False)` and ZeRO-3 `fully_shard(reshard_after_forward=True)`;
+- its activation checkpointing: "full" recomputation checkpoints each numbered block (a transformer layer:
+  `devplace.graph.modules.numbered_block`) of the stage with `torch.utils.checkpoint` (non-reentrant), the
+  whole stage where it has none, as the simulator's recomputation units are (`sim.parallel.recompute_units`).
+
+`devplace run --parallel FILE` runs such a document (`runtime.parallel_run.run_parallel`); `torchtitan_config`
+gives the same plan as the parallelism and activation-checkpoint sections of a torchtitan job config
+(torchtitan 0.3: its config classes and command-line overrides; the optional extra `titan`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from devplace.errors import FormatError
+from devplace.graph.jsonio import read_json
+from devplace.graph.parallel import ParallelPlan, ParallelPlanError
+from devplace.runtime.export import ExportError
+
+__all__ = ["PARALLEL_FORMAT", "TORCHTITAN_FORMAT", "ParallelExport", "data_parallel_of", "parallel_export",
+           "read_parallel", "torchtitan_config"]
+
+PARALLEL_FORMAT = "devplace.parallel/1"
+
+
+def data_parallel_of(zero: int, dp: int) -> dict[str, Any]:
+    """How a stage with ZeRO stage `zero` over `dp` replicas is wrapped in a torch program (module docstring)."""
+    if dp == 1:
+        return {"wrapper": "none", "optimizer": "local"}
+    if zero <= 1:
+        return {"wrapper": "DistributedDataParallel",
+                "optimizer": "ZeroRedundancyOptimizer" if zero == 1 else "local"}
+    return {"wrapper": "fully_shard", "reshard_after_forward": zero == 3, "optimizer": "local"}
+
+
+@dataclass(frozen=True)
+class ParallelExport:
+    """A `devplace.parallel/1` document read back and checked: the plan, the split points, the model `source`
+    (as in a pipeline export; None when unknown) and the whole document."""
+
+    plan: ParallelPlan
+    split_points: tuple[str, ...]
+    source: dict[str, Any] | None
+    doc: dict[str, Any]
+
+
+def parallel_export(plan: ParallelPlan, split_points: Sequence[str], *, source: Mapping[str, Any] | None = None,
+                    simulated_step_s: float | None = None) -> dict[str, Any]:
+    """The `devplace.parallel/1` document of `plan` with its pipeline cut at `split_points` (pp - 1 module names,
+    in program order), the model `source` it was planned for (a zoo name with batch and sequence length, so that
+    `devplace run --parallel` can rebuild it) and its simulated step. ExportError when the points do not make
+    `plan.pp` stages."""
+    points = list(split_points)
+    if len(points) != plan.pp - 1 or len(set(points)) != len(points):
+        raise ExportError(f"a plan of pp={plan.pp} stages is cut at {plan.pp - 1} distinct module(s), got "
+                          f"{points}")
+    stages = [{"stage": s, "begins_at": points[s - 1] if s else None, "devices": list(plan.stage_group(s)),
+               "data_parallel": data_parallel_of(plan.zero[s], plan.dp),
+               "activation_checkpointing": "per block" if plan.recompute[s] == "full" else "none"}
+              for s in range(plan.pp)]
+    doc: dict[str, Any] = {"format": PARALLEL_FORMAT, "parallel": plan.to_dict(),
+                           "split_points": [{"module": m, "point": "beginning"} for m in points],
+                           "stages": stages, "simulated_step_s": simulated_step_s}
+    if source is not None:
+        doc["source"] = dict(source)
+    return doc
+
+
+def read_parallel(source: str | Path | Mapping[str, Any]) -> ParallelExport:
+    """A parallel export (a `devplace.parallel/1` file or its parsed document), checked: a valid `ParallelPlan`
+    and pp - 1 distinct split points. An ExportError says what is wrong."""
+    where = str(source) if not isinstance(source, Mapping) else "parallel export"
+    try:
+        doc = dict(source) if isinstance(source, Mapping) else read_json(source, PARALLEL_FORMAT)
+    except FormatError as exc:
+        raise ExportError(f"{exc}; write it with `devplace export PLAN --format parallel`") from None
+    if doc.get("format") != PARALLEL_FORMAT:
+        raise ExportError(f"{where}: format {doc.get('format')!r} is not {PARALLEL_FORMAT!r}; write it with "
+                          "`devplace export PLAN --format parallel`")
+    try:
+        plan = ParallelPlan.from_dict(doc.get("parallel"))
+    except ParallelPlanError as exc:
+        raise ExportError(f"{where}: {exc}") from None
+    points = doc.get("split_points")
+    if not isinstance(points, list) or not all(isinstance(p, dict) and isinstance(p.get("module"), str)
+                                               and p.get("point") == "beginning" for p in points):
+        raise ExportError(f"{where}: split_points must be a list of {{\"module\": NAME, \"point\": \"beginning\"}}, "
+                          f"got {points!r}")
+    names = tuple(p["module"] for p in points)
+    if len(names) != plan.pp - 1 or len(set(names)) != len(names):
+        raise ExportError(f"{where}: a plan of pp={plan.pp} stages needs {plan.pp - 1} distinct split point(s), got "
+                          f"{list(names)}")
+    src = doc.get("source")
+    if src is not None and not isinstance(src, dict):
+        raise ExportError(f"{where}: source must be an object (the plan's model source), got {src!r}")
+    return ParallelExport(plan, names, src, doc)
+
+
+# ------------------------------------------------------------------------------------------ torchtitan
+TORCHTITAN_FORMAT = "devplace.torchtitan/1"
+# torch.distributed.pipelining's schedule names (`get_schedule_class`), which torchtitan's
+# `parallelism.pipeline_parallel_schedule` takes
+TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+                   "zero-bubble": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
+
+
+def _flag(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def torchtitan_config(export: ParallelExport) -> dict[str, Any]:
+    """A parallel export's plan as the parallelism, training-batch and activation-checkpoint sections of a
+    torchtitan (0.3) job config, with the same as torchtitan's command-line overrides ("overrides":
+    `--parallelism.NAME=VALUE` and the `activation_checkpoint:full` or `:none` choice), and "notes" where
+    torchtitan cannot say what the plan says. torchtitan applies one data-parallel mode and one checkpointing
+    policy to every stage, so a plan whose stages differ is an ExportError. Its data parallelism is DDP
+    (`data_parallel_replicate_degree`, ZeRO-0) or FSDP (`data_parallel_shard_degree`): ZeRO-3 reshards after
+    forward ("always"), ZeRO-2 does not ("never"), and ZeRO-1 (optimizer state sharded alone) has no
+    counterpart: it is written as ZeRO-2, which holds no more memory, with a note. The stage cuts are not
+    written: torchtitan cuts its own model definitions (`module_fqns_per_model_part` names their modules, not
+    this model's), so a note gives devplace's."""
+    plan = export.plan
+    if len(set(plan.zero)) > 1 or len(set(plan.recompute)) > 1:
+        raise ExportError(f"torchtitan applies one ZeRO stage and one recomputation to every pipeline stage; this "
+                          f"plan has zero={list(plan.zero)}, recompute={list(plan.recompute)} (export it with "
+                          "--format parallel, or give one --zero and --recompute)")
+    zero, notes = plan.zero[0], []
+    parallelism: dict[str, Any] = {
+        "data_parallel_replicate_degree": plan.dp if zero == 0 else 1,
+        "data_parallel_shard_degree": plan.dp if zero >= 1 else 1,
+        "tensor_parallel_degree": plan.tp,
+        "pipeline_parallel_degree": plan.pp}
+    if zero >= 1:
+        parallelism["fsdp_reshard_after_forward"] = "always" if zero == 3 else "never"
+    if zero == 1:
+        notes.append("ZeRO-1 is written as FSDP without resharding after forward (ZeRO-2): torchtitan does not "
+                     "shard the optimizer state alone")
+    if plan.pp > 1:
+        parallelism["pipeline_parallel_schedule"] = TORCH_SCHEDULES[plan.schedule]
+        parallelism["pipeline_parallel_microbatch_size"] = plan.microbatch_size
+        notes.append(f"devplace cuts this model's pipeline at {', '.join(export.split_points)}; torchtitan cuts its "
+                     "own model definition: name the same layers in parallelism.module_fqns_per_model_part")
+    training = {"local_batch_size": plan.batch // plan.dp, "global_batch_size": plan.batch}
+    checkpointing = "full" if plan.recompute[0] == "full" else "none"
+    doc = {"format": TORCHTITAN_FORMAT, "training": training, "parallelism": parallelism,
+           "activation_checkpoint": checkpointing}
+    doc["overrides"] = [f"--{section}.{k}={_flag(v)}" for section in ("training", "parallelism")
+                        for k, v in doc[section].items()] + [f"activation_checkpoint:{checkpointing}"]
+    doc["notes"] = notes
+    return doc

@@ -32,7 +32,7 @@ from devplace.placers.search import simulate_output
 from devplace.sim import Schedule, ScheduleError, simulate
 
 
-def layers(costs: list[float], act: float = 10.0, params: float = 1.0) -> CompGraph:
+def layers(costs: list[float], act: float = 10.0, params: float = 1.0, meta: dict | None = None) -> CompGraph:
     """A chain of layers l0..l{n-1} (forward cost c, backward 2c, tied), the stash of each consumed by its
     backward op."""
     n = len(costs)
@@ -44,7 +44,7 @@ def layers(costs: list[float], act: float = 10.0, params: float = 1.0) -> CompGr
     edges += [{"src": f"l{n - 1}", "dst": f"g{n - 1}", "bytes": act}]
     edges += [{"src": f"g{i + 1}", "dst": f"g{i}", "bytes": 1.0} for i in range(n - 1)]
     edges += [{"src": f"l{i}", "dst": f"g{i}", "bytes": act} for i in range(n - 1)]
-    return CompGraph.build("layers", nodes, edges)
+    return CompGraph.build("layers", nodes, edges, meta=meta)
 
 
 def plan(g, c, order="topo", **kw):
@@ -545,3 +545,17 @@ def test_one_f_one_b_plans_only_what_torch_runs():
             plan(g, c, microbatches=m)
         assert Schedule("gpipe", m).unrunnable(4) is None and Schedule("1f1b", m).unrunnable(4) is not None
     assert len(set(plan(g, c, microbatches=2, schedule="gpipe").devices.tolist())) == 4
+
+
+def test_a_batch_too_small_to_pipeline_is_a_no_fit_that_placer_auto_skips():
+    """A batch of 2 on 4 devices has no micro-batch count torch's 1F1B runs: the counts the placer chose itself
+    are a no-fit (placer auto skips the pipeline and places without micro-batches; it used to abort the search
+    with a PlacerError), a count asked for a settings error."""
+    g, c = layers([1.0] * 8, meta={"capture": {"batch": 2}}), cluster(4, bw=1e12)
+    with pytest.raises(NoFitError, match="the counts that divide the batch of 2"):
+        plan(g, c)
+    with pytest.raises(PlacerError, match="2 micro-batch"):
+        plan(g, c, microbatches=2)
+    placed = place(g, c, order="topo")
+    why = placed.meta["placer_auto"]["tried"]["pipeline"]
+    assert placed.schedule is None and "the counts that divide the batch of 2" in why

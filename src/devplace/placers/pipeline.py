@@ -84,7 +84,7 @@ from devplace.graph.tensors import tensor_groups
 from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster, op_times, step_times
 from devplace.placers.common import positive_int
-from devplace.placers.memory import no_fit_error
+from devplace.placers.memory import NoFitError, no_fit_error
 from devplace.placers.registry import FullGraph, PlacerError, PlacerOutput, register
 from devplace.sim.bounds import op_holds
 from devplace.sim.schedule import (
@@ -689,9 +689,13 @@ def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | No
     # only what torch's pipelining runs on all the devices (1f1b: M >= stages; interleaved: M a multiple of them)
     runnable = [s for s in schedules if s.unrunnable(devices) is None]
     if not runnable:
-        raise PlacerError(f"placer 'pipeline' on {devices} devices: {schedules[-1].unrunnable(devices)}; got "
-                          f"microbatches {', '.join(str(m) for m in counts)}"
-                          + (f" (the counts that divide the batch of {batch})" if microbatches is None else ""))
+        why = (f"placer 'pipeline' on {devices} devices: {schedules[-1].unrunnable(devices)}; got microbatches "
+               f"{', '.join(str(m) for m in counts)}"
+               + (f" (the counts that divide the batch of {batch})" if microbatches is None else ""))
+        if microbatches is not None:
+            raise PlacerError(why)  # the count asked for is the problem
+        # the step's batch is: no pipeline of it runs here, a candidate placer auto skips (and logs why)
+        raise NoFitError(why)
     return runnable
 
 

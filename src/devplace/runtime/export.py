@@ -30,7 +30,8 @@ from devplace.sim.schedule import Schedule, ScheduleError
 from devplace.units import fmt_time
 
 __all__ = ["PIPELINE_FORMAT", "DeviceMap", "ExportError", "PipelineExport", "PipelineSplit", "callable_modules",
-           "default_schedule", "device_map", "export_json", "pipeline_split", "read_pipeline", "wrapped_module"]
+           "default_schedule", "device_map", "export_json", "pipeline_split", "read_export_doc", "read_pipeline",
+           "wrapped_module"]
 
 PIPELINE_FORMAT = "devplace.pipeline/2"
 
@@ -191,18 +192,28 @@ class PipelineExport:
         return _split_spec(self.split_points)
 
 
+def read_export_doc(source: str | Path | Mapping[str, Any], fmt: str, kind: str, *, note: str = ""
+                    ) -> tuple[dict[str, Any], str]:
+    """The document of an export `source` (a file or its parsed document) of format `fmt`, written by `devplace
+    export PLAN --format KIND`, and the name messages give it; an ExportError (with `note` after the format it
+    wants) when it is not one."""
+    where = str(source) if not isinstance(source, Mapping) else f"{kind} export"
+    fix = f"re-export the plan with `devplace export PLAN --format {kind}`"
+    try:
+        doc = dict(source) if isinstance(source, Mapping) else read_json(source, fmt)
+    except FormatError as exc:
+        raise ExportError(f"{exc}; {fix}") from None
+    if doc.get("format") != fmt:
+        raise ExportError(f"{where}: format {doc.get('format')!r} is not {fmt!r}{note}; {fix}")
+    return doc, where
+
+
 def read_pipeline(source: str | Path | Mapping[str, Any]) -> PipelineExport:
     """A pipeline export (a `devplace.pipeline/2` file or its parsed document), checked: split points are
     distinct module names, one fewer than the stages, and the schedule is a valid `Schedule` with one model
     chunk per device (interleaved schedules are not exported). An ExportError says what is wrong."""
-    where = str(source) if not isinstance(source, Mapping) else "pipeline export"
-    try:
-        doc = dict(source) if isinstance(source, Mapping) else read_json(source, PIPELINE_FORMAT)
-    except FormatError as exc:
-        raise ExportError(f"{exc}; re-export the plan with `devplace export PLAN --format pipeline`") from None
-    if doc.get("format") != PIPELINE_FORMAT:
-        raise ExportError(f"{where}: format {doc.get('format')!r} is not {PIPELINE_FORMAT!r} (the version that "
-                          "carries the schedule); re-export the plan with `devplace export PLAN --format pipeline`")
+    doc, where = read_export_doc(source, PIPELINE_FORMAT, "pipeline",
+                                 note=" (the version that carries the schedule)")
     points = doc.get("split_points")
     names: list[str] = []
     if isinstance(points, list):

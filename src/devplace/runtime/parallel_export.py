@@ -24,10 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devplace.errors import FormatError
-from devplace.graph.jsonio import read_json
 from devplace.graph.parallel import ParallelPlan, ParallelPlanError
-from devplace.runtime.export import ExportError
+from devplace.runtime.export import ExportError, read_export_doc
 
 __all__ = ["PARALLEL_FORMAT", "TORCHTITAN_FORMAT", "ParallelExport", "data_parallel_of", "parallel_export",
            "read_parallel", "torchtitan_config"]
@@ -81,14 +79,7 @@ def parallel_export(plan: ParallelPlan, split_points: Sequence[str], *, source: 
 def read_parallel(source: str | Path | Mapping[str, Any]) -> ParallelExport:
     """A parallel export (a `devplace.parallel/1` file or its parsed document), checked: a valid `ParallelPlan`
     and pp - 1 distinct split points. An ExportError says what is wrong."""
-    where = str(source) if not isinstance(source, Mapping) else "parallel export"
-    try:
-        doc = dict(source) if isinstance(source, Mapping) else read_json(source, PARALLEL_FORMAT)
-    except FormatError as exc:
-        raise ExportError(f"{exc}; write it with `devplace export PLAN --format parallel`") from None
-    if doc.get("format") != PARALLEL_FORMAT:
-        raise ExportError(f"{where}: format {doc.get('format')!r} is not {PARALLEL_FORMAT!r}; write it with "
-                          "`devplace export PLAN --format parallel`")
+    doc, where = read_export_doc(source, PARALLEL_FORMAT, "parallel")
     try:
         plan = ParallelPlan.from_dict(doc.get("parallel"))
     except ParallelPlanError as exc:

@@ -30,7 +30,6 @@ import pickle
 import statistics
 import tempfile
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -52,6 +51,7 @@ from devplace.runtime.pipeline_run import (
     _start_method,
     _tied,
     _trace,
+    _worker,
 )
 from devplace.sim.schedule import Schedule
 
@@ -125,15 +125,6 @@ class _Job:
     return_grads: bool
     seed: int
     timeout_s: float
-
-
-def _worker(rank: int, job: _Job) -> None:
-    """One (replica, stage) process; its failure's traceback is saved where the parent reads it (`_failure`)."""
-    try:
-        _process(rank, job)
-    except BaseException:
-        (Path(job.folder) / f"rank{rank}.err").write_text(traceback.format_exc(), encoding="utf-8")
-        raise
 
 
 def _full(grad: torch.Tensor) -> torch.Tensor:
@@ -308,7 +299,7 @@ def run_parallel(module: nn.Module, inputs: Any, export: ParallelExport | Mappin
                    plan.recompute, schedule, replicas, steps, optimizer, loss_fn, loss_reduction, return_grads, seed,
                    timeout_s)
         try:
-            mp.start_processes(_worker, args=(job,), nprocs=n, join=True, start_method=_start_method())
+            mp.start_processes(_worker, args=(_process, job), nprocs=n, join=True, start_method=_start_method())
         except mp.ProcessRaisedException as exc:
             why = _failure(folder, n, str(exc).strip().splitlines()[-1]).replace("stage", "process", 1)
             raise PipelineRunError(f"a parallel process failed (process r * pp + s runs stage s of replica r), "

@@ -285,11 +285,12 @@ class _Job:
     timeout_s: float
 
 
-def _worker(rank: int, job: _Job) -> None:
-    """One pipeline stage (`_stage`); a failure's traceback is saved where the parent reads it, since the
-    stages that lose their peer then fail too, with only a connection error of their own."""
+def _worker(rank: int, body: Callable[[int, Any], None], job: Any) -> None:
+    """One process of a multi-process run: `body(rank, job)` (a pipeline's `_stage`, a parallel plan's
+    `parallel_run._process`); a failure's traceback is saved where the parent reads it (`_failure`), since the
+    processes that lose their peer then fail too, with only a connection error of their own."""
     try:
-        _stage(rank, job)
+        body(rank, job)
     except BaseException:
         (Path(job.folder) / f"rank{rank}.err").write_text(traceback.format_exc(), encoding="utf-8")
         raise
@@ -571,7 +572,7 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
         job = _Job(folder, [_dump_stage(pipe, i) for i in range(ex.num_stages)], n, _tied(pipe, module), ex.schedule,
                    mbs, steps, optimizer, loss_fn, loss_reduction, return_grads, seed, timeout_s)
         try:
-            mp.start_processes(_worker, args=(job,), nprocs=n, join=True, start_method=_start_method())
+            mp.start_processes(_worker, args=(_stage, job), nprocs=n, join=True, start_method=_start_method())
         except mp.ProcessRaisedException as exc:
             raise PipelineRunError(f"a pipeline stage failed, {_failure(folder, n, str(exc).strip().splitlines()[-1])}"
                                    ) from exc

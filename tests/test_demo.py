@@ -1,5 +1,6 @@
-"""`devplace demo` (issue 12): the pipeline placer against the even split under the same schedule, a
-placement without micro-batches and the best single device, on a model that does not fit one device."""
+"""`devplace demo` (issue 12; issue 31: its answer is the default search's): devplace's answer, the pipeline placer,
+the even split under the same schedule, a placement without micro-batches and the best single device, on a model
+that does not fit one device."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 from torch import nn
 
 from conftest import run_cli
-from devplace.app.with_torch import pipeline_demo
+from devplace.app.with_torch import demo as run_demo
+from devplace.app.with_torch import place_prepared
 from devplace.capture.pipeline import prepare
 from devplace.capture.torch_capture import capture
 from devplace.hardware.cluster import Cluster, Device, Link
@@ -30,10 +32,14 @@ def test_demo_compares_the_pipeline_with_the_even_split_and_the_unpipelined_step
     need = memory_needs(prepared.full).total_bytes
     # four devices of 45% of the step: no one device holds it, and the weights and state fit on two
     c = Cluster("four", tuple(Device(f"d{i}", 0.45 * need, kind="V100") for i in range(4)), Link(1e10, 1e-5))
-    demo = pipeline_demo(prepared, c, schedule="1f1b", microbatches=4, out=tmp_path, name="mlp")
+    demo = run_demo(prepared, c, schedule="1f1b", microbatches=4, out=tmp_path, name="mlp")
     labels = [r.label for r in demo.compared]
-    assert labels == ["single d0", "contiguous", "even split", "pipeline placer"]
-    single, _, even, ours = demo.compared
+    assert labels == ["single d0", "contiguous", "even split", "pipeline placer", "devplace (default)"]
+    single, _, even, ours, answer = demo.compared
+    # the answer is the default search's, never slower than the pipeline placer it also reports
+    assert answer.result is demo.answer.result
+    assert demo.answer.result.step_time_s == place_prepared(prepared, c).result.step_time_s
+    assert answer.result.step_time_s <= ours.result.step_time_s
     assert not single.result.feasible  # the model does not fit one device
     assert ours.result is demo.placed.result and ours.result.feasible
     assert demo.placed.placement.schedule == Schedule("1f1b", 4)
@@ -42,7 +48,7 @@ def test_demo_compares_the_pipeline_with_the_even_split_and_the_unpipelined_step
     assert demo.estimate_s == demo.placed.bound.work_s * (4 + 4 - 1) / 4
     doc = json.loads(json.dumps(demo.to_dict()))
     assert [r["placement"] for r in doc["compared"]] == labels
-    assert doc["compared"][-1]["step_time_s"] == ours.result.step_time_s
+    assert doc["compared"][-2]["step_time_s"] == ours.result.step_time_s
     text = " ".join(demo.text().split())
     assert "schedule 1f1b: M = 4 micro-batches" in text and "pipeline placer" in text
     assert "even-stage estimate 1f1b" in text

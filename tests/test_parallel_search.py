@@ -76,7 +76,7 @@ def test_the_search_says_what_a_parallel_request_cannot_do() -> None:
     with pytest.raises(PlacerError, match=r"need a model captured here \(--model NAME\)"):
         search_placement(captured(), c, parallel=ParallelAsk())
     with pytest.raises(PlacerError, match="drop --placer, --order"):
-        search_placement(captured(), c, placer="m-etf", order="topo", microbatch_graph=provider,
+        search_placement(captured(), c, placer="m-etf", order="bfs", microbatch_graph=provider,
                          parallel=ParallelAsk(dp=2))
     with pytest.raises(ParallelPlanError, match=r"--dp 3 does not divide the cluster's 4 devices .* one of 1, 2, 4"):
         search_placement(captured(), c, microbatch_graph=provider, parallel=ParallelAsk(dp=3))
@@ -243,3 +243,34 @@ def test_a_study_placer_asks_for_parallel_plans(table, match, tmp_path) -> None:
     else:
         with pytest.raises(StudyError, match=match):
             load_study(path)
+
+
+def test_the_default_searches_the_parallel_plans_devplace_runs_and_run_runs_its_answer(python_package, capsys,
+                                                                                       monkeypatch):
+    # issue 31: placer auto on a captured model tries parallel plans beside the pipelines and the placement without
+    # micro-batches, under the schedules the runtime runs only; at a batch of 4096 two replicas win on 2xK80
+    tower = python_package("pdefault_pkg", TOWER) + ":build"
+    code, out, err = run(["place", "--model", tower, "--batch", "4096", "-c", "2xK80", "--json"], capsys,
+                         monkeypatch)
+    assert code == 0, err
+    doc = json.loads(out)
+    tried = doc["placer_auto"]["tried"]
+    assert {"parallel", "unpipelined", "pipeline 1f1b"} <= set(tried)
+    assert doc["step_time_s"] == tried["parallel"] == min(t for t in tried.values() if isinstance(t, float))
+    assert doc["parallel"]["dp"] == 2 and doc["parallel"]["devplace_run_runs_it"]
+    # the report's bound and baselines are the whole batch's: the bound holds, one device runs all 4096 samples
+    assert doc["lower_bound_s"] <= doc["step_time_s"] < doc["best_single_device"]["step_time_s"]
+    judged = doc["parallel"]["search"]["tried"]
+    assert judged and all(any(k in label for k in RUN_SCHEDULES) or " none" in label for label in judged)
+    # an order the parallel plans do not cut in leaves them out, and says why
+    code, out, err = run(["place", "--model", tower, "--batch", "4096", "-c", "2xK80", "--order", "bfs", "--json"],
+                         capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads(out)["placer_auto"]["tried"]["parallel"].startswith("skipped: parallel plans choose")
+    # devplace run --model places the same and runs the parallel answer in dp * pp processes
+    code, out, err = run(["run", "--model", tower, "--batch", "4096", "-c", "2xK80", "--steps", "1", "--warmup",
+                          "0", "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    ran = json.loads(out)
+    assert ran["parallel"] == doc["parallel"]["plan"] and ran["processes"] == 2
+    assert ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)

@@ -117,13 +117,13 @@ def as_run(graph: CompGraph, cluster: Cluster, placement: Placement, result: Sim
 
 
 def _write_timelines(graph: CompGraph, cluster: Cluster, result: SimResult, bound_s: float, trace: Path | None,
-                     plot: Path | None) -> list[tuple[str, Path]]:
+                     plot: Path | None, title: str | None = None) -> list[tuple[str, Path]]:
     written = []
     if trace is not None:
         write_trace(graph, cluster, result, trace)
         written.append(("trace", trace))
     if plot is not None:
-        plot_timeline(graph, cluster, result, plot, lower_bound_s=bound_s)
+        plot_timeline(graph, cluster, result, plot, lower_bound_s=bound_s, title=title)
         written.append(("timeline", plot))
     return written
 
@@ -316,15 +316,20 @@ class Placed:
     @cached_property
     def bound(self) -> LowerBound:
         """The lower bound of the graph on the cluster (DESIGN.md section 8), of the pipelined step for a
-        placement made for a schedule; of a parallel plan, the whole batch's step on every device."""
+        placement made for a schedule; of a parallel plan, the whole batch's work on every device alone (its
+        replicas split the batch, so the whole batch's critical path bounds nothing, and ZeRO shards the
+        optimizer ops a micro-batch's path would count whole)."""
         if self.parallel is not None:
-            return lower_bound(self.whole if self.whole is not None else self.graph, self.cluster)
+            work = lower_bound(self.whole if self.whole is not None else self.graph, self.cluster).work_s
+            return LowerBound(work, work, 0.0, ())
         return lower_bound(self.graph, self.cluster, self.placement.schedule)
 
     @cached_property
     def baselines(self) -> tuple[Baseline, Baseline]:
         """The best single device and the even split of the whole step (`baselines`; the even split under the
-        placement's schedule if any)."""
+        placement's schedule if any; of a parallel plan, both of the whole batch without micro-batches)."""
+        if self.parallel is not None:
+            return baselines(self.whole if self.whole is not None else self.graph, self.cluster)
         return baselines(self.graph, self.cluster, self.placement.schedule, self.whole)
 
     @cached_property
@@ -337,7 +342,12 @@ class Placed:
         if output is not None:
             save_placement(self.placement, output)
             self.written.append(("placement", output))
-        self.written += _write_timelines(self.graph, self.cluster, self.result, self.bound.value_s, trace, plot)
+        # a parallel plan's replica 0 ran its graph with the recomputed forward ops
+        ran, title = self.graph, None
+        if self.parallel is not None:
+            ran, plan = self.parallel.run_graph, self.parallel.plan
+            title = f"{ran.name}: replica 0 of {plan.label} (the other replicas alike; gradient sync not drawn)"
+        self.written += _write_timelines(ran, self.cluster, self.result, self.bound.value_s, trace, plot, title)
 
     def to_dict(self) -> dict[str, Any]:
         """The `devplace place --json` document (non-finite numbers as null)."""
@@ -428,7 +438,9 @@ class Placed:
         return f" in {self.placement_time_s:.2f} s wall time{sims and f' ({sims[2:]})'}"
 
     def __rich__(self) -> Group:
-        return Group(result_view(self.graph, self.cluster, self.result, self.bound), *self.lines())
+        pipelined = self.parallel is None or self.parallel.plan.pp > 1
+        return Group(result_view(self.graph, self.cluster, self.result, self.bound, pipelined=pipelined),
+                     *self.lines())
 
     def text(self, width: int = 120) -> str:
         """The report as plain text."""

@@ -123,15 +123,16 @@ from devplace.zoo.models import MODELS, ModelSpec
 
 __all__ = [
     "Compared",
+    "Demo",
     "Measured",
     "ParallelRan",
-    "PipelineDemo",
     "PipelineRan",
     "StudyRan",
     "capture_graph",
     "check_learned_placer",
     "check_threads",
     "cost_device",
+    "demo",
     "export_device_map",
     "export_parallel_plan",
     "export_plan",
@@ -144,7 +145,6 @@ __all__ = [
     "mean_best_ratio",
     "model_calibration",
     "model_tensor_names",
-    "pipeline_demo",
     "place_by_map",
     "place_prepared",
     "plan_for_run",
@@ -265,11 +265,14 @@ class Compared:
 
 
 @dataclass(eq=False)
-class PipelineDemo:
-    """What `devplace demo` reports: a model that needs several devices placed by the `pipeline` placer
-    (`placed`), against the even split under the same schedule, a placement without micro-batches and the
-    best single device (`compared`, the pipeline placer's row last), with the bound of the pipelined step."""
+class Demo:
+    """What `devplace demo` reports: devplace's answer for a model that needs several devices (`answer`: the
+    default search, placer auto: pipelines, the parallel plans devplace runs, placements without micro-batches),
+    against the `pipeline` placer at the demo's schedule (`placed`), the even split under that schedule, a
+    placement without micro-batches and the best single device (`compared`, the answer's row last), with the
+    bound of the step."""
 
+    answer: Placed
     placed: Placed
     compared: list[Compared]
 
@@ -289,9 +292,9 @@ class PipelineDemo:
         return self.placed.bound.work_s * (vm + p - 1) / vm
 
     def to_dict(self) -> dict[str, Any]:
-        """The comparison as a JSON object (the pipeline placement itself: `devplace place --json`)."""
+        """The comparison as a JSON object (the answer itself: `devplace place --json`)."""
         return json_safe({
-            "graph": self.placed.graph.name, "cluster": self.placed.cluster.name,
+            "graph": self.answer.graph.name, "cluster": self.answer.cluster.name,
             "schedule": self.schedule.to_dict(), "work_per_device_s": self.placed.bound.work_s,
             "even_stage_estimate_s": self.estimate_s,
             "compared": [{"placement": r.label, "schedule": r.schedule,
@@ -301,10 +304,10 @@ class PipelineDemo:
                           "note": r.note} for r in self.compared]})
 
     def __rich__(self) -> Group:
-        ours = self.placed.result.step_time_s
+        ours = self.answer.result.step_time_s
         work = self.placed.bound.work_s
         table = Table(header_style="bold", show_edge=False)
-        for col, justify in (("placement", "left"), ("schedule", "left"), ("step", "right"), ("/ placer", "right"),
+        for col, justify in (("placement", "left"), ("schedule", "left"), ("step", "right"), ("/ answer", "right"),
                              ("peak", "right"), ("memory", "left")):
             table.add_column(col, justify=justify)  # type: ignore[arg-type]
         for r in self.compared:
@@ -318,7 +321,7 @@ class PipelineDemo:
                           fits)
         s, p = self.schedule, self.placed.cluster.num_devices
         table.add_row(f"work / {p} devices", "", fmt_time(work), f"{work / ours:.3f}x", "", "")
-        table.add_row(f"even-stage estimate {s.kind}", self.compared[-1].schedule, fmt_time(self.estimate_s),
+        table.add_row(f"even-stage estimate {s.kind}", s.label, fmt_time(self.estimate_s),
                       f"{self.estimate_s / ours:.3f}x", "", "")
         vm = "VM" if (s.chunks or 1) > 1 else "M"
         notes = Text("; ".join(f"{r.label}: {r.note}" for r in self.compared if r.note)
@@ -326,21 +329,21 @@ class PipelineDemo:
                      f"({vm}+p-1)/{vm}, every stage equal and no wait for a transfer (an estimate, not a bound: "
                      "unequal stages can beat it). Peak: the largest device's. Steps simulated on the full graph "
                      "with the devplace model.")
-        return Group(self.placed, Text(""), table, notes)
+        return Group(self.answer, Text(""), table, notes)
 
     def text(self, width: int = 120) -> str:
         """The report as plain text."""
         return render_text(self, width)
 
 
-def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b", microbatches: int | None = 8,
-                  chunks: int | None = None, baseline: str = "contiguous", out: Path | None = None,
-                  name: str = "demo") -> PipelineDemo:
-    """`devplace demo`: place a prepared model with the `pipeline` placer under `schedule` with `microbatches`
-    (None: the placer chooses) and compare it, on the full graph, with the even split (`placers.even`: equal
-    compute at module boundaries) under the same schedule, the non-pipelined placement `baseline` makes, and
-    the best single device. Writes `<name>.placement.json`, `<name>-trace.json` and `<name>-timeline.png`
-    (the pipeline's) into `out` if given."""
+def demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b", microbatches: int | None = 8,
+         chunks: int | None = None, baseline: str = "contiguous", out: Path | None = None,
+         name: str = "demo") -> Demo:
+    """`devplace demo`: devplace's default answer for a prepared model (placer auto, `place_prepared`) against
+    the `pipeline` placer under `schedule` with `microbatches` (None: the placer chooses), the even split
+    (`placers.even`: equal compute at module boundaries) under the same schedule, the non-pipelined placement
+    `baseline` makes, and the best single device, all on the full graph. Writes `<name>.placement.json`,
+    `<name>-trace.json` and `<name>-timeline.png` (the answer's) into `out` if given."""
     settings: dict[str, Any] = {"schedule": schedule, "microbatches": microbatches}
     if chunks is not None:
         settings["chunks"] = chunks
@@ -351,7 +354,8 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
                             "pipelines; choose another --baseline, e.g. contiguous or m-etf")
     files = ({"output": out / f"{name}.placement.json", "trace": out / f"{name}-trace.json",
               "plot": out / f"{name}-timeline.png"} if out is not None else {})
-    placed = place_prepared(prepared, cluster, placer="pipeline", settings=settings, **files)
+    answer = place_prepared(prepared, cluster, **files)
+    placed = place_prepared(prepared, cluster, placer="pipeline", settings=settings)
     sched = placed.placement.schedule
     assert sched is not None
     full, p = placed.graph, cluster.num_devices
@@ -365,7 +369,7 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
     walked = f" in the {placed.order} order" if spec is None or spec.uses_order else ""
     try:
         flat = place_prepared(prepared, cluster, placer=baseline, order=placed.order or CANONICAL_ORDER)
-        if flat.placement.schedule is not None:  # placer auto pipelines where nothing else fits
+        if flat.placement.schedule is not None or flat.parallel is not None:  # placer auto: where nothing else fits
             raise NoFitError("no placement without micro-batches fits")
         rows.append(Compared(baseline, "none", flat.result, f"its placement without micro-batches{walked}"))
     except NoFitError:
@@ -377,7 +381,19 @@ def pipeline_demo(prepared: Prepared, cluster: Cluster, *, schedule: str = "1f1b
     except ScheduleError as exc:
         rows.append(Compared(even_label, label, None, f"not a pipeline: {exc}"))
     rows.append(Compared("pipeline placer", label, placed.result, f"order {placed.order}"))
-    return PipelineDemo(placed, rows)
+    rows.append(Compared("devplace (default)", *_answer_row(answer)))
+    return Demo(answer, placed, rows)
+
+
+def _answer_row(answer: Placed) -> tuple[str, SimResult, str]:
+    """(schedule, result, note) of the default's answer in `devplace demo`'s table."""
+    if answer.parallel is not None:
+        plan = answer.parallel.plan
+        return plan.schedule, answer.result, f"placer auto: the parallel plan {plan.label}"
+    sched = answer.placement.schedule
+    made = answer.placement.made_by
+    what = answer.placement.meta.get("placer_auto", {}).get("placer") or (made.placer if made else "")
+    return (sched.label if sched is not None else "none"), answer.result, f"placer auto: {what}"
 
 
 def cost_device(kind: str) -> Device:

@@ -190,7 +190,8 @@ def place_cmd(
     parallel: Annotated[bool, typer.Option(
         "--parallel", help="with --model: search parallel plans (data-parallel replicas x pipeline stages, ZeRO, "
                            "recomputation, zero-bubble schedules) instead of placements of one replica; devplace run "
-                           "runs them under GPipe or 1F1B (dp x pp CPU processes)")] = False,
+                           "runs them under GPipe or 1F1B (dp x pp CPU processes). The default searches those "
+                           "beside the pipelines")] = False,
     dp: Annotated[int | None, typer.Option("--dp", help="parallel plans: fix the data-parallel degree (dp x pp = the "
                                                         "devices; implies --parallel)")] = None,
     pp: Annotated[int | None, typer.Option("--pp", help="parallel plans: fix the pipeline stages (implies "
@@ -348,11 +349,13 @@ def demo_cmd(
     force: ForceOpt = False,
 ) -> None:
     """Why devplace exists: capture a model that does not fit one device (Llama 1B, batch 8, 2048 tokens,
-    Adam), place it on 4xV100-16GB with the `pipeline` placer (1F1B, 8 micro-batches of one sample, each
-    captured and costed at its own size) and print its step against the even split under the same schedule, a
-    placement without micro-batches and the best single device.
+    Adam), place it on 4xV100-16GB with devplace's default search (pipelines, the parallel plans devplace runs:
+    data-parallel replicas, ZeRO, recomputation; each micro-batch captured and costed at its own size) and
+    print its step against the `pipeline` placer under --schedule with --microbatches (1F1B, 8 micro-batches of
+    one sample), the even split under that schedule, a placement without micro-batches and the best single
+    device.
 
-    Writes the pipeline's placement, a Perfetto trace and a timeline PNG into OUT.
+    Writes the answer's placement, a Perfetto trace and a timeline PNG into OUT.
     """
     c = load_cluster(cluster)
     app.check_pipeline_settings("pipeline", c, {"schedule": schedule, "microbatches": microbatches,
@@ -364,7 +367,7 @@ def demo_cmd(
         prepared = app.torch_tasks().prepare_model(model, batch=batch, max_nodes=max_nodes, cluster=c)
     say(f"captured {prepared.full.name}: {prepared.full.num_nodes} ops, colocated into {prepared.graph.num_nodes} "
         f"groups; op times analytic for {', '.join(dict.fromkeys(d.kind for d in c.devices))}")
-    with busy(f"placing {prepared.graph.name} with pipeline and the baselines", False):
-        demo = app.torch_tasks().pipeline_demo(prepared, c, schedule=schedule, microbatches=microbatches,
+    with busy(f"placing {prepared.graph.name}, the pipeline placer and the baselines", False):
+        demo = app.torch_tasks().demo(prepared, c, schedule=schedule, microbatches=microbatches,
                                                chunks=chunks, baseline=baseline, out=out, name=model)
     console.print(demo)

@@ -66,11 +66,11 @@ from devplace.defaults import (
     DEFAULT_PLACER,
     DEFAULT_SEED,
 )
-from devplace.errors import GraphError
+from devplace.errors import DevplaceError, GraphError
 from devplace.graph.batch import graph_batch, graph_microbatches, microbatching_note
 from devplace.graph.coarsen import Coarsening, coarsen
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.parallel import RECOMPUTE, ZERO_STAGES, ParallelAsk
+from devplace.graph.parallel import RECOMPUTE, RUN_SCHEDULES, ZERO_STAGES, ParallelAsk
 from devplace.graph.placement import MadeBy, Placement
 from devplace.graph.semantics import Semantics, semantics_of
 from devplace.graph.ties import fold, tie_classes, untied, violations
@@ -913,40 +913,61 @@ def search_captured(req: Request) -> SearchResult:
     """`req` on a captured model (`captures_microbatches`): `AUTO_PIPELINE` over its micro-batch counts
     (`search_microbatches`), or placer "auto" comparing the placement without micro-batches with pipelines
     (`search_auto_captured`)."""
+    req = memoized(req)
     if req.placer == AUTO_PIPELINE:
-        return search_microbatches(req, dict(req.settings), {})
+        return search_microbatches(req, dict(req.settings))
     return search_auto_captured(req, check_auto_placer(req.settings))
 
 
+def memoized(req: Request) -> Request:
+    """`req` whose micro-batch graph provider captures each count once for every candidate of a search (a
+    pipeline kind, a parallel plan) and gives the request's own graph for M = 1."""
+    provider = req.microbatch_graph
+    assert provider is not None
+    cache: dict[int, tuple[CompGraph, Coarsening | None]] = {1: (req.graph, req.coarsening)}
+
+    def graph_of(m: int) -> tuple[CompGraph, Coarsening | None]:
+        if m not in cache:
+            cache[m] = provider(m)
+        return cache[m]
+    return replace(req, microbatch_graph=graph_of)
+
+
+class Outpaced(PlacerError):
+    """A candidate skipped before it ran: its lower bound is not below a step another candidate found."""
+
+
 def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
-    """Placer auto on a captured model: the best of `AUTO_PLACERS` without micro-batches (skipped, with the reason,
-    where the parameters and the whole batch's activations exceed the cluster's memory, or where the step's lower
-    bound is not below the fastest pipeline, which are placed first) and of `AUTO_PIPELINE`
-    under each of `AUTO_PIPELINE_KINDS` (or the one kind asked for) on micro-batches captured at their own size
-    (`search_microbatches`), unless `schedule` is "none"; a model whose result micro-batching changes (BatchNorm:
-    `microbatching_note`) only where its unpipelined step does not fit or a schedule is asked for. The fastest
-    that fits is kept (of equals the first:
-    unpipelined). The log holds every search's entries and one per candidate (level "schedule");
-    meta["placer_auto"] is read from it: each of `AUTO_PLACERS`' and each candidate's step (or why it was skipped
-    or did not fit), and the candidates' times."""
+    """Placer auto on a captured model: the best of the parallel plans devplace runs (`default_parallel`), of
+    `AUTO_PLACERS` without micro-batches (skipped, with the reason, where the parameters and the whole batch's
+    activations exceed the cluster's memory, or where the step's lower bound is not below the fastest candidate,
+    which are placed first) and of `AUTO_PIPELINE` under each of `AUTO_PIPELINE_KINDS` (or the one kind asked for)
+    on micro-batches captured at their own size (`search_microbatches`, skipping the counts whose lower bound is
+    not below the fastest candidate), unless `schedule` is "none"; a model whose result micro-batching or
+    data-parallel replicas change (BatchNorm: `microbatching_note`) gets either only where its unpipelined step
+    does not fit or a schedule is asked for. The fastest that fits is kept (of equals the first: unpipelined).
+    The log holds every search's entries and one per candidate (level "schedule"); meta["placer_auto"] is read
+    from it: each of `AUTO_PLACERS`' and each candidate's step (or why it was skipped or did not fit), and the
+    candidates' times."""
     log: list[Tried] = []
     found: list[tuple[str, SearchResult]] = []
-    captured: dict[int, tuple[CompGraph, Coarsening | None]] = {}  # each micro-batch captured once for every kind
     changes = microbatching_note(req.graph)
+
+    def fastest() -> float:
+        return min((r.result.step_time_s for _, r in found), default=math.inf)
 
     def unpipelined() -> None:
         """The placement without micro-batches, unless it cannot fit or its lower bound is not below the fastest
-        pipeline found (DESIGN.md section 8); first in the log and among equals either way."""
+        candidate found (DESIGN.md section 8); first in the log and among equals either way."""
         nonlocal found
         needs, has = memory_needs(req.graph).total_bytes, float(req.cluster.memory.sum())
-        fastest = min((r.result.step_time_s for _, r in found), default=math.inf)
         bound = lower_bound(req.graph, req.cluster).value_s
         if needs > has:
             log.insert(0, Tried("schedule", "unpipelined", None, None, f"skipped: the parameters and the whole "
                                 f"batch's activations need {fmt_bytes(needs)}, the cluster has {fmt_bytes(has)}", 0.0))
-        elif bound >= fastest:
+        elif bound >= fastest():
             log.insert(0, Tried("schedule", "unpipelined", None, None, f"skipped: no step without micro-batches "
-                                f"beats {fastest:.4g} s (its lower bound is {bound:.4g} s)", 0.0))
+                                f"beats {fastest():.4g} s (its lower bound is {bound:.4g} s)", 0.0))
         else:
             flat = replace(req, settings={"schedule": "none"}, microbatch_graph=None)
             mark = len(log)
@@ -954,20 +975,39 @@ def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
             log[:] = log[mark:] + log[:mark]
             found = unpiped + found
 
+    def kept_own(name: str, flag: str) -> bool:
+        """True (and logged) where the model's own step fits and `name` would change its result (issue 30)."""
+        if changes is not None and schedule is None and found:
+            log.append(Tried("schedule", name, None, None, f"skipped: {changes} ({flag} anyway)", 0.0))
+            return True
+        return False
+
     # placed after the pipelines, so its lower bound can skip it; first where micro-batching changes the
     # model's result, whose own step is kept when it fits (issue 30)
     first = changes is not None and schedule is None
     if first:
         unpipelined()
-    if schedule != "none" and graph_batch(req.graph) >= 2:  # type: ignore[operator]
+    batch = graph_batch(req.graph)
+    # the parallel plans first: data parallelism answers in one pass, and its step skips pipelines' counts
+    helps = schedule is None and req.cluster.num_devices >= 2 and batch >= 2  # type: ignore[operator]
+    conflicts = parallel_conflicts(req)
+    capture = req.graph.meta.get("capture")
+    if helps and conflicts:
+        log.append(Tried("schedule", "parallel", None, None, "skipped: parallel plans choose their own cuts, schedule "
+                         f"and micro-batches, and {', '.join(conflicts)} fixed them", 0.0))
+    elif helps and isinstance(capture, Mapping) and capture.get("amp"):
+        log.append(Tried("schedule", "parallel", None, None, "skipped: devplace run does not run a parallel plan "
+                         "under autocast (--amp)", 0.0))
+    elif helps and not kept_own("parallel", "--parallel plans it"):
+        found += _candidate(log, "schedule", "parallel", lambda: default_parallel(req),
+                            (NoFitError, PlacerError, DevplaceError))
+    if schedule != "none" and batch >= 2:  # type: ignore[operator]
         for kind in (schedule,) if schedule is not None else AUTO_PIPELINE_KINDS:
-            if changes is not None and schedule is None and found:  # the model's own step fits: keep it (issue 30)
-                log.append(Tried("schedule", f"{AUTO_PIPELINE} {kind}", None, None,
-                                 f"skipped: {changes} (--schedule {kind} pipelines it anyway)", 0.0))
+            if kept_own(f"{AUTO_PIPELINE} {kind}", f"--schedule {kind} pipelines it"):
                 continue
             # PlacerError too: e.g. no micro-batch count divides the batch for interleaving
             found += _candidate(log, "schedule", f"{AUTO_PIPELINE} {kind}", lambda kind=kind: search_microbatches(
-                req, {"schedule": kind}, captured), (NoFitError, PlacerError))
+                req, {"schedule": kind}, fastest()), (NoFitError, PlacerError))
     if schedule in (None, "none") and not first:  # no schedule kind asked for
         unpipelined()
     candidates = [e for e in log if e.level == "schedule"]
@@ -985,13 +1025,13 @@ def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
     return replace(best, placement=best.placement.with_meta(placer_auto=meta), log=tuple(log))
 
 
-def search_microbatches(req: Request, settings: dict[str, Any],
-                        captured: dict[int, tuple[CompGraph, Coarsening | None]]) -> SearchResult:
+def search_microbatches(req: Request, settings: dict[str, Any], beat: float = math.inf) -> SearchResult:
     """The `pipeline` placer at `settings` on a captured model, one micro-batch count at a time (the given one,
     else each of the placer's choices that divides the batch, the largest first), each on the graph
-    `req.microbatch_graph(M)` gives (every op costed at the micro-batch's size; `captured` caches those by M
-    across calls); the fastest feasible pipeline is kept. A count whose lower bound (`microbatch_bounds`) is not
-    below the fastest pipeline found is skipped before its graph is made, and logged so. The log holds each
+    `req.microbatch_graph(M)` gives (every op costed at the micro-batch's size); the fastest feasible pipeline
+    is kept. A count whose lower bound (`microbatch_bounds`) is not below the fastest pipeline found, or `beat`
+    (another candidate's step), is skipped before its graph is made, and logged so; `Outpaced` when every count
+    is. The log holds each
     count's search and an entry per count (level "microbatches"); meta["microbatch_search"] records each count's
     step (or why it did not fit or was skipped), read from it. With order "auto" the orders are compared at the
     first count that fits and the kept order walks the others (meta["microbatch_search"]["order_chosen_at"]).
@@ -1009,13 +1049,12 @@ def search_microbatches(req: Request, settings: dict[str, Any],
     one_stage = kind in ("gpipe", "1f1b") and int(chunks or 1) == 1
     bounds = microbatch_bounds(req.graph, req.cluster, counts, one_stage_per_device=one_stage)
     for m in counts:
-        if best is not None and bounds[m] >= best.result.step_time_s:
+        fastest = min(beat, best.result.step_time_s if best is not None else math.inf)
+        if bounds[m] >= fastest:
             log.append(Tried("microbatches", AUTO_PIPELINE, None, None, f"skipped: no pipeline at M={m} beats "
-                             f"{best.result.step_time_s:.4g} s (its lower bound is {bounds[m]:.4g} s)", 0.0, m))
+                             f"{fastest:.4g} s (its lower bound is {bounds[m]:.4g} s)", 0.0, m))
             continue
-        if m not in captured:
-            captured[m] = (req.graph, req.coarsening) if m == 1 else req.microbatch_graph(m)
-        graph, coarsening = captured[m]
+        graph, coarsening = req.microbatch_graph(m)
         at_m = replace(walk, graph=graph, coarsening=coarsening, settings={**rest, "microbatches": m})
         for _, found in _candidate(log, "microbatches", AUTO_PIPELINE, lambda at_m=at_m: search_graph(at_m),
                                    microbatches=m):
@@ -1026,6 +1065,9 @@ def search_microbatches(req: Request, settings: dict[str, Any],
             if best is None or found.result.step_time_s < best.result.step_time_s:
                 best = found
     tried = {str(e.microbatches): e.outcome for e in log if e.level == "microbatches"}
+    if best is None and all(str(why).startswith("skipped") for why in tried.values()):
+        raise Outpaced(f"no pipeline at any micro-batch count beats {beat:.4g} s (the lower bounds of "
+                       f"M={', '.join(tried)}: {', '.join(f'{bounds[int(m)]:.4g}' for m in tried)} s)")
     if best is None:
         reasons = "; ".join(f"M={m}: {why}" for m, why in tried.items())
         raise no_fit_error(req.graph, req.cluster, AUTO_PIPELINE, f"no micro-batch count the batch of {batch} "
@@ -1046,8 +1088,9 @@ def _candidate(log: list[Tried], level: str, name: str, run: Callable[[], Search
     try:
         found = run()
     except errors as exc:
-        log.append(Tried(level, name, None, None, f"{type(exc).__name__}: {getattr(exc, 'reason', '') or exc}",
-                         time.perf_counter() - t0, microbatches))
+        why = (f"skipped: {exc}" if isinstance(exc, Outpaced) else
+               f"{type(exc).__name__}: {getattr(exc, 'reason', '') or exc}")
+        log.append(Tried(level, name, None, None, why, time.perf_counter() - t0, microbatches))
         return []
     log += found.log
     log.append(Tried(level, name, None, found.result.step_time_s, None, time.perf_counter() - t0, microbatches))
@@ -1184,9 +1227,28 @@ def parallel_microbatches(batch: int, devices: int, dps: tuple[int, ...]) -> int
     return next((k for k in counts if k >= devices), counts[-1])
 
 
-def search_parallel_plans(req: Request) -> SearchResult:
+def parallel_conflicts(req: Request) -> list[str]:
+    """The options of `req` that parallel plans choose themselves (they cut with `AUTO_PIPELINE` in the canonical
+    order and pick their schedule and micro-batches): empty when none is given."""
+    return [what for what, yes in (("--placer", req.placer not in (AUTO_PLACER, AUTO_PIPELINE)),
+                                   ("--order", req.order not in ("auto", CANONICAL_ORDER)),
+                                   ("--try/--try-with", req.try_orders is not None),
+                                   ("--set/--schedule/--microbatches/--chunks",
+                                    any(v is not None for v in req.settings.values()))) if yes]
+
+
+def default_parallel(req: Request) -> SearchResult:
+    """The parallel plans placer "auto" tries on a captured model (`search_auto_captured`): every dimension
+    searched (`search_parallel_plans`), under the pipeline schedules devplace's runtime runs
+    (`graph.parallel.RUN_SCHEDULES`): a plan the default returns runs (`devplace run`). PlacerError where the
+    request fixes what parallel plans choose themselves (an order, placer settings)."""
+    runnable = tuple(k for k in PARALLEL_SCHEDULES if k in RUN_SCHEDULES)
+    return search_parallel_plans(replace(req, parallel=ParallelAsk()), runnable)
+
+
+def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SCHEDULES) -> SearchResult:
     """Parallel plans for `req` (DESIGN.md section 9b): every dimension `req.parallel` leaves open resolved here
-    (dp and pp, `parallel_degrees`; ZeRO 0-3; recomputation none or full; 1F1B or zero bubble on each cut), then
+    (dp and pp, `parallel_degrees`; ZeRO 0-3; recomputation none or full; each of `schedules` on each cut), then
     the nested search `devplace.placers.parallel.search_parallel` on one micro-batch captured at its own size
     (`parallel_microbatches`; the full graph: zero bubble needs each backward's B and W ops apart). The answer
     places replica 0 (stage s on `plan.replica(0)[s]`) under the plan's pipeline schedule; `parallel` is the
@@ -1201,10 +1263,7 @@ def search_parallel_plans(req: Request) -> SearchResult:
     if req.microbatch_graph is None or batch is None:
         raise PlacerError(f"parallel plans ({flags}) need a model captured here (--model NAME), so that each "
                           "micro-batch is captured at its own size; a graph file cannot be cut into micro-batches")
-    given = [what for what, yes in (("--placer", req.placer not in (AUTO_PLACER, AUTO_PIPELINE)),
-                                    ("--order", req.order != "auto"), ("--try/--try-with", req.try_orders is not None),
-                                    ("--set/--schedule/--microbatches/--chunks",
-                                     any(v is not None for v in req.settings.values()))) if yes]
+    given = parallel_conflicts(req)
     if given:
         raise PlacerError(f"parallel plans ({flags}) cut their stages with the {AUTO_PIPELINE} placer in the "
                           f"canonical order and choose their schedule and micro-batches; drop {', '.join(given)}")
@@ -1215,7 +1274,7 @@ def search_parallel_plans(req: Request) -> SearchResult:
     found = search_parallel(graph, req.cluster, batch=batch, microbatch_size=batch // k, dps=dps,
                             zeros=ZERO_STAGES if ask.zero is None else (ask.zero,),
                             recomputes=RECOMPUTE if ask.recompute == "auto" else (ask.recompute,),
-                            schedules=PARALLEL_SCHEDULES)
+                            schedules=schedules)
     best, plan = found.best, found.best.plan
     one = as_microbatch(graph, plan.microbatches)
     devices = np.asarray(plan.replica(0), dtype=np.int64)[found.stage]

@@ -257,7 +257,8 @@ class StageSync:
 class ParallelResult:
     """A simulated dp x pp step: its time, the replicas' pipeline simulations (`pipelines[r]`, made on the
     devices `simulated_on[r]`: those of the first replica alike, whose result replica r shares), each stage's
-    sync and each device's memory by category."""
+    sync and each device's memory by category; `run_graph` is the graph the pipelines ran (with the recomputed
+    forward ops of `recompute_graph` where the plan recomputes), what their per-op results index."""
 
     plan: ParallelPlan
     step_time_s: float
@@ -265,6 +266,7 @@ class ParallelResult:
     simulated_on: tuple[tuple[int, ...], ...]
     sync: tuple[StageSync, ...]
     memory: tuple[MemoryBreakdown, ...]
+    run_graph: CompGraph
 
     @property
     def feasible(self) -> bool:
@@ -337,7 +339,7 @@ def simulate_parallel(graph: CompGraph, cluster: Cluster, stage: np.ndarray, pla
         memory.extend(_stage_memory(cluster, plan, s, persistent, shares, pipelines, simulated_on, bucket_bytes))
     step = max(max(p.step_time_s for p in pipelines), max(x.end_s for x in sync))
     return ParallelResult(plan, step, tuple(pipelines), tuple(simulated_on), tuple(sync),
-                          tuple(sorted(memory, key=lambda m: m.device)))
+                          tuple(sorted(memory, key=lambda m: m.device)), run_graph)
 
 
 def stage_layout(plan: ParallelPlan, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -18,8 +18,10 @@ from devplace.sim.schedule import ScheduledResult
 from devplace.units import fmt_bytes, fmt_time
 
 
-def result_view(graph: CompGraph, cluster: Cluster, result: SimResult, bound: LowerBound) -> Group:
-    """A headline (step time, lower bound, ratio, feasibility) and one row per device; user-given names are
+def result_view(graph: CompGraph, cluster: Cluster, result: SimResult, bound: LowerBound, *,
+                pipelined: bool = True) -> Group:
+    """A headline (step time, lower bound, ratio, feasibility), the schedule of a pipelined step (unless not
+    `pipelined`: a parallel plan of one stage is no pipeline) and one row per device; user-given names are
     printed as text, never read as markup."""
     ratio = result.step_time_s / bound.value_s if bound.value_s > 0 else float("nan")
     status = "[green]feasible[/]" if result.feasible else "[bold red]INFEASIBLE (out of memory)[/]"
@@ -43,7 +45,8 @@ def result_view(graph: CompGraph, cluster: Cluster, result: SimResult, bound: Lo
         note = f"[red]over by {fmt_bytes(oom[d])}[/]" if d in oom else ""
         table.add_row(Text(f"{d} {dev.name}"), str(counts[d]), fmt_time(busy), f"{util:.0%}",
                       fmt_bytes(float(result.peak_memory_bytes[d])), fmt_bytes(dev.memory_bytes), note)
-    return Group(head, *([schedule_line(result)] if isinstance(result, ScheduledResult) else []), table)
+    return Group(head, *([schedule_line(result)] if pipelined and isinstance(result, ScheduledResult) else []),
+                 table)
 
 
 def pipeline_bubble(result: ScheduledResult) -> tuple[int, float, float]:

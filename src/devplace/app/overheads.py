@@ -35,6 +35,7 @@ from torch import nn
 
 from devplace.capture.custom import capture_named_model
 from devplace.capture.profile import profile_graph
+from devplace.files import json_text
 from devplace.hardware.cost import CostTable, Overheads, apply_overheads, op_class
 from devplace.runtime.export import pipeline_split
 from devplace.runtime.plan import named_source, plan_from_placed, rebuild_zoo_model
@@ -142,7 +143,7 @@ def _gloo_worker(rank: int, folder: str, sizes: list[int], repeats: int) -> None
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        (Path(folder) / "gloo.json").write_text(json.dumps(out))
+        (Path(folder) / "gloo.json").write_text(json_text(out))  # a temporary file between processes
 
 
 def _probe_table(microbatches: int, repeats: int) -> CostTable:

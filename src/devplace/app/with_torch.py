@@ -305,7 +305,8 @@ class Demo:
 
     def __rich__(self) -> Group:
         ours = self.answer.result.step_time_s
-        work = self.placed.bound.work_s
+        # the smaller of the two work bounds (the answer's micro-batches and the pipeline's cost differently)
+        work = min(self.placed.bound.work_s, self.answer.bound.work_s)
         table = Table(header_style="bold", show_edge=False)
         for col, justify in (("placement", "left"), ("schedule", "left"), ("step", "right"), ("/ answer", "right"),
                              ("peak", "right"), ("memory", "left")):

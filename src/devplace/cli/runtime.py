@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,6 +43,15 @@ def _one_thread(threads: int | None, what: str) -> None:
         raise DevplaceError(f"{what}: each stage runs in its own process with 1 thread (the processes share the "
                             f"cores), so --threads {threads} would not be the steps' count; drop --threads or give "
                             "--threads 1")
+
+
+def _in_processes(threads: int | None, why: str, label: str, as_json: bool, run: Callable[[], Any]) -> None:
+    """Run `run` (a run of several processes, one thread each: `why` says what asked for it) while showing
+    `label`, and show what it ran."""
+    _one_thread(threads, why)
+    with busy(label, as_json):
+        ran = run()
+    _show(ran, as_json)
 
 
 def _show(result: Any, as_json: bool) -> None:
@@ -113,21 +123,17 @@ def run_cmd(
         if pipeline is not None or plan_file is not None or costs is not None or processes is not None:
             raise DevplaceError("--parallel runs an export on its own (dp * pp processes): drop "
                                 "--pipeline/--plan/--costs/--processes")
-        _one_thread(threads, "--parallel")
-        with busy(f"running {warmup + steps} parallel steps of {parallel}", as_json):
-            ran = tasks.run_parallel_export(parallel, steps=steps, warmup=warmup,
-                                            trust_model=trust_model or (model or False))
-        _show(ran, as_json)
+        _in_processes(threads, "--parallel", f"running {warmup + steps} parallel steps of {parallel}", as_json,
+                      lambda: tasks.run_parallel_export(parallel, steps=steps, warmup=warmup,
+                                                        trust_model=trust_model or (model or False)))
         return
     if pipeline is not None:
         if plan_file is not None or costs is not None:
             raise DevplaceError("--pipeline runs an export on its own, simulated when it was exported: drop "
                                 "--plan/--costs")
-        _one_thread(threads, "--pipeline")
-        with busy(f"running {warmup + steps} pipelined steps of {pipeline}", as_json):
-            ran = tasks.run_pipeline_export(pipeline, processes=processes, steps=steps, warmup=warmup,
-                                            trust_model=trust_model or (model or False))
-        _show(ran, as_json)
+        _in_processes(threads, "--pipeline", f"running {warmup + steps} pipelined steps of {pipeline}", as_json,
+                      lambda: tasks.run_pipeline_export(pipeline, processes=processes, steps=steps, warmup=warmup,
+                                                        trust_model=trust_model or (model or False)))
         return
     tasks.check_steps(steps, warmup)  # before capturing and placing
     tasks.check_threads(threads)
@@ -144,16 +150,13 @@ def run_cmd(
                                                trust_model=trust_model, record=record,
                                                settings=pipelining, costs=costs)
     if tasks.is_parallel(p):
-        _one_thread(threads, "this parallel plan runs in several processes")
-        with busy(f"running {warmup + steps} parallel steps", as_json):
-            ran = tasks.run_plan_parallel(p, module, inputs, steps=steps, warmup=warmup)
-        _show(ran, as_json)
+        _in_processes(threads, "this parallel plan runs in several processes",
+                      f"running {warmup + steps} parallel steps", as_json,
+                      lambda: tasks.run_plan_parallel(p, module, inputs, steps=steps, warmup=warmup))
         return
     if tasks.is_pipelined(p):
-        _one_thread(threads, "this plan runs pipelined")
-        with busy(f"running {warmup + steps} pipelined steps", as_json):
-            ran = tasks.run_plan_pipelined(p, module, inputs, steps=steps, warmup=warmup)
-        _show(ran, as_json)
+        _in_processes(threads, "this plan runs pipelined", f"running {warmup + steps} pipelined steps", as_json,
+                      lambda: tasks.run_plan_pipelined(p, module, inputs, steps=steps, warmup=warmup))
         return
     with busy(f"running {steps} timed steps on {devices}", as_json):
         measured = tasks.run_model(p, module, inputs, devices, steps=steps, warmup=warmup, record=record,

@@ -5,8 +5,9 @@ stages, one CPU process per (replica, stage), over gloo (docs/runtime.md, "Paral
 does), and starts dp * pp processes; process `r * pp + s` runs stage s of replica r (the plan's device mesh
 (dp, pp), row-major). `init_device_mesh("cpu", (dp, pp))` makes the process groups: one per replica for the
 pipeline's sends and receives, one per stage for its data-parallel reduction. Replica r trains on the r-th of
-dp equal slices of the batch, cut into the plan's M micro-batches, under its schedule (GPipe or 1F1B; one
-stage, schedule "none", runs them in GPipe's order: pure data parallelism with gradient accumulation).
+dp equal slices of the batch, cut into the plan's M micro-batches, under its schedule (GPipe, 1F1B, or zero bubble
+with one chunk per device, ZB-H1: torch's `ScheduleInterleavedZeroBubble`, its backward split as `split_backward`
+says; one stage, schedule "none", runs them in GPipe's order: pure data parallelism with gradient accumulation).
 
 Per stage, as the export's program configuration says (`parallel_export.data_parallel_of`):
 - ZeRO-0: after the pipeline's backward, each gradient is all-reduced over the stage's group and divided by
@@ -52,12 +53,13 @@ from devplace.runtime.pipeline_run import (
     _tied,
     _trace,
     _worker,
+    split_backward,
 )
 from devplace.sim.schedule import Schedule
 
 __all__ = ["SCHEDULES", "ParallelRun", "checkpoint_blocks", "run_parallel"]
 
-SCHEDULES = ("gpipe", "1f1b")  # one stage per process (graph.parallel.RUN_SCHEDULES names the same)
+SCHEDULES = ("gpipe", "1f1b", "zero-bubble")  # one stage per process (graph.parallel.RUN_SCHEDULES names the same)
 
 
 @dataclass
@@ -141,7 +143,7 @@ def _process(rank: int, job: _Job) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleavedZeroBubble
     from torch.distributed.pipelining.stage import _PipelineStage
     from torch.distributed.tensor import DTensor
     from torch.export.unflatten import InterpreterModule
@@ -185,8 +187,12 @@ def _process(rank: int, job: _Job) -> None:
             return value if value.numel() == 1 else value.sum()
 
         m = job.schedule.microbatches
-        kind = ScheduleGPipe if job.schedule.kind == "gpipe" else Schedule1F1B
-        sched = kind(stage, m, loss_fn=loss, scale_grads=mean)
+        if job.schedule.kind == "zero-bubble":  # ZB-H1: torch's interleaved zero bubble with one stage a process
+            split_backward([stage])
+            sched: Any = ScheduleInterleavedZeroBubble([stage], m, loss_fn=loss, scale_grads=mean)
+        else:
+            sched = (ScheduleGPipe if job.schedule.kind == "gpipe" else Schedule1F1B)(stage, m, loss_fn=loss,
+                                                                                      scale_grads=mean)
         params = dict(mod.named_parameters())  # under fully_shard: its sharded parameters
         local = _make_optimizer(job.optimizer, [p for p in params.values() if p.requires_grad])
         opt: Any = local
@@ -244,6 +250,9 @@ def _check(module: nn.Module, ex: ParallelExport, steps: int) -> None:
     if plan.schedule not in ("none", *SCHEDULES):
         raise PipelineRunError(f"a parallel run pipelines its stages under one of {', '.join(SCHEDULES)} (one stage: "
                                f"'none'); the plan has schedule {plan.schedule!r}")
+    if plan.chunks != 1:
+        raise PipelineRunError(f"a parallel run runs one stage per process: the plan's {plan.schedule} schedule has "
+                               f"{plan.chunks} chunks per device; use chunks=1 (zero-bubble with one chunk is ZB-H1)")
     if plan.schedule == "1f1b" and plan.microbatches < plan.pp:
         raise PipelineRunError(f"1f1b runs at least as many micro-batches as stages: M={plan.microbatches} for "
                                f"pp={plan.pp}; use M >= {plan.pp} or gpipe")
@@ -286,7 +295,7 @@ def run_parallel(module: nn.Module, inputs: Any, export: ParallelExport | Mappin
     pieces = _microbatches(_named_inputs(module, inputs), plan.dp * plan.microbatches)
     replicas = [pieces[q * plan.microbatches:(q + 1) * plan.microbatches] for q in range(plan.dp)]
     # one stage ("none") runs its micro-batches one after another, all forwards then all backwards: GPipe's order
-    schedule = Schedule("gpipe" if plan.schedule == "none" else plan.schedule, plan.microbatches)
+    schedule = Schedule("gpipe" if plan.schedule == "none" else plan.schedule, plan.microbatches, 1)
     pipe = _trace(module, PipelineExport(ex.split_points, plan.replica(0), schedule, ex.source, ex.doc), pieces[0])
     tied = _tied(pipe, module)
     shared = sorted({st for users in tied for st, _ in users if plan.zero[st] >= 2})

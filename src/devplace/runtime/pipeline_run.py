@@ -46,11 +46,12 @@ from torch import nn
 
 from devplace.errors import DevplaceError
 from devplace.runtime.export import PipelineExport, read_pipeline
-from devplace.sim.schedule import Schedule
+from devplace.sim.schedule import SPLIT_KINDS, Schedule
 
 __all__ = ["PipelineRun", "PipelineRunError", "accumulated_step", "run_pipeline"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")  # interleaved: V stages per process, stage s on process s mod p
+# interleaved-1f1b and zero-bubble: V stages per process, stage s on process s mod p
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 
 
 class PipelineRunError(DevplaceError):
@@ -314,7 +315,12 @@ def _stage(rank: int, job: _Job) -> None:
     """One process of the pipeline: join the gloo group, build its stages (stage s on process s mod p), run the
     steps, save what the parent reads."""
     import torch.distributed as dist
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import (
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+        ScheduleInterleavedZeroBubble,
+    )
     from torch.distributed.pipelining.stage import _PipelineStage
     from torch.export.unflatten import InterpreterModule
 
@@ -346,6 +352,8 @@ def _stage(rank: int, job: _Job) -> None:
         for st in stages:
             if not st.is_first:  # the model's inputs go to stage 0 only (the others receive activations), but
                 st.forward_one_chunk = _without_inputs(st.forward_one_chunk)  # multi-stage schedules give them all
+        if job.schedule.kind in SPLIT_KINDS:
+            split_backward(stages)
         loss_of = job.loss_fn or default_loss
 
         def loss(output: Any, _target: Any) -> torch.Tensor:
@@ -353,8 +361,9 @@ def _stage(rank: int, job: _Job) -> None:
             return value if value.numel() == 1 else value.sum()
 
         scale = job.loss_reduction == "mean"
-        if job.schedule.kind == "interleaved-1f1b":
-            sched: Any = ScheduleInterleaved1F1B(stages, job.schedule.microbatches, loss_fn=loss, scale_grads=scale)
+        multi = {"interleaved-1f1b": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble}
+        if job.schedule.kind in multi:
+            sched: Any = multi[job.schedule.kind](stages, job.schedule.microbatches, loss_fn=loss, scale_grads=scale)
         else:
             kind = ScheduleGPipe if job.schedule.kind == "gpipe" else Schedule1F1B
             sched = kind(stages[0], job.schedule.microbatches, loss_fn=loss, scale_grads=scale)
@@ -400,6 +409,108 @@ def _stage(rank: int, job: _Job) -> None:
                    Path(job.folder) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def split_backward(stages: list[Any]) -> None:
+    """Make this process's `stages` (torch `_PipelineStage`s) run a zero-bubble schedule's split backward (input
+    gradients I, then weight gradients W) as they run a whole one: the same gradients, sent as gloo sends them.
+    What each fix is for: `_outputs_of_their_own`, `_contiguous_input_grads`, `_split_backward`."""
+    for st in stages:
+        _outputs_of_their_own(st.submod)
+        if not st.is_first:  # the first stage sends no input gradients (torch runs its whole backward in W)
+            _contiguous_input_grads(st)
+    _split_backward()
+
+
+def _outputs_of_their_own(stage: nn.Module) -> None:
+    """Make every output of `stage` a tensor that nothing else holds: a zero-bubble schedule's input-gradient
+    action (torch's `stage_backward_input`) detaches the stage's outputs in place, which torch refuses for a
+    view ("Can't detach views in-place": a relayed value, `_relay_skips`, or an input passed on) and which breaks
+    the weight-gradient action where an op of the stage saved the output for its backward ("Trying to use a
+    saved tensor that has been detached in-place": a ViT stage). An output that needs a gradient is cloned (its
+    gradient flows back through the copy), a view that needs none detached (no copy)."""
+    forward = stage.forward
+
+    def own(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        return x.clone() if x.requires_grad else x.detach() if x._is_view() else x
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        out = forward(*args, **kwargs)
+        return tuple(own(x) for x in out) if isinstance(out, tuple | list) else own(out)
+
+    stage.forward = run  # type: ignore[method-assign]
+
+
+_REST = "devplace: weights outside torch's parameter groups"  # the key of the group `_split_backward` adds
+
+
+def _split_backward() -> None:
+    """Make torch's split backward (a zero-bubble schedule's input-gradient action I, then its weight-gradient
+    action W; `torch.distributed.pipelining._backward`, as the stage calls it in this process) give every
+    parameter its gradient. Two gaps of torch 2.x, each found on a zoo model:
+
+    - W differentiates each group of parameters that share intermediates with the stage's inputs by itself and
+      frees the graph as it goes; where two groups' paths share a node (a BART stage holding the encoder's end
+      and a decoder layer whose cross-attention reads it) the second died with 'Trying to backward through the
+      graph a second time'. W here keeps the graph until it is done (each parameter is in one group: nothing is
+      counted twice; the graph goes when the action drops it).
+    - A parameter whose path to the stage's outputs meets no input that needs a gradient is in no group, and W
+      left it without a gradient, silently (BART's decoder embeddings in a stage whose inputs are the encoder's:
+      the loss was right, those gradients missing). I keeps the outputs' gradient edges for them, and W
+      differentiates the outputs with respect to them as well."""
+    import torch.distributed.pipelining.stage as stage_module
+    from torch.autograd.graph import get_gradient_edge
+    from torch.distributed.pipelining._backward import (
+        _get_grad_fn_or_grad_acc,
+        stage_backward_input,
+        stage_backward_weight,
+    )
+
+    def backward_input(outputs: list[torch.Tensor], output_grads: list[torch.Tensor] | None, input_values: list[Any],
+                       weights: Any) -> Any:
+        weights = list(weights)
+        roots = [(get_gradient_edge(o), torch.ones_like(o) if output_grads is None else output_grads[i])
+                 for i, o in enumerate(outputs) if o.requires_grad or o.grad_fn is not None]
+        roots = [(edge, g) for edge, g in roots if g is not None]  # taken before I detaches the outputs
+        dinputs, groups = stage_backward_input(outputs, output_grads, input_values, iter(weights))
+        grouped = {p for group in groups for p in group["params"]}
+        rest = [w for w in weights if w.requires_grad and _get_grad_fn_or_grad_acc(w) not in grouped]
+        if rest and roots:
+            groups.append({_REST: (rest, roots)})
+        return dinputs, groups
+
+    def backward_weight(weights: Any, param_groups: list[dict[str, Any]], retain_graph: bool = False) -> Any:
+        done = stage_backward_weight(weights, [g for g in param_groups if _REST not in g], retain_graph=True)
+        for rest, roots in (g[_REST] for g in param_groups if _REST in g):
+            grads = torch.autograd.grad([edge for edge, _ in roots], rest, [g for _, g in roots],
+                                        retain_graph=retain_graph, allow_unused=True)
+            for w, g in zip(rest, grads, strict=True):
+                if g is not None:
+                    w.grad = g if w.grad is None else w.grad + g
+        return done
+
+    stage_module.stage_backward_input = backward_input
+    stage_module.stage_backward_weight = backward_weight
+
+
+def _contiguous_input_grads(stage: Any) -> None:
+    """Make the input gradients `stage` sends back contiguous: a zero-bubble schedule's input-gradient action
+    takes them from `torch.autograd.grad` as autograd made them (a transposed one stays transposed; a whole
+    backward accumulates them into `.grad`, which is contiguous), and gloo refuses to send a non-contiguous tensor
+    ('input tensor has to be contiguous': a ViT's attention)."""
+    backward = stage.backward_one_chunk
+
+    def run(bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        out = backward(bwd_chunk_id, *args, **kwargs)
+        grads = stage.bwd_cache.get(bwd_chunk_id)
+        if grads is not None:
+            stage.bwd_cache[bwd_chunk_id] = tuple(g.contiguous() if isinstance(g, torch.Tensor) else g for g in grads)
+        return out
+
+    stage.backward_one_chunk = run
 
 
 def _without_inputs(forward_one_chunk: Callable[..., Any]) -> Callable[..., Any]:

@@ -199,7 +199,8 @@ def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None
     `devplace profile` for the model's ops and the machine's overheads (`hardware.cost.apply_overheads`), measured
     on the kind of the cluster's devices. `parallel`: search parallel plans (data-parallel replicas, ZeRO,
     recomputation, zero-bubble schedules: `ParallelAsk` says which dimensions are fixed) instead of placements of
-    one replica; off by default (devplace run runs them under GPipe or 1F1B only: `graph.parallel.runtime_gap`).
+    one replica; off by default (devplace run runs them under GPipe, 1F1B or zero bubble, not ZeRO-3 under zero
+    bubble: `graph.parallel.runtime_gap`).
     """
     settings = dict(settings or {})
     if costs is not None:

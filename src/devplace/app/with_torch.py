@@ -640,7 +640,7 @@ def check_runs(p: Plan, where: Path) -> None:
     gap = runtime_gap(plan)
     if gap is not None:
         raise DevplaceError(f"{where} holds the parallel plan {plan.label}, and devplace run does not run {gap} yet "
-                            f"(it runs {' and '.join(RUN_SCHEDULES)}); place it again with one of them, or run it "
+                            f"(it runs {', '.join(RUN_SCHEDULES)}); place it again with one of them, or run it "
                             "with torch (`devplace export --format parallel` writes its configuration)")
 
 

@@ -190,8 +190,8 @@ def place_cmd(
     parallel: Annotated[bool, typer.Option(
         "--parallel", help="with --model: search parallel plans (data-parallel replicas x pipeline stages, ZeRO, "
                            "recomputation, zero-bubble schedules) instead of placements of one replica; devplace run "
-                           "runs them under GPipe or 1F1B (dp x pp CPU processes). The default searches those "
-                           "beside the pipelines")] = False,
+                           "runs them under GPipe, 1F1B or zero bubble (dp x pp CPU processes). The default searches "
+                           "those beside the pipelines")] = False,
     dp: Annotated[int | None, typer.Option("--dp", help="parallel plans: fix the data-parallel degree (dp x pp = the "
                                                         "devices; implies --parallel)")] = None,
     pp: Annotated[int | None, typer.Option("--pp", help="parallel plans: fix the pipeline stages (implies "

@@ -250,12 +250,21 @@ class ParallelAsk:
 
 
 # the pipeline schedules devplace's runtime runs a parallel plan under (`runtime.parallel_run.SCHEDULES`, which
-# graph/ may not import; tests/test_parallel_search.py checks the two agree)
-RUN_SCHEDULES = ("gpipe", "1f1b")
+# graph/ may not import; tests/test_parallel_search.py checks the two agree); zero-bubble with one chunk (ZB-H1)
+RUN_SCHEDULES = ("gpipe", "1f1b", "zero-bubble")
 
 
 def runtime_gap(plan: ParallelPlan) -> str | None:
     """What of `plan` devplace's runtime does not run, or None when it runs all of it: `devplace run` runs dp
-    replicas of one pipeline under one of `RUN_SCHEDULES` (or of one stage), with ZeRO 0-3 and recomputation per
-    stage (`runtime.parallel_run`); other schedules not yet."""
-    return f"the {plan.schedule} schedule" if plan.schedule not in ("none", *RUN_SCHEDULES) else None
+    replicas of one pipeline under one of `RUN_SCHEDULES` (or of one stage), one stage per process, with ZeRO 0-3
+    and recomputation per stage (`runtime.parallel_run`); other schedules not yet, and not ZeRO-3 under zero
+    bubble: torch's split backward of a stage that `fully_shard` reshards after forward gives wrong gradients
+    (measured on a 2 x 2 plan: the ZeRO-3 stage's gradients differ from the one-process step; ZeRO 0-2 match)."""
+    if plan.schedule not in ("none", *RUN_SCHEDULES):
+        return f"the {plan.schedule} schedule"
+    parallel = plan.dp > 1 or max(plan.zero) > 0 or "full" in plan.recompute  # else it runs as a pipeline
+    if parallel and plan.chunks != 1:
+        return f"{plan.chunks} chunks per device (a dp x pp run runs one stage per process)"
+    if plan.schedule == "zero-bubble" and 3 in plan.zero:
+        return "ZeRO-3 under the zero-bubble schedule"
+    return None

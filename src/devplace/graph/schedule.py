@@ -73,7 +73,8 @@ class Schedule:
         """Why torch.distributed.pipelining cannot run this schedule on a pipeline of `devices` devices (None: it
         can): its 1F1B fills the pipeline before the first backward, so it needs M >= the stages; its interleaved
         1F1B, M a multiple of max(1, M // devices), which M a multiple of the devices (Megatron-LM's order, what
-        the simulator runs) satisfies. GPipe runs any M."""
+        the simulator runs) satisfies; its interleaved zero bubble (any chunks), M a multiple of those rounds
+        (fewer micro-batches than devices run too: torch's zero bubble has no 1F1B fill rule). GPipe runs any M."""
         m = self.microbatches
         if self.kind == "1f1b" and m < devices:
             return (f"1f1b runs at least as many micro-batches as stages: {m} micro-batch(es) for {devices} stages; "
@@ -81,6 +82,10 @@ class Schedule:
         if self.kind == "interleaved-1f1b" and m % devices:
             return (f"interleaved-1f1b needs microbatches to be a multiple of the {devices} devices, got {m}; use a "
                     f"multiple of {devices}")
+        rounds = max(1, m // devices)
+        if self.kind == "zero-bubble" and m % rounds:
+            return (f"zero-bubble runs the micro-batches in M // devices = {rounds} equal rounds, which M={m} does "
+                    f"not split; use a multiple of {devices}, or fewer than {devices}")
         return None
 
     @property

@@ -25,7 +25,7 @@ import numpy as np
 from devplace.errors import DevplaceError
 from devplace.graph.batch import MICROBATCHES_META_KEY, graph_batch
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.parallel import RECOMPUTE, ZERO_STAGES, ParallelPlan
+from devplace.graph.parallel import RECOMPUTE, ZERO_STAGES, ParallelPlan, runtime_gap
 from devplace.hardware.cluster import Cluster, Link
 from devplace.placers.memory import NoFitError
 from devplace.placers.pipeline import pipeline_plan
@@ -57,12 +57,14 @@ class ParallelSearch:
 def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatch_size: int,
                     dps: tuple[int, ...] | None = None, zeros: tuple[int, ...] = ZERO_STAGES,
                     recomputes: tuple[str, ...] = RECOMPUTE, schedules: tuple[str, ...] = ("1f1b", "zero-bubble"),
-                    ) -> ParallelSearch:
+                    runnable: bool = False) -> ParallelSearch:
     """The fastest plan that fits memory for a global `batch` on all of `cluster`'s devices (module
     docstring). `graph` is one micro-batch of `microbatch_size` samples; `dps` the data-parallel degrees to try
     (default: every one that divides the devices and leaves whole micro-batches); `schedules` the pipeline
     schedules judged on each cut (for pp > 1; the placer cuts for the first; one chunk per device, so
-    "zero-bubble" is ZB-H1). DevplaceError when no plan fits, naming each candidate's outcome."""
+    "zero-bubble" is ZB-H1). With `runnable`, a plan devplace's runtime does not run (`runtime_gap`: ZeRO-3 under
+    zero bubble) is a candidate not judged, the gap its note. DevplaceError when no plan fits, naming each
+    candidate's outcome."""
     n = cluster.num_devices
     recorded = graph_batch(graph)
     if recorded is not None and recorded != microbatch_size:
@@ -96,6 +98,10 @@ def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatc
             for zero in (z for z in zeros if dp > 1 or z == 0):
                 for recompute in recomputes:
                     plan = ParallelPlan(dp, pp, m, batch, kind, chunks=1, zero=zero, recompute=recompute)
+                    gap = runtime_gap(plan) if runnable else None
+                    if gap is not None:
+                        candidates.append(Candidate(plan, dp, None, False, f"devplace run does not run {gap}"))
+                        continue
                     result = simulate_parallel(one, cluster, stage, plan)
                     candidates.append(Candidate(plan, dp, result.step_time_s, result.feasible))
                     if result.feasible:

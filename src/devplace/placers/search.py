@@ -1243,14 +1243,16 @@ def default_parallel(req: Request) -> SearchResult:
     (`graph.parallel.RUN_SCHEDULES`): a plan the default returns runs (`devplace run`). PlacerError where the
     request fixes what parallel plans choose themselves (an order, placer settings)."""
     runnable = tuple(k for k in PARALLEL_SCHEDULES if k in RUN_SCHEDULES)
-    return search_parallel_plans(replace(req, parallel=ParallelAsk()), runnable)
+    return search_parallel_plans(replace(req, parallel=ParallelAsk()), runnable, runnable=True)
 
 
-def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SCHEDULES) -> SearchResult:
+def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SCHEDULES,
+                          runnable: bool = False) -> SearchResult:
     """Parallel plans for `req` (DESIGN.md section 9b): every dimension `req.parallel` leaves open resolved here
     (dp and pp, `parallel_degrees`; ZeRO 0-3; recomputation none or full; each of `schedules` on each cut), then
     the nested search `devplace.placers.parallel.search_parallel` on one micro-batch captured at its own size
-    (`parallel_microbatches`; the full graph: zero bubble needs each backward's B and W ops apart). The answer
+    (`parallel_microbatches`; the full graph: zero bubble needs each backward's B and W ops apart; with
+    `runnable`, only plans devplace's runtime runs, `graph.parallel.runtime_gap`). The answer
     places replica 0 (stage s on `plan.replica(0)[s]`) under the plan's pipeline schedule; `parallel` is the
     plan simulated, and meta["parallel"] the plan (`ParallelPlan.to_dict`, what a saved placement replays),
     meta["parallel_search"] what was asked and each plan's step or why it did not fit. PlacerError for a
@@ -1274,7 +1276,7 @@ def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SC
     found = search_parallel(graph, req.cluster, batch=batch, microbatch_size=batch // k, dps=dps,
                             zeros=ZERO_STAGES if ask.zero is None else (ask.zero,),
                             recomputes=RECOMPUTE if ask.recompute == "auto" else (ask.recompute,),
-                            schedules=schedules)
+                            schedules=schedules, runnable=runnable)
     best, plan = found.best, found.best.plan
     one = as_microbatch(graph, plan.microbatches)
     devices = np.asarray(plan.replica(0), dtype=np.int64)[found.stage]

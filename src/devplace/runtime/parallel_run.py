@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from devplace.graph.modules import numbered_block
+from devplace.graph.parallel import runtime_gap
 from devplace.runtime.export import PipelineExport
 from devplace.runtime.parallel_export import ParallelExport, read_parallel
 from devplace.runtime.pipeline_run import (
@@ -247,12 +248,9 @@ def _process(rank: int, job: _Job) -> None:
 
 def _check(module: nn.Module, ex: ParallelExport, steps: int) -> None:
     plan = ex.plan
-    if plan.schedule not in ("none", *SCHEDULES):
-        raise PipelineRunError(f"a parallel run pipelines its stages under one of {', '.join(SCHEDULES)} (one stage: "
-                               f"'none'); the plan has schedule {plan.schedule!r}")
-    if plan.chunks != 1:
-        raise PipelineRunError(f"a parallel run runs one stage per process: the plan's {plan.schedule} schedule has "
-                               f"{plan.chunks} chunks per device; use chunks=1 (zero-bubble with one chunk is ZB-H1)")
+    gap = runtime_gap(plan)
+    if gap is not None:
+        raise PipelineRunError(f"devplace run does not run {gap}")
     if plan.schedule == "1f1b" and plan.microbatches < plan.pp:
         raise PipelineRunError(f"1f1b runs at least as many micro-batches as stages: M={plan.microbatches} for "
                                f"pp={plan.pp}; use M >= {plan.pp} or gpipe")

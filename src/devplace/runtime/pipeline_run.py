@@ -63,7 +63,10 @@ class PipelineRun:
     """Pipelined training steps: the loss of each step (before its optimizer update), each step's wall-clock
     seconds (the slowest process) and CPU seconds (`time.process_time`, summed over the processes), the parameter
     gradients of the first step by name (every name of the
-    module, tied names included; only with `return_grads=True`), the schedule and the number of processes."""
+    module, tied names included; only with `return_grads=True`), the schedule and the number of processes; and
+    under the schedules torch runs from an action list (interleaved 1F1B, zero bubble), per process the compute
+    actions it ran, in order, as torch writes them ("2F0": stage 2's forward of micro-batch 0; "I" input and
+    "W" weight gradients, "B" a whole backward)."""
 
     losses: list[float]
     step_times_s: list[float]
@@ -71,6 +74,7 @@ class PipelineRun:
     processes: int
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
     cpu_times_s: list[float] = field(default_factory=list)
+    actions: list[list[str]] = field(default_factory=list)
 
     @property
     def step_time_s(self) -> float:
@@ -367,6 +371,8 @@ def _stage(rank: int, job: _Job) -> None:
         else:
             kind = ScheduleGPipe if job.schedule.kind == "gpipe" else Schedule1F1B
             sched = kind(stages[0], job.schedule.microbatches, loss_fn=loss, scale_grads=scale)
+        order = getattr(sched, "pipeline_order_with_comms", None)  # what its runtime steps through, sends included
+        actions = [str(a) for a in order[rank] if a.is_compute_op] if order is not None else []
         params = {(i, n): p for i, (mod, _) in zip(mine, loaded, strict=True) for n, p in mod.named_parameters()}
         opt = _make_optimizer(job.optimizer, [p for p in params.values() if p.requires_grad])
         m = job.schedule.microbatches
@@ -405,7 +411,7 @@ def _stage(rank: int, job: _Job) -> None:
             if last:
                 total = torch.stack([v.detach() for v in mb_losses]).sum()
                 losses.append(float(total / m if job.loss_reduction == "mean" else total))
-        torch.save({"losses": losses, "times": times, "cpu_times": cpu_times, "grads": grads},
+        torch.save({"losses": losses, "times": times, "cpu_times": cpu_times, "grads": grads, "actions": actions},
                    Path(job.folder) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -703,7 +709,7 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
                 if alias in grads:
                     grads.setdefault(name, grads[alias])
                     grads.setdefault(first, grads[alias])
-    return PipelineRun(results[-1]["losses"], times, ex.schedule, n, grads, cpu_times)
+    return PipelineRun(results[-1]["losses"], times, ex.schedule, n, grads, cpu_times, [r["actions"] for r in results])
 
 
 def accumulated_step(module: nn.Module, inputs: tuple[torch.Tensor, ...], microbatches: int = 1

@@ -119,8 +119,13 @@ def test_what_the_runtime_runs_of_a_plan() -> None:
     assert runtime_gap(ParallelPlan(1, 2, 2, 2, "1f1b")) is None
     assert runtime_gap(ParallelPlan(1, 1, 2, 2, "none")) is None
     assert runtime_gap(ParallelPlan(2, 2, 2, 8, "1f1b", zero=(1, 3), recompute="full")) is None  # parallel_run
-    gap = runtime_gap(ParallelPlan(2, 2, 2, 8, "zero-bubble", zero=1, recompute="full"))
-    assert gap == "the zero-bubble schedule"
+    assert runtime_gap(ParallelPlan(2, 2, 2, 8, "zero-bubble", chunks=1, zero=1, recompute="full")) is None  # ZB-H1
+    assert runtime_gap(ParallelPlan(2, 2, 2, 8, "zero-bubble", chunks=1, zero=(0, 3))) == (
+        "ZeRO-3 under the zero-bubble schedule")  # torch's split backward of a resharded stage: wrong gradients
+    assert runtime_gap(ParallelPlan(2, 2, 2, 8, "zero-bubble", zero=1)) == (
+        "2 chunks per device (a dp x pp run runs one stage per process)")
+    assert runtime_gap(ParallelPlan(1, 2, 2, 2, "zero-bubble")) is None  # no replicas: runs as a pipeline export
+    assert runtime_gap(ParallelPlan(2, 2, 2, 8, "zbv")) == "the zbv schedule"
 
 
 def test_one_table_view_of_a_plan() -> None:

@@ -250,7 +250,9 @@ def _check(module: nn.Module, ex: ParallelExport, steps: int) -> None:
     plan = ex.plan
     gap = runtime_gap(plan)
     if gap is not None:
-        raise PipelineRunError(f"devplace run does not run {gap}")
+        raise PipelineRunError(f"devplace run does not run {gap}: a parallel run pipelines its stages under one of "
+                               f"{', '.join(SCHEDULES)} (one stage: 'none'), one stage per process, ZeRO-3 not under "
+                               "zero-bubble (torch's split backward of a resharded stage gives wrong gradients)")
     if plan.schedule == "1f1b" and plan.microbatches < plan.pp:
         raise PipelineRunError(f"1f1b runs at least as many micro-batches as stages: M={plan.microbatches} for "
                                f"pp={plan.pp}; use M >= {plan.pp} or gpipe")

@@ -1,7 +1,7 @@
 """Measured vs simulated training steps on this CPU (issues 23 and 30): one device and a 2-process gloo pipeline.
 
     PYTHONPATH=$PWD/src nice -n 5 .venv/bin/python benchmarks/sim_vs_real.py [--models gpt2,cnn] [--steps 15]
-        [--model package.module:factory --batch 8 ...] [--no-overheads]
+        [--model package.module:factory --batch 8 ...] [--schedule 1f1b,zero-bubble] [--no-overheads]
 
 For each model (small ones, built here in code, nothing downloaded, named to devplace as the custom models
 `sim_vs_real:<factory>`; any other custom model with `--model`, e.g. `more_models:tiny_bart` from this folder),
@@ -16,7 +16,8 @@ with `--threads` CPU threads (default 1: what each process of a pipelined run us
 2. one device: the step captured and costed with that table for a cluster of this CPU (`local_cluster`, its
    device the one the table was measured on), placed (placer `single`), saved as a plan, read back and run as
    `devplace run --plan plan.json --threads N` runs it (`plan_for_run`, `run_model`);
-3. pipeline: the same, on two logical CPUs, placed by the `pipeline` placer under `--schedule` with
+3. pipeline: the same, on two logical CPUs, placed by the `pipeline` placer under each `--schedule` (one chunk per
+   process: zero-bubble is ZB-H1, its backward split into input- and weight-gradient actions) with
    `--microbatches` (each micro-batch captured and costed at its own size), run as `devplace run --plan` runs a
    pipelined plan: one process per stage, gloo, `torch.distributed.pipelining` (`run_plan_pipelined`).
 
@@ -284,28 +285,29 @@ def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, 
                  "profiled_signatures": len(table), "skipped_signatures": len(table.skipped),
                  "profile_s": profile_s})
 
-    # two processes, one stage each, gloo
+    # two processes, one stage each, gloo: each schedule of --schedule (zero-bubble with one chunk: ZB-H1)
     cluster2 = apply_overheads(local_cluster([cpu, cpu], specs={cpu: table.device}), table)
     prepared2 = tasks.prepare_model(name, batch=batch, cluster=cluster2, costs=table)
-    placed2 = tasks.place_prepared(prepared2, cluster2, placer="pipeline",
-                                   settings={"schedule": args.schedule, "microbatches": m})
-    plan_path = folder / f"{label}-pipeline.plan.json"
-    tasks.save_placed_plan(placed2, plan_path, model=name, batch=batch)
-    p2, module2, inputs2 = tasks.plan_for_run(plan_file=plan_path, trust_model=True)
-    ran = tasks.run_plan_pipelined(p2, module2, inputs2, steps=args.steps, warmup=args.warmup)
-    sim2 = float(ran.export.doc["pipelined_step_time_s"])
-    timed = ran.timed_s
-    med = statistics.median(timed)
-    stages = [sum(1 for d in p2.runtime_placement.assignment.values() if d == s) for s in range(2)]
-    res2 = p2.result
-    rows.append({"model": label, "setting": f"2-proc {args.schedule} M={m}", "batch": batch, "simulated_s": sim2,
-                 "measured_s": med, "steps_s": timed, "spread": (max(timed) - min(timed)) / med,
-                 "fastest_s": min(timed), "ratio": med / sim2, "cores_busy": ran.cores_busy,
-                 "cpu_s": statistics.median(ran.run.cpu_times_s[args.warmup:]),
-                 "split_points": list(ran.export.split_points),
-                 "simulated_busy_s": [float(x) for x in res2.device_busy_s],
-                 "simulated_transfers": len(res2.transfers.nbytes), "simulated_comm_bytes": res2.comm_bytes,
-                 "ops_per_stage": stages, "loss": ran.run.losses[0], "reference_loss": ran.reference_loss})
+    for kind in args.schedule.split(","):
+        placed2 = tasks.place_prepared(prepared2, cluster2, placer="pipeline",
+                                       settings={"schedule": kind, "microbatches": m, "chunks": 1})
+        plan_path = folder / f"{label}-pipeline-{kind}.plan.json"
+        tasks.save_placed_plan(placed2, plan_path, model=name, batch=batch)
+        p2, module2, inputs2 = tasks.plan_for_run(plan_file=plan_path, trust_model=True)
+        ran = tasks.run_plan_pipelined(p2, module2, inputs2, steps=args.steps, warmup=args.warmup)
+        sim2 = float(ran.export.doc["pipelined_step_time_s"])
+        timed = ran.timed_s
+        med = statistics.median(timed)
+        stages = [sum(1 for d in p2.runtime_placement.assignment.values() if d == s) for s in range(2)]
+        res2 = p2.result
+        rows.append({"model": label, "setting": f"2-proc {kind} M={m}", "batch": batch, "simulated_s": sim2,
+                     "measured_s": med, "steps_s": timed, "spread": (max(timed) - min(timed)) / med,
+                     "fastest_s": min(timed), "ratio": med / sim2, "cores_busy": ran.cores_busy,
+                     "cpu_s": statistics.median(ran.run.cpu_times_s[args.warmup:]),
+                     "split_points": list(ran.export.split_points),
+                     "simulated_busy_s": [float(x) for x in res2.device_busy_s],
+                     "simulated_transfers": len(res2.transfers.nbytes), "simulated_comm_bytes": res2.comm_bytes,
+                     "ops_per_stage": stages, "loss": ran.run.losses[0], "reference_loss": ran.reference_loss})
     return rows
 
 
@@ -320,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=15, help="timed steps per measurement")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     ap.add_argument("--repeats", type=int, default=10, help="timed runs per op when profiling")
-    ap.add_argument("--schedule", default="1f1b", help="pipeline schedule (gpipe or 1f1b)")
+    ap.add_argument("--schedule", default="1f1b", help="pipeline schedules, comma-separated (gpipe, 1f1b, zero-bubble: "
+                                                       "one chunk per process), a row each")
     ap.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches per step")
     ap.add_argument("--json", type=Path, default=None, help="also write every figure here")
     ap.add_argument("--model", action="append", default=[], metavar="package.module:factory",
@@ -389,10 +392,13 @@ def main(argv: list[str] | None = None) -> int:
           "pipeline: simulated busy (2 devices) | measured CPU (2 procs) | CPU / simulated busy | "
           "transfers per step |")
     print("|---|---:|---:|---|---|---:|---:|---:|---:|")
-    for one, two in zip(rows[::2], rows[1::2], strict=True):
+    ones = {r["model"]: r for r in rows if r["setting"] == "1 device"}
+    for two in (r for r in rows if r["setting"] != "1 device"):
+        one = ones[two["model"]]
         per_op = (one["measured_s"] - one["simulated_s"]) / one["ops"]
         busy = sum(two["simulated_busy_s"])
-        print(f"| {one['model']} | {one['ops']} | {per_op * 1e6:.1f} us | {', '.join(two['split_points'])} | "
+        print(f"| {one['model']} {two['setting']} | {one['ops']} | {per_op * 1e6:.1f} us | "
+              f"{', '.join(two['split_points'])} | "
               f"{two['ops_per_stage']} | {_ms(busy)} | {_ms(two['cpu_s'])} | {two['cpu_s'] / busy:.2f} | "
               f"{two['simulated_transfers']} |")
     print()
@@ -402,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("| model | " + " | ".join(CLASSES) + " | outside ATen ops |")
     print("|---|" + "---:|" * (len(CLASSES) + 1))
-    for r in rows[::2]:
+    for r in ones.values():
         sim_c, real_c = r["seconds_by_class"]["simulated"], r["seconds_by_class"]["in step"]
         cells = [f"{sim_c.get(c, 0) * 1e3:.1f} / {real_c.get(c, 0) * 1e3:.1f}" if c in sim_c or c in real_c else "-"
                  for c in CLASSES]

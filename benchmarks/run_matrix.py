@@ -1,18 +1,19 @@
 """Issue 30's matrix: every tiny architecture of `devplace.zoo.tiny` placed by the default placer and by the
-`pipeline` placer at 2, 3 and 4 stages under GPipe, 1F1B and interleaved 1F1B, exported and run (CPU, gloo),
+`pipeline` placer at 2, 3 and 4 stages under GPipe, 1F1B, interleaved 1F1B and zero bubble (torch's interleaved
+zero bubble, 2 chunks per device by default), exported and run (CPU, gloo),
 each run's loss and gradients compared with the unpipelined step's (tests/test_matrix.py is the cut CI runs).
 
     PYTHONPATH=src .venv/bin/python benchmarks/run_matrix.py [--arch llama bart ...]
-        [--schedule gpipe 1f1b interleaved-1f1b] [--clusters 2xK80 3xGPU-placeto 4xV100-16GB] [--no-default]
+        [--schedule gpipe 1f1b interleaved-1f1b zero-bubble] [--clusters 2xK80 3xGPU-placeto 4xV100-16GB] [--no-default]
 
 Each cell is the command line's flow, the commands run as a user runs them (one `python -m devplace` process
 each): `devplace place --model devplace.zoo.tiny:ARCH -c CLUSTER [--placer pipeline --schedule S] --save-plan
 p.json`, then for a pipelined plan `devplace export p.json --format pipeline -o x.json` and the export run by
 `devplace.runtime.run_pipeline` in this process (so that every parameter's gradient is compared, not only the
 loss), for an unpipelined plan `devplace run --plan p.json --devices cpu,...` (its loss compared). The stage
-count is the cluster's device count (times 2 chunks under interleaved-1f1b). BatchNorm's pipelined step is
-compared with the step accumulated over the same micro-batches (micro-batching changes its result, which the
-row says). Prints one row per cell and the count of cells that ran equal; never run in CI.
+count is the cluster's device count (times 2 chunks under interleaved-1f1b and zero-bubble). BatchNorm's
+pipelined step is compared with the step accumulated over the same micro-batches (micro-batching changes its
+result, which the row says). Prints one row per cell and the count of cells that ran equal; never run in CI.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from devplace.runtime.export import read_pipeline
 from devplace.runtime.pipeline_run import accumulated_step, run_pipeline
 from devplace.zoo.tiny import ARCHITECTURES
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 CLUSTERS = ("2xK80", "3xGPU-placeto", "4xV100-16GB")  # 2, 3 and 4 devices
 DEFAULT_CLUSTER = "4xV100-16GB"
 

@@ -78,6 +78,11 @@ def test_a_zero_bubble_plan_goes_from_place_to_export_and_run(tmp_path, capsys, 
     assert code == 0, err
     doc = json.loads(export_path.read_text())
     assert doc["schedule"]["kind"] == "zero-bubble" and doc["schedule"]["chunks"] == 1
+    code, out, err = run_cli(["export", str(plan_path), "--format", "parallel", "--dp", "1", "-o",
+                              str(tmp_path / "par.json")], capsys, monkeypatch)
+    assert code == 0, err
+    par = json.loads((tmp_path / "par.json").read_text())["parallel"]
+    assert (par["schedule"], par["chunks"], par["pp"]) == ("zero-bubble", 1, 2)  # ZB-H1, not 2 chunks
     code, out, err = run_cli(["export", str(plan_path), "--format", "pipeline", "--microbatches", "8", "-o",
                               str(tmp_path / "more.json")], capsys, monkeypatch)
     assert code == 0, err  # M=8 on 2 devices: 4 rounds of 2

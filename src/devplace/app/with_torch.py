@@ -814,7 +814,9 @@ def parallel_plan_doc(p: Plan, *, dp: int | None = None, zero: int | None = None
                             "replicas; save the plan of a --model (`devplace place --model ... --save-plan`)")
     pp = len(split.devices)
     plan = ParallelPlan(dp=1 if dp is None else dp, pp=pp, microbatches=split.schedule.microbatches, batch=batch,
-                        schedule=split.schedule.kind if pp > 1 else "none", zero=0 if zero is None else zero,
+                        schedule=split.schedule.kind if pp > 1 else "none",
+                        chunks=int(split.schedule.chunks or 1) if pp > 1 else None,  # ZB-H1 keeps its one chunk
+                        zero=0 if zero is None else zero,
                         recompute="none" if recompute is None else recompute)
     return (parallel_export(plan, split.split_points, source=source), plan,
             "not simulated here (place with --dp/--zero/--recompute for a simulated plan)")

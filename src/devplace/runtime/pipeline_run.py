@@ -4,8 +4,9 @@
 `run_pipeline(module, inputs, export)` traces the module once, split at the export's split points
 (`pipeline()` with `SplitPoint.BEGINNING`), starts one process per stage (`torch.multiprocessing`'s
 forkserver, a `file://` rendezvous in a temporary folder, the gloo backend), sends each its stage (pickled
-by `_StagePickler`), and runs training steps under the export's schedule (`ScheduleGPipe` or
-`Schedule1F1B`, M micro-batches): forward and backward of every micro-batch, then the gradients of a
+by `_StagePickler`), and runs training steps under the export's schedule (`ScheduleGPipe`, `Schedule1F1B`,
+`ScheduleInterleaved1F1B` or `ScheduleInterleavedZeroBubble`, M micro-batches; zero bubble's split backward as
+`split_backward` makes it give every gradient): forward and backward of every micro-batch, then the gradients of a
 parameter held by several stages (tied weights: GPT-2's `wte` and `lm_head`) summed across those stages,
 then the optimizer step on each stage.
 

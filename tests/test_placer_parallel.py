@@ -30,6 +30,12 @@ def test_the_search_answers_the_fastest_plan_that_fits() -> None:
     one_of_two = model(4, param=8e9, meta={"capture": {"batch": 1}, "microbatches": 2})  # the winner's M
     again = simulate_parallel(one_of_two, c, found.stage, found.best.plan)
     assert again.step_time_s == found.best.step_time_s
+    # what the default asks: only plans devplace run runs; ZeRO-3 under zero bubble is a candidate not judged
+    runs = search_parallel(g, c, batch=8, microbatch_size=1, dps=(2,), runnable=True)
+    left = [x for x in runs.candidates if x.plan.schedule == "zero-bubble" and 3 in x.plan.zero]
+    assert len(left) == 2 and all(x.step_time_s is None and not x.feasible and "does not run ZeRO-3" in x.note
+                                  for x in left)
+    assert all(x.step_time_s is not None for x in runs.candidates if x not in left)
 
 
 def test_the_search_says_what_is_wrong() -> None:

@@ -20,6 +20,7 @@ from devplace.hardware.presets import (
     IB_HDR_LINE_Bps,
     NVLINK_LINE_Bps,
     PCIE3_X16_LINE_Bps,
+    PCIE4_X16_LINE_Bps,
 )
 
 GB = 1e9
@@ -27,6 +28,7 @@ GB = 1e9
 # name -> number of devices, as docs/clusters.md states them
 DEVICE_COUNTS = {
     "2xK80": 2,
+    "2xL4-24GB": 2,
     "3xGPU-placeto": 3,
     "4xV100-16GB": 4,
     "8xV100-32GB-NVLink": 8,
@@ -131,7 +133,7 @@ def test_v100_is_the_speed_reference() -> None:
 
 
 def test_memory_convention_is_decimal_gigabytes() -> None:
-    expect = {"2xK80": 12, "3xGPU-placeto": 12, "4xV100-16GB": 16, "8xV100-32GB-NVLink": 32,
+    expect = {"2xK80": 12, "2xL4-24GB": 24, "3xGPU-placeto": 12, "4xV100-16GB": 16, "8xV100-32GB-NVLink": 32,
               "8xA100-40GB-NVLink": 40, "4xH100-80GB-NVLink": 80, "8xH100-80GB-NVLink": 80, "2x8xA100-IB": 40}
     for name, gb in expect.items():
         assert np.all(load_cluster(name).memory == gb * GB), name
@@ -150,6 +152,9 @@ def test_pcie_presets() -> None:
         assert not c.links
         assert c.link.bandwidth_Bps == 12 * GB < PCIE3_X16_LINE_Bps
         assert c.link.latency_s == 10e-6
+    l4 = load_cluster("2xL4-24GB")  # gen4: twice gen3's line rate, the same effective share
+    assert not l4.links and l4.link.bandwidth_Bps == 24 * GB < PCIE4_X16_LINE_Bps == 2 * PCIE3_X16_LINE_Bps
+    assert l4.devices[0].peak_flops_fp16 == 121e12 and l4.devices[0].peak_flops_fp32 == 30.3e12
 
 
 def test_dgx1_topology() -> None:

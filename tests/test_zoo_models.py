@@ -16,7 +16,8 @@ from devplace.zoo.models import GNMT, MODELS, build_model, get_spec, model_names
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-BIG = {"gpt2-xl", "llama-1b"}  # only constructed under fake mode: a forward+backward of these takes too long
+# only constructed under fake mode: a forward+backward of these takes too long
+BIG = {"gpt2-xl", "llama-1b", "llama3-8b", "llama-13b", "gpt3-1.3b"}
 
 
 def _param_shapes(module: torch.nn.Module) -> list[tuple[str, tuple[int, ...]]]:
@@ -25,7 +26,7 @@ def _param_shapes(module: torch.nn.Module) -> list[tuple[str, tuple[int, ...]]]:
 
 def test_registry_names_and_specs():
     assert model_names() == ["inception_v3", "resnet50", "vgg16", "mobilenet_v3_large", "bert-base", "gpt2",
-                             "gpt2-xl", "t5-small", "llama-1b", "gnmt"]
+                             "gpt2-xl", "t5-small", "llama-1b", "llama3-8b", "llama-13b", "gpt3-1.3b", "gnmt"]
     for name, spec in MODELS.items():
         assert spec.name == name and spec.batch >= 1 and spec.params > 0
         assert (spec.seq_len is None) == (spec.source == "torchvision")
@@ -67,6 +68,8 @@ def test_batch_and_seq_len_override():
         assert tuple(inputs[0].shape) == (1, 3, 299, 299)
     with pytest.raises(DevplaceError, match="1024 positions"):
         build_model("gpt2", seq_len=2048)
+    with pytest.raises(DevplaceError, match="2048 positions"):  # GPT-3's context, not GPT-2's
+        build_model("gpt3-1.3b", seq_len=2049)
 
 
 def test_build_is_seeded_and_leaves_global_rng_alone():

@@ -38,6 +38,8 @@ NVLINK_EFFICIENCY = 0.8  # effective / nominal (NVIDIA: ~20 of 25 GB/s per link 
 NVLINK_LATENCY_S = 5e-6  # estimate: ~1-2 us hardware, the rest copy launch and synchronisation
 PCIE3_X16_LINE_Bps = 15.75 * GB  # 8 GT/s x 16 lanes, 128b/130b encoding, per direction
 PCIE3_X16 = Link(bandwidth_Bps=12 * GB, latency_s=10e-6)  # effective (estimate)
+PCIE4_X16_LINE_Bps = 31.5 * GB  # 16 GT/s x 16 lanes, 128b/130b encoding, per direction
+PCIE4_X16 = Link(bandwidth_Bps=24 * GB, latency_s=10e-6)  # effective (estimate: gen3's 76% of the line rate)
 PCIE3_ACROSS_SOCKETS = Link(bandwidth_Bps=10 * GB, latency_s=15e-6)  # PCIe + inter-socket link (estimate)
 IB_HDR_LINE_Bps = 25 * GB  # 200 Gb/s HDR InfiniBand, per direction
 IB_HDR = Link(bandwidth_Bps=22 * GB, latency_s=10e-6)  # effective GPU-to-GPU over GPUDirect RDMA (estimate)
@@ -74,6 +76,8 @@ A100_SXM4_40GB = GpuSpec("A100-SXM4-40GB", 40 * GB, 312 * TFLOPS, 1555 * GB,
 # the datasheet's tensor-core figures are with 2:4 sparsity; dense is half (docs/clusters.md)
 H100_SXM5_80GB = GpuSpec("H100-SXM5-80GB", 80 * GB, 989.4 * TFLOPS, 3350 * GB,
                          67 * TFLOPS, 494.7 * TFLOPS, 989.4 * TFLOPS, 989.4 * TFLOPS)
+# Ada L4 (72 W, PCIe): the datasheet's tensor-core figures are with 2:4 sparsity; dense is half (docs/clusters.md)
+L4_24GB = GpuSpec("L4-24GB", 24 * GB, 121 * TFLOPS, 300 * GB, 30.3 * TFLOPS, 60 * TFLOPS, 121 * TFLOPS, 121 * TFLOPS)
 
 
 def gpus(spec: GpuSpec, n: int, prefix: str = "gpu", speed: float | None = None) -> tuple[Device, ...]:
@@ -111,6 +115,14 @@ def v100x4_pcie() -> Cluster:
     """Four V100 PCIe 16 GB on PCIe gen3 x16 (no NVLink), every pair 12 GB/s effective."""
     return Cluster("4xV100-16GB", gpus(V100_PCIE_16GB, 4), PCIE3_X16,
                    meta=_meta("4 V100 PCIe 16 GB, PCIe gen3 x16, no NVLink."))
+
+
+def l4x2_pcie() -> Cluster:
+    """Two L4 24 GB on PCIe gen4 x16 (no NVLink: the L4 has none), 24 GB/s effective: the 2-GPU L4 setting of
+    Mist (EuroSys'25)'s artifact."""
+    return Cluster("2xL4-24GB", gpus(L4_24GB, 2), PCIE4_X16,
+                   meta=_meta("2 L4 24 GB (NVIDIA L4 datasheet: FP32 30.3, TF32 120 and FP16/BF16 242 TFLOPS with "
+                              "sparsity, 300 GB/s GDDR6), PCIe gen4 x16, no NVLink."))
 
 
 # DGX-1 with V100 ("hybrid cube-mesh"): number of NVLinks between each joined pair (GPU numbers as
@@ -179,6 +191,7 @@ def a100x16_two_dgx() -> Cluster:
 
 PRESETS: dict[str, Callable[[], Cluster]] = {
     "2xK80": k80x2,
+    "2xL4-24GB": l4x2_pcie,
     "3xGPU-placeto": gpu3_placeto,
     "4xV100-16GB": v100x4_pcie,
     "8xV100-32GB-NVLink": v100x8_dgx1,
@@ -191,7 +204,7 @@ PRESETS: dict[str, Callable[[], Cluster]] = {
 
 # Device kinds by short name, for costing a graph without a whole cluster (`devplace capture --device-kind`).
 DEVICE_KINDS: dict[str, GpuSpec] = {"K80": K80_GK210, "V100": V100_SXM2_32GB, "V100-PCIe": V100_PCIE_16GB,
-                                    "A100": A100_SXM4_40GB, "H100": H100_SXM5_80GB}
+                                    "A100": A100_SXM4_40GB, "H100": H100_SXM5_80GB, "L4": L4_24GB}
 
 
 def device_kind(name: str) -> Device:

@@ -153,24 +153,26 @@ def _transformers() -> ModuleType:
     return transformers
 
 
-def _gpt2_config(n_layer: int, n_embd: int, n_head: int) -> Any:
+def _gpt2_config(n_layer: int, n_embd: int, n_head: int, positions: int = 1024) -> Any:
     tf = _transformers()
     # Attention-probability dropout is off: with it on, PyTorch's CPU attention falls back to the unfused math
     # path, which materialises batch x heads x seq^2 scores that FlashAttention-style GPU kernels never store;
     # the captured graph would then overstate memory. Residual and embedding dropout stay at GPT-2's 0.1.
-    return tf.GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=50257, n_positions=1024,
+    return tf.GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=50257, n_positions=positions,
                          n_inner=None, activation_function="gelu_new", resid_pdrop=0.1, embd_pdrop=0.1,
                          attn_pdrop=0.0, layer_norm_epsilon=1e-5, tie_word_embeddings=True,
                          attn_implementation="sdpa")
 
 
-def _gpt2(n_layer: int, n_embd: int, n_head: int) -> Factory:
+def _gpt2(n_layer: int, n_embd: int, n_head: int, positions: int = 1024) -> Factory:
+    """A GPT-2-architecture causal LM (learned positions, pre-LayerNorm, GELU MLP of 4 x n_embd, tied
+    embeddings); GPT-3's dense models are this shape with `positions` = 2048 (Brown et al. 2020, table 2.1)."""
     def factory(batch: int, seq_len: int | None) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
         assert seq_len is not None
-        if seq_len > 1024:
-            raise DevplaceError(f"GPT-2 has 1024 positions; seq_len {seq_len} is too long")
+        if seq_len > positions:
+            raise DevplaceError(f"this GPT model has {positions} positions; seq_len {seq_len} is too long")
         tf = _transformers()
-        model = tf.GPT2LMHeadModel(_gpt2_config(n_layer, n_embd, n_head))
+        model = tf.GPT2LMHeadModel(_gpt2_config(n_layer, n_embd, n_head, positions))
         return CausalLMLoss(model), (torch.randint(0, 50257, (batch, seq_len)),)
 
     return factory
@@ -208,21 +210,36 @@ def _t5_small(batch: int, seq_len: int | None) -> tuple[nn.Module, tuple[torch.T
     return LabelledLoss(model, use_cache=False), (src, tgt)
 
 
-def _llama_1b(batch: int, seq_len: int | None) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    assert seq_len is not None
-    tf = _transformers()
-    # Llama 3.2 1B's published shape: 16 layers, hidden 2048, MLP 8192 (SwiGLU), 32 query heads and 8 key/value
-    # heads of 64 (grouped-query attention), vocab 128256, tied embeddings, RoPE theta 5e5 with llama3 scaling.
-    config = tf.LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                            num_attention_heads=32, num_key_value_heads=8, head_dim=64, hidden_act="silu",
-                            max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                            rope_theta=500000.0,
-                            rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-                            attention_dropout=0.0, bos_token_id=128000, eos_token_id=128001,
-                            attn_implementation="sdpa")
-    model = tf.LlamaForCausalLM(config)
-    return CausalLMLoss(model), (torch.randint(0, 128256, (batch, seq_len)),)
+def _llama(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, vocab: int, tied: bool,
+           rope: dict[str, Any], positions: int, bos: int, eos: int) -> Factory:
+    """A Llama-architecture causal LM (transformers LlamaConfig: RMSNorm, SwiGLU MLP, RoPE, grouped-query
+    attention with `kv_heads`, head size hidden / heads), attention dropout off, SDPA attention."""
+    def factory(batch: int, seq_len: int | None) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+        assert seq_len is not None
+        tf = _transformers()
+        config = tf.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                                num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                head_dim=hidden // heads, hidden_act="silu", max_position_embeddings=positions,
+                                rms_norm_eps=1e-5, tie_word_embeddings=tied, **rope, attention_dropout=0.0,
+                                bos_token_id=bos, eos_token_id=eos, attn_implementation="sdpa")
+        model = tf.LlamaForCausalLM(config)
+        return CausalLMLoss(model), (torch.randint(0, vocab, (batch, seq_len)),)
+
+    return factory
+
+
+LLAMA3_ROPE = {"rope_theta": 500000.0}  # Llama 3's RoPE base; 3.1/3.2 add the "llama3" frequency scaling
+LLAMA31_ROPE = {**LLAMA3_ROPE, "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+# Llama 3.2 1B's published shape: 16 layers, hidden 2048, MLP 8192 (SwiGLU), 32 query heads and 8 key/value heads
+# of 64 (grouped-query attention), vocab 128256, tied embeddings, RoPE theta 5e5 with llama3 scaling.
+_llama_1b = _llama(2048, 8192, 16, 32, 8, 128256, True, LLAMA31_ROPE, 131072, 128000, 128001)
+# Meta-Llama-3-8B's published config: 32 layers, hidden 4096, MLP 14336, 32 query and 8 key/value heads of 128,
+# vocab 128256, untied embeddings, RoPE theta 5e5, 8192 positions: 8,030,261,248 parameters.
+_llama3_8b = _llama(4096, 14336, 32, 32, 8, 128256, False, LLAMA3_ROPE, 8192, 128000, 128001)
+# Llama-2-13B's published config: 40 layers, hidden 5120, MLP 13824, 40 heads of 128 (no grouped-query
+# attention), vocab 32000, untied embeddings, RoPE theta 1e4, 4096 positions: 13,015,864,320 parameters.
+_llama2_13b = _llama(5120, 13824, 40, 40, 40, 32000, False, {"rope_theta": 10000.0}, 4096, 1, 2)
 
 
 # ----------------------------------------------------------------------------------------------- GNMT
@@ -331,6 +348,12 @@ MODELS: dict[str, ModelSpec] = {s.name: s for s in [
           "transformers"),
     _spec("llama-1b", _llama_1b, 4, 2048, 1_235_814_400,
           "Llama-3.2-1B-shaped decoder (transformers LlamaConfig), causal LM", "transformers"),
+    _spec("llama3-8b", _llama3_8b, 1, 8192, 8_030_261_248,
+          "Meta-Llama-3-8B-shaped decoder (transformers LlamaConfig), causal LM", "transformers"),
+    _spec("llama-13b", _llama2_13b, 1, 4096, 13_015_864_320,
+          "Llama-2-13B-shaped decoder (transformers LlamaConfig), causal LM", "transformers"),
+    _spec("gpt3-1.3b", _gpt2(24, 2048, 16, positions=2048), 8, 2048, 1_315_723_264,
+          "GPT-3 1.3B-shaped causal LM (GPT-2 architecture, 2048 positions; transformers)", "transformers"),
     _spec("gnmt", _gnmt, 128, 50, 276_735_233, "GNMT 8+8-layer LSTM encoder-decoder with attention (devplace), "
           "vocab 32000, source = target length = seq", "devplace"),
 ]}

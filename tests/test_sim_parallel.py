@@ -205,6 +205,23 @@ def test_recompute_graph_rewires_the_backward_to_copies() -> None:
     assert recompute_graph(g, np.zeros(g.num_nodes, dtype=np.int64), ()) is g
 
 
+def test_recompute_graph_reruns_a_weight_cast_source() -> None:
+    # under autocast a layer reads its weight's fp16 copy, made by a source op (it reads only a parameter):
+    # checkpointing reruns it with the layer instead of keeping it from the forward to the backward
+    g0 = model(2)
+    nodes = [g0.node_record(v) for v in range(g0.num_nodes)]
+    nodes.append({"id": "w1", "op": "aten._to_copy.default", "kind": "forward", "compute_s": 0.5, "output_bytes": 50})
+    edges = [g0.edge_record(e) for e in range(g0.num_edges)]
+    edges += [{"src": "w1", "dst": "f1", "bytes": 50}, {"src": "w1", "dst": "b1", "bytes": 50}]
+    g = CompGraph.build("m", nodes, edges)
+    out = recompute_graph(g, np.zeros(g.num_nodes, dtype=np.int64), (0,))
+    assert sorted(i for i in out.ids if i.endswith(RECOMPUTE_SUFFIX)) == ["f0#recompute", "f1#recompute",
+                                                                          "w1#recompute"]
+    assert {out.ids[u] for u in out.predecessors(out.index["b1"])} == {"f1#recompute", "w1#recompute"}
+    assert {out.ids[u] for u in out.predecessors(out.index["f1#recompute"])} == {"f0#recompute", "w1#recompute"}
+    assert out.compute_s[out.index["w1#recompute"]] == 0.5
+
+
 def test_param_shares_from_capture_metadata() -> None:
     def shares(**cap: object) -> ParamShares:
         return param_shares(model(1, meta={"capture": cap}))

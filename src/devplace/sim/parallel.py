@@ -120,8 +120,9 @@ def recompute_units(graph: CompGraph, stage: np.ndarray) -> np.ndarray:
 def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]) -> CompGraph:
     """`graph` with the forward ops of `stages` recomputed before their backward (module docstring, step 2).
     `stage` groups the ops into units rerun as one (pipeline stages, or the blocks of `recompute_units`;
-    "stage" below). Every forward op of a chosen stage that has a predecessor (sources, the inputs, are kept)
-    and leads to an op the stage's backward reads gets a copy "<id>#recompute" of kind "backward" (tied to the
+    "stage" below). Every forward op of a chosen stage but the graph's inputs (op "input": kept; a source that
+    computes from parameters or constants alone, such as autocast's cast of a weight, is rerun like the rest)
+    that leads to an op the stage's backward reads gets a copy "<id>#recompute" of kind "backward" (tied to the
     original, no parameters, no once-per-step compute) that reads what the original reads (the copy of an op
     copied in the same stage; another stage's output as kept or received) and feeds the stage's backward ops
     in its place. The first copies also read the gradients the stage's backward receives from other stages
@@ -144,7 +145,10 @@ def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]
         if (phase[v] == FORWARD and chosen[v] and
                 (copied[w] & (stage[w] == stage[v]) & (phase[w] == FORWARD)).any()):
             copied[v] = True
-    copied &= has_pred & (phase == FORWARD)
+    # a source other than the graph's inputs is computed from parameters or constants alone (under autocast, a
+    # weight's fp16 cast): activation checkpointing reruns it with the rest, rather than keep it per micro-batch
+    is_input = np.array([op == "input" for op in graph.op], dtype=bool)
+    copied &= (has_pred | ~is_input) & (phase == FORWARD)
     if not copied.any():
         return graph
     step = step_compute(graph)

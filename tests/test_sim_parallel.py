@@ -220,6 +220,8 @@ def test_recompute_graph_reruns_a_weight_cast_source() -> None:
     assert {out.ids[u] for u in out.predecessors(out.index["b1"])} == {"f1#recompute", "w1#recompute"}
     assert {out.ids[u] for u in out.predecessors(out.index["f1#recompute"])} == {"f0#recompute", "w1#recompute"}
     assert out.compute_s[out.index["w1#recompute"]] == 0.5
+    # with no gradient to wait for (one stage), the cast's rerun waits for the forward's end, not for nothing
+    assert {out.ids[u] for u in out.predecessors(out.index["w1#recompute"])} == {"f1"}
 
 
 def test_param_shares_from_capture_metadata() -> None:

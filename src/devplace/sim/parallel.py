@@ -193,7 +193,22 @@ def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]
             if key not in seen and not after[s][src[e]]:
                 seen.add(key)
                 edges.append({**graph.edge_record(e), "dst": clone_of[v]})
+        if not seen and not has_pred[v]:
+            # a source's copy with no gradient to wait for (the stage whose backward begins the step's: the
+            # loss's) would run at once and hold its output through the forward: it waits for the end of the
+            # stage's forward (its ops that feed no forward op), on 0-byte control edges
+            edges += [{"src": graph.ids[u], "dst": clone_of[v], "bytes": 0,
+                       "tensor": int(graph.edge_tensor[graph.out_edges(u)].max(initial=-1)) + 1}
+                      for u in _forward_ends(graph, phase, stage, s)]
     return CompGraph.build(graph.name, nodes, edges, graph.meta)
+
+
+def _forward_ends(graph: CompGraph, phase: np.ndarray, stage: np.ndarray, s: int) -> list[int]:
+    """The forward ops of stage s that feed no forward op (the loss, outputs read only by the backward)."""
+    src, dst = graph.edge_src, graph.edge_dst
+    feeds = np.zeros(graph.num_nodes, dtype=bool)
+    feeds[src[phase[dst] == FORWARD]] = True
+    return np.flatnonzero((phase == FORWARD) & (stage == s) & ~feeds).tolist()
 
 
 def _reads_copies(graph: CompGraph, copied: np.ndarray, phase: np.ndarray, stage: np.ndarray, s: int) -> np.ndarray:

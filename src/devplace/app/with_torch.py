@@ -109,6 +109,7 @@ from devplace.runtime.run import (
     RunResult,
     append_record,
     check_steps,
+    cpu_autocast,
     local_cluster,
     measure_plan,
     plan_precision,
@@ -944,33 +945,41 @@ def run_plan_pipelined(p: Plan, module: Any, inputs: Any, *, steps: int = 5, war
     placement exported as pipeline stages under its schedule (as `devplace export --format pipeline` writes them)
     and run as `devplace run --pipeline` runs an export, so that the measured step is the pipelined one the
     simulation predicts, not the placement run unpipelined."""
-    inputs, autocast = plan_precision(p, module, inputs)
-    if autocast is not None:
-        raise DevplaceError("a pipelined run does not autocast (--amp): plan the pipeline without --amp, or with "
-                            "--dtype, to run it pipelined")
+    inputs, autocast = plan_precision(p, module, inputs)  # an amp plan's stages run under autocast
     doc = pipeline_split(p.graph, p.placement, p.cluster, schedule=p.placement.schedule).to_dict()
     if isinstance(p.settings.get("source"), dict):
         doc["source"] = p.settings["source"]
     return _run_pipelined(read_pipeline(doc), module, inputs, p.loss_fn, steps=steps, warmup=warmup,
-                          optimizer=optimizer)
+                          optimizer=optimizer, autocast=autocast)
 
 
 def _run_pipelined(ex: PipelineExport, module: Any, inputs: Any, loss_fn: Any, *, processes: int | None = None,
-                   steps: int, warmup: int, optimizer: str) -> PipelineRan:
+                   steps: int, warmup: int, optimizer: str, autocast: torch.dtype | None = None) -> PipelineRan:
     """Run export `ex` of `module` (`run_pipeline`, with the model's own `loss_fn` where it has one) and the
-    unpipelined loss of the same batch, computed as the capture computes it."""
+    unpipelined loss of the same batch, computed as the capture computes it (under `autocast` for an amp plan)."""
     check_steps(steps, warmup)
-    reference = _reference_loss(module, inputs, loss_fn)
+    reference = _reference_loss(module, inputs, loss_fn, autocast)
     ran = run_pipeline(module, inputs, ex, processes=processes, steps=warmup + steps, optimizer=optimizer,
-                       loss_fn=loss_fn)
+                       loss_fn=loss_fn, loss_reduction=_loss_reduction(module, inputs, loss_fn), autocast=autocast)
     norms = (m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
     return PipelineRan(ex, ran, warmup, reference, any(m.training for m in norms))
 
 
-def _reference_loss(module: Any, inputs: Any, loss_fn: Any) -> float:
+def _loss_reduction(module: Any, inputs: Any, loss_fn: Any) -> str:
+    """How a step's loss combines its micro-batches' (and replicas'): "mean" for a loss function or the model's
+    own loss (a mean over the batch), "sum" where `default_loss` sums the outputs, as the capture took it."""
+    if loss_fn is not None:
+        return "mean"
+    with torch.no_grad():
+        out = module(*inputs)
+    own = (isinstance(out, torch.Tensor) and out.numel() == 1) or isinstance(getattr(out, "loss", None), torch.Tensor)
+    return "mean" if own else "sum"
+
+
+def _reference_loss(module: Any, inputs: Any, loss_fn: Any, autocast: torch.dtype | None = None) -> float:
     """The one-process loss of the whole batch, computed as the capture computes it (the model's own
-    `loss_fn`, else `default_loss`)."""
-    with torch.enable_grad():  # the default loss looks for an output that depends on a trainable parameter
+    `loss_fn`, else `default_loss`; under the CPU's `autocast` for an amp plan)."""
+    with torch.enable_grad(), cpu_autocast(autocast):  # the default loss looks for a trainable parameter's output
         out = module(*inputs)
         return float((loss_fn(out) if loss_fn is not None else default_loss(out)).detach())
 
@@ -1026,28 +1035,20 @@ def run_plan_parallel(p: Plan, module: Any, inputs: Any, *, steps: int = 5, warm
     """`devplace run --plan` of a plan that holds a parallel plan (`is_parallel`): its export
     (`parallel_plan_doc`) run as `devplace run --parallel` runs one."""
     check_steps(steps, warmup)
-    inputs, autocast = plan_precision(p, module, inputs)
-    if autocast is not None:
-        raise DevplaceError("a parallel run does not autocast (--amp): plan it without --amp, or with --dtype")
+    inputs, autocast = plan_precision(p, module, inputs)  # an amp plan's stages run under autocast
     doc, _, _ = parallel_plan_doc(p)
     return _run_parallel(read_parallel(doc), module, inputs, p.loss_fn, steps=steps, warmup=warmup,
-                         optimizer=optimizer)
+                         optimizer=optimizer, autocast=autocast)
 
 
 def _run_parallel(ex: ParallelExport, module: Any, inputs: Any, loss_fn: Any, *, steps: int, warmup: int,
-                  optimizer: str) -> ParallelRan:
-    """Run export `ex` of `module` (`run_parallel`) and the one-process loss of the same batch; a model without
-    its own loss runs with its outputs' sum as the loss, as the capture takes it (`default_loss`)."""
-    reduction = "mean"
-    if loss_fn is None:  # default_loss: the model's own loss (a mean over the batch), else the sum of its outputs
-        with torch.no_grad():
-            out = module(*inputs)
-        if not (isinstance(out, torch.Tensor) and out.numel() == 1) and not isinstance(getattr(out, "loss", None),
-                                                                                     torch.Tensor):
-            reduction = "sum"
-    reference = _reference_loss(module, inputs, loss_fn)
+                  optimizer: str, autocast: torch.dtype | None = None) -> ParallelRan:
+    """Run export `ex` of `module` (`run_parallel`) and the one-process loss of the same batch (under `autocast`
+    for an amp plan); a model without its own loss runs with its outputs' sum as the loss, as the capture takes
+    it (`default_loss`)."""
+    reference = _reference_loss(module, inputs, loss_fn, autocast)
     ran = run_parallel(module, inputs, ex, steps=warmup + steps, optimizer=optimizer, loss_fn=loss_fn,
-                       loss_reduction=reduction)
+                       loss_reduction=_loss_reduction(module, inputs, loss_fn), autocast=autocast)
     return ParallelRan(ex, ran, warmup, reference)
 
 

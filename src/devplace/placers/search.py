@@ -991,13 +991,9 @@ def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
     # the parallel plans first: data parallelism answers in one pass, and its step skips pipelines' counts
     helps = schedule is None and req.cluster.num_devices >= 2 and batch >= 2  # type: ignore[operator]
     conflicts = parallel_conflicts(req)
-    capture = req.graph.meta.get("capture")
     if helps and conflicts:
         log.append(Tried("schedule", "parallel", None, None, "skipped: parallel plans choose their own cuts, schedule "
                          f"and micro-batches, and {', '.join(conflicts)} fixed them", 0.0))
-    elif helps and isinstance(capture, Mapping) and capture.get("amp"):
-        log.append(Tried("schedule", "parallel", None, None, "skipped: devplace run does not run a parallel plan "
-                         "under autocast (--amp)", 0.0))
     elif helps and not kept_own("parallel", "--parallel plans it"):
         found += _candidate(log, "schedule", "parallel", lambda: default_parallel(req),
                             (NoFitError, PlacerError, DevplaceError))

@@ -54,6 +54,8 @@ from devplace.runtime.pipeline_run import (
     _tied,
     _trace,
     _worker,
+    autocast_loss,
+    autocast_stage,
     split_backward,
 )
 from devplace.sim.schedule import Schedule
@@ -128,6 +130,7 @@ class _Job:
     return_grads: bool
     seed: int
     timeout_s: float
+    autocast: torch.dtype | None = None  # the CPU autocast dtype the stages and the loss run under (amp plans)
 
 
 def _full(grad: torch.Tensor) -> torch.Tensor:
@@ -176,12 +179,13 @@ def _process(rank: int, job: _Job) -> None:
             # one object per storage): its gradient is that one's
             ties.append((groups[r], [n for st, n in users if st == s and n in params]))
         checkpointed = checkpoint_blocks(mod) if job.recompute[s] == "full" else []
+        autocast_stage(mod, job.autocast)
         zero, sharded = job.zero[s], job.dp > 1 and job.zero[s] >= 2
         mean = job.loss_reduction == "mean"
         if sharded:
             fully_shard(mod, mesh=mesh["dp"], reshard_after_forward=zero == 3)
         stage = _PipelineStage(mod, s, info, torch.device("cpu"), group=mesh.get_group("pp"))
-        loss_of = job.loss_fn or default_loss
+        loss_of = autocast_loss(job.loss_fn or default_loss, job.autocast)
 
         def loss(output: Any, _target: Any) -> torch.Tensor:
             value = loss_of(output)
@@ -268,14 +272,15 @@ def _check(module: nn.Module, ex: ParallelExport, steps: int) -> None:
 def run_parallel(module: nn.Module, inputs: Any, export: ParallelExport | Mapping[str, Any] | str | Path, *,
                  steps: int = 1, optimizer: str = "sgd", loss_fn: Callable[[Any], torch.Tensor] | None = None,
                  loss_reduction: str = "mean", return_grads: bool = False, seed: int = 0,
-                 timeout_s: float = 300.0) -> ParallelRun:
+                 timeout_s: float = 300.0, autocast: torch.dtype | None = None) -> ParallelRun:
     """Run `steps` training steps of `module` on `inputs` (the whole batch: a tuple of positional inputs or a
     dict of keyword inputs) as the parallel `export` says (a `read_parallel` result, its document or its file):
     dp * pp CPU processes over gloo (module docstring). `optimizer` "sgd", "adam" or "none" (as for
     `run_steps`); `loss_fn` maps the module's output to its loss (default: the module's own loss,
     `default_loss`; a module-level function, sent to the processes); `loss_reduction` "mean" (the loss is a mean
     over the batch: micro-batches and replicas averaged) or "sum" (summed). With `return_grads`, the first
-    step's gradient of every parameter name of `module` (the replicas' mean, or sum). The module itself is not changed.
+    step's gradient of every parameter name of `module` (the replicas' mean, or sum). `autocast`: the stages and
+    the loss run under the CPU's autocast to this dtype (a plan captured with amp). The module itself is not changed.
     PipelineRunError for a user problem (inputs, schedule, split, a batch that does not divide into dp * M
     equal micro-batches); a failing process raises with its own message."""
     import torch.multiprocessing as mp
@@ -296,7 +301,8 @@ def run_parallel(module: nn.Module, inputs: Any, export: ParallelExport | Mappin
     replicas = [pieces[q * plan.microbatches:(q + 1) * plan.microbatches] for q in range(plan.dp)]
     # one stage ("none") runs its micro-batches one after another, all forwards then all backwards: GPipe's order
     schedule = Schedule("gpipe" if plan.schedule == "none" else plan.schedule, plan.microbatches, 1)
-    pipe = _trace(module, PipelineExport(ex.split_points, plan.replica(0), schedule, ex.source, ex.doc), pieces[0])
+    pipe = _trace(module, PipelineExport(ex.split_points, plan.replica(0), schedule, ex.source, ex.doc), pieces[0],
+                  autocast)
     tied = _tied(pipe, module)
     shared = sorted({st for users in tied for st, _ in users if plan.zero[st] >= 2})
     if shared and plan.dp > 1:
@@ -306,7 +312,7 @@ def run_parallel(module: nn.Module, inputs: Any, export: ParallelExport | Mappin
     with tempfile.TemporaryDirectory(prefix="devplace-parallel-") as folder:
         job = _Job(folder, [_dump_stage(pipe, st) for st in range(plan.pp)], tied, plan.dp, plan.pp, plan.zero,
                    plan.recompute, schedule, replicas, steps, optimizer, loss_fn, loss_reduction, return_grads, seed,
-                   timeout_s)
+                   timeout_s, autocast)
         try:
             mp.start_processes(_worker, args=(_process, job), nprocs=n, join=True, start_method=_start_method())
         except mp.ProcessRaisedException as exc:

@@ -47,6 +47,7 @@ from torch import nn
 
 from devplace.errors import DevplaceError
 from devplace.runtime.export import PipelineExport, read_pipeline
+from devplace.runtime.run import cpu_autocast
 from devplace.sim.schedule import SPLIT_KINDS, Schedule
 
 __all__ = ["PipelineRun", "PipelineRunError", "accumulated_step", "run_pipeline"]
@@ -130,13 +131,15 @@ def _fed_from_first_stage(module: nn.Module) -> None:
     module.forward = fed  # type: ignore[method-assign]
 
 
-def _trace(module: nn.Module, export: PipelineExport, mb_kwargs: dict[str, Any]) -> Any:
+def _trace(module: nn.Module, export: PipelineExport, mb_kwargs: dict[str, Any],
+           autocast: torch.dtype | None = None) -> Any:
     from torch.distributed.pipelining import pipeline
 
     split = copy.deepcopy(module)  # pipeline() annotates the module it is given
     _fed_from_first_stage(split)
     try:
-        pipe = pipeline(split, mb_args=(), mb_kwargs=mb_kwargs, split_spec=export.split_spec())
+        with cpu_autocast(autocast):  # the casts autocast makes are traced; its leaf modules keep it (`autocast_stage`)
+            pipe = pipeline(split, mb_args=(), mb_kwargs=mb_kwargs, split_spec=export.split_spec())
     except Exception as exc:  # torch.export's errors are of many types; its first line says what failed
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PipelineRunError(f"{type(module).__name__} cannot be split for pipelining (torch.export could not "
@@ -150,6 +153,31 @@ def _trace(module: nn.Module, export: PipelineExport, mb_kwargs: dict[str, Any])
     for i in range(pipe.num_stages):
         _contiguous_boundaries(pipe.get_stage_module(i))
     return pipe
+
+
+def autocast_stage(mod: nn.Module, dtype: torch.dtype | None) -> None:
+    """Run stage module `mod`'s forward under the CPU's autocast to `dtype` (None: as it is): a stage traced under
+    autocast keeps the modules it calls (a Linear), whose outputs are in the autocast dtype only when they run
+    under it again, as the capture and the one-process step ran them."""
+    if dtype is None:
+        return
+    forward = mod.forward
+
+    def cast(*args: Any, **kwargs: Any) -> Any:
+        with cpu_autocast(dtype):
+            return forward(*args, **kwargs)
+    mod.forward = cast  # type: ignore[method-assign]
+
+
+def autocast_loss(loss: Callable[..., torch.Tensor], dtype: torch.dtype | None) -> Callable[..., torch.Tensor]:
+    """`loss` computed under the CPU's autocast to `dtype`, as the capture computed it (None: `loss` itself)."""
+    if dtype is None:
+        return loss
+
+    def cast(*args: Any) -> torch.Tensor:
+        with cpu_autocast(dtype):
+            return loss(*args)
+    return cast
 
 
 def _relay_skips(pipe: Any) -> None:
@@ -289,6 +317,7 @@ class _Job:
     return_grads: bool
     seed: int
     timeout_s: float
+    autocast: torch.dtype | None = None  # the CPU autocast dtype the stages and the loss run under (amp plans)
 
 
 def _worker(rank: int, body: Callable[[int, Any], None], job: Any) -> None:
@@ -352,6 +381,8 @@ def _stage(rank: int, job: _Job) -> None:
             ties.append((dist.new_group(ranks) if len(ranks) > 1 else None,
                          [(s, n) for s, n in users if s % world == rank]))
         # what Pipe.build_stage does, from the stage module and graph it sent (on the CPU, where they were traced)
+        for mod, _ in loaded:
+            autocast_stage(mod, job.autocast)
         stages = [_PipelineStage(mod, i, info, torch.device("cpu"))
                   for i, (mod, info) in zip(mine, loaded, strict=True)]
         for st in stages:
@@ -359,7 +390,7 @@ def _stage(rank: int, job: _Job) -> None:
                 st.forward_one_chunk = _without_inputs(st.forward_one_chunk)  # multi-stage schedules give them all
         if job.schedule.kind in SPLIT_KINDS:
             split_backward(stages)
-        loss_of = job.loss_fn or default_loss
+        loss_of = autocast_loss(job.loss_fn or default_loss, job.autocast)
 
         def loss(output: Any, _target: Any) -> torch.Tensor:
             value = loss_of(output)
@@ -643,7 +674,8 @@ def _dump_stage(pipe: Any, i: int) -> bytes:
 def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mapping[str, Any] | str | Path, *,
                  processes: int | None = None, steps: int = 1, optimizer: str = "sgd",
                  loss_fn: Callable[[Any], torch.Tensor] | None = None, loss_reduction: str = "mean",
-                 return_grads: bool = False, seed: int = 0, timeout_s: float = 300.0) -> PipelineRun:
+                 return_grads: bool = False, seed: int = 0, timeout_s: float = 300.0,
+                 autocast: torch.dtype | None = None) -> PipelineRun:
     """Run `steps` pipelined training steps of `module` on `inputs` (a tuple of positional inputs or a dict of
     keyword inputs, the whole batch) as the pipeline `export` says (a `read_pipeline` result, its document or
     its file): one CPU process per stage, gloo, the export's schedule and micro-batch count.
@@ -653,7 +685,8 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
     loss when it returns one; it is sent to the processes, so a module-level function, not a lambda);
     `loss_reduction` "mean" (the loss is a mean over the batch) or "sum". With `return_grads`, the first
     step's gradient of every parameter name of `module` is returned (tied parameters summed across their
-    stages). The module itself is not changed. Errors: PipelineRunError (a user problem: input, schedule,
+    stages). `autocast`: the stages and the loss run under the CPU's autocast to this dtype (a plan captured
+    with amp). The module itself is not changed. Errors: PipelineRunError (a user problem: input, schedule,
     split); a failing stage raises with its process's message.
     """
     import torch.multiprocessing as mp
@@ -685,10 +718,10 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
                                    f"sent to the pipeline's processes ({exc}); define it as a module-level function "
                                    "(of the output alone, per micro-batch) and return it from the factory") from None
     mbs = _microbatches(_named_inputs(module, inputs), ex.schedule.microbatches)
-    pipe = _trace(module, ex, mbs[0])
+    pipe = _trace(module, ex, mbs[0], autocast)
     with tempfile.TemporaryDirectory(prefix="devplace-pipe-") as folder:
         job = _Job(folder, [_dump_stage(pipe, i) for i in range(ex.num_stages)], n, _tied(pipe, module), ex.schedule,
-                   mbs, steps, optimizer, loss_fn, loss_reduction, return_grads, seed, timeout_s)
+                   mbs, steps, optimizer, loss_fn, loss_reduction, return_grads, seed, timeout_s, autocast)
         try:
             mp.start_processes(_worker, args=(_stage, job), nprocs=n, join=True, start_method=_start_method())
         except mp.ProcessRaisedException as exc:

@@ -91,7 +91,8 @@ def _make_optimizer(name: str, params: list[torch.Tensor]) -> torch.optim.Optimi
     raise DevplaceError(f"unknown optimizer {name!r}; use adam, sgd or none (as for the capture)")
 
 
-def _autocast(dtype: torch.dtype | None) -> Any:
+def cpu_autocast(dtype: torch.dtype | None) -> Any:
+    """The CPU's autocast to `dtype`, or no context for None."""
     # the CPU's autocast, as the capture records it (its fake tensors live on the CPU); a placed module's trace,
     # taken under it, carries the casts as ops, so they run on whatever device each op is placed on
     return torch.autocast("cpu", dtype=dtype) if dtype is not None else nullcontext()
@@ -122,7 +123,7 @@ def run_steps(module: nn.Module, inputs: Any, *, steps: int = 5, warmup: int = 2
     cuda = [d for d in devs if d.type == "cuda"]
 
     def step() -> float:
-        with _autocast(autocast):
+        with cpu_autocast(autocast):
             loss = loss_of(module(*args, **kwargs))
             if loss.numel() != 1:
                 loss = loss.sum()
@@ -285,7 +286,7 @@ def measure_plan(p: Any, module: nn.Module, inputs: Any, devices: Sequence[str |
     simulated figures are those of `p.runtime_placement` (the placement as it runs).
     Returns (placed module, measurement, record)."""
     inputs, autocast = plan_precision(p, module, inputs)
-    with _autocast(autocast):  # the trace apply takes must see the casts the capture saw
+    with cpu_autocast(autocast):  # the trace apply takes must see the casts the capture saw
         placed = p.apply(module, devices, example_inputs=inputs)
     run = run_steps(placed, inputs, steps=steps, warmup=warmup, optimizer=str(p.settings.get("optimizer", "adam")),
                     loss_fn=loss_fn or getattr(p, "loss_fn", None), devices=placed.devices, autocast=autocast)

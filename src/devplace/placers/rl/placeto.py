@@ -121,6 +121,7 @@ from devplace.defaults import (
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.placers.registry import FullGraph, PlacerError, Progress, get_placer, register
+from devplace.placers.rl.rollout import RolloutGraph, rollout_graph, rollout_logits, rollout_weights
 from devplace.placers.rl.start import best_classic, judged_best
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.placeto import PlacetoModel
@@ -471,6 +472,13 @@ class _GraphContext:
         self.static = (static / _col_scale(static)).astype(np.float32)
         self.anc, self.desc = _reachability(graph)
         self.memory = cluster.memory.astype(np.float64)
+        self._rollout_graph: RolloutGraph | None = None
+
+    def rollout_graph(self) -> RolloutGraph:
+        """The aggregation as the compiled rollout forward reads it (built on first use)."""
+        if self._rollout_graph is None:
+            self._rollout_graph = rollout_graph(self.adj.adj.crow_indices().numpy(), self.adj.adj.col_indices().numpy())
+        return self._rollout_graph
 
     def features(self, devices: np.ndarray, start_s: np.ndarray, done: np.ndarray, v: int) -> np.ndarray:
         """The state with v the current node: float32[V, features], each column scaled by its max |value|."""
@@ -601,9 +609,12 @@ def run_episodes(policy: PlacetoPolicy, ctx: _GraphContext, start: np.ndarray, s
         for log in logs:
             log.states = np.empty((n, n, ctx.num_features), dtype=np.float32)
             log.pool_masks = np.empty((n, 3, n), dtype=np.bool_)
-    with torch.inference_mode():  # the weights do not change during the episodes: stack them once
-        w = policy.stacked()
-    current = torch.zeros(count, dtype=torch.long)
+    # the weights do not change during the episodes: take them once, as the compiled forward reads them (the
+    # placeto-gnn encoder, `devplace.placers.rl.rollout`) or stacked for torch's batched products (the others)
+    compiled = policy.encoder == ENCODER_PLACETO
+    with torch.inference_mode():
+        w = rollout_weights(policy) if compiled else policy.stacked()
+    current = np.zeros(count, dtype=np.int64)
     x = np.empty((count, n, ctx.num_features), dtype=np.float32)
     masks = np.empty((count, 3, n), dtype=np.bool_)
     # the pools depend on start times only on graphs cut to the nearest members; else one set serves all
@@ -619,7 +630,9 @@ def run_episodes(policy: PlacetoPolicy, ctx: _GraphContext, start: np.ndarray, s
                 logs[k].states[t], logs[k].pool_masks[t] = x[k], masks[k]
         current[:] = v
         with torch.inference_mode():
-            logits = policy(torch.from_numpy(x), ctx.adj, current, torch.from_numpy(masks.astype(np.float32)), w)
+            logits = torch.from_numpy(rollout_logits(w, x, current, masks, ctx.rollout_graph(), policy.rounds)) \
+                if compiled else policy(torch.from_numpy(x), ctx.adj, torch.from_numpy(current),
+                                        torch.from_numpy(masks.astype(np.float32)), w)
             logp = torch.log_softmax(logits, dim=-1)
             p = logp.exp()
             entropies = (-(p * logp).sum(dim=-1)).tolist()

@@ -242,18 +242,54 @@ def _choices(names: tuple[str, ...], aliases: dict[str, str]) -> str:
 # --------------------------------------------------------------------------- the network
 
 
-class _SumAggregate(torch.autograd.Function):
-    """`adj @ m` for a fixed sparse CSR `adj`, with the gradient `adj_t @ grad` from a transpose built once
-    (torch's own CSR backward transposes `adj` on every call, about 4x slower here)."""
+class _Rounds(torch.autograd.Function):
+    """The placeto encoder's `rounds` rounds `h <- relu(g(A . relu(f(h)))) + h0`, both directions stacked, with a
+    hand-written backward: the same torch operations as autograd's graph of those rounds (so the same gradients to
+    the bit), but the forward runs in place and saves only what the backward reads (per round h, relu(f(h)),
+    A . relu(f(h)) and relu(g(.))), and the sparse product's backward uses the transpose built once (torch's own CSR
+    backward transposes `adj` on every call, about 4x slower here). Half the learning step's time went to autograd's
+    version (ptb/0, width 8: forward 0.107 s against 0.047 s without gradients)."""
 
     @staticmethod
-    def forward(ctx, adj: torch.Tensor, adj_t: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        ctx.adj_t = adj_t
-        return adj @ m
+    def forward(ctx, h0: torch.Tensor, wf: torch.Tensor, bf: torch.Tensor, wg: torch.Tensor, bg: torch.Tensor,
+                adj: torch.Tensor, adj_t: torch.Tensor, rounds: int) -> torch.Tensor:
+        rows, d = h0.shape
+        n2 = adj.shape[0]
+        h = h0.expand(2, rows, d)
+        saved = []
+        for _ in range(rounds):
+            m = torch.bmm(h, wf).add_(bf).relu_()
+            agg = torch.matmul(adj, m.reshape(n2, -1)).reshape(2, rows, d)
+            r = torch.bmm(agg, wg).add_(bg).relu_()
+            saved.append((h, m, agg, r))
+            h = r + h0
+        ctx.saved, ctx.adj_t = saved, adj_t
+        ctx.save_for_backward(wf, wg)
+        return h
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[None, None, torch.Tensor]:
-        return None, None, ctx.adj_t @ grad
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        wf, wg = ctx.saved_tensors
+        n2 = ctx.adj_t.shape[0]
+        g_h0 = g_wf = g_bf = g_wg = g_bg = None
+        for h, m, agg, r in reversed(ctx.saved):  # contributions summed in the order autograd's engine sums them
+            g_h0 = grad.sum(0) if g_h0 is None else g_h0 + grad.sum(0)
+            g_r = torch.ops.aten.threshold_backward(grad, r, 0)
+            g_wg = _acc(g_wg, agg.transpose(1, 2).bmm(g_r))
+            g_bg = _acc(g_bg, g_r.sum(1, keepdim=True))
+            g_agg = g_r.bmm(wg.transpose(1, 2))
+            g_m = torch.matmul(ctx.adj_t, g_agg.reshape(n2, -1)).reshape(g_agg.shape)
+            g_m = torch.ops.aten.threshold_backward(g_m, m, 0)
+            g_wf = _acc(g_wf, h.transpose(1, 2).bmm(g_m))
+            g_bf = _acc(g_bf, g_m.sum(1, keepdim=True))
+            grad = g_m.bmm(wf.transpose(1, 2))
+        g_h0 = grad.sum(0) if g_h0 is None else g_h0 + grad.sum(0)
+        ctx.saved = None
+        return g_h0, g_wf, g_bf, g_wg, g_bg, None, None, None
+
+
+def _acc(total: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
+    return part if total is None else total + part
 
 
 def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
@@ -395,10 +431,7 @@ class PlacetoPolicy(nn.Module):
                 agg = torch.matmul(adj.adj, m.reshape(2 * n, b * d)).reshape(2, n * b, d)
                 h = torch.bmm(agg, wg).add_(bg).relu_().add_(h0)
             return torch.cat([h[0], h[1]], dim=-1).reshape(n, b, 2 * d)
-        for _ in range(self.rounds):
-            m = torch.relu(torch.baddbmm(bf, h, wf))
-            agg = _SumAggregate.apply(adj.adj, adj.adj_t, m.reshape(2 * n, b * d)).reshape(2, n * b, d)
-            h = torch.relu(torch.baddbmm(bg, agg, wg)) + h0
+        h = _Rounds.apply(h0, wf, bf, wg, bg, adj.adj, adj.adj_t, self.rounds)
         return torch.cat([h[0], h[1]], dim=-1).reshape(n, b, 2 * d)
 
     def forward(self, x: torch.Tensor, adj: Structure, current: torch.Tensor, pools: torch.Tensor,

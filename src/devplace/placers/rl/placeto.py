@@ -79,15 +79,21 @@ one sparse product) and one simulation; per episode one batched re-embedding of 
 gradients, O(V (V + E) d k) -- quadratic in V, about 6 GFLOP forward for 300 nodes at d = 32, k = 8. The
 embedding is recomputed from scratch at every step: every node's relative start time changes with each
 re-simulation, so there is no cheap incremental update. See `train_placeto` for measured episode times.
-Without gradients (the rollout) the rounds run in place and the three pools' layers as one product each:
-0.82 -> 0.70 ms per step on a 300-node graph (measured side by side, one thread); the learning step is
-unchanged (larger update chunks were slower: 0.94 s at 1e6 floats, 1.07 s at 4e6, 1.98 s at 16e6).
+The rollout's forward (placeto-gnn encoder) is one numba call per step (`devplace.placers.rl.rollout`: the same
+function in float32, about a hundred torch calls fewer; 0.35 -> 0.17 ms per step on ptb/0 at d = 8); the sage
+and gat encoders run the torch forward, whose rounds run in place without gradients and whose three pools'
+layers are one product each. With gradients the placeto-gnn rounds are one autograd function (`_Rounds`) whose
+backward is autograd's own sequence of torch operations (the same gradients to the bit) on a forward that runs in
+place (0.203 -> 0.177 s per learning step on ptb/0 at d = 8; larger update chunks were slower at d = 32: 0.94 s
+at 1e6 floats, 1.07 s at 4e6, 1.98 s at 16e6).
 Memory per episode: the V states (V x V x features float32) and pooling masks (V x 3 x V bytes).
 
 Determinism: weights are initialised under `torch.manual_seed(seed)` (inside `torch.random.fork_rng`, so
 the caller's global generator is left alone) and actions are sampled with a `torch.Generator` seeded from
 `seed`; the same seed, order and inputs give the same placement and the same learning curve on one machine
-and thread count.
+and thread count. The compiled rollout forward's logits differ from torch's in the last bits, so an action could
+differ from the torch forward's where a uniform draw falls within ~1e-7 of a cumulative probability; on the graphs
+checked (docs/performance.md) every action, curve and placement was the same.
 """
 
 from __future__ import annotations

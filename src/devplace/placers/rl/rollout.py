@@ -47,11 +47,12 @@ def rollout_weights(policy: torch.nn.Module) -> RolloutWeights:
     """The weights of a placeto-gnn `PlacetoPolicy` (its `lift`, `f_fwd` ... `head`) as `rollout_logits` reads
     them."""
 
+    # copies, never views of the parameters: an optimiser step while these are in use must not change them
     def mat(lin: torch.nn.Linear) -> np.ndarray:
-        return np.ascontiguousarray(lin.weight.detach().numpy().T, dtype=np.float32)
+        return np.array(lin.weight.detach().numpy().T, dtype=np.float32, order="C", copy=True)
 
     def vec(lin: torch.nn.Linear) -> np.ndarray:
-        return np.ascontiguousarray(lin.bias.detach().numpy(), dtype=np.float32)
+        return np.array(lin.bias.detach().numpy(), dtype=np.float32, copy=True)
 
     p = policy
     return RolloutWeights(

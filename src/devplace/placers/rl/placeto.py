@@ -79,13 +79,13 @@ one sparse product) and one simulation; per episode one batched re-embedding of 
 gradients, O(V (V + E) d k) -- quadratic in V, about 6 GFLOP forward for 300 nodes at d = 32, k = 8. The
 embedding is recomputed from scratch at every step: every node's relative start time changes with each
 re-simulation, so there is no cheap incremental update. See `train_placeto` for measured episode times.
-The rollout's forward (placeto-gnn encoder) is one numba call per step (`devplace.placers.rl.rollout`: the same
-function in float32, about a hundred torch calls fewer; 0.35 -> 0.17 ms per step on ptb/0 at d = 8); the sage
-and gat encoders run the torch forward, whose rounds run in place without gradients and whose three pools'
-layers are one product each. With gradients the placeto-gnn rounds are one autograd function (`_Rounds`) whose
-backward is autograd's own sequence of torch operations (the same gradients to the bit) on a forward that runs in
-place (0.203 -> 0.177 s per learning step on ptb/0 at d = 8; larger update chunks were slower at d = 32: 0.94 s
-at 1e6 floats, 1.07 s at 4e6, 1.98 s at 16e6).
+The rollout's forward (placeto-gnn encoder, d <= 8) is one numba call per step (`devplace.placers.rl.rollout`: the
+same function in float32, about a hundred torch calls fewer; 0.35 -> 0.17 ms per step on ptb/0 at d = 8); wider
+policies and the sage and gat encoders run the torch forward, whose rounds run in place without gradients and
+whose three pools' layers are one product each. With gradients the placeto-gnn rounds are one autograd function
+(`_Rounds`) whose backward is autograd's own sequence of torch operations (the same gradients to the bit) on a
+forward that runs in place (0.203 -> 0.177 s per learning step on ptb/0 at d = 8; larger update chunks were slower
+at d = 32: 0.94 s at 1e6 floats, 1.07 s at 4e6, 1.98 s at 16e6).
 Memory per episode: the V states (V x V x features float32) and pooling masks (V x 3 x V bytes).
 
 Determinism: weights are initialised under `torch.manual_seed(seed)` (inside `torch.random.fork_rng`, so
@@ -127,7 +127,13 @@ from devplace.defaults import (
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.placers.registry import FullGraph, PlacerError, Progress, get_placer, register
-from devplace.placers.rl.rollout import RolloutGraph, rollout_graph, rollout_logits, rollout_weights
+from devplace.placers.rl.rollout import (
+    COMPILED_MAX_HIDDEN,
+    RolloutGraph,
+    rollout_graph,
+    rollout_logits,
+    rollout_weights,
+)
 from devplace.placers.rl.start import best_classic, judged_best
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.placeto import PlacetoModel
@@ -650,7 +656,7 @@ def run_episodes(policy: PlacetoPolicy, ctx: _GraphContext, start: np.ndarray, s
             log.pool_masks = np.empty((n, 3, n), dtype=np.bool_)
     # the weights do not change during the episodes: take them once, as the compiled forward reads them (the
     # placeto-gnn encoder, `devplace.placers.rl.rollout`) or stacked for torch's batched products (the others)
-    compiled = policy.encoder == ENCODER_PLACETO
+    compiled = policy.encoder == ENCODER_PLACETO and policy.hidden <= COMPILED_MAX_HIDDEN
     with torch.inference_mode():
         w = rollout_weights(policy) if compiled else policy.stacked()
     current = np.zeros(count, dtype=np.int64)

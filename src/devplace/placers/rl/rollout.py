@@ -4,7 +4,8 @@
 directions, three pools, the head); on a 300-node graph at width 8 those calls cost far more than their
 arithmetic (0.38 ms per step, of it 0.28 ms for the embedding; the arithmetic is under a million multiply-adds).
 The rollout needs no gradient, so `rollout_logits` computes the same function in one numba call over plain
-float32 arrays (`RolloutWeights`, taken from the policy once per episode: the weights do not change during it).
+float32 arrays (`RolloutWeights`, taken from the policy once per episode: the weights do not change during it),
+for policies up to `COMPILED_MAX_HIDDEN` wide (placeto-paper's 8; wider ones are faster in torch).
 
 Same function, not the same bits: the sums are float32 like torch's, but in this code's order and without the
 fused multiply-adds of torch's matrix products, so logits differ from `PlacetoPolicy.forward` in the last bits
@@ -20,6 +21,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from numba import njit
+
+# the widest embedding (`hidden`) the compiled forward is used for: its products are plain loops, which beat torch's
+# dispatch only while they are small (ptb/0, one state, one thread: d = 8 174 against 354 us per step; d = 16 429
+# against 334; d = 32 1,330 against 624). Wider policies run the torch forward.
+COMPILED_MAX_HIDDEN = 8
 
 
 class RolloutWeights(NamedTuple):

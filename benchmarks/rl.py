@@ -22,7 +22,9 @@ Prints Markdown tables.
 COMMIT (checked out into a temporary `git worktree`, removed after), side by side in one run: the same graph
 (captured once here, handed to both as a file), cluster, order and seeds, each run in a fresh process with both
 simulators' numba kernels compiled before the clock starts (until 2026-12-06 only the devplace model's: a placeto-sim
-run paid its kernels' compilation inside the clock where the cache was cold), the two alternating per seed so
+run paid its kernels' compilation inside the clock where the cache was cold) and, since issue 33's second session,
+after a warm-up run of 2 episodes with the same settings (the placer's own kernels: the compiled rollout forward
+loads from numba's cache in its first call), the two alternating per seed so
 that both see the same load on a shared machine. Both run with `start=--speed-start` (default "device0": the answer
 then depends on what was learned, and the start costs nothing), so both learn the same thing;
 `--speed-episodes` episodes per run; `--speed-hyper` names the hyperparameter set (a commit without named sets
@@ -104,6 +106,10 @@ elif name == "devplace":
 else:
     print(json.dumps(None))
     sys.exit(0)
+import dataclasses
+# warm-up: a 2-episode run of the same settings (a training and a greedy episode either way) compiles or loads every
+# kernel of the placer (numba's, torch's first calls) before the clock
+train_placeto(g, c, o, int(seed), dataclasses.replace(hyper, episodes=2))
 t0, c0 = time.perf_counter(), time.process_time()
 run = train_placeto(g, c, o, int(seed), hyper)
 print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "curve": run.curve,

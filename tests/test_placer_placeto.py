@@ -8,6 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import cluster, graph
 from devplace.orders import traversal_indices, traversal_order
@@ -424,3 +426,76 @@ def test_update_steps_draws_a_sorted_fraction_or_takes_all():
     for bad in ({"parallel": 0}, {"update_fraction": 0.0}, {"update_fraction": 1.5}):
         with pytest.raises(PlacerError, match=next(iter(bad))):
             place(layered_graph(10, seed=0), cluster(2), placer="placeto", episodes=1, **bad)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 14), edges=st.lists(st.tuples(st.integers(0, 13), st.integers(0, 13)), max_size=40),
+       hidden=st.sampled_from([4, 8]), rounds=st.integers(0, 3), batch=st.integers(1, 3), seed=st.integers(0, 99))
+def test_compiled_rollout_forward_computes_the_policys_logits(n, edges, hidden, rounds, batch, seed):
+    """The rollout's numba forward (placers/rl/rollout.py) against `PlacetoPolicy.forward` on random DAGs
+    (isolated nodes, parallel edges, nodes with many parents included): the same logits up to float32 rounding."""
+    from devplace.placers.rl.rollout import rollout_logits, rollout_weights
+
+    pairs = [(min(a, b), max(a, b)) for a, b in edges if a != b and max(a, b) < n]
+    # a repeated pair is a parallel edge: another tensor of the same producer
+    g = graph([(f"v{i}", 1.0 + i % 3) for i in range(n)],
+              [(f"v{a}", f"v{b}", 1.0, pairs[:k].count((a, b))) for k, (a, b) in enumerate(pairs)])
+    ctx = _GraphContext(g, cluster(3), PlacetoHyper(rounds=rounds, hidden=hidden))
+    torch.manual_seed(seed)
+    policy = PlacetoPolicy(ctx.num_features, 3, hidden, rounds)
+    rng = np.random.default_rng(seed)
+    x = rng.random((batch, n, ctx.num_features), dtype=np.float32)
+    masks = rng.random((batch, 3, n)) > 0.5
+    current = rng.integers(0, n, batch)
+    with torch.inference_mode():
+        expected = policy(torch.from_numpy(x), ctx.adj, torch.from_numpy(current),
+                          torch.from_numpy(masks.astype(np.float32))).numpy()
+    got = rollout_logits(rollout_weights(policy), x, current, masks, ctx.rollout_graph(), rounds)
+    assert got.shape == (batch, 3)
+    assert np.allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+class _ReferenceSum(torch.autograd.Function):
+    """`adj @ m` with the gradient `adj_t @ grad` (what the encoder's rounds ran under autograd before `_Rounds`)."""
+
+    @staticmethod
+    def forward(ctx, adj, adj_t, m):
+        ctx.adj_t = adj_t
+        return adj @ m
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, None, ctx.adj_t @ grad
+
+
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_rounds_backward_is_autograds_to_the_bit(rounds):
+    """`_Rounds`' hand-written backward gives the gradients autograd gives for the same rounds written plainly
+    (baddbmm, relu, the sparse sum), bit for bit, so the learning curves stay those of the code before it."""
+    g = layered_graph(30, width=4, seed=8)
+    ctx = _GraphContext(g, cluster(3), PlacetoHyper(rounds=rounds, hidden=8))
+    policy = PlacetoPolicy(ctx.num_features, 3, 8, rounds)
+    x = torch.rand(5, g.num_nodes, ctx.num_features, generator=torch.Generator().manual_seed(0))
+    weights = torch.rand(g.num_nodes, 5, 16, generator=torch.Generator().manual_seed(1))
+
+    def plain(x):
+        n, b = g.num_nodes, x.shape[0]
+        h0 = policy.lift(x.transpose(0, 1).reshape(n * b, -1))
+        wf, bf, wg, bg = policy.stacked()[:4]
+        h = h0.expand(2, n * b, 8)
+        for _ in range(rounds):
+            m = torch.relu(torch.baddbmm(bf, h, wf))
+            agg = _ReferenceSum.apply(ctx.adj.adj, ctx.adj.adj_t, m.reshape(2 * n, b * 8)).reshape(2, n * b, 8)
+            h = torch.relu(torch.baddbmm(bg, agg, wg)) + h0
+        return torch.cat([h[0], h[1]], dim=-1).reshape(n, b, 16)
+
+    grads = []
+    for embed in (plain, lambda x: policy.embed(x, ctx.adj)):
+        policy.zero_grad()
+        out = embed(x)
+        (out * weights).sum().backward()
+        grads.append((out.detach(), [p.grad.clone() for p in policy.parameters() if p.grad is not None]))
+    (out_plain, g_plain), (out_rounds, g_rounds) = grads
+    assert torch.equal(out_plain, out_rounds)
+    assert len(g_plain) == len(g_rounds) == 12  # lift and the two directions' f and g, weights and biases
+    assert all(torch.equal(a, b) for a, b in zip(g_plain, g_rounds, strict=True))

@@ -82,6 +82,15 @@ def test_presets_load_and_have_the_documented_shape():
     assert paper.placers[0].settings == {"episodes": 50, "hyper": "placeto-paper"}
     assert {"lexicographic", "topo", "reversed-topo", "dfs-preorder", "dfs-postorder", "bfs"} <= set(paper.orders)
     assert len(paper.seeds) == 10 and len(expand(paper)) == 96 * len(paper.orders) * 10
+    seed, full = load_study("seed", preset=True), load_study("seed-full", preset=True)
+    # seed-full: seed's design at 8 graphs per family and 10 runs (issue 33 item 4)
+    assert [(g.family, g.index) for g in full.graphs] == [(f, i) for f in ("cifar10", "ptb", "nmt") for i in range(8)]
+    assert full.seeds == tuple(range(10)) and full.orders == seed.orders and len(full.orders) == 6
+    assert (full.sim_model, full.semantics, full.max_nodes) == (seed.sim_model, seed.semantics, seed.max_nodes)
+    assert [(p.name, p.settings, p.orders, p.seeds) for p in full.placers] == \
+        [(p.name, p.settings, p.orders, p.seeds) for p in seed.placers]
+    assert full.placers[0].settings == {"episodes": 50, "hyper": "placeto-paper"}
+    assert sum(c.placer == "placeto" for c in expand(full)) == 24 * 6 * 10
     quick = load_study("quick", preset=True)
     assert {p.name for p in quick.placers} >= {"placeto", "greedy"}
     ext = load_study("extended", preset=True)

@@ -248,7 +248,7 @@ def run_study(spec_or_path: StudySpec | str | Path, db: str | Path, *, backend: 
               cache_dir: str | Path | None = None, max_cells: int | None = None) -> StudySummary:
     """Run every cell of the study not yet in `db` and write one row per cell; return what was done.
 
-    `spec_or_path` is a StudySpec, a TOML file, or a preset name ("quick", "seed", "paper", "extended"). `backend`
+    `spec_or_path` is a StudySpec, a TOML file, or a preset name (`devplace.study.spec.PRESETS`). `backend`
     is "local" (a process pool of `workers`) or "ray" (a local Ray cluster of `workers` CPUs, or the one at
     `address`). `retry_failed` reruns cells recorded as failed. `progress` shows a live progress bar.
     Prepared graphs are cached under `cache_dir` (default `<db>.graphs/`). A grid of more than `max_cells`

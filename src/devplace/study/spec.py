@@ -23,7 +23,7 @@ from devplace.graph.parallel import ParallelAsk
 from devplace.graph.semantics import SemanticsError, parse_semantics
 from devplace.planning import MAX_SEED
 
-PRESETS: tuple[str, ...] = ("quick", "seed", "paper", "extended")
+PRESETS: tuple[str, ...] = ("quick", "seed", "seed-full", "paper", "extended")
 NO_ORDER = "-"  # order_name of cells whose placer ignores the traversal order
 
 _TOP_KEYS = ("name", "description", "graphs", "max_nodes", "clusters", "sim_model", "semantics", "placers", "orders",
@@ -120,7 +120,7 @@ def too_many_cells(where: str, count: int, limit: int) -> StudyError:
 
 
 def load_study(path_or_name: str | Path, *, preset: bool = False, max_cells: int | None = None) -> StudySpec:
-    """Read a study TOML file, or with `preset` the built-in study of that name (quick, seed, paper, extended).
+    """Read a study TOML file, or with `preset` the built-in study of that name (`PRESETS`).
 
     A file longer than the input limit (DEVPLACE_MAX_INPUT_BYTES) or a grid of more than `max_cells` cells
     (default DEVPLACE_MAX_CELLS or 1,000,000) is refused.

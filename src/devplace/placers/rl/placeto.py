@@ -79,15 +79,21 @@ one sparse product) and one simulation; per episode one batched re-embedding of 
 gradients, O(V (V + E) d k) -- quadratic in V, about 6 GFLOP forward for 300 nodes at d = 32, k = 8. The
 embedding is recomputed from scratch at every step: every node's relative start time changes with each
 re-simulation, so there is no cheap incremental update. See `train_placeto` for measured episode times.
-Without gradients (the rollout) the rounds run in place and the three pools' layers as one product each:
-0.82 -> 0.70 ms per step on a 300-node graph (measured side by side, one thread); the learning step is
-unchanged (larger update chunks were slower: 0.94 s at 1e6 floats, 1.07 s at 4e6, 1.98 s at 16e6).
+The rollout's forward (placeto-gnn encoder, d <= 8) is one numba call per step (`devplace.placers.rl.rollout`: the
+same function in float32, about a hundred torch calls fewer; 0.35 -> 0.17 ms per step on ptb/0 at d = 8); wider
+policies and the sage and gat encoders run the torch forward, whose rounds run in place without gradients and
+whose three pools' layers are one product each. With gradients the placeto-gnn rounds are one autograd function
+(`_Rounds`) whose backward is autograd's own sequence of torch operations (the same gradients to the bit) on a
+forward that runs in place (0.203 -> 0.177 s per learning step on ptb/0 at d = 8; larger update chunks were slower
+at d = 32: 0.94 s at 1e6 floats, 1.07 s at 4e6, 1.98 s at 16e6).
 Memory per episode: the V states (V x V x features float32) and pooling masks (V x 3 x V bytes).
 
 Determinism: weights are initialised under `torch.manual_seed(seed)` (inside `torch.random.fork_rng`, so
 the caller's global generator is left alone) and actions are sampled with a `torch.Generator` seeded from
 `seed`; the same seed, order and inputs give the same placement and the same learning curve on one machine
-and thread count.
+and thread count. The compiled rollout forward's logits differ from torch's in the last bits, so an action could
+differ from the torch forward's where a uniform draw falls within ~1e-7 of a cumulative probability; on the graphs
+checked (docs/performance.md) every action, curve and placement was the same.
 """
 
 from __future__ import annotations
@@ -121,6 +127,13 @@ from devplace.defaults import (
 from devplace.graph.compgraph import CompGraph
 from devplace.hardware.cluster import Cluster
 from devplace.placers.registry import FullGraph, PlacerError, Progress, get_placer, register
+from devplace.placers.rl.rollout import (
+    COMPILED_MAX_HIDDEN,
+    RolloutGraph,
+    rollout_graph,
+    rollout_logits,
+    rollout_weights,
+)
 from devplace.placers.rl.start import best_classic, judged_best
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.placeto import PlacetoModel
@@ -241,18 +254,54 @@ def _choices(names: tuple[str, ...], aliases: dict[str, str]) -> str:
 # --------------------------------------------------------------------------- the network
 
 
-class _SumAggregate(torch.autograd.Function):
-    """`adj @ m` for a fixed sparse CSR `adj`, with the gradient `adj_t @ grad` from a transpose built once
-    (torch's own CSR backward transposes `adj` on every call, about 4x slower here)."""
+class _Rounds(torch.autograd.Function):
+    """The placeto encoder's `rounds` rounds `h <- relu(g(A . relu(f(h)))) + h0`, both directions stacked, with a
+    hand-written backward: the same torch operations as autograd's graph of those rounds (so the same gradients to
+    the bit), but the forward runs in place and saves only what the backward reads (per round h, relu(f(h)),
+    A . relu(f(h)) and relu(g(.))), and the sparse product's backward uses the transpose built once (torch's own CSR
+    backward transposes `adj` on every call, about 4x slower here). Half the learning step's time went to autograd's
+    version (ptb/0, width 8: forward 0.107 s against 0.047 s without gradients)."""
 
     @staticmethod
-    def forward(ctx, adj: torch.Tensor, adj_t: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        ctx.adj_t = adj_t
-        return adj @ m
+    def forward(ctx, h0: torch.Tensor, wf: torch.Tensor, bf: torch.Tensor, wg: torch.Tensor, bg: torch.Tensor,
+                adj: torch.Tensor, adj_t: torch.Tensor, rounds: int) -> torch.Tensor:
+        rows, d = h0.shape
+        n2 = adj.shape[0]
+        h = h0.expand(2, rows, d)
+        saved = []
+        for _ in range(rounds):
+            m = torch.bmm(h, wf).add_(bf).relu_()
+            agg = torch.matmul(adj, m.reshape(n2, -1)).reshape(2, rows, d)
+            r = torch.bmm(agg, wg).add_(bg).relu_()
+            saved.append((h, m, agg, r))
+            h = r + h0
+        ctx.saved, ctx.adj_t = saved, adj_t
+        ctx.save_for_backward(wf, wg)
+        return h
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[None, None, torch.Tensor]:
-        return None, None, ctx.adj_t @ grad
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        wf, wg = ctx.saved_tensors
+        n2 = ctx.adj_t.shape[0]
+        g_h0 = g_wf = g_bf = g_wg = g_bg = None
+        for h, m, agg, r in reversed(ctx.saved):  # contributions summed in the order autograd's engine sums them
+            g_h0 = grad.sum(0) if g_h0 is None else g_h0 + grad.sum(0)
+            g_r = torch.ops.aten.threshold_backward(grad, r, 0)
+            g_wg = _acc(g_wg, agg.transpose(1, 2).bmm(g_r))
+            g_bg = _acc(g_bg, g_r.sum(1, keepdim=True))
+            g_agg = g_r.bmm(wg.transpose(1, 2))
+            g_m = torch.matmul(ctx.adj_t, g_agg.reshape(n2, -1)).reshape(g_agg.shape)
+            g_m = torch.ops.aten.threshold_backward(g_m, m, 0)
+            g_wf = _acc(g_wf, h.transpose(1, 2).bmm(g_m))
+            g_bf = _acc(g_bf, g_m.sum(1, keepdim=True))
+            grad = g_m.bmm(wf.transpose(1, 2))
+        g_h0 = grad.sum(0) if g_h0 is None else g_h0 + grad.sum(0)
+        ctx.saved = None
+        return g_h0, g_wf, g_bf, g_wg, g_bg, None, None, None
+
+
+def _acc(total: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
+    return part if total is None else total + part
 
 
 def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
@@ -394,10 +443,7 @@ class PlacetoPolicy(nn.Module):
                 agg = torch.matmul(adj.adj, m.reshape(2 * n, b * d)).reshape(2, n * b, d)
                 h = torch.bmm(agg, wg).add_(bg).relu_().add_(h0)
             return torch.cat([h[0], h[1]], dim=-1).reshape(n, b, 2 * d)
-        for _ in range(self.rounds):
-            m = torch.relu(torch.baddbmm(bf, h, wf))
-            agg = _SumAggregate.apply(adj.adj, adj.adj_t, m.reshape(2 * n, b * d)).reshape(2, n * b, d)
-            h = torch.relu(torch.baddbmm(bg, agg, wg)) + h0
+        h = _Rounds.apply(h0, wf, bf, wg, bg, adj.adj, adj.adj_t, self.rounds)
         return torch.cat([h[0], h[1]], dim=-1).reshape(n, b, 2 * d)
 
     def forward(self, x: torch.Tensor, adj: Structure, current: torch.Tensor, pools: torch.Tensor,
@@ -471,6 +517,13 @@ class _GraphContext:
         self.static = (static / _col_scale(static)).astype(np.float32)
         self.anc, self.desc = _reachability(graph)
         self.memory = cluster.memory.astype(np.float64)
+        self._rollout_graph: RolloutGraph | None = None
+
+    def rollout_graph(self) -> RolloutGraph:
+        """The aggregation as the compiled rollout forward reads it (built on first use)."""
+        if self._rollout_graph is None:
+            self._rollout_graph = rollout_graph(self.adj.adj.crow_indices().numpy(), self.adj.adj.col_indices().numpy())
+        return self._rollout_graph
 
     def features(self, devices: np.ndarray, start_s: np.ndarray, done: np.ndarray, v: int) -> np.ndarray:
         """The state with v the current node: float32[V, features], each column scaled by its max |value|."""
@@ -601,9 +654,12 @@ def run_episodes(policy: PlacetoPolicy, ctx: _GraphContext, start: np.ndarray, s
         for log in logs:
             log.states = np.empty((n, n, ctx.num_features), dtype=np.float32)
             log.pool_masks = np.empty((n, 3, n), dtype=np.bool_)
-    with torch.inference_mode():  # the weights do not change during the episodes: stack them once
-        w = policy.stacked()
-    current = torch.zeros(count, dtype=torch.long)
+    # the weights do not change during the episodes: take them once, as the compiled forward reads them (the
+    # placeto-gnn encoder, `devplace.placers.rl.rollout`) or stacked for torch's batched products (the others)
+    compiled = policy.encoder == ENCODER_PLACETO and policy.hidden <= COMPILED_MAX_HIDDEN
+    with torch.inference_mode():
+        w = rollout_weights(policy) if compiled else policy.stacked()
+    current = np.zeros(count, dtype=np.int64)
     x = np.empty((count, n, ctx.num_features), dtype=np.float32)
     masks = np.empty((count, 3, n), dtype=np.bool_)
     # the pools depend on start times only on graphs cut to the nearest members; else one set serves all
@@ -619,7 +675,9 @@ def run_episodes(policy: PlacetoPolicy, ctx: _GraphContext, start: np.ndarray, s
                 logs[k].states[t], logs[k].pool_masks[t] = x[k], masks[k]
         current[:] = v
         with torch.inference_mode():
-            logits = policy(torch.from_numpy(x), ctx.adj, current, torch.from_numpy(masks.astype(np.float32)), w)
+            logits = torch.from_numpy(rollout_logits(w, x, current, masks, ctx.rollout_graph(), policy.rounds)) \
+                if compiled else policy(torch.from_numpy(x), ctx.adj, torch.from_numpy(current),
+                                        torch.from_numpy(masks.astype(np.float32)), w)
             logp = torch.log_softmax(logits, dim=-1)
             p = logp.exp()
             entropies = (-(p * logp).sum(dim=-1)).tolist()

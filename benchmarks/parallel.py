@@ -5,6 +5,7 @@ models x clusters.
     PYTHONPATH=src .venv/bin/python benchmarks/parallel.py [--models llama-1b,gpt2-xl]
         [--clusters 4xV100-16GB,2x8xA100-IB] [--batch 32] [--microbatch-size 1] [--max-seq-len N]
         [--precision fp32|amp-fp16|amp-bf16] [--cache /tmp/devplace-parallel] [--graph colocated|full] [--detail]
+        [--default]
 
 Each model is captured once at the micro-batch size (fake tensors on the meta device, cached as JSON under
 --cache) at the zoo's sequence length (llama-1b 2048, gpt2-xl 1024, llama3-8b 8192, llama-13b 4096,
@@ -23,7 +24,9 @@ FSDP (dp >= 2).
 
 Printed, per (model, cluster): the search's answer, its step, peak memory and wall time, the best hand
 configuration that fits and the ratio answer / best hand (below 1: the search is faster), one summary row per
-cell for docs/performance.md; with `--detail`, every hand configuration and every plan the search judged.
+cell for docs/performance.md; with `--detail`, every hand configuration and every plan the search judged; with
+`--default`, devplace's default search on the same model, batch and cluster (`devplace place --model`: the
+whole batch captured, each micro-batch at its own size, placer auto) against the best hand configuration.
 A cell where no plan fits memory says so (the search's error names every candidate's outcome).
 """
 
@@ -142,6 +145,31 @@ def run_cell(model: str, graph: CompGraph, cluster_name: str, batch: int, size: 
     return Cell(model, cluster_name, g.num_nodes, found, error, wall, hands)
 
 
+def default_row(model: str, cluster_name: str, batch: int, seq_len: int | None, precision: str,
+                best: ParallelResult | None) -> str:
+    """The row of the default search on the cell (`devplace place --model`, placer auto: pipelines, the parallel
+    plans devplace runs, placements without micro-batches, each micro-batch captured at its own size), against the
+    best hand configuration that fits."""
+    from devplace.app.with_torch import place_prepared, prepare_model
+
+    cluster = PRESETS[cluster_name]()
+    dtype, amp = PRECISIONS[precision]
+    t0 = time.perf_counter()
+    try:
+        placed = place_prepared(prepare_model(model, batch=batch, seq_len=seq_len, dtype=dtype, amp=amp,
+                                              cluster=cluster), cluster)
+    except DevplaceError as exc:
+        why = str(exc).splitlines()[0][:80]
+        return f"| {model} | {cluster_name} | {why} | - | - | {time.perf_counter() - t0:.1f} | - |"
+    wall = time.perf_counter() - t0
+    answer = (short(placed.parallel.plan) if placed.parallel is not None else
+              str(placed.placement.meta.get("placer_auto", {}).get("placer", placed.placer)))
+    step = placed.result.step_time_s
+    ratio = f"{step / best.step_time_s:.3f}" if best is not None else "-"
+    return (f"| {model} | {cluster_name} | {answer} | {step * 1e3:.1f} | "
+            f"{float(placed.result.peak_memory_bytes.max()) / 1e9:.1f} | {wall:.1f} | {ratio} |")
+
+
 def summary_row(cell: Cell) -> str:
     """The cell's row of docs/performance.md's table."""
     best = cell.best_hand()
@@ -183,10 +211,12 @@ def main() -> None:
     ap.add_argument("--graph", choices=("colocated", "full"), default="colocated",
                     help="plan the colocated groups (default) or every op (keeps B and W apart for zero bubble)")
     ap.add_argument("--detail", action="store_true", help="print every hand configuration and searched plan")
+    ap.add_argument("--default", action="store_true",
+                    help="also run devplace's default search (placer auto, the whole batch captured) on each cell")
     args = ap.parse_args()
     size = args.microbatch_size
     print(f"batch {args.batch} in micro-batches of {size}, {args.precision}, {args.graph} graph")
-    rows = []
+    rows, defaults = [], []
     for model in args.models.split(","):
         seq = get_spec(model).seq_len
         if args.max_seq_len is not None and seq is not None and seq > args.max_seq_len:
@@ -196,12 +226,19 @@ def main() -> None:
             cell = run_cell(model, graph, cluster, args.batch, size, args.graph)
             rows.append(summary_row(cell))
             print(rows[-1], flush=True)
+            if args.default:
+                defaults.append(default_row(model, cluster, args.batch, seq, args.precision, cell.best_hand()))
+                print(defaults[-1], flush=True)
             if args.detail:
                 detail(cell)
     print("\n| model | cluster | search's answer | step (ms) | peak GB | search s | best hand configuration that fits "
           "| its step (ms) | hand configs that fit | answer / best hand |")
     print("|---|---|---|---:|---:|---:|---|---:|---:|---:|")
     print("\n".join(rows))
+    if defaults:
+        print("\n| model | cluster | default's answer | step (ms) | peak GB | wall s | default / best hand |")
+        print("|---|---|---|---:|---:|---:|---:|")
+        print("\n".join(defaults))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from devplace.graph.modules import module_of
 from devplace.runtime import plan
 from devplace.runtime.export import callable_modules, pipeline_split
 from devplace.runtime.pipeline_run import accumulated_step, run_pipeline
@@ -55,3 +56,33 @@ def test_an_interleaved_placement_exports_as_rounds_of_the_devices():
     split = pipeline_split(p.graph, p.placement, p.cluster, model)
     assert len(split.devices) == 4 and split.devices[:2] == split.devices[2:] and len(set(split.devices)) == 2
     assert split.pipelined_step_time_s == p.result.step_time_s
+
+
+def test_bart_interleaved_runs_its_decoder_embedding_in_the_chunk_the_program_runs_it():
+    """BART's decoder embedding reads nothing from another device, so the simulator's data flow alone put it in
+    chunk 0 of its device, where the program runs it in chunk 1 (after the encoder): every interleaved split the
+    pipeline placer judged at M=4 on 2 devices then met its stages out of order along the program and was
+    refused, reported as "no split ... fits memory". The simulator now takes each op's chunk from the program
+    (its floor), so the split is a pipeline, exports as 2 rounds of the devices and simulates to the same step."""
+    model, inputs = tiny.bart()
+    p = plan(model, inputs, "2xK80", placer="pipeline", schedule="interleaved-1f1b", microbatches=4, order="topo")
+    split = pipeline_split(p.graph, p.placement, p.cluster, model)
+    assert len(split.devices) == 4 and split.devices[:2] == split.devices[2:] and len(set(split.devices)) == 2
+    assert split.moved_fraction == 0.0 and split.pipelined_step_time_s == p.result.step_time_s
+    graph, stage = p.graph, p.result.stage
+    embed = [v for v in range(graph.num_nodes) if graph.kind[v] == "forward" and graph.compute_s[v] > 0
+             and (module_of(graph, v) or "").endswith("decoder.embed_tokens")]
+    assert split.split_points[1] == "model.model.decoder"  # the decoder begins the third stage, on device 0 again
+    assert embed and {int(stage[v]) for v in embed} == {2}, "the decoder embedding runs in the third stage"
+
+
+def test_an_interleaved_pipeline_with_too_few_places_to_cut_says_so_not_no_fit():
+    """Three module calls give two places where a stage may begin, fewer than the 3 cuts of 4 interleaved stages
+    on 2 devices: the error says that (it said no split fits memory, on 1.3 kB against 24 GB)."""
+    from devplace.placers.memory import NoFitError
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    with pytest.raises(NoFitError, match=r"4 interleaved-1f1b stages, but only 2 place\(s\) where a stage may end") \
+            as caught:
+        plan(model, (torch.randn(8, 8),), "2xK80", placer="pipeline", schedule="interleaved-1f1b", microbatches=2)
+    assert not caught.value.memory and "fits" not in str(caught.value)

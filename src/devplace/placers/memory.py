@@ -16,9 +16,20 @@ from devplace.units import fmt_bytes
 
 class NoFitError(DevplaceError):
     """No memory-feasible placement was found: the message gives the memory needed and available; `reason`
-    the placer's own words (what a message that wraps this one quotes)."""
+    the placer's own words (what a message that wraps this one quotes). `memory` False: nothing was judged on
+    memory, the placements the placer could make are all ones that do not run (`unrunnable_error`), so a search
+    that wraps it must not say "no fit"."""
 
     reason: str = ""
+    memory: bool = True
+
+
+def unrunnable_error(message: str, reason: str) -> NoFitError:
+    """The NoFitError for "no placement of this kind runs" (not memory): `message` the whole error, `reason`
+    the placer's own words for a wrapping message."""
+    err = NoFitError(message)
+    err.reason, err.memory = reason, False
+    return err
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ from devplace.graph.tensors import tensor_groups
 from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster, op_times, step_times
 from devplace.placers.common import positive_int
-from devplace.placers.memory import NoFitError, no_fit_error
+from devplace.placers.memory import no_fit_error, unrunnable_error
 from devplace.placers.registry import FullGraph, PlacerError, PlacerOutput, register
 from devplace.sim.bounds import op_holds
 from devplace.sim.schedule import (
@@ -585,14 +585,18 @@ class _Search:
         return self.perm[stage_of_item[it.owner] % self.cluster.num_devices]
 
 
-def _runnable(graph: CompGraph, r: ScheduledResult, s: Schedule) -> bool:
-    """Whether torch's pipelining runs the simulated pipeline `r`: its schedule on its devices
-    (`Schedule.unrunnable`: 1f1b with at least as many micro-batches as stages), and under V > 1 chunks per
-    device all p V stages in order along the program, as the export sees them (`_program_stages`)."""
+def _unrunnable(graph: CompGraph, r: ScheduledResult, s: Schedule) -> str | None:
+    """Why torch's pipelining would not run the simulated pipeline `r`, None when it would: its schedule on its
+    devices (`Schedule.unrunnable`: 1f1b with at least as many micro-batches as stages), and under V > 1 chunks
+    per device all p V stages in order along the program, as the export sees them (`_program_stages`)."""
     staged = r.stage >= 0
     p = np.unique(r.device[staged]).size
     v = int(s.chunks or 1)
-    return s.unrunnable(p) is None and (v == 1 or _program_stages(graph, r.stage) == list(range(p * v)))
+    why = s.unrunnable(p)
+    if why is None and v > 1 and (met := _program_stages(graph, r.stage)) != list(range(p * v)):
+        why = (f"the program meets its stages in the order {met}, not the {p * v} stages 0..{p * v - 1} of "
+               f"{v} rounds of the {p} devices that an interleaved schedule runs")
+    return why
 
 
 def _program_stages(graph: CompGraph, stage: np.ndarray) -> list[int]:
@@ -622,16 +626,20 @@ class _Judge:
         self.simulated: dict[tuple[Schedule, tuple[int, ...]], ScheduledResult | None] = {}
         self.best: tuple[float, int, int, PipelinePlan] | None = None
         self.least_over: tuple[float, Schedule, tuple[int, ...]] | None = None
+        self.refused: str | None = None  # why the first split that is no pipeline torch runs is not
 
     def consider(self, s: Schedule, cuts: tuple[int, ...], rank: int) -> None:
         if (s, cuts) not in self.simulated:
             devices = self.search.devices(cuts)
+            why: str | None = None
             try:
                 r = simulate_schedule(self.judged.graph, self.cluster, self.judged.expand(devices), s)
-            except DevplaceError:  # a class forced across the stage order: not a pipeline, skip it
-                r = None
-            if r is not None and not _runnable(self.judged.graph, r, s):  # as torch's pipelining would refuse
-                r = None
+            except DevplaceError as exc:  # a class forced across the stage order: not a pipeline, skip it
+                r, why = None, str(exc)
+            if r is not None and (why := _unrunnable(self.judged.graph, r, s)) is not None:
+                r = None  # as torch's pipelining would refuse it
+            if why is not None and self.refused is None:
+                self.refused = f"M={s.microbatches}: {why}"
             self.simulated[s, cuts] = r
             if r is not None and not r.feasible:
                 over = float(sum(r.oom.values()))
@@ -689,13 +697,18 @@ def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | No
     # only what torch's pipelining runs on all the devices (1f1b: M >= stages; interleaved: M a multiple of them)
     runnable = [s for s in schedules if s.unrunnable(devices) is None]
     if not runnable:
-        why = (f"placer 'pipeline' on {devices} devices: {schedules[-1].unrunnable(devices)}; got microbatches "
-               f"{', '.join(str(m) for m in counts)}"
-               + (f" (the counts that divide the batch of {batch})" if microbatches is None else ""))
+        if microbatches is not None or own is not None:  # one count
+            why = f"placer 'pipeline' on {devices} devices: {schedules[-1].unrunnable(devices)}"
+        else:
+            origin = f"that divide the batch of {batch}" if batch is not None else "it tries"
+            why = (f"placer 'pipeline' on {devices} devices: {schedule} runs none of the micro-batch counts "
+                   f"{origin} ({', '.join(str(m) for m in counts)}; at M={counts[-1]}: "
+                   f"{schedules[-1].unrunnable(devices)}); use another schedule, or a batch and --microbatches "
+                   "that it runs")
         if microbatches is not None:
             raise PlacerError(why)  # the count asked for is the problem
         # the step's batch is: no pipeline of it runs here, a candidate placer auto skips (and logs why)
-        raise NoFitError(why)
+        raise unrunnable_error(why, why)
     return runnable
 
 
@@ -720,24 +733,42 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
     judged = as_run if as_run is not None else FullGraph.same(graph)
     # the item of each node of the graph as run: expanding gathers a value per node of `graph` (its item)
     memory = StageMemory(judged.graph, judged.expand(items.owner), items.blocked, cluster)
-    plans = []
+    only = " that begin where the export can cut (--set cuts=ops: anywhere)" if cuts == "modules" else ""
+    stages = cluster.num_devices * max(int(s.chunks or 1) for s in schedules)
+    places = int((~items.blocked[1:-1]).sum())  # where a stage may end inside the sequence
+    where = " (where a module call begins, as the export cuts; --set cuts=ops: anywhere)" if cuts == "modules" else ""
+    if stages > cluster.num_devices and places < stages - 1:  # interleaved: every stage holds ops
+        raise unrunnable_error(
+            f"placer 'pipeline': {schedule} runs {stages} stages on {cluster.name!r}, but the order of "
+            f"{graph.name!r} has only {places} place(s) where a stage may end{where}, "
+            f"so at most {places + 1} stages; use fewer chunks (--set chunks=...), fewer devices, or --schedule 1f1b",
+            f"{stages} {schedule} stages, but only {places} place(s) where a stage may end")
+    plans, refused = [], []
     for device_order in device_orders(graph, cluster):
         identity = device_order == tuple(range(cluster.num_devices))
         ordered = [s if identity else replace(s, device_order=device_order) for s in schedules]
         plan = _plan_in_order(judged, cluster, _Search(graph, cluster, items, memory, device_order), ordered)
-        if plan is not None:
+        if isinstance(plan, PipelinePlan):
             plans.append(plan)
+        elif plan is not None:
+            refused.append(plan)
     if not plans:
-        only = " that begin where the export can cut (--set cuts=ops: anywhere)" if cuts == "modules" else ""
+        if refused:  # not memory: every split judged is one torch's pipelining would not run
+            raise unrunnable_error(
+                f"placer 'pipeline' found no {schedule} pipeline of {graph.name!r} on {cluster.name!r} that torch's "
+                f"pipelining runs: every split of the order into stages{only} that the search judged is refused "
+                f"({refused[0]}); try another --order, --schedule or --microbatches, or --set cuts=ops",
+                f"no split of the order into {schedule} stages{only} is a pipeline torch runs ({refused[0]})")
         raise no_fit_error(graph, cluster, "pipeline", f"no split of the order into {schedule} pipeline stages{only} "
                            "fits memory under the schedule")
     return min(plans, key=lambda pl: (pl.step_time_s, pl.schedule.microbatches))  # of equals the first order's
 
 
 def _plan_in_order(judged: FullGraph, cluster: Cluster, search: _Search,
-                   schedules: list[Schedule]) -> PipelinePlan | None:
+                   schedules: list[Schedule]) -> PipelinePlan | str | None:
     """Steps 4-6 of the module docstring for one order of the devices along the pipeline (`search.perm`):
-    the best split found, judged and refined, or None when none fits memory."""
+    the best split found, judged and refined; else why the splits judged are no pipeline torch runs, when
+    every one of them is refused so (none was judged on memory); else None (none fits memory)."""
     # interleaved: no stage left empty (torch's pipelining runs all V chunks of every device), so each chunk's
     # micro-batches in flight are the schedule's
     full = any(int(s.chunks or 1) > 1 for s in schedules)
@@ -754,7 +785,7 @@ def _plan_in_order(judged: FullGraph, cluster: Cluster, search: _Search,
             for rank, (_, cuts) in enumerate(way[1:], start=1):
                 judge.consider(s, cuts, rank)
     if judge.best is None and judge.least_over is None:
-        return None
+        return judge.refused
     return _refine(judge)
 
 

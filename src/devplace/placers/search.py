@@ -77,7 +77,7 @@ from devplace.graph.ties import fold, tie_classes, untied, violations
 from devplace.hardware.cluster import Cluster, canonical_order, reordered
 from devplace.orders import Order, check_order, order_label, traversal_indices
 from devplace.orders.auto import candidate_orders, recommend_order
-from devplace.placers.memory import NoFitError, memory_needs, no_fit_error
+from devplace.placers.memory import NoFitError, memory_needs, no_fit_error, unrunnable_error
 from devplace.placers.parallel import as_microbatch, search_parallel
 from devplace.placers.pipeline import pipeline_schedules
 from devplace.placers.registry import (
@@ -788,14 +788,18 @@ def _runner(req: Request, view: View, spec: PlacerSpec, orders: tuple[Order, ...
             return once(seen, visits[0]), orders[0]
         # no order fits alone as run: the one that does best on the view at these caps
         best: tuple[PlacerOutput, Order, float] | None = None
+        unrunnable: list[NoFitError] = []  # orders whose placements do not run (not memory)
         for order, visit in zip(orders, visits, strict=True):
             try:
                 out = once(seen, visit)
                 step = simulate_output(view.graph, seen, out.devices, out.schedule, spec.name)
-            except NoFitError:
+            except NoFitError as exc:
+                unrunnable += [] if exc.memory else [exc]
                 continue
             if step.feasible and (best is None or step.step_time_s < best[2]):
                 best = (out, order, step.step_time_s)
+        if best is None and len(unrunnable) == len(orders):
+            raise unrunnable[0]  # not memory: say why, not "no fit"
         if best is None:
             raise no_fit_error(req.graph, req.cluster, spec.name, f"no order of {len(orders)} places its view "
                                "within memory")
@@ -1044,6 +1048,16 @@ def search_microbatches(req: Request, settings: dict[str, Any], beat: float = ma
     chosen_at: int | None = None
     one_stage = kind in ("gpipe", "1f1b") and int(chunks or 1) == 1
     bounds = microbatch_bounds(req.graph, req.cluster, counts, one_stage_per_device=one_stage)
+    unrunnable: dict[int, NoFitError] = {}  # counts whose pipelines do not run (not memory)
+
+    def attempt(at_m: Request) -> SearchResult:
+        try:
+            return search_graph(at_m)
+        except NoFitError as exc:
+            if not exc.memory:
+                unrunnable[at_m.settings["microbatches"]] = exc
+            raise
+
     for m in counts:
         fastest = min(beat, best.result.step_time_s if best is not None else math.inf)
         if bounds[m] >= fastest:
@@ -1052,7 +1066,7 @@ def search_microbatches(req: Request, settings: dict[str, Any], beat: float = ma
             continue
         graph, coarsening = req.microbatch_graph(m)
         at_m = replace(walk, graph=graph, coarsening=coarsening, settings={**rest, "microbatches": m})
-        for _, found in _candidate(log, "microbatches", AUTO_PIPELINE, lambda at_m=at_m: search_graph(at_m),
+        for _, found in _candidate(log, "microbatches", AUTO_PIPELINE, lambda at_m=at_m: attempt(at_m),
                                    microbatches=m):
             order = found.placement.made_by.order if found.placement.made_by is not None else None
             if walk.order == "auto" and order is not None:
@@ -1066,6 +1080,11 @@ def search_microbatches(req: Request, settings: dict[str, Any], beat: float = ma
                        f"M={', '.join(tried)}: {', '.join(f'{bounds[int(m)]:.4g}' for m in tried)} s)")
     if best is None:
         reasons = "; ".join(f"M={m}: {why}" for m, why in tried.items())
+        if len(unrunnable) == len(counts):  # not memory: say why, not "no fit"
+            why = "; ".join(f"M={m}: {exc.reason or exc}" for m, exc in unrunnable.items())
+            raise unrunnable_error(f"placer {AUTO_PIPELINE!r} found no pipeline of {req.graph.name!r} on "
+                                   f"{req.cluster.name!r} that runs, at any micro-batch count the batch of {batch} "
+                                   f"allows ({why})", f"no pipeline runs ({why})")
         raise no_fit_error(req.graph, req.cluster, AUTO_PIPELINE, f"no micro-batch count the batch of {batch} "
                            f"allows fits ({reasons})")
     assert best.placement.schedule is not None

@@ -33,6 +33,7 @@ from numba import njit
 from devplace.errors import GraphError
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.modules import segment_spans
 from devplace.graph.phases import runs_per_step, step_compute
 from devplace.graph.schedule import KINDS as VALUE_KINDS
 from devplace.graph.schedule import Schedule, ScheduleError
@@ -158,8 +159,10 @@ def pipeline_stages(graph: CompGraph, devices: np.ndarray, chunks: int,
             raise ScheduleError(f"chunk_of must give every op of graph {graph.name!r} its chunk 0..{chunks - 1}")
         chunk, bad, bad_chunk = np.where(mb, chunk, -1).astype(np.int64), -1, 0
     else:
+        floor = (_program_chunks(graph, devices, phase, pos_of) if chunks > 1
+                 else np.zeros(graph.num_nodes, dtype=np.int64))
         chunk, bad, bad_chunk = _chunks(graph.topo_order, graph.pred_ptr, graph.pred_edges, graph.edge_src, phase,
-                                        pos, devices, tie_classes(graph), chunks)
+                                        pos, devices, tie_classes(graph), chunks, floor)
     if bad >= 0:
         what = ("a pipeline sends activations along its device order only (by index unless the schedule "
                 "gives a device_order)" if chunks == 1
@@ -170,9 +173,36 @@ def pipeline_stages(graph: CompGraph, devices: np.ndarray, chunks: int,
     return Stages(phase=phase, stage=stage, pipeline_devices=tuple(used), chunks=chunks)
 
 
+def _program_chunks(graph: CompGraph, devices: np.ndarray, phase: np.ndarray, pos_of: np.ndarray) -> np.ndarray:
+    """int64[V]: the chunk the forward program puts each forward op in, a floor under the data flow's: on a
+    captured model (segments between module starts, `segment_spans`) each segment runs on the device with most of
+    its forward compute (ties: the one with most ops, then the lower index), as the pipeline export cuts it, and
+    the chunk grows by one where that device comes before the previous segment's along the pipeline (a wrap
+    round the devices). A forward op on its segment's device gets its segment's chunk; every other op 0. Without
+    it an op that reads nothing from another device (BART's decoder embedding, a mask built from `arange`) would
+    run in chunk 0 of its device although the program, and torch, run it with the later chunk it lies in."""
+    floor = np.zeros(graph.num_nodes, dtype=np.int64)
+    seg = graph.derived("segment_spans", segment_spans)[:, 0]
+    ops = np.flatnonzero((phase == FORWARD) & (seg >= 0))
+    if not ops.size:
+        return floor
+    width = int(devices.max(initial=0)) + 1
+    share = np.bincount(seg[ops] * width + devices[ops], weights=graph.compute_s[ops] + 1e-300,
+                        minlength=(int(seg[ops].max()) + 1) * width).reshape(-1, width)
+    present = np.flatnonzero(share.sum(axis=1) > 0)
+    seg_device = share.argmax(axis=1)
+    at = pos_of[seg_device[present]]
+    chunk = np.zeros(share.shape[0], dtype=np.int64)
+    chunk[present] = np.concatenate([[0], np.cumsum(at[1:] < at[:-1])])
+    mine = ops[devices[ops] == seg_device[seg[ops]]]
+    floor[mine] = chunk[seg[mine]]
+    return floor
+
+
 @njit(cache=True)
-def _chunks(topo, pred_ptr, pred_edges, edge_src, phase, pos, devices, classes, chunks):  # pragma: no cover
+def _chunks(topo, pred_ptr, pred_edges, edge_src, phase, pos, devices, classes, chunks, floor):  # pragma: no cover
     """Each op's chunk (-1 for per-step ops), walking the canonical order: a forward op's is the largest of its
+    `floor` (`_program_chunks`) and its
     forward predecessors' plus one where data goes back to an earlier pipeline position (`pos`); a backward
     op's is that of its tie class's forward ops (the largest: an input tied to its consumer is a source, in
     chunk 0), else of its first micro-batch predecessor on its device, else the last chunk (where the loss
@@ -183,7 +213,7 @@ def _chunks(topo, pred_ptr, pred_edges, edge_src, phase, pos, devices, classes, 
     for v in topo:
         if phase[v] != FORWARD:
             continue
-        c = 0
+        c = floor[v]
         for e in pred_edges[pred_ptr[v]:pred_ptr[v + 1]]:
             u = edge_src[e]
             if phase[u] == FORWARD:

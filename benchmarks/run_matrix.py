@@ -4,14 +4,16 @@ zero bubble, 2 chunks per device by default), exported and run (CPU, gloo),
 each run's loss and gradients compared with the unpipelined step's (tests/test_matrix.py is the cut CI runs).
 
     PYTHONPATH=src .venv/bin/python benchmarks/run_matrix.py [--arch llama bart ...]
-        [--schedule gpipe 1f1b interleaved-1f1b zero-bubble] [--clusters 2xK80 3xGPU-placeto 4xV100-16GB] [--no-default]
+        [--schedule gpipe 1f1b interleaved-1f1b zero-bubble] [--clusters 1xV100-16GB 2xK80 3xGPU-placeto
+        4xV100-16GB] [--no-default]
 
 Each cell is the command line's flow, the commands run as a user runs them (one `python -m devplace` process
 each): `devplace place --model devplace.zoo.tiny:ARCH -c CLUSTER [--placer pipeline --schedule S] --save-plan
 p.json`, then for a pipelined plan `devplace export p.json --format pipeline -o x.json` and the export run by
 `devplace.runtime.run_pipeline` in this process (so that every parameter's gradient is compared, not only the
 loss), for an unpipelined plan `devplace run --plan p.json --devices cpu,...` (its loss compared). The stage
-count is the cluster's device count (times 2 chunks under interleaved-1f1b and zero-bubble). BatchNorm's
+count is the cluster's device count (times 2 chunks under interleaved-1f1b and zero-bubble; 1xV100-16GB, one
+stage, is 4xV100-16GB's first device in a cluster file the script writes). BatchNorm's
 pipelined step is compared with the step accumulated over the same micro-batches (micro-batching changes its
 result, which the row says). Prints one row per cell and the count of cells that ran equal; never run in CI.
 """
@@ -31,13 +33,23 @@ import torch
 from torch import nn
 
 from devplace.capture.custom import build_custom_model
+from devplace.hardware.cluster import Cluster, load_cluster, save_cluster
 from devplace.runtime.export import read_pipeline
 from devplace.runtime.pipeline_run import accumulated_step, run_pipeline
 from devplace.zoo.tiny import ARCHITECTURES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
-CLUSTERS = ("2xK80", "3xGPU-placeto", "4xV100-16GB")  # 2, 3 and 4 devices
+ONE = "1xV100-16GB"  # no preset has one device: the first device of 4xV100-16GB, written to a cluster file
+CLUSTERS = (ONE, "2xK80", "3xGPU-placeto", "4xV100-16GB")  # 1, 2, 3 and 4 devices
 DEFAULT_CLUSTER = "4xV100-16GB"
+
+
+def _one_device(folder: Path) -> str:
+    """A cluster file of one V100 (4xV100-16GB's first device), for the cells of one stage."""
+    four = load_cluster(DEFAULT_CLUSTER)
+    path = folder / f"{ONE}.json"
+    save_cluster(Cluster(ONE, four.devices[:1], four.link), path)
+    return str(path)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -52,7 +64,8 @@ def cell(arch: str, cluster: str, schedule: str | None, folder: Path) -> dict[st
     row: dict[str, object] = {"arch": arch, "cluster": cluster, "placer": "pipeline" if schedule else "default"}
     t0 = time.perf_counter()
     extra = ["--placer", "pipeline", "--schedule", schedule] if schedule else []
-    done = _cli("place", "--model", spec, "-c", cluster, *extra, "--save-plan", str(plan), "--force", "--quiet")
+    where = _one_device(folder) if cluster == ONE else cluster
+    done = _cli("place", "--model", spec, "-c", where, *extra, "--save-plan", str(plan), "--force", "--quiet")
     if done.returncode:
         return {**row, "ok": False, "what": f"place: {done.stderr.strip().splitlines()[-1:]}"}
     placed = json.loads(plan.read_text())

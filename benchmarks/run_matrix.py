@@ -5,7 +5,7 @@ each run's loss and gradients compared with the unpipelined step's (tests/test_m
 
     PYTHONPATH=src .venv/bin/python benchmarks/run_matrix.py [--arch llama bart ...]
         [--schedule gpipe 1f1b interleaved-1f1b zero-bubble] [--clusters 1xV100-16GB 2xK80 3xGPU-placeto
-        4xV100-16GB] [--no-default]
+        4xV100-16GB] [--no-default] [--batch N]
 
 Each cell is the command line's flow, the commands run as a user runs them (one `python -m devplace` process
 each): `devplace place --model devplace.zoo.tiny:ARCH -c CLUSTER [--placer pipeline --schedule S] --save-plan
@@ -57,24 +57,26 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, "COLUMNS": "200"}, check=False)
 
 
-def cell(arch: str, cluster: str, schedule: str | None, folder: Path) -> dict[str, object]:
-    """One cell: place, export, run, compare. A dict for the row (`ok` True when the run equals the reference)."""
+def cell(arch: str, cluster: str, schedule: str | None, folder: Path, batch: int | None = None) -> dict[str, object]:
+    """One cell: place, export, run, compare (at `batch`, None: the model's). A dict for the row (`ok` True when
+    the run equals the reference)."""
     spec = f"devplace.zoo.tiny:{arch}"
+    sized = ["--batch", str(batch)] if batch is not None else []
     plan, export = folder / "p.json", folder / "x.json"
     row: dict[str, object] = {"arch": arch, "cluster": cluster, "placer": "pipeline" if schedule else "default"}
     t0 = time.perf_counter()
     extra = ["--placer", "pipeline", "--schedule", schedule] if schedule else []
     where = _one_device(folder) if cluster == ONE else cluster
-    done = _cli("place", "--model", spec, "-c", where, *extra, "--save-plan", str(plan), "--force", "--quiet")
+    done = _cli("place", "--model", spec, *sized, "-c", where, *extra, "--save-plan", str(plan), "--force", "--quiet")
     if done.returncode:
         return {**row, "ok": False, "what": f"place: {done.stderr.strip().splitlines()[-1:]}"}
     placed = json.loads(plan.read_text())
     sched = placed["placement"].get("schedule")
-    model, inputs, _ = build_custom_model(spec, seed=0)
+    model, inputs, _ = build_custom_model(spec, batch, seed=0)
     if sched is None:  # unpipelined: devplace run --plan
         devices = ",".join(["cpu"] * (max(placed["placement"]["assignment"].values()) + 1))
-        done = _cli("run", "--plan", str(plan), "--model", spec, "--devices", devices, "--steps", "1", "--warmup", "0",
-                    "--record", str(folder / "runs.jsonl"), "--json")
+        done = _cli("run", "--plan", str(plan), "--model", spec, *sized, "--devices", devices, "--steps", "1",
+                    "--warmup", "0", "--record", str(folder / "runs.jsonl"), "--json")
         if done.returncode:
             return {**row, "ok": False, "what": f"run: {done.stderr.strip().splitlines()[-1:]}"}
         loss = json.loads(done.stdout)["losses"][0]
@@ -104,13 +106,15 @@ def main() -> None:
     parser.add_argument("--schedule", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES))
     parser.add_argument("--clusters", nargs="+", default=list(CLUSTERS))
     parser.add_argument("--no-default", action="store_true", help="skip the default placer's cells")
+    parser.add_argument("--batch", type=int, help="the models' batch (default: theirs, 8; interleaved-1f1b on 3 "
+                        "devices needs a multiple of 3)")
     args = parser.parse_args()
     cells = [(a, DEFAULT_CLUSTER, None) for a in args.arch if not args.no_default]
     cells += [(a, c, s) for a in args.arch for c in args.clusters for s in args.schedule]
     equal = 0
     with tempfile.TemporaryDirectory(prefix="devplace-matrix-") as tmp:
         for arch, cluster, schedule in cells:
-            row = cell(arch, cluster, schedule, Path(tmp))
+            row = cell(arch, cluster, schedule, Path(tmp), args.batch)
             equal += bool(row["ok"])
             seconds = f"{row['s']:.0f} s" if "s" in row else ""
             print(f"{arch:8} {cluster:14} {row['placer']:8} {schedule or '-':17} "

@@ -395,8 +395,10 @@ def _hidden_back_edge():
 def test_stages_that_are_no_pipeline_as_run_are_a_no_fit_error_naming_why():
     full, _, c = _hidden_back_edge()
     # A on device 0 and B on device 1 is a pipeline on the view, none as run
-    with pytest.raises(NoFitError, match=r"no pipeline on the graph as it runs .*would be in chunk 1.*another --order"):
+    why = r"no pipeline on the graph as it runs .*would be in chunk 1.*another --order"
+    with pytest.raises(NoFitError, match=why) as caught:
         simulate_output(full, c, np.array([0, 1, 0]), Schedule("1f1b", 2), "pipeline")
+    assert not caught.value.memory and "fits" not in str(caught.value)  # not memory: no "no fit"
 
 
 def test_the_placer_judges_its_splits_on_the_graph_as_run():

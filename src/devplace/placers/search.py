@@ -851,7 +851,8 @@ def simulate_output(graph: CompGraph, cluster: Cluster, devices: np.ndarray, sch
     """The step of `graph` under `devices` as it runs: under `schedule` when given (a ScheduledResult), else
     unpipelined (the reference model). With `placer` named, devices that form no pipeline under `schedule` on
     `graph` (a placer judged its stages on a folded or coarse view of it, where they did) are that placer's
-    NoFitError saying why, so a search over orders or placers skips it instead of stopping."""
+    NoFitError saying why (not memory: `unrunnable_error`), so a search over orders or placers skips it instead
+    of stopping."""
     if schedule is None:
         return DevplaceModel(graph, cluster).run(devices)
     try:
@@ -859,8 +860,10 @@ def simulate_output(graph: CompGraph, cluster: Cluster, devices: np.ndarray, sch
     except ScheduleError as exc:
         if placer is None:
             raise
-        raise no_fit_error(graph, cluster, placer, f"its {schedule.kind} stages are no pipeline on the graph as it "
-                           f"runs ({exc}); another --order, or more groups (--max-nodes), may stage it") from exc
+        why = (f"its {schedule.kind} stages are no pipeline on the graph as it runs ({exc}); another --order, or "
+               "more groups (--max-nodes), may stage it")
+        raise unrunnable_error(f"placer {placer!r} found no placement of {graph.name!r} on {cluster.name!r} that "
+                               f"runs: {why}", why) from exc
 
 
 def with_caps(cluster: Cluster, caps: np.ndarray) -> Cluster:

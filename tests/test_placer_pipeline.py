@@ -561,3 +561,15 @@ def test_a_batch_too_small_to_pipeline_is_a_no_fit_that_placer_auto_skips():
     placed = place(g, c, order="topo")
     why = placed.meta["placer_auto"]["tried"]["pipeline"]
     assert placed.schedule is None and "counts that divide the batch of 2" in why
+
+
+def test_interleaved_on_one_device_is_refused_as_unrunnable_not_as_no_fit():
+    """Interleaved 1F1B's chunks go round the devices; on one device they made no round, every split was refused
+    as out of program order, and the message repeated that for each micro-batch count (issue 30's matrix, the
+    1-device cells). Now one line says why, and it is not a memory error."""
+    g, c = layers([1.0] * 8, meta={"capture": {"batch": 8}}), cluster(1, bw=1e12)
+    assert "2 or more devices" in Schedule("interleaved-1f1b", 2, 2).unrunnable(1)
+    with pytest.raises(NoFitError, match=r"on 1 device\(s\): interleaved-1f1b runs its 2 chunks round 2 or more "
+                                         r"devices, not on 1; use gpipe or 1f1b") as caught:
+        plan(g, c, schedule="interleaved-1f1b")
+    assert not caught.value.memory

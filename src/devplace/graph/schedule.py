@@ -73,12 +73,16 @@ class Schedule:
         """Why torch.distributed.pipelining cannot run this schedule on a pipeline of `devices` devices (None: it
         can): its 1F1B fills the pipeline before the first backward, so it needs M >= the stages; its interleaved
         1F1B, M a multiple of max(1, M // devices), which M a multiple of the devices (Megatron-LM's order, what
-        the simulator runs) satisfies; its interleaved zero bubble (any chunks), M a multiple of those rounds
+        the simulator runs) satisfies, on 2 or more devices (its chunks go round the devices: one device makes no
+        round, and its stages would be one); its interleaved zero bubble (any chunks), M a multiple of those rounds
         (fewer micro-batches than devices run too: torch's zero bubble has no 1F1B fill rule). GPipe runs any M."""
         m = self.microbatches
         if self.kind == "1f1b" and m < devices:
             return (f"1f1b runs at least as many micro-batches as stages: {m} micro-batch(es) for {devices} stages; "
                     f"use {devices} or more micro-batches, or the gpipe schedule")
+        if self.kind == "interleaved-1f1b" and devices < 2:
+            return (f"interleaved-1f1b runs its {self.chunks or 2} chunks round 2 or more devices, not on {devices}; "
+                    "use gpipe or 1f1b (one stage per device)")
         if self.kind == "interleaved-1f1b" and m % devices:
             return (f"interleaved-1f1b needs microbatches to be a multiple of the {devices} devices, got {m}; use a "
                     f"multiple of {devices}")

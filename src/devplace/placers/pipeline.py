@@ -639,7 +639,7 @@ class _Judge:
             if r is not None and (why := _unrunnable(self.judged.graph, r, s)) is not None:
                 r = None  # as torch's pipelining would refuse it
             if why is not None and self.refused is None:
-                self.refused = f"M={s.microbatches}: {why}"
+                self.refused = why
             self.simulated[s, cuts] = r
             if r is not None and not r.feasible:
                 over = float(sum(r.oom.values()))
@@ -697,8 +697,8 @@ def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | No
     # only what torch's pipelining runs on all the devices (1f1b: M >= stages; interleaved: M a multiple of them)
     runnable = [s for s in schedules if s.unrunnable(devices) is None]
     if not runnable:
-        if microbatches is not None or own is not None:  # one count
-            why = f"placer 'pipeline' on {devices} devices: {schedules[-1].unrunnable(devices)}"
+        if len({s.unrunnable(devices) for s in schedules}) == 1:  # one count, or a reason that is not the count
+            why = f"placer 'pipeline' on {devices} device(s): {schedules[-1].unrunnable(devices)}"
         else:
             origin = f"that divide the batch of {batch}" if batch is not None else "it tries"
             why = (f"placer 'pipeline' on {devices} devices: {schedule} runs none of the micro-batch counts "

@@ -1084,7 +1084,10 @@ def search_microbatches(req: Request, settings: dict[str, Any], beat: float = ma
     if best is None:
         reasons = "; ".join(f"M={m}: {why}" for m, why in tried.items())
         if len(unrunnable) == len(counts):  # not memory: say why, not "no fit"
-            why = "; ".join(f"M={m}: {exc.reason or exc}" for m, exc in unrunnable.items())
+            alike: dict[str, list[str]] = {}  # each reason once, with its counts
+            for m, exc in unrunnable.items():
+                alike.setdefault(exc.reason or str(exc), []).append(str(m))
+            why = "; ".join(f"M={', '.join(ms)}: {text}" for text, ms in alike.items())
             raise unrunnable_error(f"placer {AUTO_PIPELINE!r} found no pipeline of {req.graph.name!r} on "
                                    f"{req.cluster.name!r} that runs, at any micro-batch count the batch of {batch} "
                                    f"allows ({why})", f"no pipeline runs ({why})")

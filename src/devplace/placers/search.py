@@ -1083,7 +1083,8 @@ def search_microbatches(req: Request, settings: dict[str, Any], beat: float = ma
                        f"M={', '.join(tried)}: {', '.join(f'{bounds[int(m)]:.4g}' for m in tried)} s)")
     if best is None:
         reasons = "; ".join(f"M={m}: {why}" for m, why in tried.items())
-        if len(unrunnable) == len(counts):  # not memory: say why, not "no fit"
+        placed = [m for m, why in tried.items() if not str(why).startswith("skipped")]
+        if unrunnable and len(unrunnable) == len(placed):  # not memory: say why, not "no fit"
             alike: dict[str, list[str]] = {}  # each reason once, with its counts
             for m, exc in unrunnable.items():
                 alike.setdefault(exc.reason or str(exc), []).append(str(m))

@@ -104,7 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", nargs="+", default=list(ARCHITECTURES), choices=list(ARCHITECTURES))
     parser.add_argument("--schedule", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES))
-    parser.add_argument("--clusters", nargs="+", default=list(CLUSTERS))
+    parser.add_argument("--clusters", nargs="*", default=list(CLUSTERS), help="none: the default placer's cells only")
     parser.add_argument("--no-default", action="store_true", help="skip the default placer's cells")
     parser.add_argument("--batch", type=int, help="the models' batch (default: theirs, 8; interleaved-1f1b on 3 "
                         "devices needs a multiple of 3)")

@@ -27,7 +27,7 @@ from devplace.placers import (
     place,
     place_expanded,
 )
-from devplace.placers.pipeline import MICROBATCH_CHOICES, pipeline_plan
+from devplace.placers.pipeline import MICROBATCH_CHOICES, pipeline_plan, pipeline_schedules
 from devplace.placers.search import simulate_output
 from devplace.sim import Schedule, ScheduleError, simulate
 
@@ -573,3 +573,15 @@ def test_interleaved_on_one_device_is_refused_as_unrunnable_not_as_no_fit():
                                          r"devices, not on 1; use gpipe or 1f1b") as caught:
         plan(g, c, schedule="interleaved-1f1b")
     assert not caught.value.memory
+
+
+def test_interleaved_on_three_devices_tries_multiples_of_three():
+    """Interleaved 1F1B runs only multiples of the devices: on 3 devices none of the powers of 2 the placer tried
+    (issue 30's matrix: every 3-device interleaved cell was refused, at batch 6 as at 8); it now tries 3, 6, 12,
+    24 there, and on 2 or 4 devices the counts it tried before."""
+    assert [s.microbatches for s in pipeline_schedules("interleaved-1f1b", None, None, 3, batch=6)] == [3, 6]
+    assert [s.microbatches for s in pipeline_schedules("interleaved-1f1b", None, None, 3)] == [3, 6, 12, 24]
+    assert [s.microbatches for s in pipeline_schedules("interleaved-1f1b", None, None, 2, batch=8)] == [2, 4, 8]
+    assert [s.microbatches for s in pipeline_schedules("interleaved-1f1b", None, None, 4)] == [4, 8, 16, 32]
+    with pytest.raises(NoFitError, match=r"\(3, 6, 12, 24\) divides the batch of 8"):  # no multiple of 3 does
+        pipeline_schedules("interleaved-1f1b", None, None, 3, batch=8)

@@ -41,8 +41,9 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    stage's memory bound within its device (compiled; O(K n^2) per bound with early exits, times K under
    1f1b, where a stage's micro-batches in flight depend on the non-empty stages after it, a dimension of the
    table); the cost model ranks the splits.
-5. *Judge.* For each micro-batch count M (the setting, or each of `MICROBATCH_CHOICES`) the best split of
-   each way is simulated on the graph as run with the schedule (`devplace.sim.schedule`), then the next
+5. *Judge.* For each micro-batch count M (the setting, or each of `MICROBATCH_CHOICES`; under interleaved-1f1b
+   those multiples of p) the best split of each way is simulated on the graph as run with the schedule
+   (`devplace.sim.schedule`), then the next
    `CANDIDATES` - 1 of each way for the M that did best; the fastest memory-feasible one wins (ties: smaller
    M, then the cost model's rank). No retry loop: a split over memory as run is left to step 6.
 6. *Refine.* The winner's cuts (where none fits: those of the split least over memory) are moved one at a time
@@ -662,12 +663,21 @@ def _check_settings(schedule: str, microbatches: int | None, chunks: int | None,
             positive_int(value, name, "pipeline", high)
 
 
+def _choices(schedule: str, devices: int) -> tuple[int, ...]:
+    """The micro-batch counts the placer tries: `MICROBATCH_CHOICES`, except that interleaved-1f1b, which runs
+    only multiples of the devices, tries those multiples of them up to the largest choice (on 3 devices 3, 6,
+    12, 24, none of which the powers of 2 are; on 2 or 4 devices the same counts as before)."""
+    if schedule != "interleaved-1f1b" or devices < 2:
+        return MICROBATCH_CHOICES
+    return tuple(devices * c for c in MICROBATCH_CHOICES if devices * c <= MICROBATCH_CHOICES[-1])
+
+
 def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | None, devices: int, *,
                        batch: int | None = None, own: int | None = None) -> list[Schedule]:
     """The schedules the placer tries on `devices` devices for its settings (one per micro-batch count: the
-    given one, else every one of `MICROBATCH_CHOICES` that divides `batch` and torch's pipelining runs on all
-    `devices`: `Schedule.unrunnable`), or a
-    PlacerError (a DevplaceError) for invalid settings; what `devplace place` checks before capturing a model.
+    given one, else every one of the placer's choices (`_choices`) that divides `batch` and torch's pipelining
+    runs on all `devices`: `Schedule.unrunnable`), or a PlacerError (a DevplaceError) for invalid settings;
+    what `devplace place` checks before capturing a model.
 
     `batch`: the step's batch (None: unknown, every count allowed); `own`: M of a graph captured at the
     micro-batch size (`graph_microbatches`), the only count it runs under (`microbatch_graph=True`)."""
@@ -681,7 +691,12 @@ def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | No
                               f"the micro-batch size), so it runs with microbatches={own}, not {microbatches}")
         counts: tuple[int, ...] = (own,)
     elif microbatches is None:
-        counts = microbatch_counts(batch, MICROBATCH_CHOICES)
+        counts = microbatch_counts(batch, _choices(schedule, devices))
+        if not counts:  # none divides the batch: no pipeline of this step runs here, a no-fit placer auto skips
+            why = (f"placer 'pipeline' on {devices} device(s): none of the micro-batch counts it tries under "
+                   f"{schedule} ({', '.join(map(str, _choices(schedule, devices)))}) divides the batch of {batch}; "
+                   "use a batch that one of them divides, --microbatches, or another schedule")
+            raise unrunnable_error(why, why)
     else:
         if batch is not None and batch % microbatches:
             raise PlacerError(f"placer 'pipeline': microbatches={microbatches} does not split the batch of {batch} "

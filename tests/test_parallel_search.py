@@ -60,7 +60,10 @@ def test_the_search_nests_search_parallel_with_what_the_request_leaves_open() ->
     assert simulate_parallel(found.graph, c, stage, saved).step_time_s == found.parallel.step_time_s
     assert found.placement.schedule == plan.pipeline_schedule(0, microbatch_graph=True)
     tried = found.placement.meta["parallel_search"]["tried"]
-    assert len(tried) == len(direct.candidates) and found.placement.meta["parallel_search"]["microbatch_size"] == 2
+    # both micro-batch sizes the batch allows on 4 devices (2 and 1 samples), each searched whole; 2 kept
+    direct_1 = search_parallel(captured(8), c, batch=BATCH, microbatch_size=1)
+    assert len(tried) == len(direct.candidates) + len(direct_1.candidates)
+    assert found.placement.meta["parallel_search"]["microbatch_size"] == 2
     # fixed dimensions are the only ones tried
     fixed = search_placement(captured(), c, microbatch_graph=provider,
                              parallel=ParallelAsk(dp=2, zero=1, recompute="full"))
@@ -95,10 +98,13 @@ def test_degrees_and_microbatches_resolved() -> None:
         parallel_degrees(ParallelAsk(dp=4), 4, 6)
     with pytest.raises(PlacerError, match=r"no data-parallel degree above 1 divides both the 4 devices and the batch"):
         parallel_degrees(ParallelAsk(zero=1), 4, 3)
-    assert parallel_microbatches(32, 16, (1, 2, 4, 8, 16)) == 16  # micro-batches of 2
-    assert parallel_microbatches(8, 4, (1, 2, 4)) == 4
-    assert parallel_microbatches(8, 16, (1, 2, 4, 8)) == 8  # fewer samples than devices: the largest count
-    assert parallel_microbatches(6, 4, (2,)) == 6
+    # from micro-batches that keep every device busy, halved while the batch allows, 3 sizes at most
+    assert parallel_microbatches(32, 16, (1, 2, 4, 8, 16)) == (16, 32)  # micro-batches of 2 and 1
+    assert parallel_microbatches(32, 8, (1, 2, 4, 8)) == (8, 16, 32)
+    assert parallel_microbatches(256, 8, (1, 2, 4, 8)) == (8, 16, 32)
+    assert parallel_microbatches(8, 4, (1, 2, 4)) == (4, 8)
+    assert parallel_microbatches(8, 16, (1, 2, 4, 8)) == (8,)  # fewer samples than devices: the largest count
+    assert parallel_microbatches(6, 4, (2,)) == (6,)
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [

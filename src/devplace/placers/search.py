@@ -78,7 +78,7 @@ from devplace.hardware.cluster import Cluster, canonical_order, reordered
 from devplace.orders import Order, check_order, order_label, traversal_indices
 from devplace.orders.auto import candidate_orders, recommend_order
 from devplace.placers.memory import NoFitError, memory_needs, no_fit_error, unrunnable_error
-from devplace.placers.parallel import as_microbatch, search_parallel
+from devplace.placers.parallel import ParallelSearch, as_microbatch, search_parallel
 from devplace.placers.pipeline import pipeline_schedules
 from devplace.placers.registry import (
     FullGraph,
@@ -1218,6 +1218,7 @@ def search_placement(graph: CompGraph, cluster: Cluster, *, coarsening: Coarseni
 # ------------------------------------------------------------- parallel plans: the nested search, resolved here
 
 PARALLEL_SCHEDULES = ("1f1b", "zero-bubble")  # the pipeline schedules judged on each cut of a parallel plan
+PARALLEL_MICROBATCH_COUNTS = 3  # micro-batch sizes a parallel search tries (`parallel_microbatches`)
 
 
 def parallel_degrees(ask: ParallelAsk, devices: int, batch: int) -> tuple[int, ...]:
@@ -1239,14 +1240,21 @@ def parallel_degrees(ask: ParallelAsk, devices: int, batch: int) -> tuple[int, .
     return dps
 
 
-def parallel_microbatches(batch: int, devices: int, dps: tuple[int, ...]) -> int:
-    """K, the micro-batches the global `batch` is cut into for a parallel search over the degrees `dps` (each
-    replica runs K / dp of them; one capture, at batch / K samples, serves every plan): the smallest multiple of
-    every dp that divides the batch and gives at least as many micro-batches as `devices` (a pipeline over all
-    of them keeps every stage busy), else the largest such multiple."""
+def parallel_microbatches(batch: int, devices: int, dps: tuple[int, ...]) -> tuple[int, ...]:
+    """The counts K the global `batch` is cut into that a parallel search tries for the degrees `dps` (each
+    replica runs K / dp micro-batches, gradients accumulated; one capture, at batch / K samples, serves every plan
+    at that K): multiples of every dp that divide the batch, from the smallest that gives at least as many
+    micro-batches as `devices` (a pipeline over all of them keeps every stage busy; else the largest there is),
+    then each next one that halves the micro-batch, `PARALLEL_MICROBATCH_COUNTS` at most. Smaller micro-batches
+    hold fewer activations (a plan that fits without recomputation) and shrink pipeline bubbles; larger ones use
+    the device better."""
     step = math.lcm(*dps)
     counts = [k for k in range(step, batch + 1, step) if batch % k == 0]
-    return next((k for k in counts if k >= devices), counts[-1])
+    first = next((k for k in counts if k >= devices), counts[-1])
+    out = [first]
+    while len(out) < PARALLEL_MICROBATCH_COUNTS and out[-1] * 2 in counts:
+        out.append(out[-1] * 2)
+    return tuple(out)
 
 
 def parallel_conflicts(req: Request) -> list[str]:
@@ -1273,7 +1281,7 @@ def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SC
     """Parallel plans for `req` (DESIGN.md section 9b): every dimension `req.parallel` leaves open resolved here
     (dp and pp, `parallel_degrees`; ZeRO 0-3; recomputation none or full; each of `schedules` on each cut), then
     the nested search `devplace.placers.parallel.search_parallel` on one micro-batch captured at its own size
-    (`parallel_microbatches`; the full graph: zero bubble needs each backward's B and W ops apart; with
+    (at each count of `parallel_microbatches`; the full graph: zero bubble needs each backward's B and W ops apart; with
     `runnable`, only plans devplace's runtime runs, `graph.parallel.runtime_gap`). The answer
     places replica 0 (stage s on `plan.replica(0)[s]`) under the plan's pipeline schedule; `parallel` is the
     plan simulated, and meta["parallel"] the plan (`ParallelPlan.to_dict`, what a saved placement replays),
@@ -1293,19 +1301,31 @@ def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SC
                           f"canonical order and choose their schedule and micro-batches; drop {', '.join(given)}")
     n = req.cluster.num_devices
     dps = parallel_degrees(ask, n, batch)
-    k = parallel_microbatches(batch, n, dps)
-    graph = req.graph if k == 1 else req.microbatch_graph(k)[0]
-    found = search_parallel(graph, req.cluster, batch=batch, microbatch_size=batch // k, dps=dps,
-                            zeros=ZERO_STAGES if ask.zero is None else (ask.zero,),
-                            recomputes=RECOMPUTE if ask.recompute == "auto" else (ask.recompute,),
-                            schedules=schedules, runnable=runnable)
+    kept: tuple[int, CompGraph, ParallelSearch] | None = None
+    tried: dict[str, float | str] = {}
+    failed: list[str] = []
+    for k in parallel_microbatches(batch, n, dps):  # of equal steps the first: the largest micro-batch
+        graph = req.graph if k == 1 else req.microbatch_graph(k)[0]
+        try:
+            found = search_parallel(graph, req.cluster, batch=batch, microbatch_size=batch // k, dps=dps,
+                                    zeros=ZERO_STAGES if ask.zero is None else (ask.zero,),
+                                    recomputes=RECOMPUTE if ask.recompute == "auto" else (ask.recompute,),
+                                    schedules=schedules, runnable=runnable)
+        except DevplaceError as exc:  # nothing fits at this micro-batch size: another may
+            failed.append(f"micro-batches of {batch // k}: {exc}")
+            continue
+        tried.update((f"{c.plan.label if c.plan is not None else f'dp={c.dp} M={k // c.dp}'}",
+                      c.step_time_s if c.feasible else (c.note or "over memory")) for c in found.candidates)
+        if kept is None or found.best.step_time_s < kept[2].best.step_time_s:
+            kept = (k, graph, found)
+    if kept is None:
+        raise DevplaceError("; ".join(failed))
+    k, graph, found = kept
     best, plan = found.best, found.best.plan
     one = as_microbatch(graph, plan.microbatches)
     devices = np.asarray(plan.replica(0), dtype=np.int64)[found.stage]
     made_by = MadeBy(AUTO_PIPELINE if plan.pp > 1 else "single", CANONICAL_ORDER if plan.pp > 1 else None, req.seed,
                      {}, req.semantics.value)
-    tried = {c.plan.label if c.plan is not None else f"dp={c.dp}":
-             c.step_time_s if c.feasible else (c.note or "over memory") for c in found.candidates}
     meta = {"step_time_s": best.step_time_s, "parallel": plan.to_dict(),
             "parallel_search": {"asked": ask.to_dict(), "microbatch_size": batch // k, "tried": tried,
                                 "kept": plan.label}}

@@ -264,7 +264,7 @@ class CompGraph:
             compute_s=cols[0], output_bytes=cols[1], param_bytes=cols[2], temp_bytes=cols[3],
             edge_src=src, edge_dst=dst, edge_bytes=ebytes, edge_tensor=tensor,
             succ_ptr=succ_ptr, succ_edges=succ_edges, pred_ptr=pred_ptr, pred_edges=pred_edges,
-            meta=dict(meta or {}), index={nid: i for i, nid in enumerate(ids_t)}, kind_compute=kcols,
+            meta=dict(meta or {}), index=dict(zip(ids_t, range(n), strict=True)), kind_compute=kcols,
             node_extra=tuple(node_extra),
         )
         return _finish(graph)

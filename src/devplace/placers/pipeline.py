@@ -69,6 +69,7 @@ also gives the cut points and the scheduled result.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 import math
@@ -672,7 +673,8 @@ class _Judge:
 
     def consider(self, s: Schedule, cuts: tuple[int, ...], rank: int) -> None:
         if (s, cuts) not in self.simulated:
-            key = (s, self.judged.expand(self.search.devices(cuts)).tobytes())
+            # a digest of the device per op: the graph as run has 10^4 ops, a search meets hundreds of splits
+            key = (s, hashlib.blake2b(self.judged.expand(self.search.devices(cuts)).tobytes(), digest_size=16).digest())
             if key not in self.outcomes:
                 r, why = self.simulate(s, cuts)
                 self.outcomes[key] = why if r is None else _Outcome(r.step_time_s, r.feasible,

@@ -799,3 +799,10 @@ def test_from_arrays_is_the_graph_build_makes_and_refuses_a_cycle() -> None:
         CompGraph.from_arrays("cyclic", **back)
     with pytest.raises(GraphError, match="node columns must all have"):
         CompGraph.from_arrays("short", **{**cols, "op": g.op[:-1]})
+    # extra edge keys are kept as build keeps them (a recomputed graph's edges carry the captured ones)
+    extra = [{"dtype": "float32"} if e % 2 else {} for e in range(g.num_edges)]
+    edges = [{**g.edge_record(e), **extra[e]} for e in range(g.num_edges)]
+    built = CompGraph.build(g.name, [g.node_record(v) for v in range(g.num_nodes)], edges)
+    assert CompGraph.from_arrays(g.name, **cols, edge_extra=extra).to_dict() == built.to_dict()
+    with pytest.raises(GraphError, match="edge columns"):
+        CompGraph.from_arrays("short", **cols, edge_extra=extra[:-1])

@@ -115,7 +115,7 @@ def test_no_pipeline_of_a_micro_batch_count_beats_its_bound(convnet, cluster_nam
     under 1F1B, and interleaved ones (the bound without the bubble)."""
     from dataclasses import replace
 
-    from devplace.sim.bounds import microbatch_bounds
+    from devplace.sim.bounds import microbatch_bounds, microbatch_outlook
 
     whole = prepare_model(convnet, batch=8)
     cluster = get_preset("2xK80")
@@ -132,6 +132,9 @@ def test_no_pipeline_of_a_micro_batch_count_beats_its_bound(convnet, cluster_nam
         placed = place_prepared(whole, cluster, placer="pipeline", order="topo",
                                 settings={"microbatches": m, "schedule": kind})
         assert placed.result.step_time_s >= bound
+        # the bound on the count's own graph (what the search skips a count by once captured) holds too
+        own = microbatch_outlook(micro.full, cluster, m, chunks=1, one_stage_per_device=True).bound_s
+        assert placed.result.step_time_s >= own
         if cluster_name == "2xK80":  # even's split, in device index order (on mixed it puts the fast device last)
             devices = place(micro.full, cluster, placer="even", order="topo").to_array(micro.full, cluster.num_devices)
             assert simulate(micro.full, cluster, devices, schedule=sched).step_time_s >= bound
@@ -139,6 +142,8 @@ def test_no_pipeline_of_a_micro_batch_count_beats_its_bound(convnet, cluster_nam
             inter = place_prepared(whole, cluster, placer="pipeline", order="topo",
                                    settings={"microbatches": m, "schedule": "interleaved-1f1b"})
             assert inter.result.step_time_s >= any_schedule[m]
+            assert inter.result.step_time_s >= microbatch_outlook(micro.full, cluster, m, chunks=2,
+                                                                  one_stage_per_device=False).bound_s
 
 
 WIDE = '''
@@ -153,21 +158,39 @@ def build(batch=256):
 '''
 
 
-def test_the_micro_batch_search_skips_a_count_its_bound_rules_out_without_capturing_it(python_package, monkeypatch):
-    """Wide layers on 4 V100s at batch 256: M=8 is the fastest pipeline found (of 32, 16, 8, 4, 2, largest first)
-    and M=1's bound is above it, so M=1 is skipped, never captured, and logged so."""
+def test_the_micro_batch_search_places_the_most_promising_count_first_and_skips_those_its_bounds_rule_out(
+        python_package, monkeypatch):
+    """Wide layers on 4 V100s at batch 256 under gpipe (every count that divides the batch): each count's own graph
+    is captured (the whole step, M=1, is not captured again), the counts are placed in the order of the step their
+    graph promises (`microbatch_outlook`), and a count whose bound is not below the fastest pipeline found by then
+    is skipped without being placed, and logged so."""
     import devplace.capture.custom as custom
+    from devplace.sim.bounds import microbatch_bounds, microbatch_outlook
 
     whole = prepare_model(python_package("mb_wide", WIDE) + ":build", batch=256)
-    captured: list[int] = []
+    captured: dict[int, object] = {}
     real = custom.microbatch_prepared
-    monkeypatch.setattr(custom, "microbatch_prepared", lambda p, m: captured.append(m) or real(p, m))
-    # gpipe: every count that divides the batch (1f1b on 4 devices starts at M=4, where no bound rules one out)
-    placed = place_prepared(whole, get_preset("4xV100-16GB"), placer="pipeline", order="topo",
-                            settings={"schedule": "gpipe"})
-    tried = placed.placement.meta["microbatch_search"]["tried"]
-    skipped = {m for m, t in tried.items() if isinstance(t, str) and t.startswith("skipped")}
-    assert skipped and not skipped & {str(m) for m in captured}
+
+    def capture_once(p, m):
+        captured[m] = real(p, m)
+        return captured[m]
+
+    monkeypatch.setattr(custom, "microbatch_prepared", capture_once)
+    cluster = get_preset("4xV100-16GB")
+    placed = place_prepared(whole, cluster, placer="pipeline", order="topo", settings={"schedule": "gpipe"})
+    search = placed.placement.meta["microbatch_search"]
+    tried = search["tried"]
+    assert sorted(captured) == [2, 4, 8, 16, 32]  # M=1 is the step itself
+    outlook = {m: microbatch_outlook(captured[m].full if m > 1 else whole.full, cluster, m, chunks=1,  # type: ignore[attr-defined]
+                                     one_stage_per_device=True) for m in (1, *captured)}
+    order = sorted(outlook, key=lambda m: (outlook[m].estimate_s, -m))
+    assert [int(m) for m in tried] == order  # logged in the order placed (or skipped)
+    skipped = [int(m) for m, t in tried.items() if isinstance(t, str) and t.startswith("skipped")]
+    assert skipped and search["kept"] not in skipped
+    before = microbatch_bounds(whole.full, cluster, skipped, one_stage_per_device=True)
+    for m in skipped:  # ruled out by a bound (before its graph was made, or on it), so never placed
+        assert max(before[m], outlook[m].bound_s) >= placed.result.step_time_s
+        assert tried[str(m)].startswith(f"skipped: no pipeline at M={m} beats")
     text = " ".join(placed.text().split())
     assert all(f"M={m} skipped" in text for m in skipped)  # the report says skipped, not "no fit"
 

@@ -537,6 +537,44 @@ def test_the_dynamic_program_never_rejects_a_split_the_simulator_finds_within_me
     assert search.splits(s, False, 1), "the dynamic program rejected every split; the simulator finds one that fits"
 
 
+@settings(max_examples=30, deadline=None)
+@given(training_chains(), st.sampled_from(["gpipe", "1f1b"]), st.integers(1, 3))
+def test_a_split_the_refinement_skips_as_over_memory_is_over_memory_as_run(g, kind, m):
+    # `_Search.over_memory` (the refinement skips such moves without simulating them) says so only of splits
+    # the simulator finds over memory: memory at the median of the simulated peaks makes some splits over it
+    p, s = 3, Schedule(kind, m)
+    search, _ = _search_of(g, cluster(p), s)
+    splits = list(_every_split(search.items.nodes.shape[0], p))
+    peaks = []
+    for cuts in splits:
+        try:
+            peaks.append(simulate(g, cluster(p), search.devices(cuts), schedule=s).peak_memory_bytes)
+        except ScheduleError:
+            continue
+    assume(peaks)
+    cap = float(np.median(np.concatenate(peaks)))
+    c = Cluster("caps", tuple(replace(d, memory_bytes=cap) for d in cluster(p).devices), cluster(p).link)
+    search, _ = _search_of(g, c, s)
+    for cuts in splits:
+        if search.over_memory(cuts, s):
+            assert not simulate(g, c, search.devices(cuts), schedule=s).feasible, cuts
+
+
+def test_a_split_placed_again_is_not_simulated_again():
+    # placer auto places a pipeline under each order, view and micro-batch count; their runs meet the same splits
+    # of the same graph, each simulated once (`_OUTCOMES`): placing again simulates only the plan's own result
+    from devplace.sim.count import counting
+
+    g, c = layers([1.0, 2.0, 1.0, 3.0, 1.0, 2.0, 2.0, 1.0]), cluster(3, bw=20.0)
+    with counting() as first:
+        one = plan(g, c, microbatches=4)
+    with counting() as again:
+        two = plan(g, c, microbatches=4)
+    assert first.runs > 2 and again.runs == 1
+    assert two.cuts == one.cuts and two.step_time_s == one.step_time_s
+    assert np.array_equal(two.devices, one.devices)
+
+
 def test_one_f_one_b_plans_only_what_torch_runs():
     """Issue 30 item 1: torch's 1F1B runs at least as many micro-batches as stages, so the placer tries on 4
     devices only M >= 4 (before: M=2 on 4 stages, which `devplace run` refused); gpipe runs any M."""

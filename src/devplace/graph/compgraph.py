@@ -240,7 +240,7 @@ class CompGraph:
         compute_s: np.ndarray, output_bytes: np.ndarray, param_bytes: np.ndarray, temp_bytes: np.ndarray,
         edge_src: np.ndarray, edge_dst: np.ndarray, edge_bytes: np.ndarray, edge_tensor: np.ndarray,
         meta: Mapping[str, Any] | None = None, kind_compute: Mapping[str, np.ndarray] | None = None,
-        node_extra: Sequence[dict[str, Any]] = (),
+        node_extra: Sequence[dict[str, Any]] = (), edge_extra: Sequence[dict[str, Any]] = (),
     ) -> CompGraph:
         """Build a graph from columns that are valid already -- what code that derives a graph from another
         one (the unrolled step of a schedule) has -- without `build`'s per-record checks: the caller guarantees
@@ -253,7 +253,8 @@ class CompGraph:
                  np.array(edge_bytes, dtype=np.float64), np.array(edge_tensor, dtype=np.int64)]
         kcols = {k: np.array(x, dtype=np.float64) for k, x in (kind_compute or {}).items()}
         lengths = (op, kind, group, *cols, *kcols.values(), *([node_extra] if node_extra else []))
-        if any(len(x) != n for x in lengths) or any(x.shape != (n_e,) for x in ecols):
+        if (any(len(x) != n for x in lengths) or any(x.shape != (n_e,) for x in ecols)
+                or (edge_extra and len(edge_extra) != n_e)):
             raise GraphError(f"graph {name!r}: node columns must all have {n} entries and edge columns {n_e}")
         src, dst, ebytes, tensor = ecols
         ids_t = tuple(ids)
@@ -264,8 +265,8 @@ class CompGraph:
             compute_s=cols[0], output_bytes=cols[1], param_bytes=cols[2], temp_bytes=cols[3],
             edge_src=src, edge_dst=dst, edge_bytes=ebytes, edge_tensor=tensor,
             succ_ptr=succ_ptr, succ_edges=succ_edges, pred_ptr=pred_ptr, pred_edges=pred_edges,
-            meta=dict(meta or {}), index={nid: i for i, nid in enumerate(ids_t)}, kind_compute=kcols,
-            node_extra=tuple(node_extra),
+            meta=dict(meta or {}), index=dict(zip(ids_t, range(n), strict=True)), kind_compute=kcols,
+            node_extra=tuple(node_extra), edge_extra=tuple(edge_extra),
         )
         return _finish(graph)
 

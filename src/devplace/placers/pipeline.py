@@ -51,6 +51,9 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    step within memory, or, while nothing fits, that brings the split within memory or nearer it; halve `step`
    when none does), at most `REFINE_SIMULATIONS` simulations: the cost model ranks splits, the simulator has
    the last word on each cut (while nothing fits, at most `FIT_SIMULATIONS`); nothing feasible: NoFitError.
+   Once a split fits, a move whose stage memory bound is over a device (step 3) is not simulated: as run it is
+   over memory too. Every split is simulated once for the graph as run and the cluster (`_OUTCOMES`), however
+   many runs of the placer meet it (placer auto runs it under each order, view and micro-batch count).
 
 The placer is registered cheap (a run is some tens of simulations, as greedy's), so `order="auto"` places
 under every candidate order and keeps the fastest pipeline: which order gives the best forward sequence
@@ -66,9 +69,12 @@ also gives the cut points and the scheduled result.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 import math
+import pickle
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -578,6 +584,13 @@ class _Search:
                            minlength=p)
         return float(t.sum() / v + comm + m * load.max() - t.max() + step.max())
 
+    def over_memory(self, cuts: tuple[int, ...], schedule: Schedule) -> bool:
+        """Whether a stage of the split `cuts` is over its device's memory by the lower bound (`StageMemory`):
+        the simulator would find it over memory too."""
+        need = self.memory.bound(cuts, schedule, _per_microbatch(schedule))
+        cap = self.cluster.memory[self.perm[np.arange(len(cuts)) % self.cluster.num_devices]]
+        return bool((need > cap * (1 + 1e-9)).any())
+
     def devices(self, cuts: tuple[int, ...]) -> np.ndarray:
         """Device per node: items by stage (stage k on the device at position k mod p), every op with its owning
         item (tie classes with their item, classes without a forward op as `_items` says)."""
@@ -618,39 +631,77 @@ def _program_stages(graph: CompGraph, stage: np.ndarray) -> list[int]:
     return [x for i, x in enumerate(seq) if i == 0 or seq[i - 1] != x]
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """What the placer keeps of a simulated split: its step, whether it fits memory, and by how much it does not
+    (the sum of its devices' excess)."""
+
+    step_time_s: float
+    feasible: bool
+    over_bytes: float
+
+
+# per graph as run (while it lives) and cluster: (schedule, device per op) -> outcome, or why it is no pipeline torch
+# runs. Placer auto places a pipeline under each order, view of the graph (folded, tied, finer groups) and
+# micro-batch count it tries, and those runs simulate many of the same splits of the same graph again (gpt2-xl's
+# interleaved pipeline that fits nowhere: 498 simulations in 24 runs); each is simulated once.
+_OUTCOMES: weakref.WeakKeyDictionary[CompGraph, dict[bytes, dict[tuple[Schedule, bytes], _Outcome | str]]] = (
+    weakref.WeakKeyDictionary())
+
+
 class _Judge:
-    """Simulates each (schedule, split) once on the graph the placer is judged on, keeps the best feasible one
-    and, while none is, the one least over memory (the sum of its devices' excess)."""
+    """Simulates each (schedule, split) once on the graph the placer is judged on (`_OUTCOMES`), keeps the best
+    feasible one and, while none is, the one least over memory (the sum of its devices' excess)."""
 
     def __init__(self, judged: FullGraph, cluster: Cluster, search: _Search) -> None:
         self.judged, self.cluster, self.search = judged, cluster, search
-        self.simulated: dict[tuple[Schedule, tuple[int, ...]], ScheduledResult | None] = {}
-        self.best: tuple[float, int, int, PipelinePlan] | None = None
+        self.outcomes = _OUTCOMES.setdefault(judged.graph, {}).setdefault(pickle.dumps(cluster), {})
+        self.simulated: dict[tuple[Schedule, tuple[int, ...]], _Outcome | None] = {}
+        self.results: dict[tuple[Schedule, tuple[int, ...]], ScheduledResult] = {}  # those simulated here that fit
+        self.best: tuple[float, int, int, Schedule, tuple[int, ...]] | None = None
         self.least_over: tuple[float, Schedule, tuple[int, ...]] | None = None
         self.refused: str | None = None  # why the first split that is no pipeline torch runs is not
 
+    def simulate(self, s: Schedule, cuts: tuple[int, ...]) -> tuple[ScheduledResult | None, str | None]:
+        """The split simulated as run, or None and why it is no pipeline torch's pipelining runs."""
+        try:
+            r = simulate_schedule(self.judged.graph, self.cluster, self.judged.expand(self.search.devices(cuts)), s)
+        except DevplaceError as exc:  # a class forced across the stage order: not a pipeline, skip it
+            return None, str(exc)
+        why = _unrunnable(self.judged.graph, r, s)
+        return (None, why) if why is not None else (r, None)  # as torch's pipelining would refuse it
+
     def consider(self, s: Schedule, cuts: tuple[int, ...], rank: int) -> None:
         if (s, cuts) not in self.simulated:
-            devices = self.search.devices(cuts)
-            why: str | None = None
-            try:
-                r = simulate_schedule(self.judged.graph, self.cluster, self.judged.expand(devices), s)
-            except DevplaceError as exc:  # a class forced across the stage order: not a pipeline, skip it
-                r, why = None, str(exc)
-            if r is not None and (why := _unrunnable(self.judged.graph, r, s)) is not None:
-                r = None  # as torch's pipelining would refuse it
-            if why is not None and self.refused is None:
-                self.refused = why
-            self.simulated[s, cuts] = r
-            if r is not None and not r.feasible:
-                over = float(sum(r.oom.values()))
-                if self.least_over is None or over < self.least_over[0]:
-                    self.least_over = (over, s, cuts)
-        r = self.simulated[s, cuts]
-        if r is not None and r.feasible:
-            key = (r.step_time_s, s.microbatches, rank)
-            if self.best is None or key < self.best[:3]:
-                self.best = (*key, PipelinePlan(self.search.devices(cuts), s, r, cuts))
+            # a digest of the device per op: the graph as run has 10^4 ops, a search meets hundreds of splits
+            key = (s, hashlib.blake2b(self.judged.expand(self.search.devices(cuts)).tobytes(), digest_size=16).digest())
+            if key not in self.outcomes:
+                r, why = self.simulate(s, cuts)
+                self.outcomes[key] = why if r is None else _Outcome(r.step_time_s, r.feasible,
+                                                                    float(sum(r.oom.values())))
+                if r is not None and r.feasible:
+                    self.results[s, cuts] = r
+            got = self.outcomes[key]
+            if isinstance(got, str) and self.refused is None:
+                self.refused = got
+            out = self.simulated[s, cuts] = got if isinstance(got, _Outcome) else None
+            if out is not None and not out.feasible and (self.least_over is None
+                                                         or out.over_bytes < self.least_over[0]):
+                self.least_over = (out.over_bytes, s, cuts)
+        out = self.simulated[s, cuts]
+        if out is not None and out.feasible:
+            key_ = (out.step_time_s, s.microbatches, rank)
+            if self.best is None or key_ < self.best[:3]:
+                self.best = (*key_, s, cuts)
+
+    def plan(self) -> PipelinePlan | None:
+        """The best feasible split as a plan (simulated again where an earlier run of the placer simulated it)."""
+        if self.best is None:
+            return None
+        s, cuts = self.best[3], self.best[4]
+        r = self.results.get((s, cuts)) or self.simulate(s, cuts)[0]
+        assert r is not None
+        return PipelinePlan(self.search.devices(cuts), s, r, cuts)
 
 
 def _check_settings(schedule: str, microbatches: int | None, chunks: int | None, cuts: str) -> None:
@@ -794,7 +845,7 @@ def _plan_in_order(judged: FullGraph, cluster: Cluster, search: _Search,
         for way in found[s]:
             if way:
                 judge.consider(s, way[0][1], 0)
-    s_next = judge.best[3].schedule if judge.best is not None else None
+    s_next = judge.best[3] if judge.best is not None else None
     for s in [s_next] if s_next is not None else schedules:
         for way in found[s]:
             for rank, (_, cuts) in enumerate(way[1:], start=1):
@@ -820,7 +871,7 @@ def _refine(judge: _Judge) -> PipelinePlan | None:
     the simulator's best. The dynamic program's memory is a lower bound, so its splits can be over memory
     as run; this search moves their cuts until they are not. None when no split it tried fits."""
     if judge.best is not None:
-        s, cuts = judge.best[3].schedule, judge.best[3].cuts
+        s, cuts = judge.best[3], judge.best[4]
     else:
         assert judge.least_over is not None
         _, s, cuts = judge.least_over
@@ -850,6 +901,8 @@ def _refine(judge: _Judge) -> PipelinePlan | None:
         if (any(c < 0 or (0 < c < end and blocked[c]) for c in trial)
                 or any(a > b for a, b in itertools.pairwise(trial)) or (s, trial) in judge.simulated):
             return False
+        if judge.best is not None and judge.search.over_memory(trial, s):
+            return False  # over memory by the stage bound, so as run too: it cannot become the best
         before = score()
         judge.consider(s, trial, CANDIDATES)
         spent += 1
@@ -875,7 +928,7 @@ def _refine(judge: _Judge) -> PipelinePlan | None:
                 break
         if not moved:
             step //= 2
-    return None if judge.best is None else judge.best[3]
+    return judge.plan()
 
 
 def _order_key(graph: CompGraph, visit: np.ndarray, settings: Mapping[str, Any]) -> bytes:

@@ -93,6 +93,33 @@ def microbatch_bounds(graph: CompGraph, cluster: Cluster, counts: Sequence[int],
     return out
 
 
+@dataclass(frozen=True)
+class MicrobatchOutlook:
+    """What a micro-batch count's own graph (captured at batch / M) says before a pipeline of it is placed:
+    `bound_s`, below the step of every pipeline of it (`microbatch_bounds`' rules on the ops' times at the
+    micro-batch's own size, fixed costs included), and `estimate_s`, the step of equal stages under the
+    schedule's bubble (not a bound: unequal stages on unequal devices can beat it)."""
+
+    bound_s: float
+    estimate_s: float
+
+
+def microbatch_outlook(graph: CompGraph, cluster: Cluster, microbatches: int, *, chunks: int,
+                       one_stage_per_device: bool) -> MicrobatchOutlook:
+    """`MicrobatchOutlook` of `graph`, one of `microbatches` micro-batches of a step (captured at batch / M;
+    M = 1: the whole step) pipelined with `chunks` stages per device: the work of M micro-batches and the
+    per-step work shared by the devices (`work_s`), and with one stage per device the bubble of
+    `microbatch_bounds` on one micro-batch's forward and backward with each op on its fastest device; the
+    estimate is the work times (M V + p - 1) / (M V), V = `chunks`."""
+    times = op_times(graph, cluster)
+    once = step_times(graph, cluster)
+    m, p = microbatches, cluster.num_devices
+    work = _work_bound(graph, cluster, (times - once) * m + once)
+    chain = float((times - once).min(axis=1).sum()) if times.size else 0.0
+    bound = max(work, chain / (1.0 - ((m - 1) / m) ** p)) if one_stage_per_device else work
+    return MicrobatchOutlook(bound * (1 - 1e-9), work * (m * chunks + p - 1) / (m * chunks))
+
+
 def _bound(graph: CompGraph, cluster: Cluster, work_times: np.ndarray, path_times: np.ndarray) -> LowerBound:
     """max(the work bound of `work_times`, the longest path with every op at its least of `path_times`)."""
     work = _work_bound(graph, cluster, work_times)

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from devplace.graph.batch import graph_batch, graph_microbatches
-from devplace.graph.compgraph import KIND_COMPUTE_KEY, CompGraph
+from devplace.graph.compgraph import CompGraph
 from devplace.graph.modules import numbered_block
 from devplace.graph.parallel import V_SHAPED, ParallelPlan, ParallelPlanError
 from devplace.graph.phases import STEP_COMPUTE_BY_KIND_KEY, STEP_COMPUTE_KEY, step_compute
@@ -152,28 +152,33 @@ def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]
     if not copied.any():
         return graph
     step = step_compute(graph)
-    nodes = [graph.node_record(v) for v in range(graph.num_nodes)]
-    clone_of: dict[int, str] = {}
-    for v in np.flatnonzero(copied).tolist():
-        rec = dict(nodes[v])
-        rec.update(id=graph.ids[v] + RECOMPUTE_SUFFIX, kind="backward", group=graph.ids[v])
-        rec.pop("param_bytes", None)
-        rec.pop(STEP_COMPUTE_KEY, None)
-        rec.pop(STEP_COMPUTE_BY_KIND_KEY, None)
-        rec["compute_s"] = float(graph.compute_s[v] - step.compute_s[v])
-        if KIND_COMPUTE_KEY in rec:
-            rec[KIND_COMPUTE_KEY] = {k: float(col[v] - step.by_kind[k][v]) for k, col in graph.kind_compute.items()}
-        clone_of[v] = rec["id"]
-        nodes.append(rec)
-    edges = []
+    # built as columns (`CompGraph.from_arrays`, the graph `build` makes of the same records): the records of a
+    # captured step took up to 3 s per recomputed graph on a loaded machine, most of a parallel plan's simulation
+    clones = np.flatnonzero(copied)
+    n = graph.num_nodes
+    clone_at = np.full(n, -1, dtype=np.int64)
+    clone_at[clones] = n + np.arange(clones.size)
+    e_src: list[int] = []
+    e_dst: list[int] = []
+    e_bytes: list[float] = []
+    e_tensor: list[int] = []
+    e_extra: list[dict[str, Any]] = []
+
+    def edge(u: int, w: int, like: int | None, nbytes: float = 0.0, tensor: int = 0) -> None:
+        """An edge u -> w carrying what edge `like` carries (None: `nbytes` of `tensor`, no extra keys)."""
+        e_src.append(u)
+        e_dst.append(w)
+        e_bytes.append(float(graph.edge_bytes[like]) if like is not None else nbytes)
+        e_tensor.append(int(graph.edge_tensor[like]) if like is not None else tensor)
+        e_extra.append(graph.edge_extra[like] if like is not None and graph.edge_extra else {})
+
     for e in range(graph.num_edges):
         u, w = int(src[e]), int(dst[e])
-        rec = graph.edge_record(e)
         to_copy = copied[u] and phase[w] == BACKWARD and stage[w] == stage[u]
-        edges.append({**rec, "src": clone_of[u]} if to_copy else rec)
+        edge(int(clone_at[u]) if to_copy else u, w, e)
         if copied[w]:  # the copy reads what the original reads: the copy of a producer copied in its stage
             own = copied[u] and stage[u] == stage[w]
-            edges.append({**rec, "src": clone_of[u] if own else graph.ids[u], "dst": clone_of[w]})
+            edge(int(clone_at[u]) if own else u, int(clone_at[w]), e)
     # the rerun starts when the backward does: each first copy also waits for the gradients the stage's
     # backward receives from other stages (the same tensors, so no transfer more) -- those that do not
     # themselves wait for the copies (a coarse backward group may feed a later stage's backward)
@@ -181,7 +186,7 @@ def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]
     for e in np.flatnonzero((phase[src] == BACKWARD) & (phase[dst] == BACKWARD) & (stage[src] != stage[dst])
                             & chosen[dst]).tolist():
         incoming.setdefault(int(stage[dst[e]]), []).append(e)
-    first = [v for v in clone_of if not any(copied[u] and stage[u] == stage[v] for u in graph.predecessors(v))]
+    first = [v for v in clones.tolist() if not any(copied[u] and stage[u] == stage[v] for u in graph.predecessors(v))]
     after: dict[int, np.ndarray] = {}
     for v in first:
         s = int(stage[v])
@@ -192,15 +197,29 @@ def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]
             key = (int(src[e]), int(graph.edge_tensor[e]))
             if key not in seen and not after[s][src[e]]:
                 seen.add(key)
-                edges.append({**graph.edge_record(e), "dst": clone_of[v]})
+                edge(int(src[e]), int(clone_at[v]), e)
         if not seen and not has_pred[v]:
             # a source's copy with no gradient to wait for (the stage whose backward begins the step's: the
             # loss's) would run at once and hold its output through the forward: it waits for the end of the
             # stage's forward (its ops that feed no forward op), on 0-byte control edges
-            edges += [{"src": graph.ids[u], "dst": clone_of[v], "bytes": 0,
-                       "tensor": int(graph.edge_tensor[graph.out_edges(u)].max(initial=-1)) + 1}
-                      for u in _forward_ends(graph, phase, stage, s)]
-    return CompGraph.build(graph.name, nodes, edges, graph.meta)
+            for u in _forward_ends(graph, phase, stage, s):
+                edge(u, int(clone_at[v]), None, 0.0, int(graph.edge_tensor[graph.out_edges(u)].max(initial=-1)) + 1)
+    dropped = (STEP_COMPUTE_KEY, STEP_COMPUTE_BY_KIND_KEY)  # a copy runs no once-per-step compute
+    extra = graph.node_extra or tuple({} for _ in range(n))
+    return CompGraph.from_arrays(
+        graph.name, [*graph.ids, *(graph.ids[v] + RECOMPUTE_SUFFIX for v in clones.tolist())],
+        [*graph.op, *(graph.op[v] for v in clones.tolist())], [*graph.kind, *(["backward"] * clones.size)],
+        [*graph.group, *(graph.ids[v] for v in clones.tolist())],
+        np.concatenate([graph.compute_s, graph.compute_s[clones] - step.compute_s[clones]]),
+        np.concatenate([graph.output_bytes, graph.output_bytes[clones]]),
+        np.concatenate([graph.param_bytes, np.zeros(clones.size)]),
+        np.concatenate([graph.temp_bytes, graph.temp_bytes[clones]]),
+        np.asarray(e_src, dtype=np.int64), np.asarray(e_dst, dtype=np.int64), np.asarray(e_bytes),
+        np.asarray(e_tensor, dtype=np.int64), meta=graph.meta,
+        kind_compute={k: np.concatenate([col, col[clones] - step.by_kind[k][clones]])
+                      for k, col in graph.kind_compute.items()},
+        node_extra=[*extra, *({k: x for k, x in extra[v].items() if k not in dropped} for v in clones.tolist())],
+        edge_extra=e_extra)
 
 
 def _forward_ends(graph: CompGraph, phase: np.ndarray, stage: np.ndarray, s: int) -> list[int]:

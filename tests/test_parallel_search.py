@@ -285,3 +285,18 @@ def test_the_default_searches_the_parallel_plans_devplace_runs_and_run_runs_its_
     ran = json.loads(out)
     assert ran["parallel"] == doc["parallel"]["plan"] and ran["processes"] == 2
     assert ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
+
+
+def test_parallel_plans_do_not_depend_on_the_order_the_devices_are_listed_in() -> None:
+    # two fast and two slow GPUs, listed two ways: the same plan on the same GPUs, the same step (issue 29's
+    # peers rerun found the default's answer moving with the listing through the parallel search)
+    from devplace.hardware.cluster import reordered
+
+    listed = cluster(4, bw=1e10, mem=2e10, speeds=[1.0, 2.0, 1.0, 2.0])
+    perm = np.array([1, 3, 0, 2])
+    other = reordered(listed, perm)  # device i of `other` is device perm[i] of `listed`
+    a = search_placement(captured(), listed, microbatch_graph=provider, parallel=ParallelAsk())
+    b = search_placement(captured(), other, microbatch_graph=provider, parallel=ParallelAsk())
+    assert a.parallel is not None and b.parallel is not None
+    assert b.parallel.step_time_s == pytest.approx(a.parallel.step_time_s, rel=1e-12)
+    assert [int(perm[d]) for d in b.parallel.plan.devices] == list(a.parallel.plan.devices)

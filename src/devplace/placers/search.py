@@ -92,7 +92,7 @@ from devplace.placers.registry import (
 from devplace.sim.bounds import lower_bound, memory_lower_bound, microbatch_bounds, microbatch_outlook
 from devplace.sim.count import counting
 from devplace.sim.devplace_model import DevplaceModel
-from devplace.sim.parallel import ParallelResult
+from devplace.sim.parallel import ParallelResult, simulate_parallel
 from devplace.sim.result import SimResult
 from devplace.sim.schedule import KINDS as SCHEDULE_KINDS
 from devplace.sim.schedule import Schedule, ScheduledResult, ScheduleError, simulate_schedule
@@ -1308,13 +1308,16 @@ def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SC
                           f"canonical order and choose their schedule and micro-batches; drop {', '.join(given)}")
     n = req.cluster.num_devices
     dps = parallel_degrees(ask, n, batch)
+    # searched on the devices in their canonical order, so that the same GPUs listed otherwise give the same plan
+    perm = canonical_order(req.graph, req.cluster)
+    canon = reordered(req.cluster, perm)
     kept: tuple[int, CompGraph, ParallelSearch] | None = None
     tried: dict[str, float | str] = {}
     failed: list[str] = []
     for k in parallel_microbatches(batch, n, dps):  # of equal steps the first: the largest micro-batch
         graph = req.graph if k == 1 else req.microbatch_graph(k)[0]
         try:
-            found = search_parallel(graph, req.cluster, batch=batch, microbatch_size=batch // k, dps=dps,
+            found = search_parallel(graph, canon, batch=batch, microbatch_size=batch // k, dps=dps,
                                     zeros=ZERO_STAGES if ask.zero is None else (ask.zero,),
                                     recomputes=RECOMPUTE if ask.recompute == "auto" else (ask.recompute,),
                                     schedules=schedules, runnable=runnable)
@@ -1328,8 +1331,10 @@ def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SC
     if kept is None:
         raise DevplaceError("; ".join(failed))
     k, graph, found = kept
-    best, plan = found.best, found.best.plan
-    one = as_microbatch(graph, plan.microbatches)
+    one = as_microbatch(graph, found.best.plan.microbatches)
+    # the plan on the devices as the cluster lists them, simulated there (the same step, relabelled)
+    plan = replace(found.best.plan, devices=tuple(int(perm[d]) for d in found.best.plan.devices or ()))
+    best = simulate_parallel(one, req.cluster, found.stage, plan)
     devices = np.asarray(plan.replica(0), dtype=np.int64)[found.stage]
     made_by = MadeBy(AUTO_PIPELINE if plan.pp > 1 else "single", CANONICAL_ORDER if plan.pp > 1 else None, req.seed,
                      {}, req.semantics.value)

@@ -3,6 +3,8 @@ recompute) it should and answers the fastest plan that fits."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from conftest import cluster
@@ -35,7 +37,13 @@ def test_the_search_answers_the_fastest_plan_that_fits() -> None:
     left = [x for x in runs.candidates if x.plan.schedule == "zero-bubble" and 3 in x.plan.zero]
     assert len(left) == 2 and all(x.step_time_s is None and not x.feasible and "does not run ZeRO-3" in x.note
                                   for x in left)
-    assert all(x.step_time_s is not None for x in runs.candidates if x not in left)
+    # and recomputation is not simulated where the same plan fits without it (it only adds work)
+    skipped = [x for x in runs.candidates if x.note.startswith("skipped: the same plan fits without")]
+    assert skipped and all(x.plan.recompute[0] == "full" and x.step_time_s is None for x in skipped)
+    for x in skipped:
+        twin = next(y for y in runs.candidates if y.plan == replace(x.plan, recompute="none"))
+        assert twin.feasible
+    assert all(x.step_time_s is not None for x in runs.candidates if x not in left and x not in skipped)
 
 
 def test_the_search_says_what_is_wrong() -> None:

@@ -12,8 +12,9 @@ refinement are its own) cuts the graph into pp stages on replica 0's devices, wi
 recomputation; where no such split fits memory, it cuts on devices with room to spare, and the ZeRO stages and
 recomputation below decide whether the plan fits. Every schedule (1F1B and zero bubble, one chunk per device),
 ZeRO stage (0 only when dp = 1) and recomputation choice (the same for all stages) is then simulated on those
-stages; the fastest plan that fits memory wins (ties: the first in the order dp ascending, schedule, ZeRO
-ascending, no recomputation first).
+stages (recomputation is not simulated where the same plan fits without it: it only adds work); the fastest
+plan that fits memory wins (ties: the first in the order dp ascending, schedule, ZeRO ascending, no
+recomputation first).
 """
 
 from __future__ import annotations
@@ -96,16 +97,22 @@ def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatc
             kinds = schedules
         for kind in kinds:
             for zero in (z for z in zeros if dp > 1 or z == 0):
+                fits_without = False
                 for recompute in recomputes:
                     plan = ParallelPlan(dp, pp, m, batch, kind, chunks=1, zero=zero, recompute=recompute)
                     gap = runtime_gap(plan) if runnable else None
                     if gap is not None:
                         candidates.append(Candidate(plan, dp, None, False, f"devplace run does not run {gap}"))
                         continue
+                    if recompute != "none" and fits_without:  # recomputation only adds work to a plan that fits
+                        candidates.append(Candidate(plan, dp, None, False, "skipped: the same plan fits without "
+                                                    "recomputation, which only adds work"))
+                        continue
                     result = simulate_parallel(one, cluster, stage, plan)
                     candidates.append(Candidate(plan, dp, result.step_time_s, result.feasible))
                     if result.feasible:
                         judged.append((result.step_time_s, result, stage))
+                        fits_without = fits_without or recompute == "none"
     if not judged:
         tried = "; ".join(f"{c.plan.label if c.plan else f'dp={c.dp}'}: {c.note or 'over memory'}"
                           for c in candidates)

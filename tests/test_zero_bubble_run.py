@@ -13,7 +13,6 @@ import json
 
 import pytest
 import torch
-from torch import nn
 
 from conftest import run_cli
 from devplace.graph.parallel import ParallelPlan, runtime_gap
@@ -24,6 +23,7 @@ from devplace.runtime.parallel_run import run_parallel
 from devplace.runtime.pipeline_run import PipelineRunError, accumulated_step, run_pipeline
 from devplace.sim.schedule import BACKWARD, FORWARD, WEIGHT, Schedule, actions
 from devplace.zoo import tiny
+from test_parallel_run import _net
 
 PHASE = {"F": FORWARD, "I": BACKWARD, "W": WEIGHT}
 
@@ -95,35 +95,11 @@ def test_a_zero_bubble_plan_goes_from_place_to_export_and_run(tmp_path, capsys, 
     assert ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
 
 
-class _Block(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.a, self.b = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return h + self.b(torch.tanh(self.a(h)))
-
-
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Linear(6, 16)
-        self.blocks = nn.ModuleList(_Block(16) for _ in range(4))
-        self.head = nn.Linear(16, 3)
-
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x)
-        for block in self.blocks:
-            h = block(h)
-        return nn.functional.cross_entropy(self.head(h), labels)
-
-
 def test_two_replicas_of_a_zero_bubble_pipeline_match_the_one_process_step():
     """dp=2 x pp=2 under ZB-H1 in 4 processes, ZeRO-1 and per-block recomputation on stage 0, ZeRO-2
     (fully_shard) on stage 1: the loss and every gradient of the first step and the loss after the update match
     one process. ZeRO-3 under zero bubble, whose gradients torch gets wrong, is refused before anything runs."""
-    torch.manual_seed(0)
-    model, inputs = _Net(), (torch.randn(8, 6), torch.randint(0, 3, (8,)))
+    model, inputs = _net()  # test_parallel_run's four-block net, seeded
     plan_ = ParallelPlan(dp=2, pp=2, microbatches=2, batch=8, schedule="zero-bubble", chunks=1, zero=(1, 2),
                          recompute=("full", "none"))
     assert runtime_gap(plan_) is None

@@ -958,30 +958,24 @@ def _run_pipelined(ex: PipelineExport, module: Any, inputs: Any, loss_fn: Any, *
     """Run export `ex` of `module` (`run_pipeline`, with the model's own `loss_fn` where it has one) and the
     unpipelined loss of the same batch, computed as the capture computes it (under `autocast` for an amp plan)."""
     check_steps(steps, warmup)
-    reference = _reference_loss(module, inputs, loss_fn, autocast)
+    reference, reduction = _reference(module, inputs, loss_fn, autocast)
     ran = run_pipeline(module, inputs, ex, processes=processes, steps=warmup + steps, optimizer=optimizer,
-                       loss_fn=loss_fn, loss_reduction=_loss_reduction(module, inputs, loss_fn), autocast=autocast)
+                       loss_fn=loss_fn, loss_reduction=reduction, autocast=autocast)
     norms = (m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
     return PipelineRan(ex, ran, warmup, reference, any(m.training for m in norms))
 
 
-def _loss_reduction(module: Any, inputs: Any, loss_fn: Any) -> str:
-    """How a step's loss combines its micro-batches' (and replicas'): "mean" for a loss function or the model's
-    own loss (a mean over the batch), "sum" where `default_loss` sums the outputs, as the capture took it."""
-    if loss_fn is not None:
-        return "mean"
-    with torch.no_grad():
-        out = module(*inputs)
-    own = (isinstance(out, torch.Tensor) and out.numel() == 1) or isinstance(getattr(out, "loss", None), torch.Tensor)
-    return "mean" if own else "sum"
-
-
-def _reference_loss(module: Any, inputs: Any, loss_fn: Any, autocast: torch.dtype | None = None) -> float:
+def _reference(module: Any, inputs: Any, loss_fn: Any, autocast: torch.dtype | None = None) -> tuple[float, str]:
     """The one-process loss of the whole batch, computed as the capture computes it (the model's own
-    `loss_fn`, else `default_loss`; under the CPU's `autocast` for an amp plan)."""
+    `loss_fn`, else `default_loss`; under the CPU's `autocast` for an amp plan), and how a step's loss combines
+    its micro-batches' (and replicas'), read from the same forward: "mean" for a loss function or the model's
+    own loss (a mean over the batch), "sum" where `default_loss` sums the outputs."""
     with torch.enable_grad(), cpu_autocast(autocast):  # the default loss looks for a trainable parameter's output
         out = module(*inputs)
-        return float((loss_fn(out) if loss_fn is not None else default_loss(out)).detach())
+        loss = float((loss_fn(out) if loss_fn is not None else default_loss(out)).detach())
+    own = (loss_fn is not None or (isinstance(out, torch.Tensor) and out.numel() == 1)
+           or isinstance(getattr(out, "loss", None), torch.Tensor))
+    return loss, "mean" if own else "sum"
 
 
 @dataclass(frozen=True)
@@ -1046,9 +1040,9 @@ def _run_parallel(ex: ParallelExport, module: Any, inputs: Any, loss_fn: Any, *,
     """Run export `ex` of `module` (`run_parallel`) and the one-process loss of the same batch (under `autocast`
     for an amp plan); a model without its own loss runs with its outputs' sum as the loss, as the capture takes
     it (`default_loss`)."""
-    reference = _reference_loss(module, inputs, loss_fn, autocast)
+    reference, reduction = _reference(module, inputs, loss_fn, autocast)
     ran = run_parallel(module, inputs, ex, steps=warmup + steps, optimizer=optimizer, loss_fn=loss_fn,
-                       loss_reduction=_loss_reduction(module, inputs, loss_fn), autocast=autocast)
+                       loss_reduction=reduction, autocast=autocast)
     return ParallelRan(ex, ran, warmup, reference)
 
 

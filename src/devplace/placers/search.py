@@ -1333,8 +1333,11 @@ def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SC
     k, graph, found = kept
     one = as_microbatch(graph, found.best.plan.microbatches)
     # the plan on the devices as the cluster lists them, simulated there (the same step, relabelled)
-    plan = replace(found.best.plan, devices=tuple(int(perm[d]) for d in found.best.plan.devices or ()))
-    best = simulate_parallel(one, req.cluster, found.stage, plan)
+    best = found.best
+    if not np.array_equal(perm, np.arange(perm.size)):
+        plan = replace(best.plan, devices=tuple(int(perm[d]) for d in best.plan.devices or ()))
+        best = simulate_parallel(one, req.cluster, found.stage, plan)
+    plan = best.plan
     devices = np.asarray(plan.replica(0), dtype=np.int64)[found.stage]
     made_by = MadeBy(AUTO_PIPELINE if plan.pp > 1 else "single", CANONICAL_ORDER if plan.pp > 1 else None, req.seed,
                      {}, req.semantics.value)

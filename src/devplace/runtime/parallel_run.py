@@ -54,9 +54,9 @@ from devplace.runtime.pipeline_run import (
     _tied,
     _trace,
     _worker,
-    autocast_loss,
     autocast_stage,
     split_backward,
+    stage_loss,
 )
 from devplace.sim.schedule import Schedule
 
@@ -152,7 +152,6 @@ def _process(rank: int, job: _Job) -> None:
     from torch.distributed.tensor import DTensor
     from torch.export.unflatten import InterpreterModule
 
-    from devplace.capture.torch_capture import default_loss
     from devplace.runtime.run import _make_optimizer
 
     r, s = divmod(rank, job.pp)
@@ -185,11 +184,7 @@ def _process(rank: int, job: _Job) -> None:
         if sharded:
             fully_shard(mod, mesh=mesh["dp"], reshard_after_forward=zero == 3)
         stage = _PipelineStage(mod, s, info, torch.device("cpu"), group=mesh.get_group("pp"))
-        loss_of = autocast_loss(job.loss_fn or default_loss, job.autocast)
-
-        def loss(output: Any, _target: Any) -> torch.Tensor:
-            value = loss_of(output)
-            return value if value.numel() == 1 else value.sum()
+        loss = stage_loss(job.loss_fn, job.autocast)
 
         m = job.schedule.microbatches
         if job.schedule.kind == "zero-bubble":  # ZB-H1: torch's interleaved zero bubble with one stage a process

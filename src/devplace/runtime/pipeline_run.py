@@ -169,15 +169,19 @@ def autocast_stage(mod: nn.Module, dtype: torch.dtype | None) -> None:
     mod.forward = cast  # type: ignore[method-assign]
 
 
-def autocast_loss(loss: Callable[..., torch.Tensor], dtype: torch.dtype | None) -> Callable[..., torch.Tensor]:
-    """`loss` computed under the CPU's autocast to `dtype`, as the capture computed it (None: `loss` itself)."""
-    if dtype is None:
-        return loss
+def stage_loss(loss_fn: Callable[[Any], torch.Tensor] | None,
+               autocast: torch.dtype | None) -> Callable[[Any, Any], torch.Tensor]:
+    """The loss a pipelining schedule calls on the last stage's output: `loss_fn` (default: `default_loss`)
+    under the CPU's autocast to `autocast` (None: none), as the capture computed it, summed to one value."""
+    from devplace.capture.torch_capture import default_loss
 
-    def cast(*args: Any) -> torch.Tensor:
-        with cpu_autocast(dtype):
-            return loss(*args)
-    return cast
+    loss_of = loss_fn or default_loss
+
+    def loss(output: Any, _target: Any) -> torch.Tensor:
+        with cpu_autocast(autocast):
+            value = loss_of(output)
+        return value if value.numel() == 1 else value.sum()
+    return loss
 
 
 def _relay_skips(pipe: Any) -> None:
@@ -358,7 +362,6 @@ def _stage(rank: int, job: _Job) -> None:
     from torch.distributed.pipelining.stage import _PipelineStage
     from torch.export.unflatten import InterpreterModule
 
-    from devplace.capture.torch_capture import default_loss
     from devplace.runtime.run import _make_optimizer
 
     torch.manual_seed(job.seed)
@@ -390,12 +393,7 @@ def _stage(rank: int, job: _Job) -> None:
                 st.forward_one_chunk = _without_inputs(st.forward_one_chunk)  # multi-stage schedules give them all
         if job.schedule.kind in SPLIT_KINDS:
             split_backward(stages)
-        loss_of = autocast_loss(job.loss_fn or default_loss, job.autocast)
-
-        def loss(output: Any, _target: Any) -> torch.Tensor:
-            value = loss_of(output)
-            return value if value.numel() == 1 else value.sum()
-
+        loss = stage_loss(job.loss_fn, job.autocast)
         scale = job.loss_reduction == "mean"
         multi = {"interleaved-1f1b": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble}
         if job.schedule.kind in multi:

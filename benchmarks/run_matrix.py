@@ -73,6 +73,17 @@ def cell(arch: str, cluster: str, schedule: str | None, folder: Path, batch: int
     placed = json.loads(plan.read_text())
     sched = placed["placement"].get("schedule")
     model, inputs, _ = build_custom_model(spec, batch, seed=0)
+    par = placed["placement"].get("parallel")
+    if par is not None and (par["dp"] > 1 or max(par["zero"]) > 0 or "full" in par["recompute"]):
+        # data-parallel replicas, ZeRO or recomputation: `devplace run --plan` runs it in dp * pp processes and
+        # compares its loss with the one-process step's
+        done = _cli("run", "--plan", str(plan), "--model", spec, *sized, "--steps", "1", "--warmup", "0", "--json")
+        if done.returncode:
+            return {**row, "ok": False, "what": f"run: {done.stderr.strip().splitlines()[-1:]}"}
+        ran = json.loads(done.stdout)
+        ok = abs(ran["losses"][0] - ran["reference_loss"]) <= 1e-5 * abs(ran["reference_loss"])
+        return {**row, "ok": ok, "s": time.perf_counter() - t0, "what": f"parallel {par['dp']}x{par['pp']} on "
+                f"{ran['processes']} processes: loss {ran['losses'][0]:.6g} vs {ran['reference_loss']:.6g}"}
     if sched is None:  # unpipelined: devplace run --plan
         devices = ",".join(["cpu"] * (max(placed["placement"]["assignment"].values()) + 1))
         done = _cli("run", "--plan", str(plan), "--model", spec, *sized, "--devices", devices, "--steps", "1",

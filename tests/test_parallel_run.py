@@ -283,9 +283,13 @@ def test_a_plan_placed_as_a_parallel_plan_exports_the_plan_its_search_chose(pyth
     assert code == 0, err
     ex = read_parallel(par_path)
     assert ex.plan.to_dict() == chosen and ex.source["custom"] == tower
+    assert ex.source["batch"] == ex.plan.batch == 8  # the model's batch, not a replica's (the graph's capture)
     assert "(the search's)" in " ".join((out + err).split())
     code, _, err = run_cli(["export", str(plan_path), "--format", "parallel", "--dp", "2"], capsys, monkeypatch)
     assert code == 2 and "drop --dp" in err
+    for fmt in ("pipeline", "json"):  # replica 0 alone would drop the replicas, ZeRO and recomputation
+        code, _, err = run_cli(["export", str(plan_path), "--format", fmt], capsys, monkeypatch)
+        assert code == 2 and "--format parallel" in err and err.count("\n") == 1, (fmt, err)
     # the tower returns no loss: its step's loss is the sum of its outputs, so the replicas' losses and
     # gradients are summed, not averaged
     code, out, err = run_cli(["run", "--parallel", str(par_path), "--trust-model", "--steps", "1", "--warmup", "0",
@@ -293,4 +297,17 @@ def test_a_plan_placed_as_a_parallel_plan_exports_the_plan_its_search_chose(pyth
     assert code == 0, err
     ran = json.loads(out)
     assert ran["processes"] == 2 and ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
+    assert ran["dropout_masks_differ"] is False and ran["batching_changes_result"] is False
     assert ran["losses"][0] == pytest.approx(sum(ran["replica_losses"]), rel=1e-6)
+
+
+def test_a_run_says_when_dropout_or_batchnorm_make_its_loss_differ():
+    """Active dropout (each process draws its own masks) and training-mode BatchNorm (each micro-batch or replica
+    normalised by its own statistics) are named as why a run's loss differs from the one-process step's."""
+    from devplace.app.with_torch import _random_or_batched, _why_losses_differ
+
+    net = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1), nn.BatchNorm1d(4), nn.Dropout(0.0))
+    assert _random_or_batched(net) == (True, True)
+    assert _random_or_batched(net.eval()) == (False, False)
+    assert _random_or_batched(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.0)).train()) == (False, False)
+    assert "dropout" in _why_losses_differ(False, True, "micro-batch") and _why_losses_differ(False, False, "x") == ""

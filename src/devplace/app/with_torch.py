@@ -209,7 +209,9 @@ def save_placed_plan(placed: Placed, path: Path, *, model: str | None = None, ba
     plan has no model (export takes it, run cannot rebuild it)."""
     whole = graph_batch(placed.graph)
     micro = placed.placement.schedule
-    if whole is not None and micro is not None and micro.microbatch_graph:
+    if placed.parallel is not None:  # `graph` is one replica's micro-batch: the model runs the plan's whole batch
+        whole = placed.parallel.plan.batch
+    elif whole is not None and micro is not None and micro.microbatch_graph:
         whole *= micro.microbatches  # a pipeline placed on one micro-batch's capture: the model runs the batch
     source = named_source(model, whole if whole is not None else batch, seq_len, 0) if model is not None else None
     settings = {"optimizer": optimizer, "max_nodes": max_nodes, "dtype": dtype, "amp": amp}
@@ -718,6 +720,12 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
         raise DevplaceError("--model/--trust-model belong to --format device-map (the only export that rebuilds "
                             "the model)")
     p = load_plan_file(plan_file)
+    if fmt not in ("parallel", "torchtitan") and is_parallel(p):
+        # a pipeline, a device_map or a placement would be replica 0 alone: the replicas, ZeRO and recomputation lost
+        label = ParallelPlan.from_dict(p.placement.meta["parallel"]).label
+        raise DevplaceError(f"{plan_file} holds the parallel plan {label}, which --format {fmt} cannot express; "
+                            "export it with --format parallel (devplace run --parallel runs it) or torchtitan, or "
+                            "run the plan file itself (devplace run --plan)")
     names = [d.strip() for d in devices.split(",")] if devices else None
     if names is not None and len(names) < p.num_devices_used:
         raise DevplaceError(f"--devices names {len(names)} device(s), but the placement uses {p.num_devices_used} "
@@ -879,6 +887,7 @@ class PipelineRan:
     warmup: int
     reference_loss: float
     batch_statistics: bool = False  # the model has training-mode BatchNorm: micro-batching changes its loss
+    dropout: bool = False  # the model has active dropout: each process draws its own masks
 
     @property
     def timed_s(self) -> list[float]:
@@ -897,7 +906,7 @@ class PipelineRan:
                           "split_points": list(self.export.split_points), "schedule": self.export.schedule.to_dict(),
                           "processes": self.run.processes, "backend": "gloo", "losses": self.run.losses,
                           "reference_loss": self.reference_loss, "measured_steps_s": self.timed_s,
-                          "microbatching_changes_result": self.batch_statistics,
+                          "microbatching_changes_result": self.batch_statistics, "dropout_masks_differ": self.dropout,
                           "measured_step_s": statistics.median(self.timed_s),
                           "measured_spread": RunResult(self.timed_s, "wall clock").spread,
                           "measured_cpu_steps_s": self.run.cpu_times_s[self.warmup:],
@@ -918,8 +927,7 @@ class PipelineRan:
                        if spread > NOISY_SPREAD else "")
                     + (f", simulated {fmt_time(float(sim))} on the plan's cluster" if sim is not None else "")
                     + f"; first step's loss {r.losses[0]:.6g}, unpipelined {self.reference_loss:.6g}"
-                    + (" (they differ: the model's BatchNorm normalises each micro-batch by its own statistics)"
-                       if self.batch_statistics else ""))
+                    + _why_losses_differ(self.batch_statistics, self.dropout, "micro-batch"))
 
     def text(self, width: int = 120) -> str:
         """The report as plain text."""
@@ -961,8 +969,23 @@ def _run_pipelined(ex: PipelineExport, module: Any, inputs: Any, loss_fn: Any, *
     reference, reduction = _reference(module, inputs, loss_fn, autocast)
     ran = run_pipeline(module, inputs, ex, processes=processes, steps=warmup + steps, optimizer=optimizer,
                        loss_fn=loss_fn, loss_reduction=reduction, autocast=autocast)
-    norms = (m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
-    return PipelineRan(ex, ran, warmup, reference, any(m.training for m in norms))
+    return PipelineRan(ex, ran, warmup, reference, *_random_or_batched(module))
+
+
+def _random_or_batched(module: Any) -> tuple[bool, bool]:
+    """Whether `module` has training-mode BatchNorm (a micro-batch or replica is normalised by its own
+    statistics) and active dropout (each process draws its own masks): either makes a pipelined or parallel
+    step's loss differ from the one-process step's."""
+    training = [m for m in module.modules() if m.training]
+    return (any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in training),
+            any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in training))
+
+
+def _why_losses_differ(batch_statistics: bool, dropout: bool, part: str) -> str:
+    """The report's note on why its loss may differ from the one-process step's (empty where it should not)."""
+    why = ([f"the model's BatchNorm normalises each {part} by its own statistics"] if batch_statistics else []) + (
+        ["the model's dropout draws its own masks in each process"] if dropout else [])
+    return f" (they differ: {'; '.join(why)})" if why else ""
 
 
 def _reference(module: Any, inputs: Any, loss_fn: Any, autocast: torch.dtype | None = None) -> tuple[float, str]:
@@ -986,6 +1009,8 @@ class ParallelRan:
     run: ParallelRun
     warmup: int
     reference_loss: float
+    batch_statistics: bool = False  # the model has training-mode BatchNorm: each replica's statistics its own
+    dropout: bool = False  # the model has active dropout: each process draws its own masks
 
     @property
     def timed_s(self) -> list[float]:
@@ -999,6 +1024,7 @@ class ParallelRan:
                           "processes": self.run.processes, "backend": "gloo", "losses": self.run.losses,
                           "replica_losses": self.run.replica_losses, "reference_loss": self.reference_loss,
                           "processes_setup": self.run.setups, "measured_steps_s": self.timed_s,
+                          "batching_changes_result": self.batch_statistics, "dropout_masks_differ": self.dropout,
                           "measured_step_s": statistics.median(self.timed_s)})
 
     def __rich__(self) -> Text:
@@ -1006,7 +1032,8 @@ class ParallelRan:
         return Text(f"{plan.label}: {r.processes} CPU processes (gloo), measured step "
                     f"{fmt_time(statistics.median(self.timed_s))} (median of {len(self.timed_s)}, wall clock, 1 "
                     f"thread per process); first step's loss {r.losses[0]:.6g} (replicas "
-                    f"{', '.join(f'{v:.6g}' for v in r.replica_losses)}), one process {self.reference_loss:.6g}")
+                    f"{', '.join(f'{v:.6g}' for v in r.replica_losses)}), one process {self.reference_loss:.6g}"
+                    + _why_losses_differ(self.batch_statistics, self.dropout, "replica's micro-batch"))
 
     def text(self, width: int = 120) -> str:
         """The report as plain text."""
@@ -1043,7 +1070,7 @@ def _run_parallel(ex: ParallelExport, module: Any, inputs: Any, loss_fn: Any, *,
     reference, reduction = _reference(module, inputs, loss_fn, autocast)
     ran = run_parallel(module, inputs, ex, steps=warmup + steps, optimizer=optimizer, loss_fn=loss_fn,
                        loss_reduction=reduction, autocast=autocast)
-    return ParallelRan(ex, ran, warmup, reference)
+    return ParallelRan(ex, ran, warmup, reference, *_random_or_batched(module))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import signal
 from dataclasses import replace
 
 import pytest
@@ -166,6 +168,21 @@ def test_a_failing_stage_shows_its_own_error_and_where(planned):
         pytest.skip("one model is enough")
     with pytest.raises(PipelineRunError, match=r"stage 1: ValueError: no loss here \(raised at File .*_failing_loss"):
         run_pipeline(model, inputs, _export(name, model, p, 2, Schedule("gpipe", 2)), loss_fn=_failing_loss)
+
+
+def _killed_loss(output: torch.Tensor) -> torch.Tensor:
+    os.kill(os.getpid(), signal.SIGKILL)  # what the kernel's out-of-memory killer does to a process
+    return output.sum()
+
+
+def test_a_stage_killed_by_a_signal_is_named_with_a_hint(planned):
+    """A stage process ended by SIGKILL (no traceback of its own) is a PipelineRunError naming the signal and
+    suggesting memory, not torch's ProcessExitedException."""
+    name, model, inputs, p = planned
+    if name != "cnn":
+        pytest.skip("one model is enough")
+    with pytest.raises(PipelineRunError, match=r"stage process 1 ended by signal SIGKILL: out of memory\?"):
+        run_pipeline(model, inputs, _export(name, model, p, 2, Schedule("gpipe", 2)), loss_fn=_killed_loss)
 
 
 def test_an_untraceable_model_says_so_in_one_line():

@@ -47,13 +47,11 @@ from devplace.runtime.parallel_export import ParallelExport, read_parallel
 from devplace.runtime.pipeline_run import (
     PipelineRunError,
     _dump_stage,
-    _failure,
     _microbatches,
     _named_inputs,
-    _start_method,
+    _spawn,
     _tied,
     _trace,
-    _worker,
     autocast_stage,
     split_backward,
     stage_loss,
@@ -278,8 +276,6 @@ def run_parallel(module: nn.Module, inputs: Any, export: ParallelExport | Mappin
     the loss run under the CPU's autocast to this dtype (a plan captured with amp). The module itself is not changed.
     PipelineRunError for a user problem (inputs, schedule, split, a batch that does not divide into dp * M
     equal micro-batches); a failing process raises with its own message."""
-    import torch.multiprocessing as mp
-
     ex = export if isinstance(export, ParallelExport) else read_parallel(export)
     _check(module, ex, steps)
     if loss_reduction not in ("mean", "sum"):
@@ -308,12 +304,7 @@ def run_parallel(module: nn.Module, inputs: Any, export: ParallelExport | Mappin
         job = _Job(folder, [_dump_stage(pipe, st) for st in range(plan.pp)], tied, plan.dp, plan.pp, plan.zero,
                    plan.recompute, schedule, replicas, steps, optimizer, loss_fn, loss_reduction, return_grads, seed,
                    timeout_s, autocast)
-        try:
-            mp.start_processes(_worker, args=(_process, job), nprocs=n, join=True, start_method=_start_method())
-        except mp.ProcessRaisedException as exc:
-            why = _failure(folder, n, str(exc).strip().splitlines()[-1]).replace("stage", "process", 1)
-            raise PipelineRunError(f"a parallel process failed (process r * pp + s runs stage s of replica r), "
-                                   f"{why}") from exc
+        _spawn(_process, job, n, "a parallel process failed (process r * pp + s runs stage s of replica r)", "process")
         results = [torch.load(Path(folder) / f"rank{q}.pt") for q in range(n)]
     times = [max(res["times"][i] for res in results) for i in range(steps)]
     lasts = [results[q * plan.pp + plan.pp - 1]["losses"] for q in range(plan.dp)]

@@ -349,6 +349,25 @@ def _failure(folder: str, n: int, fallback: str) -> str:
     return f"stage {rank}: {lines[-1]}" + (f" (raised at {frames[-1]})" if frames else "")
 
 
+def _spawn(entry: Callable[[int, Any], None], job: Any, n: int, failed: str, unit: str) -> None:
+    """Run `entry(rank, job)` in `n` processes (`_worker`) and wait for them; a PipelineRunError starting with
+    `failed` where one raised (the failing `unit`'s own error, `_failure`) or was killed by a signal (SIGKILL is
+    what the kernel's out-of-memory killer sends: every process holds its stages, their activations and
+    optimizer state in this machine's memory)."""
+    import torch.multiprocessing as mp
+
+    try:
+        mp.start_processes(_worker, args=(entry, job), nprocs=n, join=True, start_method=_start_method())
+    except mp.ProcessRaisedException as exc:
+        why = _failure(job.folder, n, str(exc).strip().splitlines()[-1]).replace("stage", unit, 1)
+        raise PipelineRunError(f"{failed}, {why}") from exc
+    except mp.ProcessExitedException as exc:
+        killed = f" by signal {exc.signal_name}" if exc.signal_name else f" with exit code {exc.exit_code}"
+        hint = (": out of memory? run a smaller batch (--batch, --seq-len) or fewer processes"
+                if exc.signal_name == "SIGKILL" else "")
+        raise PipelineRunError(f"{failed}: {unit} process {exc.error_index} ended{killed}{hint}") from exc
+
+
 def _stage(rank: int, job: _Job) -> None:
     """One process of the pipeline: join the gloo group, build its stages (stage s on process s mod p), run the
     steps, save what the parent reads."""
@@ -687,8 +706,6 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
     with amp). The module itself is not changed. Errors: PipelineRunError (a user problem: input, schedule,
     split); a failing stage raises with its process's message.
     """
-    import torch.multiprocessing as mp
-
     ex = export if isinstance(export, PipelineExport) else read_pipeline(export)
     if ex.schedule.kind not in SCHEDULES:
         raise PipelineRunError(f"schedule {ex.schedule.kind!r} is not run here; choose one of {', '.join(SCHEDULES)}")
@@ -720,11 +737,7 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
     with tempfile.TemporaryDirectory(prefix="devplace-pipe-") as folder:
         job = _Job(folder, [_dump_stage(pipe, i) for i in range(ex.num_stages)], n, _tied(pipe, module), ex.schedule,
                    mbs, steps, optimizer, loss_fn, loss_reduction, return_grads, seed, timeout_s, autocast)
-        try:
-            mp.start_processes(_worker, args=(_stage, job), nprocs=n, join=True, start_method=_start_method())
-        except mp.ProcessRaisedException as exc:
-            raise PipelineRunError(f"a pipeline stage failed, {_failure(folder, n, str(exc).strip().splitlines()[-1])}"
-                                   ) from exc
+        _spawn(_stage, job, n, "a pipeline stage failed", "stage")
         results = [torch.load(Path(folder) / f"rank{r}.pt") for r in range(n)]
     times = [max(r["times"][s] for r in results) for s in range(steps)]
     cpu_times = [sum(r["cpu_times"][s] for r in results) for s in range(steps)]

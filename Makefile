@@ -1,5 +1,6 @@
 # The two README commands: `make demo` (main job on a built-in default) and `make test` (whole suite).
-# Each creates .venv if missing and installs the project into it.
+# Each creates .venv if missing and installs the project into it, with the extra `titan` (torchtitan), against
+# whose config classes the suite checks `devplace export --format torchtitan`.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,titan]'
 	touch $(STAMP)
 
 demo: $(STAMP)

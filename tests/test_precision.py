@@ -323,3 +323,29 @@ def test_moe_captures_in_fp32_and_bf16_with_expert_flops(kind: str, dtype: str) 
     assert sum(r["flops"] for r in experts) == d["layers"] * 3 * forward
     _, report = apply_costs(g, A100)
     assert report.rows["gemm"].total_s > 0
+
+
+def test_placed_fp32_moe_runs_the_experts_in_fp32_as_captured() -> None:
+    """The capture takes a float32 `_grouped_mm`'s shape from the bf16 meta kernel; under the runtime's trace
+    (make_fx) those casts must not become ops: the placed step runs the float32 kernel the graph recorded, so
+    its loss and gradients are the eager model's exactly (with the casts traced, the experts ran in bf16)."""
+    from devplace.graph.placement import Placement
+    from devplace.runtime.apply import apply_placement
+
+    torch.manual_seed(0)
+    model, d = _tiny_moe("mixtral")
+    ids = torch.randint(0, d["vocab"], (2, 8))
+    inputs = {"input_ids": ids, "labels": ids, "use_cache": False}
+    eager = model(**inputs).loss
+    eager.backward()
+    eager_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    g = capture(model, inputs)
+    placed = apply_placement(model, g, Placement.from_array(g, [0] * g.num_nodes), ["cpu"], inputs)
+    traced = placed._trace_for((), inputs)[0].gm.graph.nodes
+    assert placed.granularity == "op"
+    assert not [n for n in traced if n.op == "call_function" and n.kwargs.get("dtype") == torch.bfloat16]
+    loss = placed(**inputs).loss
+    loss.backward()
+    assert torch.equal(loss, eager)
+    assert all(torch.equal(p.grad, e) for p, e in zip(model.parameters(), eager_grads, strict=True))

@@ -27,7 +27,7 @@ import inspect
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,7 @@ from torch._subclasses.fake_tensor import (
     UnsupportedOperatorException,
 )
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map_only
 
 from devplace.capture.flops import op_flops
 from devplace.capture.signature import encode_signature, target_name
@@ -131,13 +131,34 @@ def _run_op(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
     """Run `func` on the fake tensors. `aten._grouped_mm` (the experts of a mixture-of-experts layer) has a
     CPU kernel for float32 but a meta (shape) kernel that accepts only bf16/fp16, so on fake tensors a float32
     MoE would fail; its output shape does not depend on the dtype, so it is taken from the bf16 meta kernel
-    and the output made float32, as the real kernel returns it."""
+    and the output made float32, as the real kernel returns it.
+
+    Under `make_fx` (the runtime's trace, `runtime.apply.trace_forward`) those casts must not become ops of the
+    traced program: the placed step would then run the experts in bf16 (other numbers than the model's, and 4-6x
+    slower on a CPU without bf16 matrix units) between two extra copies, none of which the capture recorded or
+    the cost table priced. So the shape is computed with tracing off and the float32 call itself is traced."""
     if func.overloadpacket is _GROUPED_MM and any(t.dtype == torch.float32 for t in _tensors(args[:2])):
+        from torch.fx.experimental.proxy_tensor import (
+            disable_proxy_modes_tracing,
+            get_proxy_mode,
+            get_proxy_slot,
+            track_tensor_tree,
+        )
+
         def low(x: Any) -> Any:
             return x.to(torch.bfloat16) if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x
 
-        out = func(*[low(a) for a in args], **{k: low(v) for k, v in kwargs.items()})
-        return out if kwargs.get("out_dtype") is not None else out.to(torch.float32)
+        tracing = get_proxy_mode()
+        with disable_proxy_modes_tracing() if tracing is not None else nullcontext():
+            out = func(*[low(a) for a in args], **{k: low(v) for k, v in kwargs.items()})
+            out = out if kwargs.get("out_dtype") is not None else out.to(torch.float32)
+        if tracing is not None:
+            tracer = tracing.tracer
+            p_args, p_kwargs = tree_map_only(torch.Tensor, lambda t: get_proxy_slot(t, tracer).proxy,
+                                             (tuple(args), dict(kwargs)))
+            track_tensor_tree(out, tracer.create_proxy("call_function", func, p_args, p_kwargs), constant=None,
+                              tracer=tracer)
+        return out
     return func(*args, **kwargs)
 
 

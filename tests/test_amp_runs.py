@@ -39,3 +39,36 @@ def test_a_parallel_amp_plan_runs_as_captured(tower, tmp_path, capsys, monkeypat
     ran = _run(["run", "--plan", str(plan), "--trust-model", "--steps", "1", "--warmup", "0", "--json"], capsys,
                monkeypatch)
     assert ran["processes"] == 2 and ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["pipeline", "parallel"])
+def test_the_export_of_an_amp_plan_records_autocast_and_runs_under_it(fmt, tower, tmp_path, capsys, monkeypatch):
+    """`devplace export` of an --amp plan writes the autocast dtype into the pipeline / parallel export, and `run
+    --pipeline` / `run --parallel` of it runs under autocast: its loss is the one-process autocast step's, which
+    differs from the fp32 one (the same export without its precision runs in fp32)."""
+    plan, ex = tmp_path / "plan.json", tmp_path / f"{fmt}.json"
+    _run(["place", "--model", tower, "--batch", "64", "-c", "2xK80", "--amp", "--placer", "pipeline", "--schedule",
+          "1f1b", "--microbatches", "2", "--save-plan", str(plan), "--json"], capsys, monkeypatch)
+    code, _, err = run(["export", str(plan), "--format", fmt, "-o", str(ex)], capsys, monkeypatch)
+    assert code == 0, err
+    doc = json.loads(ex.read_text())
+    assert doc["precision"] == {"autocast": "bfloat16"}
+    fp32 = tmp_path / f"{fmt}-fp32.json"
+    fp32.write_text(json.dumps({k: v for k, v in doc.items() if k != "precision"}))
+    losses = {}
+    for name, path in (("amp", ex), ("fp32", fp32)):
+        ran = _run(["run", f"--{fmt}", str(path), "--trust-model", "--steps", "1", "--warmup", "0", "--json"],
+                   capsys, monkeypatch)
+        assert ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
+        losses[name] = ran["reference_loss"]
+    assert losses["amp"] != pytest.approx(losses["fp32"], rel=1e-5)
+
+
+def test_a_malformed_export_precision_is_a_clear_error(tower, tmp_path, capsys, monkeypatch):
+    plan, ex = tmp_path / "plan.json", tmp_path / "pipeline.json"
+    _run(["place", "--model", tower, "--batch", "64", "-c", "2xK80", "--amp", "--placer", "pipeline", "--schedule",
+          "1f1b", "--microbatches", "2", "--save-plan", str(plan), "--json"], capsys, monkeypatch)
+    assert run(["export", str(plan), "--format", "pipeline", "-o", str(ex)], capsys, monkeypatch)[0] == 0
+    ex.write_text(json.dumps({**json.loads(ex.read_text()), "precision": {"autocast": "float64"}}))
+    code, _, err = run(["run", "--pipeline", str(ex), "--trust-model", "--steps", "1"], capsys, monkeypatch)
+    assert code == 2 and "precision must be an object" in err and "re-export" in err

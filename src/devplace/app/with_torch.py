@@ -108,11 +108,13 @@ from devplace.runtime.run import (
     NOISY_SPREAD,
     RunResult,
     append_record,
+    apply_precision,
     check_steps,
     cpu_autocast,
     local_cluster,
     measure_plan,
     plan_precision,
+    precision_record,
 )
 from devplace.sim import DevplaceModel, Schedule, ScheduleError, SimResult, simulate
 from devplace.study.report import write_report
@@ -741,6 +743,9 @@ def export_plan(plan_file: Path, fmt: str = "json", devices: str | None = None, 
         doc = split.to_dict()
         if names is not None:
             doc["stage_device_names"] = [names[d] for d in split.devices]
+        precision = precision_record(p)  # an amp plan's stages run under autocast (`devplace run --pipeline`)
+        if precision:
+            doc["precision"] = precision
         if isinstance(p.settings.get("source"), dict):
             doc["source"] = p.settings["source"]  # so that `devplace run --pipeline` can rebuild a zoo model
             doc["source_params"] = source_params(p.graph)  # and check that it is the model the file describes
@@ -809,7 +814,7 @@ def parallel_plan_doc(p: Plan, *, dp: int | None = None, zero: int | None = None
         if len(split.devices) != plan.pp:
             raise DevplaceError(f"the plan's placement cuts into {len(split.devices)} pipeline stages at module "
                                 f"starts, not its parallel plan's pp={plan.pp}; place it again")
-        return (parallel_export(plan, split.split_points, source=source), plan,
+        return (parallel_export(plan, split.split_points, source=source, precision=precision_record(p)), plan,
                 f"simulated step {fmt_time(p.result.step_time_s)} (the search's)")
     sched = _export_schedule(p, schedule, microbatches)
     split = pipeline_split(p.graph, p.placement, p.cluster, schedule=sched)
@@ -827,7 +832,7 @@ def parallel_plan_doc(p: Plan, *, dp: int | None = None, zero: int | None = None
                         chunks=int(split.schedule.chunks or 1) if pp > 1 else None,  # ZB-H1 keeps its one chunk
                         zero=0 if zero is None else zero,
                         recompute="none" if recompute is None else recompute)
-    return (parallel_export(plan, split.split_points, source=source), plan,
+    return (parallel_export(plan, split.split_points, source=source, precision=precision_record(p)), plan,
             "not simulated here (place with --dp/--zero/--recompute for a simulated plan)")
 
 
@@ -943,8 +948,9 @@ def run_pipeline_export(pipeline_file: Path, *, processes: int | None = None, st
     ex = read_pipeline(pipeline_file)
     module, inputs, loss_fn = build_source(ex.source, trust_model=trust_model, where=str(pipeline_file),
                                            params=ex.source_params)
+    inputs, autocast = apply_precision(ex.precision, module, inputs, str(pipeline_file))
     return _run_pipelined(ex, module, inputs, loss_fn, processes=processes, steps=steps, warmup=warmup,
-                          optimizer=optimizer)
+                          optimizer=optimizer, autocast=autocast)
 
 
 def run_plan_pipelined(p: Plan, module: Any, inputs: Any, *, steps: int = 5, warmup: int = 2,
@@ -1048,7 +1054,9 @@ def run_parallel_export(parallel_file: Path, *, steps: int = 5, warmup: int = 2,
     check_steps(steps, warmup)
     ex = read_parallel(parallel_file)
     module, inputs, loss_fn = build_source(ex.source, trust_model=trust_model, where=str(parallel_file))
-    return _run_parallel(ex, module, inputs, loss_fn, steps=steps, warmup=warmup, optimizer=optimizer)
+    inputs, autocast = apply_precision(ex.precision, module, inputs, str(parallel_file))
+    return _run_parallel(ex, module, inputs, loss_fn, steps=steps, warmup=warmup, optimizer=optimizer,
+                         autocast=autocast)
 
 
 def run_plan_parallel(p: Plan, module: Any, inputs: Any, *, steps: int = 5, warmup: int = 2,

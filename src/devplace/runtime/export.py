@@ -29,9 +29,9 @@ from devplace.sim import simulate
 from devplace.sim.schedule import Schedule, ScheduleError
 from devplace.units import fmt_time
 
-__all__ = ["PIPELINE_FORMAT", "DeviceMap", "ExportError", "PipelineExport", "PipelineSplit", "callable_modules",
-           "default_schedule", "device_map", "export_json", "pipeline_split", "read_export_doc", "read_pipeline",
-           "wrapped_module"]
+__all__ = ["PIPELINE_FORMAT", "PRECISIONS", "DeviceMap", "ExportError", "PipelineExport", "PipelineSplit",
+           "callable_modules", "default_schedule", "device_map", "export_json", "pipeline_split", "read_export_doc",
+           "read_pipeline", "read_precision", "wrapped_module"]
 
 PIPELINE_FORMAT = "devplace.pipeline/2"
 
@@ -179,6 +179,11 @@ class PipelineExport:
         return params if isinstance(params, int) else None
 
     @property
+    def precision(self) -> dict[str, str]:
+        """The precision the plan's steps run in (`read_precision`; empty: fp32)."""
+        return read_precision(self.doc, "the pipeline export")
+
+    @property
     def num_stages(self) -> int:
         return len(self.stage_devices)
 
@@ -190,6 +195,21 @@ class PipelineExport:
     def split_spec(self) -> dict[str, Any]:
         """`{module name: SplitPoint.BEGINNING}` for `torch.distributed.pipelining.pipeline(split_spec=...)`."""
         return _split_spec(self.split_points)
+
+
+PRECISIONS = {"dtype": ("fp32", "bf16", "fp16"), "autocast": ("bfloat16", "float16")}
+
+
+def read_precision(doc: Mapping[str, Any], where: str) -> dict[str, str]:
+    """An export's "precision" (written from `runtime.run.precision_record`: "dtype", the precision a plan made
+    with `dtype=` casts the model and inputs to; "autocast", the torch dtype an amp plan's forward and loss run
+    under autocast to), checked; {} where the export records none (fp32). ExportError when it is malformed."""
+    rec = doc.get("precision", {})
+    if not isinstance(rec, Mapping) or any(k not in PRECISIONS or rec[k] not in PRECISIONS[k] for k in rec):
+        allowed = "; ".join(f"{k}: {', '.join(v)}" for k, v in PRECISIONS.items())
+        raise ExportError(f"{where}: precision must be an object with \"dtype\" and/or \"autocast\" ({allowed}), got "
+                          f"{rec!r:.80}; re-export the plan")
+    return dict(rec)
 
 
 def read_export_doc(source: str | Path | Mapping[str, Any], fmt: str, kind: str, *, note: str = ""
@@ -244,6 +264,7 @@ def read_pipeline(source: str | Path | Mapping[str, Any]) -> PipelineExport:
     source_doc = doc.get("source")
     if source_doc is not None and not isinstance(source_doc, dict):
         raise ExportError(f"{where}: source must be an object (the plan's model source), got {source_doc!r}")
+    read_precision(doc, where)
     params = doc.get("source_params")
     if params is not None and (isinstance(params, bool) or not isinstance(params, int) or params < 0):
         raise ExportError(f"{where}: source_params must be the model's parameter count (an integer >= 0), got "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from devplace.graph.parallel import ParallelPlan, ParallelPlanError
-from devplace.runtime.export import ExportError, read_export_doc
+from devplace.runtime.export import ExportError, read_export_doc, read_precision
 
 __all__ = ["PARALLEL_FORMAT", "TORCHTITAN_FORMAT", "ParallelExport", "data_parallel_of", "parallel_export",
            "read_parallel", "torchtitan_config"]
@@ -53,13 +53,19 @@ class ParallelExport:
     source: dict[str, Any] | None
     doc: dict[str, Any]
 
+    @property
+    def precision(self) -> dict[str, str]:
+        """The precision the plan's steps run in (`read_precision`; empty: fp32)."""
+        return read_precision(self.doc, "the parallel export")
+
 
 def parallel_export(plan: ParallelPlan, split_points: Sequence[str], *, source: Mapping[str, Any] | None = None,
-                    simulated_step_s: float | None = None) -> dict[str, Any]:
+                    simulated_step_s: float | None = None,
+                    precision: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The `devplace.parallel/1` document of `plan` with its pipeline cut at `split_points` (pp - 1 module names,
     in program order), the model `source` it was planned for (a zoo name with batch and sequence length, so that
-    `devplace run --parallel` can rebuild it) and its simulated step. ExportError when the points do not make
-    `plan.pp` stages."""
+    `devplace run --parallel` can rebuild it), its simulated step and the `precision` its steps run in
+    (`runtime.run.precision_record`; none: fp32). ExportError when the points do not make `plan.pp` stages."""
     points = list(split_points)
     if len(points) != plan.pp - 1 or len(set(points)) != len(points):
         raise ExportError(f"a plan of pp={plan.pp} stages is cut at {plan.pp - 1} distinct module(s), got "
@@ -73,6 +79,8 @@ def parallel_export(plan: ParallelPlan, split_points: Sequence[str], *, source: 
                            "stages": stages, "simulated_step_s": simulated_step_s}
     if source is not None:
         doc["source"] = dict(source)
+    if precision:
+        doc["precision"] = dict(precision)
     return doc
 
 
@@ -96,6 +104,7 @@ def read_parallel(source: str | Path | Mapping[str, Any]) -> ParallelExport:
     src = doc.get("source")
     if src is not None and not isinstance(src, dict):
         raise ExportError(f"{where}: source must be an object (the plan's model source), got {src!r}")
+    read_precision(doc, where)
     return ParallelExport(plan, names, src, doc)
 
 

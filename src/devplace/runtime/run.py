@@ -30,8 +30,9 @@ from devplace.defaults import MAX_STEPS
 from devplace.errors import DevplaceError
 from devplace.files import JSON_LINES_RUN, append_output, json_text
 
-__all__ = ["RUN_FORMAT", "PrecisionError", "RunResult", "append_record", "check_steps", "local_cluster", "measure_plan",
-           "plan_precision", "run_record", "run_steps"]
+__all__ = ["RUN_FORMAT", "PrecisionError", "RunResult", "append_record", "apply_precision", "autocast_dtype",
+           "check_steps", "local_cluster", "measure_plan", "plan_precision", "precision_record", "run_record",
+           "run_steps"]
 
 RUN_FORMAT = "devplace.run/1"
 
@@ -242,39 +243,75 @@ def _cast_inputs(inputs: Any, dtype: torch.dtype) -> Any:
     return inputs
 
 
-def plan_precision(p: Any, module: nn.Module, inputs: Any) -> tuple[Any, torch.dtype | None]:
-    """(inputs, autocast dtype) to run plan `p`'s steps of `module` in the precision it was captured in.
-
-    A plan made with `dtype=` (without `amp`) casts `module` in place and the floating-point `inputs`, as the
-    capture did; with `amp` the steps run under autocast to the dtype the capture recorded. Raises
-    PrecisionError when the module's parameters are in another dtype than the captured ones (e.g. an fp32
-    module for a plan captured from a bf16 one) or the plan needs fp32 master weights (amp with bf16/fp16
-    parameters), which `run_steps` does not keep."""
+def precision_record(p: Any) -> dict[str, str]:
+    """What running plan `p`'s steps in the precision it was captured in takes, without the module (what a
+    pipeline or parallel export records, `devplace export`): "dtype", the precision ("bf16", ...) that a plan made
+    with `dtype=` and without `amp` casts the module and the floating-point inputs to, as the capture did; and
+    "autocast", the torch name ("bfloat16") of the dtype an `amp` plan's forward and loss run under
+    `torch.autocast` to, as the capture recorded it. Empty for an fp32 plan. Raises PrecisionError for an
+    unknown dtype or a plan that needs fp32 master weights (amp with bf16/fp16 parameters), which
+    devplace.runtime does not keep."""
     from devplace.capture.torch_capture import DTYPES
 
     s = p.settings
     dtype, amp = s.get("dtype"), bool(s.get("amp", False))
     if dtype is not None and dtype not in DTYPES:
         raise PrecisionError(f"the plan's dtype {dtype!r} is none of {', '.join(DTYPES)}; is the plan file edited?")
-    if dtype is not None and not amp:
-        module.to(DTYPES[dtype])
-        inputs = _cast_inputs(inputs, DTYPES[dtype])
+    out = {"dtype": dtype} if dtype is not None and not amp else {}
     cap = p.graph.meta.get("capture") if isinstance(p.graph.meta, Mapping) else None
     if not isinstance(cap, Mapping):
-        return inputs, DTYPES[dtype or "bf16"] if amp else None
-    want, have = cap.get("dtype"), _float_dtype(module)
+        if amp:
+            out["autocast"] = str(DTYPES[dtype or "bf16"]).removeprefix("torch.")
+        return out
+    if cap.get("master_weight_bytes"):
+        raise PrecisionError(f"plan {p.graph.name!r} trains {cap.get('dtype')} parameters under amp with fp32 master "
+                             "weights, which devplace.runtime does not keep; plan fp32 parameters with amp, or the "
+                             f"{cap.get('dtype')} model without amp")
+    auto = cap.get("amp")  # the autocast dtype's torch name ("bfloat16"), or None
+    if auto:
+        autocast_dtype(str(auto), f"plan {p.graph.name!r}")
+        out["autocast"] = str(auto)
+    return out
+
+
+def autocast_dtype(name: str, where: str) -> torch.dtype:
+    """The torch dtype `name` ("bfloat16") that `where` records autocast to; PrecisionError if it is none."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise PrecisionError(f"{where} records autocast to {name!r}, which is no torch floating-point dtype")
+    return dtype
+
+
+def apply_precision(record: Mapping[str, str], module: nn.Module, inputs: Any, where: str = "the plan",
+                    ) -> tuple[Any, torch.dtype | None]:
+    """(inputs, autocast dtype) to run `module`'s steps in the precision `record` (`precision_record`) gives:
+    casts `module` in place and the floating-point `inputs` for a "dtype", and returns the "autocast" dtype
+    (None: no autocast)."""
+    from devplace.capture.torch_capture import DTYPES
+
+    dtype = record.get("dtype")
+    if dtype is not None:
+        if dtype not in DTYPES:
+            raise PrecisionError(f"{where} records dtype {dtype!r}, none of {', '.join(DTYPES)}")
+        module.to(DTYPES[dtype])
+        inputs = _cast_inputs(inputs, DTYPES[dtype])
+    auto = record.get("autocast")
+    return inputs, autocast_dtype(auto, where) if auto is not None else None
+
+
+def plan_precision(p: Any, module: nn.Module, inputs: Any) -> tuple[Any, torch.dtype | None]:
+    """(inputs, autocast dtype) to run plan `p`'s steps of `module` in the precision it was captured in
+    (`precision_record`, `apply_precision`). Raises PrecisionError as `precision_record` does, and when the
+    module's parameters are in another dtype than the captured ones (e.g. an fp32 module for a plan captured
+    from a bf16 one)."""
+    inputs, autocast = apply_precision(precision_record(p), module, inputs, f"plan {p.graph.name!r}")
+    cap = p.graph.meta.get("capture") if isinstance(p.graph.meta, Mapping) else None
+    want = cap.get("dtype") if isinstance(cap, Mapping) else None
+    have = _float_dtype(module)
     if want is not None and have is not None and want != have:
         raise PrecisionError(f"plan {p.graph.name!r} was captured with {want} parameters but this module's are "
                              f"{have}; run it in the plan's precision (module.to(torch.{want})) or plan this "
                              "module as it is")
-    if cap.get("master_weight_bytes"):
-        raise PrecisionError(f"plan {p.graph.name!r} trains {want} parameters under amp with fp32 master weights, "
-                             "which devplace.runtime does not keep; plan fp32 parameters with amp, or the "
-                             f"{want} model without amp")
-    auto = cap.get("amp")  # the autocast dtype's torch name ("bfloat16"), or None
-    autocast = getattr(torch, str(auto), None) if auto else None
-    if auto and not isinstance(autocast, torch.dtype):
-        raise PrecisionError(f"plan {p.graph.name!r} records autocast to {auto!r}, which is no torch dtype")
     return inputs, autocast
 
 

@@ -198,45 +198,55 @@ CLASSES = ("gemm", "convolution", "attention", "elementwise", "reduction", "embe
 
 def simulated_by_class(p: Any) -> dict[str, float]:
     """Seconds per op class of a one-device plan's step as simulated: each node's cost (profiled, or analytic
-    where the table lacks it) on the plan's device."""
+    where the table lacks it) on the plan's device, less the per-op overhead the cost model adds to each op that
+    is not a view (what the ops themselves were measured at)."""
     from devplace.hardware.cost import op_class
 
     speed = p.cluster.devices[0].speed
+    op_s = float(p.graph.meta.get("cost", {}).get("op_overhead_s", 0.0))
     out: dict[str, float] = {}
     for v in range(p.graph.num_nodes):
         c = op_class(p.graph.op[v], p.graph.kind[v])
-        out[c] = out.get(c, 0.0) + float(p.graph.compute_s[v]) / speed
+        out[c] = out.get(c, 0.0) + float(p.graph.compute_s[v]) / speed - (op_s if c != "view" else 0.0)
     return out
 
 
 def in_step_by_class(p: Any, module: nn.Module, inputs: Any, steps: int = 3) -> dict[str, float]:
-    """Seconds per op class of one real step of plan `p` (placed as `devplace run` places it), from
-    torch.profiler's self CPU time of each ATen op, averaged over `steps` steps; "outside ATen ops": the step's
-    ATen ops' total ("ATen ops") and the profiled step ("profiled step"). An op under `Optimizer.step` is of
-    class optimizer, as the capture marks it. The profiler adds some microseconds to every op it records."""
-    from torch.profiler import ProfilerActivity, profile
+    """CPU seconds per op class of one real step of plan `p` (placed as `devplace run` places it), averaged over
+    `steps` steps: each ATen op that the step dispatches (forward as the placed module runs it, backward, the
+    optimizer's) timed by this thread's CPU clock (`time.thread_time_ns`) around its call, so that other
+    processes on the cores do not count (torch.profiler's self times are wall-clock); an op under an optimizer's
+    `step` is of class optimizer, as the capture marks it. "ATen ops": their total. The timer adds about a
+    microsecond to each op it times (reading the clock), and its own Python runs outside the timed calls."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     from devplace.hardware.cost import op_class
     from devplace.runtime.run import run_steps
 
+    in_optimizer = [False]
+    out: dict[str, float] = {}
+
+    class CpuPerOp(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            t0 = time.thread_time_ns()
+            res = func(*args, **(kwargs or {}))
+            dt = time.thread_time_ns() - t0
+            c = op_class(func.__name__.split(".")[0], "optimizer" if in_optimizer[0] else "")
+            out[c] = out.get(c, 0.0) + dt / 1e9 / steps
+            return res
+
     placed = p.apply(module, ["cpu"], example_inputs=inputs)
     run_steps(placed, inputs, steps=1, warmup=1, optimizer="adam", loss_fn=p.loss_fn)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        run = run_steps(placed, inputs, steps=steps, warmup=0, optimizer="adam", loss_fn=p.loss_fn)
-    out: dict[str, float] = {}
-    inside = 0.0
-    for ev in prof.events():
-        if not ev.name.startswith("aten::"):
-            continue
-        up, in_optimizer = ev.cpu_parent, False
-        while up is not None and not in_optimizer:
-            in_optimizer, up = up.name.startswith("Optimizer.step"), up.cpu_parent
-        t = ev.self_cpu_time_total / 1e6 / steps
-        c = op_class(ev.name.removeprefix("aten::"), "optimizer" if in_optimizer else "")
-        out[c] = out.get(c, 0.0) + t
-        inside += t
-    out["profiled step"] = statistics.mean(run.step_times_s)
-    out["ATen ops"] = inside
+    pre = register_optimizer_step_pre_hook(lambda *_: in_optimizer.__setitem__(0, True))
+    post = register_optimizer_step_post_hook(lambda *_: in_optimizer.__setitem__(0, False))
+    try:
+        with CpuPerOp():
+            run_steps(placed, inputs, steps=steps, warmup=0, optimizer="adam", loss_fn=p.loss_fn)
+    finally:
+        pre.remove()
+        post.remove()
+    out["ATen ops"] = sum(out.values())
     return out
 
 
@@ -402,9 +412,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{two['ops_per_stage']} | {_ms(busy)} | {_ms(two['cpu_s'])} | {two['cpu_s'] / busy:.2f} | "
               f"{two['simulated_transfers']} |")
     print()
-    print("One device, ms per step by op class: simulated (profiled op times) / in a real step (torch.profiler's "
-          "self CPU time of the ATen ops, which it inflates by some us each; 'outside': the unprofiled median step "
-          "less those: Python, nn.Module calls, the autograd engine between ops)")
+    print("One device, CPU ms per step by op class: simulated (profiled op times, without the per-op overhead) / "
+          "in a real step (each ATen op's CPU time, `in_step_by_class`; 'outside': the median step's CPU time less "
+          "those: Python, the placed module's interpreter, nn.Module calls, the autograd engine between ops)")
     print()
     print("| model | " + " | ".join(CLASSES) + " | outside ATen ops |")
     print("|---|" + "---:|" * (len(CLASSES) + 1))
@@ -412,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         sim_c, real_c = r["seconds_by_class"]["simulated"], r["seconds_by_class"]["in step"]
         cells = [f"{sim_c.get(c, 0) * 1e3:.1f} / {real_c.get(c, 0) * 1e3:.1f}" if c in sim_c or c in real_c else "-"
                  for c in CLASSES]
-        outside = r["measured_s"] - real_c["ATen ops"]
+        outside = r["cpu_s"] - real_c["ATen ops"]
         print(f"| {r['model']} | " + " | ".join(cells) + f" | {outside * 1e3:.1f} |")
     print()
     print("# gloo send + recv round trip between two processes (median of 50): "

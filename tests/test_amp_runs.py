@@ -41,18 +41,22 @@ def test_a_parallel_amp_plan_runs_as_captured(tower, tmp_path, capsys, monkeypat
     assert ran["processes"] == 2 and ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
 
 
-@pytest.mark.parametrize("fmt", ["pipeline", "parallel"])
-def test_the_export_of_an_amp_plan_records_autocast_and_runs_under_it(fmt, tower, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize(("fmt", "flags", "precision"), [("pipeline", ["--amp"], {"autocast": "bfloat16"}),
+                                                      ("parallel", ["--amp"], {"autocast": "bfloat16"}),
+                                                      ("pipeline", ["--dtype", "bf16"], {"dtype": "bf16"})])
+def test_the_export_of_an_amp_plan_records_autocast_and_runs_under_it(fmt, flags, precision, tower, tmp_path, capsys,
+                                                                       monkeypatch):
     """`devplace export` of an --amp plan writes the autocast dtype into the pipeline / parallel export, and `run
     --pipeline` / `run --parallel` of it runs under autocast: its loss is the one-process autocast step's, which
-    differs from the fp32 one (the same export without its precision runs in fp32)."""
+    differs from the fp32 one (the same export without its precision runs in fp32). A --dtype plan's export
+    records its dtype, and runs cast to it, likewise."""
     plan, ex = tmp_path / "plan.json", tmp_path / f"{fmt}.json"
-    _run(["place", "--model", tower, "--batch", "64", "-c", "2xK80", "--amp", "--placer", "pipeline", "--schedule",
+    _run(["place", "--model", tower, "--batch", "64", "-c", "2xK80", *flags, "--placer", "pipeline", "--schedule",
           "1f1b", "--microbatches", "2", "--save-plan", str(plan), "--json"], capsys, monkeypatch)
     code, _, err = run(["export", str(plan), "--format", fmt, "-o", str(ex)], capsys, monkeypatch)
     assert code == 0, err
     doc = json.loads(ex.read_text())
-    assert doc["precision"] == {"autocast": "bfloat16"}
+    assert doc["precision"] == precision
     fp32 = tmp_path / f"{fmt}-fp32.json"
     fp32.write_text(json.dumps({k: v for k, v in doc.items() if k != "precision"}))
     losses = {}

@@ -250,6 +250,31 @@ def in_step_by_class(p: Any, module: nn.Module, inputs: Any, steps: int = 3) -> 
     return out
 
 
+def interpreter_cost(p: Any, module: nn.Module, inputs: Any, repeats: int = 20) -> dict[str, float]:
+    """What the placed module's interpreter (`runtime.apply`, how `devplace run --plan` runs a one-device plan)
+    adds to the forward: "calls", the calls of the traced program it runs (one per traced ATen call, views and
+    `getitem` included, which the captured graph folds), and "call_s", (median CPU seconds of the placed forward -
+    those of the module's own forward) / calls, both without grad, `repeats` times after 3 untimed."""
+    from devplace.runtime.apply import trace_forward
+
+    args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else \
+        (tuple(inputs), {}) if isinstance(inputs, tuple | list) else ((inputs,), {})
+    calls = sum(1 for n in trace_forward(module, args, kwargs).gm.graph.nodes if n.op == "call_function")
+    placed = p.apply(module, ["cpu"], example_inputs=inputs)
+
+    def cpu(fn: Any) -> float:
+        times = []
+        with torch.no_grad():
+            for i in range(repeats + 3):
+                t0 = time.thread_time()
+                fn(*args, **kwargs)
+                if i >= 3:
+                    times.append(time.thread_time() - t0)
+        return statistics.median(times)
+
+    return {"calls": calls, "call_s": (cpu(placed) - cpu(module)) / calls}
+
+
 def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, folder: Path,
                    overheads: Any) -> list[dict[str, Any]]:
     """Profile, plan and run custom model `name` (table label `label`) at `batch` on one device and as a 2-process
@@ -283,6 +308,7 @@ def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, 
                                threads=args.threads)
     ops = _ops_per_step(p.graph)
     by_class = {"simulated": simulated_by_class(p), "in step": in_step_by_class(p, module, inputs)}
+    interpreter = interpreter_cost(p, module, inputs)
     sim = float(measured.record["simulated_step_s"])
     charged = sum(1 for v in range(p.graph.num_nodes) if op_class(p.graph.op[v], p.graph.kind[v]) != "view")
     rows.append({"model": label, "setting": "1 device", "batch": batch, "simulated_s": sim,
@@ -291,7 +317,7 @@ def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, 
                  "spread": measured.run.spread, "fastest_s": min(measured.run.step_times_s),
                  "cpu_s": statistics.median(measured.run.cpu_times_s), "cores_busy": measured.run.cores_busy,
                  "ratio": measured.run.step_time_s / sim, "ops": sum(ops.values()), "ops_by_class": ops,
-                 "seconds_by_class": by_class,
+                 "seconds_by_class": by_class, "interpreter": interpreter,
                  "profiled_signatures": len(table), "skipped_signatures": len(table.skipped),
                  "profile_s": profile_s})
 
@@ -416,14 +442,17 @@ def main(argv: list[str] | None = None) -> int:
           "in a real step (each ATen op's CPU time, `in_step_by_class`; 'outside': the median step's CPU time less "
           "those: Python, the placed module's interpreter, nn.Module calls, the autograd engine between ops)")
     print()
-    print("| model | " + " | ".join(CLASSES) + " | outside ATen ops |")
-    print("|---|" + "---:|" * (len(CLASSES) + 1))
+    print("| model | " + " | ".join(CLASSES) + " | outside ATen ops | ops (not views) | traced calls | interpreter "
+          "per call |")
+    print("|---|" + "---:|" * (len(CLASSES) + 4))
     for r in ones.values():
         sim_c, real_c = r["seconds_by_class"]["simulated"], r["seconds_by_class"]["in step"]
         cells = [f"{sim_c.get(c, 0) * 1e3:.1f} / {real_c.get(c, 0) * 1e3:.1f}" if c in sim_c or c in real_c else "-"
                  for c in CLASSES]
         outside = r["cpu_s"] - real_c["ATen ops"]
-        print(f"| {r['model']} | " + " | ".join(cells) + f" | {outside * 1e3:.1f} |")
+        charged = r["ops"] - r["ops_by_class"].get("view", 0)
+        print(f"| {r['model']} | " + " | ".join(cells) + f" | {outside * 1e3:.1f} | {charged} | "
+              f"{r['interpreter']['calls']} | {r['interpreter']['call_s'] * 1e6:.1f} us |")
     print()
     print("# gloo send + recv round trip between two processes (median of 50): "
           + ", ".join(f"{int(n) * 4} B {t * 1e6:.0f} us" for n, t in gloo.items()))

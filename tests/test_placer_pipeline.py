@@ -623,3 +623,67 @@ def test_interleaved_on_three_devices_tries_multiples_of_three():
     assert [s.microbatches for s in pipeline_schedules("interleaved-1f1b", None, None, 4)] == [4, 8, 16, 32]
     with pytest.raises(NoFitError, match=r"\(3, 6, 12, 24\) divides the batch of 8"):  # no multiple of 3 does
         pipeline_schedules("interleaved-1f1b", None, None, 3, batch=8)
+
+
+def _sum_and_slowest(search, cuts, s, waits):
+    """The dynamic program's objective for `cuts` (sum of stage times, a cut's transfer in its stage's time with
+    `waits`, else added once) and its slowest non-empty stage, counted forward in plain Python."""
+    div, p = float(s.microbatches), search.cluster.num_devices
+    total, slowest = 0.0, 0.0
+    for k, (i, j) in enumerate(zip((0, *cuts[:-1]), cuts, strict=True)):
+        if j > i:
+            d = int(search.perm[k % p])
+            t = (search.pre_work[d, j] - search.pre_work[d, i]) / div
+            comm = search.latency + search.items.cross[i] / div / search.comm_Bps if i > 0 else 0.0
+            total += t + comm
+            slowest = max(slowest, t + (comm if waits else 0.0))
+    return total, slowest
+
+
+@settings(max_examples=40, deadline=None)
+@given(training_chains(), st.sampled_from(["gpipe", "1f1b"]), st.integers(1, 3), st.booleans(), st.booleans(),
+       st.data())
+def test_the_dynamic_program_finds_the_least_sum_of_every_split_within_the_bound(g, kind, m, waits, full, data):
+    # the table skips the states no split within the bound passes through: it must still find the least sum of
+    # every split (each stage within the bound and its memory bound) at every bound, the split boundaries'
+    # own slowest stages included, and nothing where none is
+    p, s = 3, Schedule(kind, m)
+    probe, _ = _search_of(g, cluster(p, bw=7.0, lat=0.1), s)
+    n, blocked = probe.items.nodes.shape[0], probe.items.blocked
+    splits = [c for c in _every_split(n, p) if (not full or 0 < c[0] < c[1] < c[2])
+              and not any(0 < x < n and blocked[x] for x in c)]  # stages end only where they may
+    assume(splits)
+    # memory at a random split's bound, so that some splits are over it
+    cap = float(probe.memory.bound(data.draw(st.sampled_from(splits)), s, float(m)).max())
+    c = cluster(p, bw=7.0, lat=0.1, mem=cap)
+    search, _ = _search_of(g, c, s)
+    judged = {cuts: _sum_and_slowest(search, cuts, s, waits) for cuts in splits}
+    bound = data.draw(st.sampled_from(sorted({slowest for _, slowest in judged.values()})))
+    within = [total for cuts, (total, slowest) in judged.items()
+              if slowest <= bound and not search.over_memory(cuts, s)]
+    found = search.split_under(s, bound, waits, full)
+    if not within:
+        assert found is None
+        return
+    assert found is not None and found in judged and not search.over_memory(found, s)
+    assert judged[found][1] <= bound and judged[found][0] == pytest.approx(min(within), rel=1e-9, abs=1e-12)
+
+
+def test_the_placer_is_the_dynamic_program_and_the_search_runs_its_adjust_step():
+    from devplace.placers.pipeline import stage_splits
+
+    g, c = layers([1.0] * 7 + [5.0]), cluster(4, bw=1e9)
+    order = traversal_indices(g, "topo", 0, cluster=c)
+    out = get_placer("pipeline").func(g, c, order=order, seed=0, ties=tie_classes(g), microbatches=8)
+    # the placer's answer: the split its cost model ranks first, nothing simulated; then its adjust step
+    devices, schedule = stage_splits(g, c, order, microbatches=8).split()
+    assert out.adjust is not None and out.devices.tolist() == devices.tolist() and out.schedule == schedule
+    adjusted, plan = out.adjusted(), pipeline_plan(g, c, order, microbatches=8)
+    assert adjusted.adjust is None and adjusted.devices.tolist() == plan.devices.tolist()
+    # the adjusted split is judged with the placer's own among its candidates: never slower where that fits
+    own = simulate(g, c, out.devices, schedule=out.schedule)
+    assert plan.step_time_s <= own.step_time_s or not own.feasible
+    # and it is what `place` answers
+    placed = place(g, c, placer="pipeline", order="topo", microbatches=8)
+    assert placed.to_array(g, 4).tolist() == plan.devices.tolist()
+    assert placed.meta["step_time_s"] == plan.step_time_s

@@ -92,7 +92,7 @@ def anneal(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int =
     n, nd = graph.num_nodes, cluster.num_devices
     try:
         # a start that returns a schedule (pipeline): anneal its devices as an unpipelined step
-        init = as_output(get_placer(start).func(graph, cluster, order=order, seed=seed)).devices
+        init = as_output(get_placer(start).func(graph, cluster, order=order, seed=seed)).adjusted().devices
     except NoFitError:
         # the start placer's own error would name only it; the user asked for anneal
         raise no_fit_error(graph, cluster, f"anneal (start={start!r})",

@@ -40,7 +40,12 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    work), a dynamic program over the cut points finds the split with the least sum_k t_k under B with every
    stage's memory bound within its device (compiled; O(K n^2) per bound with early exits, times K under
    1f1b, where a stage's micro-batches in flight depend on the non-empty stages after it, a dimension of the
-   table); the cost model ranks the splits.
+   table; only the states a split within the bound can pass through are filled: under the tight bounds the
+   search mostly runs, a narrow band of the table); the cost model ranks the splits. The placer itself is
+   steps 1-4 (`stage_splits`): it returns the split the cost model ranks first, nothing simulated, as Alpa's
+   and PipeDream's planners return their DP's split, with steps 5-6 as its adjust step (`PlacerOutput.adjust`),
+   which the search runs after it (Baechi's place -> adjust -> simulate) before judging the answer;
+   `pipeline_plan` runs both.
 5. *Judge.* For each micro-batch count M (the setting, or each of `MICROBATCH_CHOICES`; under interleaved-1f1b
    those multiples of p) the best split of each way is simulated on the graph as run with the schedule
    (`devplace.sim.schedule`), then the next
@@ -70,7 +75,6 @@ also gives the cut points and the scheduled result.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import itertools
 import math
 import pickle
@@ -86,6 +90,7 @@ from devplace.defaults import MAX_CHUNKS, MAX_MICROBATCHES
 from devplace.errors import DevplaceError
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches, microbatch_counts
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.heap import heap_pop, heap_push
 from devplace.graph.modules import segment_spans
 from devplace.graph.tensors import tensor_groups
 from devplace.graph.ties import tie_classes
@@ -174,25 +179,39 @@ def forward_sequence(graph: CompGraph, order: np.ndarray, segments: np.ndarray |
 
 def _kahn(graph: CompGraph, fwd: np.ndarray, priority: np.ndarray) -> np.ndarray:
     """The `fwd` nodes in a topological order of the edges among them, the ready node of least `priority`
-    first."""
-    n_nodes = graph.num_nodes
+    first (priorities distinct among them)."""
+    return _kahn_compiled(graph.num_nodes, graph.edge_src, graph.edge_dst, graph.succ_ptr, graph.succ_edges,
+                          np.asarray(fwd, dtype=np.bool_), np.asarray(priority, dtype=np.int64))
+
+
+@njit(cache=True)
+def _kahn_compiled(n_nodes, edge_src, edge_dst, succ_ptr, succ_edges, fwd, priority):  # pragma: no cover - compiled
+    """`_kahn` over the graph's columns (its out-edges as CSR, each node's in edge order)."""
     indeg = np.zeros(n_nodes, dtype=np.int64)
-    for e in range(graph.num_edges):
-        if fwd[graph.edge_src[e]] and fwd[graph.edge_dst[e]]:
-            indeg[graph.edge_dst[e]] += 1
-    heap = [(int(priority[v]), v) for v in range(n_nodes) if fwd[v] and indeg[v] == 0]
-    heapq.heapify(heap)
-    seq: list[int] = []
-    while heap:
-        _, u = heapq.heappop(heap)
-        seq.append(u)
-        for e in graph.out_edges(u).tolist():  # per edge, as indeg counts them (parallel edges included)
-            w = int(graph.edge_dst[e])
+    for e in range(edge_src.shape[0]):
+        if fwd[edge_src[e]] and fwd[edge_dst[e]]:
+            indeg[edge_dst[e]] += 1  # per edge: parallel edges count as often as they are released below
+    ht = np.zeros(n_nodes)  # one time for all: the heap orders by priority alone
+    hk = np.empty(n_nodes, dtype=np.int64)
+    hp = np.empty(n_nodes, dtype=np.int64)
+    size = 0
+    for v in range(n_nodes):
+        if fwd[v] and indeg[v] == 0:
+            size = heap_push(ht, hk, hp, 0, size, 0.0, priority[v], v)
+    seq = np.empty(n_nodes, dtype=np.int64)
+    count = 0
+    while size > 0:
+        u = hp[0]
+        size = heap_pop(ht, hk, hp, 0, size)
+        seq[count] = u
+        count += 1
+        for x in range(succ_ptr[u], succ_ptr[u + 1]):
+            w = edge_dst[succ_edges[x]]
             if fwd[w]:
                 indeg[w] -= 1
                 if indeg[w] == 0:
-                    heapq.heappush(heap, (int(priority[w]), w))
-    return np.asarray(seq, dtype=np.int64)
+                    size = heap_push(ht, hk, hp, 0, size, 0.0, priority[w], w)
+    return seq[:count]
 
 
 def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.ndarray, once: np.ndarray,
@@ -427,8 +446,24 @@ def _split(bound, pre_time, at, params, stash, op_need, grads, cap, kind, m, fix
     f = np.full((k_stages + 1, n + 1, counts), inf)
     nxt = np.full((k_stages + 1, n + 1, counts), -1, dtype=np.int64)
     f[k_stages, n, 0] = 0.0
+    # only the states a split within the bound can pass through: stages k.. begin at a run i that the first k stages
+    # can reach (i <= far[k]: each stage as far as its compute within the bound takes it) and from which the stages
+    # from k on can cover the rest (i >= near[k]); the others cannot be on such a split (their f stays inf, as the
+    # full table has it), and stage times only add transfers to compute, so both limits are on compute alone
+    far = np.zeros(k_stages + 1, dtype=np.int64)
+    near = np.full(k_stages + 1, n, dtype=np.int64)
+    for k in range(k_stages):
+        j = far[k]
+        while j < n and (pre_time[k, at[j + 1]] - pre_time[k, at[far[k]]]) / div <= bound:
+            j += 1
+        far[k + 1] = j
     for k in range(k_stages - 1, -1, -1):
-        for i in range(n + 1):
+        i = near[k + 1]
+        while i > 0 and (pre_time[k, at[near[k + 1]]] - pre_time[k, at[i - 1]]) / div <= bound:
+            i -= 1
+        near[k] = i
+    for k in range(k_stages - 1, -1, -1):
+        for i in range(near[k], far[k] + 1):
             for c in range(counts if not full else 0):  # an empty stage
                 if f[k + 1, i, c] < f[k, i, c]:
                     f[k, i, c] = f[k + 1, i, c]
@@ -448,6 +483,8 @@ def _split(bound, pre_time, at, params, stash, op_need, grads, cap, kind, m, fix
                 least = min(1, m) if kind == ONE_F_ONE_B else fixed[k]
                 if _stage_bound(weights, held, big, grad, least) > cap[k]:
                     break  # more items only add
+                if j < near[k + 1]:
+                    continue  # the stages after it cannot cover the rest within the bound
                 for c in range(counts - 1 if counts > 1 else 1):
                     n_in = min(c + 1, m) if kind == ONE_F_ONE_B else fixed[k]
                     if _stage_bound(weights, held, big, grad, n_in) > cap[k]:
@@ -510,6 +547,7 @@ class _Search:
         lat = cluster.latency[~np.eye(cluster.num_devices, dtype=bool)]
         self.comm_Bps = float(bw.min()) if bw.size else math.inf
         self.latency = float(lat.max()) if lat.size else 0.0
+        self._made: dict[tuple[Schedule, bool], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # `_inputs`
 
     def splits(self, schedule: Schedule, waits: bool, keep: int,
                full: bool = False) -> list[tuple[float, tuple[int, ...]]]:
@@ -521,14 +559,9 @@ class _Search:
         model step is at least W / V + (M - 1) B, W the work of the items each on its fastest device. Once that
         is no better than the `keep`-th best found, no later bound can add one of the `keep` best and the
         search stops (at M = 1 it walks every bound)."""
-        p = self.cluster.num_devices
         v = int(schedule.chunks or 1)
         m = _per_microbatch(schedule)
-        dev = self.perm[np.arange(p * v) % p]
-        pre = np.ascontiguousarray(self.pre_work[dev])  # [K, n + 1]: stage k's prefix sums on its device
-        # the memory bound only prunes: a stage is dropped only where no schedule could hold it (float rounding
-        # of the bound's sums must not drop a split the simulator finds within memory to the byte)
-        cap = (self.cluster.memory[dev] * (1 + 1e-9)).astype(np.float64)
+        pre = self._inputs(schedule, full)[0]
         total = float(pre[:, -1].max()) / m
         # no split's slowest stage is below the one where every stage's device does an equal share of the time:
         # stage k doing a fraction f_k of the work takes f_k * total_k, and the fractions sum to 1
@@ -536,16 +569,12 @@ class _Search:
         lo = max(float(self.items.work.min(axis=1).max(initial=0.0)) / m, share)
         least = float(self.items.work.min(axis=1).sum()) / m / v
         found: dict[tuple[int, ...], float] = {}
-        fixed = inflight(schedule, p, full)
 
         def split(bound: float) -> bool:
-            ends = _split(bound, pre, self.memory.at, self.memory.params, self.memory.stash, self.memory.op_need,
-                          self.memory.grads, cap, _kind_code(schedule), schedule.microbatches, fixed, full, float(m),
-                          self.items.cross, self.comm_Bps, self.latency, waits)
-            if ends[0] >= 0:
-                cuts = tuple(int(x) for x in ends)
+            cuts = self.split_under(schedule, bound, waits, full)
+            if cuts is not None:
                 found.setdefault(cuts, self.model_time(cuts, schedule, waits))
-            return bool(ends[0] >= 0)
+            return cuts is not None
 
         # a split within memory under some bound is one under the loosest: when there is none, none fits
         if not split(total):
@@ -559,6 +588,29 @@ class _Search:
                 break
             bound = min(bound * GRID_RATIO, total)
         return sorted((t, c) for c, t in found.items())[:keep]
+
+    def _inputs(self, schedule: Schedule, full: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What `_split` takes for `schedule` beside the bound, made once per schedule: [K, n + 1] stage k's prefix
+        sums of the items' seconds on its device, each stage's memory cap, and its micro-batches in flight
+        where they do not depend on the split (`inflight`)."""
+        key = (schedule, full)
+        if key not in self._made:
+            p = self.cluster.num_devices
+            dev = self.perm[np.arange(p * int(schedule.chunks or 1)) % p]
+            # the memory bound only prunes: a stage is dropped only where no schedule could hold it (float rounding
+            # of the bound's sums must not drop a split the simulator finds within memory to the byte)
+            cap = (self.cluster.memory[dev] * (1 + 1e-9)).astype(np.float64)
+            self._made[key] = (np.ascontiguousarray(self.pre_work[dev]), cap, inflight(schedule, p, full))
+        return self._made[key]
+
+    def split_under(self, schedule: Schedule, bound: float, waits: bool, full: bool) -> tuple[int, ...] | None:
+        """The dynamic program (`_split`) under one bound on the slowest stage: the split of least sum of stage
+        times with every stage within `bound` and its memory bound within its device, or None."""
+        pre, cap, fixed = self._inputs(schedule, full)
+        ends = _split(bound, pre, self.memory.at, self.memory.params, self.memory.stash, self.memory.op_need,
+                      self.memory.grads, cap, _kind_code(schedule), schedule.microbatches, fixed, full,
+                      _per_microbatch(schedule), self.items.cross, self.comm_Bps, self.latency, waits)
+        return tuple(int(x) for x in ends) if ends[0] >= 0 else None
 
     def model_time(self, cuts: tuple[int, ...], schedule: Schedule, waits: bool) -> float:
         """The cost model's step: sum_k t_k / V + M max_d load_d - max_k t_k, load_d = the time of device d's
@@ -778,18 +830,67 @@ def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | No
     return runnable
 
 
-def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, schedule: str = "1f1b",
-                  microbatches: int | None = None, chunks: int | None = None, cuts: str = "modules",
-                  ties: np.ndarray | None = None, as_run: FullGraph | None = None) -> PipelinePlan:
-    """The best pipeline placement of `graph` found by the search of the module docstring, with its schedule.
+Found = dict[Schedule, list[list[tuple[float, tuple[int, ...]]]]]  # per schedule, per way: (model step, cuts)
 
-    `order` is the traversal as node indices; `ties` a tie class per node, each kept on one device (None:
-    `devplace.graph.ties.tie_classes(graph)`); `cuts` where stages may begin (module docstring, step 2);
-    `as_run` the graph that runs (a device per node of `graph` expands to one per node of it; None: `graph`
-    itself), which the memory bound is taken on and every split is simulated on. The plan's `devices` are
-    `graph`'s, its `result` the simulation of the graph as run.
-    Raises NoFitError when no split fits memory under the schedule, PlacerError (a DevplaceError) for invalid
-    settings."""
+
+@dataclass(frozen=True, eq=False)
+class StageSplits:
+    """What the placer's dynamic program found (steps 1-4 of the module docstring), before anything is simulated:
+    per order of the devices along the pipeline (`device_orders`) its `_Search` and, per schedule tried and way of
+    counting transfers, the `CANDIDATES` best splits by the cost model. `split()` is the placer's answer, the
+    cost model's best; `adjust()` is what the search runs after it (steps 5-6: the simulator judges the
+    candidates and refines the best, Baechi's place -> adjust -> simulate)."""
+
+    graph: CompGraph
+    cluster: Cluster
+    judged: FullGraph
+    schedule: str
+    cuts: str
+    runs: tuple[tuple[_Search, list[Schedule], Found], ...]
+
+    def split(self) -> tuple[np.ndarray, Schedule] | None:
+        """The device per node and schedule of the split the cost model ranks first (of every device order,
+        micro-batch count and way of counting transfers; ties: the first found); None when no split's memory
+        bound fits."""
+        best: tuple[float, _Search, Schedule, tuple[int, ...]] | None = None
+        for search, schedules, found in self.runs:
+            for s in schedules:
+                for way in found[s]:
+                    if way and (best is None or way[0][0] < best[0]):
+                        best = (way[0][0], search, s, way[0][1])
+        return None if best is None else (best[1].devices(best[3]), best[2])
+
+    def adjust(self) -> PipelinePlan:
+        """Steps 5-6 of the module docstring: the candidates simulated on the graph as run, the best refined under
+        the simulator; the fastest plan of every device order. Raises NoFitError when none fits memory under the
+        schedule (or none is a pipeline torch's pipelining runs)."""
+        plans, refused = [], []
+        for search, schedules, found in self.runs:
+            plan = _judge_and_refine(self.judged, self.cluster, search, schedules, found)
+            if isinstance(plan, PipelinePlan):
+                plans.append(plan)
+            elif plan is not None:
+                refused.append(plan)
+        if not plans:
+            graph, cluster, schedule = self.graph, self.cluster, self.schedule
+            only = " that begin where the export can cut (--set cuts=ops: anywhere)" if self.cuts == "modules" else ""
+            if refused:  # not memory: every split judged is one torch's pipelining would not run
+                raise unrunnable_error(
+                    f"placer 'pipeline' found no {schedule} pipeline of {graph.name!r} on {cluster.name!r} that "
+                    f"torch's pipelining runs: every split of the order into stages{only} that the search judged is "
+                    f"refused ({refused[0]}); try another --order, --schedule or --microbatches, or --set cuts=ops",
+                    f"no split of the order into {schedule} stages{only} is a pipeline torch runs ({refused[0]})")
+            raise no_fit_error(graph, cluster, "pipeline", f"no split of the order into {schedule} pipeline "
+                               f"stages{only} fits memory under the schedule")
+        return min(plans, key=lambda pl: (pl.step_time_s, pl.schedule.microbatches))  # of equals the first order's
+
+
+def stage_splits(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, schedule: str = "1f1b",
+                 microbatches: int | None = None, chunks: int | None = None, cuts: str = "modules",
+                 ties: np.ndarray | None = None, as_run: FullGraph | None = None) -> StageSplits:
+    """Steps 1-4 of the module docstring: the items, the memory table and the dynamic program's candidate splits
+    for every device order and micro-batch count, nothing simulated (arguments as `pipeline_plan`'s).
+    Raises PlacerError (a DevplaceError) for invalid settings, NoFitError where no schedule can run."""
     _check_settings(schedule, microbatches, chunks, cuts)
     schedules = pipeline_schedules(schedule, microbatches, chunks, cluster.num_devices, batch=graph_batch(graph),
                                    own=graph_microbatches(graph))
@@ -799,7 +900,6 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
     judged = as_run if as_run is not None else FullGraph.same(graph)
     # the item of each node of the graph as run: expanding gathers a value per node of `graph` (its item)
     memory = StageMemory(judged.graph, judged.expand(items.owner), items.blocked, cluster)
-    only = " that begin where the export can cut (--set cuts=ops: anywhere)" if cuts == "modules" else ""
     stages = cluster.num_devices * max(int(s.chunks or 1) for s in schedules)
     places = int((~items.blocked[1:-1]).sum())  # where a stage may end inside the sequence
     where = " (where a module call begins, as the export cuts; --set cuts=ops: anywhere)" if cuts == "modules" else ""
@@ -809,38 +909,43 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
             f"{graph.name!r} has only {places} place(s) where a stage may end{where}, "
             f"so at most {places + 1} stages; use fewer chunks (--set chunks=...), fewer devices, or --schedule 1f1b",
             f"{stages} {schedule} stages, but only {places} place(s) where a stage may end")
-    plans, refused = [], []
-    for device_order in device_orders(graph, cluster):
-        identity = device_order == tuple(range(cluster.num_devices))
-        ordered = [s if identity else replace(s, device_order=device_order) for s in schedules]
-        plan = _plan_in_order(judged, cluster, _Search(graph, cluster, items, memory, device_order), ordered)
-        if isinstance(plan, PipelinePlan):
-            plans.append(plan)
-        elif plan is not None:
-            refused.append(plan)
-    if not plans:
-        if refused:  # not memory: every split judged is one torch's pipelining would not run
-            raise unrunnable_error(
-                f"placer 'pipeline' found no {schedule} pipeline of {graph.name!r} on {cluster.name!r} that torch's "
-                f"pipelining runs: every split of the order into stages{only} that the search judged is refused "
-                f"({refused[0]}); try another --order, --schedule or --microbatches, or --set cuts=ops",
-                f"no split of the order into {schedule} stages{only} is a pipeline torch runs ({refused[0]})")
-        raise no_fit_error(graph, cluster, "pipeline", f"no split of the order into {schedule} pipeline stages{only} "
-                           "fits memory under the schedule")
-    return min(plans, key=lambda pl: (pl.step_time_s, pl.schedule.microbatches))  # of equals the first order's
-
-
-def _plan_in_order(judged: FullGraph, cluster: Cluster, search: _Search,
-                   schedules: list[Schedule]) -> PipelinePlan | str | None:
-    """Steps 4-6 of the module docstring for one order of the devices along the pipeline (`search.perm`):
-    the best split found, judged and refined; else why the splits judged are no pipeline torch runs, when
-    every one of them is refused so (none was judged on memory); else None (none fits memory)."""
     # interleaved: no stage left empty (torch's pipelining runs all V chunks of every device), so each chunk's
     # micro-batches in flight are the schedule's
     full = any(int(s.chunks or 1) > 1 for s in schedules)
+    runs = []
+    for device_order in device_orders(graph, cluster):
+        identity = device_order == tuple(range(cluster.num_devices))
+        ordered = [s if identity else replace(s, device_order=device_order) for s in schedules]
+        search = _Search(graph, cluster, items, memory, device_order)
+        found = {s: [search.splits(s, waits, CANDIDATES, full) for waits in (False, True)] for s in ordered}
+        runs.append((search, ordered, found))
+    return StageSplits(graph, cluster, judged, schedule, cuts, tuple(runs))
+
+
+def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, schedule: str = "1f1b",
+                  microbatches: int | None = None, chunks: int | None = None, cuts: str = "modules",
+                  ties: np.ndarray | None = None, as_run: FullGraph | None = None) -> PipelinePlan:
+    """The best pipeline placement of `graph` found by the search of the module docstring, with its schedule: the
+    dynamic program's candidates (`stage_splits`) judged and refined by the simulator (`StageSplits.adjust`).
+
+    `order` is the traversal as node indices; `ties` a tie class per node, each kept on one device (None:
+    `devplace.graph.ties.tie_classes(graph)`); `cuts` where stages may begin (module docstring, step 2);
+    `as_run` the graph that runs (a device per node of `graph` expands to one per node of it; None: `graph`
+    itself), which the memory bound is taken on and every split is simulated on. The plan's `devices` are
+    `graph`'s, its `result` the simulation of the graph as run.
+    Raises NoFitError when no split fits memory under the schedule, PlacerError (a DevplaceError) for invalid
+    settings."""
+    return stage_splits(graph, cluster, order, schedule=schedule, microbatches=microbatches, chunks=chunks,
+                        cuts=cuts, ties=ties, as_run=as_run).adjust()
+
+
+def _judge_and_refine(judged: FullGraph, cluster: Cluster, search: _Search, schedules: list[Schedule],
+                      found: Found) -> PipelinePlan | str | None:
+    """Steps 5-6 of the module docstring for one order of the devices along the pipeline (`search.perm`) and its
+    candidates `found`: the best split, judged and refined; else why the splits judged are no pipeline torch
+    runs, when every one of them is refused so (none was judged on memory); else None (none fits memory)."""
     judge = _Judge(judged, cluster, search)
     # each way's leading split for every M, then the others for the M that did best
-    found = {s: [search.splits(s, waits, CANDIDATES, full) for waits in (False, True)] for s in schedules}
     for s in schedules:
         for way in found[s]:
             if way:
@@ -951,15 +1056,26 @@ def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int
              as_run: FullGraph | None = None, schedule: str = "1f1b", microbatches: int | None = None,
              chunks: int | None = None, cuts: str = "modules") -> PlacerOutput:
     """Pipeline stages: cut the traversal order into contiguous stages (one per device, or `chunks` per device
-    for interleaved-1f1b) minimising the simulated pipelined step under memory, choosing the micro-batch count.
+    for interleaved-1f1b) minimising a pipeline cost model under a memory lower bound, choosing the micro-batch
+    count; with the step that adjusts that split under the simulator, which the search runs after it.
 
     Uses the traversal order. Settings: `schedule` (gpipe, 1f1b, interleaved-1f1b), `microbatches` (None:
-    the best of 1-32 by simulation), `chunks` (None: 1, or 2 for interleaved), `cuts` (modules: a captured
-    model's stages begin only where its pipeline export can cut; ops: anywhere). Dynamic programming over cut
-    points with a pipeline cost model; the scheduled simulator judges the best splits (see the module
-    docstring). Keeps every tie class on one device; returns the devices with the chosen schedule, which
-    the placement carries (`Placement.schedule`) and the search judges the step under.
+    the best of 1-32), `chunks` (None: 1, or 2 for interleaved), `cuts` (modules: a captured model's stages
+    begin only where its pipeline export can cut; ops: anywhere). The placer is the dynamic program over cut
+    points (steps 1-4 of the module docstring, `stage_splits`): it returns the split its cost model ranks first,
+    unsimulated, with `adjust` (`StageSplits.adjust`, steps 5-6: the simulator judges the dynamic program's
+    candidates on the graph as run and refines the best), which the search runs before it judges the answer
+    (Baechi's place -> adjust -> simulate), so that `devplace place --placer pipeline` answers the adjusted
+    split. Keeps every tie class on one device; returns the devices with the chosen schedule, which the
+    placement carries (`Placement.schedule`) and the search judges the step under.
     """
-    plan = pipeline_plan(graph, cluster, order, schedule=schedule, microbatches=microbatches, chunks=chunks,
-                         cuts=cuts, ties=ties, as_run=as_run)
-    return PlacerOutput(plan.devices, plan.schedule)
+    splits = stage_splits(graph, cluster, order, schedule=schedule, microbatches=microbatches, chunks=chunks,
+                          cuts=cuts, ties=ties, as_run=as_run)
+
+    def adjust() -> PlacerOutput:
+        plan = splits.adjust()
+        return PlacerOutput(plan.devices, plan.schedule)
+    first = splits.split()
+    if first is None:  # no split's memory bound fits: adjust raises the placer's NoFitError
+        return adjust()
+    return PlacerOutput(first[0], first[1], adjust=adjust)

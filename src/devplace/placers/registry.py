@@ -33,16 +33,24 @@ from devplace.sim.schedule import Schedule
 class PlacerOutput:
     """What a placer returns when its devices run under a micro-batch schedule: `devices` (a device index per
     node) and `schedule` (None: the unpipelined step). `place()` checks memory, and records the step time,
-    under `schedule`, and gives the Placement that `schedule`."""
+    under `schedule`, and gives the Placement that `schedule`. `adjust`: where the placer's answer is the start of
+    a step that improves it under the simulator (the `pipeline` placer: its dynamic program's split, then the
+    simulator judging its candidates and refining the best), that step, which the search runs after the placer
+    and judges the output of (Baechi's place -> adjust -> simulate); None: the answer as it is."""
 
     devices: np.ndarray
     schedule: Schedule | None = None
+    adjust: Callable[[], PlacerOutput] | None = None
+
+    def adjusted(self) -> PlacerOutput:
+        """The answer after the placer's adjust step (itself where it has none)."""
+        return self if self.adjust is None else as_output(self.adjust())
 
 
 def as_output(value: np.ndarray | PlacerOutput) -> PlacerOutput:
     """A placer's return value as a PlacerOutput (a bare device array runs unpipelined)."""
     if isinstance(value, PlacerOutput):
-        return PlacerOutput(np.asarray(value.devices, dtype=np.int64), value.schedule)
+        return PlacerOutput(np.asarray(value.devices, dtype=np.int64), value.schedule, value.adjust)
     return PlacerOutput(np.asarray(value, dtype=np.int64))
 
 

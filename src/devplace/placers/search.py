@@ -776,7 +776,8 @@ def _runner(req: Request, view: View, spec: PlacerSpec, orders: tuple[Order, ...
     visits = [traversal_indices(view.graph, order, req.seed, cluster=req.cluster) for order in orders]
 
     def once(seen: Cluster, visit: np.ndarray) -> PlacerOutput:
-        out = as_output(spec.func(view.graph, seen, order=visit, seed=req.seed, **call))
+        # then the placer's own adjust step, if it has one (the pipeline placer's simulated refinement)
+        out = as_output(spec.func(view.graph, seen, order=visit, seed=req.seed, **call)).adjusted()
         dev = out.devices
         if dev.shape != (view.graph.num_nodes,) or (view.graph.num_nodes and not
                                                     (dev.min() >= 0 and dev.max() < req.cluster.num_devices)):

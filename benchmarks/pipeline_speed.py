@@ -1,7 +1,8 @@
 """The `pipeline` placer's time against Alpa's stage DP on the same units, side by side in one run (issue 29).
 
     PYTHONPATH=$PWD/src:$PWD/benchmarks .venv/bin/python benchmarks/pipeline_speed.py \
-        [--models gpt2-xl llama-1b ...] [--clusters 4xV100-16GB] [--microbatches 8] [--order topo] [--repeat 2]
+        [--models gpt2-xl llama-1b ...] [--clusters 4xV100-16GB] [--microbatches 8] [--order topo] [--repeat 2] \
+        [--repeat-fast 10]
 
 For each model of `benchmarks/peers.py` (its batch), cluster and micro-batch count M, the model is captured once,
 then again at batch / M (`microbatch_prepared`, every op costed at the micro-batch's size), and in this process:
@@ -22,9 +23,10 @@ then again at batch / M (`microbatch_prepared`, every op costed at the micro-bat
 - the steps (s): of the placer's split and of place_graph's answer simulated as run (over: over memory), and
   of Alpa's split under the same 1F1B schedule.
 
-Each method runs `--repeat` times after one untimed run (numba's compiled code loaded), the least time kept; the
-placer and place_graph each time on a fresh copy of the graphs (what is derived from a graph and the outcomes of
-the splits simulated are kept per graph object, so a second run on the same graph would simulate almost nothing).
+Each method runs `--repeat` times (what takes milliseconds: `--repeat-fast`) after one untimed run (numba's
+compiled code loaded), the least time kept; the placer, its adjust step and place_graph each time on a fresh copy
+of the graphs (what is derived from a graph and the outcomes of the splits simulated are kept per graph object,
+so a second run on the same graph would simulate almost nothing).
 """
 
 from __future__ import annotations
@@ -82,12 +84,16 @@ def main() -> None:
     ap.add_argument("--clusters", nargs="+", default=["4xV100-16GB"], choices=list(peers.CLUSTERS))
     ap.add_argument("--microbatches", type=int, nargs="+", default=[8])
     ap.add_argument("--order", default="topo", help="the pipeline placer's order (auto: every order it tells apart)")
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=2, help="timed runs of the adjust step and of place_graph")
+    ap.add_argument("--repeat-fast", type=int, default=10,
+                    help="timed runs of what takes milliseconds (alpa, units, DP, placer): the least of more runs is "
+                    "less at the mercy of a loaded machine's scheduler")
     args = ap.parse_args()
     print("| model | cluster | M | units | alpa (s) | alpa-hetero (s) | alpa's units (s) | pipeline DP (s) | "
-          "DP / alpa-hetero | placer (s) | placer / alpa-hetero | adjust (s) | simulations | place_graph (s) | "
-          "place_graph / alpa-hetero | placer's split (s) | place_graph's answer (s) | alpa's split (s) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "DP / alpa-hetero | placer (s) | placer / alpa-hetero | placer / (units + alpa-hetero) | adjust (s) | "
+          "simulations | place_graph (s) | place_graph / alpa-hetero | placer's split (s) | place_graph's answer (s) | "
+          "alpa's split (s) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     spec = get_placer("pipeline")
     for name in args.models:
         model, batch = peers.MODELS[name]
@@ -99,14 +105,14 @@ def main() -> None:
                     continue
                 micro = microbatch_prepared(prepared, m)
                 frozen = pickle.dumps(micro)
-                t_units, units = least_time(lambda: peers.units_of(micro.full, cluster), args.repeat)  # noqa: B023
+                t_units, units = least_time(lambda: peers.units_of(micro.full, cluster), args.repeat_fast)  # noqa: B023
                 p = cluster.num_devices
                 first = np.repeat(units.times[:, :1], p, axis=1)
                 same = np.full(p, cluster.memory[0])
                 t_alpa, bounds = least_time(lambda: peers.alpa_training_dp(
-                    first, units.params, units.acts, same, m), args.repeat)  # noqa: B023 - called here
+                    first, units.params, units.acts, same, m), args.repeat_fast)  # noqa: B023 - called here
                 t_hetero, _ = least_time(lambda: peers.alpa_training_dp(
-                    units.times, units.params, units.acts, cluster.memory, m), args.repeat)  # noqa: B023
+                    units.times, units.params, units.acts, cluster.memory, m), args.repeat_fast)  # noqa: B023
                 schedule = Schedule("1f1b", m, microbatch_graph=True)
 
                 def as_searched(fresh: Prepared) -> tuple[View, np.ndarray]:
@@ -141,8 +147,8 @@ def main() -> None:
                                      as_run=FullGraph(view.parent.graph, view.expand))
                 t_dp, _ = least_time(lambda: [search.splits(s, waits, CANDIDATES)
                                               for search, schedules, _ in found.runs  # noqa: B023
-                                              for s in schedules for waits in (False, True)], args.repeat)
-                t_place, (out, view) = least_fresh(place_fresh, args.repeat)
+                                              for s in schedules for waits in (False, True)], args.repeat_fast)
+                t_place, (out, view) = least_fresh(place_fresh, args.repeat_fast)
                 t_adjust, (_, sims) = least_fresh(adjust_fresh, args.repeat)
                 t_graph, placed = least_fresh(graph_fresh, args.repeat)
                 full = view.parent.graph
@@ -150,6 +156,7 @@ def main() -> None:
                 alpa_step = "-" if bounds is None else step_of(micro.full, cluster, units.devices(bounds), schedule)
                 print(f"| {name} | {cname} | {m} | {units.count} | {t_alpa:.4f} | {t_hetero:.4f} | {t_units:.4f} | "
                       f"{t_dp:.4f} | {t_dp / t_hetero:.1f}x | {t_place:.4f} | {t_place / t_hetero:.1f}x | "
+                      f"{t_place / (t_units + t_hetero):.1f}x | "
                       f"{t_adjust:.3f} | {sims} | {t_graph:.3f} | {t_graph / t_hetero:.0f}x | {own} | "
                       f"{placed.result.step_time_s:.4f} | {alpa_step} |", flush=True)
 

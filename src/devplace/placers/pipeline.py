@@ -220,48 +220,40 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.n
     runs once per step (`step_times`); `cuts` the setting (where stages may be cut)."""
     fwd = _forward_ops(graph)
     spans = segment_spans(graph) if cuts == "modules" else None
-    seq = forward_sequence(graph, order, None if spans is None else spans[:, 0]).tolist()
-    class_item: dict[int, int] = {}
-    for i, v in enumerate(seq):
-        class_item[int(classes[v])] = i  # the last one: an input tied to its consumer goes with the consumer
-    owner = np.array([class_item.get(int(c), -1) for c in classes], dtype=np.int64)
-    n = len(seq)
+    seq = forward_sequence(graph, order, None if spans is None else spans[:, 0])
+    n = seq.shape[0]
+    classes = np.asarray(classes, dtype=np.int64)
+    # each class's item: its last forward op's in the sequence (an input tied to its consumer goes with the
+    # consumer); -1 for a class without one
+    class_item = np.full(int(classes.max(initial=-1)) + 1, -1, dtype=np.int64)
+    np.maximum.at(class_item, classes[seq], np.arange(n, dtype=np.int64))
+    owner = class_item[classes]
     # an op of a class without a forward op goes with the item of its first forward predecessor (a backward
     # op with the activations it reads), else of its first predecessor (an optimizer op with its gradient),
     # else of its first successor, else the last item; so its compute, parameters and optimizer state count
     # where it will run. On a graph without tie groups every backward and optimizer op is such an op.
-    for v in graph.topo_order.tolist():
-        if owner[v] < 0:
-            placed = sorted((not fwd[u], k, int(owner[u])) for k, u in enumerate(graph.predecessors(v))
-                            if owner[u] >= 0)
-            owner[v] = placed[0][2] if placed else -1
-    for v in graph.topo_order[::-1].tolist():
-        if owner[v] < 0:
-            placed = [int(owner[w]) for w in graph.successors(v) if owner[w] >= 0]
-            owner[v] = placed[0] if placed else n - 1
+    # (each loop visits only the ops without an item when it starts: a visit sets no other op's)
+    topo = graph.topo_order
+    for v in topo[owner[topo] < 0].tolist():
+        placed = sorted((not fwd[u], k, int(owner[u])) for k, u in enumerate(graph.predecessors(v)) if owner[u] >= 0)
+        owner[v] = placed[0][2] if placed else -1
+    reverse = topo[::-1]
+    for v in reverse[owner[reverse] < 0].tolist():
+        placed = [int(owner[w]) for w in graph.successors(v) if owner[w] >= 0]
+        owner[v] = placed[0] if placed else n - 1
     # per micro-batch and once per step: a coarse group may hold a layer's backward ops with its optimizer update
     work = np.stack([np.bincount(owner, weights=col, minlength=n) for col in (times - once).T], axis=1)
     step_work = np.stack([np.bincount(owner, weights=col, minlength=n) for col in once.T], axis=1)
     # cut i (before item i) is crossed by a tensor whose producer's item and a consumer's item lie on
     # different sides: forward from the producer to its last consumer, backward to its first
-    ipos = owner
-    diff = np.zeros(n + 2)
     groups = tensor_groups(graph)
-    consumer = ipos[graph.edge_dst]
+    consumer = owner[graph.edge_dst]
     lows = np.full(groups.num_groups, n, dtype=np.int64)
     highs = np.full(groups.num_groups, -1, dtype=np.int64)
     np.minimum.at(lows, groups.edge_group, consumer)
     np.maximum.at(highs, groups.edge_group, consumer)
-    producer = ipos[graph.edge_src[groups.first_edge]]
-    nbytes = graph.edge_bytes[groups.first_edge]
-    for t in np.argsort(groups.first_edge, kind="stable").tolist():  # tensors in first-edge order
-        a, lo, hi, b = int(producer[t]), int(lows[t]), int(highs[t]), float(nbytes[t])
-        if hi > a:
-            diff[a + 1] += b
-            diff[hi + 1] -= b
-        if lo < a:
-            diff[lo + 1] += b
-            diff[a + 1] -= b
+    diff = _crossings(n, np.argsort(groups.first_edge, kind="stable"), owner[graph.edge_src[groups.first_edge]],
+                      lows, highs, graph.edge_bytes[groups.first_edge].astype(np.float64))
     cross = np.cumsum(diff)[: n + 1]
     # a forward edge u -> v runs from the stage of u's item to the stage of v's item; where u's item comes
     # later (u's tie class is carried by a later op), every cut between the two would make it flow back to an
@@ -276,6 +268,22 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.n
     within = _between_segments(spans, owner, n) if spans is not None else np.zeros(n + 1, dtype=bool)
     blocked |= within
     return _Items(np.asarray(seq, dtype=np.int64), owner, work, step_work, cross, blocked, np.flatnonzero(~within))
+
+
+@njit(cache=True)
+def _crossings(n, tensors, producer, lows, highs, nbytes):  # pragma: no cover - compiled
+    """The differences of the bytes crossing each cut (`_items`), tensor by tensor in the order `tensors`: forward
+    from its producer's item a to its last consumer's (hi), backward to its first consumer's (lo)."""
+    diff = np.zeros(n + 2)
+    for t in tensors:
+        a, lo, hi, b = producer[t], lows[t], highs[t], nbytes[t]
+        if hi > a:
+            diff[a + 1] += b
+            diff[hi + 1] -= b
+        if lo < a:
+            diff[lo + 1] += b
+            diff[a + 1] -= b
+    return diff
 
 
 def _between_segments(spans: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:

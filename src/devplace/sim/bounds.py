@@ -230,10 +230,17 @@ def op_holds(graph: CompGraph) -> np.ndarray:
     src, dst = graph.edge_src, graph.edge_dst
     read = np.zeros(graph.num_nodes)
     if graph.num_edges:
-        first = np.unique(np.stack([dst, src, graph.edge_tensor]), axis=1, return_index=True)[1]  # distinct tensors
-        pair, at = np.unique(np.stack([dst[first], src[first]]), axis=1, return_inverse=True)
-        per_pair = np.bincount(at.ravel(), weights=graph.edge_bytes[first])
-        np.add.at(read, pair[0], np.minimum(per_pair, graph.output_bytes[pair[1]]))
+        # the distinct tensors (dst, src, tensor), each at its first edge, in that order, and the distinct
+        # (dst, src) pairs among them: a stable sort and its runs (np.unique over stacked columns: 5x slower)
+        order = np.lexsort((graph.edge_tensor, src, dst))
+        d, s, t = dst[order], src[order], graph.edge_tensor[order]
+        new = np.ones(order.size, dtype=bool)
+        new[1:] = (d[1:] != d[:-1]) | (s[1:] != s[:-1]) | (t[1:] != t[:-1])
+        first, d, s = order[new], d[new], s[new]
+        pair = np.ones(first.size, dtype=bool)
+        pair[1:] = (d[1:] != d[:-1]) | (s[1:] != s[:-1])
+        per_pair = np.bincount(np.cumsum(pair) - 1, weights=graph.edge_bytes[first])
+        np.add.at(read, d[pair], np.minimum(per_pair, graph.output_bytes[s[pair]]))
     return read + graph.output_bytes + graph.temp_bytes
 
 

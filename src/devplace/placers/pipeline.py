@@ -580,8 +580,8 @@ class _Search:
 
         def split(bound: float) -> bool:
             cuts = self.split_under(schedule, bound, waits, full)
-            if cuts is not None:
-                found.setdefault(cuts, self.model_time(cuts, schedule, waits))
+            if cuts is not None and cuts not in found:  # neighbouring bounds often find the same split
+                found[cuts] = self.model_time(cuts, schedule, waits)
             return cuts is not None
 
         # a split within memory under some bound is one under the loosest: when there is none, none fits

@@ -672,7 +672,7 @@ def test_the_dynamic_program_finds_the_least_sum_of_every_split_within_the_bound
 def test_the_placer_is_the_dynamic_program_and_the_search_runs_its_adjust_step():
     from devplace.placers.pipeline import stage_splits
 
-    g, c = layers([1.0] * 7 + [5.0]), cluster(4, bw=1e9)
+    g, c = layers([1.0] * 7 + [5.0]), cluster(4, bw=10.0)  # slow links: the cost model's transfers are off
     order = traversal_indices(g, "topo", 0, cluster=c)
     out = get_placer("pipeline").func(g, c, order=order, seed=0, ties=tie_classes(g), microbatches=8)
     # the placer's answer: the split its cost model ranks first, nothing simulated; then its adjust step
@@ -680,9 +680,10 @@ def test_the_placer_is_the_dynamic_program_and_the_search_runs_its_adjust_step()
     assert out.adjust is not None and out.devices.tolist() == devices.tolist() and out.schedule == schedule
     adjusted, plan = out.adjusted(), pipeline_plan(g, c, order, microbatches=8)
     assert adjusted.adjust is None and adjusted.devices.tolist() == plan.devices.tolist()
-    # the adjusted split is judged with the placer's own among its candidates: never slower where that fits
+    # the adjusted split is judged with the placer's own among its candidates: never slower where that fits;
+    # here the simulator finds a faster one
     own = simulate(g, c, out.devices, schedule=out.schedule)
-    assert plan.step_time_s <= own.step_time_s or not own.feasible
+    assert own.feasible and plan.step_time_s < own.step_time_s
     # and it is what `place` answers
     placed = place(g, c, placer="pipeline", order="topo", microbatches=8)
     assert placed.to_array(g, 4).tolist() == plan.devices.tolist()

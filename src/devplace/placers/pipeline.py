@@ -479,8 +479,13 @@ def _split(bound, pre_time, at, params, stash, op_need, grads, cap, kind, m, fix
             if i == n:
                 continue
             comm = latency + cross[at[i]] / div / comm_Bps if i > 0 else 0.0
+            # a stage ending before near[k + 1] leaves the stages after it more than they can cover: start at the
+            # first end that does not (time and memory only grow with the end, so what stops the loop stops it there)
+            first = max(i + 1, near[k + 1])
             big = 0.0
-            for j in range(i + 1, n + 1):
+            for x in range(i, first - 1):
+                big = max(big, op_need[x] / div)
+            for j in range(first, n + 1):
                 t = (pre_time[k, at[j]] - pre_time[k, at[i]]) / div + (comm if waits else 0.0)
                 if t > bound:
                     break
@@ -491,8 +496,6 @@ def _split(bound, pre_time, at, params, stash, op_need, grads, cap, kind, m, fix
                 least = min(1, m) if kind == ONE_F_ONE_B else fixed[k]
                 if _stage_bound(weights, held, big, grad, least) > cap[k]:
                     break  # more items only add
-                if j < near[k + 1]:
-                    continue  # the stages after it cannot cover the rest within the bound
                 for c in range(counts - 1 if counts > 1 else 1):
                     n_in = min(c + 1, m) if kind == ONE_F_ONE_B else fixed[k]
                     if _stage_bound(weights, held, big, grad, n_in) > cap[k]:

@@ -107,6 +107,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from numba import njit
 from torch import nn
 
 from devplace.defaults import (
@@ -271,7 +272,7 @@ class _Rounds(torch.autograd.Function):
         saved = []
         for _ in range(rounds):
             m = torch.bmm(h, wf).add_(bf).relu_()
-            agg = torch.matmul(adj, m.reshape(n2, -1)).reshape(2, rows, d)
+            agg = _sum_neighbours(adj, m.reshape(n2, -1)).reshape(2, rows, d)
             r = torch.bmm(agg, wg).add_(bg).relu_()
             saved.append((h, m, agg, r))
             h = r + h0
@@ -290,7 +291,7 @@ class _Rounds(torch.autograd.Function):
             g_wg = _acc(g_wg, agg.transpose(1, 2).bmm(g_r))
             g_bg = _acc(g_bg, g_r.sum(1, keepdim=True))
             g_agg = g_r.bmm(wg.transpose(1, 2))
-            g_m = torch.matmul(ctx.adj_t, g_agg.reshape(n2, -1)).reshape(g_agg.shape)
+            g_m = _sum_neighbours(ctx.adj_t, g_agg.reshape(n2, -1)).reshape(g_agg.shape)
             g_m = torch.ops.aten.threshold_backward(g_m, m, 0)
             g_wf = _acc(g_wf, h.transpose(1, 2).bmm(g_m))
             g_bf = _acc(g_bf, g_m.sum(1, keepdim=True))
@@ -298,6 +299,41 @@ class _Rounds(torch.autograd.Function):
         g_h0 = grad.sum(0) if g_h0 is None else g_h0 + grad.sum(0)
         ctx.saved = None
         return g_h0, g_wf, g_bf, g_wg, g_bg, None, None, None
+
+
+# the narrowest dense operand `_sum_neighbours` sums in numba: from this width on, torch's CSR product on CPU (torch
+# 2.14, MKL 2024.2, AVX-512) adds each row's terms one after another in CSR order, as the kernel does, so the sums are
+# the same to the bit (tests/test_placer_placeto.py checks it); below it torch adds them in another order (results
+# differ in the last bits at 8, 16 and 24 columns), so narrow products stay torch's. Only a learning step's last
+# chunk of fewer than 4 states is that narrow at width 8.
+_NUMBA_SUM_MIN_WIDTH = 32
+
+
+def _sum_neighbours(adj: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """`adj @ m` for the 0/1 CSR sum matrix `adj` [R, R] and a dense float32 `m` [R, w]: torch's product, to the bit.
+
+    From `_NUMBA_SUM_MIN_WIDTH` columns on, one numba pass (`_csr_sum`) instead of torch's sparse product (which
+    allocates, zero-fills and copies around its sum), about 2-3x faster at a learning step's widths (ptb/0, width 8:
+    376 and 144 columns; docs/performance.md)."""
+    if m.shape[1] < _NUMBA_SUM_MIN_WIDTH or m.dtype != torch.float32:
+        return torch.matmul(adj, m)
+    out = np.empty((adj.shape[0], m.shape[1]), dtype=np.float32)
+    _csr_sum(adj.crow_indices().numpy(), adj.col_indices().numpy(), m.contiguous().numpy(), out)
+    return torch.from_numpy(out)
+
+
+@njit(cache=True)
+def _csr_sum(crow, col, m, out):  # pragma: no cover - compiled
+    # row r of out = 0 + m[col[crow[r]]] + m[col[crow[r] + 1]] + ..., left to right (the inner loop vectorises)
+    w = out.shape[1]
+    for r in range(out.shape[0]):
+        o = out[r]
+        for j in range(w):
+            o[j] = 0.0
+        for k in range(crow[r], crow[r + 1]):
+            src = m[col[k]]
+            for j in range(w):
+                o[j] += src[j]
 
 
 def _acc(total: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:

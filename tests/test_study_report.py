@@ -141,3 +141,41 @@ def test_cli_study_report(tmp_path, capsys, monkeypatch) -> None:
         assert exc.code in (0, None)
     assert (tmp_path / "out" / "report.md").exists()
     assert "report.md" in capsys.readouterr().out
+
+
+def test_statistics_keep_two_settings_of_a_placer_apart(rows) -> None:
+    """A placer run under two settings (placeto's two hyperparameter sets) is two learners in the report's
+    statistics: each family test and the interaction test count every graph once per learner, never twice."""
+    from devplace.study.report import _question_tests
+
+    second = [{**r, "key": r["key"] + "/paper", "settings": {"episodes": 8}} for r in rows if r["placer"] == "placeto"]
+    units = an.build_units(rows + second)
+    labels = an.units_by_label(units)
+    assert set(labels) == {"greedy", "m-topo", 'placeto {"episodes": 4}', 'placeto {"episodes": 8}'}
+    assert len(an.units_by_placer(units)["placeto"]) == 2 * len(labels['placeto {"episodes": 4}'])  # order model's
+    tests = _question_tests(units)
+    for label in ('placeto {"episodes": 4}', 'placeto {"episodes": 8}'):
+        assert tests[label]["interaction"]["blocks"] == 2 * GRAPHS
+        assert [f["graphs"] for f in tests[label]["families"]] == [GRAPHS, GRAPHS]
+    assert {s["placer"] for s in an.family_summary(units)} == set(labels)
+    # one setting only: the placer's own name, as before
+    assert set(an.units_by_label(an.build_units(rows))) == {"greedy", "m-topo", "placeto"}
+
+
+def test_comparison_says_what_holds_by_construction(rows) -> None:
+    """The learned placer against one device is counted from the data and labelled as holding by construction;
+    the comparison without one device, and where one device beats every classic placer, are computed too."""
+    from devplace.study.report import _comparison_section
+
+    # one device: 5% slower than each graph's base time, but 1% faster on graph 0 of each family (there it beats
+    # every classic placer, and the learned placer's 1.001 x base is above it)
+    single = [{**r, "key": r["key"] + "/single", "placer": "single", "order_name": "-", "episodes": None,
+               "curve": None, "settings": {},
+               "step_time_s": (0.99 if r["graph"].endswith("/0") else 1.05) * r["step_time_s"] / 1.001}
+              for r in rows if r["placer"] == "m-etf" and r["seed"] == 1]
+    md = "\n".join(_comparison_section(rows + single))
+    assert "| fastest other | fastest other but one device |" in md
+    assert f"at most one device's step time on {2 * GRAPHS - 2} of {2 * GRAPHS} graphs" in md
+    assert f"faster than every classic placer the study ran on 2 of {2 * GRAPHS} graphs" in md
+    assert "Not a finding" in md
+    assert "Not a finding" not in "\n".join(_comparison_section(rows))  # no one-device cells: nothing to say

@@ -116,6 +116,9 @@ class Unit:
     features: dict[str, float]
     times: dict[str, list[float]] = field(default_factory=dict)  # order -> usable step times over seeds
     missing: dict[str, int] = field(default_factory=dict)  # order -> failed or infeasible seeds
+    # the placer as the report's statistics name it (`build_units`): its name, with its settings when the study ran
+    # it under more than one (placeto's two hyperparameter sets are two learners, never pooled in one test)
+    label: str = ""
 
     @property
     def graph(self) -> str:
@@ -187,8 +190,12 @@ def build_units(rows: Iterable[dict[str, Any]]) -> list[Unit]:
             u.missing[order] = u.missing.get(order, 0) + 1
     # a placer run under one order only (say, a baseline at the default order) has no order effect to measure
     walked: dict[str, set[str]] = defaultdict(set)
+    settings: dict[str, set[str]] = defaultdict(set)
     for u in units.values():
         walked[u.placer].update(u.times)
+        settings[u.placer].add(u.settings)
+    for u in units.values():
+        u.label = u.placer if len(settings[u.placer]) == 1 else f"{u.placer} {u.settings}"
     return [units[k] for k in sorted(units) if len(walked[units[k].placer]) > 1]
 
 
@@ -221,7 +228,7 @@ def family_summary(units: Sequence[Unit]) -> list[dict[str, Any]]:
     mean (`random` left out of those two when other orders exist), and the spread (worst / best - 1)."""
     groups: dict[tuple[str, str], list[Unit]] = defaultdict(list)
     for u in units:
-        groups[(u.family, u.placer)].append(u)
+        groups[(u.family, u.label or u.placer)].append(u)
     out = []
     for (family, placer), us in sorted(groups.items()):
         per_order: dict[str, list[float]] = defaultdict(list)
@@ -325,10 +332,19 @@ def feature_separation(units: Sequence[Unit], features: Sequence[str] | None = N
 
 
 def units_by_placer(units: Sequence[Unit]) -> dict[str, list[Unit]]:
-    """Units grouped by placer name (sorted)."""
+    """Units grouped by placer name (sorted), every setting of a placer together (the order model's grouping)."""
     out: dict[str, list[Unit]] = defaultdict(list)
     for u in units:
         out[u.placer].append(u)
+    return dict(sorted(out.items()))
+
+
+def units_by_label(units: Sequence[Unit]) -> dict[str, list[Unit]]:
+    """Units grouped by `Unit.label` (sorted): by placer, and by setting where a placer ran under several, which is
+    how the report's statistics group them (a test over two learners' units would count a graph twice)."""
+    out: dict[str, list[Unit]] = defaultdict(list)
+    for u in units:
+        out[u.label or u.placer].append(u)
     return dict(sorted(out.items()))
 
 

@@ -179,3 +179,15 @@ def test_comparison_says_what_holds_by_construction(rows) -> None:
     assert f"faster than every classic placer the study ran on 2 of {2 * GRAPHS} graphs" in md
     assert "Not a finding" in md
     assert "Not a finding" not in "\n".join(_comparison_section(rows))  # no one-device cells: nothing to say
+
+
+def test_claims_line_gives_effect_against_noise(rows) -> None:
+    """The "which claims survive" line of a placer with replicates states each family's spread and order SD against
+    its seed noise SD, from the tests' numbers (the fixture's seeds differ by 0.2%: noise SD about 0.14%)."""
+    from devplace.study.report import _question_section, _question_tests
+
+    tests = _question_tests(an.build_units(rows))
+    line = next(x for x in _question_section(tests) if x.startswith("- **placeto**"))
+    fa = next(f for f in tests["placeto"]["families"] if f["family"] == "fa")
+    assert f"fa spread {fa['spread'][0]:+.2%}" in line and f"against seed noise SD {fa['noise'][0]:.2%}" in line
+    assert 0.001 < fa["noise"][0] < 0.002 and "Effect against noise: fa" in line and "; fb spread" in line

@@ -15,6 +15,7 @@ from devplace.sim.parallel import simulate_parallel, stage_layout
 from devplace.sim.schedule import (
     BACKWARD,
     FORWARD,
+    FULL,
     WEIGHT,
     Schedule,
     ScheduleError,
@@ -89,6 +90,15 @@ def test_action_orders_are_torchs() -> None:
                 expect = [(kinds[a.computation_type.value], 0 if a.stage_index == r else 1, a.microbatch_index)
                           for a in torch_ops if a is not None]
                 assert actions(Schedule("zbv", m), p, r) == expect, (p, m, r)
+            if m < 2 * p:  # what torch's DualPipeV refuses, export and run do
+                assert Schedule("dualpipev", m).unrunnable(p) is not None
+                continue
+            for r in range(p):  # an overlapped action (OVERLAP_F_B) is its forward and whole backward in a row
+                torch_ops = schedules.ScheduleDualPipeV._calculate_single_rank_operations(fake, r)
+                flat = [x for a in torch_ops for x in (a.sub_actions or (a,))]
+                expect = [({**kinds, "B": FULL}[a.computation_type.value], 0 if a.stage_index == r else 1,
+                           a.microbatch_index) for a in flat]
+                assert actions(Schedule("dualpipev", m), p, r) == expect, (p, m, r)
 
 
 @pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 4), (4, 8)])
@@ -101,17 +111,19 @@ def test_zb_h1_bubble_is_the_papers(p: int, m: int) -> None:
     assert zb.step_time_s < one_f_one_b.step_time_s
 
 
+@pytest.mark.parametrize("kind", ["zbv", "dualpipev"])
 @pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8)])
-def test_zbv_reaches_the_bound_of_its_last_device(p: int, m: int) -> None:
-    # 2p half stages in a V: device p-1 starts after p-1 half forwards and then works 3m without a gap
+def test_v_schedules_reach_the_bound_of_their_last_device(p: int, m: int, kind: str) -> None:
+    # 2p half stages in a V: device p-1 starts after p-1 half forwards and then works 3m without a gap (DualPipeV
+    # too: its whole backwards and overlapped pairs run back to back there)
     g = zchain(2 * p, 0.5, 0.5, 0.5, microbatches=m)  # one micro-batch's graph: nothing scaled
-    plan = ParallelPlan(dp=1, pp=p, microbatches=m, batch=m, schedule="zbv")
+    plan = ParallelPlan(dp=1, pp=p, microbatches=m, batch=m, schedule=kind)
     pos, chunk = stage_layout(plan, layer(g))
     assert pos.tolist()[:2 * p] == [*range(p), *reversed(range(p))] and chunk.tolist()[p] == 1
     r = simulate_parallel(g, cluster(p, bw=1e9), layer(g), plan)
     assert r.step_time_s == pytest.approx(3 * m + (p - 1) * 0.5)
     with pytest.raises(ScheduleError, match="give chunk_of"):
-        simulate_schedule(g, cluster(p, bw=1e9), pos, Schedule("zbv", m, microbatch_graph=True))
+        simulate_schedule(g, cluster(p, bw=1e9), pos, Schedule(kind, m, microbatch_graph=True))
 
 
 def test_interleaved_zero_bubble_through_a_plan() -> None:

@@ -22,10 +22,9 @@ from typing import Any
 
 from devplace.defaults import MAX_MICROBATCHES
 from devplace.errors import DevplaceError
-from devplace.graph.schedule import Schedule
+from devplace.graph.schedule import V_SHAPED, Schedule
 
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "dualpipev")
-V_SHAPED = ("zbv", "dualpipev")  # two chunks per device, the second running the stages back
 MULTI_CHUNK = ("interleaved-1f1b", "zero-bubble", *V_SHAPED)  # kinds that may run several chunks per device
 RECOMPUTE = ("none", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -140,6 +139,9 @@ class ParallelPlan:
             raise ParallelPlanError(f"parallel plan: zero-bubble runs M={m} micro-batches in {rounds} equal rounds "
                                     f"(torch's rule: M // pp of them), which {m} does not split; use a multiple of "
                                     f"{pp} or an M below {pp}")
+        if kind == "dualpipev" and m < 2 * pp:
+            raise ParallelPlanError(f"parallel plan: dualpipev runs at least as many micro-batches as stages (2 per "
+                                    f"device: {2 * pp}), got M={m}; use M >= {2 * pp} or zbv")
         object.__setattr__(self, "chunks", chunks)
 
     @property
@@ -162,12 +164,7 @@ class ParallelPlan:
 
     def pipeline_schedule(self, replica: int = 0, microbatch_graph: bool = False) -> Schedule:
         """The `Schedule` one replica's pipeline runs ("none": 1F1B on one device, which runs each micro-batch's
-        forward then its backward). ParallelPlanError for dualpipev, which `Schedule` cannot express (it overlaps
-        a forward and a backward in one action)."""
-        if self.schedule == "dualpipev":
-            raise ParallelPlanError("parallel plan: the dualpipev schedule (a forward and a backward of two "
-                                    "micro-batches overlapped in one action) is not simulated yet; use zbv, "
-                                    "zero-bubble, 1f1b, interleaved-1f1b or gpipe")
+        forward then its backward)."""
         kind = "1f1b" if self.schedule == "none" else self.schedule
         return Schedule(kind, self.microbatches, self.chunks, microbatch_graph, self.replica(replica))
 

@@ -17,19 +17,20 @@ import torch
 from conftest import run_cli
 from devplace.graph.parallel import ParallelPlan, runtime_gap
 from devplace.runtime import plan
-from devplace.runtime.export import pipeline_split
+from devplace.runtime.export import ExportError, pipeline_split
 from devplace.runtime.parallel_export import parallel_export
 from devplace.runtime.parallel_run import run_parallel
 from devplace.runtime.pipeline_run import PipelineRunError, accumulated_step, run_pipeline
-from devplace.sim.schedule import BACKWARD, FORWARD, WEIGHT, Schedule, actions
+from devplace.sim.schedule import BACKWARD, FORWARD, FULL, WEIGHT, Schedule, actions
 from devplace.zoo import tiny
 from test_parallel_run import _net
 
-PHASE = {"F": FORWARD, "I": BACKWARD, "W": WEIGHT}
+PHASE = {"F": FORWARD, "I": BACKWARD, "W": WEIGHT, "B": FULL}
 
 
 def _ran_order(ran_actions: list[str], p: int) -> list[tuple[int, int, int]]:
-    """The actions a run's process reports (torch's strings, "3I0") as devplace's tuples."""
+    """The actions a run's process reports (torch's strings, "3I0"; "B" a whole backward) as devplace's tuples
+    (chunk = stage // p: the round of an interleaved pipeline, the way back of a V)."""
     from torch.distributed.pipelining.schedules import _Action
 
     acts = [_Action.from_str(a) for a in ran_actions]
@@ -118,3 +119,26 @@ def test_two_replicas_of_a_zero_bubble_pipeline_match_the_one_process_step():
     assert runtime_gap(zero3) == "ZeRO-3 under the zero-bubble schedule"
     with pytest.raises(PipelineRunError, match="does not run ZeRO-3 under the zero-bubble schedule"):
         run_parallel(model, inputs, parallel_export(zero3, ["blocks.2"]))
+
+
+@pytest.mark.parametrize(("kind", "m"), [("zbv", 2), ("dualpipev", 4)])
+def test_v_schedules_run_like_their_step_in_the_order_simulated(kind: str, m: int):
+    """ZBV and DualPipeV: 4 stages in a V on 2 processes (stages 0 and 3 on the first, 1 and 2 on the second,
+    which hands its values over in memory at the turn; torch's warm-up sent to its own process, which gloo
+    refused: 'Pair is not connected'). The loss and every gradient equal the one-process step's, and each process
+    ran, in order, the actions devplace simulates (DualPipeV's overlapped pairs as their two actions)."""
+    model, inputs = _net()
+    schedule = Schedule(kind, m, microbatch_graph=True)
+    doc = {"format": "devplace.pipeline/2", "stage_devices": [0, 1, 1, 0], "schedule": schedule.to_dict(),
+           "split_points": [{"module": f"blocks.{i}", "point": "beginning"} for i in (1, 2, 3)]}
+    ran = run_pipeline(model, inputs, doc, return_grads=True)
+    for r in range(2):
+        assert _ran_order(ran.actions[r], 2) == actions(schedule, 2, r)
+    assert any("B" in a for a in ran.actions[0]) == (kind == "dualpipev")  # whole backwards: DualPipeV's only
+    loss, grads = accumulated_step(model, inputs)
+    assert ran.losses[0] == pytest.approx(loss, rel=1e-5)
+    assert set(grads) <= set(ran.grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(ran.grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    with pytest.raises(ExportError, match="stages s and 2p - 1 - s on one device"):
+        run_pipeline(model, inputs, {**doc, "stage_devices": [0, 1, 0, 1]})

@@ -1,7 +1,8 @@
-"""Zero-bubble schedules run for real (issues 30 and 31): devplace's "zero-bubble" runs under torch's
-ScheduleInterleavedZeroBubble in CPU processes over gloo, each process in the order devplace simulates, with the
-loss and every gradient of the unpipelined step -- in a pipeline export (V chunks per process) and in a dp x pp
-plan (ZB-H1); tests/test_zero_bubble.py compares the orders torch plans with the simulator's, without processes.
+"""Zero-bubble schedules run for real (issues 30 and 31): devplace's "zero-bubble", "zbv" and "dualpipev" run under
+torch's ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble and ScheduleDualPipeV in CPU processes over gloo, each
+process in the order devplace simulates, with the loss and every gradient of the unpipelined step -- in a pipeline
+export (V chunks per process; two in a V) and in a dp x pp plan (ZB-H1, ZBV); tests/test_zero_bubble.py compares
+the orders torch plans with the simulator's, without processes.
 torch's split backward needed four fixes on traced stages (`pipeline_run.split_backward`), found on these
 models: BART (relayed outputs are views; two parameter groups share a node; parameters in no group), ViT (a
 non-contiguous input gradient; an output the stage saved)."""
@@ -96,15 +97,22 @@ def test_a_zero_bubble_plan_goes_from_place_to_export_and_run(tmp_path, capsys, 
     assert ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
 
 
-def test_two_replicas_of_a_zero_bubble_pipeline_match_the_one_process_step():
-    """dp=2 x pp=2 under ZB-H1 in 4 processes, ZeRO-1 and per-block recomputation on stage 0, ZeRO-2
-    (fully_shard) on stage 1: the loss and every gradient of the first step and the loss after the update match
-    one process. ZeRO-3 under zero bubble, whose gradients torch gets wrong, is refused before anything runs."""
+@pytest.mark.parametrize(("kind", "points", "checkpointed"), [
+    ("zero-bubble", ["blocks.2"], [["blocks.0", "blocks.1"], []]),
+    ("zbv", ["blocks.1", "blocks.2", "blocks.3"], [["blocks.0", "blocks.3"], []])])
+def test_two_replicas_of_a_zero_bubble_pipeline_match_the_one_process_step(kind: str, points: list[str],
+                                                                         checkpointed: list[list[str]]):
+    """dp=2 x pp=2 in 4 processes under ZB-H1 (a stage per process) and ZBV (two per process, in a V: process s of a
+    replica holds stages s and 3 - s), ZeRO-1 and per-block recomputation at position 0 (under ZBV both its stages
+    checkpointed), ZeRO-2 (fully_shard, of both stage modules under ZBV) at position 1: the loss and every gradient
+    of the first step and the loss after the update match one process. ZeRO-3 under a zero-bubble schedule, whose
+    gradients torch gets wrong, is refused before anything runs."""
     model, inputs = _net()  # test_parallel_run's four-block net, seeded
-    plan_ = ParallelPlan(dp=2, pp=2, microbatches=2, batch=8, schedule="zero-bubble", chunks=1, zero=(1, 2),
+    chunks = 1 if kind == "zero-bubble" else 2
+    plan_ = ParallelPlan(dp=2, pp=2, microbatches=2, batch=8, schedule=kind, chunks=chunks, zero=(1, 2),
                          recompute=("full", "none"))
     assert runtime_gap(plan_) is None
-    ran = run_parallel(model, inputs, parallel_export(plan_, ["blocks.2"]), steps=2, return_grads=True)
+    ran = run_parallel(model, inputs, parallel_export(plan_, points), steps=2, return_grads=True)
     ref = copy.deepcopy(model)
     opt = torch.optim.SGD(ref.parameters(), lr=1e-2, foreach=False)
     loss = ref(*inputs)
@@ -115,10 +123,13 @@ def test_two_replicas_of_a_zero_bubble_pipeline_match_the_one_process_step():
     opt.step()
     assert ran.losses == pytest.approx([first, ref(*inputs).item()], rel=1e-5)
     assert [s["sharded"] for s in ran.setups] == [False, True, False, True]
-    zero3 = ParallelPlan(dp=2, pp=2, microbatches=2, batch=8, schedule="zero-bubble", chunks=1, zero=(0, 3))
-    assert runtime_gap(zero3) == "ZeRO-3 under the zero-bubble schedule"
-    with pytest.raises(PipelineRunError, match="does not run ZeRO-3 under the zero-bubble schedule"):
-        run_parallel(model, inputs, parallel_export(zero3, ["blocks.2"]))
+    assert [s["checkpointed"] for s in ran.setups] == checkpointed * 2
+    zero3 = ParallelPlan(dp=2, pp=2, microbatches=2, batch=8, schedule=kind, chunks=chunks, zero=(0, 3))
+    assert runtime_gap(zero3) == f"ZeRO-3 under the {kind} schedule"
+    with pytest.raises(PipelineRunError, match=f"does not run ZeRO-3 under the {kind} schedule"):
+        run_parallel(model, inputs, parallel_export(zero3, points))
+    with pytest.raises(ExportError, match=r"pipeline stages \(pp=2, .*\) is cut at"):
+        parallel_export(zero3, points[:1] * 2)
 
 
 @pytest.mark.parametrize(("kind", "m"), [("zbv", 2), ("dualpipev", 4)])

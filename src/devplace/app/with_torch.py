@@ -63,7 +63,7 @@ from devplace.graph import save_graph
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.parallel import RUN_SCHEDULES, ParallelAsk, ParallelPlan, runtime_gap
+from devplace.graph.parallel import RUN_SCHEDULES, V_SHAPED, ParallelAsk, ParallelPlan, runtime_gap
 from devplace.hardware.cluster import Cluster, Device, load_cluster
 from devplace.hardware.cost import CostTable, apply_overheads, check_table_fits, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
@@ -650,13 +650,13 @@ def check_runs(p: Plan, where: Path) -> None:
 
 
 def is_parallel(p: Plan) -> bool:
-    """True when plan `p` holds a parallel plan with data-parallel replicas, ZeRO or recomputation: `devplace run`
-    runs it in dp * pp processes (`run_plan_parallel`)."""
+    """True when plan `p` holds a parallel plan with data-parallel replicas, ZeRO, recomputation or a V-shaped
+    schedule (two stages per device): `devplace run` runs it in dp * pp processes (`run_plan_parallel`)."""
     doc = p.placement.meta.get("parallel")
     if doc is None:
         return False
     plan = ParallelPlan.from_dict(doc)
-    return plan.dp > 1 or max(plan.zero) > 0 or "full" in plan.recompute
+    return plan.dp > 1 or max(plan.zero) > 0 or "full" in plan.recompute or plan.schedule in V_SHAPED
 
 
 def is_pipelined(p: Plan) -> bool:

@@ -247,21 +247,23 @@ class ParallelAsk:
 
 
 # the pipeline schedules devplace's runtime runs a parallel plan under (`runtime.parallel_run.SCHEDULES`, which
-# graph/ may not import; tests/test_parallel_search.py checks the two agree); zero-bubble with one chunk (ZB-H1)
-RUN_SCHEDULES = ("gpipe", "1f1b", "zero-bubble")
+# graph/ may not import; tests/test_parallel_search.py checks the two agree); zero-bubble with one chunk (ZB-H1),
+# zbv and dualpipev with their two in a V
+RUN_SCHEDULES = ("gpipe", "1f1b", "zero-bubble", *V_SHAPED)
 
 
 def runtime_gap(plan: ParallelPlan) -> str | None:
     """What of `plan` devplace's runtime does not run, or None when it runs all of it: `devplace run` runs dp
-    replicas of one pipeline under one of `RUN_SCHEDULES` (or of one stage), one stage per process, with ZeRO 0-3
-    and recomputation per stage (`runtime.parallel_run`); other schedules not yet, and not ZeRO-3 under zero
-    bubble: torch's split backward of a stage that `fully_shard` reshards after forward gives wrong gradients
-    (measured on a 2 x 2 plan: the ZeRO-3 stage's gradients differ from the one-process step; ZeRO 0-2 match)."""
+    replicas of one pipeline under one of `RUN_SCHEDULES` (or of one stage), one stage per process (two in a V),
+    with ZeRO 0-3 and recomputation per stage (`runtime.parallel_run`); other schedules not yet, and not ZeRO-3
+    under a zero-bubble schedule (zero-bubble, zbv, dualpipev): torch's split backward of a stage that
+    `fully_shard` reshards after forward gives wrong gradients (measured on a 2 x 2 ZB-H1 plan: the ZeRO-3
+    stage's gradients differ from the one-process step; ZeRO 0-2 match)."""
     if plan.schedule not in ("none", *RUN_SCHEDULES):
         return f"the {plan.schedule} schedule"
     parallel = plan.dp > 1 or max(plan.zero) > 0 or "full" in plan.recompute  # else it runs as a pipeline
-    if parallel and plan.chunks != 1:
-        return f"{plan.chunks} chunks per device (a dp x pp run runs one stage per process)"
-    if plan.schedule == "zero-bubble" and 3 in plan.zero:
-        return "ZeRO-3 under the zero-bubble schedule"
+    if parallel and plan.chunks != 1 and plan.schedule not in V_SHAPED:
+        return f"{plan.chunks} chunks per device (a dp x pp run runs one stage per process, or two in a V)"
+    if plan.schedule in ("zero-bubble", *V_SHAPED) and 3 in plan.zero:
+        return f"ZeRO-3 under the {plan.schedule} schedule"
     return None

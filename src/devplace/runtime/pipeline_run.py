@@ -382,14 +382,6 @@ def _stage(rank: int, job: _Job) -> None:
     """One process of the pipeline: join the gloo group, build its stages (`stage_ranks`: stage s on process
     s mod p, or in a V), run the steps, save what the parent reads."""
     import torch.distributed as dist
-    from torch.distributed.pipelining import (
-        Schedule1F1B,
-        ScheduleDualPipeV,
-        ScheduleGPipe,
-        ScheduleInterleaved1F1B,
-        ScheduleInterleavedZeroBubble,
-        ScheduleZBVZeroBubble,
-    )
     from torch.distributed.pipelining.stage import _PipelineStage
     from torch.export.unflatten import InterpreterModule
 
@@ -420,23 +412,8 @@ def _stage(rank: int, job: _Job) -> None:
             autocast_stage(mod, job.autocast)
         stages = [_PipelineStage(mod, i, info, torch.device("cpu"))
                   for i, (mod, info) in zip(mine, loaded, strict=True)]
-        for st in stages:
-            if not st.is_first:  # the model's inputs go to stage 0 only (the others receive activations), but
-                st.forward_one_chunk = _without_inputs(st.forward_one_chunk)  # multi-stage schedules give them all
-        if job.schedule.kind in SPLIT_KINDS:
-            split_backward(stages)
-        if job.schedule.kind in V_SHAPED:
-            for st in stages:
-                _no_self_warmup(st)
-        loss = stage_loss(job.loss_fn, job.autocast)
-        scale = job.loss_reduction == "mean"
-        multi = {"interleaved-1f1b": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble,
-                 "zbv": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}
-        if job.schedule.kind in multi:
-            sched: Any = multi[job.schedule.kind](stages, job.schedule.microbatches, loss_fn=loss, scale_grads=scale)
-        else:
-            kind = ScheduleGPipe if job.schedule.kind == "gpipe" else Schedule1F1B
-            sched = kind(stages[0], job.schedule.microbatches, loss_fn=loss, scale_grads=scale)
+        sched = torch_schedule(job.schedule.kind, stages, job.schedule.microbatches,
+                               stage_loss(job.loss_fn, job.autocast), job.loss_reduction == "mean")
         order = getattr(sched, "pipeline_order_with_comms", None)  # what its runtime steps through, sends included
         # an overlapped action (DualPipeV's OVERLAP_F_B) as the two it runs, one after the other
         actions = ([str(x) for a in order[rank] if a.is_compute_op for x in (a.sub_actions or (a,))]
@@ -483,6 +460,38 @@ def _stage(rank: int, job: _Job) -> None:
                    Path(job.folder) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def torch_schedule(kind: str, stages: list[Any], microbatches: int, loss: Callable[[Any, Any], torch.Tensor],
+                   scale_grads: bool) -> Any:
+    """torch's schedule of `kind` (one of `SCHEDULES`) over this process's `stages` (torch `_PipelineStage`s: one,
+    or several under interleaved-1f1b, zero-bubble and the V-shaped kinds), the stages made ready for it: a
+    stage after the first drops the model's inputs (they go to stage 0 only, but a multi-stage schedule gives them
+    to every stage), a zero-bubble kind's split backward (`split_backward`), a V's turn without a warm-up send to
+    its own process (`_no_self_warmup`)."""
+    from torch.distributed.pipelining import (
+        Schedule1F1B,
+        ScheduleDualPipeV,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+        ScheduleInterleavedZeroBubble,
+        ScheduleZBVZeroBubble,
+    )
+
+    for st in stages:
+        if not st.is_first:
+            st.forward_one_chunk = _without_inputs(st.forward_one_chunk)
+    if kind in SPLIT_KINDS:
+        split_backward(stages)
+    if kind in V_SHAPED:
+        for st in stages:
+            _no_self_warmup(st)
+    multi = {"interleaved-1f1b": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble,
+             "zbv": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}
+    if kind in multi:
+        return multi[kind](stages, microbatches, loss_fn=loss, scale_grads=scale_grads)
+    single = ScheduleGPipe if kind == "gpipe" else Schedule1F1B
+    return single(stages[0], microbatches, loss_fn=loss, scale_grads=scale_grads)
 
 
 def split_backward(stages: list[Any]) -> None:

@@ -154,3 +154,20 @@ def test_the_pipeline_placer_cuts_for_zero_bubble_but_not_for_zbv() -> None:
     assert zb.schedule.kind == "zero-bubble" and zb.step_time_s < il.step_time_s
     with pytest.raises(PlacerError, match=r"setting 'schedule' must be one of .*zero-bubble, got 'zbv'"):
         pipeline_plan(g, cluster(2, bw=1e9), g.topo_order, schedule="zbv", microbatches=4)
+
+
+@pytest.mark.parametrize("kind", ["zbv", "dualpipev"])
+def test_v_schedules_relay_along_the_v(kind: str) -> None:
+    # f0 (stage 0, device 0) also feeds f3 (stage 3, device 0 again): torch's runtime passes it on through stages 1
+    # and 2 (both on device 1), so the simulator sends it 0 -> 1 and back 1 -> 0, not nowhere
+    p, m = 2, 4
+    g = zchain(2 * p, microbatches=m)
+    extra = {"src": "f0", "dst": "f3", "bytes": 8, "tensor": 1}
+    skip = CompGraph.build("skip", [g.node_record(v) for v in range(g.num_nodes)],
+                           [*(g.edge_record(e) for e in range(g.num_edges)), extra], g.meta)
+    plan = ParallelPlan(dp=1, pp=p, microbatches=m, batch=m, schedule=kind)
+    r = simulate_parallel(skip, cluster(p, bw=1e9), layer(skip), plan).pipelines[0]
+    t = r.transfers
+    hops = sorted((int(a), int(b)) for a, b, x, n in zip(t.src_dev, t.dst_dev, t.node, t.nbytes, strict=True)
+                  if skip.ids[x] == "f0" and n == 8)
+    assert hops == [(0, 1)] * m + [(1, 0)] * m

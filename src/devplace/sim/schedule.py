@@ -256,22 +256,32 @@ class Relayed:
     origin: np.ndarray
 
 
-def relay(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relayed:
+def relay(graph: CompGraph, devices: np.ndarray, stages: Stages, v_shaped: bool = False) -> Relayed:
     """The step as torch's pipelining runs it: a stage sends only to the next stage (forward) and the previous
     one (backward), so a value read further on (Llama's rotary tables, BART's encoder output, a model input the
     last stage's loss reads) is received and sent on by every stage between (`devplace.runtime.pipeline_run`
     makes the stages do so), and so is its gradient on the way back. Each hop is a relay node: no compute, on
     that stage's device, in that stage's forward (or backward) action, one per (value, stage) however many ops
     of later stages read the value. Edges between ops one stage apart, and per-step ops, are left as they are.
-    Returns the graph unchanged (no copy) when nothing is sent past the next stage."""
-    n, phase, stage = graph.num_nodes, stages.phase, stages.stage
+    "Next" is along the data: stage numbers (chunk * p + position) as they are, or, `v_shaped` (zbv, dualpipev:
+    chunk 1 runs the positions back), position on the way out and 2p - 1 - position on the way back. Returns the
+    graph unchanged (no copy) when nothing is sent past the next stage."""
+    n, phase = graph.num_nodes, stages.phase
+    p = len(stages.pipeline_devices)
+    chunk, pos = stages.stage // max(p, 1), stages.stage % max(p, 1)
+    # each op's stage along the data (-1: per-step ops); hop s of it has stage number `number(s)`
+    stage = (np.where(stages.stage >= 0, np.where(chunk == 1, 2 * p - 1 - pos, stages.stage), -1) if v_shaped
+             else stages.stage)
+
+    def number(s: int) -> int:
+        return s if not v_shaped or s < p else 3 * p - 1 - s
+
     u, v = graph.edge_src, graph.edge_dst
     micro = (phase[u] != PER_STEP) & (phase[v] != PER_STEP)
     far = np.flatnonzero(micro & (((phase[u] == FORWARD) & (stage[v] > stage[u] + 1))
                                   | ((phase[u] == BACKWARD) & (stage[v] < stage[u] - 1))))
     if not far.size:
         return Relayed(graph, np.asarray(devices, dtype=np.int64), stages, np.arange(n))
-    p = len(stages.pipeline_devices)
     src, tensor = graph.edge_src.copy(), graph.edge_tensor.copy()
     hop: dict[tuple[int, int, int], int] = {}  # (value's node, its tensor, stage) -> relay node
     names: list[str] = []
@@ -291,7 +301,7 @@ def relay(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relayed:
                 r = hop[(a, t, s)] = n + len(origin)
                 names.append(f"{graph.ids[a]}:{t}~{RELAY}{s}")
                 origin.append(a)
-                hop_stage.append(s)
+                hop_stage.append(number(s))
                 add_src.append(prev)
                 add_dst.append(r)
                 add_bytes.append(float(graph.edge_bytes[e]))
@@ -690,8 +700,7 @@ def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, s
                             "chunk, or simulate it through a ParallelPlan with V-shaped stages")
     stages = pipeline_stages(graph, devices, int(schedule.chunks or 1), schedule.device_order, chunk_of)
     # a V's stage numbers (chunk * p + position) are not its order along the data: its hops are not relayed
-    relayed = (relay(graph, devices, stages) if schedule.kind not in V_SHAPED
-               else Relayed(graph, devices, stages, np.arange(graph.num_nodes)))
+    relayed = relay(graph, devices, stages, schedule.kind in V_SHAPED)
     u = unroll(relayed.graph, relayed.devices, schedule, relayed.stages, cluster)
     r = DevplaceModel(u.graph, cluster).run(u.devices)
     n, m = graph.num_nodes, schedule.microbatches

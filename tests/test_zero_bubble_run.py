@@ -153,3 +153,7 @@ def test_v_schedules_run_like_their_step_in_the_order_simulated(kind: str, m: in
         torch.testing.assert_close(ran.grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
     with pytest.raises(ExportError, match="stages s and 2p - 1 - s on one device"):
         run_pipeline(model, inputs, {**doc, "stage_devices": [0, 1, 0, 1]})
+    # torch's DualPipeV refuses fewer micro-batches than stages; devplace says so before starting any process
+    short = {**doc, "schedule": Schedule("dualpipev", 2, microbatch_graph=True).to_dict()}
+    with pytest.raises(PipelineRunError, match="dualpipev runs at least as many micro-batches as stages: 2"):
+        run_pipeline(model, inputs, short)

@@ -28,7 +28,7 @@ from devplace.graph.parallel import V_SHAPED, ParallelPlan, ParallelPlanError
 from devplace.runtime.export import ExportError, read_export_doc, read_precision
 
 __all__ = ["PARALLEL_FORMAT", "TORCHTITAN_FORMAT", "ParallelExport", "data_parallel_of", "parallel_export",
-           "read_parallel", "torchtitan_config"]
+           "pipeline_stages", "read_parallel", "torchtitan_config"]
 
 PARALLEL_FORMAT = "devplace.parallel/1"
 

@@ -50,7 +50,7 @@ from devplace.runtime.export import PipelineExport, read_pipeline
 from devplace.runtime.run import cpu_autocast
 from devplace.sim.schedule import SPLIT_KINDS, V_SHAPED, Schedule
 
-__all__ = ["PipelineRun", "PipelineRunError", "accumulated_step", "run_pipeline"]
+__all__ = ["PipelineRun", "PipelineRunError", "accumulated_step", "run_pipeline", "stage_ranks", "torch_schedule"]
 
 # interleaved-1f1b and zero-bubble: V stages per process, stage s on process s mod p; zbv and dualpipev: two, in
 # a V (`stage_ranks`)

@@ -22,6 +22,7 @@ from devplace.runtime.export import ExportError, pipeline_split
 from devplace.runtime.parallel_export import parallel_export
 from devplace.runtime.parallel_run import run_parallel
 from devplace.runtime.pipeline_run import PipelineRunError, accumulated_step, run_pipeline
+from devplace.runtime.plan import load_plan
 from devplace.sim.schedule import BACKWARD, FORWARD, FULL, WEIGHT, Schedule, actions
 from devplace.zoo import tiny
 from test_parallel_run import _net
@@ -88,6 +89,9 @@ def test_a_zero_bubble_plan_goes_from_place_to_export_and_run(tmp_path, capsys, 
     code, out, err = run_cli(["export", str(plan_path), "--format", "pipeline", "--microbatches", "8", "-o",
                               str(tmp_path / "more.json")], capsys, monkeypatch)
     assert code == 0, err  # M=8 on 2 devices: 4 rounds of 2
+    code, out, err = run_cli(["export", str(plan_path), "--format", "parallel", "--schedule", "zbv", "-o",
+                              str(tmp_path / "v.json")], capsys, monkeypatch)
+    assert code == 2 and "placed with 2 chunks per device out as a V" in err and len(err.strip().splitlines()) == 1
     code, out, err = run_cli(["run", "--pipeline", str(export_path), "--model", model, "--steps", "1", "--warmup", "0",
                               "--json"],
                              capsys, monkeypatch)
@@ -95,6 +99,30 @@ def test_a_zero_bubble_plan_goes_from_place_to_export_and_run(tmp_path, capsys, 
     ran = json.loads(out)
     assert ran["processes"] == 2 and ran["schedule"]["kind"] == "zero-bubble"
     assert ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
+
+
+def test_a_two_chunk_plan_exports_as_a_v(tmp_path, capsys, monkeypatch):
+    """`place --schedule zero-bubble --chunks 2` then `export --format parallel --schedule zbv|dualpipev`: the same 4
+    stages, laid out as a V on the 2 devices (run by hand: `run --parallel` of both gave the one-process loss,
+    1.65268, on this ViT); DualPipeV's M >= 2p is checked when exporting."""
+    plan_path = tmp_path / "plan.json"
+    code, _, err = run_cli(["place", "--model", "devplace.zoo.tiny:vit", "-c", "2xK80", "--placer", "pipeline",
+                            "--schedule", "zero-bubble", "--chunks", "2", "--microbatches", "4", "--save-plan",
+                            str(plan_path), "--quiet"], capsys, monkeypatch)
+    assert code == 0, err
+    placed = load_plan(plan_path)
+    cuts = pipeline_split(placed.graph, placed.placement).to_dict()["split_points"]
+    for kind in ("zbv", "dualpipev"):
+        code, _, err = run_cli(["export", str(plan_path), "--format", "parallel", "--schedule", kind, "-o",
+                                str(tmp_path / f"{kind}.json")], capsys, monkeypatch)
+        assert code == 0, err
+        doc = json.loads((tmp_path / f"{kind}.json").read_text())
+        assert (doc["parallel"]["schedule"], doc["parallel"]["pp"], doc["parallel"]["chunks"]) == (kind, 2, 2)
+        assert doc["split_points"] == cuts and len(cuts) == 3  # the placement's 4 stages
+        assert [st["devices"] for st in doc["stages"]] == [[0], [1], [1], [0]]
+    code, _, err = run_cli(["export", str(plan_path), "--format", "parallel", "--schedule", "dualpipev",
+                            "--microbatches", "2", "-o", str(tmp_path / "short.json")], capsys, monkeypatch)
+    assert code == 2 and "use M >= 4 or zbv" in err
 
 
 @pytest.mark.parametrize(("kind", "points", "checkpointed"), [

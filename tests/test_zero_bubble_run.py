@@ -123,6 +123,9 @@ def test_a_two_chunk_plan_exports_as_a_v(tmp_path, capsys, monkeypatch):
     code, _, err = run_cli(["export", str(plan_path), "--format", "parallel", "--schedule", "dualpipev",
                             "--microbatches", "2", "-o", str(tmp_path / "short.json")], capsys, monkeypatch)
     assert code == 2 and "use M >= 4 or zbv" in err
+    code, _, err = run_cli(["export", str(plan_path), "--format", "pipeline", "--schedule", "zbv", "-o",
+                            str(tmp_path / "pipe.json")], capsys, monkeypatch)
+    assert code == 2 and "as --format parallel --schedule zbv" in err  # a placement alone cannot hold the V
 
 
 @pytest.mark.parametrize(("kind", "points", "checkpointed"), [

@@ -355,10 +355,10 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
     """
     schedule = schedule or placement.schedule
     if schedule is not None and schedule.kind in V_SHAPED:
-        raise ExportError(f"a placement cannot be exported under {schedule.kind}: its V runs stages p - 1 and p on one "
-                          "device, which a placement does not tell apart; write the export from the pipeline's 2p "
-                          "stages (stage_devices d0..d(p-1), d(p-1)..d0 and 2p - 1 split points), or export under "
-                          "zero-bubble or 1f1b")
+        raise ExportError(f"a placement cannot be exported as a pipeline under {schedule.kind}: its V runs stages "
+                          "p - 1 and p on one device, which a placement does not tell apart; export a plan placed "
+                          f"with --chunks 2 as --format parallel --schedule {schedule.kind} (its 2p stages laid out "
+                          "as a V), or as a pipeline under zero-bubble or 1f1b")
     devs = _module_devices(graph, placement)
     fwd = forward_ops(graph)
     if not fwd:

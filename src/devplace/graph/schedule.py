@@ -16,6 +16,15 @@ V_SHAPED = ("zbv", "dualpipev")  # two chunks per device in a V: device r runs s
 MULTI_CHUNK = ("interleaved-1f1b", *V_SHAPED)  # kinds that need (or, V-shaped, have exactly) two or more chunks
 
 
+def stage_position(kind: str, stage: int, positions: int) -> int:
+    """The pipeline position (device, or process) of pipeline stage `stage` of a pipeline of `positions` under
+    schedule `kind`: stage mod p, round the positions (one or several chunks each), or, V-shaped (zbv, dualpipev),
+    stage s < p at position s and s >= p at 2p - 1 - s (torch's `generate_stage_to_rank_mapping(style="v")`)."""
+    if kind in V_SHAPED:
+        return stage if stage < positions else 2 * positions - 1 - stage
+    return stage % positions
+
+
 class ScheduleError(DevplaceError):
     """An invalid schedule, or a placement that the schedule cannot run as a pipeline."""
 

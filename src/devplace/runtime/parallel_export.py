@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from devplace.graph.parallel import V_SHAPED, ParallelPlan, ParallelPlanError
+from devplace.graph.schedule import stage_position
 from devplace.runtime.export import ExportError, read_export_doc, read_precision
 
 __all__ = ["PARALLEL_FORMAT", "TORCHTITAN_FORMAT", "ParallelExport", "data_parallel_of", "parallel_export",
@@ -65,11 +66,6 @@ def pipeline_stages(plan: ParallelPlan) -> int:
     return 2 * plan.pp if plan.schedule in V_SHAPED else plan.pp
 
 
-def _position(plan: ParallelPlan, stage: int) -> int:
-    """The pipeline position (its devices, ZeRO stage and recomputation) of pipeline stage `stage` of `plan`."""
-    return stage if stage < plan.pp else 2 * plan.pp - 1 - stage
-
-
 def parallel_export(plan: ParallelPlan, split_points: Sequence[str], *, source: Mapping[str, Any] | None = None,
                     simulated_step_s: float | None = None,
                     precision: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -86,7 +82,7 @@ def parallel_export(plan: ParallelPlan, split_points: Sequence[str], *, source: 
     stages = [{"stage": s, "begins_at": points[s - 1] if s else None, "devices": list(plan.stage_group(pos)),
                "data_parallel": data_parallel_of(plan.zero[pos], plan.dp),
                "activation_checkpointing": "per block" if plan.recompute[pos] == "full" else "none"}
-              for s, pos in ((s, _position(plan, s)) for s in range(k))]
+              for s, pos in ((s, stage_position(plan.schedule, s, plan.pp)) for s in range(k))]
     doc: dict[str, Any] = {"format": PARALLEL_FORMAT, "parallel": plan.to_dict(),
                            "split_points": [{"module": m, "point": "beginning"} for m in points],
                            "stages": stages, "simulated_step_s": simulated_step_s}

@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from devplace.errors import DevplaceError
+from devplace.graph.schedule import stage_position
 from devplace.runtime.export import PipelineExport, read_pipeline
 from devplace.runtime.run import cpu_autocast
 from devplace.sim.schedule import SPLIT_KINDS, V_SHAPED, Schedule
@@ -86,12 +87,9 @@ class PipelineRun:
 
 
 def stage_ranks(kind: str, stages: int, processes: int) -> list[int]:
-    """The process (pipeline position) of each of `stages` stages under schedule `kind`: stage s on process
-    s mod p, or, V-shaped (zbv, dualpipev: two stages per process), stage s < p on process s and stage s >= p on
-    2p - 1 - s, as torch's `generate_stage_to_rank_mapping(style="v")` lays them out."""
-    if kind in V_SHAPED:
-        return [s if s < processes else 2 * processes - 1 - s for s in range(stages)]
-    return [s % processes for s in range(stages)]
+    """The process (pipeline position, `graph.schedule.stage_position`) of each of `stages` stages under schedule
+    `kind`: stage s on process s mod p, or in a V (zbv, dualpipev: stages s and 2p - 1 - s on process s)."""
+    return [stage_position(kind, s, processes) for s in range(stages)]
 
 
 def _named_inputs(module: nn.Module, inputs: Any) -> dict[str, Any]:

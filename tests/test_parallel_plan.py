@@ -37,8 +37,8 @@ def test_pipeline_schedule_of_a_replica() -> None:
     one = ParallelPlan(dp=4, pp=1, microbatches=2, batch=8, schedule="none")
     assert one.pipeline_schedule().kind == "1f1b"  # one device: forward then backward per micro-batch
     assert ParallelPlan(dp=1, pp=2, microbatches=2, batch=2, schedule="zbv").pipeline_schedule().chunks == 2
-    with pytest.raises(ParallelPlanError, match=r"dualpipev schedule .* is not simulated yet"):
-        ParallelPlan(dp=1, pp=2, microbatches=2, batch=2, schedule="dualpipev").pipeline_schedule()
+    dual = ParallelPlan(dp=1, pp=2, microbatches=4, batch=4, schedule="dualpipev").pipeline_schedule()
+    assert (dual.kind, dual.chunks) == ("dualpipev", 2)
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
@@ -51,6 +51,7 @@ def test_pipeline_schedule_of_a_replica() -> None:
     ({"dp": 1, "pp": 2, "microbatches": 2, "batch": 8, "schedule": "1f1b", "chunks": 2}, "one chunk"),
     ({"dp": 1, "pp": 2, "microbatches": 3, "batch": 3, "schedule": "interleaved-1f1b"}, "multiple of 2"),
     ({"dp": 1, "pp": 2, "microbatches": 5, "batch": 5, "schedule": "zero-bubble"}, "in 2 equal rounds"),
+    ({"dp": 1, "pp": 2, "microbatches": 3, "batch": 3, "schedule": "dualpipev"}, "use M >= 4 or zbv"),
     ({"dp": 1, "pp": 2, "microbatches": 2, "batch": 8, "zero": 1}, "dp=1 has none to shard over"),
     ({"dp": 2, "pp": 2, "microbatches": 2, "batch": 8, "zero": 4}, "zero must be one of"),
     ({"dp": 2, "pp": 2, "microbatches": 2, "batch": 8, "zero": (1, 2, 3)}, "3 values for 2 stages"),
@@ -76,7 +77,7 @@ def test_from_dict_refuses_other_documents(doc: object) -> None:
 def plans(draw: st.DrawFn) -> ParallelPlan:
     dp, pp = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     schedule = "none" if pp == 1 else draw(st.sampled_from([s for s in SCHEDULES if s != "none"]))
-    m = pp * draw(st.integers(1, 3))
+    m = pp * draw(st.integers(2 if schedule == "dualpipev" else 1, 3))  # dualpipev: M >= 2 pp
     batch = dp * m * draw(st.integers(1, 3))
     zero = draw(st.lists(st.integers(0, 3 if dp > 1 else 0), min_size=pp, max_size=pp))
     recompute = draw(st.lists(st.sampled_from(["none", "full"]), min_size=pp, max_size=pp))

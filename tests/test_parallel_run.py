@@ -155,8 +155,8 @@ def test_bad_exports_and_runs_are_clear_errors(tmp_path):
     with pytest.raises(PipelineRunError, match="at least as many micro-batches as stages"):
         run_parallel(model, inputs, parallel_export(ParallelPlan(dp=2, pp=2, microbatches=1, batch=8), ["blocks.2"]))
     with pytest.raises(PipelineRunError, match="under one of gpipe, 1f1b"):
-        run_parallel(model, inputs, parallel_export(ParallelPlan(dp=2, pp=2, microbatches=2, batch=8, schedule="zbv"),
-                                                    ["blocks.2"]))
+        run_parallel(model, inputs, parallel_export(ParallelPlan(dp=2, pp=2, microbatches=2, batch=8,
+                                                                 schedule="interleaved-1f1b"), ["blocks.2"]))
     with pytest.raises(PipelineRunError, match="4 equal micro-batches"):  # dp * M pieces of a batch of 6
         run_parallel(model, (inputs[0][:6], inputs[1][:6]), doc)
 

@@ -129,9 +129,11 @@ def test_what_the_runtime_runs_of_a_plan() -> None:
     assert runtime_gap(ParallelPlan(2, 2, 2, 8, "zero-bubble", chunks=1, zero=(0, 3))) == (
         "ZeRO-3 under the zero-bubble schedule")  # torch's split backward of a resharded stage: wrong gradients
     assert runtime_gap(ParallelPlan(2, 2, 2, 8, "zero-bubble", zero=1)) == (
-        "2 chunks per device (a dp x pp run runs one stage per process)")
+        "2 chunks per device (a dp x pp run runs one stage per process, or two in a V)")
     assert runtime_gap(ParallelPlan(1, 2, 2, 2, "zero-bubble")) is None  # no replicas: runs as a pipeline export
-    assert runtime_gap(ParallelPlan(2, 2, 2, 8, "zbv")) == "the zbv schedule"
+    assert runtime_gap(ParallelPlan(2, 2, 2, 8, "zbv", zero=(1, 2), recompute="full")) is None  # two stages a process
+    assert runtime_gap(ParallelPlan(2, 2, 4, 16, "dualpipev", zero=(0, 3))) == "ZeRO-3 under the dualpipev schedule"
+    assert runtime_gap(ParallelPlan(2, 2, 2, 8, "interleaved-1f1b")) == "the interleaved-1f1b schedule"
 
 
 def test_one_table_view_of_a_plan() -> None:

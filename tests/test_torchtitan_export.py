@@ -11,7 +11,13 @@ import typing
 import pytest
 
 from devplace.graph.parallel import ParallelPlan
-from devplace.runtime.parallel_export import TORCH_SCHEDULES, parallel_export, read_parallel, torchtitan_config
+from devplace.runtime.parallel_export import (
+    TORCH_SCHEDULES,
+    parallel_export,
+    pipeline_stages,
+    read_parallel,
+    torchtitan_config,
+)
 
 config = pytest.importorskip("torchtitan.config", reason="the optional extra `titan` (torchtitan) is not installed")
 checkpointing = pytest.importorskip("torchtitan.distributed.activation_checkpoint")
@@ -45,7 +51,7 @@ def _subcommands() -> dict[str, type | None]:
 
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.label)
 def test_the_sections_load_in_torchtitans_config_classes_and_its_parser(plan):
-    points = [f"layers.{i}" for i in range(1, plan.pp)]
+    points = [f"layers.{i}" for i in range(1, pipeline_stages(plan))]  # 2 stages per rank under zbv
     doc = torchtitan_config(read_parallel(parallel_export(plan, points)))
     parallelism = config.ParallelismConfig(**doc["parallelism"])  # unknown field names raise TypeError
     training = config.TrainingConfig(**doc["training"])

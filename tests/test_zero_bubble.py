@@ -15,6 +15,7 @@ from devplace.sim.parallel import simulate_parallel, stage_layout
 from devplace.sim.schedule import (
     BACKWARD,
     FORWARD,
+    FULL,
     WEIGHT,
     Schedule,
     ScheduleError,
@@ -89,6 +90,15 @@ def test_action_orders_are_torchs() -> None:
                 expect = [(kinds[a.computation_type.value], 0 if a.stage_index == r else 1, a.microbatch_index)
                           for a in torch_ops if a is not None]
                 assert actions(Schedule("zbv", m), p, r) == expect, (p, m, r)
+            if m < 2 * p:  # what torch's DualPipeV refuses, export and run do
+                assert Schedule("dualpipev", m).unrunnable(p) is not None
+                continue
+            for r in range(p):  # an overlapped action (OVERLAP_F_B) is its forward and whole backward in a row
+                torch_ops = schedules.ScheduleDualPipeV._calculate_single_rank_operations(fake, r)
+                flat = [x for a in torch_ops for x in (a.sub_actions or (a,))]
+                expect = [({**kinds, "B": FULL}[a.computation_type.value], 0 if a.stage_index == r else 1,
+                           a.microbatch_index) for a in flat]
+                assert actions(Schedule("dualpipev", m), p, r) == expect, (p, m, r)
 
 
 @pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 4), (4, 8)])
@@ -101,17 +111,19 @@ def test_zb_h1_bubble_is_the_papers(p: int, m: int) -> None:
     assert zb.step_time_s < one_f_one_b.step_time_s
 
 
+@pytest.mark.parametrize("kind", ["zbv", "dualpipev"])
 @pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8)])
-def test_zbv_reaches_the_bound_of_its_last_device(p: int, m: int) -> None:
-    # 2p half stages in a V: device p-1 starts after p-1 half forwards and then works 3m without a gap
+def test_v_schedules_reach_the_bound_of_their_last_device(p: int, m: int, kind: str) -> None:
+    # 2p half stages in a V: device p-1 starts after p-1 half forwards and then works 3m without a gap (DualPipeV
+    # too: its whole backwards and overlapped pairs run back to back there)
     g = zchain(2 * p, 0.5, 0.5, 0.5, microbatches=m)  # one micro-batch's graph: nothing scaled
-    plan = ParallelPlan(dp=1, pp=p, microbatches=m, batch=m, schedule="zbv")
+    plan = ParallelPlan(dp=1, pp=p, microbatches=m, batch=m, schedule=kind)
     pos, chunk = stage_layout(plan, layer(g))
     assert pos.tolist()[:2 * p] == [*range(p), *reversed(range(p))] and chunk.tolist()[p] == 1
     r = simulate_parallel(g, cluster(p, bw=1e9), layer(g), plan)
     assert r.step_time_s == pytest.approx(3 * m + (p - 1) * 0.5)
     with pytest.raises(ScheduleError, match="give chunk_of"):
-        simulate_schedule(g, cluster(p, bw=1e9), pos, Schedule("zbv", m, microbatch_graph=True))
+        simulate_schedule(g, cluster(p, bw=1e9), pos, Schedule(kind, m, microbatch_graph=True))
 
 
 def test_interleaved_zero_bubble_through_a_plan() -> None:
@@ -142,3 +154,20 @@ def test_the_pipeline_placer_cuts_for_zero_bubble_but_not_for_zbv() -> None:
     assert zb.schedule.kind == "zero-bubble" and zb.step_time_s < il.step_time_s
     with pytest.raises(PlacerError, match=r"setting 'schedule' must be one of .*zero-bubble, got 'zbv'"):
         pipeline_plan(g, cluster(2, bw=1e9), g.topo_order, schedule="zbv", microbatches=4)
+
+
+@pytest.mark.parametrize("kind", ["zbv", "dualpipev"])
+def test_v_schedules_relay_along_the_v(kind: str) -> None:
+    # f0 (stage 0, device 0) also feeds f3 (stage 3, device 0 again): torch's runtime passes it on through stages 1
+    # and 2 (both on device 1), so the simulator sends it 0 -> 1 and back 1 -> 0, not nowhere
+    p, m = 2, 4
+    g = zchain(2 * p, microbatches=m)
+    extra = {"src": "f0", "dst": "f3", "bytes": 8, "tensor": 1}
+    skip = CompGraph.build("skip", [g.node_record(v) for v in range(g.num_nodes)],
+                           [*(g.edge_record(e) for e in range(g.num_edges)), extra], g.meta)
+    plan = ParallelPlan(dp=1, pp=p, microbatches=m, batch=m, schedule=kind)
+    r = simulate_parallel(skip, cluster(p, bw=1e9), layer(skip), plan).pipelines[0]
+    t = r.transfers
+    hops = sorted((int(a), int(b)) for a, b, x, n in zip(t.src_dev, t.dst_dev, t.node, t.nbytes, strict=True)
+                  if skip.ids[x] == "f0" and n == 8)
+    assert hops == [(0, 1)] * m + [(1, 0)] * m

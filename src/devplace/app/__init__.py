@@ -49,6 +49,7 @@ from devplace.files import (
 from devplace.graph import load_graph, load_placement
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.parallel import ParallelAsk
+from devplace.graph.schedule import V_SHAPED
 from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.hardware.cost import CostTable, apply_overheads, check_table_fits
 from devplace.orders.auto import Recommendation, load_order_model, recommend_order
@@ -144,6 +145,12 @@ def check_pipeline_settings(placer: str, cluster: Cluster, settings: dict[str, A
     pipeline settings (`schedule`, `microbatches`, `chunks`) given to a placer that has none, or invalid for the
     `pipeline` placer on `cluster` (bad kind, M < 1, chunks for a one-chunk schedule, interleaved M not a
     multiple of the devices, M that does not divide `batch` when it is known)."""
+    kind = settings.get("schedule")
+    if kind in V_SHAPED:  # before the placer's own check, which would only list the kinds it cuts for
+        raise DevplaceError(f"no placer cuts for {kind}: its V runs stages p - 1 and p on one device, which a "
+                            "placement cannot hold; place with --placer pipeline --schedule interleaved-1f1b (or "
+                            f"zero-bubble) --chunks 2, then `devplace export PLAN --format parallel --schedule {kind}` "
+                            "lays its stages out as a V for `devplace run --parallel`")
     given = [k for k in PIPELINE_SETTINGS if k in settings]
     if placer != AUTO_PLACER and not (given and any(k not in get_placer(placer).settings for k in given)):
         get_placer(placer).validate(settings)  # (pipeline settings to another placer: the message below)

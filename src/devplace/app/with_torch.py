@@ -63,7 +63,7 @@ from devplace.graph import save_graph
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.parallel import RUN_SCHEDULES, ParallelAsk, ParallelPlan, runtime_gap
+from devplace.graph.parallel import RUN_SCHEDULES, V_SHAPED, ParallelAsk, ParallelPlan, runtime_gap
 from devplace.hardware.cluster import Cluster, Device, load_cluster
 from devplace.hardware.cost import CostTable, apply_overheads, check_table_fits, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
@@ -650,13 +650,13 @@ def check_runs(p: Plan, where: Path) -> None:
 
 
 def is_parallel(p: Plan) -> bool:
-    """True when plan `p` holds a parallel plan with data-parallel replicas, ZeRO or recomputation: `devplace run`
-    runs it in dp * pp processes (`run_plan_parallel`)."""
+    """True when plan `p` holds a parallel plan with data-parallel replicas, ZeRO, recomputation or a V-shaped
+    schedule (two stages per device): `devplace run` runs it in dp * pp processes (`run_plan_parallel`)."""
     doc = p.placement.meta.get("parallel")
     if doc is None:
         return False
     plan = ParallelPlan.from_dict(doc)
-    return plan.dp > 1 or max(plan.zero) > 0 or "full" in plan.recompute
+    return plan.dp > 1 or max(plan.zero) > 0 or "full" in plan.recompute or plan.schedule in V_SHAPED
 
 
 def is_pipelined(p: Plan) -> bool:
@@ -798,7 +798,10 @@ def parallel_plan_doc(p: Plan, *, dp: int | None = None, zero: int | None = None
     of the arguments is an error. Otherwise the plan made of `p`'s pipeline: its stages and schedule
     (`schedule`/`microbatches` replace them), `dp` replicas of it sharing the plan's batch (each runs
     batch / dp in the schedule's M micro-batches), ZeRO stage `zero` and recomputation `recompute` on every
-    stage (defaults 1, 0, "none"); that plan is not simulated here."""
+    stage (defaults 1, 0, "none"); that plan is not simulated here. `schedule` zbv or dualpipev lays a pipeline
+    placed with 2 chunks per device (interleaved-1f1b or zero-bubble, `--chunks 2`) out as a V: the same 2p stages,
+    stage s on device position s and 2p - 1 - s (a placement cannot hold the V itself: the turn's two stages
+    would share a device)."""
     src = p.settings.get("source")
     source = src if isinstance(src, dict) and src else None
     recorded = p.placement.meta.get("parallel")
@@ -817,8 +820,16 @@ def parallel_plan_doc(p: Plan, *, dp: int | None = None, zero: int | None = None
         return (parallel_export(plan, split.split_points, source=source, precision=precision_record(p)), plan,
                 f"simulated step {fmt_time(p.result.step_time_s)} (the search's)")
     sched = _export_schedule(p, schedule, microbatches)
-    split = pipeline_split(p.graph, p.placement, p.cluster, schedule=sched)
-    assert split.schedule is not None  # pipeline_split always sets one
+    v_shaped = sched is not None and sched.kind in V_SHAPED
+    placed = p.placement.schedule
+    if v_shaped and (placed is None or int(placed.chunks or 1) != 2):
+        raise DevplaceError(f"--schedule {schedule} lays the 2p stages of a pipeline placed with 2 chunks per device "
+                            "out as a V; place the plan with --schedule interleaved-1f1b (or zero-bubble) --chunks 2 "
+                            "and export that")
+    # a V's stages are those of its 2-chunk placement, laid out again
+    split = pipeline_split(p.graph, p.placement, p.cluster, schedule=placed if v_shaped else sched)
+    if v_shaped:
+        split = replace(split, schedule=sched)
     batch = source.get("batch") if source is not None else None
     if not isinstance(batch, int):  # the step's batch: the graph's, times M where it is one micro-batch of it
         batch = graph_batch(p.graph)
@@ -826,7 +837,8 @@ def parallel_plan_doc(p: Plan, *, dp: int | None = None, zero: int | None = None
     if batch is None:
         raise DevplaceError("the plan does not record its batch size, which a parallel plan splits over its "
                             "replicas; save the plan of a --model (`devplace place --model ... --save-plan`)")
-    pp = len(split.devices)
+    pp = len(set(split.devices)) if v_shaped else len(split.devices)
+    assert split.schedule is not None  # pipeline_split always sets one
     plan = ParallelPlan(dp=1 if dp is None else dp, pp=pp, microbatches=split.schedule.microbatches, batch=batch,
                         schedule=split.schedule.kind if pp > 1 else "none",
                         chunks=int(split.schedule.chunks or 1) if pp > 1 else None,  # ZB-H1 keeps its one chunk

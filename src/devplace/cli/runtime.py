@@ -173,7 +173,9 @@ def export_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", parser=output_path,
                                                 help="write the JSON here (default: stdout)")] = None,
     schedule: Annotated[str | None, typer.Option(help="pipeline, parallel, torchtitan: schedule kind, gpipe or "
-                                                 "1f1b (default: the placement's, else 1f1b)")] = None,
+                                                 "1f1b (default: the placement's, else 1f1b); parallel, torchtitan "
+                                                 "of a plan placed with --chunks 2: also zbv or dualpipev (its "
+                                                 "stages laid out as a V)")] = None,
     microbatches: Annotated[int | None, typer.Option(help="pipeline, parallel, torchtitan: micro-batches per step "
                                                      "(per replica; default: the placement's, else one per "
                                                      "stage)")] = None,

@@ -22,10 +22,9 @@ from typing import Any
 
 from devplace.defaults import MAX_MICROBATCHES
 from devplace.errors import DevplaceError
-from devplace.graph.schedule import Schedule
+from devplace.graph.schedule import V_SHAPED, Schedule
 
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "dualpipev")
-V_SHAPED = ("zbv", "dualpipev")  # two chunks per device, the second running the stages back
 MULTI_CHUNK = ("interleaved-1f1b", "zero-bubble", *V_SHAPED)  # kinds that may run several chunks per device
 RECOMPUTE = ("none", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -140,6 +139,9 @@ class ParallelPlan:
             raise ParallelPlanError(f"parallel plan: zero-bubble runs M={m} micro-batches in {rounds} equal rounds "
                                     f"(torch's rule: M // pp of them), which {m} does not split; use a multiple of "
                                     f"{pp} or an M below {pp}")
+        if kind == "dualpipev" and m < 2 * pp:
+            raise ParallelPlanError(f"parallel plan: dualpipev runs at least as many micro-batches as stages (2 per "
+                                    f"device: {2 * pp}), got M={m}; use M >= {2 * pp} or zbv")
         object.__setattr__(self, "chunks", chunks)
 
     @property
@@ -162,12 +164,7 @@ class ParallelPlan:
 
     def pipeline_schedule(self, replica: int = 0, microbatch_graph: bool = False) -> Schedule:
         """The `Schedule` one replica's pipeline runs ("none": 1F1B on one device, which runs each micro-batch's
-        forward then its backward). ParallelPlanError for dualpipev, which `Schedule` cannot express (it overlaps
-        a forward and a backward in one action)."""
-        if self.schedule == "dualpipev":
-            raise ParallelPlanError("parallel plan: the dualpipev schedule (a forward and a backward of two "
-                                    "micro-batches overlapped in one action) is not simulated yet; use zbv, "
-                                    "zero-bubble, 1f1b, interleaved-1f1b or gpipe")
+        forward then its backward)."""
         kind = "1f1b" if self.schedule == "none" else self.schedule
         return Schedule(kind, self.microbatches, self.chunks, microbatch_graph, self.replica(replica))
 
@@ -250,21 +247,23 @@ class ParallelAsk:
 
 
 # the pipeline schedules devplace's runtime runs a parallel plan under (`runtime.parallel_run.SCHEDULES`, which
-# graph/ may not import; tests/test_parallel_search.py checks the two agree); zero-bubble with one chunk (ZB-H1)
-RUN_SCHEDULES = ("gpipe", "1f1b", "zero-bubble")
+# graph/ may not import; tests/test_parallel_search.py checks the two agree); zero-bubble with one chunk (ZB-H1),
+# zbv and dualpipev with their two in a V
+RUN_SCHEDULES = ("gpipe", "1f1b", "zero-bubble", *V_SHAPED)
 
 
 def runtime_gap(plan: ParallelPlan) -> str | None:
     """What of `plan` devplace's runtime does not run, or None when it runs all of it: `devplace run` runs dp
-    replicas of one pipeline under one of `RUN_SCHEDULES` (or of one stage), one stage per process, with ZeRO 0-3
-    and recomputation per stage (`runtime.parallel_run`); other schedules not yet, and not ZeRO-3 under zero
-    bubble: torch's split backward of a stage that `fully_shard` reshards after forward gives wrong gradients
-    (measured on a 2 x 2 plan: the ZeRO-3 stage's gradients differ from the one-process step; ZeRO 0-2 match)."""
+    replicas of one pipeline under one of `RUN_SCHEDULES` (or of one stage), one stage per process (two in a V),
+    with ZeRO 0-3 and recomputation per stage (`runtime.parallel_run`); other schedules not yet, and not ZeRO-3
+    under a zero-bubble schedule (zero-bubble, zbv, dualpipev): torch's split backward of a stage that
+    `fully_shard` reshards after forward gives wrong gradients (measured on a 2 x 2 ZB-H1 plan: the ZeRO-3
+    stage's gradients differ from the one-process step; ZeRO 0-2 match)."""
     if plan.schedule not in ("none", *RUN_SCHEDULES):
         return f"the {plan.schedule} schedule"
     parallel = plan.dp > 1 or max(plan.zero) > 0 or "full" in plan.recompute  # else it runs as a pipeline
-    if parallel and plan.chunks != 1:
-        return f"{plan.chunks} chunks per device (a dp x pp run runs one stage per process)"
-    if plan.schedule == "zero-bubble" and 3 in plan.zero:
-        return "ZeRO-3 under the zero-bubble schedule"
+    if parallel and plan.chunks != 1 and plan.schedule not in V_SHAPED:
+        return f"{plan.chunks} chunks per device (a dp x pp run runs one stage per process, or two in a V)"
+    if plan.schedule in ("zero-bubble", *V_SHAPED) and 3 in plan.zero:
+        return f"ZeRO-3 under the {plan.schedule} schedule"
     return None

@@ -11,8 +11,18 @@ from typing import Any
 from devplace.defaults import MAX_CHUNKS, MAX_MICROBATCHES
 from devplace.errors import DevplaceError
 
-KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv")
-MULTI_CHUNK = ("interleaved-1f1b", "zbv")  # kinds that need (or, for zbv, have exactly) two or more chunks
+KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "dualpipev")
+V_SHAPED = ("zbv", "dualpipev")  # two chunks per device in a V: device r runs stages r and 2p - 1 - r
+MULTI_CHUNK = ("interleaved-1f1b", *V_SHAPED)  # kinds that need (or, V-shaped, have exactly) two or more chunks
+
+
+def stage_position(kind: str, stage: int, positions: int) -> int:
+    """The pipeline position (device, or process) of pipeline stage `stage` of a pipeline of `positions` under
+    schedule `kind`: stage mod p, round the positions (one or several chunks each), or, V-shaped (zbv, dualpipev),
+    stage s < p at position s and s >= p at 2p - 1 - s (torch's `generate_stage_to_rank_mapping(style="v")`)."""
+    if kind in V_SHAPED:
+        return stage if stage < positions else 2 * positions - 1 - stage
+    return stage % positions
 
 
 class ScheduleError(DevplaceError):
@@ -30,9 +40,9 @@ def _int_at_least(value: object, name: str, low: int, high: int | None = None) -
 @dataclass(frozen=True)
 class Schedule:
     """A micro-batch pipeline schedule: `kind` ("gpipe", "1f1b", "interleaved-1f1b", or torch's zero-bubble
-    schedules "zero-bubble" (interleaved zero bubble, ZB1P) and "zbv"), `microbatches` M, `chunks` V (model
-    chunks per device: 1 for gpipe and 1f1b; interleaved-1f1b at least 2; zero-bubble any; zbv exactly 2, in a V;
-    default 2 where more than 1 is possible), and
+    schedules "zero-bubble" (interleaved zero bubble, ZB1P), "zbv" and "dualpipev"), `microbatches` M, `chunks` V
+    (model chunks per device: 1 for gpipe and 1f1b; interleaved-1f1b at least 2; zero-bubble any; zbv and
+    dualpipev exactly 2, in a V; default 2 where more than 1 is possible), and
     `microbatch_graph` (True: the graph given to the simulator was captured at batch/M, so nothing is scaled;
     False: it is the whole batch's step and forward/backward ops are scaled by 1/M), and `device_order` (the
     devices in pipeline order, stage 0's first; None: by index), so that any device can run any stage."""
@@ -51,8 +61,8 @@ class Schedule:
         multi = self.kind in MULTI_CHUNK
         default = 2 if multi or self.kind == "zero-bubble" else 1
         chunks = default if self.chunks is None else _int_at_least(self.chunks, "chunks", 1, MAX_CHUNKS)
-        if self.kind == "zbv" and chunks != 2:
-            raise ScheduleError(f"Schedule: zbv runs two model chunks per device (a V), got chunks={chunks}")
+        if self.kind in V_SHAPED and chunks != 2:
+            raise ScheduleError(f"Schedule: {self.kind} runs two model chunks per device (a V), got chunks={chunks}")
         if multi and chunks < 2:
             raise ScheduleError(f"Schedule: interleaved-1f1b needs chunks >= 2 (model chunks per device), got "
                                 f"{chunks}; with one chunk per device use kind='1f1b'")
@@ -75,8 +85,12 @@ class Schedule:
         1F1B, M a multiple of max(1, M // devices), which M a multiple of the devices (Megatron-LM's order, what
         the simulator runs) satisfies, on 2 or more devices (its chunks go round the devices: one device makes no
         round, and its stages would be one); its interleaved zero bubble (any chunks), M a multiple of those rounds
-        (fewer micro-batches than devices run too: torch's zero bubble has no 1F1B fill rule). GPipe runs any M."""
+        (fewer micro-batches than devices run too: torch's zero bubble has no 1F1B fill rule); its DualPipeV, at
+        least as many micro-batches as stages (2 per device). GPipe and ZBV run any M."""
         m = self.microbatches
+        if self.kind == "dualpipev" and m < 2 * devices:
+            return (f"dualpipev runs at least as many micro-batches as stages: {m} micro-batch(es) for {2 * devices} "
+                    f"stages (2 per device); use {2 * devices} or more micro-batches, or the zbv schedule")
         if self.kind == "1f1b" and m < devices:
             return (f"1f1b runs at least as many micro-batches as stages: {m} micro-batch(es) for {devices} stages; "
                     f"use {devices} or more micro-batches, or the gpipe schedule")

@@ -26,7 +26,7 @@ from devplace.graph.placement import Placement, runtime_placement
 from devplace.hardware.cluster import Cluster
 from devplace.runtime.module_map import placement_from_module_map
 from devplace.sim import simulate
-from devplace.sim.schedule import Schedule, ScheduleError
+from devplace.sim.schedule import V_SHAPED, Schedule, ScheduleError
 from devplace.units import fmt_time
 
 __all__ = ["PIPELINE_FORMAT", "PRECISIONS", "DeviceMap", "ExportError", "PipelineExport", "PipelineSplit",
@@ -257,7 +257,12 @@ def read_pipeline(source: str | Path | Mapping[str, Any]) -> PipelineExport:
         raise ExportError(f"{where}: {exc}") from None
     chunks = int(schedule.chunks or 1)
     p = len(devices) // chunks
-    if len(devices) % chunks or len(set(devices)) != p or any(d != devices[i % p] for i, d in enumerate(devices)):
+    if schedule.kind in V_SHAPED:  # stage s and stage 2p - 1 - s on one device
+        if len(devices) % 2 or len(set(devices)) != p or devices != devices[:p] + devices[:p][::-1]:
+            raise ExportError(f"{where}: a {schedule.kind} schedule runs 2p stages on p devices in a V (stages s and "
+                              f"2p - 1 - s on one device, the first p on distinct devices), got stage_devices "
+                              f"{devices}")
+    elif len(devices) % chunks or len(set(devices)) != p or any(d != devices[i % p] for i, d in enumerate(devices)):
         raise ExportError(f"{where}: a {schedule.kind} schedule with {chunks} chunk(s) per device runs stage s on "
                           f"the device of stage s mod p ({chunks} stages per device, the devices distinct within "
                           f"each round), got stage_devices {devices}")
@@ -349,6 +354,11 @@ def pipeline_split(graph: CompGraph, placement: Placement, cluster: Cluster | No
     which must go round the devices V times in one order.
     """
     schedule = schedule or placement.schedule
+    if schedule is not None and schedule.kind in V_SHAPED:
+        raise ExportError(f"a placement cannot be exported as a pipeline under {schedule.kind}: its V runs stages "
+                          "p - 1 and p on one device, which a placement does not tell apart; export a plan placed "
+                          f"with --chunks 2 as --format parallel --schedule {schedule.kind} (its 2p stages laid out "
+                          "as a V), or as a pipeline under zero-bubble or 1f1b")
     devs = _module_devices(graph, placement)
     fwd = forward_ops(graph)
     if not fwd:

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devplace.graph.parallel import ParallelPlan, ParallelPlanError
+from devplace.graph.parallel import V_SHAPED, ParallelPlan, ParallelPlanError
+from devplace.graph.schedule import stage_position
 from devplace.runtime.export import ExportError, read_export_doc, read_precision
 
 __all__ = ["PARALLEL_FORMAT", "TORCHTITAN_FORMAT", "ParallelExport", "data_parallel_of", "parallel_export",
-           "read_parallel", "torchtitan_config"]
+           "pipeline_stages", "read_parallel", "torchtitan_config"]
 
 PARALLEL_FORMAT = "devplace.parallel/1"
 
@@ -59,21 +60,29 @@ class ParallelExport:
         return read_precision(self.doc, "the parallel export")
 
 
+def pipeline_stages(plan: ParallelPlan) -> int:
+    """The pipeline stages of `plan`: pp, or 2 pp under a V-shaped schedule (zbv, dualpipev: position s of the
+    pipeline runs stages s and 2 pp - 1 - s)."""
+    return 2 * plan.pp if plan.schedule in V_SHAPED else plan.pp
+
+
 def parallel_export(plan: ParallelPlan, split_points: Sequence[str], *, source: Mapping[str, Any] | None = None,
                     simulated_step_s: float | None = None,
                     precision: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The `devplace.parallel/1` document of `plan` with its pipeline cut at `split_points` (pp - 1 module names,
-    in program order), the model `source` it was planned for (a zoo name with batch and sequence length, so that
-    `devplace run --parallel` can rebuild it), its simulated step and the `precision` its steps run in
-    (`runtime.run.precision_record`; none: fp32). ExportError when the points do not make `plan.pp` stages."""
+    """The `devplace.parallel/1` document of `plan` with its pipeline cut at `split_points` (`pipeline_stages` - 1
+    module names, in program order: pp - 1, or 2 pp - 1 under a V), the model `source` it was planned for (a zoo
+    name with batch and sequence length, so that `devplace run --parallel` can rebuild it), its simulated step and
+    the `precision` its steps run in (`runtime.run.precision_record`; none: fp32). ExportError when the points do
+    not make that many stages."""
     points = list(split_points)
-    if len(points) != plan.pp - 1 or len(set(points)) != len(points):
-        raise ExportError(f"a plan of pp={plan.pp} stages is cut at {plan.pp - 1} distinct module(s), got "
-                          f"{points}")
-    stages = [{"stage": s, "begins_at": points[s - 1] if s else None, "devices": list(plan.stage_group(s)),
-               "data_parallel": data_parallel_of(plan.zero[s], plan.dp),
-               "activation_checkpointing": "per block" if plan.recompute[s] == "full" else "none"}
-              for s in range(plan.pp)]
+    k = pipeline_stages(plan)
+    if len(points) != k - 1 or len(set(points)) != len(points):
+        raise ExportError(f"a plan of {k} pipeline stages (pp={plan.pp}, {plan.schedule}) is cut at {k - 1} distinct "
+                          f"module(s), got {points}")
+    stages = [{"stage": s, "begins_at": points[s - 1] if s else None, "devices": list(plan.stage_group(pos)),
+               "data_parallel": data_parallel_of(plan.zero[pos], plan.dp),
+               "activation_checkpointing": "per block" if plan.recompute[pos] == "full" else "none"}
+              for s, pos in ((s, stage_position(plan.schedule, s, plan.pp)) for s in range(k))]
     doc: dict[str, Any] = {"format": PARALLEL_FORMAT, "parallel": plan.to_dict(),
                            "split_points": [{"module": m, "point": "beginning"} for m in points],
                            "stages": stages, "simulated_step_s": simulated_step_s}
@@ -86,7 +95,7 @@ def parallel_export(plan: ParallelPlan, split_points: Sequence[str], *, source: 
 
 def read_parallel(source: str | Path | Mapping[str, Any]) -> ParallelExport:
     """A parallel export (a `devplace.parallel/1` file or its parsed document), checked: a valid `ParallelPlan`
-    and pp - 1 distinct split points. An ExportError says what is wrong."""
+    and `pipeline_stages` - 1 distinct split points. An ExportError says what is wrong."""
     doc, where = read_export_doc(source, PARALLEL_FORMAT, "parallel")
     try:
         plan = ParallelPlan.from_dict(doc.get("parallel"))
@@ -98,9 +107,10 @@ def read_parallel(source: str | Path | Mapping[str, Any]) -> ParallelExport:
         raise ExportError(f"{where}: split_points must be a list of {{\"module\": NAME, \"point\": \"beginning\"}}, "
                           f"got {points!r}")
     names = tuple(p["module"] for p in points)
-    if len(names) != plan.pp - 1 or len(set(names)) != len(names):
-        raise ExportError(f"{where}: a plan of pp={plan.pp} stages needs {plan.pp - 1} distinct split point(s), got "
-                          f"{list(names)}")
+    k = pipeline_stages(plan)
+    if len(names) != k - 1 or len(set(names)) != len(names):
+        raise ExportError(f"{where}: a plan of {k} pipeline stages (pp={plan.pp}, {plan.schedule}) needs {k - 1} "
+                          f"distinct split point(s), got {list(names)}")
     src = doc.get("source")
     if src is not None and not isinstance(src, dict):
         raise ExportError(f"{where}: source must be an object (the plan's model source), got {src!r}")

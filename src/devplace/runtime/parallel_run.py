@@ -53,14 +53,16 @@ from devplace.runtime.pipeline_run import (
     _tied,
     _trace,
     autocast_stage,
-    split_backward,
     stage_loss,
+    stage_ranks,
+    torch_schedule,
 )
-from devplace.sim.schedule import Schedule
+from devplace.sim.schedule import V_SHAPED, Schedule
 
 __all__ = ["SCHEDULES", "ParallelRun", "checkpoint_blocks", "run_parallel"]
 
-SCHEDULES = ("gpipe", "1f1b", "zero-bubble")  # one stage per process (graph.parallel.RUN_SCHEDULES names the same)
+# one stage per process, or two in a V (zbv, dualpipev); graph.parallel.RUN_SCHEDULES names the same
+SCHEDULES = ("gpipe", "1f1b", "zero-bubble", *V_SHAPED)
 
 
 @dataclass
@@ -139,13 +141,12 @@ def _full(grad: torch.Tensor) -> torch.Tensor:
 
 
 def _process(rank: int, job: _Job) -> None:
-    """Join the gloo world, make the mesh's groups, build stage s of replica r as the plan says, run the steps,
-    save what the parent reads."""
+    """Join the gloo world, make the mesh's groups, build the stages of position s of replica r as the plan says
+    (stage s, and stage 2 pp - 1 - s under a V-shaped schedule), run the steps, save what the parent reads."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleavedZeroBubble
     from torch.distributed.pipelining.stage import _PipelineStage
     from torch.distributed.tensor import DTensor
     from torch.export.unflatten import InterpreterModule
@@ -155,48 +156,50 @@ def _process(rank: int, job: _Job) -> None:
     r, s = divmod(rank, job.pp)
     torch.manual_seed(job.seed)
     torch.set_num_threads(1)  # the processes share the cores
-    mod, info = pickle.loads(job.stages[s])
-    for sub in mod.modules():  # their generated code, not the node-by-node interpreter (as run_pipeline does)
-        if isinstance(sub, InterpreterModule):
-            sub._run_with_interpreter = False
+    on = stage_ranks(job.schedule.kind, len(job.stages), job.pp)  # each stage's position in the pipeline
+    mine = [i for i in range(len(job.stages)) if on[i] == s]
+    loaded = [pickle.loads(job.stages[i]) for i in mine]
+    for mod, _ in loaded:
+        for sub in mod.modules():  # their generated code, not the node-by-node interpreter (as run_pipeline does)
+            if isinstance(sub, InterpreterModule):
+                sub._run_with_interpreter = False
     dist.init_process_group("gloo", init_method=f"file://{job.folder}/rendezvous", rank=rank,
                             world_size=job.dp * job.pp, timeout=timedelta(seconds=job.timeout_s))
     try:
-        params = dict(mod.named_parameters())
+        params = {(i, n): p for i, (mod, _) in zip(mine, loaded, strict=True) for n, p in mod.named_parameters()}
         mesh = init_device_mesh("cpu", (job.dp, job.pp), mesh_dim_names=("dp", "pp"))
         dp_group = mesh.get_group("dp")
         # a tied parameter's copies in several stages of one replica: a group per replica (new_group is collective:
         # every process makes every group, in the same order)
         ties = []
         for users in job.tied:
-            stages = sorted({st for st, _ in users})
-            groups = [dist.new_group([q * job.pp + st for st in stages]) if len(stages) > 1 else None
+            positions = sorted({on[st] for st, _ in users})
+            groups = [dist.new_group([q * job.pp + pos for pos in positions]) if len(positions) > 1 else None
                       for q in range(job.dp)]
             # a name the unpickled stage no longer lists is the same tensor as another it does (pickling keeps
             # one object per storage): its gradient is that one's
-            ties.append((groups[r], [n for st, n in users if st == s and n in params]))
-        checkpointed = checkpoint_blocks(mod) if job.recompute[s] == "full" else []
-        autocast_stage(mod, job.autocast)
+            ties.append((groups[r], [(st, n) for st, n in users if on[st] == s and (st, n) in params]))
+        checkpointed = [name for mod, _ in loaded for name in checkpoint_blocks(mod)] if job.recompute[s] == "full" \
+            else []
         zero, sharded = job.zero[s], job.dp > 1 and job.zero[s] >= 2
         mean = job.loss_reduction == "mean"
-        if sharded:
-            fully_shard(mod, mesh=mesh["dp"], reshard_after_forward=zero == 3)
-        stage = _PipelineStage(mod, s, info, torch.device("cpu"), group=mesh.get_group("pp"))
-        loss = stage_loss(job.loss_fn, job.autocast)
-
+        stages = []
+        for i, (mod, info) in zip(mine, loaded, strict=True):
+            autocast_stage(mod, job.autocast)
+            if sharded:
+                fully_shard(mod, mesh=mesh["dp"], reshard_after_forward=zero == 3)
+            stages.append(_PipelineStage(mod, i, info, torch.device("cpu"), group=mesh.get_group("pp")))
         m = job.schedule.microbatches
-        if job.schedule.kind == "zero-bubble":  # ZB-H1: torch's interleaved zero bubble with one stage a process
-            split_backward([stage])
-            sched: Any = ScheduleInterleavedZeroBubble([stage], m, loss_fn=loss, scale_grads=mean)
-        else:
-            sched = (ScheduleGPipe if job.schedule.kind == "gpipe" else Schedule1F1B)(stage, m, loss_fn=loss,
-                                                                                      scale_grads=mean)
-        params = dict(mod.named_parameters())  # under fully_shard: its sharded parameters
-        local = _make_optimizer(job.optimizer, [p for p in params.values() if p.requires_grad])
+        sched = torch_schedule(job.schedule.kind, stages, m, stage_loss(job.loss_fn, job.autocast), mean)
+        # under fully_shard: its sharded parameters
+        params = {(i, n): p for i, (mod, _) in zip(mine, loaded, strict=True) for n, p in mod.named_parameters()}
+        trained = [p for p in params.values() if p.requires_grad]
+        local = _make_optimizer(job.optimizer, trained)
         opt: Any = local
         if local is not None and zero == 1 and job.dp > 1:
-            opt = ZeroRedundancyOptimizer([p for p in params.values() if p.requires_grad],
-                                          optimizer_class=type(local), process_group=dp_group, **local.defaults)
+            opt = ZeroRedundancyOptimizer(trained, optimizer_class=type(local), process_group=dp_group,
+                                          **local.defaults)
+        first, last = any(st.is_first for st in stages), any(st.is_last for st in stages)
         losses: list[float] = []
         times: list[float] = []
         grads: dict[str, torch.Tensor] = {}
@@ -204,8 +207,8 @@ def _process(rank: int, job: _Job) -> None:
             dist.barrier()
             t0 = time.perf_counter()
             mb_losses: list[torch.Tensor] = []
-            sched.step(arg_mbs=[()] * m, kwarg_mbs=job.microbatches[r] if stage.is_first else [{}] * m,
-                       target_mbs=[None] * m, losses=mb_losses if stage.is_last else None, return_outputs=False)
+            sched.step(arg_mbs=[()] * m, kwarg_mbs=job.microbatches[r] if first else [{}] * m,
+                       target_mbs=[None] * m, losses=mb_losses if last else None, return_outputs=False)
             for group, names in ties:  # a tied parameter's gradient is the sum over its copies in the replica
                 if not names:
                     continue
@@ -225,18 +228,19 @@ def _process(rank: int, job: _Job) -> None:
                     elif p.grad is not None and not mean:  # gloo has no pre-multiplied sum to make it a sum
                         p.grad.mul_(job.dp)
             if step == 0 and job.return_grads:
-                grads = {n: _full(p.grad) for n, p in params.items() if p.grad is not None}
+                grads = {n: _full(p.grad) for (_, n), p in params.items() if p.grad is not None}
             if opt is not None:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             else:
-                mod.zero_grad(set_to_none=True)
+                for mod, _ in loaded:
+                    mod.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - t0)
-            if stage.is_last:
+            if last:
                 total = torch.stack([v.detach() for v in mb_losses]).sum()
                 losses.append(float(total / m if mean else total))
         setup = {"checkpointed": checkpointed, "optimizer": type(opt).__name__ if opt is not None else None,
-                 "sharded": any(isinstance(p, DTensor) for p in mod.parameters())}
+                 "sharded": any(isinstance(p, DTensor) for mod, _ in loaded for p in mod.parameters())}
         torch.save({"losses": losses, "times": times, "grads": grads, "setup": setup},
                    Path(job.folder) / f"rank{rank}.pt")
     finally:
@@ -248,11 +252,13 @@ def _check(module: nn.Module, ex: ParallelExport, steps: int) -> None:
     gap = runtime_gap(plan)
     if gap is not None:
         raise PipelineRunError(f"devplace run does not run {gap}: a parallel run pipelines its stages under one of "
-                               f"{', '.join(SCHEDULES)} (one stage: 'none'), one stage per process, ZeRO-3 not under "
-                               "zero-bubble (torch's split backward of a resharded stage gives wrong gradients)")
-    if plan.schedule == "1f1b" and plan.microbatches < plan.pp:
-        raise PipelineRunError(f"1f1b runs at least as many micro-batches as stages: M={plan.microbatches} for "
-                               f"pp={plan.pp}; use M >= {plan.pp} or gpipe")
+                               f"{', '.join(SCHEDULES)} (one stage: 'none'), one stage per process (two in a V), "
+                               "ZeRO-3 not under a zero-bubble schedule (torch's split backward of a resharded stage "
+                               "gives wrong gradients)")
+    if plan.schedule != "none":
+        why = plan.pipeline_schedule().unrunnable(plan.pp)
+        if why is not None:
+            raise PipelineRunError(why)
     if steps < 1:
         raise PipelineRunError(f"steps must be at least 1, got {steps}")
     known = dict(module.named_modules())
@@ -291,23 +297,27 @@ def run_parallel(module: nn.Module, inputs: Any, export: ParallelExport | Mappin
     pieces = _microbatches(_named_inputs(module, inputs), plan.dp * plan.microbatches)
     replicas = [pieces[q * plan.microbatches:(q + 1) * plan.microbatches] for q in range(plan.dp)]
     # one stage ("none") runs its micro-batches one after another, all forwards then all backwards: GPipe's order
-    schedule = Schedule("gpipe" if plan.schedule == "none" else plan.schedule, plan.microbatches, 1)
-    pipe = _trace(module, PipelineExport(ex.split_points, plan.replica(0), schedule, ex.source, ex.doc), pieces[0],
-                  autocast)
+    schedule = Schedule("gpipe" if plan.schedule == "none" else plan.schedule, plan.microbatches,
+                        plan.chunks if plan.schedule in V_SHAPED else 1)
+    stages = len(ex.split_points) + 1  # pp, or 2 pp in a V
+    on = stage_ranks(schedule.kind, stages, plan.pp)  # each stage's position in the pipeline
+    replica = plan.replica(0)
+    pipe = _trace(module, PipelineExport(ex.split_points, tuple(replica[pos] for pos in on), schedule, ex.source,
+                                         ex.doc), pieces[0], autocast)
     tied = _tied(pipe, module)
-    shared = sorted({st for users in tied for st, _ in users if plan.zero[st] >= 2})
+    shared = sorted({st for users in tied for st, _ in users if plan.zero[on[st]] >= 2})
     if shared and plan.dp > 1:
         raise PipelineRunError(f"stage(s) {shared} hold a copy of a tied parameter (held by several stages), which "
                                "a ZeRO-2/3 (fully_shard) stage does not run here; use zero 0 or 1 for them")
     n = plan.dp * plan.pp
     with tempfile.TemporaryDirectory(prefix="devplace-parallel-") as folder:
-        job = _Job(folder, [_dump_stage(pipe, st) for st in range(plan.pp)], tied, plan.dp, plan.pp, plan.zero,
+        job = _Job(folder, [_dump_stage(pipe, st) for st in range(stages)], tied, plan.dp, plan.pp, plan.zero,
                    plan.recompute, schedule, replicas, steps, optimizer, loss_fn, loss_reduction, return_grads, seed,
                    timeout_s, autocast)
         _spawn(_process, job, n, "a parallel process failed (process r * pp + s runs stage s of replica r)", "process")
         results = [torch.load(Path(folder) / f"rank{q}.pt") for q in range(n)]
     times = [max(res["times"][i] for res in results) for i in range(steps)]
-    lasts = [results[q * plan.pp + plan.pp - 1]["losses"] for q in range(plan.dp)]
+    lasts = [results[q * plan.pp + on[-1]]["losses"] for q in range(plan.dp)]  # the processes of the last stage
     combine = statistics.fmean if loss_reduction == "mean" else math.fsum
     losses = [combine(lst[i] for lst in lasts) for i in range(steps)]
     grads: dict[str, torch.Tensor] = {}

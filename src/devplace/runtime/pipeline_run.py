@@ -46,14 +46,16 @@ import torch
 from torch import nn
 
 from devplace.errors import DevplaceError
+from devplace.graph.schedule import stage_position
 from devplace.runtime.export import PipelineExport, read_pipeline
 from devplace.runtime.run import cpu_autocast
-from devplace.sim.schedule import SPLIT_KINDS, Schedule
+from devplace.sim.schedule import SPLIT_KINDS, V_SHAPED, Schedule
 
-__all__ = ["PipelineRun", "PipelineRunError", "accumulated_step", "run_pipeline"]
+__all__ = ["PipelineRun", "PipelineRunError", "accumulated_step", "run_pipeline", "stage_ranks", "torch_schedule"]
 
-# interleaved-1f1b and zero-bubble: V stages per process, stage s on process s mod p
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+# interleaved-1f1b and zero-bubble: V stages per process, stage s on process s mod p; zbv and dualpipev: two, in
+# a V (`stage_ranks`)
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", *V_SHAPED)
 
 
 class PipelineRunError(DevplaceError):
@@ -66,9 +68,9 @@ class PipelineRun:
     seconds (the slowest process) and CPU seconds (`time.process_time`, summed over the processes), the parameter
     gradients of the first step by name (every name of the
     module, tied names included; only with `return_grads=True`), the schedule and the number of processes; and
-    under the schedules torch runs from an action list (interleaved 1F1B, zero bubble), per process the compute
-    actions it ran, in order, as torch writes them ("2F0": stage 2's forward of micro-batch 0; "I" input and
-    "W" weight gradients, "B" a whole backward)."""
+    under the schedules torch runs from an action list (interleaved 1F1B, zero bubble, ZBV, DualPipeV), per
+    process the compute actions it ran, in order, as torch writes them ("2F0": stage 2's forward of micro-batch
+    0; "I" input and "W" weight gradients, "B" a whole backward; DualPipeV's overlapped pair as its two)."""
 
     losses: list[float]
     step_times_s: list[float]
@@ -82,6 +84,12 @@ class PipelineRun:
     def step_time_s(self) -> float:
         """Median of the steps."""
         return statistics.median(self.step_times_s)
+
+
+def stage_ranks(kind: str, stages: int, processes: int) -> list[int]:
+    """The process (pipeline position, `graph.schedule.stage_position`) of each of `stages` stages under schedule
+    `kind`: stage s on process s mod p, or in a V (zbv, dualpipev: stages s and 2p - 1 - s on process s)."""
+    return [stage_position(kind, s, processes) for s in range(stages)]
 
 
 def _named_inputs(module: nn.Module, inputs: Any) -> dict[str, Any]:
@@ -369,15 +377,9 @@ def _spawn(entry: Callable[[int, Any], None], job: Any, n: int, failed: str, uni
 
 
 def _stage(rank: int, job: _Job) -> None:
-    """One process of the pipeline: join the gloo group, build its stages (stage s on process s mod p), run the
-    steps, save what the parent reads."""
+    """One process of the pipeline: join the gloo group, build its stages (`stage_ranks`: stage s on process
+    s mod p, or in a V), run the steps, save what the parent reads."""
     import torch.distributed as dist
-    from torch.distributed.pipelining import (
-        Schedule1F1B,
-        ScheduleGPipe,
-        ScheduleInterleaved1F1B,
-        ScheduleInterleavedZeroBubble,
-    )
     from torch.distributed.pipelining.stage import _PipelineStage
     from torch.export.unflatten import InterpreterModule
 
@@ -386,7 +388,8 @@ def _stage(rank: int, job: _Job) -> None:
     torch.manual_seed(job.seed)
     torch.set_num_threads(1)  # the processes, one per stage, share the cores
     world = job.processes
-    mine = list(range(rank, len(job.stages), world))  # stage s runs on process s mod p
+    on = stage_ranks(job.schedule.kind, len(job.stages), world)
+    mine = [s for s in range(len(job.stages)) if on[s] == rank]
     loaded = [pickle.loads(job.stages[i]) for i in mine]
     for mod, _ in loaded:
         for sub in mod.modules():  # pipelining's submodules interpret their graph node by node in Python: 20-30 us
@@ -399,29 +402,20 @@ def _stage(rank: int, job: _Job) -> None:
         # stage only (T5's encoder and decoder embeddings, both before the cut) needs no group
         ties = []
         for users in job.tied:
-            ranks = sorted({s % world for s, _ in users})
+            ranks = sorted({on[s] for s, _ in users})
             ties.append((dist.new_group(ranks) if len(ranks) > 1 else None,
-                         [(s, n) for s, n in users if s % world == rank]))
+                         [(s, n) for s, n in users if on[s] == rank]))
         # what Pipe.build_stage does, from the stage module and graph it sent (on the CPU, where they were traced)
         for mod, _ in loaded:
             autocast_stage(mod, job.autocast)
         stages = [_PipelineStage(mod, i, info, torch.device("cpu"))
                   for i, (mod, info) in zip(mine, loaded, strict=True)]
-        for st in stages:
-            if not st.is_first:  # the model's inputs go to stage 0 only (the others receive activations), but
-                st.forward_one_chunk = _without_inputs(st.forward_one_chunk)  # multi-stage schedules give them all
-        if job.schedule.kind in SPLIT_KINDS:
-            split_backward(stages)
-        loss = stage_loss(job.loss_fn, job.autocast)
-        scale = job.loss_reduction == "mean"
-        multi = {"interleaved-1f1b": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble}
-        if job.schedule.kind in multi:
-            sched: Any = multi[job.schedule.kind](stages, job.schedule.microbatches, loss_fn=loss, scale_grads=scale)
-        else:
-            kind = ScheduleGPipe if job.schedule.kind == "gpipe" else Schedule1F1B
-            sched = kind(stages[0], job.schedule.microbatches, loss_fn=loss, scale_grads=scale)
+        sched = torch_schedule(job.schedule.kind, stages, job.schedule.microbatches,
+                               stage_loss(job.loss_fn, job.autocast), job.loss_reduction == "mean")
         order = getattr(sched, "pipeline_order_with_comms", None)  # what its runtime steps through, sends included
-        actions = [str(a) for a in order[rank] if a.is_compute_op] if order is not None else []
+        # an overlapped action (DualPipeV's OVERLAP_F_B) as the two it runs, one after the other
+        actions = ([str(x) for a in order[rank] if a.is_compute_op for x in (a.sub_actions or (a,))]
+                   if order is not None else [])
         params = {(i, n): p for i, (mod, _) in zip(mine, loaded, strict=True) for n, p in mod.named_parameters()}
         opt = _make_optimizer(job.optimizer, [p for p in params.values() if p.requires_grad])
         m = job.schedule.microbatches
@@ -464,6 +458,38 @@ def _stage(rank: int, job: _Job) -> None:
                    Path(job.folder) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def torch_schedule(kind: str, stages: list[Any], microbatches: int, loss: Callable[[Any, Any], torch.Tensor],
+                   scale_grads: bool) -> Any:
+    """torch's schedule of `kind` (one of `SCHEDULES`) over this process's `stages` (torch `_PipelineStage`s: one,
+    or several under interleaved-1f1b, zero-bubble and the V-shaped kinds), the stages made ready for it: a
+    stage after the first drops the model's inputs (they go to stage 0 only, but a multi-stage schedule gives them
+    to every stage), a zero-bubble kind's split backward (`split_backward`), a V's turn without a warm-up send to
+    its own process (`_no_self_warmup`)."""
+    from torch.distributed.pipelining import (
+        Schedule1F1B,
+        ScheduleDualPipeV,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+        ScheduleInterleavedZeroBubble,
+        ScheduleZBVZeroBubble,
+    )
+
+    for st in stages:
+        if not st.is_first:
+            st.forward_one_chunk = _without_inputs(st.forward_one_chunk)
+    if kind in SPLIT_KINDS:
+        split_backward(stages)
+    if kind in V_SHAPED:
+        for st in stages:
+            _no_self_warmup(st)
+    multi = {"interleaved-1f1b": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble,
+             "zbv": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}
+    if kind in multi:
+        return multi[kind](stages, microbatches, loss_fn=loss, scale_grads=scale_grads)
+    single = ScheduleGPipe if kind == "gpipe" else Schedule1F1B
+    return single(stages[0], microbatches, loss_fn=loss, scale_grads=scale_grads)
 
 
 def split_backward(stages: list[Any]) -> None:
@@ -549,6 +575,19 @@ def _split_backward() -> None:
 
     stage_module.stage_backward_input = backward_input
     stage_module.stage_backward_weight = backward_weight
+
+
+def _no_self_warmup(stage: Any) -> None:
+    """Drop from `stage`'s warm-up (`_get_init_p2p_neighbors_ops`, the first step's exchange with its neighbours)
+    the sends and receives to its own process: in a V the turn's two stages share a process and hand their values
+    over in memory, but torch's warm-up for a traced stage (`_PipelineStage`, not a `PipelineStage`) still sends
+    to that neighbour, and gloo has no pair to itself ('Pair is not connected')."""
+    ops = stage._get_init_p2p_neighbors_ops
+
+    def run() -> list[Any]:
+        return [op for op in ops() if op.group_peer != stage.group_rank]
+
+    stage._get_init_p2p_neighbors_ops = run
 
 
 def _contiguous_input_grads(stage: Any) -> None:
@@ -754,7 +793,9 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
                 if alias in grads:
                     grads.setdefault(name, grads[alias])
                     grads.setdefault(first, grads[alias])
-    return PipelineRun(results[-1]["losses"], times, ex.schedule, n, grads, cpu_times, [r["actions"] for r in results])
+    last = stage_ranks(ex.schedule.kind, ex.num_stages, n)[-1]  # the process of the last stage, which has the loss
+    return PipelineRun(results[last]["losses"], times, ex.schedule, n, grads, cpu_times,
+                       [r["actions"] for r in results])
 
 
 def accumulated_step(module: nn.Module, inputs: tuple[torch.Tensor, ...], microbatches: int = 1

@@ -12,9 +12,12 @@ at a time per device, FIFO channels, memory intervals) holds unchanged. docs/sim
   forward op it is tied to (`devplace.graph.ties`);
 - each device runs its stages' actions (forward or backward of one stage for one micro-batch) strictly in
   the schedule's order; the ops inside one action follow the reference model's rule 5;
-- the zero-bubble schedules ("zero-bubble", "zbv", torch's ScheduleInterleavedZeroBubble and
-  ScheduleZBVZeroBubble, in the same action order) split a stage's backward into B (input gradients) and W
-  (weight gradients: `weight_grad_ops`), run as separate actions, W free to move into the bubbles.
+- the zero-bubble schedules ("zero-bubble", "zbv", "dualpipev": torch's ScheduleInterleavedZeroBubble,
+  ScheduleZBVZeroBubble and ScheduleDualPipeV, in the same action order) split a stage's backward into B (input
+  gradients) and W (weight gradients: `weight_grad_ops`), run as separate actions, W free to move into the
+  bubbles; DualPipeV also runs whole backwards (B and W in one action, FULL) and overlapped actions, a forward
+  and a whole backward of two micro-batches, which torch's runtime runs one after the other on the device (its
+  OVERLAP_F_B without a custom function): the simulator runs them so, as two actions in a row.
 
 The micro-batch graph: by default the graph is the step of the whole batch and forward/backward ops' compute,
 output, temp and the bytes between them are divided by M (an approximation: not every op's cost is linear in
@@ -36,7 +39,7 @@ from devplace.graph.compgraph import CompGraph
 from devplace.graph.modules import segment_spans
 from devplace.graph.phases import runs_per_step, step_compute
 from devplace.graph.schedule import KINDS as VALUE_KINDS
-from devplace.graph.schedule import Schedule, ScheduleError
+from devplace.graph.schedule import V_SHAPED, Schedule, ScheduleError
 from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster
 from devplace.sim.devplace_model import DevplaceModel
@@ -44,10 +47,11 @@ from devplace.sim.result import SimResult, Transfers
 
 FORWARD, BACKWARD, PER_STEP = 0, 1, 2  # an op's phase
 WEIGHT = 3  # the action of a stage's weight-gradient (W) ops under a zero-bubble schedule
-SPLIT_KINDS = ("zero-bubble", "zbv")  # schedules that run B and W as separate actions
-# the kinds a placement alone can run (what placers and `--schedule` offer): a V-shaped zbv pipeline also needs
-# each op's chunk (`chunk_of`), which a `ParallelPlan`'s stages give
-KINDS = tuple(k for k in VALUE_KINDS if k != "zbv")
+FULL = 4  # an action of a stage's whole backward, B and W ops together, under a schedule that splits others
+SPLIT_KINDS = ("zero-bubble", *V_SHAPED)  # schedules that run B and W as separate actions
+# the kinds a placement alone can run (what placers and `--schedule` offer): a V-shaped pipeline also needs each
+# op's chunk (`chunk_of`), which a `ParallelPlan`'s stages give
+KINDS = tuple(k for k in VALUE_KINDS if k not in V_SHAPED)
 BARRIER = "barrier"  # op name of the zero-cost nodes that sequence a device's actions
 # the output index of a barrier's in-edges: a 0-byte tensor of its own, so that it never meets a real one
 BARRIER_TENSOR = 2**62
@@ -252,22 +256,32 @@ class Relayed:
     origin: np.ndarray
 
 
-def relay(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relayed:
+def relay(graph: CompGraph, devices: np.ndarray, stages: Stages, v_shaped: bool = False) -> Relayed:
     """The step as torch's pipelining runs it: a stage sends only to the next stage (forward) and the previous
     one (backward), so a value read further on (Llama's rotary tables, BART's encoder output, a model input the
     last stage's loss reads) is received and sent on by every stage between (`devplace.runtime.pipeline_run`
     makes the stages do so), and so is its gradient on the way back. Each hop is a relay node: no compute, on
     that stage's device, in that stage's forward (or backward) action, one per (value, stage) however many ops
     of later stages read the value. Edges between ops one stage apart, and per-step ops, are left as they are.
-    Returns the graph unchanged (no copy) when nothing is sent past the next stage."""
-    n, phase, stage = graph.num_nodes, stages.phase, stages.stage
+    "Next" is along the data: stage numbers (chunk * p + position) as they are, or, `v_shaped` (zbv, dualpipev:
+    chunk 1 runs the positions back), position on the way out and 2p - 1 - position on the way back. Returns the
+    graph unchanged (no copy) when nothing is sent past the next stage."""
+    n, phase = graph.num_nodes, stages.phase
+    p = len(stages.pipeline_devices)
+    chunk, pos = stages.stage // max(p, 1), stages.stage % max(p, 1)
+    # each op's stage along the data (-1: per-step ops); hop s of it has stage number `number(s)`
+    stage = (np.where(stages.stage >= 0, np.where(chunk == 1, 2 * p - 1 - pos, stages.stage), -1) if v_shaped
+             else stages.stage)
+
+    def number(s: int) -> int:
+        return s if not v_shaped or s < p else 3 * p - 1 - s
+
     u, v = graph.edge_src, graph.edge_dst
     micro = (phase[u] != PER_STEP) & (phase[v] != PER_STEP)
     far = np.flatnonzero(micro & (((phase[u] == FORWARD) & (stage[v] > stage[u] + 1))
                                   | ((phase[u] == BACKWARD) & (stage[v] < stage[u] - 1))))
     if not far.size:
         return Relayed(graph, np.asarray(devices, dtype=np.int64), stages, np.arange(n))
-    p = len(stages.pipeline_devices)
     src, tensor = graph.edge_src.copy(), graph.edge_tensor.copy()
     hop: dict[tuple[int, int, int], int] = {}  # (value's node, its tensor, stage) -> relay node
     names: list[str] = []
@@ -287,7 +301,7 @@ def relay(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relayed:
                 r = hop[(a, t, s)] = n + len(origin)
                 names.append(f"{graph.ids[a]}:{t}~{RELAY}{s}")
                 origin.append(a)
-                hop_stage.append(s)
+                hop_stage.append(number(s))
                 add_src.append(prev)
                 add_dst.append(r)
                 add_bytes.append(float(graph.edge_bytes[e]))
@@ -322,12 +336,14 @@ def relay(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relayed:
 
 def actions(schedule: Schedule, p: int, r: int) -> list[tuple[int, int, int]]:
     """The actions of pipeline position r of p, in the order it runs them: (phase, chunk, micro-batch); phase
-    WEIGHT is the W half of a backward split by a zero-bubble schedule."""
+    WEIGHT is the W half of a backward split by a zero-bubble schedule, FULL a whole backward among split ones."""
     m, v = schedule.microbatches, int(schedule.chunks or 1)
     if schedule.kind == "zero-bubble":
         return _zero_bubble_actions(m, v, p, r)
     if schedule.kind == "zbv":
         return _zbv_actions(m, p, r)
+    if schedule.kind == "dualpipev":
+        return _dualpipev_actions(m, p, r)
     if schedule.kind == "gpipe":
         return [(FORWARD, 0, k) for k in range(m)] + [(BACKWARD, 0, k) for k in range(m)]
     if schedule.kind == "1f1b":
@@ -417,6 +433,61 @@ def _zbv_actions(m: int, p: int, r: int) -> list[tuple[int, int, int]]:
         while count[w] < count[b]:
             act(w)
     return [a for a in seq if a[2] < m]
+
+
+def _dualpipev_actions(m: int, p: int, r: int) -> list[tuple[int, int, int]]:
+    """torch's ScheduleDualPipeV (DeepSeek-V3's DualPipe on a V, arXiv 2412.19437) at position r, its eight steps:
+    chunk 0 runs the pipeline's stage r, chunk 1 its stage 2p - 1 - r. An overlapped action (a forward of one chunk
+    and a whole backward of the other) is its two actions in a row, as torch's runtime runs them; every B (input
+    gradients) queues its W, and the queue's oldest runs where the schedule says; the last position's first
+    forward of chunk 0 and backward of chunk 1 are not overlapped (torch's choice, to shorten the bubble)."""
+    if m < 2 * p:
+        raise ScheduleError(f"dualpipev runs at least as many micro-batches as stages: M={m} for {2 * p} stages; use "
+                            f"{2 * p} or more")
+    count = {key: 0 for key in ((ph, c) for ph in (FORWARD, BACKWARD) for c in (0, 1))}
+    queue: list[tuple[int, int]] = []  # (chunk, micro-batch) of the Bs whose W has not run
+    seq: list[tuple[int, int, int]] = []
+
+    def act(ph: int, c: int) -> None:
+        k = count[(FORWARD if ph == FORWARD else BACKWARD, c)]  # a whole backward counts as a B
+        seq.append((ph, c, k))
+        count[(FORWARD if ph == FORWARD else BACKWARD, c)] = k + 1
+        if ph == BACKWARD:
+            queue.append((c, k))
+
+    def weigh() -> None:
+        if queue:
+            seq.append((WEIGHT, *queue.pop(0)))
+    for _ in range((p - r - 1) * 2):  # 1: F0
+        act(FORWARD, 0)
+    for _ in range(r + 1):  # 2: F0 F1
+        act(FORWARD, 0)
+        act(FORWARD, 1)
+    for _ in range(p - r - 1):  # 3: I1 W F1
+        act(BACKWARD, 1)
+        weigh()
+        act(FORWARD, 1)
+    for _ in range(m - 2 * p + r + 1):  # 4: (F0 B1) (F1 B0), overlapped
+        act(FORWARD, 0)
+        act(FULL, 1)
+        act(FORWARD, 1)
+        act(FULL, 0)
+    for _ in range(p - r - 1):  # 5: B1 (F1 B0)
+        act(FULL, 1)
+        act(FORWARD, 1)
+        act(FULL, 0)
+    split = False  # 6: B1 B0, the second half split into I and W
+    for i in range(r + 1):
+        split = split or (i == (r + 1) // 2 and r % 2 == 1)
+        act(BACKWARD if split else FULL, 1)
+        split = split or (i == (r + 1) // 2 and r % 2 == 0)
+        act(BACKWARD if split else FULL, 0)
+    for _ in range(p - r - 1):  # 7: W B0
+        weigh()
+        act(BACKWARD if split else FULL, 0)
+    for _ in range(r + 1):  # 8: W
+        weigh()
+    return seq
 
 
 # --------------------------------------------------------------------------- unrolling
@@ -533,7 +604,7 @@ def _barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages:
     devices = np.asarray(devices, dtype=np.int64)
     mb = stages.phase != PER_STEP
     action_phase = stages.phase
-    if schedule.kind in SPLIT_KINDS:  # a backward op's action is B or W
+    if schedule.kind in SPLIT_KINDS:  # a backward op's action is B or W (or, FULL, both)
         action_phase = np.where(weight_grad_ops(graph), WEIGHT, stages.phase)
     # an action's ops: one (device, action phase, stage); its sources have no in-edge from the same action, its
     # sinks no out-edge to it
@@ -565,9 +636,12 @@ def _barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages:
         prev = np.zeros(0, dtype=np.int64)
         for j, (ph, c, k) in enumerate(actions(schedule, p, r)):
             stage = c * p + r
-            ops = members.get((d * 4 + ph) * width + stage + 1) if stage + 1 < width else None
-            if ops is None:
+            # a whole backward (FULL) is its B and W ops in one action: its sources and sinks are both's
+            parts = [members.get((d * 4 + x) * width + stage + 1) if stage + 1 < width else None
+                     for x in ((BACKWARD, WEIGHT) if ph == FULL else (ph,))]
+            if all(x is None for x in parts):
                 continue
+            ops = np.concatenate([x for x in parts if x is not None])
             if prev.size:
                 barrier(f"#{d}.{j}", d, prev, slot[ops[~has_pred[ops]]] + k * per_microbatch)
             prev = slot[ops[~has_succ[ops]]] + k * per_microbatch
@@ -615,17 +689,18 @@ class ScheduledResult(SimResult):
 def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, schedule: Schedule,
                       chunk_of: np.ndarray | None = None) -> ScheduledResult:
     """Simulate one pipelined step of `graph` under `devices` (validated device index per node); `chunk_of`
-    each op's chunk on its device where the data flow does not say it (`pipeline_stages`; zbv needs it)."""
+    each op's chunk on its device where the data flow does not say it (`pipeline_stages`; zbv and dualpipev need
+    it)."""
     check_microbatches(graph, schedule)
     devices = np.asarray(devices, dtype=np.int64)
-    if schedule.kind == "zbv" and chunk_of is None:
-        raise ScheduleError("the zbv schedule runs two chunks per device in a V (stages r and 2p-1-r on device r), "
+    if schedule.kind in V_SHAPED and chunk_of is None:
+        raise ScheduleError(f"the {schedule.kind} schedule runs two chunks per device in a V (stages r and 2p-1-r on "
+                            "device r), "
                             "which the placement alone does not tell apart at the turn; give chunk_of, each op's "
                             "chunk, or simulate it through a ParallelPlan with V-shaped stages")
     stages = pipeline_stages(graph, devices, int(schedule.chunks or 1), schedule.device_order, chunk_of)
     # a V's stage numbers (chunk * p + position) are not its order along the data: its hops are not relayed
-    relayed = (relay(graph, devices, stages) if schedule.kind != "zbv"
-               else Relayed(graph, devices, stages, np.arange(graph.num_nodes)))
+    relayed = relay(graph, devices, stages, schedule.kind in V_SHAPED)
     u = unroll(relayed.graph, relayed.devices, schedule, relayed.stages, cluster)
     r = DevplaceModel(u.graph, cluster).run(u.devices)
     n, m = graph.num_nodes, schedule.microbatches

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from conftest import cluster
 from devplace.graph import CompGraph
 from devplace.graph.parallel import ParallelPlan, ParallelPlanError
+from devplace.graph.phases import STEP_COMPUTE_KEY
 from devplace.hardware.collectives import collective_s
 from devplace.sim.parallel import (
     RECOMPUTE_SUFFIX,
@@ -101,6 +102,24 @@ def test_zero_stages_traffic_and_memory() -> None:
     assert z3.memory[1].device == 1 and z3.memory[1].to_dict()["total"] == z3.memory[0].total
 
 
+def test_zero_shards_the_optimizer_updates_scratch() -> None:
+    # each replica updates its 1/dp shard under ZeRO 1-3, so the update's outputs and scratch are 1/dp too
+    # (before: the whole stage's, 26.9 GB of Adam's sqrt and div on a llama-13b stage at dp=8, ZeRO-3)
+    g = model(2, param=4e9)
+    records = [{**g.node_record(v), **({"temp_bytes": 6e9, "compute_s": 1.0} if g.kind[v] == "optimizer" else {})}
+               for v in range(g.num_nodes)]
+    g = CompGraph.build("m", records, [g.edge_record(e) for e in range(g.num_edges)])
+    stage = np.zeros(g.num_nodes, dtype=np.int64)
+    runs = {zero: simulate_parallel(g, cluster(4, bw=1e9), stage, ParallelPlan(dp=4, pp=1, microbatches=1, batch=4,
+                                                                                schedule="none", zero=zero))
+            for zero in range(4)}
+    base = runs[0].memory[0].temporaries
+    assert base >= 6e9
+    assert runs[1].memory[0].temporaries == pytest.approx(base - 6e9 * 3 / 4)
+    assert runs[2].memory[0].temporaries == pytest.approx(base - 6e9 * 3 / 4)
+    assert runs[1].step_time_s == runs[2].step_time_s  # the bytes only: the update's time was sharded already
+
+
 def test_hierarchical_sync_on_two_nodes() -> None:
     from devplace.hardware.presets import PRESETS
 
@@ -171,6 +190,22 @@ def test_full_recomputation_checkpoints_each_numbered_block() -> None:
     # kept: the input and the inputs of blocks 1-3; live: the block being run (forward) or rerun (backward)
     assert rerun.memory[0].total == 1.0 + 3 * 100.0 + 2 * 100.0
     assert rerun.step_time_s - plain.step_time_s == pytest.approx(8 * 1.0)  # every forward op once more
+
+
+@pytest.mark.parametrize("layers", [2, 5])
+def test_a_once_per_step_part_holds_no_recomputed_block(layers: int) -> None:
+    # a coarse op that merges its optimizer update (a once-per-step part, as colocation makes of a weight's cast
+    # with its update) runs that part after the device's last action; its last micro-batch's output must not be
+    # held until then: with the blocks recomputed nothing reads it after its forward (before the fix every
+    # block's output was held to the step's end, 2 x 100 more bytes per block)
+    g = blocks(layers)
+    merged = CompGraph.build("merged", [{**g.node_record(v), **({STEP_COMPUTE_KEY: 0.5} if g.kind[v] == "forward"
+                                                                 and v else {})} for v in range(g.num_nodes)],
+                             [g.edge_record(e) for e in range(g.num_edges)])
+    plan = ParallelPlan(1, 1, 2, 2, "none", recompute="full")
+    one = np.zeros(g.num_nodes, dtype=np.int64)
+    plain, with_update = (simulate_parallel(x, cluster(1), one, plan) for x in (g, merged))
+    assert with_update.memory[0].to_dict() == plain.memory[0].to_dict()
 
 
 def test_recompute_graph_waits_only_for_gradients_that_do_not_wait_for_it() -> None:

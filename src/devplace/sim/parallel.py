@@ -27,7 +27,8 @@ category.
    before any compute, and the part of the rest that the stage's busy time does not cover are added to its
    end.
 5. Memory per device, by category (`MemoryBreakdown`): parameters, gradients and optimizer state are the
-   stage's persistent bytes split by `param_shares` and divided by dp as the ZeRO stage shards them;
+   stage's persistent bytes split by `param_shares` and divided by dp as the ZeRO stage shards them (and so
+   are, under ZeRO 1-3, the optimizer update's outputs and scratch: `sharded_updates`);
    activations ("stash") and temporaries are the simulated live bytes at the device's peak (forward outputs
    kept or received; the rest: op scratch space, gradients in flight), plus, under ZeRO-3, one bucket of
    gathered parameters. With dp = 1, ZeRO-0 and no recomputation the total is the reference model's peak.
@@ -222,6 +223,22 @@ def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]
         edge_extra=e_extra)
 
 
+def sharded_updates(graph: CompGraph, stage: np.ndarray, plan: ParallelPlan) -> CompGraph:
+    """`graph` with the output and scratch bytes of the once-per-step ops (the optimizer's update) of the stages
+    whose ZeRO stage is 1-3 divided by dp (module docstring, 5): each replica updates its 1/dp shard of the
+    parameters, so Adam's per-parameter temporaries (the sqrt and div of its second moment) are a shard's too.
+    Their time is sharded by `_stage_sync`, not here. `stage[v]` is op v's device position."""
+    shard = (op_phases(graph) == PER_STEP) & (np.asarray(plan.zero)[stage] >= 1)
+    if plan.dp == 1 or not shard.any():
+        return graph
+    scale = np.where(shard, 1.0 / plan.dp, 1.0)
+    return CompGraph.from_arrays(
+        graph.name, graph.ids, graph.op, graph.kind, graph.group, graph.compute_s, graph.output_bytes * scale,
+        graph.param_bytes, graph.temp_bytes * scale, graph.edge_src, graph.edge_dst,
+        graph.edge_bytes * scale[graph.edge_src], graph.edge_tensor, meta=graph.meta, kind_compute=graph.kind_compute,
+        node_extra=graph.node_extra, edge_extra=graph.edge_extra)
+
+
 def _forward_ends(graph: CompGraph, phase: np.ndarray, stage: np.ndarray, s: int) -> list[int]:
     """The forward ops of stage s that feed no forward op (the loss, outputs read only by the backward)."""
     src, dst = graph.edge_src, graph.edge_dst
@@ -349,6 +366,7 @@ def simulate_parallel(graph: CompGraph, cluster: Cluster, stage: np.ndarray, pla
     run_graph = recompute_graph(graph, units, chosen) if recomputed else graph
     originals = [graph.index[i.removesuffix(RECOMPUTE_SUFFIX)] for i in run_graph.ids[graph.num_nodes:]]
     run_stage = np.concatenate([pos, pos[originals]])
+    run_graph = sharded_updates(run_graph, run_stage, plan)
     run_chunk = np.concatenate([chunk, chunk[originals]])
     pipelines: list[ScheduledResult] = []
     simulated_on: list[tuple[int, ...]] = []

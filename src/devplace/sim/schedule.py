@@ -512,10 +512,11 @@ def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: St
     micro-batch ops k = 0..M-1 in node order (id "v@k"), then the per-step ops (id "v"), then the once-per-step
     part of micro-batch ops that merge some (id "v+step": a coarse group's optimizer update, `devplace.graph.phases`;
     after the op's last micro-batch, with the device's per-step ops), then the barriers; every edge of the graph
-    in edge order (micro-batch edges once per micro-batch), then the edges to the "v+step" nodes, then the
-    barriers' edges. Built as columns (`CompGraph.from_arrays`): the unrolled step of a large model has 10^5+
-    nodes. A barrier takes its device's `action_s` of `cluster` (the pipelining runtime's work per action; the
-    barriers follow the actions one for one where the device has per-step ops), 0 without a cluster."""
+    in edge order (micro-batch edges once per micro-batch), then the barriers' edges (a "v+step" node waits for
+    its device's last barrier only). Built as columns (`CompGraph.from_arrays`): the unrolled step of a large
+    model has 10^5+ nodes. A barrier takes its device's `action_s` of `cluster` (the pipelining runtime's work
+    per action; the barriers follow the actions one for one where the device has per-step ops), 0 without a
+    cluster."""
     m = schedule.microbatches
     scale = 1.0 if schedule.microbatch_graph else 1.0 / m
     phase = stages.phase
@@ -551,11 +552,11 @@ def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: St
     dst = slot[v[e_of]] + np.where(both, k * a, 0)
     ebytes = graph.edge_bytes[e_of] * np.where(both, scale, 1.0)
 
-    # each once-per-step part waits for its op's last micro-batch
-    src = np.concatenate([src, slot[split] + (m - 1) * a])
-    dst = np.concatenate([dst, first_once + np.arange(split.size)])
-    ebytes = np.concatenate([ebytes, np.zeros(split.size)])
-    tensors = np.concatenate([graph.edge_tensor[e_of], np.full(split.size, BARRIER_TENSOR, dtype=np.int64)])
+    # a once-per-step part gets no edge from its op's last micro-batch: the device's last barrier, which it waits
+    # for, comes after every action of the device, that run included (same times and ranks), and such an edge
+    # would hold that run's output until the update (rule 7): a weight's cast merged with its update, recomputed,
+    # held every layer's cast to the step's end (16 GB on a llama3-8b replica)
+    tensors = graph.edge_tensor[e_of]
     devices = np.asarray(devices, dtype=np.int64)
     once_nodes = np.concatenate([per_step, split])
     bar_ids, bar_dev, bar_src, bar_dst, bar_tensor = _barriers(

@@ -31,6 +31,17 @@ def test_explicit_mesh_is_row_major_dp_pp() -> None:
     assert plan.label == "dp=2 pp=2 1f1b M=2 zero=1,2 recompute=full,none"
 
 
+def test_recompute_a_number_of_blocks_per_stage() -> None:
+    plan = ParallelPlan(dp=1, pp=3, microbatches=3, batch=3, recompute=[0, 2, "full"])
+    assert plan.recompute == ("none", 2, "full")  # 0 blocks is no recomputation
+    assert plan.recomputes and not ParallelPlan(dp=1, pp=2, microbatches=2, batch=2, recompute=0).recomputes
+    assert plan.label == "dp=1 pp=3 1f1b M=3 zero=0 recompute=none,2,full"
+    assert plan.to_dict()["recompute"] == ["none", 2, "full"]
+    plan.check_blocks((0, 2, 0))  # "full" suits a stage of no blocks (it reruns the stage as one unit)
+    with pytest.raises(ParallelPlanError, match="stage 1 recomputes 2 blocks but holds 1; give at most 1"):
+        plan.check_blocks((4, 1, 4))
+
+
 def test_pipeline_schedule_of_a_replica() -> None:
     plan = ParallelPlan(dp=2, pp=2, microbatches=4, batch=16, schedule="interleaved-1f1b")
     assert plan.pipeline_schedule(1, microbatch_graph=True) == Schedule("interleaved-1f1b", 4, 2, True, (1, 3))
@@ -56,6 +67,9 @@ def test_pipeline_schedule_of_a_replica() -> None:
     ({"dp": 2, "pp": 2, "microbatches": 2, "batch": 8, "zero": 4}, "zero must be one of"),
     ({"dp": 2, "pp": 2, "microbatches": 2, "batch": 8, "zero": (1, 2, 3)}, "3 values for 2 stages"),
     ({"dp": 2, "pp": 2, "microbatches": 2, "batch": 8, "recompute": "some"}, "recompute must be one of"),
+    ({"dp": 2, "pp": 2, "microbatches": 2, "batch": 8, "recompute": -1}, "a number of blocks"),
+    ({"dp": 2, "pp": 2, "microbatches": 2, "batch": 8, "recompute": (True, 1)}, "a number of blocks"),
+    ({"dp": 2, "pp": 2, "microbatches": 2, "batch": 8, "recompute": 1.5}, "a number of blocks"),
     ({"dp": 2, "pp": 2, "microbatches": 2, "batch": 8, "devices": (0, 1, 2, 2)}, "4 distinct device"),
     ({"dp": 2, "pp": 2, "microbatches": 2, "batch": 8, "devices": (0, 1, 2)}, "4 distinct device"),
     ({"dp": 2, "pp": 2, "microbatches": 2, "batch": 8, "tp": 2}, "tensor parallelism is not built"),
@@ -80,7 +94,7 @@ def plans(draw: st.DrawFn) -> ParallelPlan:
     m = pp * draw(st.integers(2 if schedule == "dualpipev" else 1, 3))  # dualpipev: M >= 2 pp
     batch = dp * m * draw(st.integers(1, 3))
     zero = draw(st.lists(st.integers(0, 3 if dp > 1 else 0), min_size=pp, max_size=pp))
-    recompute = draw(st.lists(st.sampled_from(["none", "full"]), min_size=pp, max_size=pp))
+    recompute = draw(st.lists(st.sampled_from(["none", "full"]) | st.integers(1, 6), min_size=pp, max_size=pp))
     devices = draw(st.permutations(range(dp * pp)))
     return ParallelPlan(dp=dp, pp=pp, microbatches=m, batch=batch, schedule=schedule, zero=tuple(zero),
                         recompute=tuple(recompute), devices=tuple(devices))

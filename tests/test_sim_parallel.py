@@ -192,6 +192,37 @@ def test_full_recomputation_checkpoints_each_numbered_block() -> None:
     assert rerun.step_time_s - plain.step_time_s == pytest.approx(8 * 1.0)  # every forward op once more
 
 
+@pytest.mark.parametrize("pp", [1, 2])
+def test_recomputing_k_blocks_spans_none_to_full_monotonically(pp: int) -> None:
+    g = blocks(6)
+    per_stage = 6 // pp
+    stage = np.array([int(i.split(".")[2].split("/")[0]) // per_stage if "/" in i else 0 for i in g.ids])
+
+    def run(recompute: object) -> dict:
+        plan = ParallelPlan(1, pp, 2, 2, "none" if pp == 1 else "1f1b", recompute=recompute)
+        return simulate_parallel(g, cluster(pp), stage, plan).to_dict()
+
+    full, none = run("full"), run("none")
+    assert run(per_stage)["memory"] == full["memory"] and run(per_stage)["step_time_s"] == full["step_time_s"]
+    assert run(0) == none
+    steps = [run(k)["step_time_s"] for k in range(per_stage + 1)]
+    peaks = [max(m["total"] for m in run(k)["memory"]) for k in range(per_stage + 1)]
+    # each block more reruns its forward (2 ops of 1 s) and keeps only its input; recomputing the last block too
+    # saves nothing here (its backward reads only its outputs, which a rerun makes again at once) and keeps its
+    # input: one activation more (measured: 601 -> 701 bytes at M=1), so memory is monotone up to all but one
+    assert np.all(np.diff(steps) > 0) and np.all(np.diff(peaks[:-1]) < 0)
+    with pytest.raises(ParallelPlanError, match=f"recomputes {per_stage + 1} blocks but holds {per_stage}"):
+        run(per_stage + 1)
+
+
+def test_recomputing_k_blocks_reruns_the_first_k() -> None:
+    g = blocks(4)
+    r = simulate_parallel(g, cluster(1), np.zeros(g.num_nodes, dtype=np.int64),
+                          ParallelPlan(1, 1, 1, 1, "none", recompute=2))
+    rerun = sorted(i.removesuffix(RECOMPUTE_SUFFIX) for i in r.run_graph.ids if i.endswith(RECOMPUTE_SUFFIX))
+    assert rerun == ["m.layers.0/a", "m.layers.0/b", "m.layers.1/a", "m.layers.1/b"]
+
+
 @pytest.mark.parametrize("layers", [2, 5])
 def test_a_once_per_step_part_holds_no_recomputed_block(layers: int) -> None:
     # a coarse op that merges its optimizer update (a once-per-step part, as colocation makes of a weight's cast

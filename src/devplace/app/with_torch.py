@@ -656,7 +656,7 @@ def is_parallel(p: Plan) -> bool:
     if doc is None:
         return False
     plan = ParallelPlan.from_dict(doc)
-    return plan.dp > 1 or max(plan.zero) > 0 or "full" in plan.recompute or plan.schedule in V_SHAPED
+    return plan.dp > 1 or max(plan.zero) > 0 or plan.recomputes or plan.schedule in V_SHAPED
 
 
 def is_pipelined(p: Plan) -> bool:

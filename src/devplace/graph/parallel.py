@@ -1,6 +1,8 @@
 """`ParallelPlan`: how a training step runs on many devices (DESIGN.md section 9b), as a validated value with
 its JSON form. `dp` replicas of a pipeline of `pp` stages, `microbatches` M per replica, a pipeline schedule,
-and per stage a ZeRO stage (over that stage's replicas) and a recomputation choice.
+and per stage a ZeRO stage (over that stage's replicas) and a recomputation choice: "none", "full", or an
+integer k, recompute the stage's first k blocks (numbered blocks, `graph.modules.numbered_block`: transformer
+layers; 0 is "none", and k = the stage's block count recomputes as "full" does).
 
 Devices form a mesh of shape (dp, pp, tp), stored row-major as one flat tuple (`devices`), as torch's
 `DeviceMesh` does: replica r of stage s (tensor-parallel rank t) runs on `devices[(r * pp + s) * tp + t]`.
@@ -26,13 +28,23 @@ from devplace.graph.schedule import V_SHAPED, Schedule
 
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "dualpipev")
 MULTI_CHUNK = ("interleaved-1f1b", "zero-bubble", *V_SHAPED)  # kinds that may run several chunks per device
-RECOMPUTE = ("none", "full")
+RECOMPUTE = ("none", "full")  # the named recomputation choices; an integer k (a number of blocks) is the third
 ZERO_STAGES = (0, 1, 2, 3)
 KEYS = ("dp", "pp", "tp", "microbatches", "batch", "schedule", "chunks", "zero", "recompute", "devices")
 
 
 class ParallelPlanError(DevplaceError):
     """An invalid parallel plan: degrees, batch split, schedule, per-stage choices or device mesh."""
+
+
+def _recompute(value: object) -> str | int:
+    """One stage's recomputation choice: "none", "full" or a number of blocks k >= 1 (0 is "none")."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0:
+        return int(value) if value else "none"
+    if value not in RECOMPUTE:
+        raise ParallelPlanError(f"parallel plan: recompute must be one of {', '.join(RECOMPUTE)} or a number of "
+                                f"blocks (an integer >= 0) per stage, got {value!r}")
+    return str(value)
 
 
 def _count(value: object, name: str, low: int = 1, high: int | None = None) -> int:
@@ -67,7 +79,7 @@ class ParallelPlan:
     schedule: str = "1f1b"
     chunks: int | None = None
     zero: tuple[int, ...] | int = 0
-    recompute: tuple[str, ...] | str = "none"
+    recompute: tuple[str | int, ...] | str | int = "none"
     devices: tuple[int, ...] | None = None
     tp: int = 1
 
@@ -96,12 +108,8 @@ class ParallelPlan:
                 raise ParallelPlanError(f"parallel plan: ZeRO-{z} shards over a stage's data-parallel replicas, "
                                         "and dp=1 has none to shard over; use zero=0 or dp >= 2")
         object.__setattr__(self, "zero", tuple(int(z) for z in zero))
-        recompute = _per_stage(self.recompute, pp, "recompute")
-        for r in recompute:
-            if r not in RECOMPUTE:
-                raise ParallelPlanError(f"parallel plan: recompute must be one of {', '.join(RECOMPUTE)} per "
-                                        f"stage, got {r!r}")
-        object.__setattr__(self, "recompute", tuple(recompute))
+        recompute = tuple(_recompute(r) for r in _per_stage(self.recompute, pp, "recompute"))
+        object.__setattr__(self, "recompute", recompute)
         n = dp * pp * tp
         if self.devices is None:  # stage s's replicas on devices s*dp .. s*dp + dp - 1
             devices = tuple(s * dp + r for r in range(dp) for s in range(pp))
@@ -143,6 +151,19 @@ class ParallelPlan:
             raise ParallelPlanError(f"parallel plan: dualpipev runs at least as many micro-batches as stages (2 per "
                                     f"device: {2 * pp}), got M={m}; use M >= {2 * pp} or zbv")
         object.__setattr__(self, "chunks", chunks)
+
+    def check_blocks(self, blocks: tuple[int, ...]) -> None:
+        """ParallelPlanError where a stage recomputes more blocks than it has; `blocks[s]` is the number of
+        numbered blocks on device position s (known once the stages are cut)."""
+        for s, (r, n) in enumerate(zip(self.recompute, blocks, strict=True)):
+            if isinstance(r, int) and r > n:
+                raise ParallelPlanError(f"parallel plan: stage {s} recomputes {r} blocks but holds {n}; give at "
+                                        f"most {n} (or \"full\")")
+
+    @property
+    def recomputes(self) -> bool:
+        """Whether any stage recomputes (some blocks, or all)."""
+        return any(r != "none" for r in self.recompute)
 
     @property
     def num_devices(self) -> int:
@@ -261,7 +282,7 @@ def runtime_gap(plan: ParallelPlan) -> str | None:
     stage's gradients differ from the one-process step; ZeRO 0-2 match)."""
     if plan.schedule not in ("none", *RUN_SCHEDULES):
         return f"the {plan.schedule} schedule"
-    parallel = plan.dp > 1 or max(plan.zero) > 0 or "full" in plan.recompute  # else it runs as a pipeline
+    parallel = plan.dp > 1 or max(plan.zero) > 0 or plan.recomputes  # else it runs as a pipeline
     if parallel and plan.chunks != 1 and plan.schedule not in V_SHAPED:
         return f"{plan.chunks} chunks per device (a dp x pp run runs one stage per process, or two in a V)"
     if plan.schedule in ("zero-bubble", *V_SHAPED) and 3 in plan.zero:

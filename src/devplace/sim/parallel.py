@@ -12,7 +12,8 @@ category.
    numbered block (transformer layer) of the stage is a checkpoint (`recompute_units`), as Megatron-LM's full
    recomputation and torch's per-layer activation checkpointing run it. The stage then keeps only each
    block's input per micro-batch, and reruns a block's forward when its backward begins, on the critical
-   path.
+   path. A stage that recomputes k blocks reruns only its first k (`recomputed_units`, Megatron-LM's
+   "block" method with k layers); its other ops keep their activations as without recomputation.
 3. Each replica's pipeline is simulated with the reference model (`simulate_schedule`; replicas on devices of
    the same speeds, memory and links are simulated once).
 4. Gradients of a parameter are complete when the last backward op feeding its update has finished (for a
@@ -101,11 +102,10 @@ def _bytes(value: Any) -> float | None:
 # --------------------------------------------------------------------------- recomputation
 
 
-def recompute_units(graph: CompGraph, stage: np.ndarray) -> np.ndarray:
-    """int64[V]: each op's recomputation unit, a checkpoint of activation checkpointing: the ops of one
-    numbered block (a transformer layer: `numbered_block` of the forward op's id or group) on one stage, the
-    stage's other ops (embeddings, head) as one more unit; a backward op in its tie class's unit. On a graph
-    without numbered blocks, each stage is one unit."""
+def op_blocks(graph: CompGraph) -> np.ndarray:
+    """int64[V]: each op's numbered block (a transformer layer: `numbered_block` of the forward op's id or group),
+    numbered 0, 1, ... in the program's order, -1 for an op of none (embeddings, head); a backward op in its tie
+    class's block."""
     phase = op_phases(graph)
     classes = tie_classes(graph)
     index: dict[tuple[str, int], int] = {}
@@ -114,8 +114,34 @@ def recompute_units(graph: CompGraph, stage: np.ndarray) -> np.ndarray:
         found = numbered_block(graph.group[v]) or numbered_block(graph.ids[v])
         if found:
             class_block.setdefault(int(classes[v]), index.setdefault(found, len(index)))
-    block = np.array([class_block.get(int(c), -1) for c in classes.tolist()], dtype=np.int64)
-    return np.asarray(stage, dtype=np.int64) * (len(index) + 1) + block + 1
+    return np.array([class_block.get(int(c), -1) for c in classes.tolist()], dtype=np.int64)
+
+
+def recompute_units(graph: CompGraph, stage: np.ndarray, blocks: np.ndarray | None = None) -> np.ndarray:
+    """int64[V]: each op's recomputation unit, a checkpoint of activation checkpointing: the ops of one
+    numbered block (`op_blocks`, or `blocks` where given) on one stage, the stage's other ops (embeddings,
+    head) as one more unit. On a graph without numbered blocks, each stage is one unit."""
+    block = op_blocks(graph) if blocks is None else blocks
+    return np.asarray(stage, dtype=np.int64) * (int(block.max(initial=-1)) + 2) + block + 1
+
+
+def stage_blocks(blocks: np.ndarray, pos: np.ndarray, pp: int) -> tuple[np.ndarray, ...]:
+    """Per device position s < pp, the numbered blocks (`op_blocks`) of its ops, in the program's order: what
+    a recomputation of k blocks takes the first k of."""
+    return tuple(np.unique(blocks[(pos == s) & (blocks >= 0)]) for s in range(pp))
+
+
+def recomputed_units(plan: ParallelPlan, units: np.ndarray, blocks: np.ndarray, pos: np.ndarray) -> tuple[int, ...]:
+    """The recomputation units `plan` reruns: every unit of a stage that recomputes "full" (or all its blocks),
+    the units of the first k blocks of a stage that recomputes k."""
+    chosen: set[int] = set()
+    for s, (r, mine) in enumerate(zip(plan.recompute, stage_blocks(blocks, pos, plan.pp), strict=True)):
+        at = pos == s
+        if r == "full" or (isinstance(r, int) and r >= mine.size):
+            chosen.update(np.unique(units[at]).tolist())
+        elif isinstance(r, int):
+            chosen.update(np.unique(units[at & np.isin(blocks, mine[:r])]).tolist())
+    return tuple(sorted(chosen))
 
 
 def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]) -> CompGraph:
@@ -360,10 +386,11 @@ def simulate_parallel(graph: CompGraph, cluster: Cluster, stage: np.ndarray, pla
     stage = _check(graph, cluster, stage, plan, bucket_bytes)
     own = graph_microbatches(graph)
     pos, chunk = stage_layout(plan, stage)
-    recomputed = [s for s in range(plan.pp) if plan.recompute[s] == "full"]
-    units = recompute_units(graph, stage)
-    chosen = tuple(np.unique(units[np.isin(pos, recomputed)]).tolist())
-    run_graph = recompute_graph(graph, units, chosen) if recomputed else graph
+    blocks = op_blocks(graph)
+    plan.check_blocks(tuple(b.size for b in stage_blocks(blocks, pos, plan.pp)))
+    units = recompute_units(graph, stage, blocks)
+    chosen = recomputed_units(plan, units, blocks, pos)
+    run_graph = recompute_graph(graph, units, chosen) if chosen else graph
     originals = [graph.index[i.removesuffix(RECOMPUTE_SUFFIX)] for i in run_graph.ids[graph.num_nodes:]]
     run_stage = np.concatenate([pos, pos[originals]])
     run_graph = sharded_updates(run_graph, run_stage, plan)

@@ -1,11 +1,13 @@
 """A dp x pp parallel export run for real (issue 31 item 4): 2 replicas of a 2-stage pipeline in 4 CPU processes
-over gloo, with ZeRO-1 on one stage, FSDP (ZeRO-3) on the other, and per-block activation checkpointing on both;
-the loss and every gradient match the one-process step. Also reading exports back and the runner's refusals."""
+over gloo, with ZeRO-1 and activation checkpointing of its first block on one stage, FSDP (ZeRO-3) and per-block
+checkpointing on the other; the loss and every gradient match the one-process step. Also reading exports back
+and the runner's refusals."""
 
 from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -56,7 +58,7 @@ def test_two_replicas_of_two_stages_with_zero_fsdp_and_recomputation_match_the_o
     """Loss and every gradient of the first step, then the loss after the SGD update (ZeroRedundancyOptimizer on
     stage 0, fully_shard's sharded update on stage 1)."""
     model, inputs = _net()
-    plan = ParallelPlan(dp=2, pp=2, microbatches=2, batch=8, schedule="1f1b", zero=(1, 3), recompute="full")
+    plan = ParallelPlan(dp=2, pp=2, microbatches=2, batch=8, schedule="1f1b", zero=(1, 3), recompute=(1, "full"))
     ran = run_parallel(model, inputs, parallel_export(plan, ["blocks.2"]), steps=2, optimizer="sgd",
                        return_grads=True)
     assert ran.processes == 4 and len(ran.step_times_s) == 2
@@ -75,7 +77,7 @@ def test_two_replicas_of_two_stages_with_zero_fsdp_and_recomputation_match_the_o
     # process r * pp + s ran stage s of replica r as the plan says
     for r in range(2):
         zero1, fsdp = ran.setups[2 * r], ran.setups[2 * r + 1]
-        assert zero1 == {"checkpointed": ["blocks.0", "blocks.1"], "optimizer": "ZeroRedundancyOptimizer",
+        assert zero1 == {"checkpointed": ["blocks.0"], "optimizer": "ZeroRedundancyOptimizer",  # its first block
                          "sharded": False}
         assert fsdp == {"checkpointed": ["blocks.2", "blocks.3"], "optimizer": "SGD", "sharded": True}
     assert all(p.grad is None for p in model.parameters())  # the module itself is left as it was
@@ -112,6 +114,9 @@ def test_checkpointed_blocks_rerun_their_forward_in_the_backward():
         torch.testing.assert_close(g, h)
     # a module without numbered blocks (a Sequential's children are not layers of a stack) is one unit
     assert checkpoint_blocks(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) == [""]
+    # a number of blocks: the first ones; none where a module has no blocks
+    assert checkpoint_blocks(_net()[0], 3) == [f"blocks.{i}" for i in range(3)]
+    assert checkpoint_blocks(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), 2) == []
 
 
 def test_the_program_configuration_per_stage():
@@ -124,6 +129,13 @@ def test_the_program_configuration_per_stage():
                                                  "optimizer": "local"}
     assert data_parallel_of(2, 2)["reshard_after_forward"] is False and data_parallel_of(0, 1)["wrapper"] == "none"
     assert [st["activation_checkpointing"] for st in doc["stages"]] == ["per block", "none"]
+    partial = replace(plan, recompute=(2, 2))
+    assert [st["activation_checkpointing"] for st in parallel_export(partial, ["blocks.2"])["stages"]] == \
+        ["first 2 blocks"] * 2
+    assert read_parallel(parallel_export(partial, ["blocks.2"])).plan == partial
+    with pytest.raises(ExportError, match="not a stage's first 2 blocks as this plan does; export it with --format "
+                                          "parallel"):
+        torchtitan_config(read_parallel(parallel_export(replace(partial, zero=1), ["blocks.2"])))
     assert [st["devices"] for st in doc["stages"]] == [list(plan.stage_group(0)), list(plan.stage_group(1))]
     back = read_parallel(doc)
     assert back.plan == plan and back.split_points == ("blocks.2",) and back.source == {"zoo": "x", "batch": 8}

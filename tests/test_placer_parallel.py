@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from conftest import cluster
 from devplace.errors import DevplaceError
-from devplace.placers.parallel import search_parallel
+from devplace.graph.parallel import ParallelPlan
+from devplace.placers.parallel import fewest_blocks, search_parallel
 from devplace.sim.parallel import simulate_parallel
-from test_sim_parallel import model
+from test_sim_parallel import blocks, model
 
 
 def test_the_search_answers_the_fastest_plan_that_fits() -> None:
@@ -56,3 +58,35 @@ def test_the_search_says_what_is_wrong() -> None:
         search_parallel(g, c, batch=8, microbatch_size=2, dps=(1, 3))
     with pytest.raises(DevplaceError, match="no parallel plan of 'm' at batch 8 fits"):
         search_parallel(g, c, batch=8, microbatch_size=2)
+
+
+def test_where_only_full_recomputation_fits_a_stage_recomputes_the_fewest_blocks_that_fit() -> None:
+    # 6 blocks of 2 x 100 bytes per micro-batch on one device: 1200 bytes without recomputation, 701 with all
+    # (each block's input kept), 601 to 1001 with 5 to 1 (test_sim_parallel); 950 bytes of memory
+    g = blocks(6)
+    found = search_parallel(g, cluster(1, mem=950.0), batch=2, microbatch_size=1)
+    by = {x.plan.recompute[0]: x for x in found.candidates}
+    assert not by["none"].feasible and by["full"].feasible
+    k = found.best.plan.recompute[0]
+    assert isinstance(k, int) and 0 < k < 6 and found.best.feasible
+    assert found.best.step_time_s < by["full"].step_time_s and by[k].step_time_s == found.best.step_time_s
+
+
+def test_the_fewest_blocks_per_stage_of_a_pipeline() -> None:
+    # two stages of 3 blocks under 1F1B, M=4: stage 0 holds more micro-batches' activations (300 bytes without
+    # recomputation, 175.5 with) than stage 1 (175, fits): only stage 0 recomputes, some of its blocks
+    g = blocks(6)
+    stage = np.array([int(i.split(".")[2].split("/")[0]) // 3 if "/" in i else 0 for i in g.ids])
+    c = cluster(2, mem=250.0)
+    none, full = (simulate_parallel(g, c, stage, ParallelPlan(1, 2, 4, 4, "1f1b", recompute=r))
+                  for r in ("none", "full"))
+    assert [m.total for m in none.memory] == [300.0, 175.0] and full.feasible
+    partial = fewest_blocks(g, c, stage, none, full)
+    assert partial is not None and partial.feasible
+    k = partial.plan.recompute
+    assert isinstance(k[0], int) and 0 < k[0] < 3 and k[1] == "none"
+    assert partial.step_time_s < full.step_time_s
+    roomy = cluster(2)
+    none, full = (simulate_parallel(g, roomy, stage, ParallelPlan(1, 2, 4, 4, "1f1b", recompute=r))
+                  for r in ("none", "full"))
+    assert fewest_blocks(g, roomy, stage, none, full) is None  # nothing over memory: nothing to recompute

@@ -12,13 +12,16 @@ refinement are its own) cuts the graph into pp stages on replica 0's devices, wi
 recomputation; where no such split fits memory, it cuts on devices with room to spare, and the ZeRO stages and
 recomputation below decide whether the plan fits. Every schedule (1F1B and zero bubble, one chunk per device),
 ZeRO stage (0 only when dp = 1) and recomputation choice (the same for all stages) is then simulated on those
-stages (recomputation is not simulated where the same plan fits without it: it only adds work); the fastest
-plan that fits memory wins (ties: the first in the order dp ascending, schedule, ZeRO ascending, no
-recomputation first).
+stages (recomputation is not simulated where the same plan fits without it: it only adds work). Where no
+recomputation is over memory and full recomputation fits, each stage then recomputes the fewest of its blocks
+that a memory model of the two simulations says fit (`fewest_blocks`: none for a stage that fits), one more
+plan judged; the fastest plan that fits memory wins (ties: the first in the order dp ascending, schedule, ZeRO
+ascending, no recomputation first, then full, then some blocks).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -30,7 +33,7 @@ from devplace.graph.parallel import RECOMPUTE, ZERO_STAGES, ParallelPlan, runtim
 from devplace.hardware.cluster import Cluster, Link
 from devplace.placers.memory import NoFitError
 from devplace.placers.pipeline import pipeline_plan
-from devplace.sim.parallel import ParallelResult, simulate_parallel
+from devplace.sim.parallel import ParallelResult, op_blocks, simulate_parallel, stage_blocks, stage_layout
 
 ROOM = 1e3  # memory factor of the devices a pipeline is cut on when no split fits without sharding
 
@@ -98,6 +101,7 @@ def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatc
         for kind in kinds:
             for zero in (z for z in zeros if dp > 1 or z == 0):
                 fits_without = False
+                simulated: dict[str, ParallelResult] = {}
                 for recompute in recomputes:
                     plan = ParallelPlan(dp, pp, m, batch, kind, chunks=1, zero=zero, recompute=recompute)
                     gap = runtime_gap(plan) if runnable else None
@@ -108,11 +112,19 @@ def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatc
                         candidates.append(Candidate(plan, dp, None, False, "skipped: the same plan fits without "
                                                     "recomputation, which only adds work"))
                         continue
-                    result = simulate_parallel(one, cluster, stage, plan)
+                    result = simulated[recompute] = simulate_parallel(one, cluster, stage, plan)
                     candidates.append(Candidate(plan, dp, result.step_time_s, result.feasible))
                     if result.feasible:
                         judged.append((result.step_time_s, result, stage))
                         fits_without = fits_without or recompute == "none"
+                if "none" in simulated and "full" in simulated and simulated["full"].feasible and not fits_without:
+                    partial = fewest_blocks(one, cluster, stage, simulated["none"], simulated["full"])
+                    if partial is not None:
+                        candidates.append(Candidate(partial.plan, dp, partial.step_time_s, partial.feasible,
+                                                    "" if partial.feasible else "over memory (the memory model's "
+                                                    "number of blocks)"))
+                        if partial.feasible:
+                            judged.append((partial.step_time_s, partial, stage))
     if not judged:
         tried = "; ".join(f"{c.plan.label if c.plan else f'dp={c.dp}'}: {c.note or 'over memory'}"
                           for c in candidates)
@@ -120,6 +132,34 @@ def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatc
                             "use more devices or a smaller micro-batch")
     _, best, stage = min(judged, key=lambda x: x[0])
     return ParallelSearch(best, stage, tuple(candidates))
+
+
+def fewest_blocks(graph: CompGraph, cluster: Cluster, stage: np.ndarray, none: ParallelResult,
+                  full: ParallelResult) -> ParallelResult | None:
+    """The plan of `none` (no recomputation, over memory) with each stage recomputing the fewest of its blocks
+    that the memory model says fit, simulated; None where that is every block of every stage (`full`, judged
+    already). The model, from the two simulations: a stage's peak falls linearly from its peak without
+    recomputation to its peak with all n of its blocks recomputed, (none - full) / n per block, so a stage
+    over its devices' memory by `over` recomputes ceil(over / that) blocks; a stage that fits recomputes none.
+    No retry: the answer is judged like any candidate (the plan with "full" stays the fallback)."""
+    pp = none.plan.pp
+    counts = stage_blocks(op_blocks(graph), stage_layout(none.plan, stage)[0], pp)
+    ks: list[int | str] = []
+    for s in range(pp):
+        n = counts[s].size
+        mine = [(a, b) for a, b in zip(none.memory, full.memory, strict=True) if a.stage == s]
+        over = max(a.total - a.capacity for a, _ in mine)
+        per_block = min(a.total - b.total for a, b in mine) / max(n, 1)
+        if over <= 0:
+            ks.append("none")
+        elif n == 0 or per_block <= 0:
+            ks.append("full")
+        else:
+            ks.append(min(n, math.ceil(over / per_block)) if over < per_block * n else "full")
+    ks = ["full" if isinstance(k, int) and k == counts[s].size else k for s, k in enumerate(ks)]
+    if all(k == "full" for k in ks) or all(k == "none" for k in ks):
+        return None
+    return simulate_parallel(graph, cluster, stage, replace(none.plan, recompute=tuple(ks)))
 
 
 def as_microbatch(graph: CompGraph, m: int) -> CompGraph:

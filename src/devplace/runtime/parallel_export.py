@@ -10,7 +10,8 @@ export), and per stage the torch program configuration that runs it:
   ZeRO-2 `fully_shard(reshard_after_forward=False)` and ZeRO-3 `fully_shard(reshard_after_forward=True)`;
 - its activation checkpointing: "full" recomputation checkpoints each numbered block (a transformer layer:
   `devplace.graph.modules.numbered_block`) of the stage with `torch.utils.checkpoint` (non-reentrant), the
-  whole stage where it has none, as the simulator's recomputation units are (`sim.parallel.recompute_units`).
+  whole stage where it has none, as the simulator's recomputation units are (`sim.parallel.recompute_units`);
+  a stage that recomputes k blocks checkpoints its first k ("first k blocks", `checkpointing_of`).
 
 `devplace run --parallel FILE` runs such a document (`runtime.parallel_run.run_parallel`); `torchtitan_config`
 gives the same plan as the parallelism and activation-checkpoint sections of a torchtitan job config
@@ -28,7 +29,8 @@ from devplace.graph.parallel import V_SHAPED, ParallelPlan, ParallelPlanError
 from devplace.graph.schedule import stage_position
 from devplace.runtime.export import ExportError, read_export_doc, read_precision
 
-__all__ = ["PARALLEL_FORMAT", "TORCHTITAN_FORMAT", "ParallelExport", "data_parallel_of", "parallel_export",
+__all__ = ["PARALLEL_FORMAT", "TORCHTITAN_FORMAT", "ParallelExport", "checkpointing_of", "data_parallel_of",
+           "parallel_export",
            "pipeline_stages", "read_parallel", "torchtitan_config"]
 
 PARALLEL_FORMAT = "devplace.parallel/1"
@@ -60,6 +62,14 @@ class ParallelExport:
         return read_precision(self.doc, "the parallel export")
 
 
+def checkpointing_of(recompute: str | int) -> str:
+    """A pipeline position's activation checkpointing in a torch program (module docstring): "per block" (full
+    recomputation), "first k blocks" (k of them: a V's two stages count theirs in pipeline order) or "none"."""
+    if isinstance(recompute, int):
+        return f"first {recompute} blocks"
+    return "per block" if recompute == "full" else "none"
+
+
 def pipeline_stages(plan: ParallelPlan) -> int:
     """The pipeline stages of `plan`: pp, or 2 pp under a V-shaped schedule (zbv, dualpipev: position s of the
     pipeline runs stages s and 2 pp - 1 - s)."""
@@ -81,7 +91,7 @@ def parallel_export(plan: ParallelPlan, split_points: Sequence[str], *, source: 
                           f"module(s), got {points}")
     stages = [{"stage": s, "begins_at": points[s - 1] if s else None, "devices": list(plan.stage_group(pos)),
                "data_parallel": data_parallel_of(plan.zero[pos], plan.dp),
-               "activation_checkpointing": "per block" if plan.recompute[pos] == "full" else "none"}
+               "activation_checkpointing": checkpointing_of(plan.recompute[pos])}
               for s, pos in ((s, stage_position(plan.schedule, s, plan.pp)) for s in range(k))]
     doc: dict[str, Any] = {"format": PARALLEL_FORMAT, "parallel": plan.to_dict(),
                            "split_points": [{"module": m, "point": "beginning"} for m in points],
@@ -146,6 +156,11 @@ def torchtitan_config(export: ParallelExport) -> dict[str, Any]:
         raise ExportError(f"torchtitan applies one ZeRO stage and one recomputation to every pipeline stage; this "
                           f"plan has zero={list(plan.zero)}, recompute={list(plan.recompute)} (export it with "
                           "--format parallel, or give one --zero and --recompute)")
+    partial = sorted({r for r in plan.recompute if isinstance(r, int)})
+    if partial:
+        raise ExportError(f"torchtitan checkpoints every layer ('full') or every Nth layer ('selective' with option "
+                          f"N), not a stage's first {partial[0]} blocks as this plan does; export it with --format "
+                          "parallel, or give --recompute none or full")
     zero, notes = plan.zero[0], []
     parallelism: dict[str, Any] = {
         "data_parallel_replicate_degree": plan.dp if zero == 0 else 1,

@@ -17,7 +17,8 @@ Per stage, as the export's program configuration says (`parallel_export.data_par
 - ZeRO-2 and 3: the stage module is `fully_shard`-ed over the stage's group (reshard after forward under
   ZeRO-3 only); the pipelining runtime reduce-scatters the gradients after the last micro-batch;
 - recomputation "full": each numbered block of the stage (`numbered_block`: a transformer layer) runs under
-  `torch.utils.checkpoint` (non-reentrant), the whole stage where it has none.
+  `torch.utils.checkpoint` (non-reentrant), the whole stage where it has none; k blocks: the stage's first k
+  (the simulator's `recomputed_units`).
 
 The loss of a step is the mean of the replicas' losses and the gradients are the replicas' mean: one step on
 the whole batch when the module's loss is a mean over the batch (the micro-batches and slices are equal); for
@@ -87,18 +88,20 @@ class ParallelRun:
         return statistics.median(self.step_times_s)
 
 
-def checkpoint_blocks(stage: nn.Module) -> list[str]:
+def checkpoint_blocks(stage: nn.Module, count: int | None = None) -> list[str]:
     """Make each outermost numbered block of `stage` (a module whose name `numbered_block` recognises, e.g.
     `model.transformer.h.3`) run under non-reentrant `torch.utils.checkpoint`, or the whole stage where it has
-    none; returns the names wrapped ("" for the whole stage). The forward is replaced on the instance, so a
-    traced stage's generated code, which calls its submodules, calls the checkpointed forward."""
+    none; with `count`, only its first `count` blocks (in the module's order: the program's), none where it has
+    no blocks. Returns the names wrapped ("" for the whole stage). The forward is replaced on the instance, so
+    a traced stage's generated code, which calls its submodules, calls the checkpointed forward."""
     from torch.utils.checkpoint import checkpoint
 
     # the dots: `numbered_block` reads op ids ("model.layers.3.mlp/mm#0"), where a stack name follows a dot
     blocks = [name for name, sub in stage.named_modules() if name and numbered_block(f".{name}.")
               and type(sub).forward is not nn.Module.forward]
     outer = [b for b in blocks if not any(b.startswith(o + ".") for o in blocks)]
-    for name in outer or [""]:
+    chosen = (outer or [""]) if count is None else outer[:count]
+    for name in chosen:
         sub = stage.get_submodule(name)
         forward = sub.forward
 
@@ -106,7 +109,22 @@ def checkpoint_blocks(stage: nn.Module) -> list[str]:
             return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
 
         sub.forward = checkpointed  # type: ignore[method-assign]
-    return outer or [""]
+    return chosen
+
+
+def _checkpoint_position(stages: list[nn.Module], recompute: str | int) -> list[str]:
+    """Checkpoint what one pipeline position recomputes (`recompute`: "none", "full" or its first k blocks)
+    over its stages in pipeline order (two under a V); the names wrapped."""
+    if recompute == "none":
+        return []
+    wrapped: list[str] = []
+    for mod in stages:
+        left = None if recompute == "full" else int(recompute) - len(wrapped)
+        wrapped += checkpoint_blocks(mod, left) if left is None or left > 0 else []
+    if recompute != "full" and len(wrapped) < int(recompute):
+        raise PipelineRunError(f"a stage recomputes {recompute} blocks but holds {len(wrapped)} numbered blocks; "
+                               "give at most that many (or 'full')")
+    return wrapped
 
 
 @dataclass(frozen=True)
@@ -120,7 +138,7 @@ class _Job:
     dp: int
     pp: int
     zero: tuple[int, ...]
-    recompute: tuple[str, ...]
+    recompute: tuple[str | int, ...]
     schedule: Schedule
     microbatches: list[list[dict[str, Any]]]  # per replica
     steps: int
@@ -179,8 +197,7 @@ def _process(rank: int, job: _Job) -> None:
             # a name the unpickled stage no longer lists is the same tensor as another it does (pickling keeps
             # one object per storage): its gradient is that one's
             ties.append((groups[r], [(st, n) for st, n in users if on[st] == s and (st, n) in params]))
-        checkpointed = [name for mod, _ in loaded for name in checkpoint_blocks(mod)] if job.recompute[s] == "full" \
-            else []
+        checkpointed = _checkpoint_position([mod for mod, _ in loaded], job.recompute[s])
         zero, sharded = job.zero[s], job.dp > 1 and job.zero[s] >= 2
         mean = job.loss_reduction == "mean"
         stages = []

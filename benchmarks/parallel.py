@@ -105,11 +105,13 @@ def peak_gb(result: ParallelResult) -> float:
 
 
 def short(plan: ParallelPlan) -> str:
-    """A plan in a table cell: "dp=2 pp=4 1f1b M=8 Z1 rc" (ZeRO stage and recomputation of its first stage; the
-    search and the hand configurations choose them alike for every stage)."""
+    """A plan in a table cell: "dp=2 pp=4 1f1b M=8 Z1 rc" (ZeRO stage of its first stage, the same for every
+    stage; "rc" full recomputation on every stage, "rc=4" the first 4 blocks of each, "rc=4,none" per stage)."""
     kind = "" if plan.pp == 1 else f" {plan.schedule}"
-    return (f"dp={plan.dp} pp={plan.pp}{kind} M={plan.microbatches} Z{plan.zero[0]}"
-            + (" rc" if plan.recompute[0] == "full" else ""))
+    rc = set(plan.recompute)
+    said = "" if rc == {"none"} else " rc" if rc == {"full"} else f" rc={plan.recompute[0]}" if len(rc) == 1 \
+        else " rc=" + ",".join(map(str, plan.recompute))
+    return f"dp={plan.dp} pp={plan.pp}{kind} M={plan.microbatches} Z{plan.zero[0]}{said}"
 
 
 def captured(model: str, size: int, seq_len: int | None, precision: str, cache: Path) -> CompGraph:

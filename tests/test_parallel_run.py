@@ -171,6 +171,10 @@ def test_bad_exports_and_runs_are_clear_errors(tmp_path):
                                                                  schedule="interleaved-1f1b"), ["blocks.2"]))
     with pytest.raises(PipelineRunError, match="4 equal micro-batches"):  # dp * M pieces of a batch of 6
         run_parallel(model, (inputs[0][:6], inputs[1][:6]), doc)
+    with pytest.raises(PipelineRunError, match="position 0 recomputes 3 blocks but its stages hold 2 numbered "
+                                               "blocks; give at most 2"):
+        run_parallel(model, inputs, parallel_export(ParallelPlan(dp=2, pp=2, microbatches=2, batch=8,
+                                                                 recompute=(3, "none")), ["blocks.2"]))
 
 
 class _TiedNet(nn.Module):

@@ -60,7 +60,7 @@ from devplace.runtime.pipeline_run import (
 )
 from devplace.sim.schedule import V_SHAPED, Schedule
 
-__all__ = ["SCHEDULES", "ParallelRun", "checkpoint_blocks", "run_parallel"]
+__all__ = ["SCHEDULES", "ParallelRun", "checkpoint_blocks", "outer_blocks", "run_parallel"]
 
 # one stage per process, or two in a V (zbv, dualpipev); graph.parallel.RUN_SCHEDULES names the same
 SCHEDULES = ("gpipe", "1f1b", "zero-bubble", *V_SHAPED)
@@ -96,10 +96,7 @@ def checkpoint_blocks(stage: nn.Module, count: int | None = None) -> list[str]:
     a traced stage's generated code, which calls its submodules, calls the checkpointed forward."""
     from torch.utils.checkpoint import checkpoint
 
-    # the dots: `numbered_block` reads op ids ("model.layers.3.mlp/mm#0"), where a stack name follows a dot
-    blocks = [name for name, sub in stage.named_modules() if name and numbered_block(f".{name}.")
-              and type(sub).forward is not nn.Module.forward]
-    outer = [b for b in blocks if not any(b.startswith(o + ".") for o in blocks)]
+    outer = outer_blocks(stage)
     chosen = (outer or [""]) if count is None else outer[:count]
     for name in chosen:
         sub = stage.get_submodule(name)
@@ -112,18 +109,25 @@ def checkpoint_blocks(stage: nn.Module, count: int | None = None) -> list[str]:
     return chosen
 
 
+def outer_blocks(stage: nn.Module) -> list[str]:
+    """The names of `stage`'s outermost numbered blocks (modules `numbered_block` recognises, with a forward of
+    their own), in the module's order."""
+    # the dots: `numbered_block` reads op ids ("model.layers.3.mlp/mm#0"), where a stack name follows a dot
+    blocks = [name for name, sub in stage.named_modules() if name and numbered_block(f".{name}.")
+              and type(sub).forward is not nn.Module.forward]
+    return [b for b in blocks if not any(b.startswith(o + ".") for o in blocks)]
+
+
 def _checkpoint_position(stages: list[nn.Module], recompute: str | int) -> list[str]:
-    """Checkpoint what one pipeline position recomputes (`recompute`: "none", "full" or its first k blocks)
-    over its stages in pipeline order (two under a V); the names wrapped."""
+    """Checkpoint what one pipeline position recomputes (`recompute`: "none", "full" or its first k blocks,
+    checked against its blocks by `run_parallel`) over its stages in pipeline order (two under a V); the names
+    wrapped."""
     if recompute == "none":
         return []
     wrapped: list[str] = []
     for mod in stages:
         left = None if recompute == "full" else int(recompute) - len(wrapped)
         wrapped += checkpoint_blocks(mod, left) if left is None or left > 0 else []
-    if recompute != "full" and len(wrapped) < int(recompute):
-        raise PipelineRunError(f"a stage recomputes {recompute} blocks but holds {len(wrapped)} numbered blocks; "
-                               "give at most that many (or 'full')")
     return wrapped
 
 
@@ -321,6 +325,11 @@ def run_parallel(module: nn.Module, inputs: Any, export: ParallelExport | Mappin
     replica = plan.replica(0)
     pipe = _trace(module, PipelineExport(ex.split_points, tuple(replica[pos] for pos in on), schedule, ex.source,
                                          ex.doc), pieces[0], autocast)
+    for pos, k in enumerate(plan.recompute):
+        held = sum(len(outer_blocks(pipe.get_stage_module(st))) for st in range(stages) if on[st] == pos)
+        if isinstance(k, int) and k > held:
+            raise PipelineRunError(f"pipeline position {pos} recomputes {k} blocks but its stages hold {held} "
+                                   f"numbered blocks; give at most {held} (or 'full')")
     tied = _tied(pipe, module)
     shared = sorted({st for users in tied for st, _ in users if plan.zero[on[st]] >= 2})
     if shared and plan.dp > 1:

@@ -199,7 +199,8 @@ def place_cmd(
     zero: Annotated[int | None, typer.Option("--zero", help="parallel plans: fix the ZeRO stage, 0-3 (implies "
                                                             "--parallel)")] = None,
     recompute: Annotated[str | None, typer.Option("--recompute", help="parallel plans: none, full or auto (the "
-                                                                      "search chooses; implies --parallel)")] = None,
+                                                                      "search chooses, a number of each stage's "
+                                                                      "blocks included; implies --parallel)")] = None,
 ) -> None:
     """Place GRAPH (or a zoo or custom --model, captured on the fly) on a cluster and print the predicted step
     time and memory per device, with the best single device and the even split as baselines.

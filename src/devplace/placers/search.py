@@ -1287,7 +1287,8 @@ def default_parallel(req: Request) -> SearchResult:
 def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SCHEDULES,
                           runnable: bool = False) -> SearchResult:
     """Parallel plans for `req` (DESIGN.md section 9b): every dimension `req.parallel` leaves open resolved here
-    (dp and pp, `parallel_degrees`; ZeRO 0-3; recomputation none or full; each of `schedules` on each cut), then
+    (dp and pp, `parallel_degrees`; ZeRO 0-3; recomputation none or full, and under "auto" a number of each
+    stage's blocks where only full fits, `fewest_blocks`; each of `schedules` on each cut), then
     the nested search `devplace.placers.parallel.search_parallel` on one micro-batch captured at its own size
     (at each count of `parallel_microbatches`; the full graph: zero bubble needs each backward's B and W ops apart; with
     `runnable`, only plans devplace's runtime runs, `graph.parallel.runtime_gap`). The answer

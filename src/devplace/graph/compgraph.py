@@ -257,6 +257,9 @@ class CompGraph:
                 or (edge_extra and len(edge_extra) != n_e)):
             raise GraphError(f"graph {name!r}: node columns must all have {n} entries and edge columns {n_e}")
         src, dst, ebytes, tensor = ecols
+        # the compiled CSR (`kahn.csr`) indexes arrays by them: checked, not trusted
+        if n_e and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
+            raise GraphError(f"graph {name!r}: an edge names a node index outside 0..{n - 1}")
         ids_t = tuple(ids)
         succ_ptr, succ_edges = _csr(src, n)
         pred_ptr, pred_edges = _csr(dst, n)
@@ -422,11 +425,9 @@ def _kind_columns(by_kind: list[Mapping[str, Any]], ids: list[str]) -> dict[str,
 
 def _csr(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """CSR grouping of edge indices by `keys` (src or dst), stable so each slice keeps edge order."""
-    order = np.argsort(keys, kind="stable").astype(np.int64)
-    counts = np.bincount(keys, minlength=n) if keys.size else np.zeros(n, dtype=np.int64)
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=ptr[1:])
-    return ptr, order
+    from devplace.graph.kahn import csr  # compiled, imported when a graph is built (see canonical_topo_order)
+
+    return csr(np.ascontiguousarray(keys, dtype=np.int64), n)
 
 
 def canonical_topo_order(graph: CompGraph) -> np.ndarray:
@@ -444,7 +445,7 @@ def _first_of_parallel(graph: CompGraph) -> np.ndarray:
     """first[e] is False when an earlier edge has the same (src, dst): parallel edges count once."""
     from devplace.graph.kahn import first_of_parallel
 
-    return first_of_parallel(graph.edge_src, graph.edge_dst, graph.num_nodes)
+    return first_of_parallel(graph.edge_dst, graph.num_nodes, graph.succ_ptr, graph.succ_edges)
 
 
 def find_cycle(graph: CompGraph, partial_topo: Iterable[int]) -> list[str]:

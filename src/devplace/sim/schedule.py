@@ -37,7 +37,7 @@ from devplace.errors import GraphError
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.modules import segment_spans
-from devplace.graph.phases import runs_per_step, step_compute
+from devplace.graph.phases import runs_per_step, step_compute, step_compute_extended
 from devplace.graph.schedule import KINDS as VALUE_KINDS
 from devplace.graph.schedule import V_SHAPED, Schedule, ScheduleError
 from devplace.graph.ties import tie_classes
@@ -325,6 +325,7 @@ def relay(graph: CompGraph, devices: np.ndarray, stages: Stages, v_shaped: bool 
         np.concatenate([graph.edge_bytes, add_bytes]), np.concatenate([tensor, add_tensor]).astype(np.int64),
         meta=graph.meta, kind_compute={kind: np.concatenate([col, zeros]) for kind, col in graph.kind_compute.items()},
         node_extra=[*graph.node_extra, *([{}] * k)] if graph.node_extra else ())
+    step_compute_extended(g, graph)  # relay nodes run nothing once per step: no pass over the nodes' records
     staged = Stages(phase=np.concatenate([phase, phase[of]]), stage=np.concatenate([stage, at]),
                     pipeline_devices=stages.pipeline_devices, chunks=stages.chunks)
     return Relayed(g, np.concatenate([np.asarray(devices, dtype=np.int64), hop_devices]), staged,
@@ -566,15 +567,17 @@ def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: St
     bar_s = np.array([cluster.devices[d].action_s if cluster is not None else 0.0 for d in bar_dev], dtype=np.float64)
     bar_compute = bar_s * np.array([cluster.devices[d].speed if cluster is not None else 1.0 for d in bar_dev])
     ops, kinds = graph.op, graph.kind
-    heads = [f"{w}@" for w in per_mb.tolist()]  # joined to each micro-batch's number: 2x faster than formatting
+    mb_l, once_l = per_mb.tolist(), once_nodes.tolist()
+    heads = [f"{w}@" for w in mb_l]  # joined to each micro-batch's number: 2x faster than formatting
     ids = ([head + kk for kk in map(str, range(m)) for head in heads] + [f"{w}" for w in per_step.tolist()]
            + [f"{w}+step" for w in split.tolist()] + bar_ids)
     nb = len(bar_ids)
-    src_l = source.tolist()
     try:
         g = CompGraph.from_arrays(
-            f"{graph.name}-{schedule.kind}-m{m}", ids, [ops[w] for w in src_l] + [BARRIER] * nb,
-            [kinds[w] for w in src_l] + [""] * nb, [""] * (n_real + nb),
+            # a micro-batch's op and kind columns, repeated M times as one list (C), not looked up per unrolled node
+            f"{graph.name}-{schedule.kind}-m{m}", ids, [ops[w] for w in mb_l] * m + [ops[w] for w in once_l]
+            + [BARRIER] * nb, [kinds[w] for w in mb_l] * m + [kinds[w] for w in once_l] + [""] * nb,
+            [""] * (n_real + nb),
             np.concatenate([compute(graph.compute_s, step.compute_s), bar_compute]),
             np.concatenate([np.where(once_part, 0.0, graph.output_bytes[source] * mult), np.zeros(nb)]),
             np.concatenate([params, np.zeros(nb)]),

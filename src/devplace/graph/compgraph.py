@@ -118,7 +118,9 @@ class CompGraph:
     node_extra: tuple[dict[str, Any], ...] = ()
     edge_extra: tuple[dict[str, Any], ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
-    index: dict[str, int] = field(default_factory=dict)
+    # id -> node index: `build` passes the one it checks ids with; `from_arrays` leaves it to the first use
+    # (`index`): a graph derived in bulk (a pipeline's unrolled step, on every simulation) is rarely looked up
+    _index: dict[str, int] | None = field(default=None, repr=False)
     # device kind -> float64[V], every node's seconds on a device of that kind (`compute_s_by_kind` in JSON); a
     # device of a kind listed here takes these times, any other compute_s / speed (`hardware.op_times`)
     kind_compute: Mapping[str, np.ndarray] = field(default_factory=dict)
@@ -229,7 +231,7 @@ class CompGraph:
             temp_bytes=numeric[3].copy(),
             edge_src=src, edge_dst=dst, edge_bytes=ebytes, edge_tensor=tensor,
             succ_ptr=succ_ptr, succ_edges=succ_edges, pred_ptr=pred_ptr, pred_edges=pred_edges,
-            node_extra=tuple(node_extra), edge_extra=tuple(edge_extra), meta=dict(meta or {}), index=index,
+            node_extra=tuple(node_extra), edge_extra=tuple(edge_extra), meta=dict(meta or {}), _index=index,
             kind_compute=kind_compute,
         )
         return _finish(graph)
@@ -268,12 +270,21 @@ class CompGraph:
             compute_s=cols[0], output_bytes=cols[1], param_bytes=cols[2], temp_bytes=cols[3],
             edge_src=src, edge_dst=dst, edge_bytes=ebytes, edge_tensor=tensor,
             succ_ptr=succ_ptr, succ_edges=succ_edges, pred_ptr=pred_ptr, pred_edges=pred_edges,
-            meta=dict(meta or {}), index=dict(zip(ids_t, range(n), strict=True)), kind_compute=kcols,
+            meta=dict(meta or {}), kind_compute=kcols,
             node_extra=tuple(node_extra), edge_extra=tuple(edge_extra),
         )
         return _finish(graph)
 
     # ----------------------------------------------------------------- queries
+    @property
+    def index(self) -> dict[str, int]:
+        """Node id -> node index (built once, on first use)."""
+        index = self._index
+        if index is None:
+            index = dict(zip(self.ids, range(len(self.ids)), strict=True))
+            object.__setattr__(self, "_index", index)
+        return index
+
     @property
     def num_nodes(self) -> int:
         return len(self.ids)

@@ -15,7 +15,8 @@ from conftest import cluster
 from devplace.graph import CompGraph
 from devplace.graph.compgraph import _first_of_parallel
 from devplace.graph.parallel import ParallelPlan
-from devplace.graph.phases import _step_column
+from devplace.graph.phases import _step_column, step_compute
+from devplace.graph.ties import _tie_classes, tie_classes
 from devplace.hardware.cluster import Cluster
 from devplace.sim import Schedule, ScheduleError
 from devplace.sim.parallel import stage_layout
@@ -119,6 +120,9 @@ def check(g: CompGraph, devices: np.ndarray, schedule: Schedule, c, chunk_of: np
         rel.graph.output_bytes, rel.graph.param_bytes, rel.graph.temp_bytes, rel.graph.edge_src, rel.graph.edge_dst,
         rel.graph.edge_bytes, rel.graph.edge_tensor, meta=rel.graph.meta, kind_compute=rel.graph.kind_compute,
         node_extra=rel.graph.node_extra)
+    # what relay stores on its graph instead of computing it (`step_compute_extended`, `tie_classes_extended`)
+    assert tie_classes(rel.graph).tolist() == _tie_classes(fresh).tolist()
+    assert step_compute(rel.graph).compute_s.tolist() == _step_column(fresh).tolist()
     assert_same(unroll(rel.graph, rel.devices, schedule, rel.stages, c),
                 reference_unroll(fresh, rel.devices, schedule, rel.stages, c))
 
@@ -167,3 +171,20 @@ def test_compiled_csr_and_parallel_edges_match_numpy(case):
     seen: set[tuple[int, int]] = set()
     first = [pair not in seen and not seen.add(pair) for pair in pairs]
     assert _first_of_parallel(g).tolist() == first
+
+
+def test_an_input_relayed_by_its_first_edge_is_tied_to_its_relay():
+    # x feeds f2 two stages on by its first edge: in the relayed graph that edge leaves the relay, and x's first
+    # successor, which it is tied to, is f0: relay may not keep the graph's classes
+    nodes = [{"id": "x", "op": "input", "kind": "forward", "output_bytes": 4}]
+    nodes += [{"id": f"f{i}", "kind": "forward", "compute_s": 1.0} for i in range(3)]
+    nodes += [{"id": f"b{i}", "kind": "backward", "group": f"f{i}", "compute_s": 1.0} for i in range(3)]
+    edges = [{"src": "x", "dst": "f2", "bytes": 4}, {"src": "x", "dst": "f0", "bytes": 4}]
+    edges += [{"src": f"f{i}", "dst": f"f{i + 1}", "bytes": 1} for i in range(2)]
+    edges += [{"src": f"f{i}", "dst": f"b{i}", "bytes": 1} for i in range(3)]
+    edges += [{"src": f"b{i + 1}", "dst": f"b{i}", "bytes": 1} for i in range(2)]
+    g = CompGraph.build("x", nodes, edges)
+    devices = np.array([0, 0, 1, 2, 0, 1, 2])
+    rel = relay(g, devices, pipeline_stages(g, devices, 1))
+    assert tie_classes(g)[0] == tie_classes(g)[3] and tie_classes(rel.graph)[0] == tie_classes(rel.graph)[1]
+    check(g, devices, Schedule("zero-bubble", 2), cluster(3))

@@ -40,7 +40,7 @@ from devplace.graph.modules import segment_spans
 from devplace.graph.phases import runs_per_step, step_compute, step_compute_extended
 from devplace.graph.schedule import KINDS as VALUE_KINDS
 from devplace.graph.schedule import V_SHAPED, Schedule, ScheduleError
-from devplace.graph.ties import tie_classes
+from devplace.graph.ties import tie_classes, tie_classes_extended
 from devplace.hardware.cluster import Cluster
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.result import SimResult, Transfers
@@ -326,6 +326,12 @@ def relay(graph: CompGraph, devices: np.ndarray, stages: Stages, v_shaped: bool 
         meta=graph.meta, kind_compute={kind: np.concatenate([col, zeros]) for kind, col in graph.kind_compute.items()},
         node_extra=[*graph.node_extra, *([{}] * k)] if graph.node_extra else ())
     step_compute_extended(g, graph)  # relay nodes run nothing once per step: no pass over the nodes' records
+    # an input is tied to its first successor: relayed past the next stage by its first edge, it would be tied to
+    # a relay; else the relays are tied to nothing and the classes need no pass over the nodes (a zero-bubble's W)
+    moved = set(far.tolist())
+    if (all(int(graph.succ_edges[graph.succ_ptr[x]]) not in moved for x in set(u[far].tolist())
+            if graph.op[x] == "input") and set(graph.group).isdisjoint(names)):
+        tie_classes_extended(g, graph)
     staged = Stages(phase=np.concatenate([phase, phase[of]]), stage=np.concatenate([stage, at]),
                     pipeline_devices=stages.pipeline_devices, chunks=stages.chunks)
     return Relayed(g, np.concatenate([np.asarray(devices, dtype=np.int64), hop_devices]), staged,

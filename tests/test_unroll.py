@@ -21,15 +21,18 @@ from devplace.hardware.cluster import Cluster
 from devplace.sim import Schedule, ScheduleError
 from devplace.sim.parallel import stage_layout
 from devplace.sim.schedule import (
+    BACKWARD,
     BARRIER,
     BARRIER_TENSOR,
     PER_STEP,
     Relayed,
     Unrolled,
     _barriers,
+    op_phases,
     pipeline_stages,
     relay,
     unroll,
+    weight_grad_ops,
 )
 from test_sim_schedule import pipelines
 from test_zero_bubble import layer, zchain
@@ -97,6 +100,20 @@ def reference_unroll(g: CompGraph, devices: np.ndarray, schedule: Schedule, stag
                     np.array([part for *_, part in rows] + [False] * nb, dtype=bool))
 
 
+def reference_weight_grad_ops(g: CompGraph) -> np.ndarray:
+    """`weight_grad_ops`' rule in numpy, node by node, successors first (the code before it was compiled)."""
+    phase, classes = op_phases(g), _tie_classes(g)
+    w = np.zeros(g.num_nodes, dtype=bool)
+    for v in g.topo_order[::-1].tolist():
+        if phase[v] != BACKWARD:
+            continue
+        succ = g.edge_dst[g.out_edges(v)]
+        bwd = succ[phase[succ] == BACKWARD]
+        to_step = bool((phase[succ] == PER_STEP).any())
+        w[v] = bool(w[bwd].all() and (classes[bwd] == classes[v]).all()) and (to_step or bool(bwd.size))
+    return w
+
+
 def assert_same(got: Unrolled, ref: Unrolled) -> None:
     """Every column of the two unrolled steps equal, dtype included; floats bit for bit."""
     a, b = got.graph, ref.graph
@@ -123,6 +140,7 @@ def check(g: CompGraph, devices: np.ndarray, schedule: Schedule, c, chunk_of: np
     # what relay stores on its graph instead of computing it (`step_compute_extended`, `tie_classes_extended`)
     assert tie_classes(rel.graph).tolist() == _tie_classes(fresh).tolist()
     assert step_compute(rel.graph).compute_s.tolist() == _step_column(fresh).tolist()
+    assert weight_grad_ops(rel.graph).tolist() == reference_weight_grad_ops(fresh).tolist()
     assert_same(unroll(rel.graph, rel.devices, schedule, rel.stages, c),
                 reference_unroll(fresh, rel.devices, schedule, rel.stages, c))
 

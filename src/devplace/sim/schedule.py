@@ -123,16 +123,28 @@ def weight_grad_ops(graph: CompGraph) -> np.ndarray:
 
 
 def _weight_grad_ops(graph: CompGraph) -> np.ndarray:
-    phase = op_phases(graph)
-    classes = tie_classes(graph)
-    w = np.zeros(graph.num_nodes, dtype=bool)
-    for v in graph.topo_order[::-1].tolist():  # successors first
+    return _w_ops(graph.topo_order, graph.succ_ptr, graph.succ_edges, graph.edge_dst, op_phases(graph),
+                  tie_classes(graph))
+
+
+@njit(cache=True)
+def _w_ops(topo, succ_ptr, succ_edges, edge_dst, phase, classes):  # pragma: no cover - compiled
+    """`weight_grad_ops`' rule, successors first: compiled, as a zero-bubble simulation derives it for each split's
+    relayed graph."""
+    w = np.zeros(topo.shape[0], dtype=np.bool_)
+    for i in range(topo.shape[0] - 1, -1, -1):
+        v = topo[i]
         if phase[v] != BACKWARD:
             continue
-        succ = graph.edge_dst[graph.out_edges(v)]
-        bwd = succ[phase[succ] == BACKWARD]
-        to_step = bool((phase[succ] == PER_STEP).any())
-        w[v] = bool(w[bwd].all() and (classes[bwd] == classes[v]).all()) and (to_step or bool(bwd.size))
+        all_w, any_bwd, to_step = True, False, False
+        for k in range(succ_ptr[v], succ_ptr[v + 1]):
+            x = edge_dst[succ_edges[k]]
+            if phase[x] == BACKWARD:
+                any_bwd = True
+                all_w = all_w and w[x] and classes[x] == classes[v]
+            elif phase[x] == PER_STEP:
+                to_step = True
+        w[v] = all_w and (to_step or any_bwd)
     return w
 
 

@@ -247,8 +247,9 @@ class CompGraph:
         """Build a graph from columns that are valid already -- what code that derives a graph from another
         one (the unrolled step of a schedule) has -- without `build`'s per-record checks: the caller guarantees
         unique ids, finite non-negative numbers, edges between existing nodes without duplicates or self-loops,
-        and one size per (src, tensor). Only the shapes and acyclicity are checked (GraphError naming a cycle);
-        the graph is the one `build` makes from the same records."""
+        and one size per (src, tensor). Only the shapes, the edges' node indices and acyclicity are checked
+        (GraphError naming a cycle); the id index is built on first use (`index`). The graph is the one `build`
+        makes from the same records."""
         n, n_e = len(ids), int(np.shape(edge_src)[0])
         cols = [np.array(x, dtype=np.float64) for x in (compute_s, output_bytes, param_bytes, temp_bytes)]
         ecols = [np.array(edge_src, dtype=np.int64), np.array(edge_dst, dtype=np.int64),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +17,7 @@ from devplace.graph import CompGraph
 from devplace.graph.compgraph import _first_of_parallel
 from devplace.graph.parallel import ParallelPlan
 from devplace.graph.phases import _step_column, step_compute
+from devplace.graph.schedule import V_SHAPED
 from devplace.graph.ties import _tie_classes, tie_classes
 from devplace.hardware.cluster import Cluster
 from devplace.sim import Schedule, ScheduleError
@@ -25,7 +27,6 @@ from devplace.sim.schedule import (
     BARRIER,
     BARRIER_TENSOR,
     PER_STEP,
-    Relayed,
     Unrolled,
     _barriers,
     op_phases,
@@ -130,8 +131,7 @@ def assert_same(got: Unrolled, ref: Unrolled) -> None:
 
 def check(g: CompGraph, devices: np.ndarray, schedule: Schedule, c, chunk_of: np.ndarray | None = None) -> None:
     stages = pipeline_stages(g, devices, int(schedule.chunks or 1), schedule.device_order, chunk_of)
-    rel = (relay(g, devices, stages) if schedule.kind != "zbv"
-           else Relayed(g, devices, stages, np.arange(g.num_nodes)))
+    rel = relay(g, devices, stages, schedule.kind in V_SHAPED)
     fresh = CompGraph.from_arrays(  # the relayed graph again, nothing derived from it cached yet
         rel.graph.name, rel.graph.ids, rel.graph.op, rel.graph.kind, rel.graph.group, rel.graph.compute_s,
         rel.graph.output_bytes, rel.graph.param_bytes, rel.graph.temp_bytes, rel.graph.edge_src, rel.graph.edge_dst,
@@ -165,11 +165,12 @@ def test_unroll_is_the_plain_build_on_random_pipelines(case, kind, extras, actio
         return
 
 
-def test_unroll_is_the_plain_build_under_zbv():
+@pytest.mark.parametrize("kind", V_SHAPED)
+def test_unroll_is_the_plain_build_on_a_v(kind):
     p, m = 2, 4
     g = zchain(2 * p, 0.5, 0.5, 0.5, microbatches=m)
-    pos, chunk = stage_layout(ParallelPlan(dp=1, pp=p, microbatches=m, batch=m, schedule="zbv"), layer(g))
-    check(g, pos, Schedule("zbv", m, microbatch_graph=True), cluster(p, bw=1e9), chunk)
+    pos, chunk = stage_layout(ParallelPlan(dp=1, pp=p, microbatches=m, batch=m, schedule=kind), layer(g))
+    check(g, pos, Schedule(kind, m, microbatch_graph=True), cluster(p, bw=1e9), chunk)
 
 
 @settings(max_examples=60, deadline=None)

@@ -2,9 +2,10 @@
 against the same graph built from records with `CompGraph.build`, side by side.
 
     PYTHONPATH=src .venv/bin/python benchmarks/unroll.py [--model gpt2-xl] [--cluster 4xV100-16GB] [--microbatches 32]
-        [--kinds 1f1b zero-bubble] [--repeat 20]
+        [--batch 32] [--kinds 1f1b zero-bubble] [--repeat 20]
 
-For the zoo model's pipeline placement (topo order, 1F1B at M micro-batches): the time to unroll the step
+For the zoo model's pipeline placement (topo order, 1F1B at M micro-batches; the model captured at `--batch`,
+by default the zoo's, which M must divide: gpt2-xl's is 4, so M=32 needs `--batch 32`): the time to unroll the step
 (columns, `from_arrays`), the time `CompGraph.build` takes for the same nodes and edges as records, and the
 time of one whole `simulate(..., schedule=)`. Wall-clock seconds, best of 3, this machine. Then, per schedule
 kind of `--kinds` on the same placement: what `simulate_schedule` builds before it simulates (stages, relays,
@@ -42,11 +43,12 @@ def main() -> None:
     ap.add_argument("--model", default="gpt2-xl")
     ap.add_argument("--cluster", default="4xV100-16GB")
     ap.add_argument("--microbatches", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=None, help="the batch captured (default: the zoo's)")
     ap.add_argument("--kinds", nargs="*", default=[], choices=["gpipe", "1f1b", "zero-bubble"])
     ap.add_argument("--repeat", type=int, default=20, help="timed runs per kind (the least kept)")
     args = ap.parse_args()
     cluster = PRESETS[args.cluster]()
-    g = zoo_prepared(args.model).graph
+    g = zoo_prepared(args.model, batch=args.batch).graph
     s = Schedule("1f1b", args.microbatches)
     order = traversal_indices(g, "topo", 0, cluster=cluster)
     devices = pipeline_plan(g, cluster, order, schedule="1f1b", microbatches=args.microbatches).devices

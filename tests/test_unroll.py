@@ -26,9 +26,14 @@ from devplace.sim.schedule import (
     BACKWARD,
     BARRIER,
     BARRIER_TENSOR,
+    FULL,
     PER_STEP,
+    SPLIT_KINDS,
+    WEIGHT,
+    Stages,
     Unrolled,
-    _barriers,
+    _groups,
+    actions,
     op_phases,
     pipeline_stages,
     relay,
@@ -43,7 +48,7 @@ KIND = "V100"  # the device kind of the per-kind compute column some cases carry
 
 def reference_unroll(g: CompGraph, devices: np.ndarray, schedule: Schedule, stages, c) -> Unrolled:
     """The unrolled step record by record (docs/simulation.md, "Pipeline schedules"): micro-batch ops k = 0..M-1
-    in node order, per-step ops, the once-per-step parts, barriers (`_barriers`, not rewritten here); every edge
+    in node order, per-step ops, the once-per-step parts, barriers (`reference_barriers`); every edge
     in edge order, a micro-batch edge once per micro-batch, then the parts' edges, then the barriers'."""
     m, n = schedule.microbatches, g.num_nodes
     scale = 1.0 if schedule.microbatch_graph else 1.0 / m
@@ -80,7 +85,7 @@ def reference_unroll(g: CompGraph, devices: np.ndarray, schedule: Schedule, stag
     edges += [(at[v, m - 1], len(rows) - len(split) + i, 0.0, BARRIER_TENSOR) for i, v in enumerate(split)]
     slot = np.array([at[v, 0 if is_mb[v] else -1] for v in range(n)], dtype=np.int64)
     step_nodes = per_step + split
-    bar_ids, bar_dev, bar_src, bar_dst, bar_tensor = _barriers(
+    bar_ids, bar_dev, bar_src, bar_dst, bar_tensor = reference_barriers(
         g, devices, schedule, stages, slot, len(mb), devices[step_nodes].astype(np.int64),
         np.array([at[v, -1] for v in per_step] + [len(rows) - len(split) + i for i in range(len(split))],
                  dtype=np.int64), len(rows))
@@ -99,6 +104,62 @@ def reference_unroll(g: CompGraph, devices: np.ndarray, schedule: Schedule, stag
                     np.array([k for _, _, k, _ in rows] + [-1] * nb, dtype=np.int64),
                     np.array([devices[v] for _, v, _, _ in rows] + list(bar_dev), dtype=np.int64),
                     np.array([part for *_, part in rows] + [False] * nb, dtype=bool))
+
+
+def reference_barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: Stages, slot: np.ndarray,
+              per_microbatch: int, step_devices: np.ndarray, step_nodes: np.ndarray,
+              first: int) -> tuple[list[str], list[int], np.ndarray, np.ndarray, np.ndarray]:
+    """`_barriers` as it was before its edges were built in one go (main fa5d9e8), kept as the reference."""
+    p = len(stages.pipeline_devices)
+    devices = np.asarray(devices, dtype=np.int64)
+    mb = stages.phase != PER_STEP
+    action_phase = stages.phase
+    if schedule.kind in SPLIT_KINDS:  # a backward op's action is B or W (or, FULL, both)
+        action_phase = np.where(weight_grad_ops(graph), WEIGHT, stages.phase)
+    # an action's ops: one (device, action phase, stage); its sources have no in-edge from the same action, its
+    # sinks no out-edge to it
+    width = int(stages.stage.max(initial=0)) + 2  # stage + 1 in 0 .. width - 1
+    code = (devices * 4 + action_phase) * width + stages.stage + 1
+    u, v = graph.edge_src, graph.edge_dst
+    inner = mb[u] & (code[u] == code[v])
+    has_pred = np.zeros(graph.num_nodes, dtype=bool)
+    has_succ = np.zeros(graph.num_nodes, dtype=bool)
+    has_pred[v[inner]] = True
+    has_succ[u[inner]] = True
+    members = _groups(code, mb)
+    step_ops = _groups(step_devices)
+    ids: list[str] = []
+    dev: list[int] = []
+    src: list[np.ndarray] = []
+    dst: list[np.ndarray] = []
+    tensor: list[np.ndarray] = []
+
+    def barrier(bar_id: str, d: int, before: np.ndarray, after: np.ndarray) -> None:
+        b = first + len(ids)
+        ids.append(bar_id)
+        dev.append(d)
+        src.extend([before, np.full(after.size, b, dtype=np.int64)])
+        dst.extend([np.full(before.size, b, dtype=np.int64), after])
+        tensor.extend([np.full(before.size, BARRIER_TENSOR, dtype=np.int64), np.zeros(after.size, dtype=np.int64)])
+
+    for r, d in enumerate(stages.pipeline_devices):
+        prev = np.zeros(0, dtype=np.int64)
+        for j, (ph, c, k) in enumerate(actions(schedule, p, r)):
+            stage = c * p + r
+            # a whole backward (FULL) is its B and W ops in one action: its sources and sinks are both's
+            parts = [members.get((d * 4 + x) * width + stage + 1) if stage + 1 < width else None
+                     for x in ((BACKWARD, WEIGHT) if ph == FULL else (ph,))]
+            if all(x is None for x in parts):
+                continue
+            ops = np.concatenate([x for x in parts if x is not None])
+            if prev.size:
+                barrier(f"#{d}.{j}", d, prev, slot[ops[~has_pred[ops]]] + k * per_microbatch)
+            prev = slot[ops[~has_succ[ops]]] + k * per_microbatch
+        if prev.size and d in step_ops:
+            barrier(f"#{d}.end", d, prev, step_nodes[step_ops[d]])
+    empty = np.zeros(0, dtype=np.int64)
+    return (ids, dev, np.concatenate([empty, *src]), np.concatenate([empty, *dst]),
+            np.concatenate([empty, *tensor]))
 
 
 def reference_weight_grad_ops(g: CompGraph) -> np.ndarray:

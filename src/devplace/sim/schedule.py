@@ -640,38 +640,40 @@ def _barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages:
     has_succ[u[inner]] = True
     members = _groups(code, mb)
     step_ops = _groups(step_devices)
+    ends: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}  # an action's sources and sinks in micro-batch 0
     ids: list[str] = []
     dev: list[int] = []
-    src: list[np.ndarray] = []
-    dst: list[np.ndarray] = []
-    tensor: list[np.ndarray] = []
-
-    def barrier(bar_id: str, d: int, before: np.ndarray, after: np.ndarray) -> None:
-        b = first + len(ids)
-        ids.append(bar_id)
-        dev.append(d)
-        src.extend([before, np.full(after.size, b, dtype=np.int64)])
-        dst.extend([np.full(before.size, b, dtype=np.int64), after])
-        tensor.extend([np.full(before.size, BARRIER_TENSOR, dtype=np.int64), np.zeros(after.size, dtype=np.int64)])
+    waits: list[np.ndarray] = []  # per barrier, what it waits for, then what waits for it
 
     for r, d in enumerate(stages.pipeline_devices):
         prev = np.zeros(0, dtype=np.int64)
         for j, (ph, c, k) in enumerate(actions(schedule, p, r)):
             stage = c * p + r
             # a whole backward (FULL) is its B and W ops in one action: its sources and sinks are both's
-            parts = [members.get((d * 4 + x) * width + stage + 1) if stage + 1 < width else None
-                     for x in ((BACKWARD, WEIGHT) if ph == FULL else (ph,))]
-            if all(x is None for x in parts):
+            keys = tuple((d * 4 + x) * width + stage + 1 for x in ((BACKWARD, WEIGHT) if ph == FULL else (ph,))
+                         if stage + 1 < width and (d * 4 + x) * width + stage + 1 in members)
+            if not keys:
                 continue
-            ops = np.concatenate([x for x in parts if x is not None])
+            if keys not in ends:  # the same for every micro-batch of the stage: computed once
+                ops = np.concatenate([members[x] for x in keys])
+                ends[keys] = (slot[ops[~has_pred[ops]]], slot[ops[~has_succ[ops]]])
+            sources, sinks = ends[keys]
             if prev.size:
-                barrier(f"#{d}.{j}", d, prev, slot[ops[~has_pred[ops]]] + k * per_microbatch)
-            prev = slot[ops[~has_succ[ops]]] + k * per_microbatch
+                ids.append(f"#{d}.{j}")
+                dev.append(d)
+                waits += [prev, sources + k * per_microbatch]
+            prev = sinks + k * per_microbatch
         if prev.size and d in step_ops:
-            barrier(f"#{d}.end", d, prev, step_nodes[step_ops[d]])
-    empty = np.zeros(0, dtype=np.int64)
-    return (ids, dev, np.concatenate([empty, *src]), np.concatenate([empty, *dst]),
-            np.concatenate([empty, *tensor]))
+            ids.append(f"#{d}.end")
+            dev.append(d)
+            waits += [prev, step_nodes[step_ops[d]]]
+    # barrier b's edges: each node it waits for -> b (a tensor of its own), then b -> each node that waits for it
+    sizes = np.array([x.size for x in waits], dtype=np.int64)
+    nodes = np.concatenate([np.zeros(0, dtype=np.int64), *waits])
+    bar = np.repeat(np.repeat(first + np.arange(len(ids), dtype=np.int64), 2), sizes)
+    into = np.repeat(np.tile([True, False], len(ids)), sizes)
+    return (ids, dev, np.where(into, nodes, bar), np.where(into, bar, nodes),
+            np.where(into, np.int64(BARRIER_TENSOR), np.int64(0)))
 
 
 def _groups(key: np.ndarray, mask: np.ndarray | None = None) -> dict[int, np.ndarray]:

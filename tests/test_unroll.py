@@ -1,7 +1,9 @@
 """The unrolled step of a schedule (`devplace.sim.schedule.unroll`, built as columns with `CompGraph.from_arrays`
 on every pipelined simulation, so built for speed) against a plain build: the same step written node by node and
 edge by edge in Python from docs/simulation.md's construction, built with `CompGraph.build` (every record
-checked); the compiled CSR and parallel-edge marks against numpy's stable sort and a set."""
+checked), its barriers by the code from before they were built in one go; what `relay` carries over from the
+graph (step compute, tie classes) and the compiled W rule against fresh computations; the compiled CSR and
+parallel-edge marks against numpy's stable sort and a set."""
 
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ KIND = "V100"  # the device kind of the per-kind compute column some cases carry
 def reference_unroll(g: CompGraph, devices: np.ndarray, schedule: Schedule, stages, c) -> Unrolled:
     """The unrolled step record by record (docs/simulation.md, "Pipeline schedules"): micro-batch ops k = 0..M-1
     in node order, per-step ops, the once-per-step parts, barriers (`reference_barriers`); every edge
-    in edge order, a micro-batch edge once per micro-batch, then the parts' edges, then the barriers'."""
+    in edge order, a micro-batch edge once per micro-batch, then the barriers' (a once-per-step part waits for its
+    device's last barrier only)."""
     m, n = schedule.microbatches, g.num_nodes
     scale = 1.0 if schedule.microbatch_graph else 1.0 / m
     once = _step_column(g)  # computed here, not read from the graph's cache
@@ -82,7 +85,6 @@ def reference_unroll(g: CompGraph, devices: np.ndarray, schedule: Schedule, stag
             edges += [(at[u, k], at[v, k], float(g.edge_bytes[e] * scale), t) for k in range(m)]
         else:  # into a per-step op: the last micro-batch's accumulated value
             edges.append((at[u, m - 1 if is_mb[u] else -1], at[v, -1], float(g.edge_bytes[e]), t))
-    edges += [(at[v, m - 1], len(rows) - len(split) + i, 0.0, BARRIER_TENSOR) for i, v in enumerate(split)]
     slot = np.array([at[v, 0 if is_mb[v] else -1] for v in range(n)], dtype=np.int64)
     step_nodes = per_step + split
     bar_ids, bar_dev, bar_src, bar_dst, bar_tensor = reference_barriers(

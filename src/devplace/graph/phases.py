@@ -45,7 +45,6 @@ def step_compute(graph: CompGraph) -> StepCompute:
     return StepCompute(cols, kinds)
 
 
-
 def step_compute_extended(graph: CompGraph, base: CompGraph) -> None:
     """Store `graph`'s once-per-step seconds as `base`'s followed by zeros, without reading `graph`'s nodes: for a
     graph that is `base` with nodes appended that run nothing once per step (forward or backward kind, no

@@ -57,7 +57,6 @@ def tie_classes(graph: CompGraph) -> np.ndarray:
     return graph.derived("tie_classes", _tie_classes)
 
 
-
 def tie_classes_extended(graph: CompGraph, base: CompGraph) -> None:
     """Store `graph`'s tie classes as `base`'s followed by a class of its own per appended node, without the pass
     over `graph`'s nodes: for a graph that is `base` (same ids, ops, kinds, groups, labels, meta) with nodes

@@ -1,7 +1,7 @@
 """The unrolled step of a schedule (`devplace.sim.schedule.unroll`, built as columns with `CompGraph.from_arrays`
 on every pipelined simulation, so built for speed) against a plain build: the same step written node by node and
 edge by edge in Python from docs/simulation.md's construction, built with `CompGraph.build` (every record
-checked), its barriers by the code from before they were built in one go; what `relay` carries over from the
+checked), its barriers found node by node; what `relay` carries over from the
 graph (step compute, tie classes) and the compiled W rule against fresh computations; the compiled CSR and
 parallel-edge marks against numpy's stable sort and a set."""
 
@@ -34,7 +34,6 @@ from devplace.sim.schedule import (
     WEIGHT,
     Stages,
     Unrolled,
-    _groups,
     actions,
     op_phases,
     pipeline_stages,
@@ -108,60 +107,41 @@ def reference_unroll(g: CompGraph, devices: np.ndarray, schedule: Schedule, stag
                     np.array([part for *_, part in rows] + [False] * nb, dtype=bool))
 
 
-def reference_barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: Stages, slot: np.ndarray,
-              per_microbatch: int, step_devices: np.ndarray, step_nodes: np.ndarray,
-              first: int) -> tuple[list[str], list[int], np.ndarray, np.ndarray, np.ndarray]:
-    """`_barriers` as it was before its edges were built in one go (main fa5d9e8), kept as the reference."""
-    p = len(stages.pipeline_devices)
-    devices = np.asarray(devices, dtype=np.int64)
-    mb = stages.phase != PER_STEP
-    action_phase = stages.phase
-    if schedule.kind in SPLIT_KINDS:  # a backward op's action is B or W (or, FULL, both)
-        action_phase = np.where(weight_grad_ops(graph), WEIGHT, stages.phase)
-    # an action's ops: one (device, action phase, stage); its sources have no in-edge from the same action, its
-    # sinks no out-edge to it
-    width = int(stages.stage.max(initial=0)) + 2  # stage + 1 in 0 .. width - 1
-    code = (devices * 4 + action_phase) * width + stages.stage + 1
-    u, v = graph.edge_src, graph.edge_dst
-    inner = mb[u] & (code[u] == code[v])
-    has_pred = np.zeros(graph.num_nodes, dtype=bool)
-    has_succ = np.zeros(graph.num_nodes, dtype=bool)
-    has_pred[v[inner]] = True
-    has_succ[u[inner]] = True
-    members = _groups(code, mb)
-    step_ops = _groups(step_devices)
-    ids: list[str] = []
-    dev: list[int] = []
-    src: list[np.ndarray] = []
-    dst: list[np.ndarray] = []
-    tensor: list[np.ndarray] = []
+def reference_barriers(g: CompGraph, devices: np.ndarray, schedule: Schedule, stages: Stages, slot: np.ndarray,
+                       a: int, step_devices: np.ndarray, step_nodes: np.ndarray, first: int):
+    """The barriers node by node (docs/simulation.md): per device, after each non-empty action a barrier that waits
+    for the action's sinks and that the next action's sources (after the last, the device's once-per-step nodes)
+    wait for; an action's ops are its stage's micro-batch ops on the device of its phase (B or W under a split
+    schedule; FULL: the B ops, then the W ops), a source has no in-edge from its own part, a sink no out-edge."""
+    n, p = g.num_nodes, len(stages.pipeline_devices)
+    w = reference_weight_grad_ops(g) if schedule.kind in SPLIT_KINDS else np.zeros(n, dtype=bool)
+    part = [WEIGHT if w[v] else int(stages.phase[v]) for v in range(n)]
+    ids, dev, edges = [], [], []
 
-    def barrier(bar_id: str, d: int, before: np.ndarray, after: np.ndarray) -> None:
+    def barrier(name: str, d: int, before: list[int], after: list[int]) -> None:
         b = first + len(ids)
-        ids.append(bar_id)
+        ids.append(name)
         dev.append(d)
-        src.extend([before, np.full(after.size, b, dtype=np.int64)])
-        dst.extend([np.full(before.size, b, dtype=np.int64), after])
-        tensor.extend([np.full(before.size, BARRIER_TENSOR, dtype=np.int64), np.zeros(after.size, dtype=np.int64)])
+        edges.extend([(x, b, BARRIER_TENSOR) for x in before] + [(b, x, 0) for x in after])
 
     for r, d in enumerate(stages.pipeline_devices):
-        prev = np.zeros(0, dtype=np.int64)
+        prev: list[int] = []
         for j, (ph, c, k) in enumerate(actions(schedule, p, r)):
-            stage = c * p + r
-            # a whole backward (FULL) is its B and W ops in one action: its sources and sinks are both's
-            parts = [members.get((d * 4 + x) * width + stage + 1) if stage + 1 < width else None
-                     for x in ((BACKWARD, WEIGHT) if ph == FULL else (ph,))]
-            if all(x is None for x in parts):
+            groups = [[v for v in range(n) if stages.phase[v] != PER_STEP and devices[v] == d
+                       and stages.stage[v] == c * p + r and part[v] == x]
+                      for x in ((BACKWARD, WEIGHT) if ph == FULL else (ph,))]
+            if not any(groups):
                 continue
-            ops = np.concatenate([x for x in parts if x is not None])
-            if prev.size:
-                barrier(f"#{d}.{j}", d, prev, slot[ops[~has_pred[ops]]] + k * per_microbatch)
-            prev = slot[ops[~has_succ[ops]]] + k * per_microbatch
-        if prev.size and d in step_ops:
-            barrier(f"#{d}.end", d, prev, step_nodes[step_ops[d]])
-    empty = np.zeros(0, dtype=np.int64)
-    return (ids, dev, np.concatenate([empty, *src]), np.concatenate([empty, *dst]),
-            np.concatenate([empty, *tensor]))
+            sources = [int(slot[v]) + k * a for ops in groups for v in ops
+                       if not any(int(g.edge_src[e]) in ops for e in g.in_edges(v))]
+            if prev:
+                barrier(f"#{d}.{j}", d, prev, sources)
+            prev = [int(slot[v]) + k * a for ops in groups for v in ops
+                    if not any(int(g.edge_dst[e]) in ops for e in g.out_edges(v))]
+        mine = [int(x) for x, on in zip(step_nodes, step_devices, strict=True) if on == d]
+        if prev and mine:
+            barrier(f"#{d}.end", d, prev, mine)
+    return ids, dev, [e[0] for e in edges], [e[1] for e in edges], [e[2] for e in edges]
 
 
 def reference_weight_grad_ops(g: CompGraph) -> np.ndarray:

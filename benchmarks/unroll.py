@@ -2,10 +2,16 @@
 against the same graph built from records with `CompGraph.build`, side by side.
 
     PYTHONPATH=src .venv/bin/python benchmarks/unroll.py [--model gpt2-xl] [--cluster 4xV100-16GB] [--microbatches 32]
+        [--batch 32] [--kinds 1f1b zero-bubble] [--repeat 20]
 
-For the zoo model's pipeline placement (topo order, 1F1B at M micro-batches): the time to unroll the step
+For the zoo model's pipeline placement (topo order, 1F1B at M micro-batches; the model captured at `--batch`,
+by default the zoo's, which M must divide: gpt2-xl's is 4, so M=32 needs `--batch 32`): the time to unroll the step
 (columns, `from_arrays`), the time `CompGraph.build` takes for the same nodes and edges as records, and the
-time of one whole `simulate(..., schedule=)`. Wall-clock seconds, best of 3, this machine.
+time of one whole `simulate(..., schedule=)`. Wall-clock seconds, best of 3, this machine. Then, per schedule
+kind of `--kinds` on the same placement: what `simulate_schedule` builds before it simulates (stages, relays,
+the unrolled step: "build") and the whole `simulate_schedule`, milliseconds, best of `--repeat` after one untimed
+run (the kinds a placement runs alone, one chunk per device; only public functions, so the script runs on older
+code too, for before/after).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from devplace.hardware.presets import PRESETS
 from devplace.orders import traversal_indices
 from devplace.placers.pipeline import pipeline_plan
 from devplace.sim import Schedule, simulate
-from devplace.sim.schedule import pipeline_stages, unroll
+from devplace.sim.schedule import pipeline_stages, relay, simulate_schedule, unroll
 
 
 def best_of(n: int, fn: Callable[[], object]) -> float:
@@ -37,9 +43,12 @@ def main() -> None:
     ap.add_argument("--model", default="gpt2-xl")
     ap.add_argument("--cluster", default="4xV100-16GB")
     ap.add_argument("--microbatches", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=None, help="the batch captured (default: the zoo's)")
+    ap.add_argument("--kinds", nargs="*", default=[], choices=["gpipe", "1f1b", "zero-bubble"])
+    ap.add_argument("--repeat", type=int, default=20, help="timed runs per kind (the least kept)")
     args = ap.parse_args()
     cluster = PRESETS[args.cluster]()
-    g = zoo_prepared(args.model).graph
+    g = zoo_prepared(args.model, batch=args.batch).graph
     s = Schedule("1f1b", args.microbatches)
     order = traversal_indices(g, "topo", 0, cluster=cluster)
     devices = pipeline_plan(g, cluster, order, schedule="1f1b", microbatches=args.microbatches).devices
@@ -56,6 +65,21 @@ def main() -> None:
           "one simulate(schedule=) (s) |")
     print("|---:|---:|---:|---:|")
     print(f"| {t_arrays:.3f} | {t_build:.3f} | {t_build / t_arrays:.1f}x | {t_sim:.3f} |")
+    if args.kinds:
+        print("\n| schedule | unrolled nodes | build: stages + relay + unroll (ms) | simulate_schedule (ms) |")
+        print("|---|---:|---:|---:|")
+    for kind in args.kinds:
+        sk = Schedule(kind, args.microbatches)
+
+        def build(sk: Schedule = sk) -> object:
+            st = pipeline_stages(g, devices, 1)
+            rel = relay(g, devices, st)
+            return unroll(rel.graph, rel.devices, sk, rel.stages, cluster)
+        size = build().graph.num_nodes  # untimed: numba's compiled code loaded
+        simulate_schedule(g, cluster, devices, sk)
+        t_b = best_of(args.repeat, build)
+        t_s = best_of(args.repeat, lambda sk=sk: simulate_schedule(g, cluster, devices, sk))
+        print(f"| {kind} | {size} | {t_b * 1e3:.2f} | {t_s * 1e3:.2f} |")
 
 
 if __name__ == "__main__":

@@ -118,7 +118,9 @@ class CompGraph:
     node_extra: tuple[dict[str, Any], ...] = ()
     edge_extra: tuple[dict[str, Any], ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
-    index: dict[str, int] = field(default_factory=dict)
+    # id -> node index: `build` passes the one it checks ids with; `from_arrays` leaves it to the first use
+    # (`index`): a graph derived in bulk (a pipeline's unrolled step, on every simulation) is rarely looked up
+    _index: dict[str, int] | None = field(default=None, repr=False)
     # device kind -> float64[V], every node's seconds on a device of that kind (`compute_s_by_kind` in JSON); a
     # device of a kind listed here takes these times, any other compute_s / speed (`hardware.op_times`)
     kind_compute: Mapping[str, np.ndarray] = field(default_factory=dict)
@@ -229,7 +231,7 @@ class CompGraph:
             temp_bytes=numeric[3].copy(),
             edge_src=src, edge_dst=dst, edge_bytes=ebytes, edge_tensor=tensor,
             succ_ptr=succ_ptr, succ_edges=succ_edges, pred_ptr=pred_ptr, pred_edges=pred_edges,
-            node_extra=tuple(node_extra), edge_extra=tuple(edge_extra), meta=dict(meta or {}), index=index,
+            node_extra=tuple(node_extra), edge_extra=tuple(edge_extra), meta=dict(meta or {}), _index=index,
             kind_compute=kind_compute,
         )
         return _finish(graph)
@@ -245,8 +247,9 @@ class CompGraph:
         """Build a graph from columns that are valid already -- what code that derives a graph from another
         one (the unrolled step of a schedule) has -- without `build`'s per-record checks: the caller guarantees
         unique ids, finite non-negative numbers, edges between existing nodes without duplicates or self-loops,
-        and one size per (src, tensor). Only the shapes and acyclicity are checked (GraphError naming a cycle);
-        the graph is the one `build` makes from the same records."""
+        and one size per (src, tensor). Only the shapes, the edges' node indices and acyclicity are checked
+        (GraphError naming a cycle); the id index is built on first use (`index`). The graph is the one `build`
+        makes from the same records."""
         n, n_e = len(ids), int(np.shape(edge_src)[0])
         cols = [np.array(x, dtype=np.float64) for x in (compute_s, output_bytes, param_bytes, temp_bytes)]
         ecols = [np.array(edge_src, dtype=np.int64), np.array(edge_dst, dtype=np.int64),
@@ -257,6 +260,9 @@ class CompGraph:
                 or (edge_extra and len(edge_extra) != n_e)):
             raise GraphError(f"graph {name!r}: node columns must all have {n} entries and edge columns {n_e}")
         src, dst, ebytes, tensor = ecols
+        # the compiled CSR (`kahn.csr`) indexes arrays by them: checked, not trusted
+        if n_e and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
+            raise GraphError(f"graph {name!r}: an edge names a node index outside 0..{n - 1}")
         ids_t = tuple(ids)
         succ_ptr, succ_edges = _csr(src, n)
         pred_ptr, pred_edges = _csr(dst, n)
@@ -265,12 +271,21 @@ class CompGraph:
             compute_s=cols[0], output_bytes=cols[1], param_bytes=cols[2], temp_bytes=cols[3],
             edge_src=src, edge_dst=dst, edge_bytes=ebytes, edge_tensor=tensor,
             succ_ptr=succ_ptr, succ_edges=succ_edges, pred_ptr=pred_ptr, pred_edges=pred_edges,
-            meta=dict(meta or {}), index=dict(zip(ids_t, range(n), strict=True)), kind_compute=kcols,
+            meta=dict(meta or {}), kind_compute=kcols,
             node_extra=tuple(node_extra), edge_extra=tuple(edge_extra),
         )
         return _finish(graph)
 
     # ----------------------------------------------------------------- queries
+    @property
+    def index(self) -> dict[str, int]:
+        """Node id -> node index (built once, on first use)."""
+        index = self._index
+        if index is None:
+            index = dict(zip(self.ids, range(len(self.ids)), strict=True))
+            object.__setattr__(self, "_index", index)
+        return index
+
     @property
     def num_nodes(self) -> int:
         return len(self.ids)
@@ -422,11 +437,9 @@ def _kind_columns(by_kind: list[Mapping[str, Any]], ids: list[str]) -> dict[str,
 
 def _csr(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """CSR grouping of edge indices by `keys` (src or dst), stable so each slice keeps edge order."""
-    order = np.argsort(keys, kind="stable").astype(np.int64)
-    counts = np.bincount(keys, minlength=n) if keys.size else np.zeros(n, dtype=np.int64)
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=ptr[1:])
-    return ptr, order
+    from devplace.graph.kahn import csr  # compiled, imported when a graph is built (see canonical_topo_order)
+
+    return csr(np.ascontiguousarray(keys, dtype=np.int64), n)
 
 
 def canonical_topo_order(graph: CompGraph) -> np.ndarray:
@@ -444,7 +457,7 @@ def _first_of_parallel(graph: CompGraph) -> np.ndarray:
     """first[e] is False when an earlier edge has the same (src, dst): parallel edges count once."""
     from devplace.graph.kahn import first_of_parallel
 
-    return first_of_parallel(graph.edge_src, graph.edge_dst, graph.num_nodes)
+    return first_of_parallel(graph.edge_dst, graph.num_nodes, graph.succ_ptr, graph.succ_edges)
 
 
 def find_cycle(graph: CompGraph, partial_topo: Iterable[int]) -> list[str]:

@@ -9,12 +9,37 @@ import numpy as np
 from numba import njit
 
 
-def first_of_parallel(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> np.ndarray:
-    """first[e] is False when an earlier edge joins the same (src, dst): parallel edges count once."""
-    first = np.zeros(src.shape[0], dtype=np.bool_)
-    if src.shape[0]:
-        _, at = np.unique(src.astype(np.int64) * max(num_nodes, 1) + dst, return_index=True)  # first occurrences
-        first[at] = True
+@njit(cache=True)
+def csr(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    """CSR grouping of edge indices by `keys` (src or dst, each in 0..n-1): (ptr int64[n+1], edge indices grouped
+    by key, each group in edge order). A counting sort, O(E + n): the stable argsort it replaces was most of a
+    graph build's time on a pipeline's unrolled step."""
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    for e in range(keys.shape[0]):
+        ptr[keys[e] + 1] += 1
+    for v in range(n):
+        ptr[v + 1] += ptr[v]
+    fill = ptr[:n].copy()
+    order = np.empty(keys.shape[0], dtype=np.int64)
+    for e in range(keys.shape[0]):
+        order[fill[keys[e]]] = e
+        fill[keys[e]] += 1
+    return ptr, order
+
+
+@njit(cache=True)
+def first_of_parallel(dst: np.ndarray, num_nodes: int, succ_ptr: np.ndarray,
+                      succ_edges: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """first[e] is False when an earlier edge joins the same (src, dst): parallel edges count once. Walks each
+    node's out-edges (`succ_ptr`/`succ_edges`, in edge order), marking a destination seen from that node: O(E)."""
+    first = np.zeros(dst.shape[0], dtype=np.bool_)
+    seen_from = np.full(num_nodes, -1, dtype=np.int64)  # the last node whose out-edges reached each node
+    for u in range(num_nodes):
+        for k in range(succ_ptr[u], succ_ptr[u + 1]):
+            e = succ_edges[k]
+            if seen_from[dst[e]] != u:
+                seen_from[dst[e]] = u
+                first[e] = True
     return first
 
 

@@ -45,6 +45,18 @@ def step_compute(graph: CompGraph) -> StepCompute:
     return StepCompute(cols, kinds)
 
 
+def step_compute_extended(graph: CompGraph, base: CompGraph) -> None:
+    """Store `graph`'s once-per-step seconds as `base`'s followed by zeros, without reading `graph`'s nodes: for a
+    graph that is `base` with nodes appended that run nothing once per step (forward or backward kind, no
+    `STEP_COMPUTE_KEY`: the relay nodes of a pipelined step, `devplace.sim.schedule.relay`, built on every
+    simulation of a split). The values are those `step_compute(graph)` computes."""
+    step = step_compute(base)
+    zeros = np.zeros(graph.num_nodes - base.num_nodes)
+    graph.derived("step_compute_s", lambda _: np.concatenate([step.compute_s, zeros]))
+    for kind, col in step.by_kind.items():
+        graph.derived(f"step_compute_s:{kind}", lambda _, col=col: np.concatenate([col, zeros]))
+
+
 def _step_column(graph: CompGraph, kind: str | None = None) -> np.ndarray:
     total = graph.compute_s if kind is None else graph.kind_compute[kind]
     out = np.where([runs_per_step(k) for k in graph.kind], total, 0.0) if graph.num_nodes else np.zeros(0)

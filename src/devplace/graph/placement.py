@@ -71,7 +71,8 @@ class Placement:
     def to_array(self, graph: CompGraph, num_devices: int) -> np.ndarray:
         """Device index per node of `graph` (node index order), checking that the placement covers exactly
         the graph's nodes and uses only devices 0..num_devices-1."""
-        extra = [k for k in self.assignment if k not in graph.index]
+        index = graph.index  # a property: read once, not per node
+        extra = [k for k in self.assignment if k not in index]
         if extra:
             raise PlacementError(f"placement names {len(extra)} node(s) not in graph {graph.name!r}, e.g. "
                                  f"{extra[0]!r}; was it made for another graph?")

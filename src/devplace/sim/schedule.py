@@ -37,10 +37,10 @@ from devplace.errors import GraphError
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.modules import segment_spans
-from devplace.graph.phases import runs_per_step, step_compute
+from devplace.graph.phases import runs_per_step, step_compute, step_compute_extended
 from devplace.graph.schedule import KINDS as VALUE_KINDS
 from devplace.graph.schedule import V_SHAPED, Schedule, ScheduleError
-from devplace.graph.ties import tie_classes
+from devplace.graph.ties import tie_classes, tie_classes_extended
 from devplace.hardware.cluster import Cluster
 from devplace.sim.devplace_model import DevplaceModel
 from devplace.sim.result import SimResult, Transfers
@@ -123,16 +123,28 @@ def weight_grad_ops(graph: CompGraph) -> np.ndarray:
 
 
 def _weight_grad_ops(graph: CompGraph) -> np.ndarray:
-    phase = op_phases(graph)
-    classes = tie_classes(graph)
-    w = np.zeros(graph.num_nodes, dtype=bool)
-    for v in graph.topo_order[::-1].tolist():  # successors first
+    return _w_ops(graph.topo_order, graph.succ_ptr, graph.succ_edges, graph.edge_dst, op_phases(graph),
+                  tie_classes(graph))
+
+
+@njit(cache=True)
+def _w_ops(topo, succ_ptr, succ_edges, edge_dst, phase, classes):  # pragma: no cover - compiled
+    """`weight_grad_ops`' rule, successors first: compiled, as a zero-bubble simulation derives it for each split's
+    relayed graph."""
+    w = np.zeros(topo.shape[0], dtype=np.bool_)
+    for i in range(topo.shape[0] - 1, -1, -1):
+        v = topo[i]
         if phase[v] != BACKWARD:
             continue
-        succ = graph.edge_dst[graph.out_edges(v)]
-        bwd = succ[phase[succ] == BACKWARD]
-        to_step = bool((phase[succ] == PER_STEP).any())
-        w[v] = bool(w[bwd].all() and (classes[bwd] == classes[v]).all()) and (to_step or bool(bwd.size))
+        all_w, any_bwd, to_step = True, False, False
+        for k in range(succ_ptr[v], succ_ptr[v + 1]):
+            x = edge_dst[succ_edges[k]]
+            if phase[x] == BACKWARD:
+                any_bwd = True
+                all_w = all_w and w[x] and classes[x] == classes[v]
+            elif phase[x] == PER_STEP:
+                to_step = True
+        w[v] = all_w and (to_step or any_bwd)
     return w
 
 
@@ -325,6 +337,13 @@ def relay(graph: CompGraph, devices: np.ndarray, stages: Stages, v_shaped: bool 
         np.concatenate([graph.edge_bytes, add_bytes]), np.concatenate([tensor, add_tensor]).astype(np.int64),
         meta=graph.meta, kind_compute={kind: np.concatenate([col, zeros]) for kind, col in graph.kind_compute.items()},
         node_extra=[*graph.node_extra, *([{}] * k)] if graph.node_extra else ())
+    step_compute_extended(g, graph)  # relay nodes run nothing once per step: no pass over the nodes' records
+    # an input is tied to its first successor: relayed past the next stage by its first edge, it would be tied to
+    # a relay; else the relays are tied to nothing and the classes need no pass over the nodes (a zero-bubble's W)
+    moved = set(far.tolist())
+    if (all(int(graph.succ_edges[graph.succ_ptr[x]]) not in moved for x in set(u[far].tolist())
+            if graph.op[x] == "input") and set(graph.group).isdisjoint(names)):
+        tie_classes_extended(g, graph)
     staged = Stages(phase=np.concatenate([phase, phase[of]]), stage=np.concatenate([stage, at]),
                     pipeline_devices=stages.pipeline_devices, chunks=stages.chunks)
     return Relayed(g, np.concatenate([np.asarray(devices, dtype=np.int64), hop_devices]), staged,
@@ -566,15 +585,17 @@ def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: St
     bar_s = np.array([cluster.devices[d].action_s if cluster is not None else 0.0 for d in bar_dev], dtype=np.float64)
     bar_compute = bar_s * np.array([cluster.devices[d].speed if cluster is not None else 1.0 for d in bar_dev])
     ops, kinds = graph.op, graph.kind
-    heads = [f"{w}@" for w in per_mb.tolist()]  # joined to each micro-batch's number: 2x faster than formatting
+    mb_l, once_l = per_mb.tolist(), once_nodes.tolist()
+    heads = [f"{w}@" for w in mb_l]  # joined to each micro-batch's number: 2x faster than formatting
     ids = ([head + kk for kk in map(str, range(m)) for head in heads] + [f"{w}" for w in per_step.tolist()]
            + [f"{w}+step" for w in split.tolist()] + bar_ids)
     nb = len(bar_ids)
-    src_l = source.tolist()
     try:
         g = CompGraph.from_arrays(
-            f"{graph.name}-{schedule.kind}-m{m}", ids, [ops[w] for w in src_l] + [BARRIER] * nb,
-            [kinds[w] for w in src_l] + [""] * nb, [""] * (n_real + nb),
+            # a micro-batch's op and kind columns, repeated M times as one list (C), not looked up per unrolled node
+            f"{graph.name}-{schedule.kind}-m{m}", ids, [ops[w] for w in mb_l] * m + [ops[w] for w in once_l]
+            + [BARRIER] * nb, [kinds[w] for w in mb_l] * m + [kinds[w] for w in once_l] + [""] * nb,
+            [""] * (n_real + nb),
             np.concatenate([compute(graph.compute_s, step.compute_s), bar_compute]),
             np.concatenate([np.where(once_part, 0.0, graph.output_bytes[source] * mult), np.zeros(nb)]),
             np.concatenate([params, np.zeros(nb)]),
@@ -619,38 +640,40 @@ def _barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages:
     has_succ[u[inner]] = True
     members = _groups(code, mb)
     step_ops = _groups(step_devices)
+    ends: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}  # an action's sources and sinks in micro-batch 0
     ids: list[str] = []
     dev: list[int] = []
-    src: list[np.ndarray] = []
-    dst: list[np.ndarray] = []
-    tensor: list[np.ndarray] = []
-
-    def barrier(bar_id: str, d: int, before: np.ndarray, after: np.ndarray) -> None:
-        b = first + len(ids)
-        ids.append(bar_id)
-        dev.append(d)
-        src.extend([before, np.full(after.size, b, dtype=np.int64)])
-        dst.extend([np.full(before.size, b, dtype=np.int64), after])
-        tensor.extend([np.full(before.size, BARRIER_TENSOR, dtype=np.int64), np.zeros(after.size, dtype=np.int64)])
+    waits: list[np.ndarray] = []  # per barrier, what it waits for, then what waits for it
 
     for r, d in enumerate(stages.pipeline_devices):
         prev = np.zeros(0, dtype=np.int64)
         for j, (ph, c, k) in enumerate(actions(schedule, p, r)):
             stage = c * p + r
             # a whole backward (FULL) is its B and W ops in one action: its sources and sinks are both's
-            parts = [members.get((d * 4 + x) * width + stage + 1) if stage + 1 < width else None
-                     for x in ((BACKWARD, WEIGHT) if ph == FULL else (ph,))]
-            if all(x is None for x in parts):
+            keys = tuple((d * 4 + x) * width + stage + 1 for x in ((BACKWARD, WEIGHT) if ph == FULL else (ph,))
+                         if stage + 1 < width and (d * 4 + x) * width + stage + 1 in members)
+            if not keys:
                 continue
-            ops = np.concatenate([x for x in parts if x is not None])
+            if keys not in ends:  # the same for every micro-batch of the stage: computed once
+                ops = np.concatenate([members[x] for x in keys])
+                ends[keys] = (slot[ops[~has_pred[ops]]], slot[ops[~has_succ[ops]]])
+            sources, sinks = ends[keys]
             if prev.size:
-                barrier(f"#{d}.{j}", d, prev, slot[ops[~has_pred[ops]]] + k * per_microbatch)
-            prev = slot[ops[~has_succ[ops]]] + k * per_microbatch
+                ids.append(f"#{d}.{j}")
+                dev.append(d)
+                waits += [prev, sources + k * per_microbatch]
+            prev = sinks + k * per_microbatch
         if prev.size and d in step_ops:
-            barrier(f"#{d}.end", d, prev, step_nodes[step_ops[d]])
-    empty = np.zeros(0, dtype=np.int64)
-    return (ids, dev, np.concatenate([empty, *src]), np.concatenate([empty, *dst]),
-            np.concatenate([empty, *tensor]))
+            ids.append(f"#{d}.end")
+            dev.append(d)
+            waits += [prev, step_nodes[step_ops[d]]]
+    # barrier b's edges: each node it waits for -> b (a tensor of its own), then b -> each node that waits for it
+    sizes = np.array([x.size for x in waits], dtype=np.int64)
+    nodes = np.concatenate([np.zeros(0, dtype=np.int64), *waits])
+    bar = np.repeat(np.repeat(first + np.arange(len(ids), dtype=np.int64), 2), sizes)
+    into = np.repeat(np.tile([True, False], len(ids)), sizes)
+    return (ids, dev, np.where(into, nodes, bar), np.where(into, bar, nodes),
+            np.where(into, np.int64(BARRIER_TENSOR), np.int64(0)))
 
 
 def _groups(key: np.ndarray, mask: np.ndarray | None = None) -> dict[int, np.ndarray]:

@@ -348,7 +348,8 @@ def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relaye
     sums become per-step ops (kind `SUM_KIND`) on their device, so each stage's contribution is one edge from its
     last micro-batch at full size (the accumulated gradient) instead of a transfer per micro-batch relayed
     through every stage between. Every other stage that contributes gets a copy: one per-step node (op
-    `TIED_COPY`, on that stage's device) holding the parameter's `param_bytes` (those of the per-step ops of
+    `TIED_COPY`, on that stage's device; the sum as placed is the copy of its own stage or of the first
+    contributing stage on its device) holding the parameter's `param_bytes` (those of the per-step ops of
     the sum's tie class: weights, gradient, optimizer state), computing the sum and the update (their compute),
     and reading every contribution (edges of the sum's bytes). The exchange is the all-reduce: each copy's
     gradient goes to every other copy's device, all at once (two copies: one transfer each way, S / B +
@@ -394,11 +395,16 @@ def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relaye
         for e in edges.tolist():
             sent.setdefault((int(u[e]), int(graph.edge_tensor[e])), float(graph.edge_bytes[e]))
         contributions = [(x, t, nbytes) for (x, t), nbytes in sent.items()]
-        for s in sorted({int(stage[x]) for x, _, _ in contributions} - {int(stage[a])}):
+        on = {int(stage[x]): int(devices[x]) for x, _, _ in contributions}  # contributing stage -> its device
+        # the sum and update as placed are the copy of a contributing stage on their device: their own stage, else
+        # the first (a V's turn or a placement may put them with another stage of that device)
+        here = sorted(st for st, d in on.items() if d == devices[a])
+        kept = int(stage[a]) if int(stage[a]) in here else (here[0] if here else -1)
+        for s in sorted(set(on) - {kept}):
             c = n + len(origin)
             names.append(f"{graph.ids[a]}~{TIED_COPY}{s}")
             origin.append(a)
-            copy_dev.append(int(devices[next(x for x, _, _ in contributions if stage[x] == s)]))
+            copy_dev.append(on[s])
             copy_compute.append(float(graph.compute_s[work].sum()))
             copy_params.append(float(graph.param_bytes[update].sum()))
             for k, col in graph.kind_compute.items():
@@ -769,13 +775,15 @@ class ScheduledResult(SimResult):
     """A SimResult of a pipelined step. Per node of the original graph, `start_s` is its first run's start
     and `finish_s` its last run's finish; `microbatch_start_s`/`microbatch_finish_s` (M x V) give every
     micro-batch's run (a per-step op's single run in every row); `stage` is each op's pipeline stage (-1 for
-    per-step ops); `transfer_microbatch` the micro-batch of each transfer (-1: per-step)."""
+    per-step ops); `transfer_microbatch` the micro-batch of each transfer (-1: per-step); `copy_bytes` per device the
+    persistent bytes of the tied parameters' copies it holds besides its ops' `param_bytes`."""
 
     schedule: Schedule
     stage: np.ndarray  # int64[V]
     microbatch_start_s: np.ndarray  # float64[M, V]
     microbatch_finish_s: np.ndarray  # float64[M, V]
     transfer_microbatch: np.ndarray  # int64, one per transfer
+    copy_bytes: np.ndarray  # float64[D]: param_bytes of tied parameters' copies held on each device (`tied_copies`)
 
     def to_dict(self, ids: tuple[str, ...] | None = None, per_op: bool = False) -> dict[str, Any]:
         """SimResult.to_dict plus the schedule and the number of stages."""
@@ -825,4 +833,5 @@ def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, s
         peak_memory_bytes=r.peak_memory_bytes, memory_bytes=r.memory_bytes, device_busy_s=r.device_busy_s,
         comm_bytes=r.comm_bytes, transfers=transfers, schedule=schedule, stage=tied.stages.stage[:n],
         microbatch_start_s=mb_start, microbatch_finish_s=mb_finish, transfer_microbatch=u.microbatch[t.node],
+        copy_bytes=np.bincount(tied.devices[n:], weights=tied.graph.param_bytes[n:], minlength=len(cluster.devices)),
         peak_activation_bytes=r.peak_activation_bytes)

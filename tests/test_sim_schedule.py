@@ -232,6 +232,13 @@ def pipelines(draw):
         if draw(st.booleans()):
             nodes.append({"id": f"o{i}", "kind": "optimizer", "group": f"f{i}", "compute_s": 1.0, "param_bytes": 3})
             edges.append({"src": f"b{i}", "dst": f"o{i}", "bytes": 5, "tensor": 1})
+    if n >= 2 and draw(st.booleans()):  # a weight tied between f0 and f{n-1}: its gradient summed, then updated
+        g = draw(st.sampled_from([0, 6]))
+        nodes += [{"id": "tsum", "kind": "backward", "group": "f0", "compute_s": draw(nums)},
+                  {"id": "topt", "kind": "optimizer", "group": "f0", "compute_s": 1.0, "param_bytes": 7}]
+        edges += [{"src": "b0", "dst": "tsum", "bytes": g, "tensor": 2},
+                  {"src": f"b{n - 1}", "dst": "tsum", "bytes": g, "tensor": 2},
+                  {"src": "tsum", "dst": "topt", "bytes": g}]
     for i, j in fwd:
         edges.append({"src": f"f{i}", "dst": f"f{j}", "bytes": sizes[i]})
         edges.append({"src": f"b{j}", "dst": f"b{i}", "bytes": 3})

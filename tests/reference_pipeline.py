@@ -80,6 +80,49 @@ def schedule_actions(kind: str, m: int, v: int, p: int, r: int) -> list[tuple[st
     return seq + rest_b
 
 
+def _tied_copies(nodes: list[dict], edges: list[dict], placement: dict[str, int], phase: dict[str, str],
+                 stage: dict[str, int], topo: list[str], tie: dict[str, str]) -> tuple[list[dict], list[dict], dict]:
+    """A tied parameter as the runtime runs it: a backward op reading only backward ops, of 2+ stages, and feeding
+    only per-step ops (or such sums) runs once per step ("S"); every contributing stage but the one the sum stands
+    for (its own, else the first on its device) gets a per-step copy on that stage's device: the sums' and
+    the class's per-step ops' compute, their param_bytes, an edge from every contribution. Updates phase, stage."""
+    byid = {n["id"]: n for n in nodes}
+    summed: set[str] = set()
+    root: dict[str, str] = {}
+    for i in reversed(topo):
+        succ = [e["dst"] for e in edges if e["src"] == i]
+        pred = [e["src"] for e in edges if e["dst"] == i]
+        if (phase[i] == "B" and succ and all(phase[x] == "S" or x in summed for x in succ) and pred
+                and all(phase[x] == "B" for x in pred) and len({stage[x] for x in pred}) > 1):
+            summed.add(i)
+            later = [x for x in succ if x in summed]
+            root[i] = root[later[0]] if later else i
+    nodes, edges, placement = list(nodes), [dict(e) for e in edges], dict(placement)
+    ids = [n["id"] for n in nodes]
+    for a in [i for i in ids if i in summed and root[i] == i]:
+        sums = [i for i in ids if i in summed and root[i] == a]
+        sent: dict[tuple[str, int], float] = {}
+        for w in sums:
+            for e in edges:
+                if e["dst"] == w and e["src"] not in summed:
+                    sent.setdefault((e["src"], e.get("tensor", 0)), e.get("bytes", 0))
+        update = [j for j in ids if phase[j] == "S" and tie[j] == tie[a]]
+        on = {stage[x]: placement[x] for x, _ in sent}
+        here = sorted(st for st, d in on.items() if d == placement[a])
+        kept = stage[a] if stage[a] in here else (here[0] if here else -1)
+        for st in sorted(set(on) - {kept}):
+            c = f"{a}~tied-copy{st}"
+            nodes.append({"id": c, "kind": "optimizer",
+                          "compute_s": sum(byid[w].get("compute_s", 0.0) for w in sums + update),
+                          "param_bytes": sum(byid[w].get("param_bytes", 0.0) for w in update)})
+            edges += [{"src": x, "dst": c, "bytes": b, "tensor": t} for (x, t), b in sent.items()]
+            phase[c], placement[c] = "S", on[st]
+    for i in summed:
+        phase[i] = "S"
+        del stage[i]
+    return nodes, edges, placement
+
+
 def reference_schedule(nodes: list[dict], edges: list[dict], speeds: list[float],
                        link: dict[tuple[int, int], tuple[float, float]], placement: dict[str, int], kind: str,
                        m: int, v: int, microbatch_graph: bool = False, action_s: list[float] | None = None,
@@ -130,6 +173,7 @@ def reference_schedule(nodes: list[dict], edges: list[dict], speeds: list[float]
                 chunk[i] = chunk[e["src"]]
                 break
     stage = {i: chunk[i] * p + position[placement[i]] for i in ids if phase[i] != "S"}
+    nodes, edges, placement = _tied_copies(nodes, edges, placement, phase, stage, topo, tie)
     # a value read more than one stage on (or its gradient, more than one stage back) is passed on by every
     # stage between: one relay op per (value, stage), appended in edge order, on that stage's device
     nodes, edges, placement = list(nodes), [dict(e) for e in edges], dict(placement)

@@ -11,6 +11,7 @@ import os
 import signal
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -426,3 +427,43 @@ def test_three_and_four_stages_run_a_value_read_by_a_later_stage(kind, points, s
                            schedule=schedule)
     assert split.split_points == tuple(points) and split.pipelined_step_time_s is not None
     _runs_like_the_unpipelined_step(model, inputs, split)
+
+
+def test_the_captured_tied_embedding_is_simulated_as_the_runtime_sums_it(planned):
+    """The tiny GPT-2's `wte` is tied with its head: run on 3 stages, each of the first and last holds a copy and
+    their gradients are summed once per step (`_tied`, above). The simulator does the same on the capture: the
+    head's gradient of it (lm_head's weight gradient) goes to stage 0 once, the embedding's back once, both
+    at full size (no relay through stage 1, no transfer per micro-batch), and the last stage holds the copy."""
+    from devplace.graph.ties import tie_classes
+    from devplace.hardware.cluster import load_cluster
+    from devplace.sim.schedule import simulate_schedule
+
+    name, _, _, p = planned
+    if name != "gpt2":
+        pytest.skip("the tied model")
+    g = p.graph
+    module = [str((x or {}).get("module", "")) for x in g.node_extra]
+
+    def by_module(path: str) -> int:  # stage 1: block 1; 2: ln_f, the head, the loss; 0: the rest (embeddings)
+        return 1 if ".h.1" in path else 2 if ".ln_f" in path or ".lm_head" in path or path == "model" else 0
+
+    classes = tie_classes(g)
+    home: dict[int, int] = {}
+    for v in range(g.num_nodes):
+        if g.kind[v] == "forward" and g.op[v] != "input":
+            home.setdefault(int(classes[v]), by_module(module[v]))
+    devices = np.array([home.get(int(classes[v]), by_module(module[v])) for v in range(g.num_nodes)])
+    m = 4
+    r = simulate_schedule(g, load_cluster("4xV100-16GB"), devices, Schedule("1f1b", m))
+    grad = 64 * 32 * 4  # wte's fp32 gradient
+    wte = [(g.ids[int(x)].split("/")[0], int(a), int(b), int(k)) for x, a, b, nb, k in
+           zip(r.transfers.node, r.transfers.src_dev, r.transfers.dst_dev, r.transfers.nbytes, r.transfer_microbatch,
+               strict=True) if nb == grad and ("lm_head/mm" in g.ids[int(x)] or "wte/" in g.ids[int(x)])]
+    assert sorted(wte) == [("model.lm_head", 2, 0, m - 1), ("model.transformer.wte", 0, 2, m - 1)]
+    # everything the head's backward sends: that one gradient (its input gradient stays on its stage)
+    head = [(int(a), int(b), int(k)) for x, a, b, k in zip(r.transfers.node, r.transfers.src_dev, r.transfers.dst_dev,
+                                                           r.transfer_microbatch, strict=True)
+            if module[int(x)] == "model.lm_head" and g.kind[int(x)] == "backward"]
+    assert head == [(2, 0, m - 1)]
+    update = [v for v in range(g.num_nodes) if module[v] == "model.transformer.wte" and g.kind[v] == "optimizer"]
+    assert r.copy_bytes.tolist() == [0.0, 0.0, float(g.param_bytes[update].sum()), 0.0]

@@ -368,3 +368,15 @@ def test_one_replica_without_sharding_is_the_pipeline_simulation(case: tuple) ->
     r = simulate_parallel(g, c, devices, plan)
     assert r.step_time_s == ref.step_time_s
     assert [m.total for m in r.memory] == pytest.approx(ref.peak_memory_bytes.tolist())
+
+
+def test_a_tied_parameters_copy_counts_in_its_stages_persistent_memory() -> None:
+    """The head's stage holds its own copy of the embedding tied with it (`tied_copies`): weights, gradient and
+    optimizer state by category, as stage 0 does; the stage between holds none of it."""
+    from test_sim_schedule import tied_lm
+
+    g, stage = tied_lm(3, grad=100.0, params=400.0)
+    r = simulate_parallel(g, cluster(3, bw=1e9, mem=1e9), stage, ParallelPlan(dp=1, pp=3, microbatches=4, batch=4))
+    assert [(m.parameters, m.gradients, m.optimizer_state) for m in r.memory] == \
+        [(100.0, 100.0, 200.0), (0.0, 0.0, 0.0), (100.0, 100.0, 200.0)]
+    assert [m.total for m in r.memory] == pytest.approx(r.pipelines[0].peak_memory_bytes.tolist())

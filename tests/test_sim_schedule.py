@@ -5,6 +5,7 @@ reference in reference_pipeline.py on random pipelines."""
 from __future__ import annotations
 
 import dataclasses
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -231,6 +232,13 @@ def pipelines(draw):
         if draw(st.booleans()):
             nodes.append({"id": f"o{i}", "kind": "optimizer", "group": f"f{i}", "compute_s": 1.0, "param_bytes": 3})
             edges.append({"src": f"b{i}", "dst": f"o{i}", "bytes": 5, "tensor": 1})
+    if n >= 2 and draw(st.booleans()):  # a weight tied between f0 and f{n-1}: its gradient summed, then updated
+        g = draw(st.sampled_from([0, 6]))
+        nodes += [{"id": "tsum", "kind": "backward", "group": "f0", "compute_s": draw(nums)},
+                  {"id": "topt", "kind": "optimizer", "group": "f0", "compute_s": 1.0, "param_bytes": 7}]
+        edges += [{"src": "b0", "dst": "tsum", "bytes": g, "tensor": 2},
+                  {"src": f"b{n - 1}", "dst": "tsum", "bytes": g, "tensor": 2},
+                  {"src": "tsum", "dst": "topt", "bytes": g}]
     for i, j in fwd:
         edges.append({"src": f"f{i}", "dst": f"f{j}", "bytes": sizes[i]})
         edges.append({"src": f"b{j}", "dst": f"b{i}", "bytes": 3})
@@ -314,3 +322,54 @@ def test_lower_bound_under_a_schedule_counts_one_microbatch_on_the_path():
     r = simulate(g, c, on_stages(p, p), schedule=Schedule("1f1b", m))
     assert r.step_time_s >= piped.value_s  # and the whole-batch path would claim more than the step takes
     assert r.step_time_s < whole.critical_path_s
+
+
+def tied_lm(p: int, grad: float = 1000.0, params: float = 4000.0) -> tuple[CompGraph, np.ndarray]:
+    """A tiny language model on p stages, its embedding `emb` (stage 0) tied with its head `head` (stage p-1),
+    as captured: the tied weight's gradient is `sum`, adding the embedding's (`bemb`) and the head's (`bhw`), in
+    the embedding's tie class, read only by the update `opt`, which holds the parameter (weights, gradient,
+    Adam's states: `params` bytes). Layers l1..l{p-2} in between; activations 10 bytes, the gradient `grad`."""
+    mid = [f"l{s}" for s in range(1, p - 1)]
+    fwd = ["emb", *mid, "head"]
+    nodes = [{"id": f, "compute_s": 1.0, "kind": "forward", "output_bytes": 10} for f in fwd]
+    nodes += [{"id": f"b{f}", "compute_s": 1.0, "kind": "backward", "group": f, "output_bytes": 10}
+              for f in reversed(fwd)]
+    nodes += [{"id": "bhw", "compute_s": 1.0, "kind": "backward", "group": "head", "output_bytes": grad},
+              {"id": "sum", "compute_s": 0.5, "kind": "backward", "group": "emb"},
+              {"id": "opt", "compute_s": 2.0, "kind": "optimizer", "group": "emb", "param_bytes": params}]
+    edges = [{"src": a, "dst": b, "bytes": 10} for a, b in pairwise(fwd)]
+    edges += [{"src": "head", "dst": "bhead", "bytes": 10}]
+    edges += [{"src": f"b{b}", "dst": f"b{a}", "bytes": 10} for a, b in pairwise(fwd)]
+    edges += [{"src": "bhead", "dst": "bhw", "bytes": 10}, {"src": fwd[-2], "dst": "bhw", "bytes": 10, "tensor": 0},
+              {"src": "bemb", "dst": "sum", "bytes": grad, "tensor": 1}, {"src": "bhw", "dst": "sum", "bytes": grad},
+              {"src": "sum", "dst": "opt", "bytes": grad}]
+    g = CompGraph.build("tied", nodes, edges)
+    stage = {"emb": 0, "head": p - 1, **{f"l{s}": s for s in range(1, p - 1)}}
+    devs = np.array([stage[nid.removeprefix("b")] if nid.removeprefix("b") in stage else
+                     {"bhw": p - 1, "sum": 0, "opt": 0}[nid] for nid in g.ids])
+    return g, devs
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_a_tied_parameter_has_a_copy_per_stage_that_uses_it_summed_once_per_step(p, kind):
+    """As the runtime runs it (pipeline_run: a copy per stage, gradients summed once per step over gloo): the
+    head's gradient of the tied embedding is accumulated on the head's stage and exchanged with stage 0 once per
+    step (one transfer each way, full size), never per micro-batch nor relayed through the stages between,
+    which hold nothing of it; the head's stage holds its own copy (weights, gradient, optimizer state) and
+    updates it."""
+    m, grad, params = 4, 1000.0, 4000.0
+    g, devs = tied_lm(p, grad, params)
+    r = simulate(g, cluster(p, bw=1e9, mem=1e9), devs, schedule=Schedule(kind, m, microbatch_graph=True))
+    sums = [(g.ids[int(x)], int(a), int(b), float(nb), int(k)) for x, a, b, nb, k in
+            zip(r.transfers.node, r.transfers.src_dev, r.transfers.dst_dev, r.transfers.nbytes,
+                r.transfer_microbatch, strict=True) if nb == grad]
+    # each sent once, with the last micro-batch (the accumulated gradient)
+    assert sorted(sums) == [("bemb", 0, p - 1, grad, m - 1), ("bhw", p - 1, 0, grad, m - 1)]
+    assert r.stage[g.index["sum"]] == -1 and r.stage[g.index["bhw"]] == p - 1
+    for d in range(1, p - 1):  # a middle stage: its activations only
+        assert r.peak_memory_bytes[d] < 100
+    assert r.peak_memory_bytes[0] >= params and r.peak_memory_bytes[p - 1] >= params + grad
+    # the update runs once on each copy, after the exchange
+    assert r.device_busy_s[p - 1] == pytest.approx(m * 3.0 + 0.5 + 2.0)
+    assert r.start_s[g.index["sum"]] >= r.microbatch_finish_s[:, g.index["bhw"]].max() + grad / 1e9

@@ -415,7 +415,8 @@ def simulate_parallel(graph: CompGraph, cluster: Cluster, stage: np.ndarray, pla
     per_step = step_times(run_graph, cluster)
     for s in range(plan.pp):
         members = run_stage == s
-        persistent = float(run_graph.param_bytes[members].sum())
+        # with the copies of tied parameters the stage's device holds (the simulated pipeline has them)
+        persistent = float(run_graph.param_bytes[members].sum()) + float(pipelines[0].copy_bytes[simulated_on[0][s]])
         busy = min(float(p.device_busy_s[on[s]]) for p, on in zip(pipelines, simulated_on, strict=True))
         sync.append(_stage_sync(run_graph, cluster, plan, s, members, phase, pipelines, persistent * shares.gradients,
                                 persistent * shares.parameters, per_step, busy, bucket_bytes))

@@ -350,6 +350,110 @@ def relay(graph: CompGraph, devices: np.ndarray, stages: Stages, v_shaped: bool 
                    np.concatenate([np.arange(n), of]))
 
 
+# --------------------------------------------------------------------------- tied parameters: a copy per stage
+
+TIED_COPY = "tied-copy"  # op name of a tied parameter's copy on another stage: its gradient sum and its update
+SUM_KIND = "optimizer"  # the kind a tied parameter's gradient sum takes: it runs once per step, with the update
+
+
+def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relayed:
+    """The step as torch's pipelining runs a parameter used by several stages (an embedding tied with the head,
+    `devplace.runtime.pipeline_run`): every stage that uses it holds its own copy (weights, gradient and
+    optimizer state), accumulates its own gradient over the micro-batches, and once per step, after the flush,
+    the copies' gradients are summed (an all-reduce over the stages' processes) and each copy is updated.
+
+    In a captured graph such a parameter's gradient is a sum: a backward op that reads only gradients
+    (backward ops), from two or more stages, and feeds only per-step ops (the update) or other such sums. Those
+    sums become per-step ops (kind `SUM_KIND`) on their device, so each stage's contribution is one edge from its
+    last micro-batch at full size (the accumulated gradient) instead of a transfer per micro-batch relayed
+    through every stage between. Every other stage that contributes gets a copy: one per-step node (op
+    `TIED_COPY`, on that stage's device; the sum as placed is the copy of its own stage or of the first
+    contributing stage on its device) holding the parameter's `param_bytes` (those of the per-step ops of
+    the sum's tie class: weights, gradient, optimizer state), computing the sum and the update (their compute),
+    and reading every contribution (edges of the sum's bytes). The exchange is the all-reduce: each copy's
+    gradient goes to every other copy's device, all at once (two copies: one transfer each way, S / B +
+    latency, where a ring all-reduce of two takes S / B + 2 latencies). A stage that does not use the
+    parameter holds nothing of it. Returns the graph unchanged (no copy) when no gradient is summed across
+    stages; otherwise `origin` maps every node to the original one it is (a copy: its sum's root)."""
+    n, phase, stage = graph.num_nodes, stages.phase, stages.stage
+    devices = np.asarray(devices, dtype=np.int64)
+    u, v = graph.edge_src, graph.edge_dst
+    summed = np.zeros(n, dtype=bool)
+    root = np.arange(n)
+    for a in graph.topo_order[::-1].tolist():  # successors first
+        if phase[a] != BACKWARD:
+            continue
+        succ = v[graph.out_edges(a)]
+        pred = u[graph.in_edges(a)]
+        if (succ.size and ((phase[succ] == PER_STEP) | summed[succ]).all() and pred.size
+                and (phase[pred] == BACKWARD).all() and np.unique(stage[pred]).size > 1):
+            summed[a] = True
+            later = succ[summed[succ]]
+            root[a] = root[later[0]] if later.size else a
+    if not summed.any():
+        return Relayed(graph, devices, stages, np.arange(n))
+    classes = tie_classes(graph)
+    kinds = [SUM_KIND if summed[w] else graph.kind[w] for w in range(n)]
+    names: list[str] = []
+    origin: list[int] = []
+    copy_dev: list[int] = []
+    copy_compute: list[float] = []
+    copy_params: list[float] = []
+    copy_kind: dict[str, list[float]] = {k: [] for k in graph.kind_compute}
+    add_src: list[int] = []
+    add_dst: list[int] = []
+    add_bytes: list[float] = []
+    add_tensor: list[int] = []
+    for a in np.flatnonzero(summed & (root == np.arange(n))).tolist():
+        sums = np.flatnonzero(summed & (root == a))
+        edges = np.concatenate([graph.in_edges(w) for w in sums.tolist()])
+        edges = edges[~summed[u[edges]]]  # the contributions: each stage's gradient
+        update = np.flatnonzero((phase == PER_STEP) & (classes == classes[a]))
+        work = np.concatenate([sums, update])
+        sent: dict[tuple[int, int], float] = {}  # (contributing op, its tensor) -> bytes, once each
+        for e in edges.tolist():
+            sent.setdefault((int(u[e]), int(graph.edge_tensor[e])), float(graph.edge_bytes[e]))
+        contributions = [(x, t, nbytes) for (x, t), nbytes in sent.items()]
+        on = {int(stage[x]): int(devices[x]) for x, _, _ in contributions}  # contributing stage -> its device
+        # the sum and update as placed are the copy of a contributing stage on their device: their own stage, else
+        # the first (a V's turn or a placement may put them with another stage of that device)
+        here = sorted(st for st, d in on.items() if d == devices[a])
+        kept = int(stage[a]) if int(stage[a]) in here else (here[0] if here else -1)
+        for s in sorted(set(on) - {kept}):
+            c = n + len(origin)
+            names.append(f"{graph.ids[a]}~{TIED_COPY}{s}")
+            origin.append(a)
+            copy_dev.append(on[s])
+            copy_compute.append(float(graph.compute_s[work].sum()))
+            copy_params.append(float(graph.param_bytes[update].sum()))
+            for k, col in graph.kind_compute.items():
+                copy_kind[k].append(float(col[work].sum()))
+            for x, t, nbytes in contributions:
+                add_src.append(x)
+                add_dst.append(c)
+                add_bytes.append(nbytes)
+                add_tensor.append(t)
+    k = len(origin)
+    zeros = np.zeros(k)
+    g = CompGraph.from_arrays(
+        graph.name, [*graph.ids, *names], [*graph.op, *([TIED_COPY] * k)], [*kinds, *([SUM_KIND] * k)],
+        [*graph.group, *([""] * k)],
+        np.concatenate([graph.compute_s, copy_compute]), np.concatenate([graph.output_bytes, zeros]),
+        np.concatenate([graph.param_bytes, copy_params]), np.concatenate([graph.temp_bytes, zeros]),
+        np.concatenate([u, add_src]).astype(np.int64), np.concatenate([v, add_dst]).astype(np.int64),
+        np.concatenate([graph.edge_bytes, add_bytes]),
+        np.concatenate([graph.edge_tensor, add_tensor]).astype(np.int64),
+        meta=graph.meta, kind_compute={kind: np.concatenate([col, copy_kind[kind]])
+                                       for kind, col in graph.kind_compute.items()},
+        node_extra=[*graph.node_extra, *([{}] * k)] if graph.node_extra else ())
+    per_step = np.full(k, PER_STEP, dtype=np.int64)
+    staged = Stages(phase=np.concatenate([np.where(summed, PER_STEP, phase), per_step]),
+                    stage=np.concatenate([np.where(summed, -1, stage), np.full(k, -1, dtype=np.int64)]),
+                    pipeline_devices=stages.pipeline_devices, chunks=stages.chunks)
+    return Relayed(g, np.concatenate([devices, np.asarray(copy_dev, dtype=np.int64)]), staged,
+                   np.concatenate([np.arange(n), np.asarray(origin, dtype=np.int64)]))
+
+
 # --------------------------------------------------------------------------- the schedules' action lists
 
 
@@ -694,13 +798,15 @@ class ScheduledResult(SimResult):
     """A SimResult of a pipelined step. Per node of the original graph, `start_s` is its first run's start
     and `finish_s` its last run's finish; `microbatch_start_s`/`microbatch_finish_s` (M x V) give every
     micro-batch's run (a per-step op's single run in every row); `stage` is each op's pipeline stage (-1 for
-    per-step ops); `transfer_microbatch` the micro-batch of each transfer (-1: per-step)."""
+    per-step ops); `transfer_microbatch` the micro-batch of each transfer (-1: per-step); `copy_bytes` per device the
+    persistent bytes of the tied parameters' copies it holds besides its ops' `param_bytes`."""
 
     schedule: Schedule
     stage: np.ndarray  # int64[V]
     microbatch_start_s: np.ndarray  # float64[M, V]
     microbatch_finish_s: np.ndarray  # float64[M, V]
     transfer_microbatch: np.ndarray  # int64, one per transfer
+    copy_bytes: np.ndarray  # float64[D]: param_bytes of tied parameters' copies held on each device (`tied_copies`)
 
     def to_dict(self, ids: tuple[str, ...] | None = None, per_op: bool = False) -> dict[str, Any]:
         """SimResult.to_dict plus the schedule and the number of stages."""
@@ -724,13 +830,15 @@ def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, s
                             "chunk, or simulate it through a ParallelPlan with V-shaped stages")
     stages = pipeline_stages(graph, devices, int(schedule.chunks or 1), schedule.device_order, chunk_of)
     # a V's stage numbers (chunk * p + position) are not its order along the data: its hops are not relayed
-    relayed = relay(graph, devices, stages, schedule.kind in V_SHAPED)
+    tied = tied_copies(graph, devices, stages)
+    relayed = relay(tied.graph, tied.devices, tied.stages, schedule.kind in V_SHAPED)
+    origin = tied.origin[relayed.origin]
     u = unroll(relayed.graph, relayed.devices, schedule, relayed.stages, cluster)
     r = DevplaceModel(u.graph, cluster).run(u.devices)
     n, m = graph.num_nodes, schedule.microbatches
     mb_start = np.zeros((m, n))
     mb_finish = np.zeros((m, n))
-    real = (u.source >= 0) & (u.source < n) & ~u.step_part  # relay nodes have no row of their own
+    real = (u.source >= 0) & (u.source < n) & ~u.step_part  # relays and tied copies have no row of their own
     rows = np.where(u.microbatch[real] >= 0, u.microbatch[real], 0)
     mb_start[rows, u.source[real]] = r.start_s[real]
     mb_finish[rows, u.source[real]] = r.finish_s[real]
@@ -740,12 +848,13 @@ def simulate_schedule(graph: CompGraph, cluster: Cluster, devices: np.ndarray, s
     finish = mb_finish.max(axis=0)  # an op's once-per-step part ends its step
     np.maximum.at(finish, u.source[u.step_part], r.finish_s[u.step_part])
     t = r.transfers
-    transfers = Transfers(node=relayed.origin[u.source[t.node]], tensor=t.tensor, src_dev=t.src_dev, dst_dev=t.dst_dev,
+    transfers = Transfers(node=origin[u.source[t.node]], tensor=t.tensor, src_dev=t.src_dev, dst_dev=t.dst_dev,
                           nbytes=t.nbytes, start_s=t.start_s, finish_s=t.finish_s)
     return ScheduledResult(
         model=r.model, step_time_s=r.step_time_s, device=devices,
         start_s=mb_start.min(axis=0), finish_s=finish,
         peak_memory_bytes=r.peak_memory_bytes, memory_bytes=r.memory_bytes, device_busy_s=r.device_busy_s,
-        comm_bytes=r.comm_bytes, transfers=transfers, schedule=schedule, stage=stages.stage,
+        comm_bytes=r.comm_bytes, transfers=transfers, schedule=schedule, stage=tied.stages.stage[:n],
         microbatch_start_s=mb_start, microbatch_finish_s=mb_finish, transfer_microbatch=u.microbatch[t.node],
+        copy_bytes=np.bincount(tied.devices[n:], weights=tied.graph.param_bytes[n:], minlength=len(cluster.devices)),
         peak_activation_bytes=r.peak_activation_bytes)

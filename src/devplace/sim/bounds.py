@@ -14,7 +14,7 @@ from scipy.sparse.csgraph import breadth_first_order
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.info import longest_path
 from devplace.hardware.cluster import Cluster, op_times, step_times
-from devplace.sim.schedule import Schedule
+from devplace.sim.schedule import Schedule, tied_sums
 from devplace.units import fmt_bytes
 
 
@@ -45,7 +45,9 @@ def lower_bound(graph: CompGraph, cluster: Cluster, schedule: Schedule | None = 
     schedules"): forward and backward ops run M times at 1/M of their compute (at all of it for a
     `microbatch_graph`, captured at batch/M), per-step ops once. The work is the unrolled step's; the critical
     path is one micro-batch's ops followed by per-step ops, which the unrolled step holds for its last
-    micro-batch. `any_schedule_bound` holds for every schedule at once."""
+    micro-batch. A tied parameter's gradient sum runs once per step where its inputs come from two stages
+    (`sim.schedule.tied_sums`), else once per micro-batch: its work counts once. `any_schedule_bound` holds for
+    every schedule at once."""
     times = op_times(graph, cluster)  # [V, D]
     work_times = times
     if schedule is not None:
@@ -53,6 +55,8 @@ def lower_bound(graph: CompGraph, cluster: Cluster, schedule: Schedule | None = 
         m = schedule.microbatches
         if schedule.microbatch_graph:
             work_times = (times - once) * m + once
+            sums = tied_sums(graph)[0]
+            work_times[sums] = times[sums]
         else:
             times = (times - once) / m + once  # M runs at 1/M: the same work, a shorter path
     return _bound(graph, cluster, work_times, times)
@@ -83,8 +87,13 @@ def microbatch_bounds(graph: CompGraph, cluster: Cluster, counts: Sequence[int],
     device), and S is at least one micro-batch's forward and backward with each op on its fastest device."""
     times = op_times(graph, cluster)
     once = step_times(graph, cluster)
-    work = _work_bound(graph, cluster, times)  # the same for every M
-    chain = float((times - once).min(axis=1).sum()) if times.size else 0.0  # S for M = 1
+    # a tied gradient's sum may run once per step at a micro-batch's size (`tied_sums`): at least 1/M of its
+    # time, off every micro-batch's chain
+    sums = tied_sums(graph)[0]
+    shared = times.copy()
+    shared[sums] /= max(counts, default=1)
+    work = _work_bound(graph, cluster, shared)  # the same for every M
+    chain = float((times - once)[~sums].min(axis=1).sum()) if times.size else 0.0  # S for M = 1
     p = cluster.num_devices
     out = {}
     for m in counts:
@@ -114,8 +123,11 @@ def microbatch_outlook(graph: CompGraph, cluster: Cluster, microbatches: int, *,
     times = op_times(graph, cluster)
     once = step_times(graph, cluster)
     m, p = microbatches, cluster.num_devices
-    work = _work_bound(graph, cluster, (times - once) * m + once)
-    chain = float((times - once).min(axis=1).sum()) if times.size else 0.0
+    sums = tied_sums(graph)[0]  # once per step where tied copies sum them (`lower_bound`)
+    work_times = (times - once) * m + once
+    work_times[sums] = times[sums]
+    work = _work_bound(graph, cluster, work_times)
+    chain = float((times - once)[~sums].min(axis=1).sum()) if times.size else 0.0
     bound = max(work, chain / (1.0 - ((m - 1) / m) ** p)) if one_stage_per_device else work
     return MicrobatchOutlook(bound * (1 - 1e-9), work * (m * chunks + p - 1) / (m * chunks))
 

@@ -356,6 +356,30 @@ TIED_COPY = "tied-copy"  # op name of a tied parameter's copy on another stage: 
 SUM_KIND = "optimizer"  # the kind a tied parameter's gradient sum takes: it runs once per step, with the update
 
 
+def tied_sums(graph: CompGraph, stage: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(summed, root): bool[V] the gradient sums of tied parameters that run once per step (`tied_copies`): a
+    backward op reading only backward ops, from two or more of the `stage`s, and feeding only per-step ops or
+    other such sums; `root[v]` the last sum of v's chain (v itself where it feeds per-step ops only). Without
+    `stage`, every op that is such a sum under some placement (two or more backward inputs): what a bound
+    valid for every placement counts once per step (`sim.bounds.lower_bound`)."""
+    n, phase = graph.num_nodes, op_phases(graph)
+    u, v = graph.edge_src, graph.edge_dst
+    summed = np.zeros(n, dtype=bool)
+    root = np.arange(n)
+    for a in graph.topo_order[::-1].tolist():  # successors first
+        if phase[a] != BACKWARD:
+            continue
+        succ = v[graph.out_edges(a)]
+        pred = u[graph.in_edges(a)]
+        if (succ.size and ((phase[succ] == PER_STEP) | summed[succ]).all() and pred.size
+                and (phase[pred] == BACKWARD).all()
+                and (np.unique(stage[pred]).size > 1 if stage is not None else np.unique(pred).size > 1)):
+            summed[a] = True
+            later = succ[summed[succ]]
+            root[a] = root[later[0]] if later.size else a
+    return summed, root
+
+
 def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relayed:
     """The step as torch's pipelining runs a parameter used by several stages (an embedding tied with the head,
     `devplace.runtime.pipeline_run`): every stage that uses it holds its own copy (weights, gradient and
@@ -378,18 +402,7 @@ def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relaye
     n, phase, stage = graph.num_nodes, stages.phase, stages.stage
     devices = np.asarray(devices, dtype=np.int64)
     u, v = graph.edge_src, graph.edge_dst
-    summed = np.zeros(n, dtype=bool)
-    root = np.arange(n)
-    for a in graph.topo_order[::-1].tolist():  # successors first
-        if phase[a] != BACKWARD:
-            continue
-        succ = v[graph.out_edges(a)]
-        pred = u[graph.in_edges(a)]
-        if (succ.size and ((phase[succ] == PER_STEP) | summed[succ]).all() and pred.size
-                and (phase[pred] == BACKWARD).all() and np.unique(stage[pred]).size > 1):
-            summed[a] = True
-            later = succ[summed[succ]]
-            root[a] = root[later[0]] if later.size else a
+    summed, root = tied_sums(graph, stage)
     if not summed.any():
         return Relayed(graph, devices, stages, np.arange(n))
     classes = tie_classes(graph)

@@ -154,9 +154,9 @@ def fewest_blocks(graph: CompGraph, cluster: Cluster, stage: np.ndarray, none: P
             ks.append("none")
         elif n == 0 or per_block <= 0:
             ks.append("full")
-        else:
-            ks.append(min(n, math.ceil(over / per_block)) if over < per_block * n else "full")
-    ks = ["full" if isinstance(k, int) and k == counts[s].size else k for s, k in enumerate(ks)]
+        else:  # all n blocks is "full"
+            k = math.ceil(over / per_block)
+            ks.append(k if k < n else "full")
     if all(k == "full" for k in ks) or all(k == "none" for k in ks):
         return None
     return simulate_parallel(graph, cluster, stage, replace(none.plan, recompute=tuple(ks)))

@@ -96,6 +96,31 @@ def test_placed_training_step_equals_unplaced(build):
         torch.testing.assert_close(buf, ref_buf, msg=f"buffer {name}")
 
 
+@pytest.mark.parametrize("build", [_cnn, _transformer], ids=["cnn", "transformer"])
+def test_one_cpu_plan_runs_the_generated_code_bitwise_as_the_interpreter(build):
+    """A plan on one CPU device runs the traced program's generated code (no interpreter): loss, gradients,
+    updated parameters and buffers bitwise equal to the interpreted run's; a plan that moves tensors between
+    devices keeps the interpreter."""
+    model, inputs = build()
+    twin = copy.deepcopy(model)
+    p = plan(model, inputs, "3xGPU-placeto", placer="single")
+    assert p.num_devices_used == 1
+    direct, interpreted = p.apply(model, ["cpu"], example_inputs=inputs), p.apply(twin, ["cpu"], example_inputs=inputs)
+    (key, (*cached, runs_direct)), = interpreted._traces.items()
+    assert runs_direct
+    interpreted._traces[key] = (*cached, False)  # force the interpreter on the twin
+    assert torch.equal(_step(direct, inputs), _step(interpreted, inputs))
+    named = dict(twin.named_parameters())
+    for name, param in model.named_parameters():
+        assert torch.equal(param.grad, named[name].grad), name
+        assert torch.equal(param, named[name]), name
+    for buf, twin_buf in zip(model.buffers(), twin.buffers(), strict=True):
+        assert torch.equal(buf, twin_buf)
+    spread = plan(model, inputs, "3xGPU-placeto", placer="round-robin").apply(copy.deepcopy(model), CPU3,
+                                                                               example_inputs=inputs)
+    assert [direct for *_, direct in spread._traces.values()] == [False]
+
+
 def test_mapping_is_exact_op_for_op():
     """Every traced forward op carries the id of the captured op it is, in the captured order, with its op."""
     from devplace.runtime.apply import _exact_mapping, trace_forward
@@ -236,7 +261,8 @@ def test_forward_on_three_fake_gpus_keeps_every_op_on_one_device(build, monkeypa
     assert placed.crossings >= 5 and placed.granularity == "op"
     # parameters are homed on several devices (a fake tensor's reported device ignores `.data =`, so the
     # homes are read from the trace here; test_placed_training_step_equals_unplaced runs the real move)
-    (_, _, homes), = placed._traces.values()
+    (_, _, homes, direct), = placed._traces.values()
+    assert not direct  # three devices: interpreted, each op on its own
     assert len(set(homes.values())) >= 2
 
 

@@ -12,7 +12,12 @@ with `--threads` CPU threads (default 1: what each process of a pipelined run us
    carries (`--no-overheads`: none, as before issue 30);
 
 1. profile: every distinct op of the captured training step timed for real on this CPU (`devplace profile`'s
-   task, `app.torch_tasks().profile_model`), at the whole batch and at the pipeline's micro-batch size;
+   task, `app.torch_tasks().profile_model`), at the whole batch and at the pipeline's micro-batch size; with
+   `--profile in-step` (the default) each op is then timed again inside 5 real training steps of the model on one
+   device (`devplace profile --in-step`, `runtime.in_step.profile_in_step`), in a run of its own on a model built
+   afresh, apart from the measured steps, and the plans are made and simulated with those times and the overheads
+   measured beyond them on the probe; every row also shows the same plan simulated with the isolated times and
+   their overheads, and the ratios measured against that;
 2. one device: the step captured and costed with that table for a cluster of this CPU (`local_cluster`, its
    device the one the table was measured on), placed (placer `single`), saved as a plan, read back and run as
    `devplace run --plan plan.json --threads N` runs it (`plan_for_run`, `run_model`);
@@ -165,22 +170,6 @@ def _cpu_model() -> str:
     return measure_local_cpu().model
 
 
-def _merged(tables: list[Any]) -> Any:
-    """One cost table of several profiles on one device kind (the whole batch's ops and a micro-batch's)."""
-    from devplace.hardware.cost import CostTable
-
-    first = tables[0]
-    assert all(t.device_kind == first.device_kind for t in tables)
-    entries: dict[str, float] = {}
-    skipped: dict[str, str] = {}
-    for t in tables:
-        entries.update(t.entries)
-        skipped.update(t.skipped)
-    return CostTable(device_kind=first.device_kind, entries=entries, torch=first.torch, warmup=first.warmup,
-                     repeats=first.repeats, skipped={k: v for k, v in skipped.items() if k not in entries},
-                     device=first.device, meta=dict(first.meta))
-
-
 def _ops_per_step(graph: Any) -> dict[str, int]:
     """Nodes of a captured step by op class (the simulated step is their profiled times, one after another)."""
     from devplace.hardware.cost import op_class
@@ -250,6 +239,31 @@ def in_step_by_class(p: Any, module: nn.Module, inputs: Any, steps: int = 3) -> 
     return out
 
 
+def in_step_table(graph: Any, name: str, batch: int) -> Any:
+    """Custom model `name`'s ops (those of its captured step `graph` at `batch`) timed inside real training steps
+    on one device (`devplace profile --in-step`'s measurement, `runtime.in_step.profile_in_step`), on a model
+    built afresh: a run of its own, apart from the measured steps."""
+    from devplace.capture.custom import build_named_model
+    from devplace.capture.profile import local_cpu_device
+    from devplace.runtime.in_step import profile_in_step
+
+    module, inputs, loss_fn = build_named_model(name, batch)
+    return profile_in_step(graph, module, inputs, local_cpu_device(), loss_fn=loss_fn)
+
+
+def resimulated(p: Any, table: Any, cluster: Any) -> float:
+    """Plan `p`'s step simulated again with cost table `table` and its overheads on `cluster`: one device, the
+    sum of its op times; a pipelined plan, its exported stages under its schedule (as `export` simulates them)."""
+    from devplace.hardware.cost import apply_costs, apply_overheads
+    from devplace.runtime.export import pipeline_split
+
+    graph, report = apply_costs(p.graph, cluster.devices[0], table)
+    if p.placement.schedule is None:
+        return report.total_s
+    split = pipeline_split(graph, p.placement, apply_overheads(cluster, table), schedule=p.placement.schedule)
+    return float(split.pipelined_step_time_s)
+
+
 def interpreter_cost(p: Any, module: nn.Module, inputs: Any, repeats: int = 20) -> dict[str, float]:
     """What the placed module's interpreter (`runtime.apply`, how `devplace run --plan` runs a one-device plan)
     adds to the forward: "calls", the calls of the traced program it runs (one per traced ATen call, views and
@@ -276,23 +290,31 @@ def interpreter_cost(p: Any, module: nn.Module, inputs: Any, repeats: int = 20) 
 
 
 def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, folder: Path,
-                   overheads: Any) -> list[dict[str, Any]]:
+                   overheads: dict[str, Any]) -> list[dict[str, Any]]:
     """Profile, plan and run custom model `name` (table label `label`) at `batch` on one device and as a 2-process
-    pipeline, costed with its profiled op times and the machine's `overheads` (`hardware.cost.Overheads`,
-    measured once per run on the probe model); one row per setting."""
+    pipeline, costed with its op times profiled as `args.profile` says and the machine's overheads measured the
+    same way (`overheads`: profile -> `hardware.cost.Overheads`, measured once per run on the probe model); each
+    row also has the same plan simulated with the other profile ("other_simulated_s"); one row per setting."""
     from devplace import app
-    from devplace.hardware.cost import apply_overheads, op_class
+    from devplace.hardware.cost import apply_overheads, op_class, signature_key
+    from devplace.runtime.in_step import merge_tables
     from devplace.runtime.run import local_cluster
 
     tasks = app.torch_tasks()
     m = args.microbatches
     t0 = time.perf_counter()
-    _, whole = tasks.profile_model(name, folder / f"{label}-b{batch}.costs.json", batch=batch,
-                                   repeats=args.repeats, threads=args.threads, overheads=False)
-    _, micro = tasks.profile_model(name, folder / f"{label}-b{batch // m}.costs.json", batch=batch // m,
-                                   repeats=args.repeats, threads=args.threads, overheads=False)
-    table = _merged([whole, micro])
-    table.overheads = overheads
+    profiles = [tasks.profile_model(name, folder / f"{label}-b{b}.costs.json", batch=b, repeats=args.repeats,
+                                    threads=args.threads, overheads=False) for b in (batch, batch // m)]
+    tables = {"isolated": merge_tables([t for _, t in profiles])}
+    in_step_keys: set[str] = set()
+    if "in-step" in overheads:
+        timed = [in_step_table(g, name, b) for (g, _), b in zip(profiles, (batch, batch // m), strict=True)]
+        in_step_keys = {k for t in timed for k in t.entries}
+        tables["in-step"] = merge_tables([tables["isolated"], *timed])
+    for kind, t in tables.items():
+        t.overheads = overheads[kind]
+    table = tables[args.profile]
+    other = next((k for k in tables if k != args.profile), None)
     profile_s = time.perf_counter() - t0
     cpu = torch.device("cpu")
     rows = []
@@ -311,8 +333,11 @@ def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, 
     interpreter = interpreter_cost(p, module, inputs)
     sim = float(measured.record["simulated_step_s"])
     charged = sum(1 for v in range(p.graph.num_nodes) if op_class(p.graph.op[v], p.graph.kind[v]) != "view")
-    rows.append({"model": label, "setting": "1 device", "batch": batch, "simulated_s": sim,
-                 "simulated_without_overheads_s": sim - charged * overheads.op_s,  # one device: ops one by one
+    rows.append({"model": label, "setting": "1 device", "batch": batch, "simulated_s": sim, "profile": args.profile,
+                 "simulated_without_overheads_s": sim - charged * table.overheads.op_s,  # one device: ops one by one
+                 "other_profile": other, "other_simulated_s": other and resimulated(p, tables[other], cluster),
+                 "in_step_nodes": sum(1 for x in p.graph.node_extra
+                                      if isinstance(x.get("sig"), dict) and signature_key(x["sig"]) in in_step_keys),
                  "measured_s": measured.run.step_time_s, "steps_s": list(measured.run.step_times_s),
                  "spread": measured.run.spread, "fastest_s": min(measured.run.step_times_s),
                  "cpu_s": statistics.median(measured.run.cpu_times_s), "cores_busy": measured.run.cores_busy,
@@ -337,6 +362,9 @@ def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, 
         stages = [sum(1 for d in p2.runtime_placement.assignment.values() if d == s) for s in range(2)]
         res2 = p2.result
         rows.append({"model": label, "setting": f"2-proc {kind} M={m}", "batch": batch, "simulated_s": sim2,
+                     "profile": args.profile, "other_profile": other,
+                     "other_simulated_s": other and resimulated(p2, tables[other], cluster2),
+                     "same_profile_resimulated_s": resimulated(p2, table, cluster2),
                      "measured_s": med, "steps_s": timed, "spread": (max(timed) - min(timed)) / med,
                      "fastest_s": min(timed), "ratio": med / sim2, "cores_busy": ran.cores_busy,
                      "cpu_s": statistics.median(ran.run.cpu_times_s[args.warmup:]),
@@ -367,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
                          "inputs[, loss_fn]), importable here and in the stage processes")
     ap.add_argument("--batch", type=int, default=8, help="batch of the --model ones (the micro-batches divide it)")
     ap.add_argument("--no-overheads", action="store_true", help="simulate without the measured overheads")
+    ap.add_argument("--profile", choices=("in-step", "isolated"), default="in-step",
+                    help="the op times plans are made and simulated with: timed inside real steps of each model, "
+                         "in a run of their own (`devplace profile --in-step`, default), or alone (`devplace "
+                         "profile`); each row also shows the same plan simulated with the isolated times")
     args = ap.parse_args(argv)
     labels = [s.strip() for s in args.models.split(",") if s.strip()]
     unknown = [s for s in labels if s not in MODELS]
@@ -381,9 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now().astimezone()
     load_before = _uptime()
     cpu0 = time.process_time()
-    measured = None if args.no_overheads else measure_overheads(steps=args.steps, warmup=args.warmup,
-                                                                microbatches=args.microbatches, repeats=args.repeats)
-    overheads = measured.overheads if measured is not None else Overheads()
+    kinds = ("isolated", "in-step") if args.profile == "in-step" else ("isolated",)
+    runs = {k: None if args.no_overheads else measure_overheads(steps=args.steps, warmup=args.warmup,
+                                                                microbatches=args.microbatches, repeats=args.repeats,
+                                                                in_step=k == "in-step") for k in kinds}
+    overheads = {k: r.overheads if r is not None else Overheads() for k, r in runs.items()}
     print(f"# overheads: {overheads}", file=sys.stderr, flush=True)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sim-vs-real-") as tmp:
@@ -404,25 +438,37 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# load before: {load_before}")
     print(f"# load after:  {load_after}")
     print(f"# this process's CPU time: {time.process_time() - cpu0:.0f} s")
-    print(f"# overheads (measured on the probe model {'' if measured else 'NOT: --no-overheads'}): "
-          f"{overheads.op_s * 1e6:.1f} us per op, {overheads.action_s * 1e3:.2f} ms per pipeline action, "
-          f"{overheads.transfer_latency_s * 1e6:.0f} us per transfer"
-          + (f" (probe: 1 device {measured.one_device_cpu_s * 1e3:.2f} CPU-ms vs "
-             f"{measured.one_device_simulated_s * 1e3:.2f} simulated over {measured.ops} ops; pipeline "
-             f"{measured.pipeline_measured_s * 1e3:.2f} ms measured; {measured.wall_s:.0f} s)" if measured else ""))
-    print(f"# {args.steps} timed steps after {args.warmup} warm-up; profile: median of {args.repeats} runs per op")
+    for kind, measured in runs.items():
+        o = overheads[kind]
+        print(f"# overheads beyond ops timed {kind} (measured on the probe model"
+              f"{'' if measured else ', NOT: --no-overheads'}): {o.op_s * 1e6:.1f} us per op, "
+              f"{o.action_s * 1e3:.2f} ms per pipeline action, {o.transfer_latency_s * 1e6:.0f} us per transfer"
+              + (f" (probe: 1 device {measured.one_device_cpu_s * 1e3:.2f} CPU-ms vs "
+                 f"{measured.one_device_simulated_s * 1e3:.2f} simulated over {measured.ops} ops; pipeline "
+                 f"{measured.pipeline_measured_s * 1e3:.2f} ms measured; {measured.wall_s:.0f} s)"
+                 if measured else ""))
+    print(f"# {args.steps} timed steps after {args.warmup} warm-up; isolated profile: median of {args.repeats} "
+          "runs per op" + ("; in-step profile (plans made and simulated with it): each op's mean thread CPU time "
+                           "over 5 real steps (after 2) of the model on one device, a run of its own at each batch "
+                           "size, apart from the measured steps" if args.profile == "in-step" else ""))
     print()
-    print("| model | setting | simulated | measured (median) | spread | fastest | measured / simulated | "
-          "cores busy | CPU time (median) | CPU time / simulated | measured / simulated without overheads |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    other = next((r["other_profile"] for r in rows if r.get("other_profile")), None)
+    print(f"| model | setting | simulated ({args.profile}) | measured (median) | spread | fastest | measured / "
+          "simulated | cores busy | CPU time (median) | CPU time / simulated | measured / simulated without "
+          "overheads |" + (f" simulated ({other}) | measured / simulated ({other}) | CPU time / simulated ({other}) |"
+                           if other else ""))
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if other else ""))
     for r in rows:
         one = r["setting"] == "1 device"
         plain = r.get("simulated_without_overheads_s")
+        alt = r.get("other_simulated_s")
         print(f"| {r['model']} | {r['setting']} | {_ms(r['simulated_s'])} | {_ms(r['measured_s'])} | "
               f"{r['spread']:.0%} | {_ms(r['fastest_s'])} | {r['ratio']:.2f} | {r['cores_busy']:.2f} | "
               f"{_ms(r['cpu_s'])}{'' if one else ' (2 procs)'} | "
               + (f"{r['cpu_s'] / r['simulated_s']:.2f} |" if one else "- |")
-              + (f" {r['measured_s'] / plain:.2f} |" if plain else " - |"))
+              + (f" {r['measured_s'] / plain:.2f} |" if plain else " - |")
+              + (f" {_ms(alt)} | {r['measured_s'] / alt:.2f} | "
+                 + (f"{r['cpu_s'] / alt:.2f} |" if one else "- |") if alt else ""))
     print()
     print("| model | ops per step | (measured - simulated) / op, 1 device | pipeline split | ops per stage | "
           "pipeline: simulated busy (2 devices) | measured CPU (2 procs) | CPU / simulated busy | "
@@ -438,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{two['ops_per_stage']} | {_ms(busy)} | {_ms(two['cpu_s'])} | {two['cpu_s'] / busy:.2f} | "
               f"{two['simulated_transfers']} |")
     print()
-    print("One device, CPU ms per step by op class: simulated (profiled op times, without the per-op overhead) / "
+    print(f"One device, CPU ms per step by op class: simulated ({args.profile} op times, without the per-op "
+          "overhead) / "
           "in a real step (each ATen op's CPU time, `in_step_by_class`; 'outside': the median step's CPU time less "
           "those: Python, the placed module's interpreter, nn.Module calls, the autograd engine between ops)")
     print()
@@ -459,8 +506,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({"started": started.isoformat(), "load_before": load_before,
                                          "load_after": load_after, "threads": args.threads, "cpu": cpu.model,
-                                         "overheads": overheads.to_dict(),
-                                         "overheads_measured": measured.to_dict() if measured else None,
+                                         "profile": args.profile,
+                                         "overheads": {k: o.to_dict() for k, o in overheads.items()},
+                                         "overheads_measured": {k: r.to_dict() if r else None
+                                                                for k, r in runs.items()},
                                          "gloo_round_trip_s": gloo, "rows": rows}, indent=1) + "\n")
     return 0
 

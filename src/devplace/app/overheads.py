@@ -16,6 +16,10 @@ measured/simulated ratios that benchmarks/sim_vs_real.py reports for other model
    by exactly that many action_s). CPU time again: under load, a wall-clock fit charged the waiting for a core
    to the runtime (2.4 and 12 ms per action in two runs a minute apart at load 9 on 2 cores).
 
+With `in_step`, the probe's ops are costed as `devplace profile --in-step` costs a model's (each op timed inside
+real steps of the probe, `runtime.in_step`), so `op_s` is then what a step costs beyond its ops timed that way,
+and a table of in-step times carries overheads measured the same way.
+
 Reached through `app.with_torch.profile_model` (it needs torch and the runtime).
 """
 
@@ -33,11 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from devplace.capture.custom import capture_named_model
-from devplace.capture.profile import profile_graph
+from devplace.capture.custom import build_named_model, capture_named_model
+from devplace.capture.profile import local_cpu_device, profile_graph
 from devplace.files import json_text
 from devplace.hardware.cost import CostTable, Overheads, apply_overheads, op_class
 from devplace.runtime.export import pipeline_split
+from devplace.runtime.in_step import merge_tables, profile_in_step
 from devplace.runtime.plan import named_source, plan_from_placed, rebuild_zoo_model
 from devplace.runtime.run import local_cluster, measure_plan
 from devplace.sim import simulate
@@ -98,13 +103,14 @@ class OverheadRun:
     pipeline_simulated_s: float  # its simulated step with the measured overheads
     actions: int  # the actions of the pipelined step (both devices)
     wall_s: float  # how long measuring took
+    in_step: bool = False  # the probe's ops were timed inside real steps (`runtime.in_step`), not alone
 
     def to_dict(self) -> dict[str, Any]:
         """The figures, for the cost table's meta."""
         return {"one_device_cpu_s": self.one_device_cpu_s, "one_device_simulated_s": self.one_device_simulated_s,
                 "ops": self.ops, "round_trip_s": self.round_trip_s, "pipeline_measured_s": self.pipeline_measured_s,
                 "pipeline_cpu_s": self.pipeline_cpu_s, "pipeline_simulated_s": self.pipeline_simulated_s,
-                "actions": self.actions, "wall_s": self.wall_s, "probe": PROBE}
+                "actions": self.actions, "wall_s": self.wall_s, "probe": PROBE, "in_step": self.in_step}
 
 
 def gloo_round_trip(sizes: list[int], repeats: int = 50) -> dict[str, float]:
@@ -146,27 +152,32 @@ def _gloo_worker(rank: int, folder: str, sizes: list[int], repeats: int) -> None
         (Path(folder) / "gloo.json").write_text(json_text(out))  # a temporary file between processes
 
 
-def _probe_table(microbatches: int, repeats: int) -> CostTable:
-    """The probe's ops profiled on this CPU at the whole batch and at one micro-batch, in one table."""
-    tables = [profile_graph(capture_named_model(PROBE, batch=b), "cpu", repeats=repeats)
-              for b in dict.fromkeys((PROBE_BATCH, PROBE_BATCH // microbatches))]
-    first = tables[0]
-    for t in tables[1:]:
-        first.entries.update(t.entries)
-    first.skipped = {k: v for t in tables for k, v in t.skipped.items() if k not in first.entries}
-    return first
+def _probe_table(microbatches: int, repeats: int, in_step: bool) -> CostTable:
+    """The probe's ops profiled on this CPU at the whole batch and at one micro-batch, in one table; `in_step`:
+    also timed inside real steps at both sizes, those times over the isolated ones."""
+    tables = []
+    for b in dict.fromkeys((PROBE_BATCH, PROBE_BATCH // microbatches)):
+        graph = capture_named_model(PROBE, batch=b)
+        tables.append(profile_graph(graph, "cpu", repeats=repeats))
+        if in_step:
+            module, inputs, loss_fn = build_named_model(PROBE, b)
+            tables.append(profile_in_step(graph, module, inputs, tables[0].device or local_cpu_device(),
+                                          loss_fn=loss_fn))
+    return merge_tables(tables)
 
 
-def measure_overheads(*, steps: int = 10, warmup: int = 3, microbatches: int = 4, repeats: int = 10) -> OverheadRun:
-    """Measure the `Overheads` of this machine's CPU runtime on the probe model (the module docstring says how).
-    Steps run with 1 thread (as a pipelined run's stages do); the caller's thread count is restored."""
+def measure_overheads(*, steps: int = 10, warmup: int = 3, microbatches: int = 4, repeats: int = 10,
+                      in_step: bool = False) -> OverheadRun:
+    """Measure the `Overheads` of this machine's CPU runtime on the probe model (the module docstring says how;
+    `in_step`: beyond its ops timed inside real steps). Steps run with 1 thread (as a pipelined run's stages do);
+    the caller's thread count is restored."""
     from devplace.app.with_torch import place_prepared, prepare_model, run_plan_pipelined
 
     started = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        table = _probe_table(microbatches, repeats)
+        table = _probe_table(microbatches, repeats, in_step)
         cpu = torch.device("cpu")
         # 1. per op: one device
         one = local_cluster([cpu], specs={cpu: table.device})
@@ -205,4 +216,4 @@ def measure_overheads(*, steps: int = 10, warmup: int = 3, microbatches: int = 4
         torch.set_num_threads(threads)
     o = Overheads(op_s=op_s, action_s=action_s, transfer_latency_s=trip / 2)
     return OverheadRun(o, cpu_s, sim_s, ops, trip, statistics.median(ran.timed_s), pipe_cpu,
-                       simulated(action_s).step_time_s, actions, time.perf_counter() - started)
+                       simulated(action_s).step_time_s, actions, time.perf_counter() - started, in_step)

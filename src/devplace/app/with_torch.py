@@ -90,6 +90,7 @@ from devplace.runtime.export import (
     pipeline_split,
     read_pipeline,
 )
+from devplace.runtime.in_step import merge_tables, profile_in_step
 from devplace.runtime.module_map import placement_from_module_map, read_module_map
 from devplace.runtime.parallel_export import ParallelExport, parallel_export, read_parallel, torchtitan_config
 from devplace.runtime.parallel_run import ParallelRun, run_parallel
@@ -454,20 +455,32 @@ def zoo_family_graph(name: str, index: int, *, max_nodes: int | None, output: Pa
 def profile_model(model: str, output: Path, *, batch: int | None = None, seq_len: int | None = None,
                   device: str = "cpu", repeats: int = 10, max_ops: int | None = None, threads: int | None = None,
                   progress: Callable[[int, int, Any], None] | None = None,
-                  overheads: bool = True) -> tuple[CompGraph, CostTable]:
+                  overheads: bool = True, in_step: bool = False) -> tuple[CompGraph, CostTable]:
     """`devplace profile`: time every distinct op of a zoo or custom (package.module:factory) model's step for
     real, with `threads` CPU threads when given (`torch.set_num_threads`: the table's device kind and its meta
-    record the count, and `devplace run --threads` the same count runs steps its times fit); with `overheads`
-    (on the CPU) also this machine's per-op, per-action and per-transfer overheads (`app.overheads`, on a probe
-    model, about half a minute; the table's meta keeps the figures they came from); the table is saved."""
+    record the count, and `devplace run --threads` the same count runs steps its times fit); with `in_step` (on
+    the CPU) each op is then timed again inside real training steps of the model on one device
+    (`runtime.in_step.profile_in_step`), and those times replace the isolated ones (meta "timer": "in-step");
+    with `overheads` (on the CPU) also this machine's per-op, per-action and per-transfer overheads
+    (`app.overheads`, on a probe model, about half a minute, its ops timed the same way; the table's meta keeps
+    the figures they came from); the table is saved."""
     check_outputs({"output": json_kind("devplace.costs")}, output=output)
+    cpu = torch.device(device).type == "cpu"
+    if in_step and not cpu:
+        raise DevplaceError(f"--in-step times ops by the CPU clock inside steps on the CPU, not on {device}; "
+                            "profile a GPU without --in-step")
     set_threads(threads)
     graph = capture_named_model(model, batch=batch, seq_len=seq_len)
     table = profile_graph(graph, device, repeats=repeats, max_ops=max_ops, progress=progress)
-    if overheads and torch.device(device).type == "cpu":
+    if in_step:
+        module, inputs, loss_fn = build_named_model(model, batch, seq_len)
+        with model_code("the in-step profile"):
+            table = merge_tables([table, profile_in_step(graph, module, inputs, table.device or local_cpu_device(),
+                                                         loss_fn=loss_fn)])
+    if overheads and cpu:
         from devplace.app.overheads import measure_overheads
 
-        measured = measure_overheads(repeats=repeats)
+        measured = measure_overheads(repeats=repeats, in_step=in_step)
         table.overheads = measured.overheads
         table.meta["overheads_measured"] = measured.to_dict()
     table.save(output)

@@ -125,6 +125,10 @@ def profile_cmd(
     overheads: Annotated[bool, typer.Option("--overheads/--no-overheads", help="on the CPU, also measure this "
                                             "machine's per-op, per-action (pipelining) and per-transfer (gloo) "
                                             "overheads on a probe model (about half a minute)")] = True,
+    in_step: Annotated[bool, typer.Option("--in-step", help="on the CPU, time each op again inside real training "
+                                          "steps of the model (one device, as `devplace run --plan` runs it: "
+                                          "inputs not hot in cache, the optimizer as the step runs it) and keep "
+                                          "those times; the overheads are then measured beyond ops timed so")] = False,
     force: ForceOpt = False,
 ) -> None:
     """Run every distinct op of a zoo or custom model's training step for real and write their times as a cost
@@ -135,10 +139,10 @@ def profile_cmd(
         # no bar (update None) when the output is not a terminal: CI, a pipe, a redirect
         graph, table = app.torch_tasks().profile_model(
             model, output, batch=batch, seq_len=seq_len, device=device, repeats=repeats, max_ops=max_ops,
-            threads=threads, overheads=overheads,
+            threads=threads, overheads=overheads, in_step=in_step,
             progress=None if update is None else lambda done, total, _t: update(done, total))
     o = table.overheads
-    say(f"{graph.name}: {len(table)} distinct ops timed on {device}"
+    say(f"{graph.name}: {len(table)} distinct ops timed on {device}{' (inside real steps)' if in_step else ''}"
         f"{f', {len(table.skipped)} skipped (listed in the table)' if table.skipped else ''}"
         + (f"; overheads: {o.op_s * 1e6:.1f} us per op, {o.action_s * 1e3:.2f} ms per pipeline action, "
            f"{o.transfer_latency_s * 1e6:.0f} us per transfer" if o.op_s or o.action_s or o.transfer_latency_s

@@ -1,0 +1,146 @@
+"""Profiling ops where they run: inside real training steps (`profile_in_step`, `devplace profile --in-step`).
+
+`capture.profile.profile_graph` times each distinct op alone, many times over on the same inputs, which then sit
+in the cache; in a real step an op's inputs were written by other ops a while before, its output lands in memory
+the allocator hands out between other ops, and the optimizer's update walks every parameter, gradient and state
+once. On this CPU the step's elementwise ops ran 1.8-2.8x and its optimizer 2-3x their isolated times
+(docs/performance.md, "Measured vs simulated"). `profile_in_step` instead runs `warmup` + `steps` training steps
+of the model (forward, loss, backward, the optimizer's step: `runtime.run.run_steps`, as `devplace run` runs
+them on one device) and, during the last `steps`, times every ATen op the step dispatches by this thread's CPU
+clock around its call (a `TorchDispatchMode`; other processes on the cores do not count), keyed by its signature
+(`capture.signature.encode_signature`, the key of the captured node it is, floats aside). A signature's entry is
+the mean of its calls in a step, the median over the steps: so that the ops of a step the graph holds sum to what
+they took in it, and a step that another process slowed (caches are shared) does not count. The timer adds about
+a microsecond to each call (reading the clock and calling the op from Python), as `profile_graph`'s does; views
+and other ops the graph folds are timed but match no node.
+
+The table this gives is an ordinary `devplace.costs/1` table with `meta["timer"] = "in-step"`; ops no step ran (a
+micro-batch size the steps did not use) fall back to what `merge_tables` puts beneath it (the isolated profile).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from devplace.capture.signature import encode_signature
+from devplace.graph.compgraph import CompGraph
+from devplace.graph.placement import Placement
+from devplace.hardware.cluster import Device
+from devplace.hardware.cost import CostError, CostTable, signature_key
+from devplace.runtime.apply import apply_placement
+from devplace.runtime.run import check_steps, run_steps
+
+__all__ = ["IN_STEP", "merge_tables", "profile_in_step"]
+
+IN_STEP = "in-step"  # the cost table's meta["timer"] for times measured inside real steps
+
+
+class _TimeEachOp(TorchDispatchMode):
+    """Adds each dispatched ATen call's thread CPU seconds to `calls[shape key][step]` while `step` is not None."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, dict[int, list[float]]] = {}
+        self.step: int | None = None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self.step is None:
+            return func(*args, **kwargs)
+        t0 = time.thread_time_ns()
+        out = func(*args, **kwargs)
+        dt = time.thread_time_ns() - t0
+        # encoded after the call: an op that writes its input in place keeps its shape, and the timer's own
+        # Python (this line) stays outside the timed window
+        self.calls.setdefault(_shape_key(encode_signature(func, args, kwargs)), {}).setdefault(self.step, []).append(
+            dt / 1e9)
+        return out
+
+
+def _shape_key(sig: Mapping[str, Any]) -> str:
+    """`signature_key` with every float argument left out: what an op costs does not hang on a scale's value,
+    and the optimizer's (bias corrections, step sizes) change from step to step."""
+    def strip(x: Any) -> Any:
+        if isinstance(x, float):
+            return "float"
+        if isinstance(x, list):
+            return [strip(i) for i in x]
+        if isinstance(x, Mapping) and "tensor" not in x:
+            return {k: strip(v) for k, v in x.items()}
+        return x
+
+    return signature_key(strip(dict(sig)))
+
+
+def profile_in_step(graph: CompGraph, module: nn.Module, inputs: Any, device_spec: Device, *, steps: int = 5,
+                    warmup: int = 3, optimizer: str = "adam",
+                    loss_fn: Callable[[Any], torch.Tensor] | None = None) -> CostTable:
+    """The thread CPU seconds of each op of `graph` (the captured step of `module` on `inputs`) in `steps` real
+    training steps, after `warmup` untimed ones: `module` placed whole on the CPU as `devplace run --plan` runs a
+    one-device plan (`runtime.apply`: the traced program the capture's ops come from), with `optimizer` and
+    `loss_fn` as captured; a cost table of `device_spec`'s kind (see the module docstring). A node's entry is the
+    median over the steps of its signature's mean call (floats aside: `_shape_key`). Trains `module`."""
+    check_steps(steps, warmup)
+    if any(p.device.type != "cpu" for p in module.parameters()):
+        raise CostError("profile_in_step times ops by the CPU clock, so the model must be on the CPU; profile a "
+                        "GPU's ops with `devplace profile --device cuda` (alone, by CUDA events)")
+    placed = apply_placement(module, graph, Placement.from_array(graph, [0] * graph.num_nodes), ["cpu"],
+                             example_inputs=inputs)
+    timer = _TimeEachOp()
+    forwards = [0]
+
+    def count(*_: Any) -> None:  # a step's ops (forward, loss, backward, update) follow its forward's start
+        forwards[0] += 1
+        timer.step = forwards[0] if forwards[0] > warmup else None
+
+    hook = placed.register_forward_pre_hook(count)
+    try:
+        with timer:
+            run_steps(placed, inputs, steps=steps, warmup=warmup, optimizer=optimizer, loss_fn=loss_fn)
+    finally:
+        hook.remove()
+    # per signature, its calls' mean in each step, the median over the steps: robust to a step that another
+    # process slowed (shared caches), and the ops of a step still sum to what they took in it
+    seconds = {k: statistics.median(sum(c) / len(c) for c in by_step.values()) for k, by_step in timer.calls.items()}
+    entries: dict[str, float] = {}
+    for extra in graph.node_extra:
+        sig = extra.get("sig")
+        if isinstance(sig, Mapping):
+            t = seconds.get(_shape_key(sig))
+            if t is not None:
+                entries[signature_key(sig)] = t
+    return CostTable(device_kind=device_spec.kind, entries=entries, torch=torch.__version__, warmup=warmup,
+                     repeats=steps, device=device_spec,
+                     meta={"timer": IN_STEP, "statistic": "median over steps of the mean",
+                           "threads": torch.get_num_threads(),
+                           "calls": sum(len(c) for v in timer.calls.values() for c in v.values()),
+                           "signatures": len(entries)})
+
+
+def merge_tables(tables: Sequence[CostTable]) -> CostTable:
+    """One table of several of one device kind, a later table's entry winning over an earlier one's for the same
+    signature (an in-step profile over the isolated one, a micro-batch's beside the whole batch's); `skipped`
+    keeps what no table measured, `meta` and `overheads` are the last table's."""
+    if not tables:
+        raise ValueError("merge_tables needs at least one table")
+    last = tables[-1]
+    kinds = {t.device_kind for t in tables}
+    if len(kinds) > 1:
+        raise CostError(f"cannot merge cost tables of different devices ({', '.join(sorted(kinds))}); profile "
+                        "them on one device kind")
+    entries: dict[str, float] = {}
+    skipped: dict[str, str] = {}
+    for t in tables:
+        entries.update(t.entries)
+        skipped.update(t.skipped)
+    return CostTable(device_kind=last.device_kind, entries=entries, torch=last.torch, warmup=last.warmup,
+                     repeats=last.repeats, skipped={k: v for k, v in skipped.items() if k not in entries},
+                     device=last.device or next((t.device for t in tables if t.device is not None), None),
+                     meta=dict(last.meta), overheads=last.overheads)

@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
                  if measured else ""))
     print(f"# {args.steps} timed steps after {args.warmup} warm-up; isolated profile: median of {args.repeats} "
           "runs per op" + ("; in-step profile (plans made and simulated with it): each op's mean thread CPU time "
-                           "over 5 real steps (after 2) of the model on one device, a run of its own at each batch "
+                           "over 5 real steps (after 3) of the model on one device, a run of its own at each batch "
                            "size, apart from the measured steps" if args.profile == "in-step" else ""))
     print()
     other = next((r["other_profile"] for r in rows if r.get("other_profile")), None)

@@ -10,7 +10,8 @@ measured/simulated ratios that benchmarks/sim_vs_real.py reports for other model
    runs it (1 thread); (CPU seconds of the median step - its simulated step without the overhead) / its ops
    that are not views. CPU time, not wall: other processes sharing the cores do not inflate it.
 2. `transfer_latency_s`: half the median round trip of a one-element tensor between two gloo processes.
-3. `action_s`: the probe placed by the `pipeline` placer on two CPU processes (gpipe, `microbatches`), with the
+3. `action_s`: the probe placed by the `pipeline` placer on two CPU processes (1f1b by default, the schedule
+   that placer picks, `microbatches`; torch's 1F1B costs 15-25% more per action than its GPipe), with the
    two figures above; run as `devplace run --plan` runs a pipelined plan; (CPU seconds of both processes per
    median step - the simulated busy seconds of the two devices) / the actions of a step (the busy seconds grow
    by exactly that many action_s). CPU time again: under load, a wall-clock fit charged the waiting for a core
@@ -167,10 +168,10 @@ def _probe_table(microbatches: int, repeats: int, in_step: bool) -> CostTable:
 
 
 def measure_overheads(*, steps: int = 10, warmup: int = 3, microbatches: int = 4, repeats: int = 10,
-                      in_step: bool = False) -> OverheadRun:
+                      in_step: bool = False, schedule: str = "1f1b") -> OverheadRun:
     """Measure the `Overheads` of this machine's CPU runtime on the probe model (the module docstring says how;
-    `in_step`: beyond its ops timed inside real steps). Steps run with 1 thread (as a pipelined run's stages do);
-    the caller's thread count is restored."""
+    `in_step`: beyond its ops timed inside real steps; `schedule`: the pipelined probe's). Steps run with 1 thread
+    (as a pipelined run's stages do); the caller's thread count is restored."""
     from devplace.app.with_torch import place_prepared, prepare_model, run_plan_pipelined
 
     started = time.perf_counter()
@@ -197,7 +198,7 @@ def measure_overheads(*, steps: int = 10, warmup: int = 3, microbatches: int = 4
         table.overheads = Overheads(op_s=op_s, transfer_latency_s=trip / 2)
         two = apply_overheads(local_cluster([cpu, cpu], specs={cpu: table.device}), table)
         placed2 = place_prepared(prepare_model(PROBE, batch=PROBE_BATCH, cluster=two, costs=table), two,
-                                 placer="pipeline", settings={"schedule": "gpipe", "microbatches": microbatches})
+                                 placer="pipeline", settings={"schedule": schedule, "microbatches": microbatches})
         p2 = plan_from_placed(placed2, settings={"optimizer": "adam"},
                               source=named_source(PROBE, PROBE_BATCH, None, 0))
         module2, inputs2 = rebuild_zoo_model(p2, trust_model=True)

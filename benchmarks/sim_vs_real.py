@@ -368,6 +368,7 @@ def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, 
                      "measured_s": med, "steps_s": timed, "spread": (max(timed) - min(timed)) / med,
                      "fastest_s": min(timed), "ratio": med / sim2, "cores_busy": ran.cores_busy,
                      "cpu_s": statistics.median(ran.run.cpu_times_s[args.warmup:]),
+                     "cpu_by_process_s": [statistics.median(c[args.warmup:]) for c in ran.run.process_cpu_times_s],
                      "split_points": list(ran.export.split_points),
                      "simulated_busy_s": [float(x) for x in res2.device_busy_s],
                      "simulated_transfers": len(res2.transfers.nbytes), "simulated_comm_bytes": res2.comm_bytes,
@@ -472,8 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("| model | ops per step | (measured - simulated) / op, 1 device | pipeline split | ops per stage | "
           "pipeline: simulated busy (2 devices) | measured CPU (2 procs) | CPU / simulated busy | "
-          "transfers per step |")
-    print("|---|---:|---:|---|---|---:|---:|---:|---:|")
+          "per process: CPU / simulated busy of its device | transfers per step |")
+    print("|---|---:|---:|---|---|---:|---:|---:|---|---:|")
     ones = {r["model"]: r for r in rows if r["setting"] == "1 device"}
     for two in (r for r in rows if r["setting"] != "1 device"):
         one = ones[two["model"]]
@@ -482,7 +483,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {one['model']} {two['setting']} | {one['ops']} | {per_op * 1e6:.1f} us | "
               f"{', '.join(two['split_points'])} | "
               f"{two['ops_per_stage']} | {_ms(busy)} | {_ms(two['cpu_s'])} | {two['cpu_s'] / busy:.2f} | "
-              f"{two['simulated_transfers']} |")
+              + ", ".join(f"{_ms(c)} / {_ms(b)}" for c, b in zip(two["cpu_by_process_s"], two["simulated_busy_s"],
+                                                                   strict=False))
+              + f" | {two['simulated_transfers']} |")
     print()
     print(f"One device, CPU ms per step by op class: simulated ({args.profile} op times, without the per-op "
           "overhead) / "

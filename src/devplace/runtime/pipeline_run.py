@@ -65,7 +65,8 @@ class PipelineRunError(DevplaceError):
 @dataclass
 class PipelineRun:
     """Pipelined training steps: the loss of each step (before its optimizer update), each step's wall-clock
-    seconds (the slowest process) and CPU seconds (`time.process_time`, summed over the processes), the parameter
+    seconds (the slowest process) and CPU seconds (`time.process_time`, summed over the processes; each
+    process's own in `process_cpu_times_s`, by rank), the parameter
     gradients of the first step by name (every name of the
     module, tied names included; only with `return_grads=True`), the schedule and the number of processes; and
     under the schedules torch runs from an action list (interleaved 1F1B, zero bubble, ZBV, DualPipeV), per
@@ -79,6 +80,7 @@ class PipelineRun:
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
     cpu_times_s: list[float] = field(default_factory=list)
     actions: list[list[str]] = field(default_factory=list)
+    process_cpu_times_s: list[list[float]] = field(default_factory=list)
 
     @property
     def step_time_s(self) -> float:
@@ -795,7 +797,7 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
                     grads.setdefault(first, grads[alias])
     last = stage_ranks(ex.schedule.kind, ex.num_stages, n)[-1]  # the process of the last stage, which has the loss
     return PipelineRun(results[last]["losses"], times, ex.schedule, n, grads, cpu_times,
-                       [r["actions"] for r in results])
+                       [r["actions"] for r in results], [list(r["cpu_times"]) for r in results])
 
 
 def accumulated_step(module: nn.Module, inputs: tuple[torch.Tensor, ...], microbatches: int = 1

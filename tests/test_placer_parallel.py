@@ -23,9 +23,11 @@ def test_the_search_answers_the_fastest_plan_that_fits() -> None:
     plans = [x.plan for x in found.candidates if x.plan is not None]
     shapes = {(p.dp, p.pp, p.microbatches) for p in plans}
     assert shapes == {(1, 4, 8), (2, 2, 4), (4, 1, 2)}
-    # per pipeline: 2 schedules (1f1b, zero-bubble) x ZeRO stages (0 only at dp=1) x 2 recompute choices
-    assert [sum(p.dp == dp for p in plans) for dp in (1, 2, 4)] == [2 * 1 * 2, 2 * 4 * 2, 1 * 4 * 2]
-    assert {p.schedule for p in plans if p.dp == 2} == {"1f1b", "zero-bubble"}
+    # per pipeline: 4 schedules (1f1b, zero-bubble, zbv, dualpipev) x ZeRO stages (0 only at dp=1) x 2 recompute
+    # choices; 4 layers make no V of 8 stages (dp=1): one candidate says so, without a plan
+    assert [sum(p.dp == dp for p in plans) for dp in (1, 2, 4)] == [2 * 1 * 2, 4 * 4 * 2, 1 * 4 * 2]
+    assert {p.schedule for p in plans if p.dp == 2} == {"1f1b", "zero-bubble", "zbv", "dualpipev"}
+    assert [x.note[:35] for x in found.candidates if x.plan is None] == ["no pipeline of 8 stages in a V: pla"]
     pure_dp = {(x.plan.zero[0], x.plan.recompute[0]): x.feasible for x in found.candidates if x.dp == 4}
     assert not pure_dp[(0, "none")] and not pure_dp[(1, "none")] and pure_dp[(3, "none")]
     best = min(x.step_time_s for x in found.candidates if x.feasible)
@@ -36,8 +38,8 @@ def test_the_search_answers_the_fastest_plan_that_fits() -> None:
     assert again.step_time_s == found.best.step_time_s
     # what the default asks: only plans devplace run runs; ZeRO-3 under zero bubble is a candidate not judged
     runs = search_parallel(g, c, batch=8, microbatch_size=1, dps=(2,), runnable=True)
-    left = [x for x in runs.candidates if x.plan.schedule == "zero-bubble" and 3 in x.plan.zero]
-    assert len(left) == 2 and all(x.step_time_s is None and not x.feasible and "does not run ZeRO-3" in x.note
+    left = [x for x in runs.candidates if x.plan.schedule in ("zero-bubble", "zbv", "dualpipev") and 3 in x.plan.zero]
+    assert len(left) == 6 and all(x.step_time_s is None and not x.feasible and "does not run ZeRO-3" in x.note
                                   for x in left)
     # and recomputation is not simulated where the same plan fits without it (it only adds work)
     skipped = [x for x in runs.candidates if x.note.startswith("skipped: the same plan fits without")]

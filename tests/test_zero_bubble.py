@@ -3,6 +3,7 @@ action orders torch runs, and the step on a uniform chain against the paper's bu
 
 from __future__ import annotations
 
+from itertools import pairwise
 from types import SimpleNamespace
 
 import numpy as np
@@ -144,16 +145,27 @@ def test_schedule_checks_the_zero_bubble_kinds() -> None:
         actions(Schedule("zero-bubble", 5, chunks=1), 2, 0)
 
 
-def test_the_pipeline_placer_cuts_for_zero_bubble_but_not_for_zbv() -> None:
-    from devplace.placers.pipeline import pipeline_plan
+def test_the_pipeline_plan_cuts_for_zero_bubble_and_a_v_but_the_placer_not_for_a_v() -> None:
+    from devplace.placers.pipeline import pipeline, pipeline_plan
     from devplace.placers.registry import PlacerError
 
-    g = zchain(8, microbatches=4)
-    zb = pipeline_plan(g, cluster(2, bw=1e9), g.topo_order, schedule="zero-bubble", microbatches=4, cuts="ops")
-    il = pipeline_plan(g, cluster(2, bw=1e9), g.topo_order, schedule="interleaved-1f1b", microbatches=4, cuts="ops")
+    g, c = zchain(8, microbatches=4), cluster(2, bw=1e9)
+    zb = pipeline_plan(g, c, g.topo_order, schedule="zero-bubble", microbatches=4, cuts="ops")
+    il = pipeline_plan(g, c, g.topo_order, schedule="interleaved-1f1b", microbatches=4, cuts="ops")
     assert zb.schedule.kind == "zero-bubble" and zb.step_time_s < il.step_time_s
+    # a V: 4 stages of 2 layers, out along the devices and back (device 1 holds stages 1 and 2 back to back), each
+    # op's stage in the plan, as the simulator judged it; as fast as the V's bound (test above): a device's work,
+    # 2 stages x 3 actions of 2 s x m, then (p - 1) forwards of a stage
+    v = pipeline_plan(g, c, g.topo_order, schedule="zbv", microbatches=4, cuts="ops")
+    forward = [int(v.stage[g.index[f"f{i}"]]) for i in range(8)]
+    assert forward == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [int(v.devices[g.index[f"f{i}"]]) for i in range(0, 8, 2)] == [0, 1, 1, 0]
+    assert v.step_time_s == pytest.approx(2 * 3 * 2 * 4 + 2) and v.step_time_s <= zb.step_time_s
+    plan = ParallelPlan(dp=1, pp=2, microbatches=4, batch=4, schedule="zbv")
+    assert simulate_parallel(g, c, v.stage, plan).step_time_s == v.step_time_s
+    # the placer's placements run without a stage per op: no V there
     with pytest.raises(PlacerError, match=r"setting 'schedule' must be one of .*zero-bubble, got 'zbv'"):
-        pipeline_plan(g, cluster(2, bw=1e9), g.topo_order, schedule="zbv", microbatches=4)
+        pipeline(g, c, order=g.topo_order, seed=0, schedule="zbv", microbatches=4)
 
 
 @pytest.mark.parametrize("kind", ["zbv", "dualpipev"])
@@ -171,3 +183,27 @@ def test_v_schedules_relay_along_the_v(kind: str) -> None:
     hops = sorted((int(a), int(b)) for a, b, x, n in zip(t.src_dev, t.dst_dev, t.node, t.nbytes, strict=True)
                   if skip.ids[x] == "f0" and n == 8)
     assert hops == [(0, 1)] * m + [(1, 0)] * m
+
+
+@pytest.mark.parametrize("kind", ["zbv", "dualpipev"])
+def test_a_v_with_a_relayed_value_runs_each_devices_actions_in_order(kind: str) -> None:
+    # the relayed graph kept each op's stage along the data (0..2p-1) where its actions are numbered chunk * p +
+    # position: under a V, chunk 1's actions then held none of their ops, which ran in no order (fixed)
+    p, m = 2, 4
+    g = zchain(2 * p, microbatches=m)
+    extra = {"src": "f0", "dst": "f3", "bytes": 8, "tensor": 1}
+    skip = CompGraph.build("skip", [g.node_record(v) for v in range(g.num_nodes)],
+                           [*(g.edge_record(e) for e in range(g.num_edges)), extra], g.meta)
+    plan = ParallelPlan(dp=1, pp=p, microbatches=m, batch=m, schedule=kind)
+    r = simulate_parallel(skip, cluster(p, bw=1e9), layer(skip), plan).pipelines[0]
+    pos, chunk = stage_layout(plan, layer(skip))
+    w = weight_grad_ops(skip)
+    role = np.array([FORWARD if i[0] == "f" else WEIGHT if w[v] else BACKWARD if i[0] == "g" else -1
+                     for v, i in enumerate(skip.ids)])
+    for at in range(p):
+        spans = []
+        for phase, c, k in actions(plan.pipeline_schedule(), p, at):
+            ops = np.flatnonzero((pos == at) & (chunk == c) & (np.isin(role, (BACKWARD, WEIGHT)) if phase == FULL
+                                                                 else role == phase))
+            spans.append((r.microbatch_start_s[k, ops].min(), r.microbatch_finish_s[k, ops].max()))
+        assert all(a[1] <= b[0] + 1e-9 for a, b in pairwise(spans)), (at, spans)

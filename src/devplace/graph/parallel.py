@@ -19,12 +19,13 @@ schedules torch runs: interleaved zero bubble ("zero-bubble", V >= 2 chunks per 
 from __future__ import annotations
 
 import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from devplace.defaults import MAX_MICROBATCHES
 from devplace.errors import DevplaceError
-from devplace.graph.schedule import V_SHAPED, Schedule
+from devplace.graph.schedule import V_SHAPED, Schedule, stage_position
 
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zbv", "dualpipev")
 MULTI_CHUNK = ("interleaved-1f1b", "zero-bubble", *V_SHAPED)  # kinds that may run several chunks per device
@@ -288,3 +289,52 @@ def runtime_gap(plan: ParallelPlan) -> str | None:
     if plan.schedule in ("zero-bubble", *V_SHAPED) and 3 in plan.zero:
         return f"ZeRO-3 under the {plan.schedule} schedule"
     return None
+
+
+# ------------------------------------------------------------------------------------- the stage cut, recorded
+STAGES_KEY = "stages"  # the key of a parallel plan's placement (beside "parallel") that records each op's stage
+
+
+def stages_record(ids: Sequence[str], stage: Sequence[int] | Any) -> dict[str, int]:
+    """The JSON record of a plan's stage cut: each op id's pipeline stage (0..pp V - 1, in the order data flows:
+    under a V, stage k runs on position k on the way out and 2 pp - 1 - k on the way back,
+    `graph.schedule.stage_position`). A placement of replica 0 says which device runs each op; at a V's turn two
+    stages share a device, so only this record tells them apart. It does not depend on the mesh: a later
+    tensor-parallel degree splits each stage over its tp ranks (`ParallelPlan.devices`) and keeps the record."""
+    return {i: int(s) for i, s in zip(ids, stage, strict=True)}
+
+
+def recorded_stages(plan: ParallelPlan, ids: Sequence[str], assignment: Mapping[str, int],
+                    record: object) -> list[int]:
+    """Each op's stage (in the order of `ids`) of a saved plan: its `stages_record` where the placement has one
+    (checked: one stage 0..pp V - 1 per op, each op on the device of replica 0 its stage's position runs on,
+    `assignment`), else, for a plan of one chunk per device (a file written before the record), its device's
+    position in replica 0. ParallelPlanError saying what is wrong and how to fix it."""
+    k = plan.pp * int(plan.chunks or 1)
+    replica = plan.replica(0)
+    if record is None:
+        if k != plan.pp:
+            raise ParallelPlanError(f"the placement of the {plan.schedule} plan {plan.label} records no \"stages\": "
+                                    f"{k} stages on {plan.pp} devices cannot be read off its devices; place it again")
+        where = {d: s for s, d in enumerate(replica)}
+        bad = next((i for i in ids if assignment.get(i) not in where), None)
+        if bad is not None:
+            raise ParallelPlanError(f"the placement puts op {bad!r} on device {assignment.get(bad)!r}, not one of the "
+                                    f"plan's replica 0 devices {list(replica)}; place it again")
+        return [where[assignment[i]] for i in ids]
+    if not isinstance(record, Mapping) or set(record) != set(ids):
+        raise ParallelPlanError(f"the placement's \"stages\" must give each of the graph's {len(ids)} ops its "
+                                "pipeline stage (an object op id -> stage); place it again")
+    out = []
+    for i in ids:
+        s = record[i]
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 0 <= s < k:
+            raise ParallelPlanError(f"the placement's \"stages\" gives op {i!r} stage {s!r}; the plan "
+                                    f"({plan.label}) has stages 0..{k - 1}")
+        device = replica[stage_position(plan.schedule, int(s), plan.pp)]
+        if assignment.get(i) != device:
+            raise ParallelPlanError(f"the placement puts op {i!r} on device {assignment.get(i)!r}, but its stage "
+                                    f"{s} runs on device {device} ({plan.label}); the two were edited apart: place "
+                                    "it again")
+        out.append(int(s))
+    return out

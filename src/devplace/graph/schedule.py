@@ -25,6 +25,15 @@ def stage_position(kind: str, stage: int, positions: int) -> int:
     return stage % positions
 
 
+def chunk_stage(kind: str, chunk: int, position: int, positions: int) -> int:
+    """The pipeline stage that pipeline position `position` of `positions` runs as its chunk `chunk` under
+    schedule `kind` (the inverse of `stage_position`): chunk * p + position, or, V-shaped, `position` on the way
+    out and 2p - 1 - position on the way back."""
+    if kind in V_SHAPED:
+        return position if chunk == 0 else 2 * positions - 1 - position
+    return chunk * positions + position
+
+
 class ScheduleError(DevplaceError):
     """An invalid schedule, or a placement that the schedule cannot run as a pipeline."""
 

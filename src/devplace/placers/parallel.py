@@ -10,9 +10,13 @@ node first), so the pipeline's hops cross nodes and the gradient syncs stay insi
 For pp > 1 the `pipeline` placer (`pipeline_plan`, as a function: the cuts, the micro-batch schedule and its
 refinement are its own) cuts the graph into pp stages on replica 0's devices, without sharding or
 recomputation; where no such split fits memory, it cuts on devices with room to spare, and the ZeRO stages and
-recomputation below decide whether the plan fits. Every schedule (1F1B and zero bubble, one chunk per device),
-ZeRO stage (0 only when dp = 1) and recomputation choice (the same for all stages) is then simulated on those
-stages (recomputation is not simulated where the same plan fits without it: it only adds work). Where no
+recomputation below decide whether the plan fits. It cuts once per layout: for the first schedule of one chunk
+per device (1F1B; zero bubble with one chunk is ZB-H1), and for the first V-shaped one (ZBV) into 2 pp stages on
+the V's device map (stage k on position k, then 2 pp - 1 - k on the way back), its dynamic program and
+simulator judging that layout; a schedule torch does not run at the plan's M (`Schedule.unrunnable`: 1F1B and
+DualPipeV with fewer micro-batches than stages) is a candidate not judged. Every schedule, ZeRO stage (0 only
+when dp = 1) and recomputation choice (the same for all stages) is then simulated on its layout's stages
+(recomputation is not simulated where the same plan fits without it: it only adds work). Where no
 recomputation is over memory and full recomputation fits, each stage then recomputes the fewest of its blocks
 that a memory model of the two simulations says fit (`fewest_blocks`: none for a stage that fits), one more
 plan judged; the fastest plan that fits memory wins (ties: the first in the order dp ascending, schedule, ZeRO
@@ -30,11 +34,15 @@ from devplace.errors import DevplaceError
 from devplace.graph.batch import MICROBATCHES_META_KEY, graph_batch
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.parallel import RECOMPUTE, ZERO_STAGES, ParallelPlan, runtime_gap
+from devplace.graph.schedule import V_SHAPED, Schedule
 from devplace.hardware.cluster import Cluster, Link
 from devplace.placers.memory import NoFitError
 from devplace.placers.pipeline import pipeline_plan
 from devplace.sim.parallel import ParallelResult, op_blocks, simulate_parallel, stage_blocks, stage_layout
 
+# the pipeline schedules judged on each cut (for pp > 1): one chunk per device, cut for the first of them, and the
+# V-shaped ones (two chunks per device, in a V), cut for the first of those over their 2 pp stages
+SCHEDULES = ("1f1b", "zero-bubble", *V_SHAPED)
 ROOM = 1e3  # memory factor of the devices a pipeline is cut on when no split fits without sharding
 
 
@@ -60,7 +68,7 @@ class ParallelSearch:
 
 def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatch_size: int,
                     dps: tuple[int, ...] | None = None, zeros: tuple[int, ...] = ZERO_STAGES,
-                    recomputes: tuple[str, ...] = RECOMPUTE, schedules: tuple[str, ...] = ("1f1b", "zero-bubble"),
+                    recomputes: tuple[str, ...] = RECOMPUTE, schedules: tuple[str, ...] = SCHEDULES,
                     runnable: bool = False) -> ParallelSearch:
     """The fastest plan that fits memory for a global `batch` on all of `cluster`'s devices (module
     docstring). `graph` is one micro-batch of `microbatch_size` samples; `dps` the data-parallel degrees to try
@@ -88,22 +96,24 @@ def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatc
     for dp in choices:
         pp, m = n // dp, batch // microbatch_size // dp
         one = as_microbatch(graph, m)
-        if pp == 1:
-            stage, kinds = np.zeros(graph.num_nodes, dtype=np.int64), ("none",)
-        else:
-            try:
-                stage = _stages(one, cluster, ParallelPlan(dp, pp, m, batch, schedules[0]).replica(0), m,
-                                schedules[0])
-            except NoFitError as exc:
-                candidates.append(Candidate(None, dp, None, False, f"no pipeline of {pp} stages: {exc}"))
+        cuts: dict[bool, np.ndarray | None] = {}  # per layout (V-shaped or not), its cut; None: none fits
+        for kind in schedules if pp > 1 else ("none",):
+            v_shaped = kind in V_SHAPED
+            why = Schedule(kind, m, 2 if v_shaped else 1).unrunnable(pp) if pp > 1 else None
+            if why is not None:
+                candidates.append(Candidate(None, dp, None, False, f"{kind} M={m}: {why}"))
                 continue
-            kinds = schedules
-        for kind in kinds:
+            if v_shaped not in cuts:  # the first schedule of a layout cuts for every schedule of it
+                cuts[v_shaped] = _cut(one, cluster, dp, pp, m, batch, kind, candidates)
+            stage = cuts[v_shaped]
+            if stage is None:
+                continue
             for zero in (z for z in zeros if dp > 1 or z == 0):
                 fits_without = False
                 simulated: dict[str, ParallelResult] = {}
                 for recompute in recomputes:
-                    plan = ParallelPlan(dp, pp, m, batch, kind, chunks=1, zero=zero, recompute=recompute)
+                    plan = ParallelPlan(dp, pp, m, batch, kind, chunks=2 if v_shaped else 1, zero=zero,
+                                        recompute=recompute)
                     gap = runtime_gap(plan) if runnable else None
                     if gap is not None:
                         candidates.append(Candidate(plan, dp, None, False, f"devplace run does not run {gap}"))
@@ -162,6 +172,20 @@ def fewest_blocks(graph: CompGraph, cluster: Cluster, stage: np.ndarray, none: P
     return simulate_parallel(graph, cluster, stage, replace(none.plan, recompute=tuple(ks)))
 
 
+def _cut(graph: CompGraph, cluster: Cluster, dp: int, pp: int, m: int, batch: int, kind: str,
+         candidates: list[Candidate]) -> np.ndarray | None:
+    """Each op's pipeline stage: for pp = 1 stage 0, else the pipeline placer's cut for schedule `kind` on the
+    devices of replica 0 (`_stages`); None, with a candidate saying why, where it finds no pipeline."""
+    if pp == 1:
+        return np.zeros(graph.num_nodes, dtype=np.int64)
+    try:
+        return _stages(graph, cluster, ParallelPlan(dp, pp, m, batch, kind).replica(0), m, kind)
+    except NoFitError as exc:
+        layout = f"{2 * pp} stages in a V" if kind in V_SHAPED else f"{pp} stages"
+        candidates.append(Candidate(None, dp, None, False, f"no pipeline of {layout}: {exc}"))
+        return None
+
+
 def as_microbatch(graph: CompGraph, m: int) -> CompGraph:
     """`graph` marked as one of `m` micro-batches of its replica's step (meta "microbatches")."""
     if graph.meta.get(MICROBATCHES_META_KEY) == m:
@@ -172,8 +196,9 @@ def as_microbatch(graph: CompGraph, m: int) -> CompGraph:
 
 
 def _stages(graph: CompGraph, cluster: Cluster, replica: tuple[int, ...], m: int, schedule: str) -> np.ndarray:
-    """Each op's pipeline stage: the pipeline placer's cut of `graph` on the devices `replica` (in that order),
-    with room to spare where no split fits them (module docstring)."""
+    """Each op's pipeline stage (0..pp - 1, or 0..2 pp - 1 along a V): the pipeline placer's cut of `graph` for
+    `schedule` on the devices `replica` (in that order), with room to spare where no split fits them (module
+    docstring)."""
     sub = sub_cluster(cluster, replica)
     try:
         cut = pipeline_plan(graph, sub, graph.topo_order, schedule=schedule, microbatches=m)
@@ -181,10 +206,7 @@ def _stages(graph: CompGraph, cluster: Cluster, replica: tuple[int, ...], m: int
         roomy = Cluster(sub.name, tuple(replace(d, memory_bytes=d.memory_bytes * ROOM) for d in sub.devices),
                         sub.link, dict(sub.links), dict(sub.meta))
         cut = pipeline_plan(graph, roomy, graph.topo_order, schedule=schedule, microbatches=m)
-    order = cut.schedule.device_order or tuple(range(sub.num_devices))
-    position = np.empty(sub.num_devices, dtype=np.int64)
-    position[np.asarray(order, dtype=np.int64)] = np.arange(len(order))
-    return position[cut.devices]
+    return cut.stage
 
 
 def sub_cluster(cluster: Cluster, devices: tuple[int, ...]) -> Cluster:

@@ -92,6 +92,7 @@ from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches,
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.heap import heap_pop, heap_push
 from devplace.graph.modules import segment_spans
+from devplace.graph.schedule import V_SHAPED, chunk_stage, stage_position
 from devplace.graph.tensors import tensor_groups
 from devplace.graph.ties import tie_classes
 from devplace.hardware.cluster import Cluster, op_times, step_times
@@ -118,17 +119,22 @@ GRID_RATIO = 1.02  # spacing of the bounds on the slowest stage
 REFINE_SIMULATIONS = 64  # at most this many simulated moves of a cut when refining the judged best split
 FIT_SIMULATIONS = 16  # of which at most this many while no split tried is within memory
 CUTS = ("modules", "ops")  # the `cuts` setting: where a captured model's stages may begin
+# the schedules `pipeline_plan` (the function) cuts for: the placer's own, and the V-shaped ones, whose 2p stages a
+# placement alone cannot record (the turn's two stages share a device); their plans carry each op's stage
+PLAN_KINDS = (*KINDS, *V_SHAPED)
 
 
 @dataclass(frozen=True)
 class PipelinePlan:
-    """A pipeline placement: device per node, the schedule it was chosen for, its simulated result, and the
-    cut points (positions in the item sequence, one end per stage)."""
+    """A pipeline placement: device per node, the schedule it was chosen for, its simulated result, the cut
+    points (positions in the item sequence, one end per stage) and each node's stage (which, under a V-shaped
+    schedule, the devices do not tell: stages p - 1 and p share one)."""
 
     devices: np.ndarray
     schedule: Schedule
     result: ScheduledResult
     cuts: tuple[int, ...]
+    stage: np.ndarray  # int64[V], each node's pipeline stage, 0..p V - 1 along the data (on `schedule`'s positions)
 
     @property
     def step_time_s(self) -> float:
@@ -408,10 +414,10 @@ def _kind_code(schedule: Schedule) -> int:
 
 
 def inflight(schedule: Schedule, p: int, full: bool) -> np.ndarray:
-    """Per stage k (chunk k // p at position k mod p of `p` devices), the forward actions of its chunk that its
-    device runs before its first backward action (`StageMemory`), where it does not depend on the other stages:
-    M under gpipe; interleaved, as the schedule orders them (`actions`) when every stage holds items (`full`:
-    all p devices in the pipeline), else 1 (the first micro-batch of every chunk comes first). Under 1f1b the
+    """Per stage k (chunk k // p at position k mod p of `p` devices; V-shaped: `stage_position`), the forward
+    actions of its chunk that its device runs before its first backward action (`StageMemory`), where it does not
+    depend on the other stages: M under gpipe; interleaved, zero bubble and V-shaped, as the schedule orders them
+    (`actions`) when every stage holds items (`full`: all p devices in the pipeline), else 1 (the first micro-batch of every chunk comes first). Under 1f1b the
     dynamic program counts it: position r of p' used devices warms up with p' - r - 1 forwards (the non-empty
     stages after it), then runs one more, at most M (here: 1)."""
     v = int(schedule.chunks or 1)
@@ -422,7 +428,7 @@ def inflight(schedule: Schedule, p: int, full: bool) -> np.ndarray:
         for r in range(p):
             before = itertools.takewhile(lambda a: a[0] == FORWARD, actions(schedule, p, r))
             chunks = np.bincount([c for _, c, _ in before], minlength=v)
-            out[np.arange(v) * p + r] = chunks
+            out[[chunk_stage(schedule.kind, c, r, p) for c in range(v)]] = chunks
     return out
 
 
@@ -607,12 +613,19 @@ class _Search:
         key = (schedule, full)
         if key not in self._made:
             p = self.cluster.num_devices
-            dev = self.perm[np.arange(p * int(schedule.chunks or 1)) % p]
+            dev = self.perm[self.positions(schedule)]
             # the memory bound only prunes: a stage is dropped only where no schedule could hold it (float rounding
             # of the bound's sums must not drop a split the simulator finds within memory to the byte)
             cap = (self.cluster.memory[dev] * (1 + 1e-9)).astype(np.float64)
             self._made[key] = (np.ascontiguousarray(self.pre_work[dev]), cap, inflight(schedule, p, full))
         return self._made[key]
+
+    def positions(self, schedule: Schedule) -> np.ndarray:
+        """int64[p V]: the pipeline position of each stage under `schedule` (`stage_position`: k mod p, round the
+        devices; V-shaped, out along the positions and back)."""
+        p = self.cluster.num_devices
+        return np.array([stage_position(schedule.kind, k, p) for k in range(p * int(schedule.chunks or 1))],
+                        dtype=np.int64)
 
     def split_under(self, schedule: Schedule, bound: float, waits: bool, full: bool) -> tuple[int, ...] | None:
         """The dynamic program (`_split`) under one bound on the slowest stage: the split of least sum of stage
@@ -633,14 +646,14 @@ class _Search:
         n = self.pre_work.shape[1] - 1
         t = np.zeros(len(cuts))
         comm = 0.0
+        on = self.positions(schedule)
         for k, (i, j) in enumerate(zip(starts, cuts, strict=True)):
             if j > i:
-                t[k] = (self.pre_work[self.perm[k % p], j] - self.pre_work[self.perm[k % p], i]) / div
+                t[k] = (self.pre_work[self.perm[on[k]], j] - self.pre_work[self.perm[on[k]], i]) / div
                 if 0 < i < n:
                     c = self.latency + float(self.items.cross[i]) / div / self.comm_Bps
                     t[k] += c if waits else 0.0
                     comm += 0.0 if waits else c
-        on = np.arange(len(cuts)) % p
         load = np.bincount(on, weights=t, minlength=p)
         ends, begins = np.asarray(cuts), np.asarray(starts)
         step = np.bincount(on, weights=self.pre_step[self.perm[on], ends] - self.pre_step[self.perm[on], begins],
@@ -651,15 +664,19 @@ class _Search:
         """Whether a stage of the split `cuts` is over its device's memory by the lower bound (`StageMemory`):
         the simulator would find it over memory too."""
         need = self.memory.bound(cuts, schedule, _per_microbatch(schedule))
-        cap = self.cluster.memory[self.perm[np.arange(len(cuts)) % self.cluster.num_devices]]
+        cap = self.cluster.memory[self.perm[self.positions(schedule)]]
         return bool((need > cap * (1 + 1e-9)).any())
 
-    def devices(self, cuts: tuple[int, ...]) -> np.ndarray:
-        """Device per node: items by stage (stage k on the device at position k mod p), every op with its owning
-        item (tie classes with their item, classes without a forward op as `_items` says)."""
+    def stages(self, cuts: tuple[int, ...]) -> np.ndarray:
+        """Stage per node: items by the cuts, every op with its owning item (tie classes with their item, classes
+        without a forward op as `_items` says)."""
         it = self.items
         stage_of_item = np.searchsorted(np.asarray(cuts), np.arange(it.nodes.shape[0]), side="right")
-        return self.perm[stage_of_item[it.owner] % self.cluster.num_devices]
+        return stage_of_item[it.owner]
+
+    def devices(self, cuts: tuple[int, ...], schedule: Schedule) -> np.ndarray:
+        """Device per node: stage k (`stages`) on the device at its position under `schedule` (`positions`)."""
+        return self.perm[self.positions(schedule)[self.stages(cuts)]]
 
 
 def _unrunnable(graph: CompGraph, r: ScheduledResult, s: Schedule) -> str | None:
@@ -670,9 +687,13 @@ def _unrunnable(graph: CompGraph, r: ScheduledResult, s: Schedule) -> str | None
     p = np.unique(r.device[staged]).size
     v = int(s.chunks or 1)
     why = s.unrunnable(p)
-    if why is None and v > 1 and (met := _program_stages(graph, r.stage)) != list(range(p * v)):
-        why = (f"the program meets its stages in the order {met}, not the {p * v} stages 0..{p * v - 1} of "
-               f"{v} rounds of the {p} devices that an interleaved schedule runs")
+    # the simulator numbers a stage chunk * p + position; along the data they go round the devices (V-shaped:
+    # out and back)
+    want = [k // p * p + stage_position(s.kind, k, p) for k in range(p * v)]
+    if why is None and v > 1 and (met := _program_stages(graph, r.stage)) != want:
+        how = "out and back along" if s.kind in V_SHAPED else f"{v} rounds of"
+        why = (f"the program meets its stages in the order {met}, not the {p * v} stages {want} of "
+               f"{how} the {p} devices that a {s.kind} schedule runs")
     return why
 
 
@@ -727,8 +748,11 @@ class _Judge:
 
     def simulate(self, s: Schedule, cuts: tuple[int, ...]) -> tuple[ScheduledResult | None, str | None]:
         """The split simulated as run, or None and why it is no pipeline torch's pipelining runs."""
+        expand = self.judged.expand
+        # a V's turn runs two stages on one device: each op's chunk says which (the data flow does not)
+        chunk = expand(self.search.stages(cuts) // self.cluster.num_devices) if s.kind in V_SHAPED else None
         try:
-            r = simulate_schedule(self.judged.graph, self.cluster, self.judged.expand(self.search.devices(cuts)), s)
+            r = simulate_schedule(self.judged.graph, self.cluster, expand(self.search.devices(cuts, s)), s, chunk)
         except DevplaceError as exc:  # a class forced across the stage order: not a pipeline, skip it
             return None, str(exc)
         why = _unrunnable(self.judged.graph, r, s)
@@ -737,7 +761,9 @@ class _Judge:
     def consider(self, s: Schedule, cuts: tuple[int, ...], rank: int) -> None:
         if (s, cuts) not in self.simulated:
             # a digest of the device per op: the graph as run has 10^4 ops, a search meets hundreds of splits
-            key = (s, hashlib.blake2b(self.judged.expand(self.search.devices(cuts)).tobytes(), digest_size=16).digest())
+            # (under a V, of the stage per op: a cut moved across the turn keeps every op's device)
+            per_op = self.search.stages(cuts) if s.kind in V_SHAPED else self.search.devices(cuts, s)
+            key = (s, hashlib.blake2b(self.judged.expand(per_op).tobytes(), digest_size=16).digest())
             if key not in self.outcomes:
                 r, why = self.simulate(s, cuts)
                 self.outcomes[key] = why if r is None else _Outcome(r.step_time_s, r.feasible,
@@ -764,12 +790,17 @@ class _Judge:
         s, cuts = self.best[3], self.best[4]
         r = self.results.get((s, cuts)) or self.simulate(s, cuts)[0]
         assert r is not None
-        return PipelinePlan(self.search.devices(cuts), s, r, cuts)
+        return PipelinePlan(self.search.devices(cuts, s), s, r, cuts, self.search.stages(cuts))
 
 
 def _check_settings(schedule: str, microbatches: int | None, chunks: int | None, cuts: str) -> None:
-    if schedule not in KINDS:
-        raise PlacerError(f"placer 'pipeline': setting 'schedule' must be one of {', '.join(KINDS)}, got {schedule!r}")
+    _check_plan(schedule, microbatches, chunks, cuts, KINDS)
+
+
+def _check_plan(schedule: str, microbatches: int | None, chunks: int | None, cuts: str,
+                kinds: tuple[str, ...]) -> None:
+    """PlacerError for settings the placer (`kinds`: `KINDS`) or `pipeline_plan` (`PLAN_KINDS`) does not take."""
+    _check_kind(schedule, kinds)
     if cuts not in CUTS:
         raise PlacerError(f"placer 'pipeline': setting 'cuts' must be one of {', '.join(CUTS)}, got {cuts!r}")
     for name, value, high in (("microbatches", microbatches, MAX_MICROBATCHES), ("chunks", chunks, MAX_CHUNKS)):
@@ -786,17 +817,23 @@ def _choices(schedule: str, devices: int) -> tuple[int, ...]:
     return tuple(devices * c for c in MICROBATCH_CHOICES if devices * c <= MICROBATCH_CHOICES[-1])
 
 
+def _check_kind(schedule: str, kinds: tuple[str, ...]) -> None:
+    if schedule not in kinds:
+        raise PlacerError(f"placer 'pipeline': setting 'schedule' must be one of {', '.join(kinds)}, got {schedule!r}")
+
+
 def pipeline_schedules(schedule: str, microbatches: int | None, chunks: int | None, devices: int, *,
-                       batch: int | None = None, own: int | None = None) -> list[Schedule]:
+                       batch: int | None = None, own: int | None = None,
+                       kinds: tuple[str, ...] = KINDS) -> list[Schedule]:
     """The schedules the placer tries on `devices` devices for its settings (one per micro-batch count: the
     given one, else every one of the placer's choices (`_choices`) that divides `batch` and torch's pipelining
     runs on all `devices`: `Schedule.unrunnable`), or a PlacerError (a DevplaceError) for invalid settings;
     what `devplace place` checks before capturing a model.
 
     `batch`: the step's batch (None: unknown, every count allowed); `own`: M of a graph captured at the
-    micro-batch size (`graph_microbatches`), the only count it runs under (`microbatch_graph=True`)."""
-    if schedule not in KINDS:
-        raise PlacerError(f"placer 'pipeline': setting 'schedule' must be one of {', '.join(KINDS)}, got {schedule!r}")
+    micro-batch size (`graph_microbatches`), the only count it runs under (`microbatch_graph=True`); `kinds` the
+    schedules allowed (the placer's; `pipeline_plan` also cuts for the V-shaped ones, `PLAN_KINDS`)."""
+    _check_kind(schedule, kinds)
     if microbatches is not None:
         microbatches = positive_int(microbatches, "microbatches", "pipeline")
     if own is not None:
@@ -869,7 +906,7 @@ class StageSplits:
                 for way in found[s]:
                     if way and (best is None or way[0][0] < best[0]):
                         best = (way[0][0], search, s, way[0][1])
-        return None if best is None else (best[1].devices(best[3]), best[2])
+        return None if best is None else (best[1].devices(best[3], best[2]), best[2])
 
     def adjust(self) -> PipelinePlan:
         """Steps 5-6 of the module docstring: the candidates simulated on the graph as run, the best refined under
@@ -902,9 +939,9 @@ def stage_splits(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sched
     """Steps 1-4 of the module docstring: the items, the memory table and the dynamic program's candidate splits
     for every device order and micro-batch count, nothing simulated (arguments as `pipeline_plan`'s).
     Raises PlacerError (a DevplaceError) for invalid settings, NoFitError where no schedule can run."""
-    _check_settings(schedule, microbatches, chunks, cuts)
+    _check_plan(schedule, microbatches, chunks, cuts, PLAN_KINDS)
     schedules = pipeline_schedules(schedule, microbatches, chunks, cluster.num_devices, batch=graph_batch(graph),
-                                   own=graph_microbatches(graph))
+                                   own=graph_microbatches(graph), kinds=PLAN_KINDS)
     classes = tie_classes(graph) if ties is None else np.asarray(ties, dtype=np.int64)
     # the same for every device order
     items = _items(graph, order, classes, op_times(graph, cluster), step_times(graph, cluster), cuts)
@@ -943,7 +980,10 @@ def pipeline_plan(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sche
     `devplace.graph.ties.tie_classes(graph)`); `cuts` where stages may begin (module docstring, step 2);
     `as_run` the graph that runs (a device per node of `graph` expands to one per node of it; None: `graph`
     itself), which the memory bound is taken on and every split is simulated on. The plan's `devices` are
-    `graph`'s, its `result` the simulation of the graph as run.
+    `graph`'s, its `result` the simulation of the graph as run. Beside the placer's schedules, `schedule` may be
+    zbv or dualpipev (`PLAN_KINDS`): 2p stages, stage k on position k and 2p - 1 - k on the way back, cut by the
+    same dynamic program on that map; which of a device's two stages each op is in is the plan's `stage`, which
+    a placement does not record (a `ParallelPlan`'s stages carry it).
     Raises NoFitError when no split fits memory under the schedule, PlacerError (a DevplaceError) for invalid
     settings."""
     return stage_splits(graph, cluster, order, schedule=schedule, microbatches=microbatches, chunks=chunks,
@@ -1080,6 +1120,7 @@ def pipeline(graph: CompGraph, cluster: Cluster, *, order: np.ndarray, seed: int
     split. Keeps every tie class on one device; returns the devices with the chosen schedule, which the
     placement carries (`Placement.schedule`) and the search judges the step under.
     """
+    _check_settings(schedule, microbatches, chunks, cuts)  # its placements run without a stage per op: no V
     splits = stage_splits(graph, cluster, order, schedule=schedule, microbatches=microbatches, chunks=chunks,
                           cuts=cuts, ties=ties, as_run=as_run)
 

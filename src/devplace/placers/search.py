@@ -70,7 +70,7 @@ from devplace.errors import DevplaceError, GraphError
 from devplace.graph.batch import graph_batch, graph_microbatches, microbatching_note
 from devplace.graph.coarsen import Coarsening, coarsen
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.parallel import RECOMPUTE, RUN_SCHEDULES, ZERO_STAGES, ParallelAsk
+from devplace.graph.parallel import RECOMPUTE, RUN_SCHEDULES, STAGES_KEY, ZERO_STAGES, ParallelAsk, stages_record
 from devplace.graph.placement import MadeBy, Placement
 from devplace.graph.semantics import Semantics, semantics_of
 from devplace.graph.ties import fold, tie_classes, untied, violations
@@ -78,7 +78,7 @@ from devplace.hardware.cluster import Cluster, canonical_order, reordered
 from devplace.orders import Order, check_order, order_label, traversal_indices
 from devplace.orders.auto import candidate_orders, recommend_order
 from devplace.placers.memory import NoFitError, memory_needs, no_fit_error, unrunnable_error
-from devplace.placers.parallel import ParallelSearch, as_microbatch, search_parallel
+from devplace.placers.parallel import SCHEDULES, ParallelSearch, as_microbatch, search_parallel
 from devplace.placers.pipeline import pipeline_schedules
 from devplace.placers.registry import (
     FullGraph,
@@ -92,7 +92,7 @@ from devplace.placers.registry import (
 from devplace.sim.bounds import lower_bound, memory_lower_bound, microbatch_bounds, microbatch_outlook
 from devplace.sim.count import counting
 from devplace.sim.devplace_model import DevplaceModel
-from devplace.sim.parallel import ParallelResult, simulate_parallel
+from devplace.sim.parallel import ParallelResult, simulate_parallel, stage_layout
 from devplace.sim.result import SimResult
 from devplace.sim.schedule import KINDS as SCHEDULE_KINDS
 from devplace.sim.schedule import Schedule, ScheduledResult, ScheduleError, simulate_schedule
@@ -1225,7 +1225,7 @@ def search_placement(graph: CompGraph, cluster: Cluster, *, coarsening: Coarseni
 
 # ------------------------------------------------------------- parallel plans: the nested search, resolved here
 
-PARALLEL_SCHEDULES = ("1f1b", "zero-bubble")  # the pipeline schedules judged on each cut of a parallel plan
+PARALLEL_SCHEDULES = SCHEDULES  # the pipeline schedules judged on each cut of a parallel plan (1f1b, zero bubble, V)
 PARALLEL_MICROBATCH_COUNTS = 3  # micro-batch sizes a parallel search tries (`parallel_microbatches`)
 
 
@@ -1340,10 +1340,11 @@ def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SC
         plan = replace(best.plan, devices=tuple(int(perm[d]) for d in best.plan.devices or ()))
         best = simulate_parallel(one, req.cluster, found.stage, plan)
     plan = best.plan
-    devices = np.asarray(plan.replica(0), dtype=np.int64)[found.stage]
+    devices = np.asarray(plan.replica(0), dtype=np.int64)[stage_layout(plan, found.stage)[0]]
     made_by = MadeBy(AUTO_PIPELINE if plan.pp > 1 else "single", CANONICAL_ORDER if plan.pp > 1 else None, req.seed,
                      {}, req.semantics.value)
     meta = {"step_time_s": best.step_time_s, "parallel": plan.to_dict(),
+            STAGES_KEY: stages_record(one.ids, found.stage),
             "parallel_search": {"asked": ask.to_dict(), "microbatch_size": batch // k, "tried": tried,
                                 "kept": plan.label}}
     placement = Placement(dict(zip(one.ids, devices.tolist(), strict=True)), graph=one.name,

@@ -344,7 +344,9 @@ def relay(graph: CompGraph, devices: np.ndarray, stages: Stages, v_shaped: bool 
     if (all(int(graph.succ_edges[graph.succ_ptr[x]]) not in moved for x in set(u[far].tolist())
             if graph.op[x] == "input") and set(graph.group).isdisjoint(names)):
         tie_classes_extended(g, graph)
-    staged = Stages(phase=np.concatenate([phase, phase[of]]), stage=np.concatenate([stage, at]),
+    # stage numbers as given (chunk * p + position, what the action order is built on), not along the data: under a
+    # V these differ, and with them a V's chunk-1 actions went unordered wherever a value was relayed
+    staged = Stages(phase=np.concatenate([phase, phase[of]]), stage=np.concatenate([stages.stage, at]),
                     pipeline_devices=stages.pipeline_devices, chunks=stages.chunks)
     return Relayed(g, np.concatenate([np.asarray(devices, dtype=np.int64), hop_devices]), staged,
                    np.concatenate([np.arange(n), of]))

@@ -418,8 +418,9 @@ def inflight(schedule: Schedule, p: int, full: bool) -> np.ndarray:
     actions of its chunk that its device runs before its first backward action (`StageMemory`), where it does not
     depend on the other stages: M under gpipe; interleaved, zero bubble and V-shaped, as the schedule orders them
     (`actions`) when every stage holds items (`full`: all p devices in the pipeline), else 1 (the first
-    micro-batch of every chunk comes first). Under 1f1b the dynamic program counts it: position r of p' used devices warms up with p' - r - 1 forwards (the non-empty
-    stages after it), then runs one more, at most M (here: 1)."""
+    micro-batch of every chunk comes first). Under 1f1b the dynamic program counts it: position r of p' used
+    devices warms up with p' - r - 1 forwards (the non-empty stages after it), then runs one more, at most M
+    (here: 1)."""
     v = int(schedule.chunks or 1)
     out = np.ones(p * v, dtype=np.int64)
     if schedule.kind == "gpipe":

@@ -195,7 +195,7 @@ def detail(cell: Cell) -> None:
         print(f"  hand {short(h.plan)} (even cuts): {h.step_time_s * 1e3:.1f} ms, peak {peak_gb(h):.1f} GB"
               f"{'' if h.feasible else ' (over memory)'}")
     for c in cell.found.candidates if cell.found else ():
-        what = short(c.plan) if c.plan else f"dp={c.dp}"
+        what = short(c.plan) if c.plan else f"dp={c.dp} {c.kind}"
         step = f"{c.step_time_s * 1e3:.1f} ms" if c.step_time_s is not None else c.note
         print(f"  search {what}: {step}{'' if c.feasible or c.plan is None else ' (over memory)'}")
 

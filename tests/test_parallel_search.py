@@ -70,8 +70,12 @@ def test_the_search_nests_search_parallel_with_what_the_request_leaves_open() ->
     assert fixed.parallel is not None
     p = fixed.parallel.plan
     assert (p.dp, p.pp, p.zero, p.recompute) == (2, 2, (1, 1), ("full", "full"))
+    tried = fixed.placement.meta["parallel_search"]["tried"]
     assert all(label.startswith("dp=2 pp=2") and "zero=1 recompute=full" in label
-               for label in fixed.placement.meta["parallel_search"]["tried"])
+               for label in tried if " pp=" in label)
+    # the rest: DualPipeV at M = 2 (of 2 samples), fewer micro-batches than its 4 stages, not judged
+    assert {label: why[:48] for label, why in tried.items() if " pp=" not in label} == {
+        "dp=2 M=2 dualpipev": "dualpipev runs at least as many micro-batches as"}
 
 
 def test_the_search_says_what_a_parallel_request_cannot_do() -> None:

@@ -27,7 +27,8 @@ def test_the_search_answers_the_fastest_plan_that_fits() -> None:
     # choices; 4 layers make no V of 8 stages (dp=1): one candidate says so, without a plan
     assert [sum(p.dp == dp for p in plans) for dp in (1, 2, 4)] == [2 * 1 * 2, 4 * 4 * 2, 1 * 4 * 2]
     assert {p.schedule for p in plans if p.dp == 2} == {"1f1b", "zero-bubble", "zbv", "dualpipev"}
-    assert [x.note[:35] for x in found.candidates if x.plan is None] == ["no pipeline of 8 stages in a V: pla"]
+    assert [(x.label(8), x.note[:31]) for x in found.candidates if x.plan is None] == [
+        ("dp=1 M=8 zbv", "no pipeline of 8 stages in a V:")]
     pure_dp = {(x.plan.zero[0], x.plan.recompute[0]): x.feasible for x in found.candidates if x.dp == 4}
     assert not pure_dp[(0, "none")] and not pure_dp[(1, "none")] and pure_dp[(3, "none")]
     best = min(x.step_time_s for x in found.candidates if x.feasible)

@@ -126,9 +126,9 @@ def test_a_two_chunk_plan_exports_as_a_v(tmp_path, capsys, monkeypatch):
     code, _, err = run_cli(["export", str(plan_path), "--format", "pipeline", "--schedule", "zbv", "-o",
                             str(tmp_path / "pipe.json")], capsys, monkeypatch)
     assert code == 2 and "as --format parallel --schedule zbv" in err  # a placement alone cannot hold the V
-    code, _, err = run_cli(["place", "--model", "devplace.zoo.tiny:vit", "-c", "2xK80", "--schedule", "dualpipev"],
-                           capsys, monkeypatch)  # refused before the capture, saying how to get one
-    assert code == 2 and "--format parallel --schedule dualpipev" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(["place", "--model", "devplace.zoo.tiny:vit", "-c", "2xK80", "--placer", "pipeline",
+                            "--schedule", "dualpipev"], capsys, monkeypatch)  # refused before the capture, saying how
+    assert code == 2 and "drop --placer" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(("kind", "points", "checkpointed"), [

@@ -146,11 +146,10 @@ def check_pipeline_settings(placer: str, cluster: Cluster, settings: dict[str, A
     `pipeline` placer on `cluster` (bad kind, M < 1, chunks for a one-chunk schedule, interleaved M not a
     multiple of the devices, M that does not divide `batch` when it is known)."""
     kind = settings.get("schedule")
-    if kind in V_SHAPED:  # before the placer's own check, which would only list the kinds it cuts for
+    if kind in V_SHAPED and placer != AUTO_PLACER:  # before the placer's own check, which lists the kinds it cuts for
         raise DevplaceError(f"no placer cuts for {kind}: its V runs stages p - 1 and p on one device, which a "
-                            "placement cannot hold; place with --placer pipeline --schedule interleaved-1f1b (or "
-                            f"zero-bubble) --chunks 2, then `devplace export PLAN --format parallel --schedule {kind}` "
-                            "lays its stages out as a V for `devplace run --parallel`")
+                            f"placement cannot hold; a parallel plan records its stages: drop --placer (placer auto "
+                            f"searches parallel plans under --schedule {kind})")
     given = [k for k in PIPELINE_SETTINGS if k in settings]
     if placer != AUTO_PLACER and not (given and any(k not in get_placer(placer).settings for k in given)):
         get_placer(placer).validate(settings)  # (pipeline settings to another placer: the message below)

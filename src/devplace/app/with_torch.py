@@ -92,7 +92,13 @@ from devplace.runtime.export import (
 )
 from devplace.runtime.in_step import merge_tables, profile_in_step
 from devplace.runtime.module_map import placement_from_module_map, read_module_map
-from devplace.runtime.parallel_export import ParallelExport, parallel_export, read_parallel, torchtitan_config
+from devplace.runtime.parallel_export import (
+    ParallelExport,
+    parallel_export,
+    read_parallel,
+    recorded_split,
+    torchtitan_config,
+)
 from devplace.runtime.parallel_run import ParallelRun, run_parallel
 from devplace.runtime.pipeline_run import PipelineRun, run_pipeline
 from devplace.runtime.plan import (
@@ -825,12 +831,8 @@ def parallel_plan_doc(p: Plan, *, dp: int | None = None, zero: int | None = None
         if given:
             raise DevplaceError(f"the plan holds the parallel plan its search chose ({plan.label}); drop "
                                 f"{', '.join(given)}, or place again with them")
-        # the cut only: the stages' schedule is the plan's, which pipeline_split need not simulate
-        split = pipeline_split(p.graph, p.placement, schedule=Schedule("1f1b", plan.microbatches))
-        if len(split.devices) != plan.pp:
-            raise DevplaceError(f"the plan's placement cuts into {len(split.devices)} pipeline stages at module "
-                                f"starts, not its parallel plan's pp={plan.pp}; place it again")
-        return (parallel_export(plan, split.split_points, source=source, precision=precision_record(p)), plan,
+        plan, points = recorded_split(p.graph, p.placement)  # its stages as recorded, a V's two per device apart
+        return (parallel_export(plan, points, source=source, precision=precision_record(p)), plan,
                 f"simulated step {fmt_time(p.result.step_time_s)} (the search's)")
     sched = _export_schedule(p, schedule, microbatches)
     v_shaped = sched is not None and sched.kind in V_SHAPED

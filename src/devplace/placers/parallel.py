@@ -48,13 +48,19 @@ ROOM = 1e3  # memory factor of the devices a pipeline is cut on when no split fi
 
 @dataclass(frozen=True)
 class Candidate:
-    """One plan the search judged: its simulated step, whether it fits, and why it was not judged (`note`)."""
+    """One plan the search judged: its simulated step, whether it fits, and why it was not judged (`note`); without
+    a plan (no pipeline was cut, or the schedule does not run at that M), `kind` names the schedule it was for."""
 
     plan: ParallelPlan | None
     dp: int
     step_time_s: float | None
     feasible: bool
     note: str = ""
+    kind: str = ""
+
+    def label(self, m: int) -> str:
+        """The plan's label, or, without a plan, its dp, M (`m` micro-batches in all) and schedule."""
+        return self.plan.label if self.plan is not None else f"dp={self.dp} M={m // self.dp} {self.kind}"
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,7 @@ def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatc
             v_shaped = kind in V_SHAPED
             why = Schedule(kind, m, 2 if v_shaped else 1).unrunnable(pp) if pp > 1 else None
             if why is not None:
-                candidates.append(Candidate(None, dp, None, False, f"{kind} M={m}: {why}"))
+                candidates.append(Candidate(None, dp, None, False, why, kind))
                 continue
             if v_shaped not in cuts:  # the first schedule of a layout cuts for every schedule of it
                 cuts[v_shaped] = _cut(one, cluster, dp, pp, m, batch, kind, candidates)
@@ -136,8 +142,7 @@ def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatc
                         if partial.feasible:
                             judged.append((partial.step_time_s, partial, stage))
     if not judged:
-        tried = "; ".join(f"{c.plan.label if c.plan else f'dp={c.dp}'}: {c.note or 'over memory'}"
-                          for c in candidates)
+        tried = "; ".join(f"{c.label(batch // microbatch_size)}: {c.note or 'over memory'}" for c in candidates)
         raise DevplaceError(f"no parallel plan of {graph.name!r} at batch {batch} fits {cluster.name!r} ({tried}); "
                             "use more devices or a smaller micro-batch")
     _, best, stage = min(judged, key=lambda x: x[0])
@@ -182,7 +187,7 @@ def _cut(graph: CompGraph, cluster: Cluster, dp: int, pp: int, m: int, batch: in
         return _stages(graph, cluster, ParallelPlan(dp, pp, m, batch, kind).replica(0), m, kind)
     except NoFitError as exc:
         layout = f"{2 * pp} stages in a V" if kind in V_SHAPED else f"{pp} stages"
-        candidates.append(Candidate(None, dp, None, False, f"no pipeline of {layout}: {exc}"))
+        candidates.append(Candidate(None, dp, None, False, f"no pipeline of {layout}: {exc}", kind))
         return None
 
 

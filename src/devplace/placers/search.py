@@ -72,6 +72,7 @@ from devplace.graph.coarsen import Coarsening, coarsen
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.parallel import RECOMPUTE, RUN_SCHEDULES, STAGES_KEY, ZERO_STAGES, ParallelAsk, stages_record
 from devplace.graph.placement import MadeBy, Placement
+from devplace.graph.schedule import V_SHAPED
 from devplace.graph.semantics import Semantics, semantics_of
 from devplace.graph.ties import fold, tie_classes, untied, violations
 from devplace.hardware.cluster import Cluster, canonical_order, reordered
@@ -187,7 +188,7 @@ def check_auto_placer(settings: Mapping[str, Any]) -> str | None:
                           f"default settings; to give settings ({', '.join(map(repr, others))}), name the placer "
                           "(--placer NAME)")
     schedule = settings.get("schedule")
-    kinds = (*AUTO_SCHEDULES, *SCHEDULE_KINDS)
+    kinds = (*AUTO_SCHEDULES, *SCHEDULE_KINDS, *V_SHAPED)  # a V: parallel plans only (`search`)
     if schedule is not None and schedule not in kinds:
         raise PlacerError(f"placer {AUTO_PLACER!r}: schedule must be one of {', '.join(kinds)}, got {schedule!r}")
     return schedule
@@ -581,6 +582,10 @@ def search(req: Request) -> SearchResult:
     with counting() as count:
         if req.parallel is not None:
             found = search_parallel_plans(req)
+        elif req.placer == AUTO_PLACER and v_schedule(req) is not None:
+            # a V (zbv, dualpipev) is only a parallel plan's: its stages, not a placement, say where each op runs;
+            # placer auto's default answers one devplace runs
+            found = search_parallel_plans(replace(req, parallel=ParallelAsk()), runnable=True)
         else:
             found = search_captured(req) if captures_microbatches(req) else search_graph(req)
     return replace(found, seconds=time.perf_counter() - t0, simulations=count.runs)
@@ -1265,14 +1270,28 @@ def parallel_microbatches(batch: int, devices: int, dps: tuple[int, ...]) -> tup
     return tuple(out)
 
 
+def v_schedule(req: Request) -> str | None:
+    """The V-shaped schedule `req` fixes (`--schedule zbv|dualpipev`), which only parallel plans run; else None."""
+    kind = req.settings.get("schedule")
+    return kind if kind in V_SHAPED else None
+
+
 def parallel_conflicts(req: Request) -> list[str]:
     """The options of `req` that parallel plans choose themselves (they cut with `AUTO_PIPELINE` in the canonical
-    order and pick their schedule and micro-batches): empty when none is given."""
+    order and pick their schedule and micro-batches, unless `--schedule` fixes a V: `v_schedule`): empty when none
+    is given."""
+    settings = {k: v for k, v in req.settings.items() if not (k == "schedule" and v in V_SHAPED)}
     return [what for what, yes in (("--placer", req.placer not in (AUTO_PLACER, AUTO_PIPELINE)),
                                    ("--order", req.order not in ("auto", CANONICAL_ORDER)),
                                    ("--try/--try-with", req.try_orders is not None),
                                    ("--set/--schedule/--microbatches/--chunks",
-                                    any(v is not None for v in req.settings.values()))) if yes]
+                                    any(v is not None for v in settings.values()))) if yes]
+
+
+def _fixed_degrees(ask: ParallelAsk) -> str:
+    """What `ask` fixes of dp and pp, for a message ("--dp 4", or "every data-parallel degree")."""
+    fixed = [f"--{k} {v}" for k, v in (("dp", ask.dp), ("pp", ask.pp)) if v is not None]
+    return " and ".join(fixed) or "every data-parallel degree"
 
 
 def default_parallel(req: Request) -> SearchResult:
@@ -1310,6 +1329,12 @@ def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SC
                           f"canonical order and choose their schedule and micro-batches; drop {', '.join(given)}")
     n = req.cluster.num_devices
     dps = parallel_degrees(ask, n, batch)
+    fixed = v_schedule(req)
+    if fixed is not None:  # a V runs a pipeline: every dp that leaves 2 or more stages
+        schedules, dps = (fixed,), tuple(d for d in dps if n // d >= 2)
+        if not dps:
+            raise PlacerError(f"--schedule {fixed} runs a pipeline of 2 or more stages (two per device, in a V), and "
+                              f"the {n} device(s) with {_fixed_degrees(ask)} leave one; use --pp 2 or more")
     # searched on the devices in their canonical order, so that the same GPUs listed otherwise give the same plan
     perm = canonical_order(req.graph, req.cluster)
     canon = reordered(req.cluster, perm)
@@ -1326,7 +1351,7 @@ def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SC
         except DevplaceError as exc:  # nothing fits at this micro-batch size: another may
             failed.append(f"micro-batches of {batch // k}: {exc}")
             continue
-        tried.update((f"{c.plan.label if c.plan is not None else f'dp={c.dp} M={k // c.dp}'}",
+        tried.update((c.label(k),
                       c.step_time_s if c.feasible else (c.note or "over memory")) for c in found.candidates)
         if kept is None or found.best.step_time_s < kept[2].best.step_time_s:
             kept = (k, graph, found)

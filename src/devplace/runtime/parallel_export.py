@@ -25,13 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devplace.graph.parallel import V_SHAPED, ParallelPlan, ParallelPlanError
-from devplace.graph.schedule import stage_position
-from devplace.runtime.export import ExportError, read_export_doc, read_precision
+import numpy as np
+
+from devplace.graph.compgraph import CompGraph
+from devplace.graph.parallel import STAGES_KEY, V_SHAPED, ParallelPlan, ParallelPlanError, recorded_stages
+from devplace.graph.placement import Placement
+from devplace.graph.schedule import Schedule, stage_position
+from devplace.runtime.export import ExportError, pipeline_split, read_export_doc, read_precision
 
 __all__ = ["PARALLEL_FORMAT", "TORCHTITAN_FORMAT", "ParallelExport", "checkpointing_of", "data_parallel_of",
-           "parallel_export",
-           "pipeline_stages", "read_parallel", "torchtitan_config"]
+           "parallel_export", "pipeline_stages", "read_parallel", "recorded_split", "torchtitan_config"]
 
 PARALLEL_FORMAT = "devplace.parallel/1"
 
@@ -74,6 +77,27 @@ def pipeline_stages(plan: ParallelPlan) -> int:
     """The pipeline stages of `plan`: pp, or 2 pp under a V-shaped schedule (zbv, dualpipev: position s of the
     pipeline runs stages s and 2 pp - 1 - s)."""
     return 2 * plan.pp if plan.schedule in V_SHAPED else plan.pp
+
+
+def recorded_split(graph: CompGraph, placement: Placement) -> tuple[ParallelPlan, list[str]]:
+    """The parallel plan a search recorded in `placement` (its "parallel") and where its pipeline is cut: the
+    module at which each stage after the first begins, as `pipeline_split` cuts the program, of the stage of each
+    op that the placement records (its "stages", `graph.parallel.stages_record`; a plan of one chunk per device
+    saved without one: its devices' positions). Each stage is cut as a device of its own, so that a V's two stages
+    on one device stay two. ExportError where the record does not cut into the plan's `pipeline_stages`."""
+    plan = ParallelPlan.from_dict(placement.meta.get("parallel"))
+    try:
+        stage = recorded_stages(plan, graph.ids, placement.assignment, placement.meta.get(STAGES_KEY))
+    except ParallelPlanError as exc:
+        raise ExportError(str(exc)) from None
+    # the cut only: the stages' schedule is the plan's, which pipeline_split need not simulate
+    split = pipeline_split(graph, Placement.from_array(graph, np.asarray(stage, dtype=np.int64)),
+                           schedule=Schedule("1f1b", plan.microbatches))
+    k = pipeline_stages(plan)
+    if len(split.devices) != k:
+        raise ExportError(f"the plan's stages cut its program at module starts into {len(split.devices)} pipeline "
+                          f"stages, not the {k} of its parallel plan ({plan.label}); place it again")
+    return plan, list(split.split_points)
 
 
 def parallel_export(plan: ParallelPlan, split_points: Sequence[str], *, source: Mapping[str, Any] | None = None,

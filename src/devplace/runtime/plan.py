@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from rich.console import Group
 from rich.text import Text
@@ -20,6 +21,7 @@ from devplace.graph.batch import graph_batch
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.jsonio import read_json, write_json
+from devplace.graph.parallel import STAGES_KEY, ParallelPlan, ParallelPlanError, recorded_stages
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.hardware.cost import CostTable, cost_devices
@@ -37,6 +39,7 @@ from devplace.planning import (
     render_text,
 )
 from devplace.sim import SimResult, simulate
+from devplace.sim.parallel import simulate_parallel
 from devplace.sim.summary import result_view
 from devplace.units import fmt_time
 
@@ -247,6 +250,22 @@ def _check_settings(settings: Mapping[str, Any], path: str | Path) -> None:
         raise FormatError(f"{path}: settings.placer_settings: {exc}") from None
 
 
+def replay(graph: CompGraph, cluster: Cluster, placement: Placement, where: str | Path = "the plan") -> SimResult:
+    """The step of a saved placement, simulated again: a parallel plan's (its "parallel", on the stages its
+    "stages" record, `graph.parallel.recorded_stages`) as its search simulated it (`simulate_parallel`: replicas,
+    sync, ZeRO, recomputation; a V's two stages per device), so that an automatic choice replays as it was judged;
+    any other placement under its own schedule. FormatError naming `where` for a record that does not match."""
+    doc = placement.meta.get("parallel")
+    if doc is None:
+        return simulate(graph, cluster, placement, schedule=placement.schedule)
+    try:
+        plan = ParallelPlan.from_dict(doc)
+        stage = recorded_stages(plan, graph.ids, placement.assignment, placement.meta.get(STAGES_KEY))
+    except ParallelPlanError as exc:
+        raise FormatError(f"{where}: {exc}") from None
+    return simulate_parallel(graph, cluster, np.asarray(stage, dtype=np.int64), plan).as_sim_result()
+
+
 def load_plan(path: str | Path) -> Plan:
     """Read a `devplace.plan/1` file (unknown versions are rejected) and re-simulate its placement."""
     doc = read_json(path, FORMAT)
@@ -263,7 +282,7 @@ def load_plan(path: str | Path) -> Plan:
         raise FormatError(f"{path}: \"settings\" must be a JSON object (and its \"source\" too); is this a devplace "
                           "plan file?")
     _check_settings(settings, path)
-    result = simulate(graph, cluster, placement, schedule=placement.schedule)
+    result = replay(graph, cluster, placement, path)
     # how it was placed, as `plan_from_placed` recorded it; the search's time is not kept in the file
     placed = Placed(graph, cluster, placement, result, str(settings.get("placer") or ""),
                     settings.get("seed", DEFAULT_SEED), dict(settings.get("placer_settings") or {}), math.nan,

@@ -15,10 +15,12 @@ from conftest import cluster
 from devplace.errors import DevplaceError
 from devplace.graph.parallel import STAGES_KEY, ParallelPlan, ParallelPlanError, recorded_stages, stages_record
 from devplace.graph.schedule import stage_position
+from devplace.planning import simulate_placement
 from devplace.runtime import plan
 from devplace.runtime.parallel_export import parallel_export, recorded_split
 from devplace.runtime.parallel_run import run_parallel
 from devplace.runtime.plan import load_plan
+from devplace.sim.parallel import simulate_parallel
 from test_parallel_run import _net
 
 
@@ -36,6 +38,11 @@ def test_a_v_plan_saved_replays_its_step_and_runs_as_that_v(tmp_path) -> None:
     again = load_plan(path)
     assert again.placement.meta[STAGES_KEY] == stages
     assert again.result.step_time_s == p.result.step_time_s  # the search's step, simulated again from the file
+    # `devplace simulate` of the placement: replica 0's V pipeline, on the recorded stages
+    stage = np.array(recorded_stages(ParallelPlan.from_dict(par), again.graph.ids, again.placement.assignment, stages))
+    pipeline = simulate_parallel(again.graph, again.cluster, stage, ParallelPlan.from_dict(par)).pipelines[0]
+    alone = simulate_placement(again.graph, again.cluster, again.placement).result
+    assert alone.step_time_s == pipeline.step_time_s and np.array_equal(alone.stage, pipeline.stage)
     # its export cuts where its recorded stages begin, and runs as that V: the one-process loss and gradients
     plan_, points = recorded_split(again.graph, again.placement)
     assert plan_ == ParallelPlan.from_dict(par) and len(points) == 3

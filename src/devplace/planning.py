@@ -34,7 +34,7 @@ from devplace.errors import DevplaceError
 from devplace.files import json_safe
 from devplace.graph.batch import microbatching_note
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.parallel import ParallelAsk, runtime_gap
+from devplace.graph.parallel import STAGES_KEY, ParallelAsk, ParallelPlan, recorded_stages, runtime_gap
 from devplace.graph.placement import Placement, runtime_placement, save_placement
 from devplace.graph.semantics import Semantics
 from devplace.hardware.cluster import Cluster, canonical_order, reordered
@@ -44,6 +44,7 @@ from devplace.placers.even import even_devices
 from devplace.placers.search import MicrobatchGraph
 from devplace.sim import LowerBound, Schedule, ScheduleError, SimResult, lower_bound, simulate
 from devplace.sim.parallel import CATEGORIES, ParallelResult
+from devplace.sim.schedule import V_SHAPED, simulate_schedule
 from devplace.sim.summary import result_view
 from devplace.sim.timeline import plot_timeline, write_trace
 from devplace.units import fmt_bytes, fmt_time
@@ -367,7 +368,7 @@ class Placed:
             doc["microbatch_costs"] = ("captured at the micro-batch size" if self.placement.schedule.microbatch_graph
                                        else "the whole batch's / M")
             doc["microbatching_changes_result"] = microbatching_note(self.graph)
-        for key in ("order_auto", "placer_auto", "microbatch_search"):
+        for key in ("order_auto", "placer_auto", "microbatch_search", STAGES_KEY):  # stages: a parallel plan's cut
             if key in self.placement.meta:
                 doc[key] = self.placement.meta[key]
         if self.parallel is not None:
@@ -560,10 +561,17 @@ def simulate_placement(graph: CompGraph, cluster: Cluster, placement: Placement,
                        model: str = DEFAULT_SIM_MODEL) -> Simulated:
     """Simulate `placement` of `graph` on `cluster` under simulation `model`, with the lower bound; a placement
     made for a micro-batch schedule (`placement.schedule`, the `pipeline` placer's) is simulated under it, which
-    only the devplace model can."""
+    only the devplace model can; under a V (replica 0 of a parallel plan), with the stages it records."""
     schedule = placement.schedule
     if schedule is not None and sim_model_name(model) != SIM_DEVPLACE:
         raise DevplaceError(f"this placement was made for a {schedule.kind} pipeline schedule, which only the "
                             f"{SIM_DEVPLACE} model simulates; use --model {SIM_DEVPLACE}")
-    return Simulated(graph, cluster, placement, simulate(graph, cluster, placement, model=model, schedule=schedule),
-                     lower_bound(graph, cluster, schedule))
+    if schedule is not None and schedule.kind in V_SHAPED and "parallel" in placement.meta:
+        # the placement's devices cannot tell a V's two stages per device apart: its recorded stages do
+        plan = ParallelPlan.from_dict(placement.meta["parallel"])
+        stage = recorded_stages(plan, graph.ids, placement.assignment, placement.meta.get(STAGES_KEY))
+        result: SimResult = simulate_schedule(graph, cluster, placement.to_array(graph, cluster.num_devices), schedule,
+                                              np.asarray(stage, dtype=np.int64) // plan.pp)
+    else:
+        result = simulate(graph, cluster, placement, model=model, schedule=schedule)
+    return Simulated(graph, cluster, placement, result, lower_bound(graph, cluster, schedule))

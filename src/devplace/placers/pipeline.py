@@ -680,18 +680,19 @@ class _Search:
         return self.perm[self.positions(schedule)[self.stages(cuts)]]
 
 
-def _unrunnable(graph: CompGraph, r: ScheduledResult, s: Schedule) -> str | None:
-    """Why torch's pipelining would not run the simulated pipeline `r`, None when it would: its schedule on its
-    devices (`Schedule.unrunnable`: 1f1b with at least as many micro-batches as stages), and under V > 1 chunks
-    per device all p V stages in order along the program, as the export sees them (`_program_stages`)."""
-    staged = r.stage >= 0
-    p = np.unique(r.device[staged]).size
+def _unrunnable(graph: CompGraph, stage: np.ndarray, device: np.ndarray, s: Schedule) -> str | None:
+    """Why torch's pipelining would not run the pipeline of each op's `stage` (the simulator's numbers, chunk * p +
+    position; -1 for per-step ops) on `device`, None when it would: its schedule on its devices
+    (`Schedule.unrunnable`: 1f1b with at least as many micro-batches as stages), and under V > 1 chunks per device
+    all p V stages in order along the program, as the export sees them (`_program_stages`)."""
+    staged = stage >= 0
+    p = np.unique(device[staged]).size
     v = int(s.chunks or 1)
     why = s.unrunnable(p)
     # the simulator numbers a stage chunk * p + position; along the data they go round the devices (V-shaped:
     # out and back)
     want = [k // p * p + stage_position(s.kind, k, p) for k in range(p * v)]
-    if why is None and v > 1 and (met := _program_stages(graph, r.stage)) != want:
+    if why is None and v > 1 and (met := _program_stages(graph, stage)) != want:
         how = "out and back along" if s.kind in V_SHAPED else f"{v} rounds of"
         why = (f"the program meets its stages in the order {met}, not the {p * v} stages {want} of "
                f"{how} the {p} devices that a {s.kind} schedule runs")
@@ -749,14 +750,22 @@ class _Judge:
 
     def simulate(self, s: Schedule, cuts: tuple[int, ...]) -> tuple[ScheduledResult | None, str | None]:
         """The split simulated as run, or None and why it is no pipeline torch's pipelining runs."""
-        expand = self.judged.expand
-        # a V's turn runs two stages on one device: each op's chunk says which (the data flow does not)
-        chunk = expand(self.search.stages(cuts) // self.cluster.num_devices) if s.kind in V_SHAPED else None
+        expand, graph, p = self.judged.expand, self.judged.graph, self.cluster.num_devices
+        devices, chunk = expand(self.search.devices(cuts, s)), None
+        if s.kind in V_SHAPED:
+            # a V's turn runs two stages on one device: each op's chunk says which (the data flow does not); so
+            # its stages are known before it is simulated, and a split torch would refuse is not simulated
+            stage = expand(self.search.stages(cuts))
+            chunk = stage // p
+            numbers = np.where(op_phases(graph) != PER_STEP, chunk * p + self.search.positions(s)[stage], -1)
+            why = _unrunnable(graph, numbers, devices, s)
+            if why is not None:
+                return None, why
         try:
-            r = simulate_schedule(self.judged.graph, self.cluster, expand(self.search.devices(cuts, s)), s, chunk)
+            r = simulate_schedule(graph, self.cluster, devices, s, chunk)
         except DevplaceError as exc:  # a class forced across the stage order: not a pipeline, skip it
             return None, str(exc)
-        why = _unrunnable(self.judged.graph, r, s)
+        why = _unrunnable(graph, r.stage, r.device, s)
         return (None, why) if why is not None else (r, None)  # as torch's pipelining would refuse it
 
     def consider(self, s: Schedule, cuts: tuple[int, ...], rank: int) -> None:

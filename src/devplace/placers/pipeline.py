@@ -13,7 +13,9 @@ What PipeDream's planner and Alpa's stage search do, over devplace's traversal o
    first forward predecessor (else first predecessor, else first successor, else the last item), and
    counts there.
 2. *Stages.* K = p * V stages (p devices, V chunks per device for interleaved-1f1b), stage k on the device at
-   position k mod p of a device order (`device_orders`: by index on a cluster of identical devices; else
+   position k mod p (for `pipeline_plan`'s V-shaped schedules, zbv and dualpipev: position k, then 2p - 1 - k on
+   the way back, `graph.schedule.stage_position`; the plan's `stage` says which of a device's two each op is in)
+   of a device order (`device_orders`: by index on a cluster of identical devices; else
    fastest first and slowest first, each searched, and the schedule records it as its `device_order`);
    consecutive runs of the item sequence, possibly empty (so fewer devices may be used). A cut is
    *blocked* where a forward op's output would flow back to an earlier stage (its tie class is carried by an

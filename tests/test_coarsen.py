@@ -19,6 +19,7 @@ from conftest import cluster, graph
 from devplace.errors import GraphError, PlacementError
 from devplace.graph import CompGraph, Placement, canonical_topo_order, load_graph, save_graph
 from devplace.graph.coarsen import Coarsening, coarsen, colocate
+from devplace.graph.modules import SEGMENTS_KEY, segment_spans
 from devplace.graph.ties import tie_classes
 from devplace.sim import simulate
 from devplace.zoo import layered_graph
@@ -468,3 +469,15 @@ def test_layered_graph_with_local_labels() -> None:
     c = coarsen(g, 200)
     assert c.num_groups == 200 and c.stats["groups_split"] > 0
     check_coarsening(g, c, exact=False)
+
+
+def test_stored_segment_spans_are_read_as_one_array_and_a_bad_one_is_named():
+    """A coarse node's "segments" ([first, last]) are read as one array where all are well formed, and node by
+    node otherwise, naming the first bad one."""
+    spans = [[0, 0], None, [1, 3], [2, 2]]
+    nodes = [{"id": f"n{i}", **({SEGMENTS_KEY: s} if s is not None else {})} for i, s in enumerate(spans)]
+    assert segment_spans(CompGraph.build("g", nodes, [])).tolist() == [[0, 0], [-1, -1], [1, 3], [2, 2]]
+    for bad in ([2, 1], [1], [-1, 0], [True, 1], [0, 2**70], [0.0, 1], "0-1", (0, 1)):
+        wrong = [*nodes[:2], {"id": "n2", SEGMENTS_KEY: bad}, {"id": "n3", SEGMENTS_KEY: [5, 4]}]
+        with pytest.raises(GraphError, match=r"node 'n2': \"segments\" must be"):
+            segment_spans(CompGraph.build("g", wrong, []))

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import cluster
 from devplace.errors import GraphError
 from devplace.graph import CompGraph
 from devplace.graph.coarsen import coarsen
-from devplace.graph.phases import STEP_COMPUTE_KEY, step_compute
+from devplace.graph.phases import STEP_COMPUTE_BY_KIND_KEY, STEP_COMPUTE_KEY, step_compute
 from devplace.graph.ties import fold
 from devplace.hardware.cluster import Cluster, Device, Link, step_times
 from devplace.placers.pipeline import pipeline_plan
@@ -89,3 +91,55 @@ def test_a_bad_once_per_step_part_is_a_clear_error():
     g = CompGraph.build("bad", nodes, [])
     with pytest.raises(GraphError, match=r"step_compute_s=2\.0"):
         step_compute(g)
+
+
+def _step_by_node(g: CompGraph, kind: str | None) -> list[float]:
+    """The once-per-step seconds by the rule of `devplace.graph.phases`, node by node."""
+    total = g.compute_s if kind is None else g.kind_compute[kind]
+    out = []
+    for v, extra in enumerate(g.node_extra):
+        if g.kind[v] not in ("", "forward", "backward"):
+            out.append(float(total[v]))
+        elif STEP_COMPUTE_KEY not in extra:
+            out.append(0.0)
+        elif kind is None:
+            out.append(min(float(extra[STEP_COMPUTE_KEY]), float(g.compute_s[v])))
+        elif kind in extra.get(STEP_COMPUTE_BY_KIND_KEY, {}):
+            out.append(min(float(extra[STEP_COMPUTE_BY_KIND_KEY][kind]), float(total[v])))
+        else:
+            ref = min(float(extra[STEP_COMPUTE_KEY]), float(g.compute_s[v]))
+            out.append(float(total[v]) * (ref / float(g.compute_s[v])) if g.compute_s[v] > 0 else 0.0)
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["forward", "backward", "optimizer", ""]), st.integers(0, 3),
+                          st.sampled_from(["none", "int", "float", "numpy", "edge"]), st.booleans()),
+                min_size=1, max_size=12))
+def test_once_per_step_parts_read_as_one_array_are_those_of_the_rule_node_by_node(nodes) -> None:
+    """Plain ints and floats are checked as one array, anything else (a numpy float) node by node; both give
+    the rule's values, a value a hair above the node's compute cut to it."""
+    recs = []
+    for i, (kind, c, how, by_kind) in enumerate(nodes):
+        compute = float(c)
+        rec: dict = {"id": f"n{i}", "kind": kind, "compute_s": compute, "compute_s_by_kind": {"T4": 2 * compute}}
+        value = {"none": None, "int": c // 2, "float": compute / 3, "numpy": np.float64(compute / 4),
+                 "edge": compute * (1 + 1e-10)}[how]
+        if value is not None:
+            rec[STEP_COMPUTE_KEY] = value
+            if by_kind:
+                rec[STEP_COMPUTE_BY_KIND_KEY] = {"T4": compute / 2}
+        recs.append(rec)
+    g = CompGraph.build("g", recs, [])
+    step = step_compute(g)
+    assert step.compute_s.tolist() == _step_by_node(g, None)
+    assert step.by_kind["T4"].tolist() == _step_by_node(g, "T4")
+
+
+@pytest.mark.parametrize("bad", [True, 2, float("inf"), -0.5, "0.1"])
+def test_the_first_bad_once_per_step_part_is_named(bad) -> None:
+    nodes = [{"id": "a", "compute_s": 1.0, "kind": "backward", STEP_COMPUTE_KEY: 0.5},
+             {"id": "b", "compute_s": 1.0, "kind": "backward", STEP_COMPUTE_KEY: bad},
+             {"id": "c", "compute_s": 1.0, "kind": "backward", STEP_COMPUTE_KEY: 3.0}]
+    with pytest.raises(GraphError, match=f"node 'b' has {STEP_COMPUTE_KEY}="):
+        step_compute(CompGraph.build("bad", nodes, []))

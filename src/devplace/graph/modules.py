@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -112,13 +113,17 @@ def segment_spans(graph: CompGraph) -> np.ndarray:
     paths."""
     spans = np.full((graph.num_nodes, 2), -1, dtype=np.int64)
     extra = graph.node_extra or []
-    stored = [(v, x[SEGMENTS_KEY]) for v, x in enumerate(extra) if SEGMENTS_KEY in x]
-    for v, span in stored:
-        if (not isinstance(span, list) or len(span) != 2 or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                                    for i in span) or not 0 <= span[0] <= span[1]):
-            raise GraphError(f"graph {graph.name!r}, node {graph.ids[v]!r}: \"{SEGMENTS_KEY}\" must be [first, last] "
-                             f"segment indices (0 <= first <= last), got {span!r}; coarsen the capture again")
-        spans[v] = span
+    nodes = [v for v, x in enumerate(extra) if SEGMENTS_KEY in x]
+    stored = [extra[v][SEGMENTS_KEY] for v in nodes]
+    if stored and not _stored_spans(stored, spans, nodes):
+        for v, span in zip(nodes, stored, strict=True):  # the rule node by node: the first wrong one named
+            ints = isinstance(span, list) and len(span) == 2 and all(isinstance(i, int) and not isinstance(i, bool)
+                                                                      for i in span)
+            if not ints or not 0 <= span[0] <= span[1] < 2**63:
+                raise GraphError(f"graph {graph.name!r}, node {graph.ids[v]!r}: \"{SEGMENTS_KEY}\" must be [first, "
+                                 f"last] segment indices (0 <= first <= last < 2**63), got {span!r}; coarsen the "
+                                 "capture again")
+            spans[v] = span
     if stored or not has_modules(graph):
         return spans
     fwd = forward_ops(graph)
@@ -126,6 +131,23 @@ def segment_spans(graph: CompGraph) -> np.ndarray:
     cuts = np.asarray(sorted(module_starts(mods)), dtype=np.int64)
     spans[fwd] = np.searchsorted(cuts, np.arange(len(fwd)), side="right")[:, None]
     return spans
+
+
+def _stored_spans(stored: list[Any], spans: np.ndarray, nodes: list[int]) -> bool:
+    """Write the stored spans of `nodes` into `spans` as one array where each is a list of two plain ints, first
+    <= last, within int64 and first >= 0 (what a coarsening writes: one per coarse node, read on every placement
+    of a view); False, writing nothing, where any is not (`segment_spans` then checks them one by one)."""
+    if {type(x) for x in stored} != {list} or {len(x) for x in stored} != {2} or {
+            type(i) for x in stored for i in x} != {int}:
+        return False
+    try:
+        arr = np.array(stored, dtype=np.int64)
+    except OverflowError:
+        return False
+    if not ((arr[:, 0] >= 0) & (arr[:, 0] <= arr[:, 1])).all():
+        return False
+    spans[nodes] = arr
+    return True
 
 
 def group_segments(spans: np.ndarray, members: Sequence[int]) -> list[int] | None:

@@ -11,6 +11,7 @@ micro-batch. Without that, the optimizer's time would be counted once per micro-
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,6 +27,14 @@ STEP_COMPUTE_BY_KIND_KEY = "step_compute_s_by_kind"
 def runs_per_step(kind: str) -> bool:
     """True for an op kind that runs once per step under a micro-batch schedule (not forward or backward)."""
     return kind not in MICROBATCH_KINDS
+
+
+def per_kind(kinds: Sequence[str], value: Callable[[str], Any], dtype: Any) -> np.ndarray:
+    """`value(kind)` per node of the kind column `kinds`, as an array of `dtype`: `value` runs once per distinct
+    kind (a graph has a handful), not once per node (every simulation of a pipelined step reads the kinds of
+    10^4-10^5 unrolled nodes)."""
+    table = {k: value(k) for k in set(kinds)}
+    return np.fromiter(map(table.__getitem__, kinds), dtype=dtype, count=len(kinds))
 
 
 class StepCompute(NamedTuple):
@@ -59,29 +68,50 @@ def step_compute_extended(graph: CompGraph, base: CompGraph) -> None:
 
 def _step_column(graph: CompGraph, kind: str | None = None) -> np.ndarray:
     total = graph.compute_s if kind is None else graph.kind_compute[kind]
-    out = np.where([runs_per_step(k) for k in graph.kind], total, 0.0) if graph.num_nodes else np.zeros(0)
-    for v, extra in enumerate(graph.node_extra):
-        if STEP_COMPUTE_KEY not in extra or runs_per_step(graph.kind[v]):
-            continue
-        ref = _seconds(graph, v, extra[STEP_COMPUTE_KEY], float(graph.compute_s[v]), STEP_COMPUTE_KEY)
-        if kind is None:
-            out[v] = ref
-            continue
-        per_kind = extra.get(STEP_COMPUTE_BY_KIND_KEY)
-        if isinstance(per_kind, dict) and kind in per_kind:
-            out[v] = _seconds(graph, v, per_kind[kind], float(total[v]), f"{STEP_COMPUTE_BY_KIND_KEY}.{kind}")
-        else:  # no time for this kind: the same share of the node's time on it
-            out[v] = total[v] * (ref / graph.compute_s[v]) if graph.compute_s[v] > 0 else 0.0
+    per_step = per_kind(graph.kind, runs_per_step, bool)
+    out = np.where(per_step, total, 0.0)
+    extra = graph.node_extra
+    marked = np.asarray([v for v, x in enumerate(extra) if STEP_COMPUTE_KEY in x], dtype=np.int64)
+    marked = marked[~per_step[marked]]  # a node of a per-step kind runs all of it once per step anyway
+    if not marked.size:
+        return out
+    ref = _seconds(graph, marked, [extra[v][STEP_COMPUTE_KEY] for v in marked.tolist()], graph.compute_s[marked],
+                   STEP_COMPUTE_KEY)
+    if kind is None:
+        out[marked] = ref
+        return out
+    # no time for this kind: the same share of the node's time on it
+    cs = graph.compute_s[marked]
+    out[marked] = np.where(cs > 0, total[marked] * (ref / np.where(cs > 0, cs, 1.0)), 0.0)
+    given = [extra[v].get(STEP_COMPUTE_BY_KIND_KEY) for v in marked.tolist()]
+    has = [i for i, d in enumerate(given) if isinstance(d, dict) and kind in d]
+    if has:
+        sel = marked[has]
+        out[sel] = _seconds(graph, sel, [given[i][kind] for i in has], total[sel], f"{STEP_COMPUTE_BY_KIND_KEY}.{kind}")
     return out
 
 
-def _seconds(graph: CompGraph, v: int, value: Any, limit: float, key: str) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or not 0 <= value <= limit * (1 + 1e-9):
-        raise GraphError(f"graph {graph.name!r}: node {graph.ids[v]!r} has {key}={value!r}; it must be a number "
-                         f"from 0 to the node's compute ({limit!r} s): the part of its compute that runs once per "
-                         "step")
-    return min(float(value), limit)
+def _seconds(graph: CompGraph, nodes: np.ndarray, values: list[Any], limits: np.ndarray, key: str) -> np.ndarray:
+    """The once-per-step seconds `values` of `nodes` (each a number from 0 to its node's `limits`, a hair of
+    rounding above allowed and cut off), or a GraphError naming the first node whose value is not. Checked as
+    one array where every value is a plain int or float (a graph has 10^3-10^4 such nodes); else, or where that
+    check fails, node by node (the rule as written, and the message)."""
+    if {type(x) for x in values} <= {int, float}:
+        try:
+            arr = np.array(values, dtype=np.float64)
+        except OverflowError:  # an integer too large for a float: named below
+            arr = None
+        if arr is not None and (np.isfinite(arr) & (arr >= 0) & (arr <= limits * (1 + 1e-9))).all():
+            return np.minimum(arr, limits)
+    out = np.empty(len(values))
+    for i, (v, value, limit) in enumerate(zip(nodes.tolist(), values, limits.tolist(), strict=True)):
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or not 0 <= value <= limit * (1 + 1e-9):
+            raise GraphError(f"graph {graph.name!r}: node {graph.ids[v]!r} has {key}={value!r}; it must be a number "
+                             f"from 0 to the node's compute ({limit!r} s): the part of its compute that runs once "
+                             "per step")
+        out[i] = min(float(value), limit)
+    return out
 
 
 def merged_step_compute(graph: CompGraph, group: np.ndarray, count: int) -> StepCompute:

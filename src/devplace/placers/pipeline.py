@@ -227,7 +227,7 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.n
     """Step 1 of the module docstring; `times` every op's seconds on every device, `once` the part of them that
     runs once per step (`step_times`); `cuts` the setting (where stages may be cut)."""
     fwd = _forward_ops(graph)
-    spans = segment_spans(graph) if cuts == "modules" else None
+    spans = graph.derived("segment_spans", segment_spans) if cuts == "modules" else None
     seq = forward_sequence(graph, order, None if spans is None else spans[:, 0])
     n = seq.shape[0]
     classes = np.asarray(classes, dtype=np.int64)
@@ -358,7 +358,7 @@ class StageMemory:
 
         self.params = prefix(judged.param_bytes)
         phase = op_phases(judged)
-        runs = op_times(judged, cluster).min(axis=1) > 0 if judged.num_nodes else np.zeros(0, dtype=bool)
+        runs = np.logical_and.reduce([col > 0 for col in op_times(judged, cluster).T])  # time on every device
         u, w = judged.edge_src, judged.edge_dst
         b = judged.output_bytes
         read = (phase[u] == FORWARD) & (phase[w] == BACKWARD) & runs[w]
@@ -1106,7 +1106,7 @@ def _order_key(graph: CompGraph, visit: np.ndarray, settings: Mapping[str, Any])
     orders that differ only inside segments are one candidate."""
     if settings.get("cuts", "modules") != "modules":
         return forward_sequence(graph, visit).tobytes()
-    segment = segment_spans(graph)[:, 0]
+    segment = graph.derived("segment_spans", segment_spans)[:, 0]
     seq = forward_sequence(graph, visit, segment)
     seg = segment[seq]
     starts = np.ones(seq.shape[0], dtype=bool)  # a new run: another segment, or an op of none

@@ -18,6 +18,7 @@ from numba import njit
 from devplace.defaults import SIM_DEVPLACE
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.heap import heap_pop, heap_push
+from devplace.graph.phases import per_kind
 from devplace.graph.tensors import tensor_groups
 from devplace.hardware.cluster import Cluster, op_times
 from devplace.sim.count import note_simulation
@@ -311,7 +312,7 @@ class DevplaceModel:
         self.bandwidth = np.ascontiguousarray(cluster.bandwidth)
         self.latency = np.ascontiguousarray(cluster.latency)
         # outputs of forward ops (kind "forward" or none) are activations: what a backward reads
-        self.activation = np.array([k in ("", "forward") for k in graph.kind], dtype=np.bool_)
+        self.activation = per_kind(graph.kind, lambda k: k in ("", "forward"), np.bool_)
         nd = cluster.num_devices
         self._chan_free = np.zeros((nd, nd), dtype=np.float64)  # `_schedule`'s scratch, reset by it after each run
         self._chan_last = np.full((nd, nd), -1, dtype=np.int64)

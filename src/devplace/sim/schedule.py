@@ -37,7 +37,7 @@ from devplace.errors import GraphError
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.modules import segment_spans
-from devplace.graph.phases import runs_per_step, step_compute, step_compute_extended
+from devplace.graph.phases import per_kind, runs_per_step, step_compute, step_compute_extended
 from devplace.graph.schedule import KINDS as VALUE_KINDS
 from devplace.graph.schedule import V_SHAPED, Schedule, ScheduleError
 from devplace.graph.ties import tie_classes, tie_classes_extended
@@ -103,8 +103,8 @@ def op_phases(graph: CompGraph) -> np.ndarray:
 
 def _op_phases(graph: CompGraph) -> np.ndarray:
     kinds = graph.kind
-    phase = np.fromiter((PER_STEP if runs_per_step(k) else BACKWARD if k == "backward" else FORWARD
-                         for k in kinds), dtype=np.int64, count=graph.num_nodes)
+    phase = per_kind(kinds, lambda k: PER_STEP if runs_per_step(k) else BACKWARD if k == "backward" else FORWARD,
+                     np.int64)
     if not ((phase[graph.edge_src] == BACKWARD) & (phase[graph.edge_dst] == FORWARD)).any():
         return phase  # the common case, checked at once: every simulation of a schedule asks
     for v in graph.topo_order.tolist():

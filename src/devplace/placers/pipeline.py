@@ -563,6 +563,8 @@ class _Search:
         # [D, n + 1] prefix sums of the items' seconds on each device
         self.pre_work = np.concatenate([np.zeros((1, cluster.num_devices)), np.cumsum(it.work, axis=0)]).T.copy()
         self.pre_step = np.concatenate([np.zeros((1, cluster.num_devices)), np.cumsum(it.step_work, axis=0)]).T.copy()
+        fastest = it.work.min(axis=1)  # each item's seconds on its fastest device
+        self.fastest_max, self.fastest_sum = float(fastest.max(initial=0.0)), float(fastest.sum())
         bw = cluster.bandwidth[~np.eye(cluster.num_devices, dtype=bool)]
         lat = cluster.latency[~np.eye(cluster.num_devices, dtype=bool)]
         self.comm_Bps = float(bw.min()) if bw.size else math.inf
@@ -586,15 +588,23 @@ class _Search:
         # no split's slowest stage is below the one where every stage's device does an equal share of the time:
         # stage k doing a fraction f_k of the work takes f_k * total_k, and the fractions sum to 1
         share = 1.0 / float(np.sum(m / pre[:, -1])) if np.all(pre[:, -1] > 0) else 0.0
-        lo = max(float(self.items.work.min(axis=1).max(initial=0.0)) / m, share)
-        least = float(self.items.work.min(axis=1).sum()) / m / v
+        lo = max(self.fastest_max / m, share)
+        least = self.fastest_sum / m / v
         found: dict[tuple[int, ...], float] = {}
+        kth = math.inf  # the keep-th least model step found
+        args = self._args(schedule, waits, full)  # the dynamic program's arguments after the bound
 
         def split(bound: float) -> bool:
-            cuts = self.split_under(schedule, bound, waits, full)
-            if cuts is not None and cuts not in found:  # neighbouring bounds often find the same split
+            nonlocal kth
+            ends = _split(bound, *args)
+            if ends[0] < 0:
+                return False
+            cuts = tuple(ends.tolist())
+            if cuts not in found:  # neighbouring bounds often find the same split
                 found[cuts] = self.model_time(cuts, schedule, waits)
-            return cuts is not None
+                if len(found) >= keep:
+                    kth = sorted(found.values())[keep - 1]
+            return True
 
         # a split within memory under some bound is one under the loosest: when there is none, none fits
         if not split(total):
@@ -604,7 +614,7 @@ class _Search:
             split(bound)
             if bound >= total or lo <= 0:
                 break
-            if len(found) >= keep and least + (schedule.microbatches - 1) * bound >= sorted(found.values())[keep - 1]:
+            if least + (schedule.microbatches - 1) * bound >= kth:
                 break
             bound = min(bound * GRID_RATIO, total)
         return sorted((t, c) for c, t in found.items())[:keep]
@@ -630,14 +640,18 @@ class _Search:
         return np.array([stage_position(schedule.kind, k, p) for k in range(p * int(schedule.chunks or 1))],
                         dtype=np.int64)
 
+    def _args(self, schedule: Schedule, waits: bool, full: bool) -> tuple[Any, ...]:
+        """The arguments of the dynamic program (`_split`) after the bound."""
+        pre, cap, fixed = self._inputs(schedule, full)
+        return (pre, self.memory.at, self.memory.params, self.memory.stash, self.memory.op_need, self.memory.grads,
+                cap, _kind_code(schedule), schedule.microbatches, fixed, full, _per_microbatch(schedule),
+                self.items.cross, self.comm_Bps, self.latency, waits)
+
     def split_under(self, schedule: Schedule, bound: float, waits: bool, full: bool) -> tuple[int, ...] | None:
         """The dynamic program (`_split`) under one bound on the slowest stage: the split of least sum of stage
         times with every stage within `bound` and its memory bound within its device, or None."""
-        pre, cap, fixed = self._inputs(schedule, full)
-        ends = _split(bound, pre, self.memory.at, self.memory.params, self.memory.stash, self.memory.op_need,
-                      self.memory.grads, cap, _kind_code(schedule), schedule.microbatches, fixed, full,
-                      _per_microbatch(schedule), self.items.cross, self.comm_Bps, self.latency, waits)
-        return tuple(int(x) for x in ends) if ends[0] >= 0 else None
+        ends = _split(bound, *self._args(schedule, waits, full))
+        return tuple(ends.tolist()) if ends[0] >= 0 else None
 
     def model_time(self, cuts: tuple[int, ...], schedule: Schedule, waits: bool) -> float:
         """The cost model's step: sum_k t_k / V + M max_d load_d - max_k t_k, load_d = the time of device d's
@@ -645,23 +659,28 @@ class _Search:
         largest once-per-step compute of a device (its optimizer runs after its last micro-batch)."""
         m, v, p = schedule.microbatches, int(schedule.chunks or 1), self.cluster.num_devices
         div = _per_microbatch(schedule)
-        starts = (0, *cuts[:-1])
         n = self.pre_work.shape[1] - 1
-        t = np.zeros(len(cuts))
+        # in floats, stage by stage (a dozen stages: numpy's per-call cost was most of it), summed as before: per
+        # device in stage order, and the stages' times by numpy (its pairwise sum, from 8 items on, rounds otherwise)
+        t = [0.0] * len(cuts)
         comm = 0.0
-        on = self.positions(schedule)
-        for k, (i, j) in enumerate(zip(starts, cuts, strict=True)):
+        load, step = [0.0] * p, [0.0] * p
+        on = self.positions(schedule).tolist()
+        i = 0
+        for k, j in enumerate(cuts):
+            d = int(self.perm[on[k]])
             if j > i:
-                t[k] = (self.pre_work[self.perm[on[k]], j] - self.pre_work[self.perm[on[k]], i]) / div
+                t[k] = float(self.pre_work[d, j] - self.pre_work[d, i]) / div
                 if 0 < i < n:
                     c = self.latency + float(self.items.cross[i]) / div / self.comm_Bps
-                    t[k] += c if waits else 0.0
-                    comm += 0.0 if waits else c
-        load = np.bincount(on, weights=t, minlength=p)
-        ends, begins = np.asarray(cuts), np.asarray(starts)
-        step = np.bincount(on, weights=self.pre_step[self.perm[on], ends] - self.pre_step[self.perm[on], begins],
-                           minlength=p)
-        return float(t.sum() / v + comm + m * load.max() - t.max() + step.max())
+                    if waits:
+                        t[k] += c
+                    else:
+                        comm += c
+            load[on[k]] += t[k]
+            step[on[k]] += float(self.pre_step[d, j] - self.pre_step[d, i])
+            i = j
+        return float(np.sum(t)) / v + comm + m * max(load) - max(t) + max(step)
 
     def over_memory(self, cuts: tuple[int, ...], schedule: Schedule) -> bool:
         """Whether a stage of the split `cuts` is over its device's memory by the lower bound (`StageMemory`):

@@ -9,6 +9,7 @@ module boundaries.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -137,8 +138,8 @@ def _stored_spans(stored: list[Any], spans: np.ndarray, nodes: list[int]) -> boo
     """Write the stored spans of `nodes` into `spans` as one array where each is a list of two plain ints, first
     <= last, within int64 and first >= 0 (what a coarsening writes: one per coarse node, read on every placement
     of a view); False, writing nothing, where any is not (`segment_spans` then checks them one by one)."""
-    if {type(x) for x in stored} != {list} or {len(x) for x in stored} != {2} or {
-            type(i) for x in stored for i in x} != {int}:
+    if set(map(type, stored)) != {list} or set(map(len, stored)) != {2} or set(
+            map(type, itertools.chain.from_iterable(stored))) != {int}:
         return False
     try:
         arr = np.array(stored, dtype=np.int64)

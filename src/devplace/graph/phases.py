@@ -96,7 +96,7 @@ def _seconds(graph: CompGraph, nodes: np.ndarray, values: list[Any], limits: np.
     rounding above allowed and cut off), or a GraphError naming the first node whose value is not. Checked as
     one array where every value is a plain int or float (a graph has 10^3-10^4 such nodes); else, or where that
     check fails, node by node (the rule as written, and the message)."""
-    if {type(x) for x in values} <= {int, float}:
+    if set(map(type, values)) <= {int, float}:
         try:
             arr = np.array(values, dtype=np.float64)
         except OverflowError:  # an integer too large for a float: named below

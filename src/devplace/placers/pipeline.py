@@ -540,12 +540,13 @@ def _per_microbatch(schedule: Schedule) -> float:
     return 1.0 if schedule.microbatch_graph else float(schedule.microbatches)
 
 
-def device_orders(graph: CompGraph, cluster: Cluster) -> list[tuple[int, ...]]:
+def device_orders(graph: CompGraph, cluster: Cluster, times: np.ndarray | None = None) -> list[tuple[int, ...]]:
     """The orders of the devices along the pipeline that the placer tries (position r runs stage r): by index
     on a cluster whose devices all take the same time for the graph; else fastest first and slowest first (the
     slow devices early can be the better, as they hold the most micro-batches' activations under 1F1B), so that
-    the answer does not depend on the order a cluster file lists its devices in (ties: by index)."""
-    total = op_times(graph, cluster).sum(axis=0)
+    the answer does not depend on the order a cluster file lists its devices in (ties: by index). `times`:
+    `op_times(graph, cluster)`, where the caller has it."""
+    total = (op_times(graph, cluster) if times is None else times).sum(axis=0)
     if np.all(total == total[0]):
         return [tuple(range(cluster.num_devices))]
     fast = tuple(int(d) for d in np.lexsort((np.arange(total.size), total)))
@@ -975,7 +976,8 @@ def stage_splits(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sched
                                    own=graph_microbatches(graph), kinds=PLAN_KINDS)
     classes = tie_classes(graph) if ties is None else np.asarray(ties, dtype=np.int64)
     # the same for every device order
-    items = _items(graph, order, classes, op_times(graph, cluster), step_times(graph, cluster), cuts)
+    times = op_times(graph, cluster)
+    items = _items(graph, order, classes, times, step_times(graph, cluster), cuts)
     judged = as_run if as_run is not None else FullGraph.same(graph)
     # the item of each node of the graph as run: expanding gathers a value per node of `graph` (its item)
     memory = StageMemory(judged.graph, judged.expand(items.owner), items.blocked, cluster)
@@ -992,7 +994,7 @@ def stage_splits(graph: CompGraph, cluster: Cluster, order: np.ndarray, *, sched
     # micro-batches in flight are the schedule's
     full = any(int(s.chunks or 1) > 1 for s in schedules)
     runs = []
-    for device_order in device_orders(graph, cluster):
+    for device_order in device_orders(graph, cluster, times):
         identity = device_order == tuple(range(cluster.num_devices))
         ordered = [s if identity else replace(s, device_order=device_order) for s in schedules]
         search = _Search(graph, cluster, items, memory, device_order)

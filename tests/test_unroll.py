@@ -38,10 +38,12 @@ from devplace.sim.schedule import (
     op_phases,
     pipeline_stages,
     relay,
+    tied_copies,
+    tied_sums,
     unroll,
     weight_grad_ops,
 )
-from test_sim_schedule import pipelines
+from test_sim_schedule import pipelines, tied_lm
 from test_zero_bubble import layer, zchain
 
 KIND = "V100"  # the device kind of the per-kind compute column some cases carry
@@ -172,17 +174,42 @@ def assert_same(got: Unrolled, ref: Unrolled) -> None:
         assert x.dtype == y.dtype and x.tolist() == y.tolist(), what
 
 
+def reference_tied_sums(g: CompGraph, stage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`tied_sums` as a walk over every backward op (successors first), checking each one's neighbours."""
+    phase = op_phases(g)
+    summed, root = np.zeros(g.num_nodes, dtype=bool), np.arange(g.num_nodes)
+    for a in g.topo_order[::-1].tolist():
+        succ, pred = g.edge_dst[g.out_edges(a)], g.edge_src[g.in_edges(a)]
+        if (phase[a] == BACKWARD and succ.size and ((phase[succ] == PER_STEP) | summed[succ]).all() and pred.size
+                and (phase[pred] == BACKWARD).all() and np.unique(stage[pred]).size > 1):
+            summed[a] = True
+            later = succ[summed[succ]]
+            root[a] = root[later[0]] if later.size else a
+    return summed, root
+
+
+def fresh_copy(g: CompGraph) -> CompGraph:
+    """`g` again, nothing derived from it cached yet."""
+    return CompGraph.from_arrays(
+        g.name, g.ids, g.op, g.kind, g.group, g.compute_s, g.output_bytes, g.param_bytes, g.temp_bytes, g.edge_src,
+        g.edge_dst, g.edge_bytes, g.edge_tensor, meta=g.meta, kind_compute=g.kind_compute, node_extra=g.node_extra)
+
+
 def check(g: CompGraph, devices: np.ndarray, schedule: Schedule, c, chunk_of: np.ndarray | None = None) -> None:
     stages = pipeline_stages(g, devices, int(schedule.chunks or 1), schedule.device_order, chunk_of)
-    rel = relay(g, devices, stages, schedule.kind in V_SHAPED)
-    fresh = CompGraph.from_arrays(  # the relayed graph again, nothing derived from it cached yet
-        rel.graph.name, rel.graph.ids, rel.graph.op, rel.graph.kind, rel.graph.group, rel.graph.compute_s,
-        rel.graph.output_bytes, rel.graph.param_bytes, rel.graph.temp_bytes, rel.graph.edge_src, rel.graph.edge_dst,
-        rel.graph.edge_bytes, rel.graph.edge_tensor, meta=rel.graph.meta, kind_compute=rel.graph.kind_compute,
-        node_extra=rel.graph.node_extra)
-    # what relay stores on its graph instead of computing it (`step_compute_extended`, `tie_classes_extended`)
-    assert tie_classes(rel.graph).tolist() == _tie_classes(fresh).tolist()
-    assert step_compute(rel.graph).compute_s.tolist() == _step_column(fresh).tolist()
+    assert [x.tolist() for x in tied_sums(g, stages.stage)] == [
+        x.tolist() for x in reference_tied_sums(fresh_copy(g), stages.stage)]
+    tied = tied_copies(g, devices, stages)
+    rel = relay(tied.graph, tied.devices, tied.stages, schedule.kind in V_SHAPED)
+    # what tied_copies and relay store on their graphs instead of computing them (`step_compute_extended`,
+    # `tie_classes_extended`)
+    for made in (tied.graph, rel.graph):
+        fresh = fresh_copy(made)
+        assert tie_classes(made).tolist() == _tie_classes(fresh).tolist()
+        assert step_compute(made).compute_s.tolist() == _step_column(fresh).tolist()
+        for kind, col in step_compute(made).by_kind.items():
+            assert col.tolist() == _step_column(fresh, kind).tolist()
+    fresh = fresh_copy(rel.graph)
     assert weight_grad_ops(rel.graph).tolist() == reference_weight_grad_ops(fresh).tolist()
     assert_same(unroll(rel.graph, rel.devices, schedule, rel.stages, c),
                 reference_unroll(fresh, rel.devices, schedule, rel.stages, c))
@@ -206,6 +233,36 @@ def test_unroll_is_the_plain_build_on_random_pipelines(case, kind, extras, actio
         check(g, devs, Schedule(kind, m, chunks=v, microbatch_graph=micro), c)
     except ScheduleError:  # not a pipeline under this schedule: nothing unrolled
         return
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b", "zero-bubble"])
+def test_a_tied_parameters_copies_keep_the_classes_and_once_per_step_parts(p, kind):
+    g, devs = tied_lm(p)
+    check(g, devs, Schedule(kind, 4, microbatch_graph=True), cluster(p, bw=1e9))
+    assert tied_sums(g, devs)[0].any()  # the case has a sum across stages
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_a_chain_of_tied_gradient_sums_is_found_as_by_the_walk_over_every_backward_op(kind):
+    """A parameter used on three stages: its gradient sums `s1` (stages 0 and 1) then `s2` (with stage 2's), `s1`
+    a sum only because `s2` is one (it feeds no per-step op itself)."""
+    fwd = ["f0", "f1", "f2"]
+    nodes = [{"id": f, "kind": "forward", "compute_s": 1.0, "output_bytes": 10} for f in fwd]
+    nodes += [{"id": f"b{i}", "kind": "backward", "group": f"f{i}", "compute_s": 1.0, "output_bytes": 10}
+              for i in (2, 1, 0)]
+    nodes += [{"id": "w1", "kind": "backward", "group": "f1", "compute_s": 1.0, "output_bytes": 20},
+              {"id": "w2", "kind": "backward", "group": "f2", "compute_s": 1.0, "output_bytes": 20},
+              {"id": "s1", "kind": "backward", "group": "f0", "compute_s": 0.5, "output_bytes": 20},
+              {"id": "s2", "kind": "backward", "group": "f0", "compute_s": 0.5, "output_bytes": 20},
+              {"id": "opt", "kind": "optimizer", "group": "f0", "compute_s": 2.0, "param_bytes": 40}]
+    pairs = [("f0", "f1"), ("f1", "f2"), ("f2", "b2"), ("b2", "b1"), ("b1", "b0"), ("b2", "w1"), ("f1", "w2"),
+             ("b2", "w2"), ("b0", "s1"), ("w1", "s1"), ("s1", "s2"), ("w2", "s2"), ("s2", "opt")]
+    g = CompGraph.build("chain", nodes, [{"src": a, "dst": b, "bytes": 10} for a, b in pairs])
+    devs = np.array([int(g.group[v][-1]) if g.group[v] else int(nid[-1]) for v, nid in enumerate(g.ids)])
+    check(g, devs, Schedule(kind, 4, microbatch_graph=True), cluster(3, bw=1e9))
+    summed, root = tied_sums(g, devs)
+    assert summed[[g.index["s1"], g.index["s2"]]].all() and root[g.index["s1"]] == g.index["s2"]
 
 
 @pytest.mark.parametrize("kind", V_SHAPED)

@@ -55,15 +55,21 @@ def step_compute(graph: CompGraph) -> StepCompute:
 
 
 def step_compute_extended(graph: CompGraph, base: CompGraph) -> None:
-    """Store `graph`'s once-per-step seconds as `base`'s followed by zeros, without reading `graph`'s nodes: for a
-    graph that is `base` with nodes appended that run nothing once per step (forward or backward kind, no
-    `STEP_COMPUTE_KEY`: the relay nodes of a pipelined step, `devplace.sim.schedule.relay`, built on every
-    simulation of a split). The values are those `step_compute(graph)` computes."""
+    """Store `graph`'s once-per-step seconds from `base`'s, without reading `graph`'s node records: for a graph
+    that is `base` (same compute columns and records) with nodes appended that carry no `STEP_COMPUTE_KEY`, and
+    where some of `base`'s nodes may have taken a kind that runs once per step (none the other way): the relay
+    nodes of a pipelined step (`devplace.sim.schedule.relay`, forward or backward: nothing once per step) and a
+    tied parameter's gradient sums and copies (`tied_copies`: all of their compute), built on every simulation
+    of a split. The values are those `step_compute(graph)` computes: a node of a per-step kind runs all of its
+    compute once per step, any other node what it ran in `base` (an appended one: nothing)."""
     step = step_compute(base)
+    per_step = per_kind(graph.kind, runs_per_step, bool)
     zeros = np.zeros(graph.num_nodes - base.num_nodes)
-    graph.derived("step_compute_s", lambda _: np.concatenate([step.compute_s, zeros]))
+    graph.derived("step_compute_s", lambda _: np.where(per_step, graph.compute_s,
+                                                       np.concatenate([step.compute_s, zeros])))
     for kind, col in step.by_kind.items():
-        graph.derived(f"step_compute_s:{kind}", lambda _, col=col: np.concatenate([col, zeros]))
+        graph.derived(f"step_compute_s:{kind}", lambda _, kind=kind, col=col: np.where(
+            per_step, graph.kind_compute[kind], np.concatenate([col, zeros])))
 
 
 def _step_column(graph: CompGraph, kind: str | None = None) -> np.ndarray:

@@ -59,11 +59,13 @@ def tie_classes(graph: CompGraph) -> np.ndarray:
 
 def tie_classes_extended(graph: CompGraph, base: CompGraph) -> None:
     """Store `graph`'s tie classes as `base`'s followed by a class of its own per appended node, without the pass
-    over `graph`'s nodes: for a graph that is `base` (same ids, ops, kinds, groups, labels, meta) with nodes
-    appended that carry no tie label, no group and no op "input" (the relay nodes of a pipelined step, built on
-    every simulation of a split), where no group names an appended node's id and every "input" node keeps its
-    first successor, which it is tied to. The caller checks that; the values are those `tie_classes(graph)`
-    computes: no rule ties an appended node, and classes are numbered by first node."""
+    over `graph`'s nodes: for a graph that is `base` (same ids, ops, groups, labels, meta; kinds the same, or
+    changed from one kind that is neither "" nor "forward" to another, which the group rule treats alike) with
+    nodes appended that carry no tie label, no group and no op "input" (the relay nodes of a pipelined step and
+    a tied parameter's copies, built on every simulation of a split), where no group names an appended node's
+    id and every "input" node keeps its first successor, which it is tied to. The caller checks that; the values
+    are those `tie_classes(graph)` computes: no rule ties an appended node, and classes are numbered by first
+    node."""
     classes = tie_classes(base)
     start = int(classes.max()) + 1 if classes.size else 0
     graph.derived("tie_classes", lambda _: np.concatenate(

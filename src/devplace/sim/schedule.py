@@ -368,18 +368,34 @@ def tied_sums(graph: CompGraph, stage: np.ndarray | None = None) -> tuple[np.nda
     u, v = graph.edge_src, graph.edge_dst
     summed = np.zeros(n, dtype=bool)
     root = np.arange(n)
-    for a in graph.topo_order[::-1].tolist():  # successors first
-        if phase[a] != BACKWARD:
-            continue
+    for a in graph.derived("tied_sum_candidates", _sum_candidates).tolist():  # successors first
         succ = v[graph.out_edges(a)]
         pred = u[graph.in_edges(a)]
-        if (succ.size and ((phase[succ] == PER_STEP) | summed[succ]).all() and pred.size
-                and (phase[pred] == BACKWARD).all()
+        if (((phase[succ] == PER_STEP) | summed[succ]).all()
                 and (np.unique(stage[pred]).size > 1 if stage is not None else np.unique(pred).size > 1)):
             summed[a] = True
             later = succ[summed[succ]]
             root[a] = root[later[0]] if later.size else a
     return summed, root
+
+
+def _sum_candidates(graph: CompGraph) -> np.ndarray:
+    """The ops `tied_sums` may find to be sums under some placement, successors first (reversed canonical order):
+    backward ops with predecessors, all backward, and successors, each per-step or such an op. What the stages
+    decide is only whether the predecessors lie on two or more of them; the rest is the graph's, found once
+    instead of on every simulation of a split (a walk over every backward op was a third of one)."""
+    phase = op_phases(graph)
+    u, v = graph.edge_src, graph.edge_dst
+    ptr = graph.pred_ptr
+    all_backward = np.ones(graph.num_nodes, dtype=bool)  # every predecessor backward (vacuous for none)
+    np.logical_and.at(all_backward, v, phase[u] == BACKWARD)
+    base = (phase == BACKWARD) & (ptr[1:] > ptr[:-1]) & all_backward & (graph.succ_ptr[1:] > graph.succ_ptr[:-1])
+    possible = np.zeros(graph.num_nodes, dtype=bool)
+    for a in graph.topo_order[::-1][base[graph.topo_order[::-1]]].tolist():
+        succ = v[graph.out_edges(a)]
+        possible[a] = bool(((phase[succ] == PER_STEP) | possible[succ]).all())
+    order = graph.topo_order[::-1]
+    return order[possible[order]]
 
 
 def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relayed:
@@ -408,7 +424,9 @@ def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relaye
     if not summed.any():
         return Relayed(graph, devices, stages, np.arange(n))
     classes = tie_classes(graph)
-    kinds = [SUM_KIND if summed[w] else graph.kind[w] for w in range(n)]
+    kinds = list(graph.kind)
+    for w in np.flatnonzero(summed).tolist():
+        kinds[w] = SUM_KIND
     names: list[str] = []
     origin: list[int] = []
     copy_dev: list[int] = []
@@ -461,6 +479,12 @@ def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relaye
         meta=graph.meta, kind_compute={kind: np.concatenate([col, copy_kind[kind]])
                                        for kind, col in graph.kind_compute.items()},
         node_extra=[*graph.node_extra, *([{}] * k)] if graph.node_extra else ())
+    # the sums take a per-step kind, the copies are of one: no pass over the nodes' records for what runs once per
+    # step, and, where the sums were of a kind the group rule ties as it ties the per-step one, for the tie classes
+    step_compute_extended(g, graph)
+    if (all(graph.kind[w] not in ("", "forward") for w in np.flatnonzero(summed).tolist())
+            and set(graph.group).isdisjoint(names)):
+        tie_classes_extended(g, graph)
     per_step = np.full(k, PER_STEP, dtype=np.int64)
     staged = Stages(phase=np.concatenate([np.where(summed, PER_STEP, phase), per_step]),
                     stage=np.concatenate([np.where(summed, -1, stage), np.full(k, -1, dtype=np.int64)]),

@@ -368,11 +368,16 @@ def tied_sums(graph: CompGraph, stage: np.ndarray | None = None) -> tuple[np.nda
     u, v = graph.edge_src, graph.edge_dst
     summed = np.zeros(n, dtype=bool)
     root = np.arange(n)
-    for a in graph.derived("tied_sum_candidates", _sum_candidates).tolist():  # successors first
+    candidates = graph.derived("tied_sum_candidates", _sum_candidates)
+    # the candidates whose inputs lie on two or more stages (without stages: are two or more ops), all at once
+    inputs = np.flatnonzero(np.isin(v, candidates))
+    where = stage[u[inputs]] if stage is not None else u[inputs]
+    lo, hi = np.full(n, np.iinfo(np.int64).max), np.full(n, np.iinfo(np.int64).min)
+    np.minimum.at(lo, v[inputs], where)
+    np.maximum.at(hi, v[inputs], where)
+    for a in candidates[lo[candidates] != hi[candidates]].tolist():  # successors first
         succ = v[graph.out_edges(a)]
-        pred = u[graph.in_edges(a)]
-        if (((phase[succ] == PER_STEP) | summed[succ]).all()
-                and (np.unique(stage[pred]).size > 1 if stage is not None else np.unique(pred).size > 1)):
+        if ((phase[succ] == PER_STEP) | summed[succ]).all():
             summed[a] = True
             later = succ[summed[succ]]
             root[a] = root[later[0]] if later.size else a

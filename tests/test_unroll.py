@@ -267,6 +267,20 @@ def test_a_chain_of_tied_gradient_sums_is_found_as_by_the_walk_over_every_backwa
     assert summed[[g.index["s1"], g.index["s2"]]].all() and root[g.index["s1"]] == g.index["s2"]
 
 
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b", "zero-bubble"])
+def test_one_graph_unrolled_under_several_placements_is_each_ones_plain_build(kind):
+    """What `unroll` keeps per graph across placements (all but the barriers) gives each placement's step as a
+    build from scratch does; and under another micro-batch count or size, that one's."""
+    g = zchain(6, 0.5, 1.0, 0.25)
+    c = cluster(3, bw=1e9)
+    for cuts, m, micro in (((2, 4), 4, True), ((1, 3), 4, True), ((3, 5), 4, True), ((1, 3), 6, True),
+                           ((1, 3), 4, False), ((2, 4), 4, True)):
+        devs = np.searchsorted(np.array(cuts), layer(g), side="right")
+        schedule = Schedule(kind, m, microbatch_graph=micro)
+        stages = pipeline_stages(g, devs, 1, None)
+        assert_same(unroll(g, devs, schedule, stages, c), reference_unroll(fresh_copy(g), devs, schedule, stages, c))
+
+
 @pytest.mark.parametrize("kind", V_SHAPED)
 def test_unroll_is_the_plain_build_on_a_v(kind):
     p, m = 2, 4

@@ -27,6 +27,7 @@ scaled (exact).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -685,8 +686,78 @@ def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: St
     per action; the barriers follow the actions one for one where the device has per-step ops), 0 without a
     cluster."""
     m = schedule.microbatches
-    scale = 1.0 if schedule.microbatch_graph else 1.0 / m
-    phase = stages.phase
+    b = _body(graph, m, 1.0 if schedule.microbatch_graph else 1.0 / m, stages.phase)
+    devices = np.asarray(devices, dtype=np.int64)
+    bar_ids, bar_dev, bar_src, bar_dst, bar_tensor = _barriers(
+        graph, devices, schedule, stages, b.slot, b.per_mb.size, devices[b.once_nodes], b.once_slots, b.n_real)
+    # each barrier costs its device's action_s: compute_s in speed-1.0 units, a device kind's column in seconds
+    bar_s = np.array([cluster.devices[d].action_s if cluster is not None else 0.0 for d in bar_dev], dtype=np.float64)
+    bar_compute = bar_s * np.array([cluster.devices[d].speed if cluster is not None else 1.0 for d in bar_dev])
+    nb = len(bar_ids)
+    zeros = np.zeros(nb)
+    try:
+        g = CompGraph.from_arrays(
+            f"{graph.name}-{schedule.kind}-m{m}", b.ids + bar_ids, b.ops + [BARRIER] * nb, b.kinds + [""] * nb,
+            [""] * (b.n_real + nb), np.concatenate([b.compute_s, bar_compute]),
+            np.concatenate([b.output_bytes, zeros]), np.concatenate([b.param_bytes, zeros]),
+            np.concatenate([b.temp_bytes, zeros]), np.concatenate([b.edge_src, bar_src]),
+            np.concatenate([b.edge_dst, bar_dst]), np.concatenate([b.edge_bytes, np.zeros(len(bar_src))]),
+            np.concatenate([b.edge_tensor, bar_tensor]),
+            kind_compute={k: np.concatenate([col, bar_s]) for k, col in b.kind_compute.items()})
+    except GraphError as exc:  # a cycle: the action order waits for something that comes later
+        raise ScheduleError(f"the {schedule.kind} schedule deadlocks on this placement (the order of a device's "
+                            f"actions contradicts the data flow: {exc}); place the ops as a pipeline, stage by "
+                            "stage along the device indices") from None
+    return Unrolled(g, np.concatenate([b.source, np.full(nb, -1)]), np.concatenate([b.micro, np.full(nb, -1)]),
+                    np.concatenate([devices[b.source], np.asarray(bar_dev, dtype=np.int64)]),
+                    np.concatenate([b.once_part, np.zeros(nb, dtype=bool)]))
+
+
+@dataclass(frozen=True, eq=False)
+class _Body:
+    """What `unroll` builds that does not depend on the placement: every unrolled node but the barriers (micro-batch
+    ops k = 0..M-1, per-step ops, once-per-step parts; their ids, ops, kinds and numbers) and every edge but the
+    barriers' (`unroll`'s docstring), with where each op's copies begin (`slot`)."""
+
+    per_mb: np.ndarray  # the micro-batch ops
+    slot: np.ndarray  # per op: its unrolled node (micro-batch 0's for a micro-batch op)
+    once_nodes: np.ndarray  # the per-step ops, then the micro-batch ops with a once-per-step part
+    once_slots: np.ndarray  # their unrolled nodes
+    n_real: int  # unrolled nodes before the barriers
+    source: np.ndarray
+    micro: np.ndarray
+    once_part: np.ndarray
+    ids: list[str]
+    ops: list[str]
+    kinds: list[str]
+    compute_s: np.ndarray
+    kind_compute: dict[str, np.ndarray]
+    output_bytes: np.ndarray
+    param_bytes: np.ndarray
+    temp_bytes: np.ndarray
+    edge_src: np.ndarray
+    edge_dst: np.ndarray
+    edge_bytes: np.ndarray
+    edge_tensor: np.ndarray
+
+
+# per graph (while it lives): (M, micro-batch scale, phases) -> its `_Body`. A placer simulates many splits of one
+# graph; where nothing is relayed and no tied copy made (`relay`, `tied_copies`) every split unrolls the same graph,
+# and only the barriers, which follow the placement, differ.
+_BODIES: weakref.WeakKeyDictionary[CompGraph, dict[tuple[int, float, bytes], _Body]] = weakref.WeakKeyDictionary()
+
+
+def _body(graph: CompGraph, m: int, scale: float, phase: np.ndarray) -> _Body:
+    """The placement-independent part of `graph`'s unrolled step under M micro-batches of `scale` of the graph's
+    size each, built once per graph and phases (`_BODIES`)."""
+    key = (m, scale, phase.tobytes())
+    known = _BODIES.setdefault(graph, {})
+    if key not in known:
+        known[key] = _build_body(graph, m, scale, phase)
+    return known[key]
+
+
+def _build_body(graph: CompGraph, m: int, scale: float, phase: np.ndarray) -> _Body:
     is_mb = phase != PER_STEP
     step = step_compute(graph)
     per_mb, per_step = np.flatnonzero(is_mb), np.flatnonzero(~is_mb)
@@ -723,44 +794,23 @@ def unroll(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: St
     # for, comes after every action of the device, that run included (same times and ranks), and such an edge
     # would hold that run's output until the update (rule 7): a weight's cast merged with its update, recomputed,
     # held every layer's cast to the step's end (16 GB on a llama3-8b replica)
-    tensors = graph.edge_tensor[e_of]
-    devices = np.asarray(devices, dtype=np.int64)
     once_nodes = np.concatenate([per_step, split])
-    bar_ids, bar_dev, bar_src, bar_dst, bar_tensor = _barriers(
-        graph, devices, schedule, stages, slot, a, devices[once_nodes],
-        np.concatenate([slot[per_step], first_once + np.arange(split.size)]), n_real)
-    # each barrier costs its device's action_s: compute_s in speed-1.0 units, a device kind's column in seconds
-    bar_s = np.array([cluster.devices[d].action_s if cluster is not None else 0.0 for d in bar_dev], dtype=np.float64)
-    bar_compute = bar_s * np.array([cluster.devices[d].speed if cluster is not None else 1.0 for d in bar_dev])
     ops, kinds = graph.op, graph.kind
     mb_l, once_l = per_mb.tolist(), once_nodes.tolist()
     heads = [f"{w}@" for w in mb_l]  # joined to each micro-batch's number: 2x faster than formatting
     ids = ([head + kk for kk in map(str, range(m)) for head in heads] + [f"{w}" for w in per_step.tolist()]
-           + [f"{w}+step" for w in split.tolist()] + bar_ids)
-    nb = len(bar_ids)
-    try:
-        g = CompGraph.from_arrays(
-            # a micro-batch's op and kind columns, repeated M times as one list (C), not looked up per unrolled node
-            f"{graph.name}-{schedule.kind}-m{m}", ids, [ops[w] for w in mb_l] * m + [ops[w] for w in once_l]
-            + [BARRIER] * nb, [kinds[w] for w in mb_l] * m + [kinds[w] for w in once_l] + [""] * nb,
-            [""] * (n_real + nb),
-            np.concatenate([compute(graph.compute_s, step.compute_s), bar_compute]),
-            np.concatenate([np.where(once_part, 0.0, graph.output_bytes[source] * mult), np.zeros(nb)]),
-            np.concatenate([params, np.zeros(nb)]),
-            np.concatenate([np.where(once_part, 0.0, graph.temp_bytes[source] * mult), np.zeros(nb)]),
-            np.concatenate([src, bar_src]),
-            np.concatenate([dst, bar_dst]),
-            np.concatenate([ebytes, np.zeros(len(bar_src))]),
-            np.concatenate([tensors, bar_tensor]),
-            kind_compute={k: np.concatenate([compute(col, step.by_kind[k]), bar_s])
-                          for k, col in graph.kind_compute.items()})
-    except GraphError as exc:  # a cycle: the action order waits for something that comes later
-        raise ScheduleError(f"the {schedule.kind} schedule deadlocks on this placement (the order of a device's "
-                            f"actions contradicts the data flow: {exc}); place the ops as a pipeline, stage by "
-                            "stage along the device indices") from None
-    return Unrolled(g, np.concatenate([source, np.full(nb, -1)]), np.concatenate([micro, np.full(nb, -1)]),
-                    np.concatenate([devices[source], np.asarray(bar_dev, dtype=np.int64)]),
-                    np.concatenate([once_part, np.zeros(nb, dtype=bool)]))
+           + [f"{w}+step" for w in split.tolist()])
+    return _Body(
+        per_mb=per_mb, slot=slot, once_nodes=once_nodes,
+        once_slots=np.concatenate([slot[per_step], first_once + np.arange(split.size)]), n_real=n_real,
+        source=source, micro=micro, once_part=once_part, ids=ids,
+        # a micro-batch's op and kind columns, repeated M times as one list (C), not looked up per unrolled node
+        ops=[ops[w] for w in mb_l] * m + [ops[w] for w in once_l], kinds=[kinds[w] for w in mb_l] * m
+        + [kinds[w] for w in once_l], compute_s=compute(graph.compute_s, step.compute_s),
+        kind_compute={kk: compute(col, step.by_kind[kk]) for kk, col in graph.kind_compute.items()},
+        output_bytes=np.where(once_part, 0.0, graph.output_bytes[source] * mult), param_bytes=params,
+        temp_bytes=np.where(once_part, 0.0, graph.temp_bytes[source] * mult), edge_src=src, edge_dst=dst,
+        edge_bytes=ebytes, edge_tensor=graph.edge_tensor[e_of])
 
 
 def _barriers(graph: CompGraph, devices: np.ndarray, schedule: Schedule, stages: Stages, slot: np.ndarray,

@@ -10,10 +10,14 @@ import pytest
 
 from conftest import cluster
 from devplace.errors import DevplaceError
+from devplace.graph import CompGraph
 from devplace.graph.parallel import ParallelPlan
-from devplace.placers.parallel import fewest_blocks, search_parallel
+from devplace.graph.phases import _step_column, step_compute
+from devplace.graph.ties import _tie_classes, tie_classes
+from devplace.placers.parallel import as_microbatch, fewest_blocks, search_parallel
 from devplace.sim.parallel import simulate_parallel
 from test_sim_parallel import blocks, model
+from test_sim_schedule import tied_lm
 
 
 def test_the_search_answers_the_fastest_plan_that_fits() -> None:
@@ -93,3 +97,21 @@ def test_the_fewest_blocks_per_stage_of_a_pipeline() -> None:
     none, full = (simulate_parallel(g, roomy, stage, ParallelPlan(1, 2, 4, 4, "1f1b", recompute=r))
                   for r in ("none", "full"))
     assert fewest_blocks(g, roomy, stage, none, full) is None  # nothing over memory: nothing to recompute
+
+
+def test_a_graph_marked_as_a_micro_batch_is_the_one_built_from_its_records() -> None:
+    """`as_microbatch` builds from the graph's columns: every column, record and derived array as `CompGraph.build`
+    of its records with the count in its meta gives."""
+    g, _ = tied_lm(3)
+    nodes = [{**g.node_record(v), "extra": v, "compute_s_by_kind": {"T4": 2.0 * v}} for v in range(g.num_nodes)]
+    g = CompGraph.build(g.name, nodes, [g.edge_record(e) for e in range(g.num_edges)], {"note": 1})
+    got = as_microbatch(g, 4)
+    ref = CompGraph.build(g.name, [g.node_record(v) for v in range(g.num_nodes)],
+                          [g.edge_record(e) for e in range(g.num_edges)], {**g.meta, "microbatches": 4})
+    assert got.to_dict() == ref.to_dict()
+    for k in ("compute_s", "output_bytes", "param_bytes", "temp_bytes", "edge_src", "edge_dst", "edge_bytes",
+              "edge_tensor", "succ_ptr", "succ_edges", "pred_ptr", "pred_edges", "topo_order"):
+        assert getattr(got, k).tobytes() == getattr(ref, k).tobytes(), k
+    assert tie_classes(got).tolist() == _tie_classes(ref).tolist()
+    assert step_compute(got).compute_s.tolist() == _step_column(ref).tolist()
+    assert step_compute(got).by_kind["T4"].tolist() == _step_column(ref, "T4").tolist()

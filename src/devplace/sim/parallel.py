@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from devplace.graph.batch import graph_batch, graph_microbatches
 from devplace.graph.compgraph import CompGraph
@@ -164,14 +165,8 @@ def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]
     has_pred = np.bincount(dst, minlength=graph.num_nodes) > 0
     feeds_bwd = (phase[src] == FORWARD) & (phase[dst] == BACKWARD) & (stage[src] == stage[dst]) & chosen[src]
     copied[src[feeds_bwd]] = True
-    for v in graph.topo_order[::-1].tolist():  # reverse topological: successors first
-        if copied[v]:
-            continue
-        out = graph.out_edges(v)
-        w = dst[out]
-        if (phase[v] == FORWARD and chosen[v] and
-                (copied[w] & (stage[w] == stage[v]) & (phase[w] == FORWARD)).any()):
-            copied[v] = True
+    _copy_ancestors(graph.topo_order, graph.succ_ptr, graph.succ_edges, dst, phase, chosen, np.asarray(stage),
+                    copied)
     # a source other than the graph's inputs is computed from parameters or constants alone (under autocast, a
     # weight's fp16 cast): activation checkpointing reruns it with the rest, rather than keep it per micro-batch
     is_input = np.array([op == "input" for op in graph.op], dtype=bool)
@@ -285,10 +280,32 @@ def _descendants(graph: CompGraph, starts: np.ndarray) -> np.ndarray:
     """bool[V]: `starts` and every op reachable from them."""
     reached = np.zeros(graph.num_nodes, dtype=bool)
     reached[starts] = True
-    for v in graph.topo_order.tolist():
-        if reached[v]:
-            reached[graph.edge_dst[graph.out_edges(v)]] = True
+    _reach(graph.topo_order, graph.succ_ptr, graph.succ_edges, graph.edge_dst, reached)
     return reached
+
+
+@njit(cache=True)
+def _reach(topo, succ_ptr, succ_edges, dst, reached):  # pragma: no cover - compiled
+    """Mark in `reached` every op reachable from those marked (a walk in topological order `topo`)."""
+    for v in topo:
+        if reached[v]:
+            for x in range(succ_ptr[v], succ_ptr[v + 1]):
+                reached[dst[succ_edges[x]]] = True
+
+
+@njit(cache=True)
+def _copy_ancestors(topo, succ_ptr, succ_edges, dst, phase, chosen, stage, copied):  # pragma: no cover - compiled
+    """`recompute_graph`'s copies, in `copied`: also every forward op of a chosen stage with a forward successor of
+    its own stage that is copied (successors first: reversed topological order `topo`)."""
+    for i in range(topo.shape[0] - 1, -1, -1):
+        v = topo[i]
+        if copied[v] or phase[v] != FORWARD or not chosen[v]:
+            continue
+        for x in range(succ_ptr[v], succ_ptr[v + 1]):
+            w = dst[succ_edges[x]]
+            if copied[w] and stage[w] == stage[v] and phase[w] == FORWARD:
+                copied[v] = True
+                break
 
 
 # --------------------------------------------------------------------------- the result

@@ -15,7 +15,7 @@ from devplace.graph.parallel import ParallelPlan
 from devplace.graph.phases import _step_column, step_compute
 from devplace.graph.ties import _tie_classes, tie_classes
 from devplace.placers.parallel import as_microbatch, fewest_blocks, search_parallel
-from devplace.sim.parallel import simulate_parallel
+from devplace.sim.parallel import sharded_updates, simulate_parallel
 from test_sim_parallel import blocks, model
 from test_sim_schedule import tied_lm
 
@@ -115,3 +115,17 @@ def test_a_graph_marked_as_a_micro_batch_is_the_one_built_from_its_records() -> 
     assert tie_classes(got).tolist() == _tie_classes(ref).tolist()
     assert step_compute(got).compute_s.tolist() == _step_column(ref).tolist()
     assert step_compute(got).by_kind["T4"].tolist() == _step_column(ref, "T4").tolist()
+
+
+def test_sharded_updates_keep_the_graphs_classes_and_once_per_step_parts() -> None:
+    """`sharded_updates` divides the updates' bytes by dp and keeps the tie classes and once-per-step seconds it
+    stores from the graph's: those computed afresh on its nodes."""
+    g, stage = tied_lm(3)
+    plan = ParallelPlan(dp=2, pp=3, microbatches=4, batch=8, zero=(1, 1, 1))
+    got = sharded_updates(g, stage, plan)
+    assert got is not g  # a graph of its own: the updates are sharded
+    fresh = CompGraph.from_arrays(got.name, got.ids, got.op, got.kind, got.group, got.compute_s, got.output_bytes,
+                                  got.param_bytes, got.temp_bytes, got.edge_src, got.edge_dst, got.edge_bytes,
+                                  got.edge_tensor, meta=got.meta, node_extra=got.node_extra)
+    assert tie_classes(got).tolist() == _tie_classes(fresh).tolist()
+    assert step_compute(got).compute_s.tolist() == _step_column(fresh).tolist()

@@ -47,8 +47,8 @@ from devplace.graph.batch import graph_batch, graph_microbatches
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.modules import numbered_block
 from devplace.graph.parallel import V_SHAPED, ParallelPlan, ParallelPlanError
-from devplace.graph.phases import STEP_COMPUTE_BY_KIND_KEY, STEP_COMPUTE_KEY, step_compute
-from devplace.graph.ties import tie_classes
+from devplace.graph.phases import STEP_COMPUTE_BY_KIND_KEY, STEP_COMPUTE_KEY, step_compute, step_compute_extended
+from devplace.graph.ties import tie_classes, tie_classes_extended
 from devplace.hardware.cluster import Cluster, step_times
 from devplace.hardware.collectives import collective_s
 from devplace.sim.schedule import BACKWARD, FORWARD, PER_STEP, ScheduledResult, op_phases, simulate_schedule
@@ -253,11 +253,14 @@ def sharded_updates(graph: CompGraph, stage: np.ndarray, plan: ParallelPlan) -> 
     if plan.dp == 1 or not shard.any():
         return graph
     scale = np.where(shard, 1.0 / plan.dp, 1.0)
-    return CompGraph.from_arrays(
+    sharded = CompGraph.from_arrays(
         graph.name, graph.ids, graph.op, graph.kind, graph.group, graph.compute_s, graph.output_bytes * scale,
         graph.param_bytes, graph.temp_bytes * scale, graph.edge_src, graph.edge_dst,
         graph.edge_bytes * scale[graph.edge_src], graph.edge_tensor, meta=graph.meta, kind_compute=graph.kind_compute,
         node_extra=graph.node_extra, edge_extra=graph.edge_extra)
+    tie_classes_extended(sharded, graph)  # the same nodes, records and compute: the graph's classes and step parts
+    step_compute_extended(sharded, graph)
+    return sharded
 
 
 def _forward_ends(graph: CompGraph, phase: np.ndarray, stage: np.ndarray, s: int) -> list[int]:

@@ -20,7 +20,7 @@ from devplace.sim.parallel import (
     recompute_units,
     simulate_parallel,
 )
-from devplace.sim.schedule import Schedule, ScheduleError, simulate_schedule
+from devplace.sim.schedule import BACKWARD, Schedule, ScheduleError, op_phases, simulate_schedule
 from test_sim_schedule import pipelines
 
 
@@ -380,3 +380,27 @@ def test_a_tied_parameters_copy_counts_in_its_stages_persistent_memory() -> None
     assert [(m.parameters, m.gradients, m.optimizer_state) for m in r.memory] == \
         [(100.0, 100.0, 200.0), (0.0, 0.0, 0.0), (100.0, 100.0, 200.0)]
     assert [m.total for m in r.memory] == pytest.approx(r.pipelines[0].peak_memory_bytes.tolist())
+
+
+@pytest.mark.parametrize("layers, stages", [(4, (0,)), (4, (1, 2)), (6, (0, 1, 2)), (6, (2,))])
+def test_recompute_graph_rewires_every_edge_in_order_as_edge_by_edge(layers, stages) -> None:
+    """The graph's edges come first, in edge order, each rewired to the copy where a copied op's backward reader
+    reads it, and each edge into a copied op followed by the same edge into its copy: as built edge by edge."""
+    g = blocks(layers)
+    stage = np.array([min(int(i.split(".")[2].split("/")[0]) * 3 // layers, 2) if ".layers." in i else 0
+                      for i in g.ids])
+    out = recompute_graph(g, stage, stages)
+    phase = op_phases(g)
+    copy = {v: out.index[g.ids[v] + "#recompute"] for v in range(g.num_nodes) if g.ids[v] + "#recompute" in out.index}
+    want = []
+    for e in range(g.num_edges):
+        u, w = int(g.edge_src[e]), int(g.edge_dst[e])
+        to_copy = u in copy and phase[w] == BACKWARD and stage[w] == stage[u]
+        want.append((copy[u] if to_copy else u, w, e))
+        if w in copy:
+            want.append((copy[u] if u in copy and stage[u] == stage[w] else u, copy[w], e))
+    assert copy  # the case copies ops
+    got = list(zip(out.edge_src.tolist(), out.edge_dst.tolist(), strict=True))[:len(want)]
+    assert got == [(a, b) for a, b, _ in want]
+    assert out.edge_bytes[:len(want)].tolist() == [float(g.edge_bytes[e]) for _, _, e in want]
+    assert out.edge_tensor[:len(want)].tolist() == [int(g.edge_tensor[e]) for _, _, e in want]

@@ -180,11 +180,25 @@ def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]
     n = graph.num_nodes
     clone_at = np.full(n, -1, dtype=np.int64)
     clone_at[clones] = n + np.arange(clones.size)
-    e_src: list[int] = []
-    e_dst: list[int] = []
-    e_bytes: list[float] = []
-    e_tensor: list[int] = []
-    e_extra: list[dict[str, Any]] = []
+    # every edge in edge order, a copied op's backward readers reading its copy, and right after an edge into a
+    # copied op the same edge into its copy (the copy reads what the original reads: the copy of a producer
+    # copied in its stage); as columns, then lists for the edges added below
+    to_copy = copied[src] & (phase[dst] == BACKWARD) & (stage[dst] == stage[src])
+    again = copied[dst]
+    own = copied[src] & (stage[src] == stage[dst])
+    at = np.arange(graph.num_edges) + np.cumsum(again) - again  # each edge's place, after the copies' before it
+    carried = np.empty(graph.num_edges + int(again.sum()), dtype=np.int64)  # the edge each one carries what of
+    carried[at] = np.arange(graph.num_edges)
+    carried[at[again] + 1] = np.flatnonzero(again)
+    ends = np.empty((2, carried.size), dtype=np.int64)
+    ends[:, at] = np.where(to_copy, clone_at[src], src), dst
+    ends[:, at[again] + 1] = np.where(own, clone_at[src], src)[again], clone_at[dst[again]]
+    e_src: list[int] = ends[0].tolist()
+    e_dst: list[int] = ends[1].tolist()
+    e_bytes: list[float] = graph.edge_bytes[carried].tolist()
+    e_tensor: list[int] = graph.edge_tensor[carried].tolist()
+    e_extra: list[dict[str, Any]] = ([graph.edge_extra[e] for e in carried.tolist()] if graph.edge_extra
+                                     else [{} for _ in range(carried.size)])
 
     def edge(u: int, w: int, like: int | None, nbytes: float = 0.0, tensor: int = 0) -> None:
         """An edge u -> w carrying what edge `like` carries (None: `nbytes` of `tensor`, no extra keys)."""
@@ -193,14 +207,6 @@ def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]
         e_bytes.append(float(graph.edge_bytes[like]) if like is not None else nbytes)
         e_tensor.append(int(graph.edge_tensor[like]) if like is not None else tensor)
         e_extra.append(graph.edge_extra[like] if like is not None and graph.edge_extra else {})
-
-    for e in range(graph.num_edges):
-        u, w = int(src[e]), int(dst[e])
-        to_copy = copied[u] and phase[w] == BACKWARD and stage[w] == stage[u]
-        edge(int(clone_at[u]) if to_copy else u, w, e)
-        if copied[w]:  # the copy reads what the original reads: the copy of a producer copied in its stage
-            own = copied[u] and stage[u] == stage[w]
-            edge(int(clone_at[u]) if own else u, int(clone_at[w]), e)
     # the rerun starts when the backward does: each first copy also waits for the gradients the stage's
     # backward receives from other stages (the same tensors, so no transfer more) -- those that do not
     # themselves wait for the copies (a coarse backward group may feed a later stage's backward)

@@ -396,12 +396,28 @@ def _sum_candidates(graph: CompGraph) -> np.ndarray:
     all_backward = np.ones(graph.num_nodes, dtype=bool)  # every predecessor backward (vacuous for none)
     np.logical_and.at(all_backward, v, phase[u] == BACKWARD)
     base = (phase == BACKWARD) & (ptr[1:] > ptr[:-1]) & all_backward & (graph.succ_ptr[1:] > graph.succ_ptr[:-1])
-    possible = np.zeros(graph.num_nodes, dtype=bool)
-    for a in graph.topo_order[::-1][base[graph.topo_order[::-1]]].tolist():
-        succ = v[graph.out_edges(a)]
-        possible[a] = bool(((phase[succ] == PER_STEP) | possible[succ]).all())
+    possible = _possible_sums(graph.topo_order, graph.succ_ptr, graph.succ_edges, v, phase, base)
     order = graph.topo_order[::-1]
     return order[possible[order]]
+
+
+@njit(cache=True)
+def _possible_sums(topo, succ_ptr, succ_edges, dst, phase, base):  # pragma: no cover - compiled
+    """`_sum_candidates`' rule, successors first (reversed topological order `topo`): an op of `base` whose every
+    successor is per-step or such an op."""
+    possible = np.zeros(topo.shape[0], dtype=np.bool_)
+    for i in range(topo.shape[0] - 1, -1, -1):
+        a = topo[i]
+        if not base[a]:
+            continue
+        ok = True
+        for x in range(succ_ptr[a], succ_ptr[a + 1]):
+            w = dst[succ_edges[x]]
+            if phase[w] != PER_STEP and not possible[w]:
+                ok = False
+                break
+        possible[a] = ok
+    return possible
 
 
 def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relayed:

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from devplace.graph.compgraph import KIND_COMPUTE_KEY, CompGraph
 from devplace.graph.modules import SEGMENTS_KEY, group_segments, segment_spans
-from devplace.graph.phases import merged_step_compute, step_record
+from devplace.graph.phases import merged_step_compute, per_kind, step_record
 
 TIE_KEY = "tie"  # node extra key: nodes with equal non-empty labels run on one device
 COARSENING_META_KEY = "coarsening"  # the meta key `devplace.graph.coarsen` writes (kept equal to its META_KEY)
@@ -35,19 +36,22 @@ OP_FOLDED = "tied"  # the `op` of a folded node with more than one member
 SUMMED_EXTRAS = ("flops", "mem_access_bytes")  # numeric extra keys summed over a coarse group's or class's members
 
 
-def _find(parent: list[int], x: int) -> int:
-    root = x
-    while parent[root] != root:
-        root = parent[root]
-    while parent[x] != root:
-        parent[x], x = root, parent[x]
-    return root
-
-
-def _union(parent: list[int], a: int, b: int) -> None:
-    ra, rb = _find(parent, a), _find(parent, b)
-    if ra != rb:  # the smaller index stays the root, so class numbering follows insertion order
-        parent[max(ra, rb)] = min(ra, rb)
+@njit(cache=True)
+def _roots(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """Per node of 0..n-1, the least node of its set, the pairs (a[i], b[i]) joined (union-find): a set's root is
+    its least member whatever the order of the joins, so classes number by their first node."""
+    parent = np.arange(n)
+    for i in range(a.shape[0]):
+        ra, rb = a[i], b[i]
+        while parent[ra] != ra:
+            ra = parent[ra]
+        while parent[rb] != rb:
+            rb = parent[rb]
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    for v in range(n):  # parents are less than their children: each node's root is its parent's
+        parent[v] = parent[parent[v]]
+    return parent
 
 
 def tie_classes(graph: CompGraph) -> np.ndarray:
@@ -74,26 +78,30 @@ def tie_classes_extended(graph: CompGraph, base: CompGraph) -> None:
 
 def _tie_classes(graph: CompGraph) -> np.ndarray:
     n = graph.num_nodes
-    parent = list(range(n))
+    a: list[int] = []  # the pairs of nodes each rule ties, joined by `_roots`
+    b: list[int] = []
     labels: dict[str, int] = {}
     for v, extra in enumerate(graph.node_extra):
         label = extra.get(TIE_KEY)
         if isinstance(label, str) and label:
             first = labels.setdefault(label, v)
             if first != v:
-                _union(parent, first, v)
+                a.append(first)
+                b.append(v)
     if COARSENING_META_KEY not in graph.meta and FOLDED_META_KEY not in graph.meta:
-        index = graph.index
-        for v in range(n):
-            if graph.kind[v] and graph.kind[v] != "forward" and graph.group[v]:
-                u = index.get(graph.group[v])
-                if u is not None and u != v and graph.kind[u] == "forward":
-                    _union(parent, v, u)
-            if graph.op[v] == "input":
-                succ = graph.successors(v)
-                if succ:
-                    _union(parent, v, succ[0])
-    roots = np.fromiter((_find(parent, v) for v in range(n)), dtype=np.int64, count=n)
+        index, kind, group = graph.index, graph.kind, graph.group
+        tied = per_kind(kind, lambda k: bool(k) and k != "forward", bool) & per_kind(group, bool, bool)
+        for v in np.flatnonzero(tied).tolist():
+            u = index.get(group[v])
+            if u is not None and u != v and kind[u] == "forward":
+                a.append(v)
+                b.append(u)
+        # an input with the dst of its first out-edge (its first successor)
+        inputs = np.flatnonzero(per_kind(graph.op, lambda op: op == "input", bool)
+                                & (graph.succ_ptr[1:] > graph.succ_ptr[:-1]))
+        a.extend(inputs.tolist())
+        b.extend(graph.edge_dst[graph.succ_edges[graph.succ_ptr[inputs]]].tolist())
+    roots = _roots(n, np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
     _, classes = np.unique(roots, return_inverse=True)  # roots are first members: numbering by first node
     return classes.astype(np.int64).reshape(n)
 

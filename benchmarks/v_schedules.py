@@ -1,27 +1,30 @@
-"""1F1B, ZB-H1, ZBV and DualPipeV side by side (issue 31): run on this CPU, and simulated on a GPU cluster.
+"""1F1B, ZB-H1, ZBV and DualPipeV side by side (issue 31), each on its own cut: run on this CPU, and simulated on
+a GPU cluster.
 
     PYTHONPATH=$PWD/src nice -n 5 .venv/bin/python benchmarks/v_schedules.py [--steps 10] [--warmup 3]
         [--model sim_vs_real:tiny_gpt2 --batch 8 --microbatches 4] [--gpu-model llama-1b --gpu-batch 8
-        --gpu-cluster 4xV100-16GB] [--skip-cpu] [--skip-gpu] [--json FILE]
+        --gpu-cluster 4xV100-16GB --gpu-v-microbatches M] [--old-layout] [--skip-cpu] [--skip-gpu] [--json FILE]
+
+The cuts: 1F1B and ZB-H1 (zero bubble, one chunk per device) on the `pipeline` placer's pipeline for that
+schedule (one stage per device); ZBV and DualPipeV on the V cut the placer makes for that schedule, as the
+parallel search makes it for dp = 1 (`pipeline_plan(..., schedule="zbv"|"dualpipev")` on one micro-batch captured
+at its own size: 2p stages, stage k on device k and stage 2p - 1 - k back on it), simulated as a dp=1 parallel
+plan (`sim.parallel.simulate_parallel`, which judges memory on the real devices). Where the placer finds no V cut
+(none fits the devices, or none torch's pipelining runs), the row says why. `--old-layout` adds, for the GPU
+cluster, the layout this benchmark used before the placer cut for a V: the placer's 2p-stage 1F1B cut on the
+cluster with each device twice (`doubled`) laid out as a V.
 
 **On this CPU** (`--model`, a custom model of benchmarks/sim_vs_real.py: nothing downloaded): its ops profiled
 at the micro-batch size and the machine's overheads measured (`sim_vs_real`'s step 0 and 1), then two logical
-CPUs:
-- 1F1B and ZB-H1 (zero-bubble, one chunk per process): the `pipeline` placer's 2 stages under that schedule, run
-  as `devplace run --plan` runs a pipelined plan;
-- ZBV and DualPipeV: 4 stages in a V (process 0 holds stages 0 and 3, process 1 stages 1 and 2). The `pipeline`
-  placer does not cut for a V (a placement cannot tell the turn's two stages apart), so the 4 stages are its 1F1B
-  cut on the cluster with each device twice (`doubled`: 4 stages, one per device, the same op costs), simulated
-  laid out as a V on the 2 devices (`sim.parallel.simulate_parallel` of a dp=1 plan, which judges memory on the
-  real devices) and run from a pipeline export with stage_devices [0, 1, 1, 0] (`devplace run --pipeline`).
-Each row: simulated step, measured wall median and fastest, CPU seconds of both processes (median), the first
-step's loss against the one-process loss.
+CPUs, every schedule at M = `--microbatches`: 1F1B and ZB-H1 run as `devplace run --plan` runs a pipelined plan;
+ZBV and DualPipeV from a pipeline export of the V's stages (cut where they begin, as a saved V plan's export
+cuts them; process 0 holds stages 0 and 3, process 1 stages 1 and 2; `devplace run --pipeline`).
+Each row: simulated step, measured wall median and fastest, CPU seconds of both processes (median), the ratios
+of the simulated step and the CPU time to 1F1B's, the first step's loss against the one-process loss.
 
-**Simulated on GPUs** (`--gpu-model` on `--gpu-cluster`, the README's demo): for each schedule, the `pipeline`
-placer's pipeline (1F1B, ZB-H1) or, for the V schedules, its 2p-stage 1F1B cut on the doubled cluster laid out as
-a V, simulated (devplace's default cost model); the step and the peak memory of the fullest device, M chosen by
-the placer for 1F1B and ZB-H1 and `--gpu-v-microbatches` (default: the batch, M >= 2p for DualPipeV) for the V
-cut.
+**Simulated on GPUs** (`--gpu-model` on `--gpu-cluster`, by default the README's demo): the step, its ratio to
+1F1B's and the peak memory of the fullest device; M chosen by the placer for 1F1B and ZB-H1, and for the V cut
+`--gpu-v-microbatches` (default: 1F1B's M; DualPipeV needs M >= 2p).
 """
 
 from __future__ import annotations
@@ -52,9 +55,9 @@ KINDS = ("1f1b", "zero-bubble", *V_KINDS)
 
 def doubled(cluster: Any) -> Any:
     """`cluster` with each device twice (the copies after the originals, named with a prime), every pair joined by
-    its default link: the 2p stages a V lays out on p devices, one per device, for the `pipeline` placer to cut.
-    Each stage is cut to fit a whole device, and two share one in the V: the V's own simulation judges whether
-    they fit together (at half the memory no cut of llama-1b b8 fits: its LM head's logits alone take 8.41 GB)."""
+    its default link: the 2p stages of the old V layout (`--old-layout`), one per device, for the `pipeline`
+    placer's 1F1B cut. Each stage is cut to fit a whole device, and two share one in the V: the V's own simulation
+    judges whether they fit together."""
     from dataclasses import replace
 
     from devplace.hardware.cluster import Cluster
@@ -63,11 +66,11 @@ def doubled(cluster: Any) -> Any:
     return Cluster(f"{cluster.name}-doubled", (*cluster.devices, *copies), cluster.link)
 
 
-def v_cut(placed: Any, kind: str) -> tuple[np.ndarray, Any]:
-    """(each op's stage along the data, the dp=1 `ParallelPlan` under V schedule `kind` on devices 0..p-1) of
-    `placed`, a 1F1B pipeline of 2p stages on `doubled` devices (stage k on device k): a V lays stages 0..p-1 out
-    on devices 0..p-1 and stages p..2p-1 back. A per-step op (the optimizer's, stage -1) goes with its device's
-    stage."""
+def laid_out(placed: Any, kind: str) -> tuple[Any, np.ndarray, Any]:
+    """(the graph, each op's stage along the data, the dp=1 `ParallelPlan` under V schedule `kind` on devices
+    0..p-1) of `placed`, a 1F1B pipeline of 2p stages on `doubled` devices (stage k on device k) laid out as a V:
+    stages 0..p-1 on devices 0..p-1 and stages p..2p-1 back. A per-step op (the optimizer's, stage -1) goes with
+    its device's stage."""
     from devplace.graph.batch import graph_batch, graph_microbatches
     from devplace.graph.parallel import ParallelPlan
 
@@ -79,43 +82,92 @@ def v_cut(placed: Any, kind: str) -> tuple[np.ndarray, Any]:
     position = np.asarray([order.index(int(d)) for d in devices], dtype=np.int64)
     stage = np.where(placed.result.stage >= 0, placed.result.stage, position).astype(np.int64)
     p = len(order) // 2
-    return stage, ParallelPlan(dp=1, pp=p, microbatches=m, batch=batch, schedule=kind, devices=tuple(range(p)))
+    return placed.graph, stage, ParallelPlan(dp=1, pp=p, microbatches=m, batch=batch, schedule=kind,
+                                             chunks=2, devices=tuple(range(p)))
 
 
-def v_export(doc: dict[str, Any], kind: str) -> dict[str, Any]:
-    """A pipeline export of 2p stages on `doubled` devices made a V export under `kind`: the same split points,
-    stage s on device s (s < p) or 2p - 1 - s."""
-    p = len(doc["stage_devices"]) // 2
-    schedule = {**doc["schedule"], "kind": kind, "chunks": 2}
-    return {**doc, "stage_devices": [*range(p), *reversed(range(p))], "schedule": schedule,
-            "pipelined_step_time_s": None}
+def v_cut(prepared: Any, cluster: Any, kind: str, m: int) -> tuple[Any, np.ndarray, Any]:
+    """(the graph of one of `m` micro-batches, each op's stage, the dp=1 `ParallelPlan` under V schedule `kind`) of
+    the V cut the `pipeline` placer makes, as the parallel search makes it for dp = 1 (`pipeline_plan` with that
+    schedule on one micro-batch captured at its own size: 2p stages, stage k on position k and 2p - 1 - k on the
+    way back). NoFitError where no V split fits the devices, PlacerError where none runs."""
+    from devplace.capture.custom import microbatch_graphs
+    from devplace.graph.parallel import ParallelPlan
+    from devplace.placers.parallel import as_microbatch
+    from devplace.placers.pipeline import pipeline_plan
+
+    graphs = microbatch_graphs(prepared)
+    assert graphs is not None, "a model captured here has its micro-batch graphs"
+    one = as_microbatch(graphs(m)[0], m)
+    cut = pipeline_plan(one, cluster, one.topo_order, schedule=kind, microbatches=m)
+    p = cluster.num_devices
+    devices = tuple(cut.schedule.device_order or range(p))
+    plan = ParallelPlan(dp=1, pp=p, microbatches=m, batch=prepared_batch(prepared), schedule=kind, chunks=2,
+                        devices=devices)
+    return one, cut.stage, plan
 
 
-def v_pipeline(tasks: Any, prepared: Any, cluster: Any, m: int | None) -> Any:
-    """The 2p-stage 1F1B pipeline (M = `m`, None: the placer's choice) on `doubled(cluster)` that the V schedules
-    lay out on `cluster`."""
-    settings = {"schedule": "1f1b", "chunks": 1} | ({"microbatches": m} if m is not None else {})
-    return tasks.place_prepared(prepared, doubled(cluster), placer="pipeline", settings=settings)
+def prepared_batch(prepared: Any) -> int:
+    """The whole batch a prepared model was captured at."""
+    from devplace.graph.batch import graph_batch
+
+    batch = graph_batch(prepared.full)
+    assert batch is not None, "a model captured here records its batch"
+    return batch
 
 
-def judged(tasks: Any, prepared: Any, cluster: Any, m: int | None, v_m: int | None) -> Any:
-    """For each schedule of `KINDS`: (kind, the placed pipeline, its simulation). 1F1B and ZB-H1: the `pipeline`
-    placer's on `cluster` (M = `m`, None: its choice), simulated by it; the V schedules: `v_pipeline`'s cut (M =
-    `v_m`) laid out as a V, its `ParallelResult`."""
+def v_export(base: dict[str, Any], graph: Any, stage: np.ndarray, plan: Any) -> dict[str, Any]:
+    """A pipeline export of the V `plan` whose stages (`stage` per op of `graph`) begin where torch's pipelining
+    cuts (`pipeline_split` of the stages, as `runtime.parallel_export.recorded_split` cuts a saved V plan): stage
+    s on device s (s < p) or 2p - 1 - s; the model source and precision from `base`, another export of the same
+    model."""
+    from devplace.graph.placement import Placement
+    from devplace.graph.schedule import Schedule
+    from devplace.runtime.export import pipeline_split
+
+    split = pipeline_split(graph, Placement.from_array(graph, stage), schedule=Schedule("1f1b", plan.microbatches))
+    if len(split.devices) != 2 * plan.pp:
+        raise RuntimeError(f"the V's stages cut into {len(split.devices)} pipeline stages, not {2 * plan.pp}")
+    doc = split.to_dict()
+    schedule = {**doc["schedule"], "kind": plan.schedule, "chunks": 2}
+    kept = {k: base[k] for k in ("source", "source_params", "precision") if k in base}
+    return {**doc, **kept, "stage_devices": [*range(plan.pp), *reversed(range(plan.pp))], "schedule": schedule}
+
+
+def judged(tasks: Any, prepared: Any, cluster: Any, m: int | None, v_m: int | None, old_layout: bool) -> Any:
+    """For each schedule of `KINDS` (and, with `old_layout`, each V schedule on the old layout, kind "<kind> on
+    the 1F1B cut"): (kind, what was placed, its simulation or the error that no cut was found). 1F1B and ZB-H1:
+    the `pipeline` placer's pipeline on `cluster` (M = `m`, None: its choice), simulated by it; the V schedules:
+    `v_cut` (M = `v_m`, None: the M 1F1B got), `simulate_parallel`'s `ParallelResult`; the old layout: the
+    placer's 2p-stage 1F1B cut on `doubled(cluster)` laid out as a V."""
+    from devplace.errors import DevplaceError
     from devplace.sim.parallel import simulate_parallel
 
-    cut = None
+    first_m = m
     for kind in KINDS:
         t0 = time.perf_counter()
         if kind in V_KINDS:
-            cut = cut or v_pipeline(tasks, prepared, cluster, v_m)
-            stage, plan = v_cut(cut, kind)
-            yield kind, cut, simulate_parallel(cut.graph, cluster, stage, plan)
+            assert first_m is not None
+            try:
+                graph, stage, plan = v_cut(prepared, cluster, kind, v_m or first_m)
+            except DevplaceError as exc:  # no V cut fits or runs: the row says why
+                yield kind, None, exc
+            else:
+                yield kind, (graph, stage, plan), simulate_parallel(graph, cluster, stage, plan)
         else:
             settings = {"schedule": kind, "chunks": 1} | ({"microbatches": m} if m is not None else {})
             placed = tasks.place_prepared(prepared, cluster, placer="pipeline", settings=settings)
+            first_m = first_m or placed.placement.schedule.microbatches
             yield kind, placed, placed.result
         print(f"# {kind} done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)  # its run too
+    if old_layout:
+        t0 = time.perf_counter()
+        settings = {"schedule": "1f1b", "chunks": 1, "microbatches": v_m or first_m}
+        cut = tasks.place_prepared(prepared, doubled(cluster), placer="pipeline", settings=settings)
+        for kind in V_KINDS:
+            graph, stage, plan = laid_out(cut, kind)
+            yield f"{kind} on the 1F1B cut", (graph, stage, plan), simulate_parallel(graph, cluster, stage, plan)
+        print(f"# old layout done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
 
 
 def cpu_rows(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
@@ -123,8 +175,8 @@ def cpu_rows(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
     from devplace import app
     from devplace.app.overheads import measure_overheads
     from devplace.hardware.cost import apply_overheads
+    from devplace.runtime.in_step import merge_tables
     from devplace.runtime.run import local_cluster
-    from sim_vs_real import _merged
 
     tasks = app.torch_tasks()
     m, name, batch = args.microbatches, args.model, args.batch
@@ -132,21 +184,26 @@ def cpu_rows(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
     print(f"# overheads: {overheads.overheads}", file=sys.stderr, flush=True)
     tables = [tasks.profile_model(name, folder / f"b{b}.costs.json", batch=b, repeats=args.repeats, threads=1,
                                   overheads=False)[1] for b in (batch, batch // m)]
-    table = _merged(tables)
+    table = merge_tables(tables)
     table.overheads = overheads.overheads
     cpu = torch.device("cpu")
     cluster = apply_overheads(local_cluster([cpu, cpu], specs={cpu: table.device}), table)
     prepared = tasks.prepare_model(name, batch=batch, cluster=cluster, costs=table)
     rows = []
-    for kind, placed, result in judged(tasks, prepared, cluster, m, m):
+    base: dict[str, Any] = {}
+    for kind, placed, result in judged(tasks, prepared, cluster, m, m, False):
         t0 = time.perf_counter()
-        plan_path = folder / f"{kind}.plan.json"
-        tasks.save_placed_plan(placed, plan_path, model=name, batch=batch)
-        if kind in V_KINDS:  # the 2p stages' export, laid out as a V
+        if isinstance(result, Exception):
+            rows.append({"schedule": kind, "microbatches": m, "error": str(result)})
+            continue
+        if kind in V_KINDS:  # the V cut's 2p stages, exported as torch's pipelining cuts them
             path = folder / f"{kind}.pipeline.json"
-            path.write_text(json.dumps(v_export(tasks.export_plan(plan_path, "pipeline")[0], kind)))
+            path.write_text(json.dumps(v_export(base, *placed)))
             ran = tasks.run_pipeline_export(path, steps=args.steps, warmup=args.warmup, trust_model=True)
         else:  # as `devplace run --plan` runs a pipelined plan
+            plan_path = folder / f"{kind}.plan.json"
+            tasks.save_placed_plan(placed, plan_path, model=name, batch=batch)
+            base = base or tasks.export_plan(plan_path, "pipeline")[0]
             p, module, inputs = tasks.plan_for_run(plan_file=plan_path, trust_model=True)
             ran = tasks.run_plan_pipelined(p, module, inputs, steps=args.steps, warmup=args.warmup)
         timed = ran.timed_s
@@ -161,7 +218,7 @@ def cpu_rows(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
 
 
 def gpu_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The simulated GPU pipelines (module docstring), one row per schedule."""
+    """The simulated GPU pipelines (module docstring), one row per schedule (and per V on the old layout)."""
     from devplace import app
     from devplace.hardware.cluster import load_cluster
 
@@ -169,12 +226,15 @@ def gpu_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     cluster = load_cluster(args.gpu_cluster)
     prepared = tasks.prepare_model(args.gpu_model, batch=args.gpu_batch, cluster=cluster)
     rows = []
-    for kind, placed, result in judged(tasks, prepared, cluster, None, args.gpu_v_microbatches or args.gpu_batch):
-        m = result.plan.microbatches if kind in V_KINDS else placed.placement.schedule.microbatches
+    for kind, placed, result in judged(tasks, prepared, cluster, None, args.gpu_v_microbatches, args.old_layout):
+        if isinstance(result, Exception):
+            rows.append({"schedule": kind, "error": str(result)})
+            continue
+        one_chunk = kind in ("1f1b", "zero-bubble")
+        m = placed.placement.schedule.microbatches if one_chunk else result.plan.microbatches
+        peak = result.peak_memory_bytes if one_chunk else result.as_sim_result().peak_memory_bytes
         rows.append({"schedule": kind, "microbatches": m, "simulated_s": result.step_time_s,
-                     "peak_bytes": float(np.max(result.as_sim_result().peak_memory_bytes if kind in V_KINDS
-                                                else result.peak_memory_bytes)),
-                     "feasible": bool(result.feasible)})
+                     "peak_bytes": float(np.max(peak)), "feasible": bool(result.feasible)})
     return rows
 
 
@@ -190,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-batch", type=int, default=8)
     ap.add_argument("--gpu-cluster", default="4xV100-16GB")
     ap.add_argument("--gpu-v-microbatches", type=int, default=None, help="M of the V schedules' cut (default: the "
-                    "batch)")
+                    "M the pipeline placer chose for 1F1B)")
+    ap.add_argument("--old-layout", action="store_true", help="also the V schedules on the placer's 2p-stage 1F1B "
+                    "cut laid out as a V (the layout of this benchmark before the placer cut for a V)")
     ap.add_argument("--skip-cpu", action="store_true")
     ap.add_argument("--skip-gpu", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
@@ -206,22 +268,31 @@ def main(argv: list[str] | None = None) -> int:
           f"{torch.__version__}; load average before {load_before[0]:.1f}, after {load_after[0]:.1f}")
     if cpu:
         print(f"\n{args.model} batch {args.batch}, 2 processes (gloo, 1 thread each), {args.steps} timed steps after "
-              f"{args.warmup}\n")
-        print("| schedule | stages | simulated | wall median / fastest | CPU of 2 procs | loss / one-process | "
-              "compute actions per process |")
-        print("|---|---:|---:|---:|---:|---|---|")
+              f"{args.warmup}; ratios to 1F1B's row\n")
+        print("| schedule | stages | simulated | wall median / fastest | CPU of 2 procs | simulated, CPU / 1F1B | "
+              "loss / one-process | compute actions per process |")
+        print("|---|---:|---:|---:|---:|---:|---|---|")
+        first = cpu[0]
         for r in cpu:
+            if "error" in r:
+                print(f"| {r['schedule']} M={r['microbatches']} | no cut: {r['error']} |")
+                continue
             acts = r["actions_per_step"] if any(r["actions_per_step"]) else "-"  # 1F1B runs no action list
             print(f"| {r['schedule']} M={r['microbatches']} | {r['stages']} | {r['simulated_s'] * 1e3:.1f} ms | "
                   f"{r['measured_s'] * 1e3:.1f} / {r['fastest_s'] * 1e3:.1f} ms | {r['cpu_s'] * 1e3:.1f} ms | "
+                  f"{r['simulated_s'] / first['simulated_s']:.2f}, {r['cpu_s'] / first['cpu_s']:.2f} | "
                   f"{r['loss']:.6g} / {r['reference_loss']:.6g} | {acts} |")
     if gpu:
         print(f"\n{args.gpu_model} batch {args.gpu_batch} on {args.gpu_cluster}, simulated\n")
-        print("| schedule | M | simulated step | fullest device | fits |")
-        print("|---|---:|---:|---:|---|")
+        print("| schedule | M | simulated step | / 1F1B | fullest device | fits |")
+        print("|---|---:|---:|---:|---:|---|")
         for r in gpu:
+            if "error" in r:
+                print(f"| {r['schedule']} | no cut: {r['error']} |")
+                continue
             print(f"| {r['schedule']} | {r['microbatches']} | {r['simulated_s']:.4f} s | "
-                  f"{r['peak_bytes'] / 1e9:.2f} GB | {r['feasible']} |")
+                  f"{r['simulated_s'] / gpu[0]['simulated_s']:.3f} | {r['peak_bytes'] / 1e9:.2f} GB | "
+                  f"{r['feasible']} |")
     if args.json is not None:
         args.json.write_text(json.dumps({"started": started.isoformat(), "load_before": load_before,
                                          "load_after": load_after, "cpu": cpu, "gpu": gpu}, indent=1) + "\n")

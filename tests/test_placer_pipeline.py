@@ -693,3 +693,24 @@ def test_the_placer_is_the_dynamic_program_and_the_search_runs_its_adjust_step()
     placed = place(g, c, placer="pipeline", order="topo", microbatches=8)
     assert placed.to_array(g, 4).tolist() == plan.devices.tolist()
     assert placed.meta["step_time_s"] == plan.step_time_s
+
+
+def test_every_stage_of_a_v_split_holds_an_op():
+    """An item may own no op (a capture's input goes with the op that reads it): the "no stage left empty" rule
+    counts items, so a V's stage 0 could be that input alone, a stage of no ops that torch refuses to run, and
+    every V split of a Llama was refused so (llama-1b found no V cut on 4xH100). A cut just after such an item is
+    blocked now (the cut before it leaves the same ops on each side), so every stage of every split holds ops."""
+    from devplace.capture.torch_capture import capture
+    from devplace.zoo.tiny import llama
+
+    model, inputs = llama(batch=4)
+    g = capture(model, inputs)
+    c = cluster(2, bw=7.0, lat=0.1)
+    s = Schedule("zbv", 2, 2)
+    search, _ = _search_of(g, c, s)
+    owned = np.bincount(search.items.owner, minlength=search.items.nodes.shape[0])
+    assert owned[0] == 0  # the input item: the case
+    splits = [cuts for waits in (False, True) for _, cuts in search.splits(s, waits, 8, True)]
+    assert splits
+    for cuts in splits:
+        assert all(owned[a:b].sum() > 0 for a, b in zip((0, *cuts[:-1]), cuts, strict=True)), cuts

@@ -275,6 +275,10 @@ def _items(graph: CompGraph, order: np.ndarray, classes: np.ndarray, times: np.n
     blocked = np.cumsum(inside)[: n + 1] > 0
     within = _between_segments(spans, owner, n) if spans is not None else np.zeros(n + 1, dtype=bool)
     blocked |= within
+    # an item may own no op (its forward op's tie class is carried by a later item): a cut just after it leaves
+    # the same ops on each side as the cut before it, so blocking it loses no split, and a stage can no longer
+    # consist of such items alone, a stage of no ops that the "no stage left empty" rule (it counts items) let by
+    blocked[1:n] |= np.bincount(owner, minlength=n)[: n - 1] == 0
     return _Items(np.asarray(seq, dtype=np.int64), owner, work, step_work, cross, blocked, np.flatnonzero(~within))
 
 

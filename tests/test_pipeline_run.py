@@ -467,3 +467,4 @@ def test_the_captured_tied_embedding_is_simulated_as_the_runtime_sums_it(planned
     assert head == [(2, 0, m - 1)]
     update = [v for v in range(g.num_nodes) if module[v] == "model.transformer.wte" and g.kind[v] == "optimizer"]
     assert r.copy_bytes.tolist() == [0.0, 0.0, float(g.param_bytes[update].sum()), 0.0]
+    assert r.to_dict()["tied_copy_bytes"] == r.copy_bytes.tolist()  # --json shows them too

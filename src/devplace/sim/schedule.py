@@ -919,10 +919,12 @@ class ScheduledResult(SimResult):
     copy_bytes: np.ndarray  # float64[D]: param_bytes of tied parameters' copies held on each device (`tied_copies`)
 
     def to_dict(self, ids: tuple[str, ...] | None = None, per_op: bool = False) -> dict[str, Any]:
-        """SimResult.to_dict plus the schedule and the number of stages."""
+        """SimResult.to_dict plus the schedule, the number of stages and each device's bytes of tied parameters'
+        copies (part of its memory, held beside its ops' parameters)."""
         doc = super().to_dict(ids, per_op)
         doc["schedule"] = self.schedule.to_dict()
         doc["num_stages"] = int(self.stage.max()) + 1 if self.stage.size else 0
+        doc["tied_copy_bytes"] = self.copy_bytes.tolist()
         return doc
 
 

@@ -213,6 +213,9 @@ def test_place_fixes_dimensions_reports_memory_and_run_refuses(python_package, t
     code, out, err = run(["place", "--model", tower, "-c", "2xK80", "--dp", "2", "--zero", "1"], capsys, monkeypatch)
     assert code == 0, err
     assert "parallel plan: dp=2 pp=1 none" in out and "optimizer" in out and "stash" in out
+    # the headline's transfers are replica 0's, and it says so (its "0 B moved in 0 transfers" read as no sync)
+    headline = "moved in 0 transfers within replica 0 (the step includes the 2 replicas' gradient sync)"
+    assert headline in " ".join(out.split())
 
 
 @pytest.mark.parametrize(("args", "match"), [

@@ -440,7 +440,11 @@ class Placed:
 
     def __rich__(self) -> Group:
         pipelined = self.parallel is None or self.parallel.plan.pp > 1
-        return Group(result_view(self.graph, self.cluster, self.result, self.bound, pipelined=pipelined),
+        # a parallel plan's table is replica 0's pipeline: its transfers, not the replicas' gradient collectives
+        moved = (f" within replica 0 (the step includes the {self.parallel.plan.dp} replicas' gradient sync)"
+                 if self.parallel is not None and self.parallel.plan.dp > 1 else "")
+        return Group(result_view(self.graph, self.cluster, self.result, self.bound, pipelined=pipelined,
+                                 moved=moved),
                      *self.lines())
 
     def text(self, width: int = 120) -> str:

@@ -19,17 +19,18 @@ from devplace.units import fmt_bytes, fmt_time
 
 
 def result_view(graph: CompGraph, cluster: Cluster, result: SimResult, bound: LowerBound, *,
-                pipelined: bool = True) -> Group:
+                pipelined: bool = True, moved: str = "") -> Group:
     """A headline (step time, lower bound, ratio, feasibility), the schedule of a pipelined step (unless not
     `pipelined`: a parallel plan of one stage is no pipeline) and one row per device; user-given names are
-    printed as text, never read as markup."""
+    printed as text, never read as markup. `moved` says whose transfers the headline counts, where they are not
+    all of the step's (a parallel plan's: replica 0's, its collectives apart)."""
     ratio = result.step_time_s / bound.value_s if bound.value_s > 0 else float("nan")
     status = "[green]feasible[/]" if result.feasible else "[bold red]INFEASIBLE (out of memory)[/]"
     head = Text.from_markup(
         f"[bold]{escape(graph.name)}[/] on [bold]{escape(cluster.name)}[/] ({result.model} model): step time "
         f"[bold]{fmt_time(result.step_time_s)}[/], lower bound {fmt_time(bound.value_s)} "
         f"({bound.limited_by}), step/LB = {ratio:.3f}; {status}; "
-        f"{fmt_bytes(result.comm_bytes)} moved in {len(result.transfers)} transfers"
+        f"{fmt_bytes(result.comm_bytes)} moved in {len(result.transfers)} transfers{escape(moved)}"
     )
     table = Table(show_edge=False, header_style="bold")
     for col, justify in (("device", "left"), ("ops", "right"), ("busy", "right"), ("util", "right"),

@@ -87,10 +87,14 @@ def test_presets_load_and_have_the_documented_shape():
     assert [(g.family, g.index) for g in full.graphs] == [(f, i) for f in ("cifar10", "ptb", "nmt") for i in range(8)]
     assert full.seeds == tuple(range(10)) and full.orders == seed.orders and len(full.orders) == 6
     assert (full.sim_model, full.semantics, full.max_nodes) == (seed.sim_model, seed.semantics, seed.max_nodes)
+    # seed's placers, and placeto under devplace's own set (the first seed study's settings) at one seed, so that
+    # the report compares the two sets (issue 33 item 1)
     assert [(p.name, p.settings, p.orders, p.seeds) for p in full.placers] == \
-        [(p.name, p.settings, p.orders, p.seeds) for p in seed.placers]
+        [(p.name, p.settings, p.orders, p.seeds) for p in seed.placers[:1]] + \
+        [("placeto", {"episodes": 50, "start": "device0"}, None, (0,))] + \
+        [(p.name, p.settings, p.orders, p.seeds) for p in seed.placers[1:]]
     assert full.placers[0].settings == {"episodes": 50, "hyper": "placeto-paper"}
-    assert sum(c.placer == "placeto" for c in expand(full)) == 24 * 6 * 10
+    assert sum(c.placer == "placeto" for c in expand(full)) == 24 * 6 * 11
     quick = load_study("quick", preset=True)
     assert {p.name for p in quick.placers} >= {"placeto", "greedy"}
     ext = load_study("extended", preset=True)

@@ -134,3 +134,32 @@ def test_the_seed_studys_published_figures() -> None:
                    "ptb": (0.9009, "exact", 0.626)}
     ranks = an.block_ranks(np.array([[u.means()[o] for o in orders] for u in units]))
     assert an.interaction_test(ranks, [u.family for u in units])["p"] == pytest.approx(738 / 34650)
+
+
+def test_one_placer_under_two_settings_is_compared_on_the_cells_both_ran() -> None:
+    rows = [r for r in fixture_rows() if r["placer"] == "placeto"]
+    # the same cells under a second setting, 10% slower on family fa and unchanged on fb; one cell only under it
+    other = [{**r, "key": r["key"] + "/b", "settings": {"episodes": 4, "hyper": "x"},
+              "step_time_s": r["step_time_s"] * (1.1 if r["family"] == "fa" else 1.0)} for r in rows]
+    extra = {**other[0], "key": "lonely", "seed": 99}
+    comp = an.settings_comparison(rows + other + [extra], draws=200)
+    by = {c["family"]: c for c in comp}
+    assert sorted(by) == sorted({r["family"] for r in rows}) and all(c["placer"] == "placeto" for c in comp)
+    fa = by["fa"]
+    # a and b in sorted order of their JSON: '{"episodes": 4, "hyper": "x"}' before '{"episodes": 4}'
+    assert (fa["a"], fa["b"]) == (an._settings_key({"episodes": 4, "hyper": "x"}), an._settings_key({"episodes": 4}))
+    assert fa["pairs"] == sum(r["family"] == "fa" for r in rows)  # the lonely cell has no partner
+    assert fa["ratio"] == pytest.approx(1 / 1.1) and fa["high"] == pytest.approx(1 / 1.1) and fa["b_faster"] == 1.0
+    assert fa["p"] < 0.01
+    assert by["fb"]["ratio"] == pytest.approx(1.0) and math.isnan(by["fb"]["p"])  # no difference: no test
+    assert an.settings_comparison(rows) == []  # one setting: nothing to compare
+
+
+def test_the_report_renders_the_two_settings_section() -> None:
+    from devplace.study.report import _settings_section
+
+    rows = [r for r in fixture_rows() if r["placer"] == "placeto"]
+    other = [{**r, "key": r["key"] + "/b", "settings": {"episodes": 4, "hyper": "x"}} for r in rows]
+    text = "\n".join(_settings_section(rows + other))
+    assert "## One placer under two settings" in text and "| placeto |" in text
+    assert _settings_section(rows) == []

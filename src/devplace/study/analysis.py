@@ -609,3 +609,44 @@ def placer_comparison(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                         "semantics": where[3], "placer": name, "time": t, "order": o, "mean_time": mean_time,
                         "others": others, "best_other": fastest})
     return out
+
+
+def settings_comparison(rows: Sequence[dict[str, Any]], *, seed: int = 0,
+                        draws: int = BOOTSTRAP) -> list[dict[str, Any]]:
+    """One placer under two settings (e.g. placeto under `placeto-paper` and under devplace's own set) on the
+    cells they share: the same graph, cluster, simulation model, semantics, order and seed. Per placer, pair of
+    settings (`a` the first in sorted order, `b` the other) and family: `pairs`, `graphs`, the geometric mean of
+    b's step over a's (`ratio`, below 1: b faster) with a seeded percentile bootstrap interval that resamples
+    graphs (each keeps its pairs), `b_faster` (the share of pairs where b is faster) and `p`, the two-sided
+    Wilcoxon signed-rank p of the log ratios (nan below 2 pairs or when every ratio is 1)."""
+    times: dict[tuple[str, str], dict[tuple[Any, ...], float]] = defaultdict(dict)
+    family: dict[str, str] = {}
+    for r in rows:
+        if not usable(r):
+            continue
+        key = (str(r["graph"]), str(r["cluster"]), str(r["sim_model"]), str(r.get("semantics") or ""),
+               str(r.get("order_name")), r.get("seed"))
+        times[(str(r["placer"]), _settings_key(r.get("settings")))][key] = float(r["step_time_s"])
+        family[str(r["graph"])] = str(r.get("family"))
+    out = []
+    placers = sorted({p for p, _ in times})
+    for placer in placers:
+        for a, b in combinations(sorted(s for p, s in times if p == placer), 2):
+            ta, tb = times[(placer, a)], times[(placer, b)]
+            shared = sorted(set(ta) & set(tb), key=str)
+            for fam in sorted({family[k[0]] for k in shared}):
+                keys = [k for k in shared if family[k[0]] == fam]
+                logs = np.log([tb[k] / ta[k] for k in keys])
+                graphs = sorted({k[0] for k in keys})
+                per_graph = [logs[[k[0] == g for k in keys]] for g in graphs]
+                lo = hi = math.nan
+                if len(graphs) >= 2:
+                    rng = np.random.Generator(np.random.PCG64(seed))
+                    samples = [np.concatenate([per_graph[i] for i in rng.integers(0, len(graphs), len(graphs))]).mean()
+                               for _ in range(draws)]
+                    lo, hi = (float(np.exp(x)) for x in np.percentile(samples, [2.5, 97.5]))
+                p = (float(stats.wilcoxon(logs).pvalue) if len(logs) >= 2 and np.any(logs != 0) else math.nan)
+                out.append({"placer": placer, "a": a, "b": b, "family": fam, "pairs": len(keys),
+                            "graphs": len(graphs), "ratio": float(np.exp(logs.mean())), "low": lo, "high": hi,
+                            "b_faster": float(np.mean(logs < 0)), "p": p})
+    return out

@@ -516,6 +516,22 @@ def _one_device_wins(entry: dict[str, Any]) -> bool:
     return bool(classic) and entry["others"][ONE_DEVICE][0] < min(classic)
 
 
+def _settings_section(rows: Sequence[dict[str, Any]]) -> list[str]:
+    comp = an.settings_comparison(rows)
+    if not comp:
+        return []
+    lines = ["## One placer under two settings", "",
+             "A placer the study ran under two settings (e.g. placeto under the seed's hyperparameters and under "
+             "devplace's own), on the cells both ran: the same graph, order and seed. Ratio: the geometric mean of "
+             "b's step over a's (below 1: b faster), its 95% interval a bootstrap over graphs (seeded); p: "
+             "Wilcoxon signed-rank on the log ratios. The settings are never pooled elsewhere in this report.", ""]
+    lines += _table(["placer", "a", "b", "family", "pairs", "graphs", "ratio b / a [95% CI]", "b faster in", "p"],
+                    [[c["placer"], f"`{c['a']}`", f"`{c['b']}`", c["family"], str(c["pairs"]), str(c["graphs"]),
+                      f"{c['ratio']:.3f} [{c['low']:.3f}, {c['high']:.3f}]", f"{c['b_faster']:.0%}",
+                      f"{c['p']:.3g}"] for c in comp])
+    return [*lines, ""]
+
+
 def _comparison_section(rows: Sequence[dict[str, Any]]) -> list[str]:
     comp = an.placer_comparison(rows)
     if not comp:
@@ -624,7 +640,7 @@ def _write_report(db_path: str | Path, out_dir: str | Path, *, command: str | No
     md += _setting(rows, units) + _counts(counts) + _family_tables(summary, families)
     md += _friedman_section(units, cd_files) + _features_section(units) + rec_lines
     md += _family_question(summary, units, validation) + _question_section(_question_tests(units))
-    md += _comparison_section(rows)
+    md += _comparison_section(rows) + _settings_section(rows)
     md += ["## Learning curves", ""]
     md += [f"![{f}]({f})" for f in curve_files] or ["No cell recorded a learning curve (no RL placer in this study)."]
     write_output(out / "report.md", "\n".join(md) + "\n", "report", REPORT_MD)

@@ -191,3 +191,23 @@ def test_claims_line_gives_effect_against_noise(rows) -> None:
     fa = next(f for f in tests["placeto"]["families"] if f["family"] == "fa")
     assert f"fa spread {fa['spread'][0]:+.2%}" in line and f"against seed noise SD {fa['noise'][0]:.2%}" in line
     assert 0.001 < fa["noise"][0] < 0.002 and "Effect against noise: fa" in line and "; fb spread" in line
+
+
+def test_report_of_a_placer_under_two_settings_names_its_tree_and_plots(tmp_path) -> None:
+    """A placer under two settings: each setting's line in "Does the best order depend on the family?" gives the
+    held-out regret of the placer's one tree (it was n/a: looked up under the setting's label), and each
+    setting's critical-difference plot has a file name without runs of underscores."""
+    import json
+
+    raw = fixture_rows()
+    second = [{**r, "key": r["key"] + "/paper", "settings": json.dumps({"episodes": 8})}
+              for r in raw if r["placer"] == "placeto"]
+    db = write_fixture_db(tmp_path / "two.sqlite", [*raw, *second])
+    written = write_report(db, tmp_path / "out")
+    names = {p.name for p in written}
+    assert {"cd_placeto_episodes_4.png", "cd_placeto_episodes_8.png"} <= names, names
+    md = (tmp_path / "out" / "report.md").read_text()
+    for label in ('placeto {"episodes": 4}', 'placeto {"episodes": 8}'):
+        line = next(x for x in md.splitlines() if x.startswith(f"- **{label}**: the best order"))
+        assert "held-out families the tree's regret is n/a" not in line, line
+        assert "held-out families the tree's regret is +" in line, line

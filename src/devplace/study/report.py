@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import warnings
 from collections import defaultdict
 from collections.abc import Sequence
@@ -52,7 +53,8 @@ VALIDATION_JSON = Kind("report validation JSON", lambda head: head.startswith(b"
 
 
 def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+    """`name` as a file name: each run of other characters than letters, digits, '-' and '_' becomes one '_'."""
+    return re.sub(r"[^0-9A-Za-z_-]+", "_", name).strip("_")
 
 
 # ----------------------------------------------------------------------------- csv
@@ -370,8 +372,8 @@ def _recommend_section(units: list[an.Unit], model: Any) -> tuple[list[str], dic
             results[f"{placer}/{label}"] = {k: v[k] for k in v if k != "per_unit"}
             body.append([placer, label, str(v["units"]), _num(v["accuracy"], ".0%"), _num(v["topo_accuracy"], ".0%"),
                          _pct(v["regret"]), _pct(v["try_regret"]), _pct(v["topo_regret"]), _pct(v["fixed_regret"])])
-    lines += ["Held-out results:", ""]
-    lines += _table(["placer", "validation", "graphs", "accuracy (tree)", "accuracy (topo)", "regret (tree)",
+    lines += ["Held-out results (units: a graph under one setting of the placer):", ""]
+    lines += _table(["placer", "validation", "units", "accuracy (tree)", "accuracy (topo)", "regret (tree)",
                      "regret (try 3)", "regret (topo)", "regret (fixed)"], body)
     return [*lines, ""], results
 
@@ -382,14 +384,17 @@ def _family_question(summary: list[dict[str, Any]], units: list[an.Unit],
              "The seed study found that the best traversal order depends on the network family. Here, per placer: "
              "the best order of each family (by mean relative step time); whether, inside each family, another "
              "family's best order ranks significantly worse than this family's own best (Nemenyi, alpha = 0.05, "
-             "on that family's graphs); and how a tree fitted on the other families does on a held-out family.",
+             "on that family's graphs); and how a tree fitted on the other families does on a held-out family (the "
+             "order model's tree is one per placer: a placer run under several settings has one tree for all, "
+             "fitted on each setting's graphs as separate units).",
              ""]
     by_placer = an.units_by_label(units)
+    tree_of = {u.label or u.placer: u.placer for u in units}  # a label's placer: whose tree was validated
     for placer in sorted({s["placer"] for s in summary}):
         entries = [s for s in summary if s["placer"] == placer]
         bests = {s["family"]: s["best"] for s in entries}
         spreads = ", ".join(f"{s['family']} {_pct(s['spread'])}" for s in entries)
-        lofo = validation.get(f"{placer}/leave-one-family-out", {})
+        lofo = validation.get(f"{tree_of.get(placer, placer)}/leave-one-family-out", {})
         same = len(set(bests.values())) == 1
         verdict = (f"the same order ({next(iter(bests.values()))}) is best in every family" if same else
                    "the best order differs by family: " + ", ".join(f"{f} {o}" for f, o in bests.items()))
@@ -524,7 +529,8 @@ def _settings_section(rows: Sequence[dict[str, Any]]) -> list[str]:
              "A placer the study ran under two settings (e.g. placeto under the seed's hyperparameters and under "
              "devplace's own), on the cells both ran: the same graph, order and seed. Ratio: the geometric mean of "
              "b's step over a's (below 1: b faster), its 95% interval a bootstrap over graphs (seeded); p: "
-             "Wilcoxon signed-rank on the log ratios. The settings are never pooled elsewhere in this report.", ""]
+             "Wilcoxon signed-rank on the log ratios. The settings are never pooled in a test elsewhere in this "
+             "report; only the recommendation tree, one per placer, learns from every setting's graphs.", ""]
     lines += _table(["placer", "a", "b", "family", "pairs", "graphs", "ratio b / a [95% CI]", "b faster in", "p"],
                     [[c["placer"], f"`{c['a']}`", f"`{c['b']}`", c["family"], str(c["pairs"]), str(c["graphs"]),
                       f"{c['ratio']:.3f} [{c['low']:.3f}, {c['high']:.3f}]", f"{c['b_faster']:.0%}",

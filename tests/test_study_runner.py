@@ -328,3 +328,37 @@ def test_a_pipeline_cell_is_timed_under_its_schedule(tmp_path):
     from devplace.sim import simulate
 
     assert row["step_time_s"] < simulate(g, c, ref).step_time_s  # not the unpipelined step of those devices
+
+
+def test_verify_reruns_stored_cells_and_finds_a_changed_row(tmp_path, capsys, monkeypatch):
+    """`devplace study verify`: stored cells rerun give their rows bit for bit (a placeto cell's curve too); a row
+    changed in the database is found (exit 1), an unknown key is a one-line error (exit 2)."""
+    import sqlite3
+
+    from devplace.cli import main
+    from devplace.study.runner import verify_study
+
+    _graphs(tmp_path, 1)
+    spec_file = _study(tmp_path, 'name = "v"\ngraphs = ["g0.json"]\nclusters = ["3xGPU-placeto"]\n'
+                                 'sim_model = "placeto"\norders = ["topo", "bfs"]\n[[placers]]\nname = "m-topo"\n'
+                                 '[[placers]]\nname = "placeto"\nsettings = { episodes = 3, hidden = 4, rounds = 1 }\n')
+    db = tmp_path / "r.sqlite"
+    run_study(load_study(spec_file), db, workers=1)
+    reruns = verify_study(load_study(spec_file), db, cells=4)
+    assert len(reruns) == 4 and all(r.same for r in reruns)
+    placeto = next(r for r in read_cells(db) if r["placer"] == "placeto")
+    assert len(placeto["curve"]) == 3
+    con = sqlite3.connect(db)
+    with con:
+        con.execute("UPDATE cells SET step_time_s = step_time_s * 1.01 WHERE key = ?", (placeto["key"],))
+    con.close()
+    monkeypatch.setattr(sys, "argv", ["devplace", "study", "verify", str(spec_file), "--db", str(db),
+                                      "--key", placeto["key"]])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 1 and "differ" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["devplace", "study", "verify", str(spec_file), "--db", str(db), "--key", "nokey"])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "nokey" in err and len(err.strip().splitlines()) == 1

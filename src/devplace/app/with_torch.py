@@ -125,7 +125,7 @@ from devplace.runtime.run import (
 )
 from devplace.sim import DevplaceModel, Schedule, ScheduleError, SimResult, simulate
 from devplace.study.report import write_report
-from devplace.study.runner import StudySummary, run_study
+from devplace.study.runner import Rerun, StudySummary, run_study, verify_study
 from devplace.study.spec import StudyError, load_study
 from devplace.units import fmt_bytes, fmt_time
 from devplace.zoo.families import FAMILIES, FAMILY_SIZE
@@ -171,6 +171,7 @@ __all__ = [
     "set_threads",
     "study_report",
     "study_run",
+    "study_verify",
     "train_policy",
     "training_graphs",
     "zoo_catalogue",
@@ -1141,3 +1142,51 @@ def study_run(study: Path | None, *, preset: str | None = None, db: Path = Path(
     spec = load_study(study if study is not None else preset, preset=preset is not None, max_cells=max_cells)
     return StudyRan(run_study(spec, db, backend=backend, workers=workers, address=address,
                               retry_failed=retry_failed, progress=progress, max_cells=max_cells))
+
+
+@dataclass(frozen=True)
+class StudyVerified:
+    """What `devplace study verify` found: each stored cell rerun against its row."""
+
+    study: str
+    db: str
+    reruns: tuple[Rerun, ...]
+
+    @property
+    def same(self) -> bool:
+        return all(r.same for r in self.reruns)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The reruns as a JSON object."""
+        return {"study": self.study, "db": self.db, "same": self.same,
+                "cells": [{"key": r.key, "cell": r.what, "stored": list(r.stored), "now": list(r.now),
+                           "curve_parts_at": r.curve_parts_at, "same": r.same} for r in self.reruns]}
+
+    def __rich__(self) -> Group:
+        table = Table(title=f"{self.study}: {len(self.reruns)} stored cells rerun ({self.db})")
+        for col in ("key", "cell", "stored", "now", "result"):
+            table.add_column(col)
+        for r in self.reruns:
+            result = "same" if r.same else ("differs" + (f": the curve parts at episode {r.curve_parts_at}"
+                                                         if r.curve_parts_at is not None else ""))
+            table.add_row(r.key, r.what, *(f"{st} {t!r}" for st, t in (r.stored, r.now)), result)
+        verdict = ("every cell rerun gives its stored row bit for bit" if self.same else
+                   f"{sum(not r.same for r in self.reruns)} of {len(self.reruns)} cells differ from their stored rows "
+                   f"(other code, or nondeterminism)")
+        return Group(table, Text(verdict))
+
+    def text(self, width: int = 120) -> str:
+        """The report as plain text."""
+        return render_text(self, width)
+
+
+def study_verify(study: Path | None, *, preset: str | None = None, db: Path = Path("study.sqlite"), cells: int = 3,
+                 seed: int = 0, keys: Sequence[str] = ()) -> StudyVerified:
+    """`devplace study verify`: rerun `keys`, or `cells` stored cells drawn with `seed`, of a study file or preset
+    whose rows are in `db`, and compare each with its row."""
+    if (study is None) == (preset is None):
+        raise StudyError("give a study TOML file or --preset NAME (one of the two)")
+    if cells < 1:
+        raise StudyError(f"--cells {cells}: give at least 1 cell to rerun")
+    spec = load_study(study if study is not None else preset, preset=preset is not None)
+    return StudyVerified(spec.name, str(db), tuple(verify_study(spec, db, cells=cells, seed=seed, keys=tuple(keys))))

@@ -1,4 +1,4 @@
-"""Study commands: study run, study report."""
+"""Study commands: study run, study report, study verify."""
 
 from __future__ import annotations
 
@@ -45,3 +45,22 @@ def study_report_cmd(
     """Write a study's report: report.md (results section), results.csv, PNG plots and the fitted order model."""
     written = app.torch_tasks().study_report(db, out)
     say(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
+
+
+@study_app.command("verify")
+def study_verify_cmd(
+    study: Annotated[Path | None, typer.Argument(help="study definition (TOML); or use --preset")] = None,
+    preset: Annotated[str | None, typer.Option("--preset", help=f"built-in study: {', '.join(PRESETS)}")] = None,
+    db: Annotated[Path, typer.Option("--db", help="SQLite results file written by `devplace study run`")] = Path(
+        "study.sqlite"),
+    cells: Annotated[int, typer.Option("--cells", help="how many stored cells to draw and rerun")] = 3,
+    seed: Annotated[int, typer.Option("--seed", help="seed of the draw")] = 0,
+    key: Annotated[list[str] | None, typer.Option("--key", help="rerun this cell (its `key`; repeatable) "
+                                                                 "instead of a draw")] = None,
+) -> None:
+    """Rerun stored cells of a study and compare each with its row, bit for bit (step time, learning curve); exit
+    status 1 when one differs."""
+    found = app.torch_tasks().study_verify(study, preset=preset, db=db, cells=cells, seed=seed, keys=tuple(key or ()))
+    console.print(found)
+    if not found.same:
+        raise typer.Exit(1)

@@ -314,6 +314,70 @@ def _run_cells(spec: StudySpec, cells: list[Cell], con: Any, db: str | Path, bac
     return replace(summary, ran=len(todo), failed=failed, wall_s=time.perf_counter() - t0)
 
 
+class _InProcess:
+    """A backend that runs each task here, in turn (`verify_study`'s few cells)."""
+
+    def run(self, fn: Any, tasks: Any) -> Any:
+        for key, args in tasks:
+            yield key, fn(*args)
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """A stored cell run again (`verify_study`): its stored and new status and step time, and where the new learning
+    curve first parts from the stored one (None: equal, or no curve). `same`: status, step time and curve equal
+    bit for bit."""
+
+    key: str
+    what: str  # graph, placer with settings, order, seed
+    stored: tuple[str, float | None]
+    now: tuple[str, float | None]
+    curve_parts_at: int | None
+    same: bool
+
+
+def verify_study(spec: StudySpec, db: str | Path, *, cells: int = 3, seed: int = 0,
+                 keys: tuple[str, ...] = ()) -> list[Rerun]:
+    """Rerun finished cells of `spec` stored in `db`, in this process, and compare each with its row: `keys`, or
+    else `cells` of them drawn with `seed` (a study is reproducible when the same code gives every row again).
+    A key that is not a finished cell of the study is a StudyError."""
+    import numpy as np
+
+    from devplace.hardware.cluster import load_cluster
+    from devplace.study.spec import StudyError
+    from devplace.study.store import read_cells
+
+    by_key = {c.key: c for c in expand(spec)}
+    stored = {r["key"]: r for r in read_cells(db, study=spec.name) if r["key"] in by_key}
+    if keys:
+        unknown = [k for k in keys if k not in stored]
+        if unknown:
+            raise StudyError(f"{', '.join(unknown)}: not a finished cell of study {spec.name!r} in {db}; the keys "
+                             f"are the `key` column of its rows (`devplace study report` writes them to results.csv)")
+        chosen = list(keys)
+    else:
+        if not stored:
+            raise StudyError(f"{db} holds no finished cell of study {spec.name!r}: run it first (`devplace study run`)")
+        order = sorted(stored)
+        picks = np.random.default_rng(seed).choice(len(order), size=min(cells, len(order)), replace=False)
+        chosen = [order[i] for i in sorted(picks)]
+    refs = list({by_key[k].graph.spec: by_key[k].graph for k in chosen}.values())
+    # the graphs as the study's cells saw them: its cache, or prepared and cached the same way
+    graphs = _load_graphs(refs, spec.max_nodes, graph_cache_dir(db), _InProcess(), _Bar(False))
+    out = []
+    for key in chosen:
+        cell, row = by_key[key], stored[key]
+        new = run_cell(cell, graphs[cell.graph.spec], load_cluster(cell.cluster.source))
+        a, b = row.get("curve") or [], new.get("curve") or []
+        parts = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                     None if len(a) == len(b) else min(len(a), len(b)))
+        same = (row["status"], row["step_time_s"]) == (new["status"], new["step_time_s"]) and parts is None
+        what = f"{cell.graph.spec} {cell.placer} {cell.settings_json} {cell.order_name} seed {cell.seed}"
+        out.append(Rerun(key, what, (row["status"], row["step_time_s"]), (new["status"], new["step_time_s"]), parts,
+                         same))
+    return out
+
+
 class _Bar:
     """A rich live progress bar (done / failed / remaining, ETA), or nothing when disabled."""
 

@@ -11,13 +11,16 @@ from devplace import app
 from devplace.cli.common import ForceOpt, console, say
 from devplace.study.spec import DEFAULT_MAX_CELLS, MAX_CELLS_ENV, PRESETS
 
+StudyArg = Annotated[Path | None, typer.Argument(help="study definition (TOML); or use --preset")]
+PresetOpt = Annotated[str | None, typer.Option("--preset", help=f"built-in study: {', '.join(PRESETS)}")]
+
 study_app = typer.Typer(no_args_is_help=True, help="The traversal-order study: run a grid of cells, report on it.")
 
 
 @study_app.command("run")
 def study_run_cmd(
-    study: Annotated[Path | None, typer.Argument(help="study definition (TOML); or use --preset")] = None,
-    preset: Annotated[str | None, typer.Option("--preset", help=f"built-in study: {', '.join(PRESETS)}")] = None,
+    study: StudyArg = None,
+    preset: PresetOpt = None,
     db: Annotated[Path, typer.Option("--db", help="SQLite results file (created; finished cells are skipped)")] = Path(
         "study.sqlite"),
     backend: Annotated[str, typer.Option("--backend", help="local (process pool) or ray")] = "local",
@@ -49,8 +52,8 @@ def study_report_cmd(
 
 @study_app.command("verify")
 def study_verify_cmd(
-    study: Annotated[Path | None, typer.Argument(help="study definition (TOML); or use --preset")] = None,
-    preset: Annotated[str | None, typer.Option("--preset", help=f"built-in study: {', '.join(PRESETS)}")] = None,
+    study: StudyArg = None,
+    preset: PresetOpt = None,
     db: Annotated[Path, typer.Option("--db", help="SQLite results file written by `devplace study run`")] = Path(
         "study.sqlite"),
     cells: Annotated[int, typer.Option("--cells", help="how many stored cells to draw and rerun")] = 3,

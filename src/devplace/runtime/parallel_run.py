@@ -48,6 +48,7 @@ from devplace.runtime.parallel_export import ParallelExport, read_parallel
 from devplace.runtime.pipeline_run import (
     PipelineRunError,
     _dump_stage,
+    _Job,
     _microbatches,
     _named_inputs,
     _spawn,
@@ -129,30 +130,6 @@ def _checkpoint_position(stages: list[nn.Module], recompute: str | int) -> list[
         left = None if recompute == "full" else int(recompute) - len(wrapped)
         wrapped += checkpoint_blocks(mod, left) if left is None or left > 0 else []
     return wrapped
-
-
-@dataclass(frozen=True)
-class _Job:
-    """What every process needs: stage s's module and the pipeline's graph (`_dump_stage`), the micro-batches of
-    each replica, the plan's per-stage choices."""
-
-    folder: str
-    stages: list[bytes]
-    tied: list[list[tuple[int, str]]]
-    dp: int
-    pp: int
-    zero: tuple[int, ...]
-    recompute: tuple[str | int, ...]
-    schedule: Schedule
-    microbatches: list[list[dict[str, Any]]]  # per replica
-    steps: int
-    optimizer: str
-    loss_fn: Callable[[Any], torch.Tensor] | None
-    loss_reduction: str
-    return_grads: bool
-    seed: int
-    timeout_s: float
-    autocast: torch.dtype | None = None  # the CPU autocast dtype the stages and the loss run under (amp plans)
 
 
 def _full(grad: torch.Tensor) -> torch.Tensor:
@@ -337,9 +314,9 @@ def run_parallel(module: nn.Module, inputs: Any, export: ParallelExport | Mappin
                                "a ZeRO-2/3 (fully_shard) stage does not run here; use zero 0 or 1 for them")
     n = plan.dp * plan.pp
     with tempfile.TemporaryDirectory(prefix="devplace-parallel-") as folder:
-        job = _Job(folder, [_dump_stage(pipe, st) for st in range(stages)], tied, plan.dp, plan.pp, plan.zero,
-                   plan.recompute, schedule, replicas, steps, optimizer, loss_fn, loss_reduction, return_grads, seed,
-                   timeout_s, autocast)
+        job = _Job(folder, [_dump_stage(pipe, st) for st in range(stages)], plan.pp, tied, schedule, replicas, steps,
+                   optimizer, loss_fn, loss_reduction, return_grads, seed, timeout_s, autocast, plan.zero,
+                   plan.recompute)
         _spawn(_process, job, n, "a parallel process failed (process r * pp + s runs stage s of replica r)", "process")
         results = [torch.load(Path(folder) / f"rank{q}.pt") for q in range(n)]
     times = [max(res["times"][i] for res in results) for i in range(steps)]

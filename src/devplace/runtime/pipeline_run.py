@@ -315,15 +315,17 @@ def _contiguous_boundaries(stage: torch.fx.GraphModule) -> None:
 
 @dataclass(frozen=True)
 class _Job:
-    """What every process needs (pickled by torch.multiprocessing): `stages[i]` is stage i's module with the
-    pipeline's graph, serialised by `_dump_stage`."""
+    """What every process of a multi-process run needs (pickled by torch.multiprocessing): a pipeline's
+    (`run_pipeline`, one replica) or a dp x pp parallel plan's (`parallel_run.run_parallel`). `stages[i]` is stage
+    i's module with the pipeline's graph, serialised by `_dump_stage`; replica r's processes are r * pp to
+    r * pp + pp - 1, stage i on the replica's process `stage_ranks(...)[i]` (i mod pp, or in a V)."""
 
     folder: str
     stages: list[bytes]
-    processes: int  # p; stage s runs on process s mod p
+    pp: int  # processes per replica
     tied: list[list[tuple[int, str]]]  # per tied parameter: (stage, name in that stage), by stage
     schedule: Schedule
-    microbatches: list[dict[str, Any]]
+    microbatches: list[list[dict[str, Any]]]  # per replica, its micro-batches
     steps: int
     optimizer: str
     loss_fn: Callable[[Any], torch.Tensor] | None
@@ -332,6 +334,13 @@ class _Job:
     seed: int
     timeout_s: float
     autocast: torch.dtype | None = None  # the CPU autocast dtype the stages and the loss run under (amp plans)
+    zero: tuple[int, ...] = ()  # a parallel plan's ZeRO stage per pipeline position
+    recompute: tuple[str | int, ...] = ()  # a parallel plan's recomputation per pipeline position
+
+    @property
+    def dp(self) -> int:
+        """The number of replicas."""
+        return len(self.microbatches)
 
 
 def _worker(rank: int, body: Callable[[int, Any], None], job: Any) -> None:
@@ -389,7 +398,7 @@ def _stage(rank: int, job: _Job) -> None:
 
     torch.manual_seed(job.seed)
     torch.set_num_threads(1)  # the processes, one per stage, share the cores
-    world = job.processes
+    world = job.pp
     on = stage_ranks(job.schedule.kind, len(job.stages), world)
     mine = [s for s in range(len(job.stages)) if on[s] == rank]
     loaded = [pickle.loads(job.stages[i]) for i in mine]
@@ -430,7 +439,7 @@ def _stage(rank: int, job: _Job) -> None:
             dist.barrier()
             t0, c0 = time.perf_counter(), time.process_time()
             mb_losses: list[torch.Tensor] = []
-            sched.step(arg_mbs=[()] * m, kwarg_mbs=job.microbatches if first else [{}] * m,
+            sched.step(arg_mbs=[()] * m, kwarg_mbs=job.microbatches[0] if first else [{}] * m,
                        target_mbs=[None] * m, losses=mb_losses if first or last else None, return_outputs=False)
             for group, names in ties:
                 if not names:
@@ -777,7 +786,7 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
     pipe = _trace(module, ex, mbs[0], autocast)
     with tempfile.TemporaryDirectory(prefix="devplace-pipe-") as folder:
         job = _Job(folder, [_dump_stage(pipe, i) for i in range(ex.num_stages)], n, _tied(pipe, module), ex.schedule,
-                   mbs, steps, optimizer, loss_fn, loss_reduction, return_grads, seed, timeout_s, autocast)
+                   [mbs], steps, optimizer, loss_fn, loss_reduction, return_grads, seed, timeout_s, autocast)
         _spawn(_stage, job, n, "a pipeline stage failed", "stage")
         results = [torch.load(Path(folder) / f"rank{r}.pt") for r in range(n)]
     times = [max(r["times"][s] for r in results) for s in range(steps)]

@@ -28,6 +28,7 @@ scaled (exact).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,6 +254,39 @@ def _chunks(topo, pred_ptr, pred_edges, edge_src, phase, pos, devices, classes, 
     return chunk, -1, 0
 
 
+# --------------------------------------------------------------------------- nodes added to the step as run
+
+
+def _appended(graph: CompGraph, names: list[str], op: str, kinds: list[str], compute: np.ndarray,
+              output_bytes: np.ndarray, param_bytes: np.ndarray, kind_compute: Mapping[str, Sequence[float]],
+              edges: tuple[list[int], list[int], list[float], list[int]], *, own_kinds: list[str] | None = None,
+              src: np.ndarray | None = None, tensor: np.ndarray | None = None) -> CompGraph:
+    """`graph` with nodes appended (`relay`'s hops, `tied_copies`' copies): ids `names`, op `op`, kinds `kinds`,
+    seconds, output and parameter bytes and seconds per device kind (`kind_compute`, a column per kind of `graph`)
+    as given, no group, no temporary bytes; `edges` (sources, destinations, bytes, tensors) appended after the
+    graph's own. `own_kinds`, `src` and `tensor` replace the graph's own nodes' kinds and its edges' sources and
+    tensors where given. What runs once per step is stored from `graph`'s (`step_compute_extended`, no pass over
+    the nodes' records: the appended nodes carry no per-step seconds of their own, and a changed kind may only
+    turn per-step)."""
+    add_src, add_dst, add_bytes, add_tensor = edges
+    k = len(names)
+    zeros = np.zeros(k)
+    g = CompGraph.from_arrays(
+        graph.name, [*graph.ids, *names], [*graph.op, *([op] * k)],
+        [*(graph.kind if own_kinds is None else own_kinds), *kinds], [*graph.group, *([""] * k)],
+        np.concatenate([graph.compute_s, compute]), np.concatenate([graph.output_bytes, output_bytes]),
+        np.concatenate([graph.param_bytes, param_bytes]), np.concatenate([graph.temp_bytes, zeros]),
+        np.concatenate([graph.edge_src if src is None else src, add_src]).astype(np.int64),
+        np.concatenate([graph.edge_dst, add_dst]).astype(np.int64),
+        np.concatenate([graph.edge_bytes, add_bytes]),
+        np.concatenate([graph.edge_tensor if tensor is None else tensor, add_tensor]).astype(np.int64),
+        meta=graph.meta, kind_compute={kind: np.concatenate([col, kind_compute[kind]])
+                                       for kind, col in graph.kind_compute.items()},
+        node_extra=[*graph.node_extra, *([{}] * k)] if graph.node_extra else ())
+    step_compute_extended(g, graph)
+    return g
+
+
 # --------------------------------------------------------------------------- values sent past the next stage
 
 RELAY = "relay"  # op name of the nodes that carry a value through a stage it only passes on
@@ -324,21 +358,12 @@ def relay(graph: CompGraph, devices: np.ndarray, stages: Stages, v_shaped: bool 
     k = len(origin)
     of = np.asarray(origin, dtype=np.int64)
     at = np.asarray(hop_stage, dtype=np.int64)
-    carried = np.asarray(add_bytes)  # relay i's in-edge is the i-th added: a relay holds the value it passes on
     hop_devices = np.asarray(stages.pipeline_devices, dtype=np.int64)[at % p]
     zeros = np.zeros(k)
-    g = CompGraph.from_arrays(
-        graph.name, [*graph.ids, *names],
-        [*graph.op, *([RELAY] * k)],
-        [*graph.kind, *("backward" if phase[a] == BACKWARD else "forward" for a in origin)],
-        [*graph.group, *([""] * k)],
-        np.concatenate([graph.compute_s, zeros]), np.concatenate([graph.output_bytes, carried]),
-        np.concatenate([graph.param_bytes, zeros]), np.concatenate([graph.temp_bytes, zeros]),
-        np.concatenate([src, add_src]).astype(np.int64), np.concatenate([graph.edge_dst, add_dst]).astype(np.int64),
-        np.concatenate([graph.edge_bytes, add_bytes]), np.concatenate([tensor, add_tensor]).astype(np.int64),
-        meta=graph.meta, kind_compute={kind: np.concatenate([col, zeros]) for kind, col in graph.kind_compute.items()},
-        node_extra=[*graph.node_extra, *([{}] * k)] if graph.node_extra else ())
-    step_compute_extended(g, graph)  # relay nodes run nothing once per step: no pass over the nodes' records
+    # relay i's in-edge is the i-th added: a relay holds (outputs) the value it passes on; it runs nothing
+    g = _appended(graph, names, RELAY, ["backward" if phase[a] == BACKWARD else "forward" for a in origin],
+                  zeros, np.asarray(add_bytes), zeros, {kind: zeros for kind in graph.kind_compute},
+                  (add_src, add_dst, add_bytes, add_tensor), src=src, tensor=tensor)
     # an input is tied to its first successor: relayed past the next stage by its first edge, it would be tied to
     # a relay; else the relays are tied to nothing and the classes need no pass over the nodes (a zero-bubble's W)
     moved = set(far.tolist())
@@ -441,7 +466,7 @@ def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relaye
     stages; otherwise `origin` maps every node to the original one it is (a copy: its sum's root)."""
     n, phase, stage = graph.num_nodes, stages.phase, stages.stage
     devices = np.asarray(devices, dtype=np.int64)
-    u, v = graph.edge_src, graph.edge_dst
+    u = graph.edge_src
     summed, root = tied_sums(graph, stage)
     if not summed.any():
         return Relayed(graph, devices, stages, np.arange(n))
@@ -489,21 +514,12 @@ def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relaye
                 add_bytes.append(nbytes)
                 add_tensor.append(t)
     k = len(origin)
-    zeros = np.zeros(k)
-    g = CompGraph.from_arrays(
-        graph.name, [*graph.ids, *names], [*graph.op, *([TIED_COPY] * k)], [*kinds, *([SUM_KIND] * k)],
-        [*graph.group, *([""] * k)],
-        np.concatenate([graph.compute_s, copy_compute]), np.concatenate([graph.output_bytes, zeros]),
-        np.concatenate([graph.param_bytes, copy_params]), np.concatenate([graph.temp_bytes, zeros]),
-        np.concatenate([u, add_src]).astype(np.int64), np.concatenate([v, add_dst]).astype(np.int64),
-        np.concatenate([graph.edge_bytes, add_bytes]),
-        np.concatenate([graph.edge_tensor, add_tensor]).astype(np.int64),
-        meta=graph.meta, kind_compute={kind: np.concatenate([col, copy_kind[kind]])
-                                       for kind, col in graph.kind_compute.items()},
-        node_extra=[*graph.node_extra, *([{}] * k)] if graph.node_extra else ())
-    # the sums take a per-step kind, the copies are of one: no pass over the nodes' records for what runs once per
-    # step, and, where the sums were of a kind the group rule ties as it ties the per-step one, for the tie classes
-    step_compute_extended(g, graph)
+    # the sums take a per-step kind, the copies are of one
+    g = _appended(graph, names, TIED_COPY, [SUM_KIND] * k, np.asarray(copy_compute, dtype=float), np.zeros(k),
+                  np.asarray(copy_params, dtype=float), copy_kind, (add_src, add_dst, add_bytes, add_tensor),
+                  own_kinds=kinds)
+    # where the sums were of a kind the group rule ties as it ties the per-step one: no pass over the nodes'
+    # records for the tie classes
     if (all(graph.kind[w] not in ("", "forward") for w in np.flatnonzero(summed).tolist())
             and set(graph.group).isdisjoint(names)):
         tie_classes_extended(g, graph)

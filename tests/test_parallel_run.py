@@ -151,7 +151,7 @@ def test_bad_exports_and_runs_are_clear_errors(tmp_path):
     doc = parallel_export(plan, ["blocks.2"])
     with pytest.raises(ExportError, match="cut at 1 distinct"):
         parallel_export(plan, [])
-    for broken, says in [({"format": "devplace.pipeline/2"}, "devplace.parallel/1"),
+    for broken, says in [({"format": "devplace.pipeline/2"}, "devplace.parallel/2"),
                          ({"parallel": {**doc["parallel"], "dp": 3}}, "do not split the batch"),
                          ({"split_points": [{"module": "blocks.2", "point": "end"}]}, "beginning"),
                          ({"split_points": []}, "needs 1 distinct split point"),
@@ -253,7 +253,7 @@ def test_cli_exports_a_pipelined_plan_as_a_parallel_plan_and_runs_it(net_zoo, tm
                       (["run", "--parallel", str(par_path), "--threads", "2"], "--threads 2"),
                       (["export", str(plan_path), "--format", "parallel", "--devices", "cpu,cpu"], "drop --devices"),
                       (["run", "--parallel", str(par_path), "--plan", str(plan_path)], "--parallel runs an export"),
-                      (["run", "--parallel", str(plan_path)], "devplace.parallel/1")]:
+                      (["run", "--parallel", str(plan_path)], "devplace.parallel/2")]:
         code, _, err = run_cli(bad, capsys, monkeypatch)
         assert code == 2 and says in err and err.count("\n") == 1, (bad, err)
 

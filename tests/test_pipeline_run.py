@@ -1,5 +1,5 @@
 """A pipeline export run for real: `devplace.runtime.run_pipeline` builds torch.distributed.pipelining stages
-from a `devplace.pipeline/2` export and runs them in CPU processes with gloo; the loss and every parameter
+from a `devplace.pipeline/3` export and runs them in CPU processes with gloo; the loss and every parameter
 gradient match the unpipelined step. Also the export's schedule, reading exports back, and `devplace run
 --pipeline`."""
 
@@ -78,7 +78,7 @@ def planned(request):
 
 
 def _export(name, model, p, stages: int, schedule: Schedule) -> dict:
-    """The devplace.pipeline/2 document of the pipeline placement cut at SPLITS[name][stages], via JSON text."""
+    """The devplace.pipeline/3 document of the pipeline placement cut at SPLITS[name][stages], via JSON text."""
     placement = placement_from_module_map(p.graph, p.cluster, SPLITS[name][stages])
     split = pipeline_split(p.graph, placement, p.cluster, model, schedule=schedule)
     assert split.split_points == tuple(SPLITS[name][stages]) and split.moved_fraction == 0.0
@@ -121,7 +121,7 @@ def test_pipelined_steps_match_the_unpipelined_steps(planned, case):
 def test_bad_exports_and_inputs_are_clear_errors(planned, tmp_path):
     name, model, inputs, p = planned
     doc = _export(name, model, p, 2, Schedule("1f1b", 2))
-    for broken, says in [({"format": "devplace.pipeline/1"}, "devplace.pipeline/2"),
+    for broken, says in [({"format": "devplace.pipeline/1"}, "devplace.pipeline/3"),
                          ({"schedule": None}, "schedule"),
                          ({"schedule": {"kind": "zigzag", "microbatches": 2}}, "unknown schedule kind"),
                          ({"schedule": {"kind": "interleaved-1f1b", "microbatches": 4, "chunks": 2}}, "stage s mod p"),
@@ -232,7 +232,7 @@ def test_cli_exports_a_plan_with_its_schedule_and_runs_it(cnn_zoo, tmp_path, cap
     # round-robin cuts inside modules: the export moves work to block starts and says so
     said = " ".join((out + err).split())  # the report wraps at the terminal's width
     assert doc["moved_fraction"] > 0 and f"moved {100 * doc['moved_fraction']:.1f}% of the forward work" in said
-    assert doc["format"] == "devplace.pipeline/2" and doc["schedule"]["kind"] == "gpipe"
+    assert doc["format"] == "devplace.pipeline/3" and doc["schedule"]["kind"] == "gpipe"
     assert doc["schedule"]["microbatches"] == 4 and doc["source"]["zoo"] == cnn_zoo
     stages = len(doc["stage_devices"])
     # issue 30: what `run` would refuse is refused by `export`, before anything runs

@@ -18,9 +18,11 @@ from torch import nn
 from conftest import run_cli as _cli
 from devplace.errors import DevplaceError
 from devplace.graph.modules import forward_ops, module_starts
+from devplace.graph.parallel import ParallelPlan
 from devplace.runtime import plan
-from devplace.runtime.export import device_map, export_json, pipeline_split
+from devplace.runtime.export import ExportError, device_map, export_json, pipeline_split, read_pipeline
 from devplace.runtime.module_map import placement_from_module_map
+from devplace.runtime.parallel_export import parallel_export, read_parallel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,8 +65,34 @@ def test_pipeline_split_builds_a_torch_pipeline():
     pipe = pipeline(model, mb_args=(x,), split_spec=split.split_spec())
     assert pipe.num_stages == 3
     doc = split.to_dict()
-    assert doc["format"] == "devplace.pipeline/2" and [s["module"] for s in doc["split_points"]] == ["2", "4"]
+    assert doc["format"] == "devplace.pipeline/3" and [s["module"] for s in doc["split_points"]] == ["2", "4"]
     assert doc["schedule"]["kind"] == "1f1b" and doc["schedule"]["microbatches"] == 3  # the default: one per stage
+
+
+def test_exports_written_before_they_carried_precision_still_load(tmp_path):
+    """"precision" came with devplace.pipeline/3 and devplace.parallel/2 (read by an older devplace, such a file
+    would run in fp32): exports write those, a pipeline/2 or parallel/1 file still loads (in fp32 where it records
+    no precision), and a version this devplace does not know is refused naming the ones it reads."""
+    old_pipe = {"format": "devplace.pipeline/2", "split_points": [{"module": "2", "point": "beginning"}],
+                "stage_devices": [0, 1], "schedule": {"kind": "1f1b", "microbatches": 2}}
+    par = parallel_export(ParallelPlan(dp=2, pp=2, microbatches=2, batch=8), ["2"],
+                          precision={"autocast": "bfloat16"})
+    assert par["format"] == "devplace.parallel/2"
+    old_par = {k: v for k, v in par.items() if k != "precision"} | {"format": "devplace.parallel/1"}
+    path = tmp_path / "export.json"
+    for read, old, new, unknown in [(read_pipeline, old_pipe, "devplace.pipeline/3", "devplace.pipeline/4"),
+                                    (read_parallel, old_par, "devplace.parallel/2", "devplace.parallel/3")]:
+        path.write_text(json.dumps(old))
+        ex = read(path)
+        assert ex.split_points == ("2",) and ex.precision == {}
+        assert read(old | {"precision": {"dtype": "bf16"}}).precision == {"dtype": "bf16"}  # one written in between
+        assert read(old | {"format": new, "precision": {"autocast": "bfloat16"}}).precision == {"autocast": "bfloat16"}
+        path.write_text(json.dumps(old | {"format": unknown}))
+        with pytest.raises(ExportError, match=f"unknown version '{unknown}'; this devplace reads '{new}' "
+                                              f"\\(or older '{old['format']}'\\)"):
+            read(path)
+        with pytest.raises(ExportError, match=f"'{unknown}' is not '{new}' or '{old['format']}'"):
+            read(old | {"format": unknown})
 
 
 class _TwoOps(nn.Module):

@@ -812,7 +812,7 @@ def export_parallel_plan(p: Plan, fmt: str = "parallel", *, dp: int | None = Non
 def parallel_plan_doc(p: Plan, *, dp: int | None = None, zero: int | None = None, recompute: str | None = None,
                       schedule: str | None = None, microbatches: int | None = None,
                       ) -> tuple[dict[str, Any], ParallelPlan, str]:
-    """The `devplace.parallel/1` document of plan `p`'s dp x pp plan, the plan, and a note on where it comes
+    """The `devplace.parallel/2` document of plan `p`'s dp x pp plan, the plan, and a note on where it comes
     from. A plan placed with --dp/--pp/--zero/--recompute/--parallel records the parallel plan its search chose
     (simulated there): that one, cut where its replica's placement cuts (as `--format pipeline` cuts), and any
     of the arguments is an error. Otherwise the plan made of `p`'s pipeline: its stages and schedule

@@ -194,9 +194,9 @@ def export_cmd(
     force: ForceOpt = False,
 ) -> None:
     """Export a plan's placement: torch.distributed.pipelining split points with the micro-batch schedule
-    (devplace.pipeline/2; `devplace run --pipeline` runs it), a Hugging Face style device_map (module -> device,
+    (devplace.pipeline/3; `devplace run --pipeline` runs it), a Hugging Face style device_map (module -> device,
     with the simulated step-time loss of that coarser mapping), or plain JSON; or --dp replicas of its pipeline
-    with --zero and --recompute as a torch program configuration (devplace.parallel/1: pipelining stages, DDP,
+    with --zero and --recompute as a torch program configuration (devplace.parallel/2: pipelining stages, DDP,
     ZeroRedundancyOptimizer or fully_shard, activation checkpointing; `devplace run --parallel` runs it) or as
     the parallelism and activation-checkpoint sections of a torchtitan job config (--format torchtitan).
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,10 @@ from devplace.errors import FormatError
 from devplace.files import json_kind, json_text, read_limited, write_output
 
 
-def read_json(path: str | Path, expected_format: str, *, max_bytes: int | None = None) -> dict[str, Any]:
-    """Parse `path` and check that its `format` key is `expected_format` (same family, same version).
+def read_json(path: str | Path, expected_format: str, *, max_bytes: int | None = None,
+              older: Sequence[str] = ()) -> dict[str, Any]:
+    """Parse `path` and check that its `format` key is `expected_format` (same family, same version), or one of
+    the `older` versions of it that this devplace still reads.
 
     Malformed JSON is reported with the file, line and column; a missing or unknown `format` with the
     versions this devplace reads. Files longer than the input limit (`max_bytes`, default
@@ -34,7 +37,7 @@ def read_json(path: str | Path, expected_format: str, *, max_bytes: int | None =
         raise FormatError(f"{path}: {exc}") from None
     except (ValueError, RecursionError) as exc:  # an integer of more than 4300 digits; nesting too deep
         raise FormatError(f"{path}: malformed JSON: {str(exc) or type(exc).__name__}") from None
-    check_format(doc, expected_format, str(path))
+    check_format(doc, expected_format, str(path), older)
     return doc
 
 
@@ -53,22 +56,26 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return doc
 
 
-def check_format(doc: Any, expected_format: str, where: str) -> None:
-    """Raise FormatError unless `doc` is an object whose `format` equals `expected_format`."""
+def check_format(doc: Any, expected_format: str, where: str, older: Sequence[str] = ()) -> None:
+    """Raise FormatError unless `doc` is an object whose `format` equals `expected_format` or one of its `older`
+    versions that are still read."""
     if not isinstance(doc, dict):
         raise FormatError(f"{where}: expected a JSON object with \"format\": \"{expected_format}\"")
     fmt = doc.get("format")
-    if fmt == expected_format:
+    if fmt == expected_format or fmt in older:
         return
     family = expected_format.rsplit("/", 1)[0]
     if fmt is None:
         raise FormatError(f"{where}: missing \"format\" key; this file should say \"format\": \"{expected_format}\"")
     if isinstance(fmt, str) and fmt.rsplit("/", 1)[0] == family:
-        raise FormatError(
-            f"{where}: unknown version {fmt!r}; this devplace reads {expected_format!r} (upgrade devplace "
-            "or convert the file)"
-        )
-    raise FormatError(f"{where}: \"format\" is {fmt!r}, expected {expected_format!r}")
+        raise FormatError(f"{where}: unknown version {fmt!r}; this devplace reads {_versions(expected_format, older)} "
+                          "(upgrade devplace or convert the file)")
+    raise FormatError(f"{where}: \"format\" is {fmt!r}, expected {_versions(expected_format, older)}")
+
+
+def _versions(expected_format: str, older: Sequence[str]) -> str:
+    """The versions a reader takes, for messages: 'devplace.x/2' or 'devplace.x/2' (or older 'devplace.x/1')."""
+    return repr(expected_format) + (f" (or older {', '.join(map(repr, older))})" if older else "")
 
 
 def dump_number(x: float) -> int | float:

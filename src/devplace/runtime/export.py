@@ -33,7 +33,8 @@ __all__ = ["PIPELINE_FORMAT", "PRECISIONS", "DeviceMap", "ExportError", "Pipelin
            "callable_modules", "default_schedule", "device_map", "export_json", "pipeline_split", "read_export_doc",
            "read_pipeline", "read_precision", "wrapped_module"]
 
-PIPELINE_FORMAT = "devplace.pipeline/2"
+PIPELINE_FORMAT = "devplace.pipeline/3"  # /3 may carry "precision" (an older devplace would run it in fp32)
+PIPELINE_OLDER = ("devplace.pipeline/2",)  # read too: the same document, in fp32 where it records no precision
 
 
 class ExportError(PlacementError):
@@ -136,7 +137,7 @@ class PipelineSplit:
         return text
 
     def to_dict(self) -> dict[str, Any]:
-        """The `devplace.pipeline/2` document (`read_pipeline` reads it back)."""
+        """The `devplace.pipeline/3` document (`read_pipeline` reads it back)."""
         schedule = self.schedule or default_schedule(len(self.devices))
         return {"format": PIPELINE_FORMAT, "stage_devices": list(self.devices),
                 "split_points": [{"module": m, "point": "beginning"} for m in self.split_points],
@@ -160,7 +161,7 @@ def default_schedule(stages: int) -> Schedule:
 
 @dataclass(frozen=True)
 class PipelineExport:
-    """A `devplace.pipeline/2` document read back and checked: the split points (stage i > 0 begins at module
+    """A `devplace.pipeline/3` (or /2) document read back and checked: the split points (stage i > 0 begins at module
     `split_points[i-1]`), the logical device of each stage, the schedule, the model `source` of the plan it
     came from (a zoo name with batch and sequence length, as in `devplace.plan/1` settings; None when unknown)
     with its model's parameter count (`source_params`, checked against the model before it is built), and the
@@ -212,28 +213,29 @@ def read_precision(doc: Mapping[str, Any], where: str) -> dict[str, str]:
     return dict(rec)
 
 
-def read_export_doc(source: str | Path | Mapping[str, Any], fmt: str, kind: str, *, note: str = ""
-                    ) -> tuple[dict[str, Any], str]:
-    """The document of an export `source` (a file or its parsed document) of format `fmt`, written by `devplace
-    export PLAN --format KIND`, and the name messages give it; an ExportError (with `note` after the format it
-    wants) when it is not one."""
+def read_export_doc(source: str | Path | Mapping[str, Any], fmt: str, kind: str, *, note: str = "",
+                    older: Sequence[str] = ()) -> tuple[dict[str, Any], str]:
+    """The document of an export `source` (a file or its parsed document) of format `fmt` or one of its `older`
+    versions still read, written by `devplace export PLAN --format KIND`, and the name messages give it; an
+    ExportError (with `note` after the formats it wants) when it is not one."""
     where = str(source) if not isinstance(source, Mapping) else f"{kind} export"
     fix = f"re-export the plan with `devplace export PLAN --format {kind}`"
     try:
-        doc = dict(source) if isinstance(source, Mapping) else read_json(source, fmt)
+        doc = dict(source) if isinstance(source, Mapping) else read_json(source, fmt, older=older)
     except FormatError as exc:
         raise ExportError(f"{exc}; {fix}") from None
-    if doc.get("format") != fmt:
-        raise ExportError(f"{where}: format {doc.get('format')!r} is not {fmt!r}{note}; {fix}")
+    if doc.get("format") != fmt and doc.get("format") not in older:
+        wanted = " or ".join(repr(f) for f in (fmt, *older))
+        raise ExportError(f"{where}: format {doc.get('format')!r} is not {wanted}{note}; {fix}")
     return doc, where
 
 
 def read_pipeline(source: str | Path | Mapping[str, Any]) -> PipelineExport:
-    """A pipeline export (a `devplace.pipeline/2` file or its parsed document), checked: split points are
+    """A pipeline export (a `devplace.pipeline/3` or /2 file or its parsed document), checked: split points are
     distinct module names, one fewer than the stages, and the schedule is a valid `Schedule` with one model
     chunk per device (interleaved schedules are not exported). An ExportError says what is wrong."""
-    doc, where = read_export_doc(source, PIPELINE_FORMAT, "pipeline",
-                                 note=" (the version that carries the schedule)")
+    doc, where = read_export_doc(source, PIPELINE_FORMAT, "pipeline", older=PIPELINE_OLDER,
+                                 note=" (the versions that carry the schedule)")
     points = doc.get("split_points")
     names: list[str] = []
     if isinstance(points, list):

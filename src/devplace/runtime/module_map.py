@@ -181,7 +181,7 @@ def read_module_map(path: str | Path) -> dict[str, Any] | list[str]:
         doc = doc.get("device_map")
         if inner and isinstance(doc, dict):  # back to the captured (wrapper's) names
             doc = {(f"{inner}.{k}" if k else inner): d for k, d in doc.items()}
-    elif isinstance(doc, dict) and doc.get("format") in ("devplace.pipeline/1", "devplace.pipeline/2"):
+    elif isinstance(doc, dict) and doc.get("format") in [f"devplace.pipeline/{v}" for v in (1, 2, 3)]:
         points = doc.get("split_points")
         doc = [p.get("module") if isinstance(p, dict) else p for p in points] if isinstance(points, list) else None
     if isinstance(doc, dict) and "format" not in doc:

@@ -1,6 +1,6 @@
 """A dp x pp parallel plan as a program other tools run (docs/runtime.md, "Parallel plans").
 
-`parallel_export(plan, split_points, ...)` writes a `devplace.parallel/1` document: the `ParallelPlan` (its JSON
+`parallel_export(plan, split_points, ...)` writes a `devplace.parallel/2` document: the `ParallelPlan` (its JSON
 form), the pipeline's split points (stage s > 0 begins at module `split_points[s-1]`, as in a pipeline
 export), and per stage the torch program configuration that runs it:
 - the stage, built by `torch.distributed.pipelining` (`pipeline(..., split_spec)` at the split points) and run
@@ -36,7 +36,8 @@ from devplace.runtime.export import ExportError, pipeline_split, read_export_doc
 __all__ = ["PARALLEL_FORMAT", "TORCHTITAN_FORMAT", "ParallelExport", "checkpointing_of", "data_parallel_of",
            "parallel_export", "pipeline_stages", "read_parallel", "recorded_split", "torchtitan_config"]
 
-PARALLEL_FORMAT = "devplace.parallel/1"
+PARALLEL_FORMAT = "devplace.parallel/2"  # /2 may carry "precision" (an older devplace would run it in fp32)
+PARALLEL_OLDER = ("devplace.parallel/1",)  # read too: the same document, in fp32 where it records no precision
 
 
 def data_parallel_of(zero: int, dp: int) -> dict[str, Any]:
@@ -51,7 +52,7 @@ def data_parallel_of(zero: int, dp: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ParallelExport:
-    """A `devplace.parallel/1` document read back and checked: the plan, the split points, the model `source`
+    """A `devplace.parallel/2` document read back and checked: the plan, the split points, the model `source`
     (as in a pipeline export; None when unknown) and the whole document."""
 
     plan: ParallelPlan
@@ -103,7 +104,7 @@ def recorded_split(graph: CompGraph, placement: Placement) -> tuple[ParallelPlan
 def parallel_export(plan: ParallelPlan, split_points: Sequence[str], *, source: Mapping[str, Any] | None = None,
                     simulated_step_s: float | None = None,
                     precision: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The `devplace.parallel/1` document of `plan` with its pipeline cut at `split_points` (`pipeline_stages` - 1
+    """The `devplace.parallel/2` document of `plan` with its pipeline cut at `split_points` (`pipeline_stages` - 1
     module names, in program order: pp - 1, or 2 pp - 1 under a V), the model `source` it was planned for (a zoo
     name with batch and sequence length, so that `devplace run --parallel` can rebuild it), its simulated step and
     the `precision` its steps run in (`runtime.run.precision_record`; none: fp32). ExportError when the points do
@@ -128,9 +129,9 @@ def parallel_export(plan: ParallelPlan, split_points: Sequence[str], *, source: 
 
 
 def read_parallel(source: str | Path | Mapping[str, Any]) -> ParallelExport:
-    """A parallel export (a `devplace.parallel/1` file or its parsed document), checked: a valid `ParallelPlan`
+    """A parallel export (a `devplace.parallel/2` or /1 file or its parsed document), checked: a valid `ParallelPlan`
     and `pipeline_stages` - 1 distinct split points. An ExportError says what is wrong."""
-    doc, where = read_export_doc(source, PARALLEL_FORMAT, "parallel")
+    doc, where = read_export_doc(source, PARALLEL_FORMAT, "parallel", older=PARALLEL_OLDER)
     try:
         plan = ParallelPlan.from_dict(doc.get("parallel"))
     except ParallelPlanError as exc:

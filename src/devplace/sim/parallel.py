@@ -132,11 +132,13 @@ def stage_blocks(blocks: np.ndarray, pos: np.ndarray, pp: int) -> tuple[np.ndarr
     return tuple(np.unique(blocks[(pos == s) & (blocks >= 0)]) for s in range(pp))
 
 
-def recomputed_units(plan: ParallelPlan, units: np.ndarray, blocks: np.ndarray, pos: np.ndarray) -> tuple[int, ...]:
+def recomputed_units(plan: ParallelPlan, units: np.ndarray, blocks: np.ndarray, pos: np.ndarray,
+                     held: tuple[np.ndarray, ...]) -> tuple[int, ...]:
     """The recomputation units `plan` reruns: every unit of a stage that recomputes "full" (or all its blocks),
-    the units of the first k blocks of a stage that recomputes k."""
+    the units of the first k blocks of a stage that recomputes k; `held` is each position's blocks
+    (`stage_blocks(blocks, pos, plan.pp)`)."""
     chosen: set[int] = set()
-    for s, (r, mine) in enumerate(zip(plan.recompute, stage_blocks(blocks, pos, plan.pp), strict=True)):
+    for s, (r, mine) in enumerate(zip(plan.recompute, held, strict=True)):
         at = pos == s
         if r == "full" or (isinstance(r, int) and r >= mine.size):
             chosen.update(np.unique(units[at]).tolist())
@@ -413,9 +415,10 @@ def simulate_parallel(graph: CompGraph, cluster: Cluster, stage: np.ndarray, pla
     own = graph_microbatches(graph)
     pos, chunk = stage_layout(plan, stage)
     blocks = op_blocks(graph)
-    plan.check_blocks(tuple(b.size for b in stage_blocks(blocks, pos, plan.pp)))
+    held = stage_blocks(blocks, pos, plan.pp)
+    plan.check_blocks(tuple(b.size for b in held))
     units = recompute_units(graph, stage, blocks)
-    chosen = recomputed_units(plan, units, blocks, pos)
+    chosen = recomputed_units(plan, units, blocks, pos, held)
     run_graph = recompute_graph(graph, units, chosen) if chosen else graph
     originals = [graph.index[i.removesuffix(RECOMPUTE_SUFFIX)] for i in run_graph.ids[graph.num_nodes:]]
     run_stage = np.concatenate([pos, pos[originals]])

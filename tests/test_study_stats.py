@@ -155,6 +155,36 @@ def test_one_placer_under_two_settings_is_compared_on_the_cells_both_ran() -> No
     assert an.settings_comparison(rows) == []  # one setting: nothing to compare
 
 
+def test_both_bootstraps_resample_graphs_alike_at_a_level() -> None:
+    """settings_comparison's interval resamples graphs as bootstrap_spread's does (`bootstrap_graphs`: each graph
+    keeps its rows) and takes `level` too: at 0.95 it is what the fixed 2.5 and 97.5 percentiles gave for the
+    same seed (the loop below, as it was written there), at 0.8 the 10th and 90th, narrower."""
+    rows = [r for r in fixture_rows() if r["placer"] == "placeto"]
+    noise = np.random.Generator(np.random.PCG64(5)).uniform(0.9, 1.2, size=len(rows))
+    other = [{**r, "key": r["key"] + "/b", "settings": {"episodes": 4, "hyper": "x"},
+              "step_time_s": r["step_time_s"] * f} for r, f in zip(rows, noise, strict=True)]
+    pairs = [(r["family"], r["graph"], math.log(r["step_time_s"] / o["step_time_s"]))
+             for r, o in zip(rows, other, strict=True)]
+    for level, percentiles in [(0.95, [2.5, 97.5]), (0.8, [10, 90])]:
+        for c in an.settings_comparison(rows + other, seed=3, draws=150, level=level):
+            # a is the second setting ('{"episodes": 4, "hyper": "x"}' sorts first): b / a is rows over other
+            graphs = sorted({g for f, g, _ in pairs if f == c["family"]})
+            per_graph = [np.array([x for f, g, x in pairs if f == c["family"] and g == name]) for name in graphs]
+            rng = np.random.Generator(np.random.PCG64(3))
+            samples = [np.concatenate([per_graph[i] for i in rng.integers(0, len(graphs), len(graphs))]).mean()
+                       for _ in range(150)]
+            assert (c["low"], c["high"]) == tuple(float(np.exp(x)) for x in np.percentile(samples, percentiles))
+            assert c["low"] < c["ratio"] < c["high"]
+    wide, narrow = (an.settings_comparison(rows + other, seed=3, draws=150, level=lv)[0] for lv in (0.95, 0.8))
+    assert wide["low"] < narrow["low"] < narrow["high"] < wide["high"]
+    # bootstrap_spread through the same resampling: what its own loop gave, to the last bits of the percentile
+    y = _table([0.0, 0.05, 0.1], inter=0.01, noise=0.02, seed=4)
+    rng = np.random.Generator(np.random.PCG64(7))
+    samples = [an.spread_and_noise(y[rng.integers(0, y.shape[0], size=y.shape[0])])[0] for _ in range(120)]
+    assert an.bootstrap_spread(y, seed=7, draws=120, level=0.9)[1:] == pytest.approx(
+        tuple(np.percentile(samples, [5, 95])), rel=1e-12)
+
+
 def test_the_report_renders_the_two_settings_section() -> None:
     from devplace.study.report import _settings_section
 

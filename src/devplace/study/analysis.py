@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations, permutations
 from pathlib import Path
@@ -559,15 +559,23 @@ def bootstrap_spread(y: np.ndarray, *, seed: int = 0, draws: int = BOOTSTRAP,
     (each keeps its seeds, so the interval carries both which graphs were studied and their run-to-run noise).
     The spread is a max - min of noisy means, biased upward when the orders do not differ: read it beside the
     noise and the tests."""
-    spread = spread_and_noise(y)[0]
-    g = y.shape[0]
-    if g < 2:
-        return spread, math.nan, math.nan
+    lo, hi = bootstrap_graphs(y.shape[0], lambda idx: spread_and_noise(y[idx])[0], seed=seed, draws=draws,
+                              level=level)
+    return spread_and_noise(y)[0], lo, hi
+
+
+def bootstrap_graphs(graphs: int, statistic: Callable[[np.ndarray], float], *, seed: int, draws: int,
+                     level: float) -> tuple[float, float]:
+    """(low, high): the seeded percentile bootstrap interval at `level` of `statistic` over `graphs` graphs,
+    resampled with replacement, each keeping its rows (its seeds, its pairs): `statistic(idx)` is the statistic
+    on the graphs `idx` (int64[graphs], repeats included) of each of the `draws` resamples. NaNs below 2 graphs."""
+    if graphs < 2:
+        return math.nan, math.nan
     rng = np.random.Generator(np.random.PCG64(seed))
-    samples = [spread_and_noise(y[rng.integers(0, g, size=g)])[0] for _ in range(draws)]
-    tail = (1 - level) / 2 * 100
+    samples = [statistic(rng.integers(0, graphs, size=graphs)) for _ in range(draws)]
+    tail = (100 - 100 * level) / 2  # 2.5 for 0.95 exactly ((1 - level) / 2 * 100 is 2.500000000000002)
     lo, hi = np.percentile(samples, [tail, 100 - tail])
-    return spread, float(lo), float(hi)
+    return float(lo), float(hi)
 
 
 def placer_comparison(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -611,14 +619,15 @@ def placer_comparison(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def settings_comparison(rows: Sequence[dict[str, Any]], *, seed: int = 0,
-                        draws: int = BOOTSTRAP) -> list[dict[str, Any]]:
+def settings_comparison(rows: Sequence[dict[str, Any]], *, seed: int = 0, draws: int = BOOTSTRAP,
+                        level: float = 0.95) -> list[dict[str, Any]]:
     """One placer under two settings (e.g. placeto under `placeto-paper` and under devplace's own set) on the
     cells they share: the same graph, cluster, simulation model, semantics, order and seed. Per placer, pair of
     settings (`a` the first in sorted order, `b` the other) and family: `pairs`, `graphs`, the geometric mean of
-    b's step over a's (`ratio`, below 1: b faster) with a seeded percentile bootstrap interval that resamples
-    graphs (each keeps its pairs), `b_faster` (the share of pairs where b is faster) and `p`, the two-sided
-    Wilcoxon signed-rank p of the log ratios (nan below 2 pairs or when every ratio is 1)."""
+    b's step over a's (`ratio`, below 1: b faster) with a seeded percentile bootstrap interval at `level` that
+    resamples graphs (each keeps its pairs, `bootstrap_graphs`), `b_faster` (the share of pairs where b is
+    faster) and `p`, the two-sided Wilcoxon signed-rank p of the log ratios (nan below 2 pairs or when every
+    ratio is 1)."""
     times: dict[tuple[str, str], dict[tuple[Any, ...], float]] = defaultdict(dict)
     family: dict[str, str] = {}
     for r in rows:
@@ -639,12 +648,9 @@ def settings_comparison(rows: Sequence[dict[str, Any]], *, seed: int = 0,
                 logs = np.log([tb[k] / ta[k] for k in keys])
                 graphs = sorted({k[0] for k in keys})
                 per_graph = [logs[[k[0] == g for k in keys]] for g in graphs]
-                lo = hi = math.nan
-                if len(graphs) >= 2:
-                    rng = np.random.Generator(np.random.PCG64(seed))
-                    samples = [np.concatenate([per_graph[i] for i in rng.integers(0, len(graphs), len(graphs))]).mean()
-                               for _ in range(draws)]
-                    lo, hi = (float(np.exp(x)) for x in np.percentile(samples, [2.5, 97.5]))
+                lo, hi = (float(np.exp(x)) for x in bootstrap_graphs(
+                    len(graphs), lambda idx, per_graph=per_graph: np.concatenate([per_graph[i] for i in idx]).mean(),
+                    seed=seed, draws=draws, level=level))
                 p = (float(stats.wilcoxon(logs).pvalue) if len(logs) >= 2 and np.any(logs != 0) else math.nan)
                 out.append({"placer": placer, "a": a, "b": b, "family": fam, "pairs": len(keys),
                             "graphs": len(graphs), "ratio": float(np.exp(logs.mean())), "low": lo, "high": hi,

@@ -208,29 +208,24 @@ def in_step_by_class(p: Any, module: nn.Module, inputs: Any, steps: int = 3) -> 
     `step` is of class optimizer, as the capture marks it. "ATen ops": their total. The timer adds about a
     microsecond to each op it times (reading the clock), and its own Python runs outside the timed calls."""
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     from devplace.hardware.cost import op_class
+    from devplace.runtime.in_step import TimeEachOp
     from devplace.runtime.run import run_steps
 
     in_optimizer = [False]
     out: dict[str, float] = {}
 
-    class CpuPerOp(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            t0 = time.thread_time_ns()
-            res = func(*args, **(kwargs or {}))
-            dt = time.thread_time_ns() - t0
-            c = op_class(func.__name__.split(".")[0], "optimizer" if in_optimizer[0] else "")
-            out[c] = out.get(c, 0.0) + dt / 1e9 / steps
-            return res
+    def record(func: Any, args: Any, kwargs: Any, seconds: float) -> None:
+        c = op_class(func.__name__.split(".")[0], "optimizer" if in_optimizer[0] else "")
+        out[c] = out.get(c, 0.0) + seconds / steps
 
     placed = p.apply(module, ["cpu"], example_inputs=inputs)
     run_steps(placed, inputs, steps=1, warmup=1, optimizer="adam", loss_fn=p.loss_fn)
     pre = register_optimizer_step_pre_hook(lambda *_: in_optimizer.__setitem__(0, True))
     post = register_optimizer_step_post_hook(lambda *_: in_optimizer.__setitem__(0, False))
     try:
-        with CpuPerOp():
+        with TimeEachOp(record):
             run_steps(placed, inputs, steps=steps, warmup=0, optimizer="adam", loss_fn=p.loss_fn)
     finally:
         pre.remove()

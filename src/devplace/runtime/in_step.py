@@ -37,30 +37,30 @@ from devplace.hardware.cost import CostError, CostTable, signature_key
 from devplace.runtime.apply import apply_placement
 from devplace.runtime.run import check_steps, run_steps
 
-__all__ = ["IN_STEP", "merge_tables", "profile_in_step"]
+__all__ = ["IN_STEP", "TimeEachOp", "merge_tables", "profile_in_step"]
 
 IN_STEP = "in-step"  # the cost table's meta["timer"] for times measured inside real steps
 
 
-class _TimeEachOp(TorchDispatchMode):
-    """Adds each dispatched ATen call's thread CPU seconds to `calls[shape key][step]` while `step` is not None."""
+class TimeEachOp(TorchDispatchMode):
+    """While `on`, times each dispatched ATen call by this thread's CPU clock (other processes on the cores do
+    not count) and hands it to `record(func, args, kwargs, seconds)`, after the call: an op that writes its input
+    in place keeps its shape, and the recorder's own Python stays outside the timed window. Used by
+    `profile_in_step` and by benchmarks/sim_vs_real.py's per-class times."""
 
-    def __init__(self) -> None:
+    def __init__(self, record: Callable[[Any, Any, Mapping[str, Any], float], None]) -> None:
         super().__init__()
-        self.calls: dict[str, dict[int, list[float]]] = {}
-        self.step: int | None = None
+        self.record = record
+        self.on = True
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if self.step is None:
+        if not self.on:
             return func(*args, **kwargs)
         t0 = time.thread_time_ns()
         out = func(*args, **kwargs)
         dt = time.thread_time_ns() - t0
-        # encoded after the call: an op that writes its input in place keeps its shape, and the timer's own
-        # Python (this line) stays outside the timed window
-        self.calls.setdefault(_shape_key(encode_signature(func, args, kwargs)), {}).setdefault(self.step, []).append(
-            dt / 1e9)
+        self.record(func, args, kwargs, dt / 1e9)
         return out
 
 
@@ -93,12 +93,19 @@ def profile_in_step(graph: CompGraph, module: nn.Module, inputs: Any, device_spe
                         "GPU's ops with `devplace profile --device cuda` (alone, by CUDA events)")
     placed = apply_placement(module, graph, Placement.from_array(graph, [0] * graph.num_nodes), ["cpu"],
                              example_inputs=inputs)
-    timer = _TimeEachOp()
+    calls: dict[str, dict[int, list[float]]] = {}  # shape key -> step -> its calls' seconds
     forwards = [0]
+
+    def record(func: Any, args: Any, kwargs: Mapping[str, Any], seconds: float) -> None:
+        calls.setdefault(_shape_key(encode_signature(func, args, kwargs)), {}).setdefault(forwards[0], []).append(
+            seconds)
+
+    timer = TimeEachOp(record)
+    timer.on = False
 
     def count(*_: Any) -> None:  # a step's ops (forward, loss, backward, update) follow its forward's start
         forwards[0] += 1
-        timer.step = forwards[0] if forwards[0] > warmup else None
+        timer.on = forwards[0] > warmup
 
     hook = placed.register_forward_pre_hook(count)
     try:
@@ -108,7 +115,7 @@ def profile_in_step(graph: CompGraph, module: nn.Module, inputs: Any, device_spe
         hook.remove()
     # per signature, its calls' mean in each step, the median over the steps: robust to a step that another
     # process slowed (shared caches), and the ops of a step still sum to what they took in it
-    seconds = {k: statistics.median(sum(c) / len(c) for c in by_step.values()) for k, by_step in timer.calls.items()}
+    seconds = {k: statistics.median(sum(c) / len(c) for c in by_step.values()) for k, by_step in calls.items()}
     entries: dict[str, float] = {}
     for extra in graph.node_extra:
         sig = extra.get("sig")
@@ -120,7 +127,7 @@ def profile_in_step(graph: CompGraph, module: nn.Module, inputs: Any, device_spe
                      repeats=steps, device=device_spec,
                      meta={"timer": IN_STEP, "statistic": "median over steps of the mean",
                            "threads": torch.get_num_threads(),
-                           "calls": sum(len(c) for v in timer.calls.values() for c in v.values()),
+                           "calls": sum(len(c) for v in calls.values() for c in v.values()),
                            "signatures": len(entries)})
 
 

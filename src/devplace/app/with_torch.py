@@ -64,6 +64,7 @@ from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.parallel import RUN_SCHEDULES, V_SHAPED, ParallelAsk, ParallelPlan, runtime_gap
+from devplace.graph.placement import MadeBy
 from devplace.hardware.cluster import Cluster, Device, load_cluster
 from devplace.hardware.cost import CostTable, apply_overheads, check_table_fits, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
@@ -247,10 +248,11 @@ def place_by_map(graph: CompGraph, cluster: Cluster, module_map: Path, *, coarse
     placement = placement_from_module_map(graph, cluster, read_module_map(module_map), tensors=tensors)
     if sched is not None:
         placement = replace(placement, schedule=sched)
-    elapsed = time.perf_counter() - t0
+    made = MadeBy(MAP_PLACER, None, DEFAULT_SEED, {"module_map": str(module_map)}, groups=graph.num_nodes,
+                  seconds=time.perf_counter() - t0)
+    placement = replace(placement, made_by=made)
     result = simulate(graph, cluster, placement, schedule=sched)
-    placed = Placed(graph, cluster, placement, result, MAP_PLACER, DEFAULT_SEED,
-                    {"module_map": str(module_map)}, elapsed, graph.num_nodes, coarsening)
+    placed = Placed(graph, cluster, placement, result, coarsening)
     placed.write(output=output, trace=trace, plot=plot)
     return placed
 

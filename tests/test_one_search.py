@@ -255,6 +255,53 @@ def test_the_reports_search_part_renders_from_the_search_log(captured, tower):
     assert " ".join(bare.text().split()) == text
 
 
+def _without(placed, *keys: str):
+    """`placed` with the meta keys `keys` gone (the search's record of them for the file format)."""
+    meta = {k: v for k, v in placed.placement.meta.items() if k not in keys}
+    return dataclasses.replace(placed, placement=dataclasses.replace(placed.placement, meta=meta))
+
+
+def test_the_micro_batch_and_order_lines_render_from_the_search_log(tower):
+    """The pipeline placer over micro-batch counts with order auto: which counts were tried (each one's step or why
+    it was skipped), where the orders were compared and which order was kept and why are read from the log (each
+    entry names the micro-batch count it was placed at): the same lines with the meta's copies gone, and they agree
+    with those copies."""
+    placed = zoo_plan(tower, CLUSTER, placer="pipeline")[0].placed
+    meta, auto = placed.placement.meta["microbatch_search"], placed.placement.meta["order_auto"]
+    text = " ".join(placed.text().split())
+    tried = ", ".join(f"M={m} {fmt_time(t) if isinstance(t, float) else 'skipped'}" for m, t in meta["tried"].items())
+    assert f"split into M={meta['kept']} ({tried})" in text
+    assert f"orders compared at M={meta['order_chosen_at']}" in text
+    assert f"order auto -> {auto['order']} ({auto['why']})" in text
+    assert " ".join(_without(placed, "microbatch_search", "order_auto").text().split()) == text
+
+
+def test_order_auto_for_a_placer_that_walks_no_order_says_so():
+    """heft ignores the order: the report said "order auto -> topo" above "placer heft (no order)"; the record and
+    the report now agree that no order was walked."""
+    prepared = _mlp()
+    placed = place_graph(prepared.graph, cluster(3, bw=1e12, lat=1e-9, mem=1e12), coarsening=prepared.coarsening,
+                         full=prepared.full, placer="heft")
+    assert placed.order is None and placed.placement.meta["order_auto"]["order"] is None
+    text = " ".join(placed.text().split())
+    assert "order auto -> " not in text and "order auto: no order walked (placer 'heft' does not walk" in text
+
+
+def test_a_loaded_plan_reports_how_it_was_found_as_the_search_did(tower, tmp_path):
+    """The saved plan keeps the search's log: the loaded plan's report lists the same candidates, outcomes and
+    seconds (the whole search's wall time is not recorded, and says so)."""
+    p, _, _ = zoo_plan(tower, CLUSTER)
+    path = tmp_path / "plan.json"
+    p.save(path)
+    loaded = load_plan(path).placed
+    assert loaded.log == p.placed.log and loaded.log
+    # the lines on how it was found: from placer auto's to the line on how it was placed
+    text, again = (" ".join(x.text().split()).partition("placer auto -> ")[2].partition(" baselines: ")[0]
+                   for x in (p.placed, loaded))
+    took = f"took {p.placed.placement_time_s:.2f} s wall time"
+    assert took in text and again == text.replace(took, "took a wall time not recorded")
+
+
 # ------------------------------------------------------------------------------- item 5: honest reports
 
 

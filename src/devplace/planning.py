@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,7 @@ from devplace.defaults import (
 )
 from devplace.errors import DevplaceError
 from devplace.files import json_safe
-from devplace.graph.batch import microbatching_note
+from devplace.graph.batch import graph_batch, microbatching_note
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.parallel import STAGES_KEY, ParallelAsk, ParallelPlan, recorded_stages, runtime_gap
 from devplace.graph.placement import MadeBy, Placement, runtime_placement, save_placement
@@ -42,7 +42,7 @@ from devplace.graph.semantics import Semantics
 from devplace.hardware.cluster import Cluster, canonical_order, reordered
 from devplace.placers import Tried, search_placement
 from devplace.placers.even import even_devices
-from devplace.placers.search import MicrobatchGraph
+from devplace.placers.search import ORDER_AUTO, UNPIPELINED, MicrobatchGraph
 from devplace.sim import LowerBound, Schedule, ScheduleError, SimResult, lower_bound, simulate
 from devplace.sim.parallel import CATEGORIES, ParallelResult
 from devplace.sim.schedule import V_SHAPED, simulate_schedule
@@ -404,7 +404,7 @@ class Placed:
                    step_over_lower_bound=_over_bound(self.result.step_time_s, self.bound),
                    best_single_device=single.to_dict(self.cluster, step), even_split=even.to_dict(self.cluster, step),
                    speedup_over_single_device=single.speedup(step), placed_groups=self.placed_groups,
-                   precision=precision_of(self.graph), search_log=[asdict(t) for t in self.log],
+                   precision=precision_of(self.graph), search_log=[t.to_dict() for t in self.log],
                    assignment=self.placement.assignment)
         if self.placement.schedule is not None:  # how its micro-batches were costed (docs/simulation.md)
             doc["microbatch_costs"] = ("captured at the micro-batch size" if self.placement.schedule.microbatch_graph
@@ -427,16 +427,19 @@ class Placed:
         tried, _ = self._auto_search()
         if tried:
             listed = ", ".join(f"{p} {_outcome(t)}" for p, t in tried.items())
-            out.append(Text(f"placer {AUTO_PLACER} -> {self._auto_kept()} ({listed})"))
+            out.append(Text(f"placer {AUTO_PLACER} -> {self.kept} ({listed})"))
             out += [Text(f"  {t.placer} {t.note}") for t in self.log if t.level == "placer" and t.note]
-        search = self.placement.meta.get("microbatch_search")
-        if isinstance(search, dict):
-            tried = ", ".join(f"M={m} {_outcome(t)}" for m, t in search["tried"].items())
-            at = search.get("order_chosen_at")
-            out.append(Text(f"micro-batches: batch {search['batch']} split into M={search['kept']} ({tried}); each "
+        sched = self.placement.schedule
+        counts = [e for e in self._kept_entries() if e.level == "microbatches"]
+        if counts and sched is not None:
+            tried = ", ".join(f"M={e.microbatches} {_outcome(e.outcome)}" for e in counts)
+            # with order auto, the orders were compared at the first count that fitted (`search_microbatches`)
+            at = next((e.microbatches for e in counts if e.step_time_s is not None), None) \
+                if self.request.get("order") == "auto" else None
+            batch = graph_batch(self.whole if self.whole is not None else self.graph)
+            out.append(Text(f"micro-batches: batch {batch} split into M={sched.microbatches} ({tried}); each "
                             "micro-batch captured and costed at its own size"
                             + (f"; orders compared at M={at}, the order kept there walked the others" if at else "")))
-        sched = self.placement.schedule
         changes = microbatching_note(self.graph) if sched is not None else None
         if changes is not None:
             out.append(Text(f"note: {changes}; place without --schedule/--placer pipeline for the unpipelined step"))
@@ -445,12 +448,12 @@ class Placed:
                             f"the whole batch's / {sched.microbatches} (this graph is the whole step, not one "
                             "micro-batch captured at its own size; small micro-batches cost more than that on a "
                             "GPU: place with --model to capture them)"))
-        auto = self.placement.meta.get("order_auto")
-        if isinstance(auto, dict):
-            out.append(Text(f"order auto -> {auto['order']} ({auto.get('why') or auto['rule']})"))
+        decided, orders = self._order_search()
+        if decided is not None:
+            out.append(Text(f"order auto -> {decided.order} ({decided.note})" if decided.order is not None else
+                            f"order auto: no order walked ({decided.note})"))
             # an order that placed nothing (no fit, or no pipeline stages) was skipped: say which and why
-            out += [Text(f"  order {o} skipped: {why}") for o, why in auto.get("tried", {}).items()
-                    if isinstance(why, str)]
+            out += [Text(f"  order {e.order} skipped: {e.dropped}") for e in orders if e.dropped is not None]
         groups = (f" ({self.placed_groups} groups of {self.graph.num_nodes} ops)"
                   if self.placed_groups != self.graph.num_nodes else "")
         out.append(Text(f"{how_made(self.made_by)}: placed{groups}{self._search_time()}" + precision_text(self.graph)))
@@ -466,17 +469,42 @@ class Placed:
         """" in 12.30 s wall time (410 simulations)", or for a search over candidates (placer auto, order auto)
         the whole search's wall time (micro-batch captures included) and each candidate's: the time is never one
         candidate's alone, nor a sum of them."""
-        auto = self.placement.meta.get("order_auto")
         sims = f", {self.simulations:,} simulations" if self.simulations is not None else ""
+        known = self.made_by.seconds is not None  # not in a loaded plan: a file does not record wall time
+        took = f"took {self.placement_time_s:.2f} s wall time" if known else "took a wall time not recorded"
         _, times = self._auto_search()
         if times:
             each = ", ".join(f"{p} {t:.2f} s" for p, t in times.items())
-            return (f"; the whole search (placer {AUTO_PLACER}) took {self.placement_time_s:.2f} s wall time{sims} "
-                    f"({each})")
-        if isinstance(auto, dict) and auto.get("time_s"):
-            return (f"; the whole search over {len(auto['time_s'])} orders took {self.placement_time_s:.2f} s wall "
-                    f"time{sims} (each order's time: --json, order_auto.time_s)")
+            return f"; the whole search (placer {AUTO_PLACER}) {took}{sims} ({each})"
+        _, orders = self._order_search()
+        if orders:
+            return (f"; the whole search over {len({e.order for e in orders})} orders {took}{sims} (each order's "
+                    "time: --json, order_auto.time_s)")
+        if not known:
+            return f" (wall time not recorded{sims})"
         return f" in {self.placement_time_s:.2f} s wall time{sims and f' ({sims[2:]})'}"
+
+    def _kept_entries(self) -> list[Tried]:
+        """The log's entries of the search that made the answer: all of them, but on a captured model under placer
+        auto only those of the candidate kept (`kept`; `Tried.candidate`)."""
+        kinds = self.request.get("placer") == AUTO_PLACER and any(e.level == "schedule" for e in self.log)
+        kept = None
+        if kinds:  # the candidate's name in the log: the unpipelined one's is not its placer's
+            kept = self.kept if self.placement.schedule is not None else UNPIPELINED
+        return [e for e in self.log if e.candidate == kept]
+
+    def _order_search(self) -> tuple[Tried | None, list[Tried]]:
+        """Order auto's decision for the placer kept (level `ORDER_AUTO`; None where order auto did not decide
+        it) and the orders it placed (each one's step or why it was dropped), read from the search's log: the
+        kept candidate's entries (`_kept_entries`) at the micro-batch count kept, if any."""
+        sched = self.placement.schedule
+        at = sched.microbatches if sched is not None else None
+        mine = [e for e in self._kept_entries() if e.microbatches in (None, at)]
+        decided = next((e for e in reversed(mine) if e.level == ORDER_AUTO and e.placer == self.placer), None)
+        if decided is None:
+            return None, []
+        trial = self.request.get("try_with") or self.placer  # the placer that placed the orders
+        return decided, [e for e in mine if e.level == "order" and e.placer == trial]
 
     def _auto_search(self) -> tuple[dict[str, float | str], dict[str, float]]:
         """What placer auto tried, read from the search's log (empty for any other request): each name's step
@@ -492,9 +520,11 @@ class Placed:
         times = {e.placer: e.seconds for e in candidates or placers if not (e.dropped or "").startswith("skipped")}
         return tried, times
 
-    def _auto_kept(self) -> str:
-        """The candidate placer auto kept, named as its log names it ("pipeline 1f1b" for a pipeline of a captured
-        model's search, whose candidates are the pipeline kinds)."""
+    @property
+    def kept(self) -> str:
+        """The candidate a search over candidates kept, named as its log names it: the placer (`placer`), but
+        "pipeline 1f1b" for a pipeline of placer auto's search on a captured model, whose candidates are the
+        pipeline kinds."""
         sched = self.placement.schedule
         kinds = any(e.level == "schedule" for e in self.log)
         return (f"{AUTO_PIPELINE} {sched.kind}" if kinds and self.placer == AUTO_PIPELINE and sched is not None

@@ -407,9 +407,7 @@ def _answer_row(answer: Placed) -> tuple[str, SimResult, str]:
         plan = answer.parallel.plan
         return plan.schedule, answer.result, f"placer auto: the parallel plan {plan.label}"
     sched = answer.placement.schedule
-    made = answer.placement.made_by
-    what = answer.placement.meta.get("placer_auto", {}).get("placer") or (made.placer if made else "")
-    return (sched.label if sched is not None else "none"), answer.result, f"placer auto: {what}"
+    return (sched.label if sched is not None else "none"), answer.result, f"placer auto: {answer.kept}"
 
 
 def cost_device(kind: str) -> Device:

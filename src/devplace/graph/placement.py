@@ -36,7 +36,7 @@ class MadeBy:
     semantics: str | None = None
     request: dict[str, Any] | None = None
     groups: int | None = None
-    seconds: float | None = None
+    seconds: float | None = field(default=None, compare=False)  # a file does not keep it: not compared either
     simulations: int | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -508,7 +508,12 @@ class Tried:
     batch / `microbatches`), and "parallel" (`placer` names the parallel plan kept, `search_parallel_plans`): the
     step on the graph as run, or why it was `dropped` (its NoFitError, or why it
     was skipped), and the `seconds` it took; `note`: what the search changed about the candidate (placer "auto"
-    limits a refining placer's simulations on a large graph)."""
+    limits a refining placer's simulations on a large graph). Level `ORDER_AUTO` is order "auto"'s decision for
+    `placer`: the `order` kept (None: the placer walks none), its step, and why in `note`.
+
+    Where an entry was logged inside a candidate of a search over a captured model, `candidate` names it (placer
+    auto's "unpipelined", "parallel", "pipeline 1f1b") and `microbatches` the micro-batch count it was placed at,
+    so that a report can read the kept candidate's own entries (`devplace.planning.Placed`)."""
 
     level: str
     placer: str
@@ -518,11 +523,35 @@ class Tried:
     seconds: float
     microbatches: int | None = None
     note: str | None = None
+    candidate: str | None = None
 
     @property
     def outcome(self) -> float | str:
         """The step time, or why it was dropped (what meta["placer_auto"]["tried"] records)."""
         return self.dropped if self.step_time_s is None else self.step_time_s  # type: ignore[return-value]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (`--json`'s "search_log", a saved plan's)."""
+        return {f: getattr(self, f) for f in TRIED_FIELDS}
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Tried:
+        """The entry of a `to_dict()` document; ValueError for one that is not (the caller names the file)."""
+        texts, counts = ("level", "placer", "order", "dropped", "note", "candidate"), ("microbatches",)
+        if (not isinstance(doc, Mapping) or set(doc) - set(TRIED_FIELDS) or not isinstance(doc.get("level"), str)
+                or not isinstance(doc.get("placer"), str)
+                or any(doc.get(k) is not None and not isinstance(doc[k], str) for k in texts)
+                or any(doc.get(k) is not None and (isinstance(doc[k], bool) or not isinstance(doc[k], int))
+                       for k in counts)
+                or any(doc.get(k) is not None and (isinstance(doc[k], bool) or not isinstance(doc[k], int | float))
+                       for k in ("step_time_s", "seconds"))):
+            raise ValueError(f"a search log entry has the fields {', '.join(TRIED_FIELDS)} (level and placer "
+                             f"names, times as numbers), got {doc!r:.160}")
+        return cls(**{"order": None, "step_time_s": None, "dropped": None, "seconds": 0.0, **doc})
+
+
+TRIED_FIELDS = ("level", "placer", "order", "step_time_s", "dropped", "seconds", "microbatches", "note", "candidate")
+ORDER_AUTO = "order auto"  # the level of order "auto"'s decision in a search's log (`Tried`)
 
 
 @dataclass(frozen=True, eq=False)
@@ -717,15 +746,28 @@ def _best_placer(req: Request, plan: SearchPlan, log: list[Tried]) -> Fitted:
 
 
 def _best_order(req: Request, pc: PlacerCandidates, progress: Progress | None, log: list[Tried]) -> Fitted:
+    """The fastest of one placer's orders (`_compare_orders`); order "auto"'s decision logged (level
+    `ORDER_AUTO`: the order kept, its step, why)."""
+    t0 = time.perf_counter()
+    fitted = _compare_orders(req, pc, progress, log)
+    auto = fitted.extra.get("order_auto")
+    if pc.auto is not None and isinstance(auto, dict):
+        log.append(Tried(ORDER_AUTO, pc.placer, auto["order"], fitted.step_time_s, None, time.perf_counter() - t0,
+                         note=auto["why"]))
+    return fitted
+
+
+def _compare_orders(req: Request, pc: PlacerCandidates, progress: Progress | None, log: list[Tried]) -> Fitted:
     """The fastest of one placer's orders (order "auto": meta["order_auto"] records how it was chosen): each
     order placed by `pc.trial` when given, `pc.placer` then once under the best; where none fits alone and
     `pc.on_view`, the order chosen on the placer's view at every lowered cap."""
     auto = pc.auto
     if auto is None:
         return place_candidate(req, pc.placer, pc.orders, pc.settings, progress)
-    if not auto.candidates:  # the model's order alone
+    if not auto.candidates:  # the model's order alone (walked only by a placer that walks one)
+        walked = auto.model_order if get_placer(pc.placer).uses_order else None
         return place_candidate(req, pc.placer, pc.orders, pc.settings, progress).noting(
-            order_auto={"order": auto.model_order, "mode": auto.mode, **auto.base, "why": auto.reason})
+            order_auto={"order": walked, "mode": auto.mode, **auto.base, "why": auto.reason})
     trial = pc.trial or pc.placer
     mark, best, first_error = len(log), None, None
     for j, order in enumerate(pc.orders):
@@ -964,6 +1006,7 @@ def _result(req: Request, kept: Fitted, log: list[Tried]) -> SearchResult:
 
 # the schedules placer auto pipelines a captured model under
 AUTO_PIPELINE_KINDS = ("1f1b", "interleaved-1f1b")
+UNPIPELINED = "unpipelined"  # placer auto's candidate without micro-batches on a captured model (its log's name)
 
 
 def captures_microbatches(req: Request) -> bool:
@@ -1027,15 +1070,15 @@ def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
         needs, has = memory_needs(req.graph).total_bytes, float(req.cluster.memory.sum())
         bound = lower_bound(req.graph, req.cluster).value_s
         if needs > has:
-            log.insert(0, Tried("schedule", "unpipelined", None, None, f"skipped: the parameters and the whole "
+            log.insert(0, Tried("schedule", UNPIPELINED, None, None, f"skipped: the parameters and the whole "
                                 f"batch's activations need {fmt_bytes(needs)}, the cluster has {fmt_bytes(has)}", 0.0))
         elif bound >= fastest():
-            log.insert(0, Tried("schedule", "unpipelined", None, None, f"skipped: no step without micro-batches "
+            log.insert(0, Tried("schedule", UNPIPELINED, None, None, f"skipped: no step without micro-batches "
                                 f"beats {fastest():.4g} s (its lower bound is {bound:.4g} s)", 0.0))
         else:
             flat = replace(req, settings={"schedule": "none"}, microbatch_graph=None)
             mark = len(log)
-            unpiped = _candidate(log, "schedule", "unpipelined", lambda: search_graph(flat))
+            unpiped = _candidate(log, "schedule", UNPIPELINED, lambda: search_graph(flat))
             log[:] = log[mark:] + log[:mark]
             found = unpiped + found
 
@@ -1080,7 +1123,7 @@ def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
     tried.update((e.placer, e.outcome) for e in candidates)
     times = {e.placer: e.seconds for e in candidates if not (e.dropped or "").startswith("skipped")}
     made = best.placement.made_by
-    meta = {"placer": made.placer if name == "unpipelined" and made is not None else name, "tried": tried,
+    meta = {"placer": made.placer if name == UNPIPELINED and made is not None else name, "tried": tried,
             "time_s": times, "why": f"smallest simulated step time of {', '.join(times)} (placer {AUTO_PLACER!r})"}
     return replace(best, placement=best.placement.with_meta(placer_auto=meta), log=tuple(log))
 
@@ -1178,7 +1221,9 @@ def _candidate(log: list[Tried], level: str, name: str, run: Callable[[], Search
                f"{type(exc).__name__}: {getattr(exc, 'reason', '') or exc}")
         log.append(Tried(level, name, None, None, why, time.perf_counter() - t0, microbatches))
         return []
-    log += found.log
+    # its entries say which candidate and micro-batch count they were logged under (the outermost candidate's name)
+    log += [replace(e, microbatches=microbatches if e.microbatches is None else e.microbatches,
+                    candidate=name if level == "schedule" else e.candidate) for e in found.log]
     log.append(Tried(level, name, None, found.result.step_time_s, None, time.perf_counter() - t0, microbatches))
     return [(name, found)]
 

@@ -25,7 +25,7 @@ from devplace.graph.placement import MadeBy, Placement
 from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.hardware.cost import CostTable, cost_devices
 from devplace.placers import get_placer
-from devplace.placers.search import MicrobatchGraph
+from devplace.placers.search import MicrobatchGraph, Tried
 from devplace.planning import (
     MAP_PLACER,
     AsRun,
@@ -135,9 +135,10 @@ class Plan:
         return render_text(view) if text else view
 
     def to_dict(self) -> dict[str, Any]:
-        """The `devplace.plan/1` document."""
+        """The `devplace.plan/1` document (with the search's log, from which a loaded plan reports how it was found)."""
         return {"format": FORMAT, "settings": dict(self.settings), "cluster": self.cluster.to_dict(),
-                "result": self.result.to_dict(), "placement": self.placement.to_dict(), "graph": self.graph.to_dict()}
+                "result": self.result.to_dict(), "placement": self.placement.to_dict(),
+                "search_log": [t.to_dict() for t in self.placed.log], "graph": self.graph.to_dict()}
 
     def save(self, path: str | Path) -> None:
         """Write the plan as `devplace.plan/1` JSON (graph, cluster, placement, settings, simulated result)."""
@@ -298,9 +299,17 @@ def load_plan(path: str | Path) -> Plan:
                           "plan file?")
     _check_settings(settings, path)
     placement = replace(placement, made_by=_record(settings, placement.made_by, path))
+    entries = doc.get("search_log", [])
+    try:
+        if not isinstance(entries, list):
+            raise ValueError(f"a list of entries, got {entries!r:.60}")
+        log = tuple(Tried.from_dict(e) for e in entries)
+    except ValueError as exc:
+        raise FormatError(f"{path}: \"search_log\": {exc}; the file was edited or damaged: make the plan "
+                          "again") from None
     result = replay(graph, cluster, placement, path)
-    # how it was placed is the placement's record; the search's wall time is not kept in the file
-    placed = Placed(graph, cluster, placement, result)
+    # how it was placed is the placement's record and the search's log; the search's wall time is not in the file
+    placed = Placed(graph, cluster, placement, result, log=log)
     return Plan(placed, {k: v for k, v in settings.items() if k not in MADE_SETTINGS})
 
 

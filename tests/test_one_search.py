@@ -193,7 +193,8 @@ def test_a_saved_plan_records_the_placer_kept_with_the_settings_it_takes_and_rep
     assert again.result.step_time_s == placed.result.step_time_s
 
 
-def test_a_parallel_plan_records_the_search_that_made_it_and_its_request_replays(tower, tmp_path):
+def test_a_parallel_plan_records_the_search_that_made_it_and_its_request_replays(tower, tmp_path, capsys,
+                                                                                 monkeypatch):
     """A parallel plan is made by the nested search, not by placer `single` with no settings (which replays as one
     device running everything); its record keeps the parallel plans asked for (--dp 2), so the saved request,
     asked again, gives the same answer, and the loaded plan says so."""
@@ -210,6 +211,11 @@ def test_a_parallel_plan_records_the_search_that_made_it_and_its_request_replays
     assert again.result.step_time_s == saved.result.step_time_s == p.result.step_time_s
     text = " ".join(saved.summary(text=True).split())
     assert f"placer {PARALLEL_PLACER} (no order), seed 0, autograd" in text and "placer single" not in text
+    # `devplace simulate PLAN` replays the whole step (replicas and their sync), as load_plan does
+    code, out, err = run(["simulate", str(path), "--json"], capsys, monkeypatch)
+    assert code == 0 and json.loads(out)["step_time_s"] == p.result.step_time_s, err
+    code, _, err = run(["simulate", str(path), CLUSTER], capsys, monkeypatch)
+    assert code == 2 and "or a saved plan (devplace place --save-plan) alone" in err
 
 
 def test_a_loaded_plan_keeps_the_record_of_how_it_was_made(tmp_path):

@@ -52,10 +52,13 @@ from devplace.defaults import (
     DEFAULT_ORDER,
     DEFAULT_PLACER,
     DEFAULT_SEED,
+    DEFAULT_SIM_MODEL,
     FAMILY_MAX_NODES,
     LEARNED_PLACER,
+    SIM_DEVPLACE,
     TRAIN_FAMILY_GRAPHS,
     cpu_cores,
+    sim_model_name,
 )
 from devplace.errors import DevplaceError, FormatError
 from devplace.files import CHECKPOINT, PNG, json_kind
@@ -76,11 +79,13 @@ from devplace.planning import (
     MAP_PLACER,
     Placed,
     Progress,
+    Simulated,
     baselines,
     even_split_devices,
     json_safe,
     place_graph,
     render_text,
+    simulate_placement,
 )
 from devplace.runtime.apply import normalize_devices
 from devplace.runtime.export import (
@@ -170,6 +175,7 @@ __all__ = [
     "save_placed_plan",
     "save_prepared",
     "set_threads",
+    "simulate_plan",
     "study_report",
     "study_run",
     "study_verify",
@@ -209,6 +215,24 @@ def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAUL
                          **(settings or {}))
     placed.write(output=output, trace=trace, plot=plot)
     return placed
+
+
+def simulate_plan(path: Path, *, model: str = DEFAULT_SIM_MODEL, trace: Path | None = None,
+                  plot: Path | None = None) -> Simulated:
+    """`devplace simulate PLAN`: a saved plan's step, replayed as its search judged it (`load_plan`; a parallel
+    plan's whole step), or under another simulation `model` (`simulate_placement`: replica 0 alone for a parallel
+    plan, with a warning)."""
+    check_outputs(inputs=[path], trace=trace, plot=plot)
+    p = load_plan_file(path)
+    if sim_model_name(model) == SIM_DEVPLACE:
+        sim = Simulated(p.graph, p.cluster, p.placement, p.result, p.placed.bound)
+    else:
+        sim = simulate_placement(p.graph, p.cluster, p.placement, model=model)
+        if "parallel" in p.placement.meta:
+            sim.warnings.append(f"{path} is a parallel plan; under the {model} model only its replica 0 is "
+                                f"simulated, without the other replicas' gradient sync, ZeRO or recomputation")
+    sim.write(trace=trace, plot=plot)
+    return sim
 
 
 def save_placed_plan(placed: Placed, path: Path, *, model: str | None = None, batch: int | None = None,

@@ -218,6 +218,20 @@ def test_a_parallel_plan_records_the_search_that_made_it_and_its_request_replays
     assert code == 2 and "or a saved plan (devplace place --save-plan) alone" in err
 
 
+def test_a_recorded_request_with_try_and_try_with_replays_the_same_answer():
+    """The record keeps what order auto was asked to do (try the 3 most promising orders with greedy, then run
+    contiguous once): asking the record again gives the same placement, step and decision."""
+    prepared = _mlp()
+    c = cluster(3, bw=1e9, lat=1e-6, mem=1e12)
+    how = {"coarsening": prepared.coarsening, "full": prepared.full}
+    placed = place_graph(prepared.graph, c, placer="contiguous", order="auto", try_orders=3, try_with="greedy", **how)
+    assert placed.request == {"placer": "contiguous", "order": "auto", "seed": 0, "settings": {}, "try_orders": 3,
+                              "try_with": "greedy"}
+    again = place_graph(prepared.graph, c, **replay_request(placed.request), **how)
+    assert again.placement.assignment == placed.placement.assignment and again.made_by == placed.made_by
+    assert again.result.step_time_s == placed.result.step_time_s
+
+
 def test_a_loaded_plan_keeps_the_record_of_how_it_was_made(tmp_path):
     """The groups placed, the request and the simulation count come back from the file (they were the graph's op
     count, an empty request and nothing); a plan whose settings were edited to disagree with its placement's record

@@ -111,7 +111,7 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
     # 2. one GPU: simulated vs measured (placed by the runtime, and the eager module for reference)
     single_cluster = local_cluster([gpu], specs={gpu: spec})
     single_plan = plan_from_prepared(prepared, single_cluster, placer="single")
-    single_plan.settings["optimizer"] = "adam"
+    single_plan.build["optimizer"] = "adam"
     eager_module = copy.deepcopy(module).to(gpu)
     eager = run_steps(eager_module, _to(inputs, gpu), steps=args.steps, warmup=args.warmup, devices=[gpu])
     del eager_module
@@ -123,7 +123,7 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
     cpu_spec = spec if args.dry_run else local_cpu_device()
     hybrid_cluster = local_cluster([gpu, cpu], specs={gpu: spec, cpu: cpu_spec})
     hybrid_plan = plan_from_prepared(prepared, hybrid_cluster, placer=args.hybrid_placer)
-    hybrid_plan.settings["optimizer"] = "adam"
+    hybrid_plan.build["optimizer"] = "adam"
     hybrid = _measured_vs_simulated(hybrid_plan, copy.deepcopy(module), inputs, [str(gpu), str(cpu)], args.steps,
                                     args.warmup)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,18 +18,21 @@ from conftest import cluster, graph
 from conftest import run_cli as run
 from devplace.capture.pipeline import Prepared, prepare
 from devplace.capture.torch_capture import capture
-from devplace.defaults import AUTO_PLACERS
-from devplace.errors import DevplaceError
+from devplace.defaults import AUTO_PLACERS, PARALLEL_PLACER
+from devplace.errors import DevplaceError, FormatError
 from devplace.graph import load_graph, save_graph
 from devplace.graph.coarsen import coarsen
+from devplace.graph.parallel import ParallelAsk
 from devplace.hardware.cluster import load_cluster
 from devplace.placers import get_placer, search_placement
+from devplace.placers.search import replay_request
 from devplace.planning import baselines, place_graph
-from devplace.runtime.plan import load_plan, plan_from_placed
+from devplace.runtime.plan import load_plan, plan_from_placed, zoo_plan
 from devplace.sim import Schedule, lower_bound, simulate
 from devplace.study import runner
 from devplace.study.grid import Cell, expand
 from devplace.study.spec import ClusterRef, GraphRef, load_study
+from devplace.units import fmt_time
 
 NETS = '''
 import torch
@@ -187,6 +191,135 @@ def test_a_saved_plan_records_the_placer_kept_with_the_settings_it_takes_and_rep
                         order=s["order"], seed=s["seed"], **s["placer_settings"])
     assert again.placement.assignment == placed.placement.assignment
     assert again.result.step_time_s == placed.result.step_time_s
+
+
+def test_a_parallel_plan_records_the_search_that_made_it_and_its_request_replays(tower, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """A parallel plan is made by the nested search, not by placer `single` with no settings (which replays as one
+    device running everything); its record keeps the parallel plans asked for (--dp 2), so the saved request,
+    asked again, gives the same answer, and the loaded plan says so."""
+    p, _, _ = zoo_plan(tower, CLUSTER, parallel=ParallelAsk(dp=2))
+    assert p.placed.parallel is not None and p.placed.placer == PARALLEL_PLACER
+    assert p.placed.request["parallel"] == {"dp": 2, "pp": "auto", "zero": "auto", "recompute": "auto"}
+    path = tmp_path / "plan.json"
+    p.save(path)
+    saved = load_plan(path)
+    assert saved.settings["request"] == p.placed.request and saved.placed.made_by == replace(p.placed.made_by,
+                                                                                             seconds=None)
+    again, _, _ = zoo_plan(tower, CLUSTER, **replay_request(saved.settings["request"]))
+    assert again.placement.assignment == p.placement.assignment
+    assert again.result.step_time_s == saved.result.step_time_s == p.result.step_time_s
+    text = " ".join(saved.summary(text=True).split())
+    assert f"placer {PARALLEL_PLACER} (no order), seed 0, autograd" in text and "placer single" not in text
+    # `devplace simulate PLAN` replays the whole step (replicas and their sync), as load_plan does
+    code, out, err = run(["simulate", str(path), "--json"], capsys, monkeypatch)
+    assert code == 0 and json.loads(out)["step_time_s"] == p.result.step_time_s, err
+    code, _, err = run(["simulate", str(path), CLUSTER], capsys, monkeypatch)
+    assert code == 2 and "or a saved plan (devplace place --save-plan) alone" in err
+
+
+def test_a_recorded_request_with_try_and_try_with_replays_the_same_answer():
+    """The record keeps what order auto was asked to do (try the 3 most promising orders with greedy, then run
+    contiguous once): asking the record again gives the same placement, step and decision."""
+    prepared = _mlp()
+    c = cluster(3, bw=1e9, lat=1e-6, mem=1e12)
+    how = {"coarsening": prepared.coarsening, "full": prepared.full}
+    placed = place_graph(prepared.graph, c, placer="contiguous", order="auto", try_orders=3, try_with="greedy", **how)
+    assert placed.request == {"placer": "contiguous", "order": "auto", "seed": 0, "settings": {}, "try_orders": 3,
+                              "try_with": "greedy"}
+    again = place_graph(prepared.graph, c, **replay_request(placed.request), **how)
+    assert again.placement.assignment == placed.placement.assignment and again.made_by == placed.made_by
+    assert again.result.step_time_s == placed.result.step_time_s
+
+
+def test_a_loaded_plan_keeps_the_record_of_how_it_was_made(tmp_path):
+    """The groups placed, the request and the simulation count come back from the file (they were the graph's op
+    count, an empty request and nothing); a plan whose settings were edited to disagree with its placement's record
+    is refused."""
+    prepared = _mlp()
+    c = cluster(3, bw=1e12, lat=1e-9, mem=1e12)
+    placed = place_graph(prepared.graph, c, coarsening=prepared.coarsening, full=prepared.full, placer="m-etf",
+                         order="bfs")
+    path = tmp_path / "plan.json"
+    plan_from_placed(placed).save(path)
+    loaded = load_plan(path).placed
+    assert loaded.placed_groups == placed.placed_groups == prepared.coarsening.num_groups < placed.graph.num_nodes
+    assert loaded.request == placed.request == {"placer": "m-etf", "order": "bfs", "seed": 0, "settings": {}}
+    assert loaded.simulations == placed.simulations > 0
+    assert f"{placed.placed_groups} groups of" in load_plan(path).summary(text=True)
+    doc = json.loads(path.read_text())
+    doc["settings"]["order"] = "topo"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(FormatError, match=r"settings\.order is 'topo' but the placement records 'bfs'"):
+        load_plan(path)
+
+
+@pytest.mark.parametrize("captured", [False, True])
+def test_the_reports_search_part_renders_from_the_search_log(captured, tower):
+    """Placer auto's line (each candidate's step or why it was dropped) and the search's time (the whole search's
+    and each candidate's) come from the log and the record, not from a copy in the placement's meta: the same text
+    with that copy gone, and it agrees with what the meta records for the file."""
+    if captured:
+        placed = zoo_plan(tower, CLUSTER)[0].placed
+    else:
+        prepared = _mlp()
+        placed = place_graph(prepared.graph, cluster(3, bw=1e12, lat=1e-9, mem=1e12), coarsening=prepared.coarsening,
+                             full=prepared.full)
+    meta = placed.placement.meta["placer_auto"]
+    text = " ".join(placed.text().split())
+    listed = ", ".join(f"{p} {fmt_time(t) if isinstance(t, float) else 'no fit'}" for p, t in meta["tried"].items())
+    assert f"placer auto -> {meta['placer']} ({listed})" in text
+    each = ", ".join(f"{p} {t:.2f} s" for p, t in meta["time_s"].items())
+    assert f"{placed.simulations:,} simulations ({each})" in text
+    bare = dataclasses.replace(placed, placement=placed.placement.with_meta(placer_auto=None))
+    assert " ".join(bare.text().split()) == text
+
+
+def _without(placed, *keys: str):
+    """`placed` with the meta keys `keys` gone (the search's record of them for the file format)."""
+    meta = {k: v for k, v in placed.placement.meta.items() if k not in keys}
+    return dataclasses.replace(placed, placement=dataclasses.replace(placed.placement, meta=meta))
+
+
+def test_the_micro_batch_and_order_lines_render_from_the_search_log(tower):
+    """The pipeline placer over micro-batch counts with order auto: which counts were tried (each one's step or why
+    it was skipped), where the orders were compared and which order was kept and why are read from the log (each
+    entry names the micro-batch count it was placed at): the same lines with the meta's copies gone, and they agree
+    with those copies."""
+    placed = zoo_plan(tower, CLUSTER, placer="pipeline")[0].placed
+    meta, auto = placed.placement.meta["microbatch_search"], placed.placement.meta["order_auto"]
+    text = " ".join(placed.text().split())
+    tried = ", ".join(f"M={m} {fmt_time(t) if isinstance(t, float) else 'skipped'}" for m, t in meta["tried"].items())
+    assert f"split into M={meta['kept']} ({tried})" in text
+    assert f"orders compared at M={meta['order_chosen_at']}" in text
+    assert f"order auto -> {auto['order']} ({auto['why']})" in text
+    assert " ".join(_without(placed, "microbatch_search", "order_auto").text().split()) == text
+
+
+def test_order_auto_for_a_placer_that_walks_no_order_says_so():
+    """heft ignores the order: the report said "order auto -> topo" above "placer heft (no order)"; the record and
+    the report now agree that no order was walked."""
+    prepared = _mlp()
+    placed = place_graph(prepared.graph, cluster(3, bw=1e12, lat=1e-9, mem=1e12), coarsening=prepared.coarsening,
+                         full=prepared.full, placer="heft")
+    assert placed.order is None and placed.placement.meta["order_auto"]["order"] is None
+    text = " ".join(placed.text().split())
+    assert "order auto -> " not in text and "order auto: no order walked (placer 'heft' does not walk" in text
+
+
+def test_a_loaded_plan_reports_how_it_was_found_as_the_search_did(tower, tmp_path):
+    """The saved plan keeps the search's log: the loaded plan's report lists the same candidates, outcomes and
+    seconds (the whole search's wall time is not recorded, and says so)."""
+    p, _, _ = zoo_plan(tower, CLUSTER)
+    path = tmp_path / "plan.json"
+    p.save(path)
+    loaded = load_plan(path).placed
+    assert loaded.log == p.placed.log and loaded.log
+    # the lines on how it was found: from placer auto's to the line on how it was placed
+    text, again = (" ".join(x.text().split()).partition("placer auto -> ")[2].partition(" baselines: ")[0]
+                   for x in (p.placed, loaded))
+    took = f"took {p.placed.placement_time_s:.2f} s wall time"
+    assert took in text and again == text.replace(took, "took a wall time not recorded")
 
 
 # ------------------------------------------------------------------------------- item 5: honest reports

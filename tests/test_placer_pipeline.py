@@ -228,7 +228,10 @@ def test_place_judges_the_pipeline_under_its_schedule_and_records_it():
     assert doc["schedule"] == Schedule("1f1b", 8).to_dict() and (doc["placer"], doc["order"]) == ("pipeline", "topo")
     assert doc["semantics"] == "autograd" and doc["step_time_s"] == r.step_time_s
     again = Placement.from_dict(doc, "here")
-    assert again == p and again.made_by == MadeBy("pipeline", "topo", 0, {"microbatches": 8}, "autograd")
+    assert again == p and again.made_by == MadeBy("pipeline", "topo", 0, {"microbatches": 8}, "autograd",
+                                                  {"placer": "pipeline", "order": "topo", "seed": 0,
+                                                   "settings": {"microbatches": 8}}, g.num_nodes,
+                                                  simulations=p.made_by.simulations)
 
 
 def test_the_placer_returns_its_schedule_and_keeps_the_ties_it_is_given():

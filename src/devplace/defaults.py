@@ -30,6 +30,11 @@ AUTO_PIPELINE = "pipeline"
 micro-batch count chosen among those that divide the batch), compared with `AUTO_PLACERS` whenever the graph
 records a batch that can be split, and tried when none of them fits but the parameters do."""
 
+PARALLEL_PLACER = "parallel"
+"""What made a parallel plan (dp replicas of a pipeline, `devplace place --dp/--pp/--zero/--recompute`, or placer
+auto's parallel candidate): the nested search `devplace.placers.search.search_parallel_plans`, not a registered
+placer; a placement's record (`MadeBy.placer`) and placer auto's candidate carry this name."""
+
 AUTO_QUADRATIC_NODES = 5000
 """Placer auto leaves out the placers whose time grows with the square of the graph (greedy) on graphs of more
 nodes than this: greedy takes about 4.7 s per order at 5,000 nodes and 68 s at 20,000 on this project's 2-core

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +22,9 @@ from rich.table import Table
 from rich.text import Text
 
 from devplace.defaults import (
+    AUTO_PIPELINE,
     AUTO_PLACER,
+    AUTO_PLACERS,
     DEFAULT_ORDER,
     DEFAULT_PLACER,
     DEFAULT_SEED,
@@ -32,16 +34,15 @@ from devplace.defaults import (
 )
 from devplace.errors import DevplaceError
 from devplace.files import json_safe
-from devplace.graph.batch import microbatching_note
+from devplace.graph.batch import graph_batch, microbatching_note
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.parallel import STAGES_KEY, ParallelAsk, ParallelPlan, recorded_stages, runtime_gap
-from devplace.graph.placement import Placement, runtime_placement, save_placement
+from devplace.graph.placement import MadeBy, Placement, runtime_placement, save_placement
 from devplace.graph.semantics import Semantics
 from devplace.hardware.cluster import Cluster, canonical_order, reordered
-from devplace.orders import order_label
 from devplace.placers import Tried, search_placement
 from devplace.placers.even import even_devices
-from devplace.placers.search import MicrobatchGraph
+from devplace.placers.search import ORDER_AUTO, UNPIPELINED, MicrobatchGraph
 from devplace.sim import LowerBound, Schedule, ScheduleError, SimResult, lower_bound, simulate
 from devplace.sim.parallel import CATEGORIES, ParallelResult
 from devplace.sim.schedule import V_SHAPED, simulate_schedule
@@ -64,6 +65,7 @@ __all__ = [
     "baselines_line",
     "check_seed",
     "even_split_devices",
+    "how_made",
     "json_safe",
     "place_graph",
     "precision_of",
@@ -281,8 +283,9 @@ class Placed:
     what `devplace.runtime.Plan` composes.
 
     `graph` is what was simulated and `placement` places each of its nodes: for a coarsened model
-    (`coarsening` given) the full graph, with every op on its group's device. `placer`, `order` (the one
-    walked; None for placers that ignore it), `seed` and `settings` say how it was made, `log` what the search
+    (`coarsening` given) the full graph, with every op on its group's device. How it was made is
+    `placement.made_by`, the search's one record, which `placer`, `order`, `seed`, `settings`, `request`,
+    `placed_groups`, `placement_time_s` and `simulations` read (a saved plan keeps it); `log` is what the search
     tried. The lower bound, the best single device and the as-run view are computed when first asked for.
     """
 
@@ -290,29 +293,68 @@ class Placed:
     cluster: Cluster
     placement: Placement
     result: SimResult
-    placer: str
-    seed: int
-    settings: dict[str, Any]
-    placement_time_s: float
-    placed_groups: int
     coarsening: Coarsening | None = None
     written: list[tuple[str, Path]] = field(default_factory=list)
-    simulations: int | None = None  # steps simulated to find it (`devplace.sim.count`), the final one included
     log: tuple[Tried, ...] = ()  # what the search tried: each candidate's step or why it was dropped, its seconds
-    request: dict[str, Any] = field(default_factory=dict)  # what was asked: placer, order, seed, settings
     whole: CompGraph | None = None  # the whole batch's step where `graph` is one micro-batch of it
     parallel: ParallelResult | None = None  # a parallel plan (`--dp/--pp/...`): `placement` is its replica 0
+
+    def __post_init__(self) -> None:
+        if self.placement.made_by is None:
+            raise ValueError("Placed: the placement must record how it was made (placement.made_by)")
+
+    @property
+    def made_by(self) -> MadeBy:
+        """How it was made: the placement's record (`devplace.graph.placement.MadeBy`)."""
+        assert self.placement.made_by is not None  # __post_init__
+        return self.placement.made_by
+
+    @property
+    def placer(self) -> str:
+        """The placer kept (placer "auto" resolved; `MAP_PLACER` for a module map, "parallel" for a parallel plan)."""
+        return self.made_by.placer
+
+    @property
+    def seed(self) -> int:
+        return DEFAULT_SEED if self.made_by.seed is None else self.made_by.seed
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The settings the kept placer took (only ones it takes; placer "auto"'s `schedule` is the request's)."""
+        return dict(self.made_by.settings)
+
+    @property
+    def request(self) -> dict[str, Any]:
+        """What was asked (`placers.search.request_record`; empty for a module map): placing it again
+        (`placers.search.replay_request`) gives this placement."""
+        return dict(self.made_by.request or {})
+
+    @property
+    def placed_groups(self) -> int:
+        """The nodes the placer placed: the coarsening's groups (a finer one where the search refined it), else
+        the graph's ops."""
+        return self.graph.num_nodes if self.made_by.groups is None else self.made_by.groups
+
+    @property
+    def placement_time_s(self) -> float:
+        """The whole search's wall time, captures of micro-batches included (NaN where not known: a loaded plan)."""
+        return math.nan if self.made_by.seconds is None else self.made_by.seconds
+
+    @property
+    def simulations(self) -> int | None:
+        """The steps simulated to find it (`devplace.sim.count`), the final one included."""
+        return self.made_by.simulations
 
     @property
     def order(self) -> str | None:
         """The traversal order the placer walked (after `auto` was resolved); None when it ignores orders."""
-        return self.placement.made_by.order if self.placement.made_by is not None else None
+        return self.made_by.order
 
     @property
     def semantics(self) -> str | None:
         """The placement semantics placed under ("op-by-op" or "autograd", `devplace.graph.semantics`); None
         for a placement not made by `devplace.place` (a module map)."""
-        return self.placement.made_by.semantics if self.placement.made_by is not None else None
+        return self.made_by.semantics
 
     @cached_property
     def bound(self) -> LowerBound:
@@ -362,7 +404,7 @@ class Placed:
                    step_over_lower_bound=_over_bound(self.result.step_time_s, self.bound),
                    best_single_device=single.to_dict(self.cluster, step), even_split=even.to_dict(self.cluster, step),
                    speedup_over_single_device=single.speedup(step), placed_groups=self.placed_groups,
-                   precision=precision_of(self.graph), search_log=[asdict(t) for t in self.log],
+                   precision=precision_of(self.graph), search_log=[t.to_dict() for t in self.log],
                    assignment=self.placement.assignment)
         if self.placement.schedule is not None:  # how its micro-batches were costed (docs/simulation.md)
             doc["microbatch_costs"] = ("captured at the micro-batch size" if self.placement.schedule.microbatch_graph
@@ -382,19 +424,22 @@ class Placed:
         """The lines under the table: a parallel plan and its memory by category, the order `auto` chose, how it
         was placed, the as-run view, files."""
         out: list[RenderableType] = parallel_lines(self.parallel) if self.parallel is not None else []
-        chosen = self.placement.meta.get("placer_auto")
-        if isinstance(chosen, dict):
-            tried = ", ".join(f"{p} {_outcome(t)}" for p, t in chosen["tried"].items())
-            out.append(Text(f"placer auto -> {chosen['placer']} ({tried})"))
+        tried, _ = self._auto_search()
+        if tried:
+            listed = ", ".join(f"{p} {_outcome(t)}" for p, t in tried.items())
+            out.append(Text(f"placer {AUTO_PLACER} -> {self.kept} ({listed})"))
             out += [Text(f"  {t.placer} {t.note}") for t in self.log if t.level == "placer" and t.note]
-        search = self.placement.meta.get("microbatch_search")
-        if isinstance(search, dict):
-            tried = ", ".join(f"M={m} {_outcome(t)}" for m, t in search["tried"].items())
-            at = search.get("order_chosen_at")
-            out.append(Text(f"micro-batches: batch {search['batch']} split into M={search['kept']} ({tried}); each "
+        sched = self.placement.schedule
+        counts = [e for e in self._kept_entries() if e.level == "microbatches"]
+        if counts and sched is not None:
+            tried = ", ".join(f"M={e.microbatches} {_outcome(e.outcome)}" for e in counts)
+            # with order auto, the orders were compared at the first count that fitted (`search_microbatches`)
+            at = next((e.microbatches for e in counts if e.step_time_s is not None), None) \
+                if self.request.get("order") == "auto" else None
+            batch = graph_batch(self.whole if self.whole is not None else self.graph)
+            out.append(Text(f"micro-batches: batch {batch} split into M={sched.microbatches} ({tried}); each "
                             "micro-batch captured and costed at its own size"
                             + (f"; orders compared at M={at}, the order kept there walked the others" if at else "")))
-        sched = self.placement.schedule
         changes = microbatching_note(self.graph) if sched is not None else None
         if changes is not None:
             out.append(Text(f"note: {changes}; place without --schedule/--placer pipeline for the unpipelined step"))
@@ -403,18 +448,15 @@ class Placed:
                             f"the whole batch's / {sched.microbatches} (this graph is the whole step, not one "
                             "micro-batch captured at its own size; small micro-batches cost more than that on a "
                             "GPU: place with --model to capture them)"))
-        auto = self.placement.meta.get("order_auto")
-        if isinstance(auto, dict):
-            out.append(Text(f"order auto -> {auto['order']} ({auto.get('why') or auto['rule']})"))
+        decided, orders = self._order_search()
+        if decided is not None:
+            out.append(Text(f"order auto -> {decided.order} ({decided.note})" if decided.order is not None else
+                            f"order auto: no order walked ({decided.note})"))
             # an order that placed nothing (no fit, or no pipeline stages) was skipped: say which and why
-            out += [Text(f"  order {o} skipped: {why}") for o, why in auto.get("tried", {}).items()
-                    if isinstance(why, str)]
+            out += [Text(f"  order {e.order} skipped: {e.dropped}") for e in orders if e.dropped is not None]
         groups = (f" ({self.placed_groups} groups of {self.graph.num_nodes} ops)"
                   if self.placed_groups != self.graph.num_nodes else "")
-        how = (f"module map {self.settings.get('module_map')}" if self.placer == MAP_PLACER else
-               f"placer {self.placer}" + (f", order {self.order}" if self.order else " (no order)")
-               + f", seed {self.seed}" + (f", {self.semantics}" if self.semantics else ""))
-        out.append(Text(f"{how}: placed{groups}{self._search_time()}" + precision_text(self.graph)))
+        out.append(Text(f"{how_made(self.made_by)}: placed{groups}{self._search_time()}" + precision_text(self.graph)))
         out.append(baselines_line(self.cluster, self.baselines, self.result.step_time_s))
         if self.coarsening is not None and self.as_run.moved:
             rt = self.as_run.result
@@ -427,16 +469,66 @@ class Placed:
         """" in 12.30 s wall time (410 simulations)", or for a search over candidates (placer auto, order auto)
         the whole search's wall time (micro-batch captures included) and each candidate's: the time is never one
         candidate's alone, nor a sum of them."""
-        chosen, auto = self.placement.meta.get("placer_auto"), self.placement.meta.get("order_auto")
         sims = f", {self.simulations:,} simulations" if self.simulations is not None else ""
-        if isinstance(chosen, dict) and chosen.get("time_s"):
-            each = ", ".join(f"{p} {t:.2f} s" for p, t in chosen["time_s"].items())
-            return (f"; the whole search (placer {AUTO_PLACER}) took {self.placement_time_s:.2f} s wall time{sims} "
-                    f"({each})")
-        if isinstance(auto, dict) and auto.get("time_s"):
-            return (f"; the whole search over {len(auto['time_s'])} orders took {self.placement_time_s:.2f} s wall "
-                    f"time{sims} (each order's time: --json, order_auto.time_s)")
+        known = self.made_by.seconds is not None  # not in a loaded plan: a file does not record wall time
+        took = f"took {self.placement_time_s:.2f} s wall time" if known else "took a wall time not recorded"
+        _, times = self._auto_search()
+        if times:
+            each = ", ".join(f"{p} {t:.2f} s" for p, t in times.items())
+            return f"; the whole search (placer {AUTO_PLACER}) {took}{sims} ({each})"
+        _, orders = self._order_search()
+        if orders:
+            return (f"; the whole search over {len({e.order for e in orders})} orders {took}{sims} (each order's "
+                    "time: --json, order_auto.time_s)")
+        if not known:
+            return f" (wall time not recorded{sims})"
         return f" in {self.placement_time_s:.2f} s wall time{sims and f' ({sims[2:]})'}"
+
+    def _kept_entries(self) -> list[Tried]:
+        """The log's entries of the search that made the answer: all of them, but on a captured model under placer
+        auto only those of the candidate kept (`kept`; `Tried.candidate`)."""
+        kinds = self.request.get("placer") == AUTO_PLACER and any(e.level == "schedule" for e in self.log)
+        kept = None
+        if kinds:  # the candidate's name in the log: the unpipelined one's is not its placer's
+            kept = self.kept if self.placement.schedule is not None else UNPIPELINED
+        return [e for e in self.log if e.candidate == kept]
+
+    def _order_search(self) -> tuple[Tried | None, list[Tried]]:
+        """Order auto's decision for the placer kept (level `ORDER_AUTO`; None where order auto did not decide
+        it) and the orders it placed (each one's step or why it was dropped), read from the search's log: the
+        kept candidate's entries (`_kept_entries`) at the micro-batch count kept, if any."""
+        sched = self.placement.schedule
+        at = sched.microbatches if sched is not None else None
+        mine = [e for e in self._kept_entries() if e.microbatches in (None, at)]
+        decided = next((e for e in reversed(mine) if e.level == ORDER_AUTO and e.placer == self.placer), None)
+        if decided is None:
+            return None, []
+        trial = self.request.get("try_with") or self.placer  # the placer that placed the orders
+        return decided, [e for e in mine if e.level == "order" and e.placer == trial]
+
+    def _auto_search(self) -> tuple[dict[str, float | str], dict[str, float]]:
+        """What placer auto tried, read from the search's log (empty for any other request): each name's step
+        or why it was dropped, and the wall seconds of each candidate that ran. On a captured model its candidates
+        are the placement without micro-batches, the parallel plans and each pipeline kind (level "schedule"), and
+        it lists the placers of `AUTO_PLACERS` the unpipelined one compared first; on a graph file its candidates
+        are its placers (level "placer")."""
+        if self.request.get("placer") != AUTO_PLACER:
+            return {}, {}
+        candidates = [e for e in self.log if e.level == "schedule"]
+        placers = [e for e in self.log if e.level == "placer" and (not candidates or e.placer in AUTO_PLACERS)]
+        tried = {e.placer: e.outcome for e in placers + candidates}
+        times = {e.placer: e.seconds for e in candidates or placers if not (e.dropped or "").startswith("skipped")}
+        return tried, times
+
+    @property
+    def kept(self) -> str:
+        """The candidate a search over candidates kept, named as its log names it: the placer (`placer`), but
+        "pipeline 1f1b" for a pipeline of placer auto's search on a captured model, whose candidates are the
+        pipeline kinds."""
+        sched = self.placement.schedule
+        kinds = any(e.level == "schedule" for e in self.log)
+        return (f"{AUTO_PIPELINE} {sched.kind}" if kinds and self.placer == AUTO_PIPELINE and sched is not None
+                else self.placer)
 
     def __rich__(self) -> Group:
         pipelined = self.parallel is None or self.parallel.plan.pp > 1
@@ -450,6 +542,16 @@ class Placed:
     def text(self, width: int = 120) -> str:
         """The report as plain text."""
         return render_text(self, width)
+
+
+def how_made(made: MadeBy) -> str:
+    """How a placement was made, for a report's line: "placer m-etf, order bfs, seed 0, autograd", "placer
+    even-refine (no order), seed 0" or "module map FILE"."""
+    if made.placer == MAP_PLACER:
+        return f"module map {made.settings.get('module_map')}"
+    return (f"placer {made.placer}" + (f", order {made.order}" if made.order else " (no order)")
+            + f", seed {DEFAULT_SEED if made.seed is None else made.seed}"
+            + (f", {made.semantics}" if made.semantics else ""))
 
 
 def parallel_doc(found: ParallelResult, search: Any) -> dict[str, Any]:
@@ -519,14 +621,9 @@ def place_graph(graph: CompGraph, cluster: Cluster, *, placer: str = DEFAULT_PLA
     # another model simulates it again
     result = (found.result if placement.schedule is not None or sim_model_name(simulation_model) == SIM_DEVPLACE
               else simulate(found.graph, cluster, placement, model=simulation_model))
-    made = placement.made_by
-    groups = found.coarsening.num_groups if found.coarsening is not None else found.graph.num_nodes
     asked = full if full is not None else graph  # the whole batch's step, where the answer is one micro-batch's
-    request = {"placer": placer, "order": order_label(order), "seed": seed, "settings": dict(settings)}
-    # how it was made is the search's record (`made_by`): the placer kept and the settings it took
-    return Placed(found.graph, cluster, placement, result, made.placer if made is not None else placer, seed,
-                  dict(made.settings) if made is not None else dict(settings), found.seconds, groups,
-                  found.coarsening, simulations=found.simulations, log=found.log, request=request,
+    # how it was made is the search's record (`placement.made_by`), read by the Placed, not copied into it
+    return Placed(found.graph, cluster, placement, result, found.coarsening, log=found.log,
                   whole=asked if found.graph is not asked else None, parallel=found.parallel)
 
 

@@ -272,11 +272,17 @@ def place_task(cluster: Cluster, *, graph: Path | None = None, model: str | None
     return placed
 
 
-def simulate_file(graph: str | Path, cluster: str | Cluster, placement: str | Path, *,
+def simulate_file(graph: str | Path, cluster: str | Cluster | None = None, placement: str | Path | None = None, *,
                   model: str = DEFAULT_SIM_MODEL, trace: Path | None = None, plot: Path | None = None) -> Simulated:
     """`devplace simulate`: simulate a placement file of a graph file on a cluster under simulation `model`.
     A placement made for another graph or cluster (by the names it records), or replica 0 of a parallel plan, is
-    simulated with a warning."""
+    simulated with a warning. With neither `cluster` nor `placement`, `graph` is a saved plan (`devplace.plan/1`),
+    which holds all three: its step replayed as it was judged (`runtime.plan.load_plan`: a parallel plan's with
+    its replicas, sync, ZeRO and recomputation), read through `torch_tasks()`."""
+    if cluster is None and placement is None:
+        return torch_tasks().simulate_plan(Path(graph), model=model, trace=trace, plot=plot)
+    if cluster is None or placement is None:
+        raise DevplaceError("give GRAPH CLUSTER PLACEMENT, or a saved plan (devplace place --save-plan) alone")
     g = load_graph_arg(graph)
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
     p = load_placement(placement)

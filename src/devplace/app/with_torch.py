@@ -52,10 +52,13 @@ from devplace.defaults import (
     DEFAULT_ORDER,
     DEFAULT_PLACER,
     DEFAULT_SEED,
+    DEFAULT_SIM_MODEL,
     FAMILY_MAX_NODES,
     LEARNED_PLACER,
+    SIM_DEVPLACE,
     TRAIN_FAMILY_GRAPHS,
     cpu_cores,
+    sim_model_name,
 )
 from devplace.errors import DevplaceError, FormatError
 from devplace.files import CHECKPOINT, PNG, json_kind
@@ -64,6 +67,7 @@ from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.parallel import RUN_SCHEDULES, V_SHAPED, ParallelAsk, ParallelPlan, runtime_gap
+from devplace.graph.placement import MadeBy
 from devplace.hardware.cluster import Cluster, Device, load_cluster
 from devplace.hardware.cost import CostTable, apply_overheads, check_table_fits, cost_devices
 from devplace.hardware.presets import device_kind as kind_device
@@ -75,11 +79,13 @@ from devplace.planning import (
     MAP_PLACER,
     Placed,
     Progress,
+    Simulated,
     baselines,
     even_split_devices,
     json_safe,
     place_graph,
     render_text,
+    simulate_placement,
 )
 from devplace.runtime.apply import normalize_devices
 from devplace.runtime.export import (
@@ -169,6 +175,7 @@ __all__ = [
     "save_placed_plan",
     "save_prepared",
     "set_threads",
+    "simulate_plan",
     "study_report",
     "study_run",
     "study_verify",
@@ -210,6 +217,24 @@ def place_prepared(prepared: Prepared, cluster: Cluster, *, placer: str = DEFAUL
     return placed
 
 
+def simulate_plan(path: Path, *, model: str = DEFAULT_SIM_MODEL, trace: Path | None = None,
+                  plot: Path | None = None) -> Simulated:
+    """`devplace simulate PLAN`: a saved plan's step, replayed as its search judged it (`load_plan`; a parallel
+    plan's whole step), or under another simulation `model` (`simulate_placement`: replica 0 alone for a parallel
+    plan, with a warning)."""
+    check_outputs(inputs=[path], trace=trace, plot=plot)
+    p = load_plan_file(path)
+    if sim_model_name(model) == SIM_DEVPLACE:
+        sim = Simulated(p.graph, p.cluster, p.placement, p.result, p.placed.bound)
+    else:
+        sim = simulate_placement(p.graph, p.cluster, p.placement, model=model)
+        if "parallel" in p.placement.meta:
+            sim.warnings.append(f"{path} is a parallel plan; under the {model} model only its replica 0 is "
+                                f"simulated, without the other replicas' gradient sync, ZeRO or recomputation")
+    sim.write(trace=trace, plot=plot)
+    return sim
+
+
 def save_placed_plan(placed: Placed, path: Path, *, model: str | None = None, batch: int | None = None,
                      seq_len: int | None = None, optimizer: str = "adam", max_nodes: int | None = None,
                      dtype: str | None = None, amp: bool = False) -> None:
@@ -247,10 +272,11 @@ def place_by_map(graph: CompGraph, cluster: Cluster, module_map: Path, *, coarse
     placement = placement_from_module_map(graph, cluster, read_module_map(module_map), tensors=tensors)
     if sched is not None:
         placement = replace(placement, schedule=sched)
-    elapsed = time.perf_counter() - t0
+    made = MadeBy(MAP_PLACER, None, DEFAULT_SEED, {"module_map": str(module_map)}, groups=graph.num_nodes,
+                  seconds=time.perf_counter() - t0)
+    placement = replace(placement, made_by=made)
     result = simulate(graph, cluster, placement, schedule=sched)
-    placed = Placed(graph, cluster, placement, result, MAP_PLACER, DEFAULT_SEED,
-                    {"module_map": str(module_map)}, elapsed, graph.num_nodes, coarsening)
+    placed = Placed(graph, cluster, placement, result, coarsening)
     placed.write(output=output, trace=trace, plot=plot)
     return placed
 
@@ -405,9 +431,7 @@ def _answer_row(answer: Placed) -> tuple[str, SimResult, str]:
         plan = answer.parallel.plan
         return plan.schedule, answer.result, f"placer auto: the parallel plan {plan.label}"
     sched = answer.placement.schedule
-    made = answer.placement.made_by
-    what = answer.placement.meta.get("placer_auto", {}).get("placer") or (made.placer if made else "")
-    return (sched.label if sched is not None else "none"), answer.result, f"placer auto: {what}"
+    return (sched.label if sched is not None else "none"), answer.result, f"placer auto: {answer.kept}"
 
 
 def cost_device(kind: str) -> Device:

@@ -66,9 +66,11 @@ from devplace.units import fmt_bytes, fmt_time
 
 
 def simulate_cmd(
-    graph: GraphArg,
-    cluster: ClusterArg,
-    placement: Annotated[Path, typer.Argument(help="placement file (devplace.placement/1 JSON)")],
+    graph: Annotated[Path, typer.Argument(help="graph file (devplace.graph/1 JSON), or `example` for the bundled "
+                                               "one; or a saved plan (devplace.plan/1, `place --save-plan`) alone")],
+    cluster: Annotated[str | None, typer.Argument(help="cluster preset name (see `devplace clusters`) or cluster "
+                                                       "JSON file")] = None,
+    placement: Annotated[Path | None, typer.Argument(help="placement file (devplace.placement/1 JSON)")] = None,
     model: Annotated[str, typer.Option(help=SIM_MODEL_HELP)] = DEFAULT_SIM_MODEL,
     as_json: JsonOpt = False,
     trace: TraceOpt = None,
@@ -76,7 +78,8 @@ def simulate_cmd(
     per_op: Annotated[bool, typer.Option("--per-op", help="with --json: each op's device, start, finish")] = False,
     force: ForceOpt = False,
 ) -> None:
-    """Simulate one training step of GRAPH on CLUSTER under PLACEMENT."""
+    """Simulate one training step of GRAPH on CLUSTER under PLACEMENT, or of a saved PLAN (its graph, cluster and
+    placement; a parallel plan's whole step, as its search judged it)."""
     sim = app.simulate_file(graph, cluster, placement, model=model, trace=trace, plot=plot)
     for message in sim.warnings:
         warn(message)

@@ -267,6 +267,14 @@ class ParallelAsk:
         return {"dp": self.dp or "auto", "pp": self.pp or "auto",
                 "zero": "auto" if self.zero is None else self.zero, "recompute": self.recompute}
 
+    @classmethod
+    def from_dict(cls, doc: Any) -> ParallelAsk:
+        """The ask of a `to_dict()` document (a recorded request's); ParallelPlanError for one that is not."""
+        if not isinstance(doc, Mapping) or set(doc) - {"dp", "pp", "zero", "recompute"}:
+            raise ParallelPlanError(f"a parallel ask records dp, pp, zero and recompute, got {doc!r:.120}")
+        dims = {k: None if doc.get(k) == "auto" else doc.get(k) for k in ("dp", "pp", "zero")}
+        return cls(**dims, recompute=doc.get("recompute", "auto"))
+
 
 # the pipeline schedules devplace's runtime runs a parallel plan under (`runtime.parallel_run.SCHEDULES`, which
 # graph/ may not import; tests/test_parallel_search.py checks the two agree); zero-bubble with one chunk (ZB-H1),

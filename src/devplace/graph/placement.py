@@ -19,24 +19,55 @@ FORMAT = "devplace.placement/1"
 
 @dataclass(frozen=True)
 class MadeBy:
-    """How a placement was made: `placer` (the one kept, when placer "auto" chose), `order` (the order it
-    walked; None for a placer that ignores orders; "custom" for a caller's own), `seed`, its `settings` and the
-    `semantics` placed under ("op-by-op" or "autograd", `devplace.graph.semantics`)."""
+    """How a placement was made, the one record of it (the search makes it once; reports, result objects and plan
+    files read it): `placer` (the one kept, when placer "auto" chose; "parallel" for a parallel plan, which the
+    nested search makes, no registered placer), `order` (the order it walked; None for a placer that ignores
+    orders; "custom" for a caller's own), `seed`, its `settings` (only ones `placer` takes) and the `semantics`
+    placed under ("op-by-op" or "autograd", `devplace.graph.semantics`); `request`, what was asked (placer, order,
+    seed, settings, and where given try_orders, try_with and the parallel plans asked for: placing it again gives
+    this placement); `groups`, the nodes the placer placed (a coarsening's groups, else the graph's ops); the
+    search's wall `seconds` and `simulations`. A placement file records all but `seconds` (wall time is not a
+    property of the answer: a loaded placement's is None)."""
 
     placer: str
     order: str | None = None
     seed: int | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     semantics: str | None = None
+    request: dict[str, Any] | None = None
+    groups: int | None = None
+    seconds: float | None = field(default=None, compare=False)  # a file does not keep it: not compared either
+    simulations: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The keys a placement file records it under."""
-        return {"placer": self.placer, "order": self.order, "seed": self.seed, "settings": dict(self.settings),
-                "semantics": self.semantics}
+        """The keys a placement file records it under (`MADE_KEYS`; request, groups and simulations where known)."""
+        doc: dict[str, Any] = {"placer": self.placer, "order": self.order, "seed": self.seed,
+                               "settings": dict(self.settings), "semantics": self.semantics}
+        for key, value in (("request", self.request), ("placed_groups", self.groups),
+                           ("simulations", self.simulations)):
+            if value is not None:
+                doc[key] = dict(value) if isinstance(value, Mapping) else value
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], where: str) -> MadeBy:
+        """The record of a placement document that names its "placer"; PlacementError naming `where` for fields of
+        the wrong type."""
+        settings, request = doc.get("settings") or {}, doc.get("request")
+        counts = [doc.get(k) for k in ("placed_groups", "simulations")]
+        if (not isinstance(doc["placer"], str) or not isinstance(settings, Mapping)
+                or not isinstance(request, Mapping | None)
+                or any(c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 0) for c in counts)):
+            raise PlacementError(f"{where}: \"placer\" must be a name, \"settings\" and \"request\" objects, "
+                                 f"\"placed_groups\" and \"simulations\" counts; got {doc['placer']!r:.40}, "
+                                 f"{settings!r:.40}, {request!r:.40}, {counts[0]!r:.20}, {counts[1]!r:.20}")
+        return cls(doc["placer"], doc.get("order"), doc.get("seed"), dict(settings), doc.get("semantics"),
+                   None if request is None else dict(request), counts[0], None, counts[1])
 
 
 # the keys of a placement file that are not meta: its own, the schedule's and MadeBy's
-_FIELDS = ("format", "graph", "cluster", "assignment", "schedule", "placer", "order", "seed", "settings", "semantics")
+MADE_KEYS = ("placer", "order", "seed", "settings", "semantics", "request", "placed_groups", "simulations")
+_FIELDS = ("format", "graph", "cluster", "assignment", "schedule", *MADE_KEYS)
 
 
 @dataclass(frozen=True)
@@ -114,13 +145,7 @@ class Placement:
         for nid, d in assignment.items():
             if isinstance(d, bool) or not isinstance(d, int):
                 raise PlacementError(f"{where}: node {nid!r} has device {d!r}; device indices are integers")
-        made_by = None
-        if doc.get("placer") is not None:
-            settings = doc.get("settings") or {}
-            if not isinstance(doc["placer"], str) or not isinstance(settings, Mapping):
-                raise PlacementError(f"{where}: \"placer\" must be a name and \"settings\" an object, got "
-                                     f"{doc['placer']!r} and {settings!r}")
-            made_by = MadeBy(doc["placer"], doc.get("order"), doc.get("seed"), dict(settings), doc.get("semantics"))
+        made_by = MadeBy.from_dict(doc, where) if doc.get("placer") is not None else None
         schedule = Schedule.from_dict(doc["schedule"]) if doc.get("schedule") is not None else None
         meta = {k: v for k, v in doc.items() if k not in _FIELDS}
         return cls(dict(assignment), graph=str(doc.get("graph", "")), cluster=str(doc.get("cluster", "")),

@@ -65,6 +65,7 @@ from devplace.defaults import (
     DEFAULT_ORDER,
     DEFAULT_PLACER,
     DEFAULT_SEED,
+    PARALLEL_PLACER,
 )
 from devplace.errors import DevplaceError, GraphError
 from devplace.graph.batch import graph_batch, graph_microbatches, microbatching_note
@@ -507,7 +508,12 @@ class Tried:
     batch / `microbatches`), and "parallel" (`placer` names the parallel plan kept, `search_parallel_plans`): the
     step on the graph as run, or why it was `dropped` (its NoFitError, or why it
     was skipped), and the `seconds` it took; `note`: what the search changed about the candidate (placer "auto"
-    limits a refining placer's simulations on a large graph)."""
+    limits a refining placer's simulations on a large graph). Level `ORDER_AUTO` is order "auto"'s decision for
+    `placer`: the `order` kept (None: the placer walks none), its step, and why in `note`.
+
+    Where an entry was logged inside a candidate of a search over a captured model, `candidate` names it (placer
+    auto's "unpipelined", "parallel", "pipeline 1f1b") and `microbatches` the micro-batch count it was placed at,
+    so that a report can read the kept candidate's own entries (`devplace.planning.Placed`)."""
 
     level: str
     placer: str
@@ -517,11 +523,35 @@ class Tried:
     seconds: float
     microbatches: int | None = None
     note: str | None = None
+    candidate: str | None = None
 
     @property
     def outcome(self) -> float | str:
         """The step time, or why it was dropped (what meta["placer_auto"]["tried"] records)."""
         return self.dropped if self.step_time_s is None else self.step_time_s  # type: ignore[return-value]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (`--json`'s "search_log", a saved plan's)."""
+        return {f: getattr(self, f) for f in TRIED_FIELDS}
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Tried:
+        """The entry of a `to_dict()` document; ValueError for one that is not (the caller names the file)."""
+        texts, counts = ("level", "placer", "order", "dropped", "note", "candidate"), ("microbatches",)
+        if (not isinstance(doc, Mapping) or set(doc) - set(TRIED_FIELDS) or not isinstance(doc.get("level"), str)
+                or not isinstance(doc.get("placer"), str)
+                or any(doc.get(k) is not None and not isinstance(doc[k], str) for k in texts)
+                or any(doc.get(k) is not None and (isinstance(doc[k], bool) or not isinstance(doc[k], int))
+                       for k in counts)
+                or any(doc.get(k) is not None and (isinstance(doc[k], bool) or not isinstance(doc[k], int | float))
+                       for k in ("step_time_s", "seconds"))):
+            raise ValueError(f"a search log entry has the fields {', '.join(TRIED_FIELDS)} (level and placer "
+                             f"names, times as numbers), got {doc!r:.160}")
+        return cls(**{"order": None, "step_time_s": None, "dropped": None, "seconds": 0.0, **doc})
+
+
+TRIED_FIELDS = ("level", "placer", "order", "step_time_s", "dropped", "seconds", "microbatches", "note", "candidate")
+ORDER_AUTO = "order auto"  # the level of order "auto"'s decision in a search's log (`Tried`)
 
 
 @dataclass(frozen=True, eq=False)
@@ -560,7 +590,8 @@ class SearchResult:
     simulation there (a ScheduledResult under a schedule); `coarse` is the placement of the coarse graph the
     placer saw (the same as `placement` without a coarsening), `coarsening` the one placed (the given one, or a
     finer one, module docstring); `cap_retries` the reruns with lowered caps; `log` what was tried and why each
-    candidate was dropped; `seconds` and `simulations` what the search cost."""
+    candidate was dropped. How it was made is `placement.made_by`, the one record (`search` completes it: the
+    request, the groups placed, the search's `seconds` and `simulations`)."""
 
     graph: CompGraph
     placement: Placement
@@ -569,15 +600,31 @@ class SearchResult:
     coarsening: Coarsening | None
     cap_retries: int
     log: tuple[Tried, ...]
-    seconds: float
-    simulations: int
     parallel: ParallelResult | None = None  # the parallel plan found, simulated (`search_parallel_plans`)
+
+    @property
+    def made_by(self) -> MadeBy:
+        """How it was made (`placement.made_by`, which the search always sets)."""
+        assert self.placement.made_by is not None
+        return self.placement.made_by
+
+    @property
+    def seconds(self) -> float | None:
+        """The whole search's wall time (None before `search` measured it)."""
+        return self.made_by.seconds
+
+    @property
+    def simulations(self) -> int | None:
+        """The steps the whole search simulated (None before `search` counted them)."""
+        return self.made_by.simulations
 
 
 def search(req: Request) -> SearchResult:
     """Place `req`: plan its candidates, place and judge each, keep the fastest (module docstring); with a
     `microbatch_graph`, placer "auto" and `pipeline` search over the captures of its micro-batches
-    (`search_captured`). `seconds` (wall time) and `simulations` are measured here, once for the whole search."""
+    (`search_captured`). The answer's record of how it was made (`placement.made_by`) is completed here, once:
+    the request (`request_record`), the groups placed, and the wall `seconds` and `simulations` of the whole
+    search."""
     t0 = time.perf_counter()
     with counting() as count:
         if req.parallel is not None:
@@ -588,7 +635,41 @@ def search(req: Request) -> SearchResult:
             found = search_parallel_plans(replace(req, parallel=ParallelAsk()), runnable=True)
         else:
             found = search_captured(req) if captures_microbatches(req) else search_graph(req)
-    return replace(found, seconds=time.perf_counter() - t0, simulations=count.runs)
+    groups = found.coarsening.num_groups if found.coarsening is not None else found.graph.num_nodes
+    made = replace(found.made_by, request=request_record(req), groups=groups, seconds=time.perf_counter() - t0,
+                   simulations=count.runs)
+    return replace(found, placement=replace(found.placement, made_by=made))
+
+
+def request_record(req: Request) -> dict[str, Any]:
+    """What `req` asked, as a placement records it (`MadeBy.request`): placer, order (its name; "custom" for a
+    caller's own), seed and settings, and try_orders, try_with and the parallel plans asked for where given.
+    `replay_request` turns it back into the search's arguments."""
+    doc: dict[str, Any] = {"placer": req.placer, "order": order_label(req.order), "seed": req.seed,
+                           "settings": dict(req.settings)}
+    if req.try_orders is not None:
+        doc["try_orders"] = req.try_orders
+    if req.try_with is not None:
+        doc["try_with"] = req.try_with
+    if req.parallel is not None:
+        doc["parallel"] = req.parallel.to_dict()
+    return doc
+
+
+def replay_request(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of `search_placement` (and `planning.place_graph`) that ask `request` (a
+    `request_record`) again: placer, order, seed, try_orders, try_with, parallel and the settings. PlacerError
+    for a record that is not one (an edited file)."""
+    known = {"placer", "order", "seed", "settings", "try_orders", "try_with", "parallel"}
+    settings = request.get("settings") or {}
+    if (set(request) - known or not isinstance(request.get("placer"), str) or not isinstance(request.get("order"), str)
+            or not isinstance(settings, Mapping)):
+        raise PlacerError(f"a recorded request must name its placer and order, with its settings an object and no "
+                          f"other keys than {', '.join(sorted(known))}; got {dict(request)!r:.200}")
+    ask = request.get("parallel")
+    return {"placer": request["placer"], "order": request["order"], "seed": request.get("seed", DEFAULT_SEED),
+            "try_orders": request.get("try_orders"), "try_with": request.get("try_with"),
+            "parallel": None if ask is None else ParallelAsk.from_dict(ask), **settings}
 
 
 def search_graph(req: Request) -> SearchResult:
@@ -604,7 +685,7 @@ def search_graph(req: Request) -> SearchResult:
     canon = req if listed else replace(req, cluster=reordered(req.cluster, perm))
     plan = plan_search(canon)
     kept = _best_placer(canon, plan, log)
-    found = _result(canon, kept, log, 0.0, 0)
+    found = _result(canon, kept, log)
     return found if listed else _as_listed(found, req, perm)
 
 
@@ -665,15 +746,28 @@ def _best_placer(req: Request, plan: SearchPlan, log: list[Tried]) -> Fitted:
 
 
 def _best_order(req: Request, pc: PlacerCandidates, progress: Progress | None, log: list[Tried]) -> Fitted:
+    """The fastest of one placer's orders (`_compare_orders`); order "auto"'s decision logged (level
+    `ORDER_AUTO`: the order kept, its step, why)."""
+    t0 = time.perf_counter()
+    fitted = _compare_orders(req, pc, progress, log)
+    auto = fitted.extra.get("order_auto")
+    if pc.auto is not None and isinstance(auto, dict):
+        log.append(Tried(ORDER_AUTO, pc.placer, auto["order"], fitted.step_time_s, None, time.perf_counter() - t0,
+                         note=auto["why"]))
+    return fitted
+
+
+def _compare_orders(req: Request, pc: PlacerCandidates, progress: Progress | None, log: list[Tried]) -> Fitted:
     """The fastest of one placer's orders (order "auto": meta["order_auto"] records how it was chosen): each
     order placed by `pc.trial` when given, `pc.placer` then once under the best; where none fits alone and
     `pc.on_view`, the order chosen on the placer's view at every lowered cap."""
     auto = pc.auto
     if auto is None:
         return place_candidate(req, pc.placer, pc.orders, pc.settings, progress)
-    if not auto.candidates:  # the model's order alone
+    if not auto.candidates:  # the model's order alone (walked only by a placer that walks one)
+        walked = auto.model_order if get_placer(pc.placer).uses_order else None
         return place_candidate(req, pc.placer, pc.orders, pc.settings, progress).noting(
-            order_auto={"order": auto.model_order, "mode": auto.mode, **auto.base, "why": auto.reason})
+            order_auto={"order": walked, "mode": auto.mode, **auto.base, "why": auto.reason})
     trial = pc.trial or pc.placer
     mark, best, first_error = len(log), None, None
     for j, order in enumerate(pc.orders):
@@ -886,7 +980,7 @@ def _caps_text(caps: np.ndarray) -> str:
 # ------------------------------------------------------------------------------------------ the answer
 
 
-def _result(req: Request, kept: Fitted, log: list[Tried], seconds: float, simulations: int) -> SearchResult:
+def _result(req: Request, kept: Fitted, log: list[Tried]) -> SearchResult:
     """The kept candidate as a SearchResult, its meta the file format's record of how it was made."""
     graph, cluster, view = req.graph, req.cluster, kept.view
     made_by = MadeBy(kept.placer, order_label(kept.order) if get_placer(kept.placer).uses_order else None, req.seed,
@@ -905,14 +999,14 @@ def _result(req: Request, kept: Fitted, log: list[Tried], seconds: float, simula
     if req.coarsening is not None:
         seen, devices = view.unfolded(kept.view_devices)
         coarse = replace(placement, assignment=dict(zip(seen.ids, devices.tolist(), strict=True)), graph=seen.name)
-    return SearchResult(graph, placement, kept.result, coarse, view.coarsening, kept.retries, tuple(log), seconds,
-                        simulations)
+    return SearchResult(graph, placement, kept.result, coarse, view.coarsening, kept.retries, tuple(log))
 
 
 # ---------------------------------------------------------------- a captured model: micro-batches of their own size
 
 # the schedules placer auto pipelines a captured model under
 AUTO_PIPELINE_KINDS = ("1f1b", "interleaved-1f1b")
+UNPIPELINED = "unpipelined"  # placer auto's candidate without micro-batches on a captured model (its log's name)
 
 
 def captures_microbatches(req: Request) -> bool:
@@ -976,15 +1070,15 @@ def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
         needs, has = memory_needs(req.graph).total_bytes, float(req.cluster.memory.sum())
         bound = lower_bound(req.graph, req.cluster).value_s
         if needs > has:
-            log.insert(0, Tried("schedule", "unpipelined", None, None, f"skipped: the parameters and the whole "
+            log.insert(0, Tried("schedule", UNPIPELINED, None, None, f"skipped: the parameters and the whole "
                                 f"batch's activations need {fmt_bytes(needs)}, the cluster has {fmt_bytes(has)}", 0.0))
         elif bound >= fastest():
-            log.insert(0, Tried("schedule", "unpipelined", None, None, f"skipped: no step without micro-batches "
+            log.insert(0, Tried("schedule", UNPIPELINED, None, None, f"skipped: no step without micro-batches "
                                 f"beats {fastest():.4g} s (its lower bound is {bound:.4g} s)", 0.0))
         else:
             flat = replace(req, settings={"schedule": "none"}, microbatch_graph=None)
             mark = len(log)
-            unpiped = _candidate(log, "schedule", "unpipelined", lambda: search_graph(flat))
+            unpiped = _candidate(log, "schedule", UNPIPELINED, lambda: search_graph(flat))
             log[:] = log[mark:] + log[:mark]
             found = unpiped + found
 
@@ -1005,10 +1099,10 @@ def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
     helps = schedule is None and req.cluster.num_devices >= 2 and batch >= 2  # type: ignore[operator]
     conflicts = parallel_conflicts(req)
     if helps and conflicts:
-        log.append(Tried("schedule", "parallel", None, None, "skipped: parallel plans choose their own cuts, schedule "
-                         f"and micro-batches, and {', '.join(conflicts)} fixed them", 0.0))
-    elif helps and not kept_own("parallel", "--parallel plans it"):
-        found += _candidate(log, "schedule", "parallel", lambda: default_parallel(req),
+        log.append(Tried("schedule", PARALLEL_PLACER, None, None, "skipped: parallel plans choose their own cuts, "
+                         f"schedule and micro-batches, and {', '.join(conflicts)} fixed them", 0.0))
+    elif helps and not kept_own(PARALLEL_PLACER, "--parallel plans it"):
+        found += _candidate(log, "schedule", PARALLEL_PLACER, lambda: default_parallel(req),
                             (NoFitError, PlacerError, DevplaceError))
     if schedule != "none" and batch >= 2:  # type: ignore[operator]
         for kind in (schedule,) if schedule is not None else AUTO_PIPELINE_KINDS:
@@ -1029,7 +1123,7 @@ def search_auto_captured(req: Request, schedule: str | None) -> SearchResult:
     tried.update((e.placer, e.outcome) for e in candidates)
     times = {e.placer: e.seconds for e in candidates if not (e.dropped or "").startswith("skipped")}
     made = best.placement.made_by
-    meta = {"placer": made.placer if name == "unpipelined" and made is not None else name, "tried": tried,
+    meta = {"placer": made.placer if name == UNPIPELINED and made is not None else name, "tried": tried,
             "time_s": times, "why": f"smallest simulated step time of {', '.join(times)} (placer {AUTO_PLACER!r})"}
     return replace(best, placement=best.placement.with_meta(placer_auto=meta), log=tuple(log))
 
@@ -1127,7 +1221,9 @@ def _candidate(log: list[Tried], level: str, name: str, run: Callable[[], Search
                f"{type(exc).__name__}: {getattr(exc, 'reason', '') or exc}")
         log.append(Tried(level, name, None, None, why, time.perf_counter() - t0, microbatches))
         return []
-    log += found.log
+    # its entries say which candidate and micro-batch count they were logged under (the outermost candidate's name)
+    log += [replace(e, microbatches=microbatches if e.microbatches is None else e.microbatches,
+                    candidate=name if level == "schedule" else e.candidate) for e in found.log]
     log.append(Tried(level, name, None, found.result.step_time_s, None, time.perf_counter() - t0, microbatches))
     return [(name, found)]
 
@@ -1366,8 +1462,8 @@ def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SC
         best = simulate_parallel(one, req.cluster, found.stage, plan)
     plan = best.plan
     devices = np.asarray(plan.replica(0), dtype=np.int64)[stage_layout(plan, found.stage)[0]]
-    made_by = MadeBy(AUTO_PIPELINE if plan.pp > 1 else "single", CANONICAL_ORDER if plan.pp > 1 else None, req.seed,
-                     {}, req.semantics.value)
+    # made by this search, no registered placer (the cut walks the canonical order); the plan is meta["parallel"]
+    made_by = MadeBy(PARALLEL_PLACER, CANONICAL_ORDER if plan.pp > 1 else None, req.seed, {}, req.semantics.value)
     meta = {"step_time_s": best.step_time_s, "parallel": plan.to_dict(),
             STAGES_KEY: stages_record(one.ids, found.stage),
             "parallel_search": {"asked": ask.to_dict(), "microbatch_size": batch // k, "tried": tried,
@@ -1376,4 +1472,4 @@ def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SC
                           cluster=req.cluster.name, meta=meta, schedule=plan.pipeline_schedule(0, True),
                           made_by=made_by)
     log = (Tried("parallel", plan.label, None, best.step_time_s, None, time.perf_counter() - t0),)
-    return SearchResult(one, placement, best.as_sim_result(), placement, None, 0, log, 0.0, 0, best)
+    return SearchResult(one, placement, best.as_sim_result(), placement, None, 0, log, best)

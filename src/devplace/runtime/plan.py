@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +14,18 @@ from rich.console import Group
 from rich.text import Text
 from torch import nn
 
-from devplace.defaults import AUTO_PLACER, DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED
+from devplace.defaults import AUTO_PLACER, DEFAULT_ORDER, DEFAULT_PLACER, DEFAULT_SEED, PARALLEL_PLACER
 from devplace.errors import DevplaceError, FormatError
 from devplace.graph.batch import graph_batch
 from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.jsonio import read_json, write_json
 from devplace.graph.parallel import STAGES_KEY, ParallelPlan, ParallelPlanError, recorded_stages
-from devplace.graph.placement import Placement
+from devplace.graph.placement import MadeBy, Placement
 from devplace.hardware.cluster import Cluster, load_cluster
 from devplace.hardware.cost import CostTable, cost_devices
 from devplace.placers import get_placer
-from devplace.placers.search import MicrobatchGraph
+from devplace.placers.search import MicrobatchGraph, Tried
 from devplace.planning import (
     MAP_PLACER,
     AsRun,
@@ -34,6 +33,7 @@ from devplace.planning import (
     Placed,
     baselines_line,
     check_seed,
+    how_made,
     place_graph,
     precision_text,
     render_text,
@@ -55,15 +55,22 @@ class Plan:
     cluster, placement, result, coarsening) plus what running it needs.
 
     `graph` is the captured, costed graph (every op); `placement` places each of its ops; `result` is the
-    `devplace`-model simulation of that placement; `settings` records how it was made (placer, order, seed,
-    optimizer, max_nodes, precision, model source). `coarse` (the coarsening the placer saw), `example_inputs`
-    and `loss_fn` are kept in memory only.
+    `devplace`-model simulation of that placement; `build` records how the graph was made (optimizer, max_nodes,
+    precision, model source) and `settings` adds how the placement was made (`MADE_SETTINGS`, read from the
+    placement's record `placement.made_by`, never copied). `coarse` (the coarsening the placer saw),
+    `example_inputs` and `loss_fn` are kept in memory only.
     """
 
     placed: Placed
-    settings: dict[str, Any] = field(default_factory=dict)
+    build: dict[str, Any] = field(default_factory=dict)
     example_inputs: Any = None
     loss_fn: Callable[[Any], torch.Tensor] | None = None
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What the file's "settings" holds: how the placement was made ("placer", "order", "seed",
+        "placer_settings", "request": the placement's record, `made_settings`) and how the graph was (`build`)."""
+        return {**made_settings(self.placed.made_by), **self.build}
 
     @property
     def graph(self) -> CompGraph:
@@ -114,11 +121,11 @@ class Plan:
 
     def summary(self, text: bool = False) -> Any:
         """The table `devplace place` prints (a rich renderable), or with `text=True` the same as plain text."""
-        s = self.settings
         rt = self.runtime_result
         moved = self.as_run.moved
-        line = Text(f"placer {s.get('placer')}, order {s.get('order')}, seed {s.get('seed')}"
-                    + (f"; {self.coarse.num_groups} groups of {self.graph.num_nodes} ops" if self.coarse else "")
+        groups = self.placed.placed_groups
+        line = Text(how_made(self.placed.made_by)
+                    + (f"; {groups} groups of {self.graph.num_nodes} ops" if groups != self.graph.num_nodes else "")
                     + precision_text(self.graph)
                     + (f"; as run by devplace.runtime ({moved} backward/optimizer ops follow their forward op): "
                        f"step time {fmt_time(rt.step_time_s)}, {'feasible' if rt.feasible else 'INFEASIBLE'}"
@@ -128,9 +135,10 @@ class Plan:
         return render_text(view) if text else view
 
     def to_dict(self) -> dict[str, Any]:
-        """The `devplace.plan/1` document."""
+        """The `devplace.plan/1` document (with the search's log, from which a loaded plan reports how it was found)."""
         return {"format": FORMAT, "settings": dict(self.settings), "cluster": self.cluster.to_dict(),
-                "result": self.result.to_dict(), "placement": self.placement.to_dict(), "graph": self.graph.to_dict()}
+                "result": self.result.to_dict(), "placement": self.placement.to_dict(),
+                "search_log": [t.to_dict() for t in self.placed.log], "graph": self.graph.to_dict()}
 
     def save(self, path: str | Path) -> None:
         """Write the plan as `devplace.plan/1` JSON (graph, cluster, placement, settings, simulated result)."""
@@ -159,15 +167,23 @@ def plan_from_prepared(prepared: Any, cluster: Cluster, *, placer: str = DEFAULT
 def plan_from_placed(placed: Placed, *, settings: Mapping[str, Any] | None = None,
                      source: Mapping[str, Any] | None = None) -> Plan:
     """The plan of a placement made by `place_graph` (what `devplace place --save-plan` writes): its graph,
-    cluster, placement (with its schedule, if any) and simulated result; `settings` adds how the graph was made
-    (optimizer, max_nodes, precision) and `source` the model to rebuild (`named_source`; empty for a graph
-    file, which `devplace export` takes but `devplace run --plan` cannot rebuild). "placer", "order", "seed" and
-    "placer_settings" are the search's answer (the placer kept and the settings it took: placing them again gives
-    the same placement), "request" what was asked (placer "auto", order "auto", ...)."""
-    s = {"placer": placed.placer, "order": placed.order, "seed": placed.seed,
-         "placer_settings": dict(placed.settings), "request": dict(placed.request), **(settings or {}),
-         "source": dict(source or {})}
-    return Plan(placed, s)
+    cluster, placement (with its schedule, if any, and its record of how it was made) and simulated result;
+    `settings` adds how the graph was made (optimizer, max_nodes, precision) and `source` the model to rebuild
+    (`named_source`; empty for a graph file, which `devplace export` takes but `devplace run --plan` cannot
+    rebuild)."""
+    return Plan(placed, {**(settings or {}), "source": dict(source or {})})
+
+
+# the keys of a plan's "settings" that say how its placement was made, each read from the placement's record
+MADE_SETTINGS = ("placer", "order", "seed", "placer_settings", "request")
+
+
+def made_settings(made: MadeBy) -> dict[str, Any]:
+    """A plan file's `MADE_SETTINGS` of the record `made`: "placer", "order", "seed" and "placer_settings" are the
+    search's answer (the placer kept and the settings it took: placing them again gives the same placement),
+    "request" what was asked (placer "auto", order "auto", ...; asking it again gives the same answer)."""
+    return {"placer": made.placer, "order": made.order, "seed": made.seed, "placer_settings": dict(made.settings),
+            "request": dict(made.request or {})}
 
 
 def named_source(name: str, batch: int | None, seq_len: int | None, build_seed: int) -> dict[str, Any]:
@@ -242,7 +258,7 @@ def _check_settings(settings: Mapping[str, Any], path: str | Path) -> None:
     if not isinstance(given, Mapping):
         raise FormatError(f"{path}: settings.placer_settings must be a JSON object (setting -> value), got "
                           f"{given!r:.60}; the file was edited or damaged: make the plan again")
-    if placer in (None, "", AUTO_PLACER, MAP_PLACER):
+    if placer in (None, "", AUTO_PLACER, MAP_PLACER, PARALLEL_PLACER):
         return  # no one placer's settings to check them against
     try:
         get_placer(placer).validate(given)
@@ -282,12 +298,36 @@ def load_plan(path: str | Path) -> Plan:
         raise FormatError(f"{path}: \"settings\" must be a JSON object (and its \"source\" too); is this a devplace "
                           "plan file?")
     _check_settings(settings, path)
+    placement = replace(placement, made_by=_record(settings, placement.made_by, path))
+    entries = doc.get("search_log", [])
+    try:
+        if not isinstance(entries, list):
+            raise ValueError(f"a list of entries, got {entries!r:.60}")
+        log = tuple(Tried.from_dict(e) for e in entries)
+    except ValueError as exc:
+        raise FormatError(f"{path}: \"search_log\": {exc}; the file was edited or damaged: make the plan "
+                          "again") from None
     result = replay(graph, cluster, placement, path)
-    # how it was placed, as `plan_from_placed` recorded it; the search's time is not kept in the file
-    placed = Placed(graph, cluster, placement, result, str(settings.get("placer") or ""),
-                    settings.get("seed", DEFAULT_SEED), dict(settings.get("placer_settings") or {}), math.nan,
-                    graph.num_nodes)
-    return Plan(placed, dict(settings))
+    # how it was placed is the placement's record and the search's log; the search's wall time is not in the file
+    placed = Placed(graph, cluster, placement, result, log=log)
+    return Plan(placed, {k: v for k, v in settings.items() if k not in MADE_SETTINGS})
+
+
+def _record(settings: Mapping[str, Any], made: MadeBy | None, path: str | Path) -> MadeBy:
+    """The record of how a saved plan's placement was made: the placement's own (`made`), each part it lacks
+    (a file written before the placement recorded it) from the plan's `MADE_SETTINGS`; FormatError naming `path`
+    where the two disagree (an edited file: which of them would replay?)."""
+    if made is None:
+        made = MadeBy(str(settings.get("placer") or ""), settings.get("order"), settings.get("seed", DEFAULT_SEED),
+                      dict(settings.get("placer_settings") or {}))
+    filled = replace(made, request=made.request if made.request is not None else settings.get("request"))
+    mine = made_settings(filled)
+    differ = [k for k in MADE_SETTINGS if k in settings and settings[k] != mine[k]]
+    if differ:
+        k = differ[0]
+        raise FormatError(f"{path}: settings.{k} is {settings[k]!r:.80} but the placement records {mine[k]!r:.80}; "
+                          "the file was edited or damaged: make the plan again")
+    return filled
 
 
 def zoo_plan(name: str, cluster: Cluster | str, *, batch: int | None = None, seq_len: int | None = None,

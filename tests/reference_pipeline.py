@@ -110,6 +110,17 @@ def _tied_copies(nodes: list[dict], edges: list[dict], placement: dict[str, int]
         on = {stage[x]: placement[x] for x, _ in sent}
         here = sorted(st for st, d in on.items() if d == placement[a])
         kept = stage[a] if stage[a] in here else (here[0] if here else -1)
+        # each contributing stage adds its own gradient into its copy's .grad on later micro-batches: the sums'
+        # accumulation moves to each stage's first contribution (in edge order)
+        first: dict[int, str] = {}
+        for x, _ in sent:
+            first.setdefault(stage[x], x)
+        for key in ("accumulate_s", "accumulate_bytes"):
+            total = sum(byid[w].get(key, 0.0) for w in sums)
+            for w in sums:
+                byid[w] = {**byid[w], key: 0.0}
+            for x in first.values():
+                byid[x] = {**byid[x], key: byid[x].get(key, 0.0) + total}
         for st in sorted(set(on) - {kept}):
             c = f"{a}~tied-copy{st}"
             nodes.append({"id": c, "kind": "optimizer",
@@ -120,6 +131,7 @@ def _tied_copies(nodes: list[dict], edges: list[dict], placement: dict[str, int]
     for i in summed:
         phase[i] = "S"
         del stage[i]
+    nodes = [byid.get(n["id"], n) for n in nodes]
     return nodes, edges, placement
 
 
@@ -201,9 +213,13 @@ def reference_schedule(nodes: list[dict], edges: list[dict], speeds: list[float]
     for k in range(m):
         for n in nodes:
             if phase[n["id"]] != "S":
-                un_nodes.append({"id": f"{n['id']}|{k}", "compute_s": n.get("compute_s", 0.0) * f,
+                # a micro-batch after the first adds its gradients into .grad: their add's time, and the new
+                # gradient held meanwhile
+                later = 1.0 if k >= 1 else 0.0
+                un_nodes.append({"id": f"{n['id']}|{k}",
+                                 "compute_s": n.get("compute_s", 0.0) * f + later * n.get("accumulate_s", 0.0),
                                  "output_bytes": n.get("output_bytes", 0.0) * f,
-                                 "temp_bytes": n.get("temp_bytes", 0.0) * f,
+                                 "temp_bytes": n.get("temp_bytes", 0.0) * f + later * n.get("accumulate_bytes", 0.0),
                                  "param_bytes": n.get("param_bytes", 0.0) if k == 0 else 0.0})
                 place[f"{n['id']}|{k}"] = placement[n["id"]]
     for n in nodes:

@@ -223,6 +223,8 @@ def pipelines(draw):
     for i in reversed(range(n)):
         nodes.append({"id": f"b{i}", "kind": "backward", "group": f"f{i}", "compute_s": draw(nums),
                       "output_bytes": draw(st.sampled_from([0, 4]))})
+        if draw(st.booleans()):  # it makes a parameter gradient: added into .grad on later micro-batches
+            nodes[-1].update(accumulate_s=draw(nums), accumulate_bytes=draw(st.sampled_from([0, 3])))
     sizes = {i: draw(st.sampled_from([0, 4, 10])) for i in range(n)}
     if draw(st.booleans()):  # a backward op tied to no forward op (the loss gradient, say)
         nodes.append({"id": "seed", "kind": "backward", "compute_s": 0.5})
@@ -234,7 +236,8 @@ def pipelines(draw):
             edges.append({"src": f"b{i}", "dst": f"o{i}", "bytes": 5, "tensor": 1})
     if n >= 2 and draw(st.booleans()):  # a weight tied between f0 and f{n-1}: its gradient summed, then updated
         g = draw(st.sampled_from([0, 6]))
-        nodes += [{"id": "tsum", "kind": "backward", "group": "f0", "compute_s": draw(nums)},
+        nodes += [{"id": "tsum", "kind": "backward", "group": "f0", "compute_s": draw(nums),
+                   "accumulate_s": draw(nums), "accumulate_bytes": g},
                   {"id": "topt", "kind": "optimizer", "group": "f0", "compute_s": 1.0, "param_bytes": 7}]
         edges += [{"src": "b0", "dst": "tsum", "bytes": g, "tensor": 2},
                   {"src": f"b{n - 1}", "dst": "tsum", "bytes": g, "tensor": 2},

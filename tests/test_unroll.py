@@ -18,7 +18,7 @@ from conftest import cluster
 from devplace.graph import CompGraph
 from devplace.graph.compgraph import _first_of_parallel
 from devplace.graph.parallel import ParallelPlan
-from devplace.graph.phases import _step_column, step_compute
+from devplace.graph.phases import _step_column, accumulation, step_compute
 from devplace.graph.schedule import V_SHAPED
 from devplace.graph.ties import _tie_classes, tie_classes
 from devplace.hardware.cluster import Cluster
@@ -49,12 +49,47 @@ from test_zero_bubble import layer, zchain
 KIND = "V100"  # the device kind of the per-kind compute column some cases carry
 
 
-def reference_unroll(g: CompGraph, devices: np.ndarray, schedule: Schedule, stages, c) -> Unrolled:
+def reference_accumulation(g: CompGraph, stage: np.ndarray, total: int) -> tuple[list, dict, list]:
+    """(seconds, per kind, bytes) of each node's gradient accumulation in the step as run (`total` nodes: `g`'s,
+    then tied copies and relays, which add nothing), from `g`'s records: a node's own `accumulate_s` (per kind its
+    `accumulate_s_by_kind`, else `accumulate_s` scaled as its compute is on that kind) and `accumulate_bytes`,
+    except that a tied gradient sum's move to the first contribution (edge order) of each contributing stage."""
+    n = g.num_nodes
+    ext = g.node_extra or tuple({} for _ in range(n))
+    ref = [float(ext[v].get("accumulate_s", 0.0)) for v in range(n)] + [0.0] * (total - n)
+    nbytes = [float(ext[v].get("accumulate_bytes", 0.0)) for v in range(n)] + [0.0] * (total - n)
+    by_kind = {}
+    for kd, col in g.kind_compute.items():
+        by_kind[kd] = [float(ext[v].get("accumulate_s_by_kind", {}).get(kd, ref[v] * (col[v] / g.compute_s[v])
+                                                                          if g.compute_s[v] > 0 else ref[v]))
+                       for v in range(n)] + [0.0] * (total - n)
+    summed, root = reference_tied_sums(fresh_copy(g), stage)
+    for a in [v for v in range(n) if summed[v] and root[v] == v]:
+        sums = [w for w in range(n) if summed[w] and root[w] == a]
+        firsts: dict[int, int] = {}
+        for w in sums:
+            for e in g.in_edges(w).tolist():
+                x = int(g.edge_src[e])
+                if not summed[x]:
+                    firsts.setdefault(int(stage[x]), x)
+        for col in (ref, nbytes, *by_kind.values()):
+            moved = sum(col[w] for w in sums)
+            for w in sums:
+                col[w] = 0.0
+            for x in firsts.values():
+                col[x] += moved
+    return ref, by_kind, nbytes
+
+
+def reference_unroll(g: CompGraph, devices: np.ndarray, schedule: Schedule, stages, c,
+                     acc: tuple[list, dict, list]) -> Unrolled:
     """The unrolled step record by record (docs/simulation.md, "Pipeline schedules"): micro-batch ops k = 0..M-1
     in node order, per-step ops, the once-per-step parts, barriers (`reference_barriers`); every edge
     in edge order, a micro-batch edge once per micro-batch, then the barriers' (a once-per-step part waits for its
-    device's last barrier only)."""
+    device's last barrier only). A run of micro-batch k >= 1 also adds its gradients into .grad: `acc`'s seconds
+    more, and its bytes held meanwhile (`reference_accumulation`)."""
     m, n = schedule.microbatches, g.num_nodes
+    acc_s, acc_kind, acc_bytes = acc
     scale = 1.0 if schedule.microbatch_graph else 1.0 / m
     once = _step_column(g)  # computed here, not read from the graph's cache
     once_kind = {k: _step_column(g, k) for k in g.kind_compute}
@@ -65,17 +100,23 @@ def reference_unroll(g: CompGraph, devices: np.ndarray, schedule: Schedule, stag
     rows += [(f"{v}", v, -1, False) for v in per_step] + [(f"{v}+step", v, -1, True) for v in split]
     at = {(v, k): i for i, (_, v, k, part) in enumerate(rows) if not part}
 
-    def seconds(total: np.ndarray, step: np.ndarray, v: int, k: int, part: bool) -> float:
-        return float(step[v]) if part else float((total[v] - step[v]) * scale) if k >= 0 else float(total[v])
+    def seconds(total: np.ndarray, step: np.ndarray, v: int, k: int, part: bool, adds: list) -> float:
+        if part:
+            return float(step[v])
+        if k < 0:
+            return float(total[v])
+        return float((total[v] - step[v]) * scale) + (adds[v] if k >= 1 else 0.0)
 
     nodes = []
     for nid, v, k, part in rows:
-        rec = {"id": nid, "op": g.op[v], "kind": g.kind[v], "compute_s": seconds(g.compute_s, once, v, k, part),
+        rec = {"id": nid, "op": g.op[v], "kind": g.kind[v],
+               "compute_s": seconds(g.compute_s, once, v, k, part, acc_s),
                "output_bytes": 0.0 if part else float(g.output_bytes[v] * (scale if k >= 0 else 1.0)),
-               "temp_bytes": 0.0 if part else float(g.temp_bytes[v] * (scale if k >= 0 else 1.0)),
+               "temp_bytes": 0.0 if part else float(g.temp_bytes[v] * (scale if k >= 0 else 1.0))
+               + (acc_bytes[v] if k >= 1 else 0.0),
                "param_bytes": float(g.param_bytes[v]) if k <= 0 and not part else 0.0}
         if g.kind_compute:
-            rec["compute_s_by_kind"] = {kd: seconds(col, once_kind[kd], v, k, part)
+            rec["compute_s_by_kind"] = {kd: seconds(col, once_kind[kd], v, k, part, acc_kind[kd])
                                         for kd, col in g.kind_compute.items()}
         nodes.append(rec)
     edges = []
@@ -211,10 +252,14 @@ def check(g: CompGraph, devices: np.ndarray, schedule: Schedule, c, chunk_of: np
         assert step_compute(made).compute_s.tolist() == _step_column(fresh).tolist()
         for kind, col in step_compute(made).by_kind.items():
             assert col.tolist() == _step_column(fresh, kind).tolist()
+    # the gradient accumulation they store (`accumulation_extended`): the graph's, a tied sum's moved to its stages
+    acc = reference_accumulation(g, stages.stage, rel.graph.num_nodes)
+    got = accumulation(rel.graph)
+    assert (got.compute_s.tolist(), {k: x.tolist() for k, x in got.by_kind.items()}, got.nbytes.tolist()) == acc
     fresh = fresh_copy(rel.graph)
     assert weight_grad_ops(rel.graph).tolist() == reference_weight_grad_ops(fresh).tolist()
     assert_same(unroll(rel.graph, rel.devices, schedule, rel.stages, c),
-                reference_unroll(fresh, rel.devices, schedule, rel.stages, c))
+                reference_unroll(fresh, rel.devices, schedule, rel.stages, c, acc))
 
 
 @settings(max_examples=120, deadline=None)
@@ -227,6 +272,8 @@ def test_unroll_is_the_plain_build_on_random_pipelines(case, kind, extras, actio
             node["compute_s_by_kind"] = {KIND: 2 * node.get("compute_s", 0)}
             if node.get("kind") == "backward":
                 node["step_compute_s"] = node.get("compute_s", 0) / 4
+            if node.get("accumulate_s") and node["id"].endswith("0"):  # its own time on the kind, not scaled
+                node["accumulate_s_by_kind"] = {KIND: 3 * node["accumulate_s"]}
     g = CompGraph.build("t", nodes, edges)
     c = cluster(p, bw=bw, lat=lat)
     c = Cluster(c.name, tuple(dataclasses.replace(d, action_s=action_s) for d in c.devices), c.link, c.links)
@@ -278,7 +325,8 @@ def test_one_graph_unrolled_under_several_placements_is_each_ones_plain_build(ki
         devs = np.searchsorted(np.array(cuts), layer(g), side="right")
         schedule = Schedule(kind, m, microbatch_graph=micro)
         stages = pipeline_stages(g, devs, 1, None)
-        assert_same(unroll(g, devs, schedule, stages, c), reference_unroll(fresh_copy(g), devs, schedule, stages, c))
+        assert_same(unroll(g, devs, schedule, stages, c), reference_unroll(
+            fresh_copy(g), devs, schedule, stages, c, reference_accumulation(g, stages.stage, g.num_nodes)))
 
 
 @pytest.mark.parametrize("kind", V_SHAPED)

@@ -39,6 +39,7 @@ from devplace.hardware.cost import (
     CostTable,
     Roofline,
     analytic_node_time,
+    node_signatures,
     op_class,
     roofline_for,
     signature_key,
@@ -234,8 +235,7 @@ def profile_graph(graph: CompGraph, device: str | torch.device = "cpu", warmup: 
 
     sigs: dict[str, Mapping[str, Any]] = {}
     for extra in graph.node_extra:
-        sig = extra.get("sig")
-        if isinstance(sig, Mapping):
+        for sig in node_signatures(extra):  # the op's, then its gradients' adds into .grad
             sigs.setdefault(signature_key(sig), sig)
     keys = list(sigs)
     left_out = 0

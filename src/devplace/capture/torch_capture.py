@@ -47,6 +47,7 @@ from devplace.capture.flops import op_flops
 from devplace.capture.signature import encode_signature, target_name
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.phases import ACCUMULATE_BYTES_KEY, ACCUMULATES_KEY
 from devplace.graph.semantics import SEMANTICS_KEY, Semantics
 
 __all__ = ["DTYPES", "CaptureError", "capture"]
@@ -193,6 +194,7 @@ class _Node:
     output_bytes: int = 0
     sig: dict[str, Any] | None = None
     inputs: list[tuple[int, int, _Value]] = field(default_factory=list)
+    accumulates: list[dict[str, Any]] = field(default_factory=list)  # the adds into .grad of the gradients it makes
 
 
 # ------------------------------------------------------------------------------------------ recorder
@@ -733,12 +735,18 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
                 loss.backward()
                 rec.phase = None
                 # A gradient is counted once, in param_bytes (it lives in .grad for the rest of the step), so
-                # the backward op that allocates it does not count it again as its output.
+                # the backward op that allocates it does not count it again as its output. Under micro-batches
+                # every later micro-batch's gradient is added into .grad in place (AccumulateGrad's `+=`): that
+                # add is recorded on the op that makes the gradient (a sparse gradient's is not modelled).
                 for _, p in params:
                     val = rec.values.get(_key(p.grad)) if p.grad is not None else None
                     if val is not None and val.local:
                         node = rec.nodes[val.node]
                         node.output_bytes = max(0, node.output_bytes - val.nbytes)
+                        if p.grad.layout == torch.strided:
+                            node.accumulates.append({"sig": encode_signature(torch.ops.aten.add_.Tensor,
+                                                                             (p.grad, p.grad)),
+                                                     "bytes": rec.nbytes(p.grad)})
                 trainable = [p for _, p in params if p.requires_grad and p.grad is not None]
                 if make_opt is not None and trainable:
                     # Mixed precision with bf16/fp16 parameters: the optimizer updates an fp32 master copy of each
@@ -829,6 +837,9 @@ def _build(name: str, nodes: list[_Node], param_bytes: list[int], meta: dict[str
             rec["dtype"] = nd.dtype
         if nd.sig is not None:
             rec["sig"] = nd.sig
+        if nd.accumulates:
+            rec[ACCUMULATES_KEY] = nd.accumulates
+            rec[ACCUMULATE_BYTES_KEY] = sum(a["bytes"] for a in nd.accumulates)
         node_recs.append(rec)
         for src, k, val in nd.inputs:
             edge_recs.append({"src": nodes[src].id, "dst": nd.id, "bytes": val.nbytes, "tensor": k,

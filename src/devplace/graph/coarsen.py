@@ -46,7 +46,7 @@ from devplace.graph.heap import heap_pop, heap_push
 from devplace.graph.io import load_graph, save_graph
 from devplace.graph.jsonio import dump_number
 from devplace.graph.modules import SEGMENTS_KEY, group_segments, segment_spans
-from devplace.graph.phases import merged_step_compute, step_record
+from devplace.graph.phases import accumulation_record, merged_accumulation, merged_step_compute, step_record
 from devplace.graph.placement import Placement
 from devplace.graph.ties import SUMMED_EXTRAS, TIE_KEY, tie_classes
 
@@ -773,6 +773,7 @@ def _build(graph: CompGraph, root: np.ndarray, stage1_root: np.ndarray, names: d
     out_bytes = np.bincount(cidx, weights=np.where(external, graph.output_bytes, 0.0), minlength=n_g)
 
     step = merged_step_compute(graph, cidx, n_g)
+    acc = merged_accumulation(graph, cidx, n_g)
     spans = segment_spans(graph)
     nodes: list[dict[str, Any]] = []
     members: dict[str, tuple[str, ...]] = {}
@@ -800,6 +801,7 @@ def _build(graph: CompGraph, root: np.ndarray, stage1_root: np.ndarray, names: d
             rec[KIND_COMPUTE_KEY] = {k: dump_number(math.fsum(col[mem].tolist()))
                                      for k, col in graph.kind_compute.items()}
         rec.update(step_record(step, g, kind))  # a backward group holding optimizer updates: which run once
+        rec.update(accumulation_record(acc, g))  # its members' adds of their gradients into .grad
         for key in SUMMED_EXTRAS:
             vals = [graph.node_extra[v].get(key) for v in mem] if graph.node_extra else []
             nums = [x for x in vals if isinstance(x, int | float) and not isinstance(x, bool)]

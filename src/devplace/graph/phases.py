@@ -136,3 +136,103 @@ def step_record(step: StepCompute, g: int, kind: str) -> dict[str, Any]:
     if step.by_kind:
         rec[STEP_COMPUTE_BY_KIND_KEY] = {kind_name: float(col[g]) for kind_name, col in step.by_kind.items()}
     return rec
+
+
+# --------------------------------------------------------------------------- gradient accumulation
+# Under a micro-batch schedule each micro-batch's backward adds its parameter gradients into `.grad`: the first
+# micro-batch's gradient becomes `.grad` (autograd's AccumulateGrad steals it; torch's split backward assigns it),
+# every later one is added in place (`.grad += g`), right after the op that produced it. A node that produces
+# parameter gradients says what those adds cost (`ACCUMULATE_KEY`, at `compute_s`'s reference, and per device
+# kind `ACCUMULATE_BY_KIND_KEY`: written by the cost model from `ACCUMULATES_KEY`, the adds' signatures a capture
+# records) and the gradients' bytes (`ACCUMULATE_BYTES_KEY`: the new gradient, held while it is added). A coarse
+# group or folded class sums its members'.
+ACCUMULATES_KEY = "accumulates"  # list of {"sig": the add's signature, "bytes": the gradient's bytes}
+ACCUMULATE_KEY = "accumulate_s"
+ACCUMULATE_BY_KIND_KEY = "accumulate_s_by_kind"
+ACCUMULATE_BYTES_KEY = "accumulate_bytes"
+
+
+class Accumulation(NamedTuple):
+    """Per node, what adding its gradients into `.grad` costs on a micro-batch after the first: seconds at
+    `compute_s`'s reference (`compute_s`) and per device kind of `CompGraph.kind_compute` (`by_kind`), and the
+    bytes of the gradients added (`nbytes`). 0 for a node that produces no parameter gradient."""
+
+    compute_s: np.ndarray
+    by_kind: dict[str, np.ndarray]
+    nbytes: np.ndarray
+
+
+def accumulation(graph: CompGraph) -> Accumulation:
+    """The gradient accumulation of every node (the section above), read from its record's keys once per graph
+    (read-only arrays). A GraphError names a node whose value is not a finite number >= 0. A per-kind time the
+    node does not give is its reference time scaled as its compute is on that kind."""
+    return Accumulation(_ref(graph), {kind: graph.derived(f"{ACCUMULATE_KEY}:{kind}",
+                                                          lambda g, kind=kind: _kind_column(g, kind))
+                                      for kind in graph.kind_compute},
+                        graph.derived(ACCUMULATE_BYTES_KEY, lambda g: _accumulate_column(g, ACCUMULATE_BYTES_KEY)))
+
+
+def _ref(graph: CompGraph) -> np.ndarray:
+    return graph.derived(ACCUMULATE_KEY, lambda g: _accumulate_column(g, ACCUMULATE_KEY))
+
+
+def _accumulate_column(graph: CompGraph, key: str) -> np.ndarray:
+    out = np.zeros(graph.num_nodes)
+    for v, extra in enumerate(graph.node_extra):
+        if key in extra:
+            out[v] = _number_at(graph, v, key, extra[key])
+    return out
+
+
+def _kind_column(graph: CompGraph, kind: str) -> np.ndarray:
+    ref = _ref(graph)
+    cs, total = graph.compute_s, graph.kind_compute[kind]
+    out = np.where(cs > 0, ref * (total / np.where(cs > 0, cs, 1.0)), ref)
+    for v in np.flatnonzero(ref > 0).tolist():
+        given = graph.node_extra[v].get(ACCUMULATE_BY_KIND_KEY)
+        if isinstance(given, dict) and kind in given:
+            out[v] = _number_at(graph, v, f"{ACCUMULATE_BY_KIND_KEY}.{kind}", given[kind])
+    return out
+
+
+def _number_at(graph: CompGraph, v: int, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise GraphError(f"graph {graph.name!r}: node {graph.ids[v]!r} has {key}={value!r}; it must be a finite "
+                         "number >= 0 (what adding the node's parameter gradients into .grad costs on a "
+                         "micro-batch after the first)")
+    return float(value)
+
+
+def merged_accumulation(graph: CompGraph, group: np.ndarray, count: int) -> Accumulation:
+    """The gradient accumulation of `count` merged nodes, node v of `graph` merged into group[v]: the sums."""
+    acc = accumulation(graph)
+    return Accumulation(np.bincount(group, weights=acc.compute_s, minlength=count),
+                        {kind: np.bincount(group, weights=col, minlength=count) for kind, col in acc.by_kind.items()},
+                        np.bincount(group, weights=acc.nbytes, minlength=count))
+
+
+def accumulation_record(acc: Accumulation, g: int) -> dict[str, Any]:
+    """The node-record keys of merged node g that say what its gradient accumulation costs (none without one)."""
+    if acc.compute_s[g] <= 0 and acc.nbytes[g] <= 0:
+        return {}
+    rec: dict[str, Any] = {ACCUMULATE_KEY: float(acc.compute_s[g]), ACCUMULATE_BYTES_KEY: float(acc.nbytes[g])}
+    if acc.by_kind:
+        rec[ACCUMULATE_BY_KIND_KEY] = {kind: float(col[g]) for kind, col in acc.by_kind.items()}
+    return rec
+
+
+def accumulation_extended(graph: CompGraph, base: CompGraph, moved: Accumulation | None = None) -> None:
+    """Store `graph`'s gradient accumulation without reading its node records: `base`'s for `base`'s nodes and 0
+    for the nodes appended after them (relays, tied copies, recomputed ops), as `step_compute_extended` does for
+    the once-per-step seconds; or `moved`, computed by the caller for every node (a tied parameter's sum whose
+    adds the contributing stages make, `devplace.sim.schedule.tied_copies`)."""
+    if moved is None:
+        acc = accumulation(base)
+        zeros = np.zeros(graph.num_nodes - base.num_nodes)
+        moved = Accumulation(np.concatenate([acc.compute_s, zeros]),
+                             {kind: np.concatenate([col, zeros]) for kind, col in acc.by_kind.items()},
+                             np.concatenate([acc.nbytes, zeros]))
+    graph.derived(ACCUMULATE_KEY, lambda _: moved.compute_s)
+    graph.derived(ACCUMULATE_BYTES_KEY, lambda _: moved.nbytes)
+    for kind, col in moved.by_kind.items():
+        graph.derived(f"{ACCUMULATE_KEY}:{kind}", lambda _, col=col: col)

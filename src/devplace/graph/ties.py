@@ -27,7 +27,7 @@ from numba import njit
 
 from devplace.graph.compgraph import KIND_COMPUTE_KEY, CompGraph
 from devplace.graph.modules import SEGMENTS_KEY, group_segments, segment_spans
-from devplace.graph.phases import merged_step_compute, per_kind, step_record
+from devplace.graph.phases import accumulation_record, merged_accumulation, merged_step_compute, per_kind, step_record
 
 TIE_KEY = "tie"  # node extra key: nodes with equal non-empty labels run on one device
 COARSENING_META_KEY = "coarsening"  # the meta key `devplace.graph.coarsen` writes (kept equal to its META_KEY)
@@ -177,6 +177,7 @@ def fold(graph: CompGraph, classes: np.ndarray | None = None) -> Folding:
     compute, out_b, param_b = summed(graph.compute_s), summed(graph.output_bytes), summed(graph.param_bytes)
     by_kind = {kind: summed(col) for kind, col in graph.kind_compute.items()}
     step = merged_step_compute(graph, classes, k)
+    acc = merged_accumulation(graph, classes, k)
     temp = np.zeros(k, dtype=np.float64)
     np.maximum.at(temp, classes, graph.temp_bytes)
     members: list[list[int]] = [[] for _ in range(k)]
@@ -193,6 +194,7 @@ def fold(graph: CompGraph, classes: np.ndarray | None = None) -> Folding:
         if by_kind:
             rec[KIND_COMPUTE_KEY] = {kind: float(col[c]) for kind, col in by_kind.items()}
         rec.update(step_record(step, c, graph.kind[r]))  # the class's optimizer update runs once per step
+        rec.update(accumulation_record(acc, c))  # its members' adds of their gradients into .grad
         for key in SUMMED_EXTRAS:
             nums = [x for v in members[c] if isinstance(x := graph.node_extra[v].get(key), int | float)
                     and not isinstance(x, bool)] if graph.node_extra else []

@@ -34,7 +34,7 @@ from devplace.errors import DevplaceError
 from devplace.graph.batch import MICROBATCHES_META_KEY, graph_batch
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.parallel import RECOMPUTE, ZERO_STAGES, ParallelPlan, runtime_gap
-from devplace.graph.phases import step_compute_extended
+from devplace.graph.phases import accumulation_extended, step_compute_extended
 from devplace.graph.schedule import V_SHAPED, Schedule
 from devplace.graph.ties import tie_classes_extended
 from devplace.hardware.cluster import Cluster, Link
@@ -208,6 +208,7 @@ def as_microbatch(graph: CompGraph, m: int) -> CompGraph:
         edge_extra=graph.edge_extra)
     tie_classes_extended(marked, graph)
     step_compute_extended(marked, graph)
+    accumulation_extended(marked, graph)
     return marked
 
 

@@ -33,7 +33,7 @@ from devplace.capture.signature import encode_signature
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Device
-from devplace.hardware.cost import CostError, CostTable, signature_key
+from devplace.hardware.cost import CostError, CostTable, node_signatures, signature_key
 from devplace.runtime.apply import apply_placement
 from devplace.runtime.run import check_steps, run_steps
 
@@ -118,8 +118,7 @@ def profile_in_step(graph: CompGraph, module: nn.Module, inputs: Any, device_spe
     seconds = {k: statistics.median(sum(c) / len(c) for c in by_step.values()) for k, by_step in calls.items()}
     entries: dict[str, float] = {}
     for extra in graph.node_extra:
-        sig = extra.get("sig")
-        if isinstance(sig, Mapping):
+        for sig in node_signatures(extra):
             t = seconds.get(_shape_key(sig))
             if t is not None:
                 entries[signature_key(sig)] = t

@@ -47,7 +47,17 @@ from devplace.graph.batch import graph_batch, graph_microbatches
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.modules import numbered_block
 from devplace.graph.parallel import V_SHAPED, ParallelPlan, ParallelPlanError
-from devplace.graph.phases import STEP_COMPUTE_BY_KIND_KEY, STEP_COMPUTE_KEY, step_compute, step_compute_extended
+from devplace.graph.phases import (
+    ACCUMULATE_BY_KIND_KEY,
+    ACCUMULATE_BYTES_KEY,
+    ACCUMULATE_KEY,
+    ACCUMULATES_KEY,
+    STEP_COMPUTE_BY_KIND_KEY,
+    STEP_COMPUTE_KEY,
+    accumulation_extended,
+    step_compute,
+    step_compute_extended,
+)
 from devplace.graph.ties import tie_classes, tie_classes_extended
 from devplace.hardware.cluster import Cluster, step_times
 from devplace.hardware.collectives import collective_s
@@ -234,7 +244,9 @@ def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]
             # stage's forward (its ops that feed no forward op), on 0-byte control edges
             for u in _forward_ends(graph, phase, stage, s):
                 edge(u, int(clone_at[v]), None, 0.0, int(graph.edge_tensor[graph.out_edges(u)].max(initial=-1)) + 1)
-    dropped = (STEP_COMPUTE_KEY, STEP_COMPUTE_BY_KIND_KEY)  # a copy runs no once-per-step compute
+    # a copy runs no once-per-step compute and makes no parameter gradient (a coarse group's backward part does)
+    dropped = (STEP_COMPUTE_KEY, STEP_COMPUTE_BY_KIND_KEY, ACCUMULATES_KEY, ACCUMULATE_KEY, ACCUMULATE_BY_KIND_KEY,
+               ACCUMULATE_BYTES_KEY)
     extra = graph.node_extra or tuple({} for _ in range(n))
     return CompGraph.from_arrays(
         graph.name, [*graph.ids, *(graph.ids[v] + RECOMPUTE_SUFFIX for v in clones.tolist())],
@@ -268,6 +280,7 @@ def sharded_updates(graph: CompGraph, stage: np.ndarray, plan: ParallelPlan) -> 
         node_extra=graph.node_extra, edge_extra=graph.edge_extra)
     tie_classes_extended(sharded, graph)  # the same nodes, records and compute: the graph's classes and step parts
     step_compute_extended(sharded, graph)
+    accumulation_extended(sharded, graph)
     return sharded
 
 

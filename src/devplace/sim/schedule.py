@@ -39,7 +39,15 @@ from devplace.errors import GraphError
 from devplace.graph.batch import divisors_text, graph_batch, graph_microbatches
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.modules import segment_spans
-from devplace.graph.phases import per_kind, runs_per_step, step_compute, step_compute_extended
+from devplace.graph.phases import (
+    Accumulation,
+    accumulation,
+    accumulation_extended,
+    per_kind,
+    runs_per_step,
+    step_compute,
+    step_compute_extended,
+)
 from devplace.graph.schedule import KINDS as VALUE_KINDS
 from devplace.graph.schedule import V_SHAPED, Schedule, ScheduleError
 from devplace.graph.ties import tie_classes, tie_classes_extended
@@ -260,14 +268,16 @@ def _chunks(topo, pred_ptr, pred_edges, edge_src, phase, pos, devices, classes, 
 def _appended(graph: CompGraph, names: list[str], op: str, kinds: list[str], compute: np.ndarray,
               output_bytes: np.ndarray, param_bytes: np.ndarray, kind_compute: Mapping[str, Sequence[float]],
               edges: tuple[list[int], list[int], list[float], list[int]], *, own_kinds: list[str] | None = None,
-              src: np.ndarray | None = None, tensor: np.ndarray | None = None) -> CompGraph:
+              src: np.ndarray | None = None, tensor: np.ndarray | None = None,
+              accumulated: Accumulation | None = None) -> CompGraph:
     """`graph` with nodes appended (`relay`'s hops, `tied_copies`' copies): ids `names`, op `op`, kinds `kinds`,
     seconds, output and parameter bytes and seconds per device kind (`kind_compute`, a column per kind of `graph`)
     as given, no group, no temporary bytes; `edges` (sources, destinations, bytes, tensors) appended after the
     graph's own. `own_kinds`, `src` and `tensor` replace the graph's own nodes' kinds and its edges' sources and
     tensors where given. What runs once per step is stored from `graph`'s (`step_compute_extended`, no pass over
     the nodes' records: the appended nodes carry no per-step seconds of their own, and a changed kind may only
-    turn per-step)."""
+    turn per-step), and so is the gradient accumulation (`accumulation_extended`: `graph`'s, none on the appended
+    nodes; or `accumulated`, given for every node)."""
     add_src, add_dst, add_bytes, add_tensor = edges
     k = len(names)
     zeros = np.zeros(k)
@@ -284,6 +294,7 @@ def _appended(graph: CompGraph, names: list[str], op: str, kinds: list[str], com
                                        for kind, col in graph.kind_compute.items()},
         node_extra=[*graph.node_extra, *([{}] * k)] if graph.node_extra else ())
     step_compute_extended(g, graph)
+    accumulation_extended(g, graph, accumulated)
     return g
 
 
@@ -360,7 +371,8 @@ def relay(graph: CompGraph, devices: np.ndarray, stages: Stages, v_shaped: bool 
     at = np.asarray(hop_stage, dtype=np.int64)
     hop_devices = np.asarray(stages.pipeline_devices, dtype=np.int64)[at % p]
     zeros = np.zeros(k)
-    # relay i's in-edge is the i-th added: a relay holds (outputs) the value it passes on; it runs nothing
+    # relay i's in-edge is the i-th added: a relay holds (outputs) the value it passes on; it runs nothing (and adds
+    # no gradient into .grad)
     g = _appended(graph, names, RELAY, ["backward" if phase[a] == BACKWARD else "forward" for a in origin],
                   zeros, np.asarray(add_bytes), zeros, {kind: zeros for kind in graph.kind_compute},
                   (add_src, add_dst, add_bytes, add_tensor), src=src, tensor=tensor)
@@ -484,10 +496,20 @@ def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relaye
     add_dst: list[int] = []
     add_bytes: list[float] = []
     add_tensor: list[int] = []
+    acc = accumulation(graph)
+    moved = Accumulation(acc.compute_s.copy(), {kind: col.copy() for kind, col in acc.by_kind.items()},
+                         acc.nbytes.copy())
     for a in np.flatnonzero(summed & (root == np.arange(n))).tolist():
         sums = np.flatnonzero(summed & (root == a))
         edges = np.concatenate([graph.in_edges(w) for w in sums.tolist()])
         edges = edges[~summed[u[edges]]]  # the contributions: each stage's gradient
+        # each stage adds its own contribution into its copy's .grad on later micro-batches, which the captured
+        # step did once, after the sum: the adds move from the sums to one contribution of each stage
+        firsts = {int(stage[x]): int(x) for x in u[edges][::-1].tolist()}  # per stage, its first contribution
+        for col in (moved.compute_s, *moved.by_kind.values(), moved.nbytes):
+            add = float(col[sums].sum())
+            col[sums] = 0.0
+            col[list(firsts.values())] += add
         update = np.flatnonzero((phase == PER_STEP) & (classes == classes[a]))
         work = np.concatenate([sums, update])
         sent: dict[tuple[int, int], float] = {}  # (contributing op, its tensor) -> bytes, once each
@@ -514,10 +536,14 @@ def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relaye
                 add_bytes.append(nbytes)
                 add_tensor.append(t)
     k = len(origin)
-    # the sums take a per-step kind, the copies are of one
+    zeros = np.zeros(k)
+    # the sums take a per-step kind, the copies are of one; the sums' adds moved to the contributions
     g = _appended(graph, names, TIED_COPY, [SUM_KIND] * k, np.asarray(copy_compute, dtype=float), np.zeros(k),
                   np.asarray(copy_params, dtype=float), copy_kind, (add_src, add_dst, add_bytes, add_tensor),
-                  own_kinds=kinds)
+                  own_kinds=kinds, accumulated=Accumulation(
+                      np.concatenate([moved.compute_s, zeros]), {kind: np.concatenate([col, zeros]) for kind, col in
+                                                                 moved.by_kind.items()},
+                      np.concatenate([moved.nbytes, zeros])))
     # where the sums were of a kind the group rule ties as it ties the per-step one: no pass over the nodes'
     # records for the tie classes
     if (all(graph.kind[w] not in ("", "forward") for w in np.flatnonzero(summed).tolist())
@@ -804,10 +830,14 @@ def _build_body(graph: CompGraph, m: int, scale: float, phase: np.ndarray) -> _B
     micro = np.concatenate([np.repeat(np.arange(m), a), np.full(per_step.size + split.size, -1)])
     mult = np.where(micro >= 0, scale, 1.0)
     once_part = np.arange(n_real) >= first_once
+    # a run of a micro-batch after the first also adds its gradients into .grad (`graph.phases`, gradient
+    # accumulation): folded into the run that makes them, which AccumulateGrad follows at once on its device
+    acc = accumulation(graph)
+    later = micro >= 1
 
-    def compute(total: np.ndarray, once: np.ndarray) -> np.ndarray:
+    def compute(total: np.ndarray, once: np.ndarray, adds: np.ndarray) -> np.ndarray:
         per_run = np.where(is_mb, total - once, total)
-        return np.where(once_part, once[source], per_run[source] * mult)
+        return np.where(once_part, once[source], per_run[source] * mult + np.where(later, adds[source], 0.0))
     params = np.where((micro <= 0) & ~once_part, graph.param_bytes[source], 0.0)  # weights once: with micro-batch 0
 
     u, v = graph.edge_src, graph.edge_dst
@@ -838,10 +868,12 @@ def _build_body(graph: CompGraph, m: int, scale: float, phase: np.ndarray) -> _B
         source=source, micro=micro, once_part=once_part, ids=ids,
         # a micro-batch's op and kind columns, repeated M times as one list (C), not looked up per unrolled node
         ops=[ops[w] for w in mb_l] * m + [ops[w] for w in once_l], kinds=[kinds[w] for w in mb_l] * m
-        + [kinds[w] for w in once_l], compute_s=compute(graph.compute_s, step.compute_s),
-        kind_compute={kk: compute(col, step.by_kind[kk]) for kk, col in graph.kind_compute.items()},
+        + [kinds[w] for w in once_l], compute_s=compute(graph.compute_s, step.compute_s, acc.compute_s),
+        kind_compute={kk: compute(col, step.by_kind[kk], acc.by_kind[kk]) for kk, col in graph.kind_compute.items()},
         output_bytes=np.where(once_part, 0.0, graph.output_bytes[source] * mult), param_bytes=params,
-        temp_bytes=np.where(once_part, 0.0, graph.temp_bytes[source] * mult), edge_src=src, edge_dst=dst,
+        # the later micro-batches' new gradients, held while they are added (the first's is .grad: param_bytes)
+        temp_bytes=np.where(once_part, 0.0, graph.temp_bytes[source] * mult
+                            + np.where(later, acc.nbytes[source], 0.0)), edge_src=src, edge_dst=dst,
         edge_bytes=ebytes, edge_tensor=graph.edge_tensor[e_of])
 
 

@@ -99,7 +99,8 @@ def net_graph() -> CompGraph:
 
 def test_the_capture_records_one_add_per_trainable_parameter_on_the_op_that_makes_its_gradient(net_graph):
     g = net_graph
-    made = {g.ids[v]: g.node_extra[v][ACCUMULATES_KEY] for v in range(g.num_nodes) if ACCUMULATES_KEY in g.node_extra[v]}
+    made = {g.ids[v]: g.node_extra[v][ACCUMULATES_KEY] for v in range(g.num_nodes)
+            if ACCUMULATES_KEY in g.node_extra[v]}
     shapes = sorted(tuple(a["sig"]["args"][0]["tensor"]) for accs in made.values() for a in accs)
     assert shapes == sorted([(32, 16), (32,), (4, 32), (4,)])  # the frozen layer's weights get none
     for nid, accs in made.items():

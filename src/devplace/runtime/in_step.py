@@ -14,6 +14,10 @@ they took in it, and a step that another process slowed (caches are shared) does
 a microsecond to each call (reading the clock and calling the op from Python), as `profile_graph`'s does; views
 and other ops the graph folds are timed but match no node.
 
+The adds of a later micro-batch's gradients into `.grad` (a node's `accumulates`, `graph.phases`) are timed the
+same way in as many steps again that run forward and backward twice before the update (`run_steps(passes=2)`):
+the second backward's AccumulateGrad adds each gradient into `.grad` where a pipeline's later micro-batches do.
+
 The table this gives is an ordinary `devplace.costs/1` table with `meta["timer"] = "in-step"`; ops no step ran (a
 micro-batch size the steps did not use) fall back to what `merge_tables` puts beneath it (the isolated profile).
 """
@@ -93,41 +97,51 @@ def profile_in_step(graph: CompGraph, module: nn.Module, inputs: Any, device_spe
                         "GPU's ops with `devplace profile --device cuda` (alone, by CUDA events)")
     placed = apply_placement(module, graph, Placement.from_array(graph, [0] * graph.num_nodes), ["cpu"],
                              example_inputs=inputs)
+    seconds, calls = _timed(placed, inputs, steps=steps, warmup=warmup, optimizer=optimizer, loss_fn=loss_fn)
+    # the adds of later micro-batches' gradients into .grad (`graph.phases`, gradient accumulation): a one-device
+    # step makes none, so as many steps again of two passes each, the second pass's adds timed where they run
+    added, more = _timed(placed, inputs, steps=steps, warmup=1, optimizer=optimizer, loss_fn=loss_fn, passes=2)
+    entries: dict[str, float] = {}
+    for extra in graph.node_extra:
+        sig = extra.get("sig")
+        for s in node_signatures(extra):
+            t = (seconds if s is sig else added).get(_shape_key(s))
+            if t is not None:
+                entries[signature_key(s)] = t
+    return CostTable(device_kind=device_spec.kind, entries=entries, torch=torch.__version__, warmup=warmup,
+                     repeats=steps, device=device_spec,
+                     meta={"timer": IN_STEP, "statistic": "median over steps of the mean",
+                           "threads": torch.get_num_threads(), "calls": calls + more, "signatures": len(entries)})
+
+
+def _timed(placed: nn.Module, inputs: Any, *, steps: int, warmup: int, optimizer: str,
+           loss_fn: Callable[[Any], torch.Tensor] | None, passes: int = 1) -> tuple[dict[str, float], int]:
+    """Run `warmup` + `steps` steps of `passes` passes each (`run_steps`) and time every op of the last `steps`:
+    (shape key -> the median over the steps of its calls' mean in a step, the calls timed)."""
     calls: dict[str, dict[int, list[float]]] = {}  # shape key -> step -> its calls' seconds
     forwards = [0]
 
     def record(func: Any, args: Any, kwargs: Mapping[str, Any], seconds: float) -> None:
-        calls.setdefault(_shape_key(encode_signature(func, args, kwargs)), {}).setdefault(forwards[0], []).append(
-            seconds)
+        step = (forwards[0] - 1) // passes + 1
+        calls.setdefault(_shape_key(encode_signature(func, args, kwargs)), {}).setdefault(step, []).append(seconds)
 
     timer = TimeEachOp(record)
     timer.on = False
 
-    def count(*_: Any) -> None:  # a step's ops (forward, loss, backward, update) follow its forward's start
+    def count(*_: Any) -> None:  # a step's ops (forwards, losses, backwards, update) follow its first forward's start
         forwards[0] += 1
-        timer.on = forwards[0] > warmup
+        timer.on = (forwards[0] - 1) // passes + 1 > warmup
 
     hook = placed.register_forward_pre_hook(count)
     try:
         with timer:
-            run_steps(placed, inputs, steps=steps, warmup=warmup, optimizer=optimizer, loss_fn=loss_fn)
+            run_steps(placed, inputs, steps=steps, warmup=warmup, optimizer=optimizer, loss_fn=loss_fn, passes=passes)
     finally:
         hook.remove()
     # per signature, its calls' mean in each step, the median over the steps: robust to a step that another
     # process slowed (shared caches), and the ops of a step still sum to what they took in it
     seconds = {k: statistics.median(sum(c) / len(c) for c in by_step.values()) for k, by_step in calls.items()}
-    entries: dict[str, float] = {}
-    for extra in graph.node_extra:
-        for sig in node_signatures(extra):
-            t = seconds.get(_shape_key(sig))
-            if t is not None:
-                entries[signature_key(sig)] = t
-    return CostTable(device_kind=device_spec.kind, entries=entries, torch=torch.__version__, warmup=warmup,
-                     repeats=steps, device=device_spec,
-                     meta={"timer": IN_STEP, "statistic": "median over steps of the mean",
-                           "threads": torch.get_num_threads(),
-                           "calls": sum(len(c) for v in calls.values() for c in v.values()),
-                           "signatures": len(entries)})
+    return seconds, sum(len(c) for v in calls.values() for c in v.values())
 
 
 def merge_tables(tables: Sequence[CostTable]) -> CostTable:

@@ -108,12 +108,18 @@ def check_steps(steps: int, warmup: int) -> None:
 
 def run_steps(module: nn.Module, inputs: Any, *, steps: int = 5, warmup: int = 2, optimizer: str = "adam",
               loss_fn: Callable[[Any], torch.Tensor] | None = None,
-              devices: Sequence[torch.device] | None = None, autocast: torch.dtype | None = None) -> RunResult:
+              devices: Sequence[torch.device] | None = None, autocast: torch.dtype | None = None,
+              passes: int = 1) -> RunResult:
     """Run `warmup` + `steps` training steps (forward, loss, backward, optimizer step, zero_grad) of `module`
     on `inputs` and time the last `steps`. `devices`: the real devices in use (default: those of the
     module's parameters), to synchronise and to read peak memory from. `autocast`: run the forward and the
-    loss under `torch.autocast` to this dtype, as `capture(amp=True)` records them."""
+    loss under `torch.autocast` to this dtype, as `capture(amp=True)` records them. `passes`: forward, loss and
+    backward that many times per step before the update, each pass after the first adding its gradients into
+    .grad as a pipeline's later micro-batches do (`runtime.in_step` times those adds); a step's loss is the
+    last pass's."""
     check_steps(steps, warmup)
+    if passes < 1:
+        raise ValueError(f"passes must be >= 1, got {passes}")
     from devplace.capture.torch_capture import default_loss
 
     loss_of = loss_fn or default_loss
@@ -124,11 +130,12 @@ def run_steps(module: nn.Module, inputs: Any, *, steps: int = 5, warmup: int = 2
     cuda = [d for d in devs if d.type == "cuda"]
 
     def step() -> float:
-        with cpu_autocast(autocast):
-            loss = loss_of(module(*args, **kwargs))
-            if loss.numel() != 1:
-                loss = loss.sum()
-        loss.backward()
+        for _ in range(passes):
+            with cpu_autocast(autocast):
+                loss = loss_of(module(*args, **kwargs))
+                if loss.numel() != 1:
+                    loss = loss.sum()
+            loss.backward()
         if opt is not None:
             opt.step()
             opt.zero_grad(set_to_none=True)

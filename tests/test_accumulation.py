@@ -15,28 +15,30 @@ from devplace.capture.torch_capture import capture
 from devplace.errors import GraphError
 from devplace.graph import CompGraph
 from devplace.graph.coarsen import coarsen
-from devplace.graph.phases import ACCUMULATE_BYTES_KEY, ACCUMULATE_KEY, ACCUMULATES_KEY, accumulation
+from devplace.graph.phases import ACCUMULATE_BYTES_KEY, ACCUMULATE_KEY, ACCUMULATES_KEY, SCALE_KEY, accumulation
 from devplace.graph.ties import fold
 from devplace.hardware.cluster import Device
 from devplace.hardware.cost import CPU_ROOFLINE, CostError, CostTable, apply_costs, node_signatures, signature_key
 from devplace.sim import Schedule, simulate_schedule
 
 
-def two_stage(acc0: float = 0.0, acc1: float = 0.0, nbytes: float = 0.0) -> tuple[CompGraph, np.ndarray]:
+def two_stage(acc0: float = 0.0, acc1: float = 0.0, nbytes: float = 0.0, scale: float = 0.0,
+              loss: str = "sum") -> tuple[CompGraph, np.ndarray]:
     """f0 (device 0) -> f1 (device 1) -> loss gradient b1 -> b0, each op 1 s; b0 and b1 make the gradients of their
-    layer's weight (updated by o0, o1), whose adds into .grad take acc0 and acc1 seconds."""
+    layer's weight (updated by o0, o1), whose adds into .grad take acc0 and acc1 seconds and whose division by M
+    (a loss that is a mean, `loss`) `scale` seconds."""
     nodes = [{"id": "f0", "kind": "forward", "compute_s": 1.0, "output_bytes": 1},
              {"id": "f1", "kind": "forward", "compute_s": 1.0, "output_bytes": 1},
              {"id": "b1", "kind": "backward", "group": "f1", "compute_s": 1.0, "output_bytes": 1,
-              ACCUMULATE_KEY: acc1, ACCUMULATE_BYTES_KEY: nbytes},
+              ACCUMULATE_KEY: acc1, ACCUMULATE_BYTES_KEY: nbytes, SCALE_KEY: scale},
              {"id": "b0", "kind": "backward", "group": "f0", "compute_s": 1.0, ACCUMULATE_KEY: acc0,
-              ACCUMULATE_BYTES_KEY: nbytes},
+              ACCUMULATE_BYTES_KEY: nbytes, SCALE_KEY: scale},
              {"id": "o0", "kind": "optimizer", "group": "f0", "compute_s": 0.5, "param_bytes": 100},
              {"id": "o1", "kind": "optimizer", "group": "f1", "compute_s": 0.5, "param_bytes": 100}]
     edges = [{"src": "f0", "dst": "f1", "bytes": 0}, {"src": "f1", "dst": "b1", "bytes": 0},
              {"src": "b1", "dst": "b0", "bytes": 0}, {"src": "f0", "dst": "b0", "bytes": 0},
              {"src": "b0", "dst": "o0", "bytes": 0, "tensor": 1}, {"src": "b1", "dst": "o1", "bytes": 0, "tensor": 1}]
-    g = CompGraph.build("two", nodes, edges)
+    g = CompGraph.build("two", nodes, edges, {"capture": {"loss_reduction": loss}})
     return g, np.array([0, 1, 1, 0, 0, 1])
 
 
@@ -60,6 +62,25 @@ def test_the_pipelined_step_grows_by_exactly_the_adds_of_later_microbatches(kind
     if kind == "gpipe":  # two stages: b0(1) waits for b1(1) (one add late), then device 0's backwards run back to back
         plain = simulate_schedule(base, c, devs, Schedule(kind, m, microbatch_graph=True))
         assert got.step_time_s == plain.step_time_s + (m > 1) * (0.125 + (m - 1) * 0.25)
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_a_mean_losss_gradients_are_divided_by_m_once_per_step_after_the_flush(kind, m):
+    """torch's pipelining divides a mean loss's gradients by M after each stage's last backward (`scale_grads`),
+    not with M = 1 and not for a summed loss: once per step, on the gradient's device, before its update."""
+    c = cluster(2, bw=1e9)
+    base, devs = two_stage()
+    plain = simulate_schedule(base, c, devs, Schedule(kind, m, microbatch_graph=True))
+    for loss in ("mean", "sum"):
+        g, _ = two_stage(scale=0.5, loss=loss)
+        got = simulate_schedule(g, c, devs, Schedule(kind, m, microbatch_graph=True))
+        divided = loss == "mean" and m > 1
+        # device 0's b0 ends the step's backward; its division runs after the flush, with the update o0
+        assert got.step_time_s == plain.step_time_s + 0.5 * divided
+        assert (got.device_busy_s - plain.device_busy_s).tolist() == [0.5 * divided] * 2
+        b0 = g.index["b0"]
+        assert got.finish_s[b0] - got.microbatch_finish_s[-1, b0] == 0.5 * divided + 0.5 * divided  # after o0
 
 
 def test_the_new_gradient_is_held_while_it_is_added():
@@ -108,9 +129,14 @@ def test_the_capture_records_one_add_per_trainable_parameter_on_the_op_that_make
         assert g.kind[v] == "backward"
         for a in accs:
             assert a["sig"]["target"] == "aten.add_.Tensor" and a["sig"]["args"][0] == a["sig"]["args"][1]
+            assert a["scale_sig"]["target"] == "aten.div_.Tensor" and a["scale_sig"]["args"][0] == a["sig"]["args"][0]
             assert a["bytes"] == 4 * int(np.prod(a["sig"]["args"][0]["tensor"]))
         assert g.node_extra[v][ACCUMULATE_BYTES_KEY] == sum(a["bytes"] for a in accs)
     assert accumulation(g).nbytes.sum() == 4 * (32 * 16 + 32 + 4 * 32 + 4)
+    # the summed outputs (the default loss) are no mean: torch's pipelining does not divide their gradients
+    assert g.meta["capture"]["loss_reduction"] == "sum"
+    meaned = capture(_Net(), (torch.randn(8, 16),), loss_fn=lambda y: y.mean())
+    assert meaned.meta["capture"]["loss_reduction"] == "mean"
 
 
 def test_the_cost_model_costs_each_add_as_an_elementwise_op(net_graph):
@@ -122,6 +148,9 @@ def test_the_cost_model_costs_each_add_as_an_elementwise_op(net_graph):
         want = sum(3 * a["bytes"] / (dev.mem_bandwidth_Bps * CPU_ROOFLINE.bw_efficiency["elementwise"])
                    + CPU_ROOFLINE.launch_overhead_s for a in adds)
         assert acc.compute_s[v] == pytest.approx(want * dev.speed)  # compute_s units: seconds at speed 1
+        divide = sum(2 * a["bytes"] / (dev.mem_bandwidth_Bps * CPU_ROOFLINE.bw_efficiency["elementwise"])
+                     + CPU_ROOFLINE.launch_overhead_s for a in adds)
+        assert acc.scale_s[v] == pytest.approx(divide * dev.speed)
     # a table that measured an add gives its time (plus the table's per-op overhead)
     add = net_graph.node_extra[int(np.flatnonzero(acc.nbytes > 0)[0])][ACCUMULATES_KEY][0]["sig"]
     table = CostTable(device_kind="cpu-x", entries={signature_key(add): 0.5}, device=dev)
@@ -140,7 +169,8 @@ def test_profiling_times_the_adds(net_graph):
                                   if ACCUMULATES_KEY in net_graph.node_extra[v]], [])
     dev = Device("cpu0", 1e9, 1.0, kind="cpu-x", peak_flops=1e11, mem_bandwidth_Bps=1e10)
     table = profile_graph(small, "cpu", warmup=0, repeats=1, device_spec=dev)
-    adds = [a["sig"] for v in range(small.num_nodes) for a in small.node_extra[v][ACCUMULATES_KEY]]
+    adds = [a[k] for v in range(small.num_nodes) for a in small.node_extra[v][ACCUMULATES_KEY]
+            for k in ("sig", "scale_sig")]
     assert {signature_key(s) for s in adds} <= set(table.entries)
 
 

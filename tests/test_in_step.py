@@ -38,9 +38,11 @@ def test_every_op_of_the_step_is_timed_inside_it():
     sigs = {signature_key(x["sig"]) for x in graph.node_extra if isinstance(x.get("sig"), dict)}
     kinds = {graph.kind[v] for v in range(graph.num_nodes) if isinstance(graph.node_extra[v].get("sig"), dict)}
     assert {"forward", "backward", "optimizer"} <= kinds
-    # and the adds of later micro-batches' gradients into .grad, timed in steps of two passes (one per parameter)
-    adds = {signature_key(a["sig"]) for x in graph.node_extra for a in x.get("accumulates", [])}
-    assert len(adds) == 4 and not adds & sigs
+    # and the adds of later micro-batches' gradients into .grad and their division by M, timed in steps of two
+    # passes (one of each per parameter)
+    adds = {signature_key(a[k]) for x in graph.node_extra for a in x.get("accumulates", [])
+            for k in ("sig", "scale_sig")}
+    assert len(adds) == 8 and not adds & sigs
     assert set(table.entries) == sigs | adds and all(t > 0 for t in table.entries.values())
     assert table.meta["timer"] == IN_STEP and table.device_kind == cpu.kind and table.repeats == 2
     _, report = apply_costs(graph, cpu, table)

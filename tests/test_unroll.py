@@ -49,11 +49,12 @@ from test_zero_bubble import layer, zchain
 KIND = "V100"  # the device kind of the per-kind compute column some cases carry
 
 
-def reference_accumulation(g: CompGraph, stage: np.ndarray, total: int) -> tuple[list, dict, list]:
-    """(seconds, per kind, bytes) of each node's gradient accumulation in the step as run (`total` nodes: `g`'s,
-    then tied copies and relays, which add nothing), from `g`'s records: a node's own `accumulate_s` (per kind its
-    `accumulate_s_by_kind`, else `accumulate_s` scaled as its compute is on that kind) and `accumulate_bytes`,
-    except that a tied gradient sum's move to the first contribution (edge order) of each contributing stage."""
+def reference_accumulation(g: CompGraph, stage: np.ndarray, total: int) -> tuple[list, dict, list, list, dict]:
+    """(seconds, per kind, bytes, division seconds, per kind) of each node's gradient accumulation and division by
+    M in the step as run (`total` nodes: `g`'s, then tied copies and relays, which add nothing), from `g`'s records:
+    a node's own `accumulate_s` (per kind its `accumulate_s_by_kind`, else `accumulate_s` scaled as its compute is
+    on that kind), `accumulate_bytes`, `scale_s` (likewise), except that a tied gradient sum's move to the first
+    contribution (edge order) of each contributing stage."""
     n = g.num_nodes
     ext = g.node_extra or tuple({} for _ in range(n))
     ref = [float(ext[v].get("accumulate_s", 0.0)) for v in range(n)] + [0.0] * (total - n)
@@ -63,6 +64,12 @@ def reference_accumulation(g: CompGraph, stage: np.ndarray, total: int) -> tuple
         by_kind[kd] = [float(ext[v].get("accumulate_s_by_kind", {}).get(kd, ref[v] * (col[v] / g.compute_s[v])
                                                                           if g.compute_s[v] > 0 else ref[v]))
                        for v in range(n)] + [0.0] * (total - n)
+    scale = [float(ext[v].get("scale_s", 0.0)) for v in range(n)] + [0.0] * (total - n)
+    scale_kind = {}
+    for kd, col in g.kind_compute.items():
+        scale_kind[kd] = [float(ext[v].get("scale_s_by_kind", {}).get(kd, scale[v] * (col[v] / g.compute_s[v])
+                                                                       if g.compute_s[v] > 0 else scale[v]))
+                          for v in range(n)] + [0.0] * (total - n)
     summed, root = reference_tied_sums(fresh_copy(g), stage)
     for a in [v for v in range(n) if summed[v] and root[v] == v]:
         sums = [w for w in range(n) if summed[w] and root[w] == a]
@@ -72,13 +79,13 @@ def reference_accumulation(g: CompGraph, stage: np.ndarray, total: int) -> tuple
                 x = int(g.edge_src[e])
                 if not summed[x]:
                     firsts.setdefault(int(stage[x]), x)
-        for col in (ref, nbytes, *by_kind.values()):
+        for col in (ref, nbytes, *by_kind.values(), scale, *scale_kind.values()):
             moved = sum(col[w] for w in sums)
             for w in sums:
                 col[w] = 0.0
             for x in firsts.values():
                 col[x] += moved
-    return ref, by_kind, nbytes
+    return ref, by_kind, nbytes, scale, scale_kind
 
 
 def reference_unroll(g: CompGraph, devices: np.ndarray, schedule: Schedule, stages, c,
@@ -89,20 +96,24 @@ def reference_unroll(g: CompGraph, devices: np.ndarray, schedule: Schedule, stag
     device's last barrier only). A run of micro-batch k >= 1 also adds its gradients into .grad: `acc`'s seconds
     more, and its bytes held meanwhile (`reference_accumulation`)."""
     m, n = schedule.microbatches, g.num_nodes
-    acc_s, acc_kind, acc_bytes = acc
+    acc_s, acc_kind, acc_bytes, scale_s, scale_kind = acc
     scale = 1.0 if schedule.microbatch_graph else 1.0 / m
     once = _step_column(g)  # computed here, not read from the graph's cache
     once_kind = {k: _step_column(g, k) for k in g.kind_compute}
+    # a mean loss's gradients are divided by M once per step: with the once-per-step part of the ops that make them
+    divides = m > 1 and g.meta.get("capture", {}).get("loss_reduction") == "mean"
+    part_s = [once[v] + (scale_s[v] if divides else 0.0) for v in range(n)]
+    part_kind = {k: [col[v] + (scale_kind[k][v] if divides else 0.0) for v in range(n)] for k, col in once_kind.items()}
     mb = [v for v in range(n) if stages.phase[v] != PER_STEP]
     per_step = [v for v in range(n) if stages.phase[v] == PER_STEP]
-    split = [v for v in mb if once[v] > 0]
+    split = [v for v in mb if part_s[v] > 0]
     rows = [(f"{v}@{k}", v, k, False) for k in range(m) for v in mb]
     rows += [(f"{v}", v, -1, False) for v in per_step] + [(f"{v}+step", v, -1, True) for v in split]
     at = {(v, k): i for i, (_, v, k, part) in enumerate(rows) if not part}
 
-    def seconds(total: np.ndarray, step: np.ndarray, v: int, k: int, part: bool, adds: list) -> float:
+    def seconds(total: np.ndarray, step: np.ndarray, v: int, k: int, part: bool, adds: list, parts: list) -> float:
         if part:
-            return float(step[v])
+            return float(parts[v])
         if k < 0:
             return float(total[v])
         return float((total[v] - step[v]) * scale) + (adds[v] if k >= 1 else 0.0)
@@ -110,13 +121,13 @@ def reference_unroll(g: CompGraph, devices: np.ndarray, schedule: Schedule, stag
     nodes = []
     for nid, v, k, part in rows:
         rec = {"id": nid, "op": g.op[v], "kind": g.kind[v],
-               "compute_s": seconds(g.compute_s, once, v, k, part, acc_s),
+               "compute_s": seconds(g.compute_s, once, v, k, part, acc_s, part_s),
                "output_bytes": 0.0 if part else float(g.output_bytes[v] * (scale if k >= 0 else 1.0)),
                "temp_bytes": 0.0 if part else float(g.temp_bytes[v] * (scale if k >= 0 else 1.0))
                + (acc_bytes[v] if k >= 1 else 0.0),
                "param_bytes": float(g.param_bytes[v]) if k <= 0 and not part else 0.0}
         if g.kind_compute:
-            rec["compute_s_by_kind"] = {kd: seconds(col, once_kind[kd], v, k, part, acc_kind[kd])
+            rec["compute_s_by_kind"] = {kd: seconds(col, once_kind[kd], v, k, part, acc_kind[kd], part_kind[kd])
                                         for kd, col in g.kind_compute.items()}
         nodes.append(rec)
     edges = []
@@ -255,7 +266,8 @@ def check(g: CompGraph, devices: np.ndarray, schedule: Schedule, c, chunk_of: np
     # the gradient accumulation they store (`accumulation_extended`): the graph's, a tied sum's moved to its stages
     acc = reference_accumulation(g, stages.stage, rel.graph.num_nodes)
     got = accumulation(rel.graph)
-    assert (got.compute_s.tolist(), {k: x.tolist() for k, x in got.by_kind.items()}, got.nbytes.tolist()) == acc
+    assert (got.compute_s.tolist(), {k: x.tolist() for k, x in got.by_kind.items()}, got.nbytes.tolist(),
+            got.scale_s.tolist(), {k: x.tolist() for k, x in got.scale_by_kind.items()}) == acc
     fresh = fresh_copy(rel.graph)
     assert weight_grad_ops(rel.graph).tolist() == reference_weight_grad_ops(fresh).tolist()
     assert_same(unroll(rel.graph, rel.devices, schedule, rel.stages, c),
@@ -274,7 +286,9 @@ def test_unroll_is_the_plain_build_on_random_pipelines(case, kind, extras, actio
                 node["step_compute_s"] = node.get("compute_s", 0) / 4
             if node.get("accumulate_s") and node["id"].endswith("0"):  # its own time on the kind, not scaled
                 node["accumulate_s_by_kind"] = {KIND: 3 * node["accumulate_s"]}
-    g = CompGraph.build("t", nodes, edges)
+            if node.get("accumulate_s"):  # and a mean loss's division of its gradients by M, once per step
+                node["scale_s"] = node["accumulate_s"] / 2
+    g = CompGraph.build("t", nodes, edges, {"capture": {"loss_reduction": "mean"}} if extras else None)
     c = cluster(p, bw=bw, lat=lat)
     c = Cluster(c.name, tuple(dataclasses.replace(d, action_s=action_s) for d in c.devices), c.link, c.links)
     devs = np.array([placement[nid] for nid in g.ids])

@@ -45,7 +45,7 @@ from devplace.capture.profile import (
     profile_graph,
     read_runs,
 )
-from devplace.capture.torch_capture import default_loss
+from devplace.capture.torch_capture import default_loss, loss_reduction
 from devplace.defaults import (
     AUTO_PLACER,
     CANONICAL_ORDER,
@@ -1054,9 +1054,7 @@ def _reference(module: Any, inputs: Any, loss_fn: Any, autocast: torch.dtype | N
     with torch.enable_grad(), cpu_autocast(autocast):  # the default loss looks for a trainable parameter's output
         out = module(*inputs)
         loss = float((loss_fn(out) if loss_fn is not None else default_loss(out)).detach())
-    own = (loss_fn is not None or (isinstance(out, torch.Tensor) and out.numel() == 1)
-           or isinstance(getattr(out, "loss", None), torch.Tensor))
-    return loss, "mean" if own else "sum"
+    return loss, loss_reduction(out, loss_fn is not None)
 
 
 @dataclass(frozen=True)

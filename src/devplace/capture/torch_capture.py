@@ -47,7 +47,7 @@ from devplace.capture.flops import op_flops
 from devplace.capture.signature import encode_signature, target_name
 from devplace.errors import DevplaceError
 from devplace.graph.compgraph import CompGraph
-from devplace.graph.phases import ACCUMULATE_BYTES_KEY, ACCUMULATES_KEY
+from devplace.graph.phases import ACCUMULATE_BYTES_KEY, ACCUMULATES_KEY, SCALE_BY
 from devplace.graph.semantics import SEMANTICS_KEY, Semantics
 
 __all__ = ["DTYPES", "CaptureError", "capture"]
@@ -586,6 +586,16 @@ def default_loss(output: Any) -> torch.Tensor:
     return total
 
 
+def loss_reduction(output: Any, loss_fn_given: bool) -> str:
+    """How a step's loss combines its micro-batches' (and what torch's pipelining does with their gradients):
+    "mean" for a given loss function or the model's own loss (a one-element output, `output.loss`), a mean over
+    the batch, whose micro-batch gradients the pipeline divides by M (`stage.scale_grads`); "sum" where
+    `default_loss` sums the outputs."""
+    own = (loss_fn_given or (isinstance(output, torch.Tensor) and output.numel() == 1)
+           or isinstance(getattr(output, "loss", None), torch.Tensor))
+    return "mean" if own else "sum"
+
+
 def _optimizer_factory(optimizer: OptimizerSpec) -> tuple[Callable[[list[torch.Tensor]], Any] | None, str]:
     if callable(optimizer):
         return optimizer, "custom"  # named after the optimizer's class once it is built
@@ -691,6 +701,7 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
         raise CaptureError(f"capture needs a torch.nn.Module, got {type(model).__name__}")
     make_opt, opt_name = _optimizer_factory(optimizer)
     cast, autocast_dtype = _precision(dtype, amp)
+    loss_given = loss_fn is not None
     loss_fn = loss_fn or default_loss
     mode = _model_fake_mode(model, example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
     named_params = list(model.named_parameters())
@@ -723,6 +734,7 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
                     if autocast_dtype is not None:  # fake tensors live on the CPU: its autocast op lists apply
                         autocast.enter_context(torch.autocast("cpu", dtype=autocast_dtype))
                     output = model(*args, **kwargs)
+                    reduction = loss_reduction(output, loss_given)
                     loss = loss_fn(output)
                     if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
                         raise CaptureError("the loss must be a tensor that depends on a trainable parameter; "
@@ -743,10 +755,11 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
                     if val is not None and val.local:
                         node = rec.nodes[val.node]
                         node.output_bytes = max(0, node.output_bytes - val.nbytes)
-                        if p.grad.layout == torch.strided:
-                            node.accumulates.append({"sig": encode_signature(torch.ops.aten.add_.Tensor,
-                                                                             (p.grad, p.grad)),
-                                                     "bytes": rec.nbytes(p.grad)})
+                        if p.grad.layout == torch.strided:  # and, of a mean loss, its division by M once a step
+                            node.accumulates.append({
+                                "sig": encode_signature(torch.ops.aten.add_.Tensor, (p.grad, p.grad)),
+                                "scale_sig": encode_signature(torch.ops.aten.div_.Tensor, (p.grad, SCALE_BY)),
+                                "bytes": rec.nbytes(p.grad)})
                 trainable = [p for _, p in params if p.requires_grad and p.grad is not None]
                 if make_opt is not None and trainable:
                     # Mixed precision with bf16/fp16 parameters: the optimizer updates an fp32 master copy of each
@@ -813,6 +826,7 @@ def capture(model: nn.Module, example_inputs: Any, *, loss_fn: Callable[[Any], t
     batch = int(batch_t.shape[0]) if batch_t is not None else None
     meta = {"capture": {
         "frontend": "torch", "torch": torch.__version__, "model": type(model).__name__, "batch": batch,
+        "loss_reduction": reduction,
         "optimizer": opt_name, "dtype": dtypes.most_common(1)[0][0] if dtypes else None,
         "params": n_params, "param_bytes": total_param_bytes, "buffer_bytes": total_buffer_bytes,
         "amp": _dtype(torch.empty(0, dtype=autocast_dtype)) if autocast_dtype is not None else None,

@@ -144,80 +144,106 @@ def step_record(step: StepCompute, g: int, kind: str) -> dict[str, Any]:
 # every later one is added in place (`.grad += g`), right after the op that produced it. A node that produces
 # parameter gradients says what those adds cost (`ACCUMULATE_KEY`, at `compute_s`'s reference, and per device
 # kind `ACCUMULATE_BY_KIND_KEY`: written by the cost model from `ACCUMULATES_KEY`, the adds' signatures a capture
-# records) and the gradients' bytes (`ACCUMULATE_BYTES_KEY`: the new gradient, held while it is added). A coarse
-# group or folded class sums its members'.
-ACCUMULATES_KEY = "accumulates"  # list of {"sig": the add's signature, "bytes": the gradient's bytes}
+# records) and the gradients' bytes (`ACCUMULATE_BYTES_KEY`: the new gradient, held while it is added). With a
+# loss that is a mean over the batch (meta capture.loss_reduction "mean"), torch's pipelining also divides every
+# gradient by M once per step, after the stage's last backward (`stage.scale_grads`): `SCALE_KEY`,
+# `SCALE_BY_KIND_KEY`, costed from the same entries' "scale_sig" (a `div_` by `SCALE_BY`, as the in-step profile
+# runs it: its time does not hang on the divisor). A coarse group or folded class sums its members'.
+ACCUMULATES_KEY = "accumulates"  # list of {"sig": the add, "scale_sig": the division, "bytes": the gradient's bytes}
 ACCUMULATE_KEY = "accumulate_s"
 ACCUMULATE_BY_KIND_KEY = "accumulate_s_by_kind"
 ACCUMULATE_BYTES_KEY = "accumulate_bytes"
+SCALE_KEY = "scale_s"
+SCALE_BY_KIND_KEY = "scale_s_by_kind"
+SCALE_BY = 2  # the divisor of a recorded division's signature
+_TIMES = ((ACCUMULATE_KEY, ACCUMULATE_BY_KIND_KEY), (SCALE_KEY, SCALE_BY_KIND_KEY))
 
 
 class Accumulation(NamedTuple):
-    """Per node, what adding its gradients into `.grad` costs on a micro-batch after the first: seconds at
-    `compute_s`'s reference (`compute_s`) and per device kind of `CompGraph.kind_compute` (`by_kind`), and the
-    bytes of the gradients added (`nbytes`). 0 for a node that produces no parameter gradient."""
+    """Per node, what its parameter gradients cost besides its compute under micro-batches: adding them into
+    `.grad` on a micro-batch after the first (seconds at `compute_s`'s reference, `compute_s`, and per device kind
+    of `CompGraph.kind_compute`, `by_kind`; the bytes added, `nbytes`), and dividing them by M once per step where
+    the loss is a mean (`scale_s`, `scale_by_kind`). 0 for a node that produces no parameter gradient."""
 
     compute_s: np.ndarray
     by_kind: dict[str, np.ndarray]
     nbytes: np.ndarray
+    scale_s: np.ndarray
+    scale_by_kind: dict[str, np.ndarray]
+
+    def columns(self) -> list[np.ndarray]:
+        """Every column, per kind ones included (what a merge sums and a tied sum moves)."""
+        return [self.compute_s, *self.by_kind.values(), self.nbytes, self.scale_s, *self.scale_by_kind.values()]
+
+    def like(self, cols: list[np.ndarray]) -> Accumulation:
+        """An Accumulation of the same kinds from `columns()`-ordered `cols`."""
+        k = len(self.by_kind)
+        kinds, scale_kinds = list(self.by_kind), list(self.scale_by_kind)
+        return Accumulation(cols[0], dict(zip(kinds, cols[1:1 + k], strict=True)), cols[1 + k], cols[2 + k],
+                            dict(zip(scale_kinds, cols[3 + k:], strict=True)))
 
 
 def accumulation(graph: CompGraph) -> Accumulation:
-    """The gradient accumulation of every node (the section above), read from its record's keys once per graph
-    (read-only arrays). A GraphError names a node whose value is not a finite number >= 0. A per-kind time the
-    node does not give is its reference time scaled as its compute is on that kind."""
-    return Accumulation(_ref(graph), {kind: graph.derived(f"{ACCUMULATE_KEY}:{kind}",
-                                                          lambda g, kind=kind: _kind_column(g, kind))
-                                      for kind in graph.kind_compute},
-                        graph.derived(ACCUMULATE_BYTES_KEY, lambda g: _accumulate_column(g, ACCUMULATE_BYTES_KEY)))
+    """The gradient accumulation and scaling of every node (the section above), read from its record's keys once
+    per graph (read-only arrays). A GraphError names a node whose value is not a finite number >= 0. A per-kind
+    time the node does not give is its reference time scaled as its compute is on that kind."""
+    (ref, by_kind), (scale, scale_by_kind) = ((_column(graph, key), {
+        kind: graph.derived(f"{key}:{kind}", lambda g, kind=kind, key=key, kinds=kinds: _kind_column(g, kind, key,
+                                                                                                  kinds))
+        for kind in graph.kind_compute}) for key, kinds in _TIMES)
+    return Accumulation(ref, by_kind, _column(graph, ACCUMULATE_BYTES_KEY), scale, scale_by_kind)
 
 
-def _ref(graph: CompGraph) -> np.ndarray:
-    return graph.derived(ACCUMULATE_KEY, lambda g: _accumulate_column(g, ACCUMULATE_KEY))
+def scales_gradients(graph: CompGraph) -> bool:
+    """Whether torch's pipelining divides this graph's gradients by M once per step: its capture's loss is a mean."""
+    captured = graph.meta.get("capture")
+    return isinstance(captured, dict) and captured.get("loss_reduction") == "mean"
 
 
-def _accumulate_column(graph: CompGraph, key: str) -> np.ndarray:
-    out = np.zeros(graph.num_nodes)
-    for v, extra in enumerate(graph.node_extra):
-        if key in extra:
-            out[v] = _number_at(graph, v, key, extra[key])
-    return out
+def _column(graph: CompGraph, key: str) -> np.ndarray:
+    def read(g: CompGraph) -> np.ndarray:
+        out = np.zeros(g.num_nodes)
+        for v, extra in enumerate(g.node_extra):
+            if key in extra:
+                out[v] = _number_at(g, v, key, extra[key])
+        return out
+    return graph.derived(key, read)
 
 
-def _kind_column(graph: CompGraph, kind: str) -> np.ndarray:
-    ref = _ref(graph)
+def _kind_column(graph: CompGraph, kind: str, key: str, kinds_key: str) -> np.ndarray:
+    ref = _column(graph, key)
     cs, total = graph.compute_s, graph.kind_compute[kind]
     out = np.where(cs > 0, ref * (total / np.where(cs > 0, cs, 1.0)), ref)
     for v in np.flatnonzero(ref > 0).tolist():
-        given = graph.node_extra[v].get(ACCUMULATE_BY_KIND_KEY)
+        given = graph.node_extra[v].get(kinds_key)
         if isinstance(given, dict) and kind in given:
-            out[v] = _number_at(graph, v, f"{ACCUMULATE_BY_KIND_KEY}.{kind}", given[kind])
+            out[v] = _number_at(graph, v, f"{kinds_key}.{kind}", given[kind])
     return out
 
 
 def _number_at(graph: CompGraph, v: int, key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         raise GraphError(f"graph {graph.name!r}: node {graph.ids[v]!r} has {key}={value!r}; it must be a finite "
-                         "number >= 0 (what adding the node's parameter gradients into .grad costs on a "
-                         "micro-batch after the first)")
+                         "number >= 0 (what adding the node's parameter gradients into .grad on a later "
+                         "micro-batch, or dividing them by the micro-batch count, costs)")
     return float(value)
 
 
 def merged_accumulation(graph: CompGraph, group: np.ndarray, count: int) -> Accumulation:
     """The gradient accumulation of `count` merged nodes, node v of `graph` merged into group[v]: the sums."""
     acc = accumulation(graph)
-    return Accumulation(np.bincount(group, weights=acc.compute_s, minlength=count),
-                        {kind: np.bincount(group, weights=col, minlength=count) for kind, col in acc.by_kind.items()},
-                        np.bincount(group, weights=acc.nbytes, minlength=count))
+    return acc.like([np.bincount(group, weights=col, minlength=count) for col in acc.columns()])
 
 
 def accumulation_record(acc: Accumulation, g: int) -> dict[str, Any]:
     """The node-record keys of merged node g that say what its gradient accumulation costs (none without one)."""
-    if acc.compute_s[g] <= 0 and acc.nbytes[g] <= 0:
+    if acc.compute_s[g] <= 0 and acc.nbytes[g] <= 0 and acc.scale_s[g] <= 0:
         return {}
-    rec: dict[str, Any] = {ACCUMULATE_KEY: float(acc.compute_s[g]), ACCUMULATE_BYTES_KEY: float(acc.nbytes[g])}
+    rec: dict[str, Any] = {ACCUMULATE_KEY: float(acc.compute_s[g]), ACCUMULATE_BYTES_KEY: float(acc.nbytes[g]),
+                           SCALE_KEY: float(acc.scale_s[g])}
     if acc.by_kind:
         rec[ACCUMULATE_BY_KIND_KEY] = {kind: float(col[g]) for kind, col in acc.by_kind.items()}
+        rec[SCALE_BY_KIND_KEY] = {kind: float(col[g]) for kind, col in acc.scale_by_kind.items()}
     return rec
 
 
@@ -229,10 +255,10 @@ def accumulation_extended(graph: CompGraph, base: CompGraph, moved: Accumulation
     if moved is None:
         acc = accumulation(base)
         zeros = np.zeros(graph.num_nodes - base.num_nodes)
-        moved = Accumulation(np.concatenate([acc.compute_s, zeros]),
-                             {kind: np.concatenate([col, zeros]) for kind, col in acc.by_kind.items()},
-                             np.concatenate([acc.nbytes, zeros]))
+        moved = acc.like([np.concatenate([col, zeros]) for col in acc.columns()])
     graph.derived(ACCUMULATE_KEY, lambda _: moved.compute_s)
     graph.derived(ACCUMULATE_BYTES_KEY, lambda _: moved.nbytes)
-    for kind, col in moved.by_kind.items():
-        graph.derived(f"{ACCUMULATE_KEY}:{kind}", lambda _, col=col: col)
+    graph.derived(SCALE_KEY, lambda _: moved.scale_s)
+    for (key, _), cols in zip(_TIMES, (moved.by_kind, moved.scale_by_kind), strict=True):
+        for kind, col in cols.items():
+            graph.derived(f"{key}:{kind}", lambda _, col=col: col)

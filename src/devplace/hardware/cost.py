@@ -19,7 +19,9 @@ Two models fill a graph's `compute_s`:
 
 A node that makes parameter gradients also gets what adding them into `.grad` costs on a micro-batch after the
 first (`accumulate_s`, per kind `accumulate_s_by_kind`: each add, `aten.add_.Tensor` on the gradient's shape,
-costed as any op by the same model, table or roofline; `devplace.graph.phases`, "gradient accumulation").
+costed as any op by the same model, table or roofline; `devplace.graph.phases`, "gradient accumulation"), and
+what dividing them by M costs once a step (`scale_s`, `scale_s_by_kind`: `aten.div_.Tensor` by a number, as
+Python calls it).
 
 Units. The simulator runs an op for ``compute_s / speed`` on a device (DESIGN.md section 4), so
 `compute_s` is "seconds on a device of speed 1.0" (a V100 SXM2 with the presets). A cost model gives
@@ -43,7 +45,13 @@ from typing import Any
 from devplace.errors import DevplaceError, FormatError
 from devplace.graph.compgraph import KIND_COMPUTE_KEY, CompGraph
 from devplace.graph.jsonio import check_format, dump_number, read_json, write_json
-from devplace.graph.phases import ACCUMULATE_BY_KIND_KEY, ACCUMULATE_KEY, ACCUMULATES_KEY
+from devplace.graph.phases import (
+    ACCUMULATE_BY_KIND_KEY,
+    ACCUMULATE_KEY,
+    ACCUMULATES_KEY,
+    SCALE_BY_KIND_KEY,
+    SCALE_KEY,
+)
 from devplace.hardware.cluster import Cluster, Device, Link
 
 __all__ = [
@@ -387,6 +395,9 @@ def analytic_node_time(rec: Mapping[str, Any], device: Device, roofline: Rooflin
 
 # ================================================================================== gradient accumulation
 ACCUMULATE_OP = "aten.add_.Tensor"  # what AccumulateGrad runs for a later micro-batch's gradient: .grad += g
+SCALE_OP = "aten.div_.Tensor"  # what torch's pipelining runs once a step on a mean loss's gradients: .grad /= M
+# (signature key of the entry, op, traffic in gradient sizes): an add reads two and writes one, a division one each
+_GRAD_OPS = {ACCUMULATE_KEY: ("sig", ACCUMULATE_OP, 3), SCALE_KEY: ("scale_sig", SCALE_OP, 2)}
 
 
 def _accumulates(rec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -394,33 +405,37 @@ def _accumulates(rec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     accs = rec.get(ACCUMULATES_KEY, [])
     if not isinstance(accs, list) or not all(isinstance(a, Mapping) for a in accs):
         raise CostError(f"node {rec.get('id')!r}: \"{ACCUMULATES_KEY}\" must be a list of objects with the add's "
-                        f"\"sig\" and the gradient's \"bytes\", got {accs!r:.200}; capture the model again")
+                        f"\"sig\", the division's \"scale_sig\" and the gradient's \"bytes\", got {accs!r:.200}; "
+                        "capture the model again")
     return accs
 
 
 def node_signatures(extra: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The signatures a node's costs are looked up by in a cost table: its op's, then those of the adds of its
-    gradients into `.grad` on later micro-batches (what profiling times, so that the adds are measured too)."""
+    gradients into `.grad` on later micro-batches and of their division by M (what profiling times, so that
+    those are measured too)."""
     sig = extra.get("sig")
     accs = extra.get(ACCUMULATES_KEY)
     out = [sig] if isinstance(sig, Mapping) else []
     if isinstance(accs, list):
-        out += [a["sig"] for a in accs if isinstance(a, Mapping) and isinstance(a.get("sig"), Mapping)]
+        out += [a[k] for a in accs if isinstance(a, Mapping) for k in ("sig", "scale_sig")
+                if isinstance(a.get(k), Mapping)]
     return out
 
 
-def _accumulate_time(rec: Mapping[str, Any], device: Device, how: tuple[Roofline, CostTable | None],
-                     tf32: Mapping[str, bool], op_s: float) -> float:
-    """Seconds on `device` of adding the node's gradients into `.grad` on one micro-batch after the first: each add
-    costed as any op, its signature's time in the table where measured, else the roofline of an elementwise
-    in-place add (reads the gradient and `.grad`, writes `.grad`: three times the gradient's bytes), plus the
+def _grad_op_time(rec: Mapping[str, Any], key: str, device: Device, how: tuple[Roofline, CostTable | None],
+                  tf32: Mapping[str, bool], op_s: float) -> float:
+    """Seconds on `device` of one pass of the node's gradient ops of `key` (`_GRAD_OPS`: the adds into `.grad` of
+    one later micro-batch, or the once-a-step division by M): each costed as any op, its signature's time in the
+    table where measured, else the roofline of an elementwise in-place op moving that many gradient sizes, plus the
     per-op overhead `op_s` (0 where the table does not apply)."""
+    which, op, sizes = _GRAD_OPS[key]
     total = 0.0
     for a in _accumulates(rec):
         nbytes = _extra_number({**a, "id": rec.get("id")}, "bytes")
-        add = {"id": rec.get("id"), "op": ACCUMULATE_OP, "kind": "backward", "mem_access_bytes": 3 * nbytes,
-               "sig": a.get("sig")}
-        total += _time_on(add, device, how, tf32, None) + op_s
+        one = {"id": rec.get("id"), "op": op, "kind": "backward", "mem_access_bytes": sizes * nbytes,
+               "sig": a.get(which)}
+        total += _time_on(one, device, how, tf32, None) + op_s
     return total
 
 
@@ -707,13 +722,14 @@ def apply_costs(graph: CompGraph, device: Device, model: str | CostTable = "anal
             rec[KIND_COMPUTE_KEY] = {k.kind: dump_number(_time_on(rec, k, kind_tables[k.kind], tf32, dtype)
                                                          + (extra if kind_tables[k.kind][1] is not None else 0.0))
                                      for k in kinds}
-        if ACCUMULATES_KEY in rec:  # what its gradients' adds into .grad cost on later micro-batches
-            rec[ACCUMULATE_KEY] = dump_number(_accumulate_time(rec, device, (rl, table), tf32, op_s) * device.speed)
-            if kinds:
-                rec[ACCUMULATE_BY_KIND_KEY] = {
-                    k.kind: dump_number(_accumulate_time(rec, k, kind_tables[k.kind], tf32,
-                                                         op_s if kind_tables[k.kind][1] is not None else 0.0))
-                    for k in kinds}
+        if ACCUMULATES_KEY in rec:  # what its gradients' adds into .grad and their division by M cost
+            for key, kinds_key in ((ACCUMULATE_KEY, ACCUMULATE_BY_KIND_KEY), (SCALE_KEY, SCALE_BY_KIND_KEY)):
+                rec[key] = dump_number(_grad_op_time(rec, key, device, (rl, table), tf32, op_s) * device.speed)
+                if kinds:
+                    rec[kinds_key] = {
+                        k.kind: dump_number(_grad_op_time(rec, key, k, kind_tables[k.kind], tf32,
+                                                          op_s if kind_tables[k.kind][1] is not None else 0.0))
+                        for k in kinds}
         nodes.append(rec)
         acc = per_class.setdefault(cls, [0, 0.0])
         acc[0] += 1

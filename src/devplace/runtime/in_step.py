@@ -14,9 +14,10 @@ they took in it, and a step that another process slowed (caches are shared) does
 a microsecond to each call (reading the clock and calling the op from Python), as `profile_graph`'s does; views
 and other ops the graph folds are timed but match no node.
 
-The adds of a later micro-batch's gradients into `.grad` (a node's `accumulates`, `graph.phases`) are timed the
-same way in as many steps again that run forward and backward twice before the update (`run_steps(passes=2)`):
-the second backward's AccumulateGrad adds each gradient into `.grad` where a pipeline's later micro-batches do.
+The adds of a later micro-batch's gradients into `.grad` (a node's `accumulates`, `graph.phases`) and their
+division by M are timed the same way in as many steps again that run forward and backward twice before the update
+(`run_steps(passes=2)`): the second backward's AccumulateGrad adds each gradient into `.grad` where a pipeline's
+later micro-batches do, and each gradient is then divided by 2 as torch's pipelining divides a mean loss's.
 
 The table this gives is an ordinary `devplace.costs/1` table with `meta["timer"] = "in-step"`; ops no step ran (a
 micro-batch size the steps did not use) fall back to what `merge_tables` puts beneath it (the isolated profile).
@@ -35,6 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from devplace.capture.signature import encode_signature
 from devplace.graph.compgraph import CompGraph
+from devplace.graph.phases import SCALE_BY
 from devplace.graph.placement import Placement
 from devplace.hardware.cluster import Device
 from devplace.hardware.cost import CostError, CostTable, node_signatures, signature_key
@@ -98,9 +100,10 @@ def profile_in_step(graph: CompGraph, module: nn.Module, inputs: Any, device_spe
     placed = apply_placement(module, graph, Placement.from_array(graph, [0] * graph.num_nodes), ["cpu"],
                              example_inputs=inputs)
     seconds, calls = _timed(placed, inputs, steps=steps, warmup=warmup, optimizer=optimizer, loss_fn=loss_fn)
-    # the adds of later micro-batches' gradients into .grad (`graph.phases`, gradient accumulation): a one-device
-    # step makes none, so as many steps again of two passes each, the second pass's adds timed where they run
-    added, more = _timed(placed, inputs, steps=steps, warmup=1, optimizer=optimizer, loss_fn=loss_fn, passes=2)
+    # the adds of later micro-batches' gradients into .grad and their division by M (`graph.phases`, gradient
+    # accumulation): a one-device step makes neither, so as many steps again of two passes each, timed where they run
+    added, more = _timed(placed, inputs, steps=steps, warmup=1, optimizer=optimizer, loss_fn=loss_fn,
+                         passes=SCALE_BY)  # the divisor the divisions' signatures were recorded with
     entries: dict[str, float] = {}
     for extra in graph.node_extra:
         sig = extra.get("sig")

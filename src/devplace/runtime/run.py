@@ -115,8 +115,8 @@ def run_steps(module: nn.Module, inputs: Any, *, steps: int = 5, warmup: int = 2
     module's parameters), to synchronise and to read peak memory from. `autocast`: run the forward and the
     loss under `torch.autocast` to this dtype, as `capture(amp=True)` records them. `passes`: forward, loss and
     backward that many times per step before the update, each pass after the first adding its gradients into
-    .grad as a pipeline's later micro-batches do (`runtime.in_step` times those adds); a step's loss is the
-    last pass's."""
+    .grad as a pipeline's later micro-batches do, then every gradient divided by `passes` as torch's pipelining
+    divides a mean loss's (`runtime.in_step` times those adds and divisions); a step's loss is the last pass's."""
     check_steps(steps, warmup)
     if passes < 1:
         raise ValueError(f"passes must be >= 1, got {passes}")
@@ -136,6 +136,10 @@ def run_steps(module: nn.Module, inputs: Any, *, steps: int = 5, warmup: int = 2
                 if loss.numel() != 1:
                     loss = loss.sum()
             loss.backward()
+        if passes > 1:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.div_(passes)
         if opt is not None:
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -52,6 +52,8 @@ from devplace.graph.phases import (
     ACCUMULATE_BYTES_KEY,
     ACCUMULATE_KEY,
     ACCUMULATES_KEY,
+    SCALE_BY_KIND_KEY,
+    SCALE_KEY,
     STEP_COMPUTE_BY_KIND_KEY,
     STEP_COMPUTE_KEY,
     accumulation_extended,
@@ -246,7 +248,7 @@ def recompute_graph(graph: CompGraph, stage: np.ndarray, stages: tuple[int, ...]
                 edge(u, int(clone_at[v]), None, 0.0, int(graph.edge_tensor[graph.out_edges(u)].max(initial=-1)) + 1)
     # a copy runs no once-per-step compute and makes no parameter gradient (a coarse group's backward part does)
     dropped = (STEP_COMPUTE_KEY, STEP_COMPUTE_BY_KIND_KEY, ACCUMULATES_KEY, ACCUMULATE_KEY, ACCUMULATE_BY_KIND_KEY,
-               ACCUMULATE_BYTES_KEY)
+               ACCUMULATE_BYTES_KEY, SCALE_KEY, SCALE_BY_KIND_KEY)
     extra = graph.node_extra or tuple({} for _ in range(n))
     return CompGraph.from_arrays(
         graph.name, [*graph.ids, *(graph.ids[v] + RECOMPUTE_SUFFIX for v in clones.tolist())],

@@ -45,6 +45,7 @@ from devplace.graph.phases import (
     accumulation_extended,
     per_kind,
     runs_per_step,
+    scales_gradients,
     step_compute,
     step_compute_extended,
 )
@@ -497,8 +498,7 @@ def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relaye
     add_bytes: list[float] = []
     add_tensor: list[int] = []
     acc = accumulation(graph)
-    moved = Accumulation(acc.compute_s.copy(), {kind: col.copy() for kind, col in acc.by_kind.items()},
-                         acc.nbytes.copy())
+    moved = acc.like([col.copy() for col in acc.columns()])
     for a in np.flatnonzero(summed & (root == np.arange(n))).tolist():
         sums = np.flatnonzero(summed & (root == a))
         edges = np.concatenate([graph.in_edges(w) for w in sums.tolist()])
@@ -506,7 +506,7 @@ def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relaye
         # each stage adds its own contribution into its copy's .grad on later micro-batches, which the captured
         # step did once, after the sum: the adds move from the sums to one contribution of each stage
         firsts = {int(stage[x]): int(x) for x in u[edges][::-1].tolist()}  # per stage, its first contribution
-        for col in (moved.compute_s, *moved.by_kind.values(), moved.nbytes):
+        for col in moved.columns():
             add = float(col[sums].sum())
             col[sums] = 0.0
             col[list(firsts.values())] += add
@@ -537,13 +537,10 @@ def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relaye
                 add_tensor.append(t)
     k = len(origin)
     zeros = np.zeros(k)
-    # the sums take a per-step kind, the copies are of one; the sums' adds moved to the contributions
+    # the sums take a per-step kind, the copies are of one; the sums' adds and divisions moved to the contributions
     g = _appended(graph, names, TIED_COPY, [SUM_KIND] * k, np.asarray(copy_compute, dtype=float), np.zeros(k),
                   np.asarray(copy_params, dtype=float), copy_kind, (add_src, add_dst, add_bytes, add_tensor),
-                  own_kinds=kinds, accumulated=Accumulation(
-                      np.concatenate([moved.compute_s, zeros]), {kind: np.concatenate([col, zeros]) for kind, col in
-                                                                 moved.by_kind.items()},
-                      np.concatenate([moved.nbytes, zeros])))
+                  own_kinds=kinds, accumulated=moved.like([np.concatenate([col, zeros]) for col in moved.columns()]))
     # where the sums were of a kind the group rule ties as it ties the per-step one: no pass over the nodes'
     # records for the tie classes
     if (all(graph.kind[w] not in ("", "forward") for w in np.flatnonzero(summed).tolist())
@@ -818,8 +815,14 @@ def _body(graph: CompGraph, m: int, scale: float, phase: np.ndarray) -> _Body:
 def _build_body(graph: CompGraph, m: int, scale: float, phase: np.ndarray) -> _Body:
     is_mb = phase != PER_STEP
     step = step_compute(graph)
+    acc = accumulation(graph)
+    # once per step, after the flush, a mean loss's gradients are divided by M (torch's `scale_grads`): a
+    # once-per-step part of each op that makes them (`graph.phases`, gradient accumulation)
+    divides = m > 1 and scales_gradients(graph)
+    once_s = step.compute_s + acc.scale_s if divides else step.compute_s
+    once_kind = {k: col + acc.scale_by_kind[k] if divides else col for k, col in step.by_kind.items()}
     per_mb, per_step = np.flatnonzero(is_mb), np.flatnonzero(~is_mb)
-    split = per_mb[step.compute_s[per_mb] > 0]  # micro-batch ops with a once-per-step part
+    split = per_mb[once_s[per_mb] > 0]  # micro-batch ops with a once-per-step part
     a = per_mb.size
     slot = np.empty(graph.num_nodes, dtype=np.int64)  # index of (v, k=0) for micro-batch ops, of v for the others
     slot[per_mb] = np.arange(a)
@@ -832,11 +835,10 @@ def _build_body(graph: CompGraph, m: int, scale: float, phase: np.ndarray) -> _B
     once_part = np.arange(n_real) >= first_once
     # a run of a micro-batch after the first also adds its gradients into .grad (`graph.phases`, gradient
     # accumulation): folded into the run that makes them, which AccumulateGrad follows at once on its device
-    acc = accumulation(graph)
     later = micro >= 1
 
-    def compute(total: np.ndarray, once: np.ndarray, adds: np.ndarray) -> np.ndarray:
-        per_run = np.where(is_mb, total - once, total)
+    def compute(total: np.ndarray, step_part: np.ndarray, once: np.ndarray, adds: np.ndarray) -> np.ndarray:
+        per_run = np.where(is_mb, total - step_part, total)
         return np.where(once_part, once[source], per_run[source] * mult + np.where(later, adds[source], 0.0))
     params = np.where((micro <= 0) & ~once_part, graph.param_bytes[source], 0.0)  # weights once: with micro-batch 0
 
@@ -868,8 +870,9 @@ def _build_body(graph: CompGraph, m: int, scale: float, phase: np.ndarray) -> _B
         source=source, micro=micro, once_part=once_part, ids=ids,
         # a micro-batch's op and kind columns, repeated M times as one list (C), not looked up per unrolled node
         ops=[ops[w] for w in mb_l] * m + [ops[w] for w in once_l], kinds=[kinds[w] for w in mb_l] * m
-        + [kinds[w] for w in once_l], compute_s=compute(graph.compute_s, step.compute_s, acc.compute_s),
-        kind_compute={kk: compute(col, step.by_kind[kk], acc.by_kind[kk]) for kk, col in graph.kind_compute.items()},
+        + [kinds[w] for w in once_l], compute_s=compute(graph.compute_s, step.compute_s, once_s, acc.compute_s),
+        kind_compute={kk: compute(col, step.by_kind[kk], once_kind[kk], acc.by_kind[kk])
+                      for kk, col in graph.kind_compute.items()},
         output_bytes=np.where(once_part, 0.0, graph.output_bytes[source] * mult), param_bytes=params,
         # the later micro-batches' new gradients, held while they are added (the first's is .grad: param_bytes)
         temp_bytes=np.where(once_part, 0.0, graph.temp_bytes[source] * mult

@@ -57,19 +57,18 @@ def reference_accumulation(g: CompGraph, stage: np.ndarray, total: int) -> tuple
     contribution (edge order) of each contributing stage."""
     n = g.num_nodes
     ext = g.node_extra or tuple({} for _ in range(n))
-    ref = [float(ext[v].get("accumulate_s", 0.0)) for v in range(n)] + [0.0] * (total - n)
-    nbytes = [float(ext[v].get("accumulate_bytes", 0.0)) for v in range(n)] + [0.0] * (total - n)
-    by_kind = {}
-    for kd, col in g.kind_compute.items():
-        by_kind[kd] = [float(ext[v].get("accumulate_s_by_kind", {}).get(kd, ref[v] * (col[v] / g.compute_s[v])
-                                                                          if g.compute_s[v] > 0 else ref[v]))
-                       for v in range(n)] + [0.0] * (total - n)
-    scale = [float(ext[v].get("scale_s", 0.0)) for v in range(n)] + [0.0] * (total - n)
-    scale_kind = {}
-    for kd, col in g.kind_compute.items():
-        scale_kind[kd] = [float(ext[v].get("scale_s_by_kind", {}).get(kd, scale[v] * (col[v] / g.compute_s[v])
-                                                                       if g.compute_s[v] > 0 else scale[v]))
-                          for v in range(n)] + [0.0] * (total - n)
+    pad = [0.0] * (total - n)
+
+    def column(key: str) -> list[float]:
+        return [float(ext[v].get(key, 0.0)) for v in range(n)] + pad
+
+    def per_kind(key: str, ref: list[float]) -> dict[str, list[float]]:  # given, else as the node's compute scales
+        return {kd: [float(ext[v].get(f"{key}_by_kind", {}).get(
+            kd, ref[v] * (col[v] / g.compute_s[v]) if g.compute_s[v] > 0 else ref[v])) for v in range(n)] + pad
+            for kd, col in g.kind_compute.items()}
+
+    ref, nbytes, scale = column("accumulate_s"), column("accumulate_bytes"), column("scale_s")
+    by_kind, scale_kind = per_kind("accumulate_s", ref), per_kind("scale_s", scale)
     summed, root = reference_tied_sums(fresh_copy(g), stage)
     for a in [v for v in range(n) if summed[v] and root[v] == v]:
         sums = [w for w in range(n) if summed[w] and root[w] == a]

@@ -291,7 +291,7 @@ def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, 
     same way (`overheads`: profile -> `hardware.cost.Overheads`, measured once per run on the probe model); each
     row also has the same plan simulated with the other profile ("other_simulated_s"); one row per setting."""
     from devplace import app
-    from devplace.graph.phases import accumulation
+    from devplace.graph.phases import accumulation, scales_gradients
     from devplace.hardware.cost import apply_overheads, op_class, signature_key
     from devplace.runtime.in_step import merge_tables
     from devplace.runtime.run import local_cluster
@@ -368,9 +368,12 @@ def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, 
                      "split_points": list(ran.export.split_points),
                      "simulated_busy_s": [float(x) for x in res2.device_busy_s],
                      "simulated_transfers": len(res2.transfers.nbytes), "simulated_comm_bytes": res2.comm_bytes,
-                     # of the busy time: the adds of micro-batches 2..M's gradients into .grad (graph.phases)
+                     # of the busy time: the adds of micro-batches 2..M's gradients into .grad and a mean loss's
+                     # division of them by M (graph.phases, gradient accumulation)
                      "simulated_accumulation_s": float(accumulation(p2.graph).compute_s.sum()) * (m - 1)
                      / table.device.speed,
+                     "simulated_division_s": float(accumulation(p2.graph).scale_s.sum()) / table.device.speed
+                     if m > 1 and scales_gradients(p2.graph) else 0.0,
                      "ops_per_stage": stages, "loss": ran.run.losses[0], "reference_loss": ran.reference_loss})
     return rows
 
@@ -471,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
                  + (f"{r['cpu_s'] / alt:.2f} |" if one else "- |") if alt else ""))
     print()
     print("| model | ops per step | (measured - simulated) / op, 1 device | pipeline split | ops per stage | "
-          "pipeline: simulated busy (2 devices) | of which gradient accumulation | measured CPU (2 procs) | "
+          "pipeline: simulated busy (2 devices) | of which gradient adds / division by M | measured CPU (2 procs) | "
           "CPU / simulated busy | per process: CPU / simulated busy of its device | transfers per step |")
     print("|---|---:|---:|---|---|---:|---:|---:|---:|---|---:|")
     ones = {r["model"]: r for r in rows if r["setting"] == "1 device"}
@@ -481,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         busy = sum(two["simulated_busy_s"])
         print(f"| {one['model']} {two['setting']} | {one['ops']} | {per_op * 1e6:.1f} us | "
               f"{', '.join(two['split_points'])} | "
-              f"{two['ops_per_stage']} | {_ms(busy)} | {_ms(two['simulated_accumulation_s'])} | "
+              f"{two['ops_per_stage']} | {_ms(busy)} | {_ms(two['simulated_accumulation_s'])} / "
+              f"{_ms(two['simulated_division_s'])} | "
               f"{_ms(two['cpu_s'])} | {two['cpu_s'] / busy:.2f} | "
               + ", ".join(f"{_ms(c)} / {_ms(b)}" for c, b in zip(two["cpu_by_process_s"], two["simulated_busy_s"],
                                                                    strict=False))

@@ -503,8 +503,9 @@ def tied_copies(graph: CompGraph, devices: np.ndarray, stages: Stages) -> Relaye
         sums = np.flatnonzero(summed & (root == a))
         edges = np.concatenate([graph.in_edges(w) for w in sums.tolist()])
         edges = edges[~summed[u[edges]]]  # the contributions: each stage's gradient
-        # each stage adds its own contribution into its copy's .grad on later micro-batches, which the captured
-        # step did once, after the sum: the adds move from the sums to one contribution of each stage
+        # each stage adds its own contribution into its copy's .grad on later micro-batches (and divides it by M),
+        # which the captured step did once, after the sum: the adds and divisions move from the sums to one
+        # contribution of each stage
         firsts = {int(stage[x]): int(x) for x in u[edges][::-1].tolist()}  # per stage, its first contribution
         for col in moved.columns():
             add = float(col[sums].sum())

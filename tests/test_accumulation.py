@@ -182,3 +182,28 @@ def test_coarse_groups_and_folded_classes_sum_their_members_adds(net_graph):
         got = accumulation(merged)
         assert got.compute_s.sum() == pytest.approx(acc.compute_s.sum())
         assert got.nbytes.sum() == acc.nbytes.sum()
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_a_tied_parameters_stages_each_add_and_divide_their_own_copy(p):
+    """A tied weight's gradient is one sum in the capture (its add into .grad and division recorded there), but
+    the runtime keeps a copy per stage that uses it, each accumulated and divided by its stage: the sum's adds
+    move to the embedding's (stage 0) and the head's (stage p - 1) contributions, and nothing is left on the sum,
+    which runs once per step."""
+    from test_sim_schedule import tied_lm
+
+    g, devs = tied_lm(p)
+    recs = [{**g.node_record(v), **({ACCUMULATE_KEY: 0.25, SCALE_KEY: 0.125} if g.ids[v] == "sum" else {})}
+            for v in range(g.num_nodes)]
+    tied = CompGraph.build("tied", recs, [g.edge_record(e) for e in range(g.num_edges)],
+                           {"capture": {"loss_reduction": "mean"}})
+    c = cluster(p, bw=1e9)
+    plain = simulate_schedule(g, c, devs, Schedule("1f1b", 4, microbatch_graph=True))
+    got = simulate_schedule(tied, c, devs, Schedule("1f1b", 4, microbatch_graph=True))
+    runs = got.microbatch_finish_s - got.microbatch_start_s
+    for nid in ("bemb", "bhw"):
+        v = g.index[nid]
+        assert runs[:, v].tolist() == [1.0] + [1.25] * 3
+    # every stage's busy time grows by its adds and its division; stages between hold nothing of the parameter
+    grown = (got.device_busy_s - plain.device_busy_s).tolist()
+    assert grown == [3 * 0.25 + 0.125] + [0.0] * (p - 2) + [3 * 0.25 + 0.125]

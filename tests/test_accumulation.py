@@ -207,3 +207,22 @@ def test_a_tied_parameters_stages_each_add_and_divide_their_own_copy(p):
     # every stage's busy time grows by its adds and its division; stages between hold nothing of the parameter
     grown = (got.device_busy_s - plain.device_busy_s).tolist()
     assert grown == [3 * 0.25 + 0.125] + [0.0] * (p - 2) + [3 * 0.25 + 0.125]
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_a_parallel_plans_replicas_pay_the_adds_as_a_pipeline_does(zero):
+    """`simulate_parallel` simulates each replica's pipeline as `simulate_schedule` does: under pure data
+    parallelism with 2 micro-batches per replica (GPipe's order), every ZeRO stage, the second micro-batch's
+    backward ops each add their gradient into .grad (0.25 s), one after the other on the replica's device."""
+    from devplace.graph.parallel import ParallelPlan
+    from devplace.sim.parallel import simulate_parallel
+    from test_sim_parallel import model
+
+    base = model(2, meta={"microbatches": 2})
+    recs = [{**base.node_record(v), **({ACCUMULATE_KEY: 0.25} if base.ids[v].startswith("b") else {})}
+            for v in range(base.num_nodes)]
+    g = CompGraph.build("m", recs, [base.edge_record(e) for e in range(base.num_edges)], base.meta)
+    plan = ParallelPlan(dp=2, pp=1, microbatches=2, batch=4, schedule="none", zero=zero)
+    stage = np.zeros(g.num_nodes, dtype=np.int64)
+    c = cluster(2, bw=1e9)
+    assert simulate_parallel(g, c, stage, plan).step_time_s == simulate_parallel(base, c, stage, plan).step_time_s + 0.5

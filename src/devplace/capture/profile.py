@@ -235,7 +235,7 @@ def profile_graph(graph: CompGraph, device: str | torch.device = "cpu", warmup: 
 
     sigs: dict[str, Mapping[str, Any]] = {}
     for extra in graph.node_extra:
-        for sig in node_signatures(extra):  # the op's, then its gradients' adds into .grad
+        for sig in node_signatures(extra):  # the op's, then its gradients' adds into .grad and divisions by M
             sigs.setdefault(signature_key(sig), sig)
     keys = list(sigs)
     left_out = 0

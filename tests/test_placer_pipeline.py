@@ -717,3 +717,31 @@ def test_every_stage_of_a_v_split_holds_an_op():
     assert splits
     for cuts in splits:
         assert all(owned[a:b].sum() > 0 for a, b in zip((0, *cuts[:-1]), cuts, strict=True)), cuts
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_program_stages_is_the_stage_with_most_compute_per_segment(data):
+    """`_program_stages` (one weighted count over (segment, stage) pairs) meets the stages a loop over the
+    segments does: per segment the stage with the most compute (the first of equals, a zero-compute op counting
+    1e-300), runs of one stage once; ops of no segment or of no stage (-1) left out."""
+    from devplace.graph.modules import SEGMENTS_KEY
+    from devplace.placers.pipeline import _program_stages
+
+    n = data.draw(st.integers(1, 30))
+    segs = data.draw(st.lists(st.integers(-1, 6), min_size=n, max_size=n))
+    stage = np.asarray(data.draw(st.lists(st.integers(-1, 5), min_size=n, max_size=n)), dtype=np.int64)
+    compute = data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0]), min_size=n, max_size=n))
+    nodes = [{"id": f"v{v}", "kind": "forward", "compute_s": compute[v],
+              **({SEGMENTS_KEY: [segs[v], segs[v]]} if segs[v] >= 0 else {})} for v in range(n)]
+    g = CompGraph.build("segments", nodes, [])
+    first = segment_spans(g)[:, 0]
+    ops = np.flatnonzero((stage >= 0) & (first >= 0))
+    want: list[int] = []
+    for seg in np.unique(first[ops]).tolist():  # the rule, segment by segment
+        mine = ops[first[ops] == seg]
+        best = int(np.argmax(np.bincount(stage[mine], weights=g.compute_s[mine] + 1e-300)))
+        if not want or want[-1] != best:
+            want.append(best)
+    if ops.size:
+        assert _program_stages(g, stage) == want

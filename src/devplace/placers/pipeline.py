@@ -733,11 +733,15 @@ def _program_stages(graph: CompGraph, stage: np.ndarray) -> list[int]:
     first = graph.derived("segment_spans", segment_spans)[:, 0]
     ops = np.flatnonzero((stage >= 0) & (first >= 0))
     if ops.size:
-        seq = []
-        for seg in np.unique(first[ops]).tolist():
-            mine = ops[first[ops] == seg]
-            weight = np.bincount(stage[mine], weights=graph.compute_s[mine] + 1e-300)
-            seq.append(int(np.argmax(weight)))
+        # one weighted count over (segment, stage) pairs, each row's argmax its stage (the first of equals): the
+        # placer asks this of every V split it judges, and a loop over a captured model's 10^3 segments was a
+        # fifth of the parallel plans' search (gpt2-xl b8 on a mixed cluster: 5.5 of 27 s); each pair sums its
+        # ops in index order, as a bincount per segment did, so the sums and the answer are the same
+        segs, seg_of = np.unique(first[ops], return_inverse=True)
+        width = int(stage[ops].max()) + 1
+        weight = np.bincount(seg_of * width + stage[ops], weights=graph.compute_s[ops] + 1e-300,
+                             minlength=segs.size * width)
+        seq = np.argmax(weight.reshape(segs.size, width), axis=1).tolist()
     else:
         seq = stage[op_phases(graph) == FORWARD].tolist()
     return [x for i, x in enumerate(seq) if i == 0 or seq[i - 1] != x]

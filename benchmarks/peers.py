@@ -1,7 +1,8 @@
 """devplace's placers against the stage-partitioning algorithms of other pipeline systems (issue 21, item 5).
 
     PYTHONPATH=$PWD/src:$PWD/benchmarks .venv/bin/python benchmarks/peers.py \
-        [--models gpt2 t5-small ...] [--clusters 4xV100-16GB mixed-fast-first mixed-slow-first] [--microbatches 8]
+        [--models gpt2 t5-small ...] [--clusters 4xV100-16GB mixed-fast-first mixed-slow-first] [--microbatches 8] \
+        [--cache DIR]
 
 What is measured. For each model (batch chosen so that M divides it) and cluster, every row is simulated by
 devplace (`devplace.sim.simulate`, the reference model) in this run:
@@ -71,13 +72,23 @@ the FP32 rate on Turing) on PCIe gen3 x16, fast GPUs first (`mixed-fast-first`) 
 
 Printed: per (model, cluster) and method the step time (s), the peak memory of the fullest device against its
 capacity (over-memory rows are marked and never taken as the best), the placement time (placers: wall clock of
-`place_prepared`, captures of micro-batches included; peers: the algorithm on the unit costs), and each step
-over the best step of every feasible row; then a summary with default / best.
+the search as `place_prepared` runs it, captures of micro-batches included; peers: the algorithm on the unit
+costs), and each step over the best step of every feasible row; then a summary with default / best.
+
+`--cache DIR` keeps every capture (the whole batch's and each micro-batch count's, uncosted) as a graph file in
+DIR, named by model, batch and micro-batch count (`capture_file`), and reads it back on later runs instead of
+capturing: then a placer's time excludes capturing but includes reading its micro-batches' graph files and costing
+them for the cluster's device kinds (done on every run, so a changed cost model is seen); the first run fills the
+cache (its times include the captures) and the table says which. A file is used only where the model's capture
+settings match (the key hashes them); delete DIR after changing how models are captured. Every run, cached or
+not, places the graphs as read back from a file where it has one (a capture written and read again), so a
+cached run answers what the run that filled it answered.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import math
 import os
@@ -85,6 +96,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs are written in beyond_zoo; nothing may be downloaded
@@ -92,10 +104,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs are written in beyond_zo
 import numpy as np
 from numba import njit
 
-from devplace.app.with_torch import place_prepared, prepare_model
-from devplace.capture.custom import microbatch_prepared
+from devplace.app.with_torch import prepare_model
+from devplace.capture.custom import (
+    capture_named_model,
+    microbatch_capture,
+    microbatch_prepared,
+    prepare_microbatch,
+    prepare_named,
+)
 from devplace.capture.pipeline import Prepared
 from devplace.errors import DevplaceError
+from devplace.graph import load_graph, save_graph
+from devplace.graph.batch import graph_batch
+from devplace.graph.coarsen import Coarsening
 from devplace.graph.compgraph import CompGraph
 from devplace.graph.modules import forward_ops, module_of, module_starts
 from devplace.graph.ties import tie_classes
@@ -103,6 +124,7 @@ from devplace.hardware.cluster import Cluster, op_times
 from devplace.hardware.cost import cost_devices
 from devplace.hardware.presets import GB, PCIE3_X16, PRESETS, TFLOPS, V100_SXM2_32GB, GpuSpec, gpus
 from devplace.placers.even import _sequence, even_devices
+from devplace.planning import place_graph
 from devplace.sim import Schedule, ScheduleError, SimResult, lower_bound, simulate
 
 # ------------------------------------------------------------------------------------------ models, clusters
@@ -144,6 +166,66 @@ MODELS: dict[str, tuple[str, int]] = {
     "gpt2-xl": ("gpt2-xl", 8), "llama-1b": ("llama-1b", 8), "t5-small": ("t5-small", 32),
     "bert-base": ("bert-base", 32), "vit_b_16": ("peers:vit_b_16", 128), "clip-b16": ("peers:clip_b16", 96),
     "gpt2": ("gpt2", 8), "gpt2-xl-b4": ("gpt2-xl", 4), "llama-1b-b4": ("llama-1b", 4)}
+
+# ---------------------------------------------------------------------------------------------- the captures
+
+
+def capture_file(cache: Path, model: str, batch: int, microbatches: int) -> Path:
+    """Where `--cache` keeps the capture of `model` at `batch` split into `microbatches` (1: the whole batch): the
+    name says which, a hash of the capture settings this script uses (and the graph format) keeps a file of other
+    settings from being read."""
+    settings = repr((model, batch, microbatches, None, "adam", 0, None, False, "devplace.graph/1"))
+    digest = hashlib.sha256(settings.encode()).hexdigest()[:12]
+    return cache / f"{model.replace(':', '_')}-b{batch}-m{microbatches}-{digest}.json"
+
+
+class Captures:
+    """The prepared models of a run and their micro-batches (`microbatch_prepared`), each captured at its own size;
+    with `cache` (`--cache DIR`) each capture is a graph file there, read back instead of captured where it exists
+    (module docstring). `filled` counts the captures this run made and wrote."""
+
+    def __init__(self, cache: Path | None) -> None:
+        self.cache, self.filled = cache, 0
+        if cache is not None:
+            cache.mkdir(parents=True, exist_ok=True)
+
+    def _graph(self, model: str, batch: int, m: int, capture: Callable[[], CompGraph]) -> CompGraph | None:
+        """The capture read from the cache (made and written first where it is not there); None without a cache."""
+        if self.cache is None:
+            return None
+        path = capture_file(self.cache, model, batch, m)
+        if not path.exists():
+            tmp = path.with_suffix(".tmp")
+            save_graph(capture(), tmp)
+            tmp.replace(path)
+            self.filled += 1
+        return load_graph(path)
+
+    def prepared(self, model: str, batch: int, cluster: Cluster) -> Prepared:
+        """`prepare_model(model, batch=, cluster=)`, from the cache's capture where there is one."""
+        graph = self._graph(model, batch, 1, lambda: capture_named_model(model, batch=batch))
+        if graph is None:
+            return prepare_model(model, batch=batch, cluster=cluster)
+        device, kinds = cost_devices(cluster)
+        # the options `prepare_model` passes, so that the micro-batches are prepared alike
+        return prepare_named(graph, model, max_nodes=None, device=device, costs=None, kinds=kinds)
+
+    def microbatch(self, prepared: Prepared, m: int) -> Prepared:
+        """`microbatch_prepared(prepared, m)`, from the cache's capture where there is one (read again on every
+        call: a placer's time includes reading and costing it)."""
+        assert prepared.model is not None
+        batch = graph_batch(prepared.full)
+        graph = None if m == 1 or batch is None else self._graph(prepared.model.name, batch, m,
+                                                                 lambda: microbatch_capture(prepared, m))
+        return microbatch_prepared(prepared, m) if graph is None else prepare_microbatch(prepared, graph)
+
+    def provider(self, prepared: Prepared) -> Callable[[int], tuple[CompGraph, Coarsening]]:
+        """The micro-batch graphs the search asks for (`capture.custom.microbatch_graphs`), through the cache."""
+        def graph_of(m: int) -> tuple[CompGraph, Coarsening]:
+            micro = self.microbatch(prepared, m)
+            return micro.full, micro.coarsening
+        return graph_of
+
 
 # ------------------------------------------------------------------------------------------------- the units
 
@@ -466,11 +548,12 @@ def sim_row(method: str, graph: CompGraph, cluster: Cluster, devices: np.ndarray
     return Row(method, result.step_time_s, result.feasible, peak_text(result, cluster), took_s, note)
 
 
-def placer_row(method: str, prepared: Prepared, cluster: Cluster, **how: Any) -> Row:
-    """`place_prepared` (placer auto without `how`), as devplace's app runs it."""
+def placer_row(method: str, prepared: Prepared, cluster: Cluster, captures: Captures, **how: Any) -> Row:
+    """The search as `place_prepared` runs it (placer auto without `how`), its micro-batches from `captures`."""
     t0 = time.perf_counter()
     try:
-        placed = place_prepared(prepared, cluster, **how)
+        placed = place_graph(prepared.graph, cluster, coarsening=prepared.coarsening, full=prepared.full,
+                             microbatch_graph=captures.provider(prepared), **how)
     except DevplaceError as exc:
         return Row(method, None, took_s=time.perf_counter() - t0, note=f"{type(exc).__name__}")
     took = time.perf_counter() - t0
@@ -522,7 +605,7 @@ def kept_m(row: Row) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def run(name: str, cluster: Cluster, ms: list[int], cache: dict[Any, Prepared]
+def run(name: str, cluster: Cluster, ms: list[int], cache: dict[Any, Prepared], captures: Captures
         ) -> tuple[list[Row], dict[int, float], int]:
     """Every row of one model on one cluster: the placers, then even and each peer at its fastest M of `ms` and
     of the counts the placers kept (over-memory only where no M fits); the ideal 1F1B step per M; the units."""
@@ -530,16 +613,17 @@ def run(name: str, cluster: Cluster, ms: list[int], cache: dict[Any, Prepared]
     ref, kinds = cost_devices(cluster)
     key = (model, batch, ref.kind, tuple(k.kind for k in kinds))
     if key not in cache:
-        cache[key] = prepare_model(model, batch=batch, cluster=cluster)
+        cache[key] = captures.prepared(model, batch, cluster)
     prepared = cache[key]
-    rows = [placer_row("default", prepared, cluster), placer_row("pipeline", prepared, cluster, placer="pipeline")]
+    rows = [placer_row("default", prepared, cluster, captures),
+            placer_row("pipeline", prepared, cluster, captures, placer="pipeline")]
     counts = sorted(m for m in {*ms, *(m for m in map(kept_m, rows) if m is not None and m > 1)} if batch % m == 0)
     best: dict[str, Row] = {}
     ideal: dict[int, float] = {}
     count = 0
     for m in counts:
         if (*key, m) not in cache:
-            cache[(*key, m)] = microbatch_prepared(prepared, m)
+            cache[(*key, m)] = captures.microbatch(prepared, m)
         peers, ideal[m], count = peer_rows(cache[(*key, m)], cluster, m)
         for r in peers:
             old = best.get(r.method)
@@ -562,8 +646,12 @@ def main() -> None:
                     choices=list(CLUSTERS))
     ap.add_argument("--microbatches", type=int, nargs="+", default=[8],
                     help="M of even, the peers and the ideal 1F1B (also run at the M the placers keep)")
+    ap.add_argument("--cache", type=Path, default=None, metavar="DIR",
+                    help="keep the captures as graph files in DIR and read them back on later runs (placing times "
+                         "then exclude capturing)")
     args = ap.parse_args()
     cache: dict[Any, Prepared] = {}
+    captures = Captures(args.cache)
     summary: list[str] = []
     print(f"1F1B; even and the peers at M in {args.microbatches} and the M the placers kept, each at its fastest; "
           "steps in s; peak GB / capacity of the fullest device; 'over' marks a row over memory (never the best)\n")
@@ -572,7 +660,7 @@ def main() -> None:
     for name in args.models:
         for cname in args.clusters:
             cluster = CLUSTERS[cname]()
-            rows, ideal, count = run(name, cluster, args.microbatches, cache)
+            rows, ideal, count = run(name, cluster, args.microbatches, cache, captures)
             fits = [r for r in rows if r.step_s is not None and r.feasible]
             best = min(fits, key=lambda r: r.step_s or math.inf) if fits else None
             for r in rows:
@@ -600,6 +688,12 @@ def main() -> None:
           "| default / best | default placing (s) |")
     print("|---|---|---:|---|---:|---|---:|---:|---:|")
     print("\n".join(summary))
+    if args.cache is None:
+        print("\nPlacing times include capturing each micro-batch count (no --cache).")
+    else:
+        print(f"\nCaptures from {args.cache}: {captures.filled} made and written by this run (the rows that made "
+              "them include capturing in their placing time); the others read back, placing times excluding capture "
+              "but including reading and costing the micro-batches' graph files.")
 
 
 if __name__ == "__main__":

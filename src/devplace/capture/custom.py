@@ -262,6 +262,13 @@ def microbatch_prepared(prepared: Prepared, microbatches: int) -> Prepared:
     M does not divide the batch."""
     if microbatches == 1:
         return prepared
+    return prepare_microbatch(prepared, microbatch_capture(prepared, microbatches))
+
+
+def microbatch_capture(prepared: Prepared, microbatches: int) -> CompGraph:
+    """The capture `microbatch_prepared` costs (M > 1): the model of `prepared` captured at batch / M, marked as
+    one of M micro-batches; what a caller may keep and read back (a graph file) to prepare again without
+    capturing (`prepare_microbatch`). DevplaceError as `microbatch_prepared`."""
     ref, batch = prepared.model, graph_batch(prepared.full)
     if ref is None or batch is None:
         raise DevplaceError(f"graph {prepared.full.name!r} was not captured from a model with a batch here, so its "
@@ -276,7 +283,14 @@ def microbatch_prepared(prepared: Prepared, microbatches: int) -> Prepared:
         graph = capture_named_model(ref.name, batch=batch // microbatches, seq_len=ref.seq_len,
                                     optimizer=ref.optimizer, seed=ref.seed, dtype=ref.dtype, amp=ref.amp)
     graph.meta[MICROBATCHES_META_KEY] = microbatches  # a fresh capture's own dict: mark it before it is costed
-    return prepare(graph, model=ref, **dict(ref.options))
+    return graph
+
+
+def prepare_microbatch(prepared: Prepared, graph: CompGraph) -> Prepared:
+    """`graph`, a micro-batch of `prepared`'s model (`microbatch_capture`), prepared as `prepared` was (its
+    model's device, cost table and coarsening options)."""
+    assert prepared.model is not None
+    return prepare(graph, model=prepared.model, **dict(prepared.model.options))
 
 
 def _takes_batch(spec: str) -> bool:

@@ -60,9 +60,11 @@ def test_the_search_nests_search_parallel_with_what_the_request_leaves_open() ->
     assert simulate_parallel(found.graph, c, stage, saved).step_time_s == found.parallel.step_time_s
     assert found.placement.schedule == plan.pipeline_schedule(0, microbatch_graph=True)
     tried = found.placement.meta["parallel_search"]["tried"]
-    # both micro-batch sizes the batch allows on 4 devices (2 and 1 samples), each searched whole; 2 kept
-    direct_1 = search_parallel(captured(8), c, batch=BATCH, microbatch_size=1)
+    # both micro-batch sizes the batch allows on 4 devices (2 and 1 samples), the second's degrees skipped where
+    # their bound is not below the first's plan (`search_parallel`'s beat); 2 kept
+    direct_1 = search_parallel(captured(8), c, batch=BATCH, microbatch_size=1, beat=direct.best.step_time_s)
     assert len(tried) == len(direct.candidates) + len(direct_1.candidates)
+    assert any(str(why).startswith("skipped: no plan beats") for why in tried.values())
     assert found.placement.meta["parallel_search"]["microbatch_size"] == 2
     # fixed dimensions are the only ones tried
     fixed = search_placement(captured(), c, microbatch_graph=provider,
@@ -73,9 +75,11 @@ def test_the_search_nests_search_parallel_with_what_the_request_leaves_open() ->
     tried = fixed.placement.meta["parallel_search"]["tried"]
     assert all(label.startswith("dp=2 pp=2") and "zero=1 recompute=full" in label
                for label in tried if " pp=" in label)
-    # the rest: DualPipeV at M = 2 (of 2 samples), fewer micro-batches than its 4 stages, not judged
+    # the rest: DualPipeV at M = 2 (of 2 samples), fewer micro-batches than its 4 stages, not judged; and M = 4 (of 1
+    # sample), whose bound is not below the plan kept at M = 2
     assert {label: why[:48] for label, why in tried.items() if " pp=" not in label} == {
-        "dp=2 M=2 dualpipev": "dualpipev runs at least as many micro-batches as"}
+        "dp=2 M=2 dualpipev": "dualpipev runs at least as many micro-batches as",
+        "dp=2 M=4 1f1b/zero-bubble/zbv/dualpipev": "skipped: no plan beats 22.3 s (its lower bound i"}
 
 
 def test_the_search_says_what_a_parallel_request_cannot_do() -> None:

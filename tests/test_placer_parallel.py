@@ -7,17 +7,20 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import cluster
 from devplace.errors import DevplaceError
 from devplace.graph import CompGraph
-from devplace.graph.parallel import ParallelPlan
+from devplace.graph.parallel import ParallelPlan, ParallelPlanError
 from devplace.graph.phases import _step_column, step_compute
 from devplace.graph.ties import _tie_classes, tie_classes
-from devplace.placers.parallel import as_microbatch, fewest_blocks, search_parallel
+from devplace.placers.parallel import _replicas_bound, as_microbatch, fewest_blocks, search_parallel
 from devplace.sim.parallel import sharded_updates, simulate_parallel
+from devplace.sim.schedule import ScheduleError
 from test_sim_parallel import blocks, model
-from test_sim_schedule import tied_lm
+from test_sim_schedule import pipelines, tied_lm
 
 
 def test_the_search_answers_the_fastest_plan_that_fits() -> None:
@@ -129,3 +132,49 @@ def test_sharded_updates_keep_the_graphs_classes_and_once_per_step_parts() -> No
                                   got.edge_tensor, meta=got.meta, node_extra=got.node_extra)
     assert tie_classes(got).tolist() == _tie_classes(fresh).tolist()
     assert step_compute(got).compute_s.tolist() == _step_column(fresh).tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(pipelines(), st.sampled_from([1, 2]), st.lists(st.sampled_from([0.5, 1.0, 2.0]), min_size=6, max_size=6),
+       st.sampled_from([0, 3]), st.sampled_from(["none", "full"]))
+def test_no_plan_is_faster_than_its_replicas_bound(case: tuple, dp: int, speeds: list[float], zero: int,
+                                                   recompute: str) -> None:
+    """The bound a parallel search skips a data-parallel degree by (`_replicas_bound`) is below the simulated step
+    of every plan of that degree: random pipelines on devices of unequal speeds, ZeRO, recomputation."""
+    nodes, edges, p, placement, kind, m, _, bw, lat, _ = case
+    if kind == "interleaved-1f1b" or (dp == 1 and zero):
+        return
+    g = CompGraph.build("p", nodes, edges, {"microbatches": m})
+    stage = np.array([placement[i] for i in g.ids], dtype=np.int64)
+    c = cluster(dp * p, bw=bw, lat=lat, speeds=speeds[:dp * p])
+    plan = ParallelPlan(dp, p, m, dp * m, kind if p > 1 else "none", zero=zero, recompute=recompute)
+    try:
+        r = simulate_parallel(g, c, stage, plan)
+    except (ScheduleError, ParallelPlanError):
+        return
+    assert r.step_time_s >= _replicas_bound(g, c, plan)
+
+
+def test_a_degree_skipped_by_its_bound_has_no_faster_plan() -> None:
+    """With `beat`, a degree whose bound is not below it (or the fastest plan before it) is skipped unjudged; every
+    plan of a skipped degree, judged without `beat`, is no faster than the plan kept, and the answer is the
+    same wherever one is found."""
+    g, c = model(4, param=8e9, meta={"capture": {"batch": 1}}), cluster(4, bw=1e10, mem=2e10, speeds=[2, 2, 1, 1])
+    full = search_parallel(g, c, batch=8, microbatch_size=1)
+    assert full.best is not None
+    steps = sorted({x.step_time_s for x in full.candidates if x.feasible})
+    skips = 0
+    for beat in (steps[0] * 0.5, *steps, steps[-1] * 2):
+        found = search_parallel(g, c, batch=8, microbatch_size=1, beat=beat)
+        skipped = {x.dp for x in found.candidates if x.note.startswith("skipped: no plan beats")}
+        skips += len(skipped)
+        kept = found.best.step_time_s if found.best is not None else beat
+        for x in full.candidates:
+            if x.dp in skipped and x.feasible:
+                assert x.step_time_s >= min(kept, beat)
+        if full.best.step_time_s < beat:
+            assert found.best is not None and found.best.plan == full.best.plan
+            assert found.best.step_time_s == full.best.step_time_s
+        else:
+            assert found.best is None or found.best.step_time_s >= full.best.step_time_s
+    assert skips  # the bound skipped something

@@ -21,6 +21,11 @@ recomputation is over memory and full recomputation fits, each stage then recomp
 that a memory model of the two simulations says fit (`fewest_blocks`: none for a stage that fits), one more
 plan judged; the fastest plan that fits memory wins (ties: the first in the order dp ascending, schedule, ZeRO
 ascending, no recomputation first, then full, then some blocks).
+
+A data-parallel degree whose lower bound (`microbatch_work_bound` of each replica's devices: its M micro-batches'
+forward and backward work shared by them, the largest over the replicas) is not below the fastest plan found
+before it (in this search, or `beat`, another search's) is skipped before it is cut: every plan of it has a step
+at least that bound, so none would be strictly faster, and of equal steps the one found first wins anyway.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from devplace.graph.ties import tie_classes_extended
 from devplace.hardware.cluster import Cluster, Link
 from devplace.placers.memory import NoFitError
 from devplace.placers.pipeline import pipeline_plan
+from devplace.sim.bounds import microbatch_work_bound
 from devplace.sim.parallel import ParallelResult, op_blocks, simulate_parallel, stage_blocks, stage_layout
 
 # the pipeline schedules judged on each cut (for pp > 1): one chunk per device, cut for the first of them, and the
@@ -67,24 +73,27 @@ class Candidate:
 
 @dataclass(frozen=True)
 class ParallelSearch:
-    """The best plan found (`best`, simulated, with `stage`: each op's pipeline stage) and every candidate."""
+    """The best plan found (`best`, simulated, with `stage`: each op's pipeline stage) and every candidate; `best`
+    and `stage` are None only where every candidate was skipped by its bound (`search_parallel`'s `beat`)."""
 
-    best: ParallelResult
-    stage: np.ndarray
+    best: ParallelResult | None
+    stage: np.ndarray | None
     candidates: tuple[Candidate, ...]
 
 
 def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatch_size: int,
                     dps: tuple[int, ...] | None = None, zeros: tuple[int, ...] = ZERO_STAGES,
                     recomputes: tuple[str, ...] = RECOMPUTE, schedules: tuple[str, ...] = SCHEDULES,
-                    runnable: bool = False) -> ParallelSearch:
+                    runnable: bool = False, beat: float = math.inf) -> ParallelSearch:
     """The fastest plan that fits memory for a global `batch` on all of `cluster`'s devices (module
     docstring). `graph` is one micro-batch of `microbatch_size` samples; `dps` the data-parallel degrees to try
     (default: every one that divides the devices and leaves whole micro-batches); `schedules` the pipeline
     schedules judged on each cut (for pp > 1; the placer cuts for the first; one chunk per device, so
     "zero-bubble" is ZB-H1). With `runnable`, a plan devplace's runtime does not run (`runtime_gap`: ZeRO-3 under
-    zero bubble) is a candidate not judged, the gap its note. DevplaceError when no plan fits, naming each
-    candidate's outcome."""
+    zero bubble) is a candidate not judged, the gap its note. A degree whose lower bound is not below `beat` (a
+    step found elsewhere) or the fastest plan found before it is skipped (module docstring), a candidate saying
+    so; where every one is, the answer has no `best`. DevplaceError when no plan fits, naming each candidate's
+    outcome."""
     n = cluster.num_devices
     recorded = graph_batch(graph)
     if recorded is not None and recorded != microbatch_size:
@@ -101,9 +110,17 @@ def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatc
                             f"of {', '.join(map(str, fitting))}")
     candidates: list[Candidate] = []
     judged: list[tuple[float, ParallelResult, np.ndarray]] = []
+    skipped = False
     for dp in choices:
         pp, m = n // dp, batch // microbatch_size // dp
         one = as_microbatch(graph, m)
+        fastest = min([beat, *(step for step, _, _ in judged)])
+        bound = _replicas_bound(one, cluster, ParallelPlan(dp, pp, m, batch, "1f1b" if pp > 1 else "none"))
+        if bound >= fastest:
+            candidates.append(Candidate(None, dp, None, False, f"skipped: no plan beats {fastest:.4g} s (its lower "
+                                        f"bound is {bound:.4g} s)", "/".join(schedules) if pp > 1 else "none"))
+            skipped = True
+            continue
         cuts: dict[bool, np.ndarray | None] = {}  # per layout (V-shaped or not), its cut; None: none fits
         for kind in schedules if pp > 1 else ("none",):
             v_shaped = kind in V_SHAPED
@@ -143,12 +160,29 @@ def search_parallel(graph: CompGraph, cluster: Cluster, *, batch: int, microbatc
                                                     "number of blocks)"))
                         if partial.feasible:
                             judged.append((partial.step_time_s, partial, stage))
+    if not judged and skipped:
+        return ParallelSearch(None, None, tuple(candidates))
     if not judged:
         tried = "; ".join(f"{c.label(batch // microbatch_size)}: {c.note or 'over memory'}" for c in candidates)
         raise DevplaceError(f"no parallel plan of {graph.name!r} at batch {batch} fits {cluster.name!r} ({tried}); "
                             "use more devices or a smaller micro-batch")
     _, best, stage = min(judged, key=lambda x: x[0])
     return ParallelSearch(best, stage, tuple(candidates))
+
+
+def _replicas_bound(graph: CompGraph, cluster: Cluster, plan: ParallelPlan) -> float:
+    """A lower bound on the step of every plan with `plan`'s dp, pp and M, whatever its schedule, cut, ZeRO stage
+    and recomputation: each replica runs a pipeline of the M micro-batches of `graph` on its devices, and the
+    plan's step is at least each replica's pipelined step (`simulate_parallel`: the largest of them and the
+    syncs' ends), so at least the largest of their `microbatch_work_bound`s (replicas on devices of the same
+    kinds computed once)."""
+    bounds: dict[tuple[str, ...], float] = {}
+    for r in range(plan.dp):
+        devices = plan.replica(r)
+        kinds = tuple(sorted(f"{cluster.devices[d].kind}/{cluster.devices[d].speed!r}" for d in devices))
+        if kinds not in bounds:
+            bounds[kinds] = microbatch_work_bound(graph, sub_cluster(cluster, devices), plan.microbatches)
+    return max(bounds.values())
 
 
 def fewest_blocks(graph: CompGraph, cluster: Cluster, stage: np.ndarray, none: ParallelResult,

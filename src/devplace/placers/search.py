@@ -1439,21 +1439,24 @@ def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SC
     failed: list[str] = []
     for k in parallel_microbatches(batch, n, dps):  # of equal steps the first: the largest micro-batch
         graph = req.graph if k == 1 else req.microbatch_graph(k)[0]
+        # a degree of this count whose bound is not below the kept plan's step is skipped (`search_parallel`)
+        beat = kept[2].best.step_time_s if kept is not None and kept[2].best is not None else math.inf
         try:
             found = search_parallel(graph, canon, batch=batch, microbatch_size=batch // k, dps=dps,
                                     zeros=ZERO_STAGES if ask.zero is None else (ask.zero,),
                                     recomputes=RECOMPUTE if ask.recompute == "auto" else (ask.recompute,),
-                                    schedules=schedules, runnable=runnable)
+                                    schedules=schedules, runnable=runnable, beat=beat)
         except DevplaceError as exc:  # nothing fits at this micro-batch size: another may
             failed.append(f"micro-batches of {batch // k}: {exc}")
             continue
         tried.update((c.label(k),
                       c.step_time_s if c.feasible else (c.note or "over memory")) for c in found.candidates)
-        if kept is None or found.best.step_time_s < kept[2].best.step_time_s:
+        if found.best is not None and found.best.step_time_s < beat:
             kept = (k, graph, found)
     if kept is None:
         raise DevplaceError("; ".join(failed))
     k, graph, found = kept
+    assert found.best is not None and found.stage is not None
     one = as_microbatch(graph, found.best.plan.microbatches)
     # the plan on the devices as the cluster lists them, simulated there (the same step, relabelled)
     best = found.best

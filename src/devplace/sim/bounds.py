@@ -134,6 +134,21 @@ def microbatch_outlook(graph: CompGraph, cluster: Cluster, microbatches: int, *,
     return MicrobatchOutlook(bound * (1 - 1e-9), work * (m * chunks + p - 1) / (m * chunks))
 
 
+def microbatch_work_bound(graph: CompGraph, cluster: Cluster, microbatches: int) -> float:
+    """A lower bound on the step of every pipeline (any schedule, any split, any op order) of `microbatches` runs of
+    `graph`'s forward and backward ops on `cluster`'s devices, `graph` being one micro-batch captured at its own
+    size: the least time in which the devices could share that work (`_work_bound`). Each device runs one op at a
+    time, so the step is at least its busiest device's seconds; the once-per-step work (optimizer updates, the
+    once-per-step part of merged nodes, and the tied gradients' sums, `tied_sums`, which may run once per step) is
+    left out, so anything added to the step (ZeRO's sharded updates, recomputation, relays, transfers) only keeps it
+    below: what the parallel plans' search may skip a data-parallel degree's pipelines by (each replica runs such a
+    pipeline)."""
+    times = op_times(graph, cluster)
+    work_times = (times - step_times(graph, cluster)) * microbatches
+    work_times[tied_sums(graph)[0]] = 0.0
+    return _work_bound(graph, cluster, work_times) * (1 - 1e-9)  # float rounding must not lift it above a step
+
+
 def _bound(graph: CompGraph, cluster: Cluster, work_times: np.ndarray, path_times: np.ndarray) -> LowerBound:
     """max(the work bound of `work_times`, the longest path with every op at its least of `path_times`)."""
     work = _work_bound(graph, cluster, work_times)

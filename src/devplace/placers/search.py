@@ -1405,8 +1405,9 @@ def search_parallel_plans(req: Request, schedules: tuple[str, ...] = PARALLEL_SC
     (dp and pp, `parallel_degrees`; ZeRO 0-3; recomputation none or full, and under "auto" a number of each
     stage's blocks where only full fits, `fewest_blocks`; each of `schedules` on each cut), then
     the nested search `devplace.placers.parallel.search_parallel` on one micro-batch captured at its own size
-    (at each count of `parallel_microbatches`; the full graph: zero bubble needs each backward's B and W ops apart; with
-    `runnable`, only plans devplace's runtime runs, `graph.parallel.runtime_gap`). The answer
+    (at each count of `parallel_microbatches`, whose degrees are skipped where their lower bound is not below the
+    plan kept at an earlier count: `search_parallel`'s `beat`; the full graph: zero bubble needs each backward's B
+    and W ops apart; with `runnable`, only plans devplace's runtime runs, `graph.parallel.runtime_gap`). The answer
     places replica 0 (stage s on `plan.replica(0)[s]`) under the plan's pipeline schedule; `parallel` is the
     plan simulated, and meta["parallel"] the plan (`ParallelPlan.to_dict`, what a saved placement replays),
     meta["parallel_search"] what was asked and each plan's step or why it did not fit. PlacerError for a

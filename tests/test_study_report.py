@@ -211,3 +211,25 @@ def test_report_of_a_placer_under_two_settings_names_its_tree_and_plots(tmp_path
         line = next(x for x in md.splitlines() if x.startswith(f"- **{label}**: the best order"))
         assert "held-out families the tree's regret is n/a" not in line, line
         assert "held-out families the tree's regret is +" in line, line
+
+
+def test_runs_that_stay_at_one_device_are_counted_per_order(rows) -> None:
+    """A learned placer's run whose answer is one device's step found nothing faster: counted per family and
+    order from the rows (to 1e-9 relative), and shown in the comparison section."""
+    from devplace.study.report import _comparison_section
+
+    single = [{**r, "key": r["key"] + "/single", "placer": "single", "order_name": "-", "episodes": None,
+               "curve": None, "settings": {}, "step_time_s": 1.05 * r["step_time_s"]}
+              for r in rows if r["placer"] == "m-etf" and r["seed"] == 1]
+    one = {r["graph"]: r["step_time_s"] for r in single}
+    learned = [r for r in rows if r["placer"] == "placeto"]
+    order = learned[0]["order_name"]
+    stayed = [r for r in learned if r["order_name"] == order and r["family"] == learned[0]["family"]][:3]
+    moved = [{**r, "step_time_s": one[r["graph"]]} if r in stayed else r for r in rows]
+    counts = an.runs_at_one_device(moved + single)
+    ((name, family),) = {k for k in counts if k[1] == learned[0]["family"]}
+    assert name.startswith("placeto") and counts[(name, family)][order][0] == 3
+    assert all(a == 0 for o, (a, _) in counts[(name, family)].items() if o != order)
+    assert sum(n for v in counts.values() for _, n in v.values()) == sum(an.usable(r) for r in learned)
+    assert an.runs_at_one_device(rows) == {}  # no one-device cells: nothing to count
+    assert "Runs whose answer is one device's step" in "\n".join(_comparison_section(moved + single))

@@ -589,7 +589,7 @@ def placer_comparison(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     learned: set[str] = set()
     family: dict[str, str] = {}
     for r in rows:
-        where = (str(r["graph"]), str(r["cluster"]), str(r["sim_model"]), str(r.get("semantics") or ""))
+        where = _where(r)
         name = str(r["placer"])
         if r.get("episodes") is not None:
             settings = _settings_key(r.get("settings"))
@@ -617,6 +617,36 @@ def placer_comparison(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                         "semantics": where[3], "placer": name, "time": t, "order": o, "mean_time": mean_time,
                         "others": others, "best_other": fastest})
     return out
+
+
+ONE_DEVICE = "single"  # the placer that is one device (DESIGN.md section 7)
+
+
+def runs_at_one_device(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, tuple[int, int]]]:
+    """How often a learned placer's answer is one device's step (`single`'s on the same graph, cluster, simulation
+    model and semantics, to 1e-9 relative): a run from all on one device that found nothing faster in its
+    episodes. {(learned placer with settings, family): {order: (runs at one device, usable runs)}}; graphs the
+    study ran no `single` cell on are left out."""
+    single: dict[tuple[str, str, str, str], float] = {}
+    for r in rows:
+        if r["placer"] == ONE_DEVICE and usable(r):
+            single[_where(r)] = float(r["step_time_s"])
+    counts: dict[tuple[str, str], dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for r in rows:
+        if r.get("episodes") is None or not usable(r) or _where(r) not in single:
+            continue
+        settings = _settings_key(r.get("settings"))
+        name = str(r["placer"]) + ("" if settings in ("{}", "null") else f" {settings}")
+        one = single[_where(r)]
+        c = counts[(name, str(r.get("family")))][str(r.get("order_name"))]
+        c[0] += abs(float(r["step_time_s"]) - one) <= 1e-9 * one
+        c[1] += 1
+    return {k: {o: (a, n) for o, (a, n) in sorted(v.items(), key=lambda x: order_sort_key(x[0]))}
+            for k, v in sorted(counts.items())}
+
+
+def _where(r: dict[str, Any]) -> tuple[str, str, str, str]:
+    return (str(r["graph"]), str(r["cluster"]), str(r["sim_model"]), str(r.get("semantics") or ""))
 
 
 def settings_comparison(rows: Sequence[dict[str, Any]], *, seed: int = 0, draws: int = BOOTSTRAP,

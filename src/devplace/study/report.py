@@ -510,15 +510,14 @@ def _question_section(tests: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-ONE_DEVICE = "single"  # the placer that is one device (DESIGN.md section 7)
 FASTEST, FASTEST_CLASSIC = "fastest other", "fastest other but one device"
 
 
 def _one_device_wins(entry: dict[str, Any]) -> bool:
     """True when one device is faster than every other placer (but the learned ones) of a `placer_comparison`
     entry."""
-    classic = [t for p, (t, _) in entry["others"].items() if p != ONE_DEVICE]
-    return bool(classic) and entry["others"][ONE_DEVICE][0] < min(classic)
+    classic = [t for p, (t, _) in entry["others"].items() if p != an.ONE_DEVICE]
+    return bool(classic) and entry["others"][an.ONE_DEVICE][0] < min(classic)
 
 
 def _settings_section(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -558,7 +557,7 @@ def _comparison_section(rows: Sequence[dict[str, Any]]) -> list[str]:
         for other, (t, _) in c["others"].items():
             ranges[(c["placer"], c["family"])][other].append(c["time"] / t)
         ranges[(c["placer"], c["family"])][FASTEST].append(c["time"] / c["others"][c["best_other"]][0])
-        classic = [t for p, (t, _) in c["others"].items() if p != ONE_DEVICE]
+        classic = [t for p, (t, _) in c["others"].items() if p != an.ONE_DEVICE]
         if classic:
             ranges[(c["placer"], c["family"])][FASTEST_CLASSIC].append(c["time"] / min(classic))
     extra = (FASTEST, FASTEST_CLASSIC)
@@ -570,7 +569,7 @@ def _comparison_section(rows: Sequence[dict[str, Any]]) -> list[str]:
                      for (p, f), r in sorted(ranges.items())])
     # what holds by construction is not a finding: a learned placer's answer is the best placement it simulated,
     # judged against its start and every single device that fits (devplace.placers.rl.start.judged_best)
-    against = [c["time"] / c["others"][ONE_DEVICE][0] for c in comp if ONE_DEVICE in c["others"]]
+    against = [c["time"] / c["others"][an.ONE_DEVICE][0] for c in comp if an.ONE_DEVICE in c["others"]]
     if against:
         lines += ["", f"Not a finding: the learned placer's answer is at most one device's step time on "
                   f"{sum(r <= 1 + 1e-12 for r in against)} of {len(against)} graphs, which holds by construction (its "
@@ -578,8 +577,17 @@ def _comparison_section(rows: Sequence[dict[str, Any]]) -> list[str]:
                   "fits; `devplace.placers.rl.start.judged_best`): the `single` column measures how far it got below "
                   f"one device, and `{FASTEST}` is below 1 wherever `single` is the fastest other. `{FASTEST_CLASSIC}` "
                   "is the comparison with the classic placers; one device is faster than every classic placer the "
-                  f"study ran on {sum(_one_device_wins(c) for c in comp if ONE_DEVICE in c['others'])} of "
+                  f"study ran on {sum(_one_device_wins(c) for c in comp if an.ONE_DEVICE in c['others'])} of "
                   f"{len(against)} graphs, where beating them says little."]
+    stayed = an.runs_at_one_device(rows)
+    if stayed:
+        orders = sorted({o for v in stayed.values() for o in v}, key=an.order_sort_key)
+        lines += ["", "Runs whose answer is one device's step (a run from all on one device that found nothing "
+                  "faster in its episodes; the rest found a faster placement), per order: such runs make an order "
+                  "look worse without its learning anything different.", ""]
+        lines += _table(["placer", "family", *orders],
+                        [[p, f, *(f"{v[o][0]} of {v[o][1]}" if o in v else "n/a" for o in orders)]
+                         for (p, f), v in stayed.items()])
     return [*lines, ""]
 
 

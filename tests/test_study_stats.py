@@ -113,13 +113,13 @@ def test_placer_comparison_and_single_order_placers() -> None:
 
 
 def test_the_seed_studys_published_figures() -> None:
-    """docs/study/seed/README.md's placeto figures, from its results.csv (issue 33's re-analysis: exact
+    """docs/study/seed-v1/README.md's placeto figures, from its results.csv (issue 33's re-analysis: exact
     Friedman 0.0085 (sampled), 0.012, 0.90; graph random 0.24, 0.055, 0.63; interaction 0.019 (sampled)).
     A rerun of the seed preset changes results.csv: then update these figures with the README's."""
     import csv
     from pathlib import Path
 
-    path = Path(__file__).parents[1] / "docs" / "study" / "seed" / "results.csv"
+    path = Path(__file__).parents[1] / "docs" / "study" / "seed-v1" / "results.csv"
     with path.open() as fh:
         rows = [{**r, "feasible": int(r["feasible"]), "step_time_s": float(r["step_time_s"])}
                 for r in csv.DictReader(fh) if r["placer"] == "placeto"]

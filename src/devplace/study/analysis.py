@@ -590,10 +590,8 @@ def placer_comparison(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     family: dict[str, str] = {}
     for r in rows:
         where = _where(r)
-        name = str(r["placer"])
+        name = _learned_name(r) or str(r["placer"])
         if r.get("episodes") is not None:
-            settings = _settings_key(r.get("settings"))
-            name += "" if settings in ("{}", "null") else f" {settings}"
             learned.add(name)
         family[where[0]] = str(r.get("family"))
         times = runs[(where, name)][str(r.get("order_name"))]
@@ -635,10 +633,8 @@ def runs_at_one_device(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], 
     for r in rows:
         if r.get("episodes") is None or not usable(r) or _where(r) not in single:
             continue
-        settings = _settings_key(r.get("settings"))
-        name = str(r["placer"]) + ("" if settings in ("{}", "null") else f" {settings}")
         one = single[_where(r)]
-        c = counts[(name, str(r.get("family")))][str(r.get("order_name"))]
+        c = counts[(str(_learned_name(r)), str(r.get("family")))][str(r.get("order_name"))]
         c[0] += abs(float(r["step_time_s"]) - one) <= 1e-9 * one
         c[1] += 1
     return {k: {o: (a, n) for o, (a, n) in sorted(v.items(), key=lambda x: order_sort_key(x[0]))}
@@ -646,7 +642,17 @@ def runs_at_one_device(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], 
 
 
 def _where(r: dict[str, Any]) -> tuple[str, str, str, str]:
+    """Where a row ran: graph, cluster, simulation model, semantics."""
     return (str(r["graph"]), str(r["cluster"]), str(r["sim_model"]), str(r.get("semantics") or ""))
+
+
+def _learned_name(r: dict[str, Any]) -> str | None:
+    """A learned placer's row (one that records episodes) named as the comparisons name it: the placer, with its
+    settings unless they are empty; None for any other row."""
+    if r.get("episodes") is None:
+        return None
+    settings = _settings_key(r.get("settings"))
+    return str(r["placer"]) + ("" if settings in ("{}", "null") else f" {settings}")
 
 
 def settings_comparison(rows: Sequence[dict[str, Any]], *, seed: int = 0, draws: int = BOOTSTRAP,
@@ -663,8 +669,7 @@ def settings_comparison(rows: Sequence[dict[str, Any]], *, seed: int = 0, draws:
     for r in rows:
         if not usable(r):
             continue
-        key = (str(r["graph"]), str(r["cluster"]), str(r["sim_model"]), str(r.get("semantics") or ""),
-               str(r.get("order_name")), r.get("seed"))
+        key = (*_where(r), str(r.get("order_name")), r.get("seed"))
         times[(str(r["placer"]), _settings_key(r.get("settings")))][key] = float(r["step_time_s"])
         family[str(r["graph"])] = str(r.get("family"))
     out = []

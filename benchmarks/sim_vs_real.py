@@ -293,8 +293,10 @@ def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, 
     from devplace import app
     from devplace.graph.phases import accumulation, scales_gradients
     from devplace.hardware.cost import apply_overheads, op_class, signature_key
+    from devplace.runtime.export import pipeline_split
     from devplace.runtime.in_step import merge_tables
     from devplace.runtime.run import local_cluster
+    from devplace.sim import simulate
 
     tasks = app.torch_tasks()
     m = args.microbatches
@@ -355,8 +357,11 @@ def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, 
         sim2 = float(ran.export.doc["pipelined_step_time_s"])
         timed = ran.timed_s
         med = statistics.median(timed)
+        median_step = ran.warmup + sorted(range(len(timed)), key=timed.__getitem__)[len(timed) // 2]
         stages = [sum(1 for d in p2.runtime_placement.assignment.values() if d == s) for s in range(2)]
-        res2 = p2.result
+        # the stages the runtime runs (the export's split, which may move ops off the placement's cut), simulated
+        split = pipeline_split(p2.graph, p2.placement, p2.cluster, schedule=p2.placement.schedule)
+        res2 = simulate(p2.graph, p2.cluster, split.placement, schedule=split.schedule)
         rows.append({"model": label, "setting": f"2-proc {kind} M={m}", "batch": batch, "simulated_s": sim2,
                      "profile": args.profile, "other_profile": other,
                      "other_simulated_s": other and resimulated(p2, tables[other], cluster2),
@@ -374,8 +379,46 @@ def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, 
                      / table.device.speed,
                      "simulated_division_s": float(accumulation(p2.graph).scale_s.sum()) / table.device.speed
                      if m > 1 and scales_gradients(p2.graph) else 0.0,
-                     "ops_per_stage": stages, "loss": ran.run.losses[0], "reference_loss": ran.reference_loss})
+                     "ops_per_stage": stages, "loss": ran.run.losses[0], "reference_loss": ran.reference_loss,
+                     # the median step, action by action, per process, and the simulated one per device
+                     "measured_timeline": [t[median_step] for t in ran.run.timelines],
+                     "timelines": [t[ran.warmup:] for t in ran.run.timelines],
+                     "simulated_timeline": simulated_timeline(res2, p2.graph)})
     return rows
+
+
+def simulated_timeline(res: Any, graph: Any) -> list[list[tuple[str, float, float, float]]]:
+    """Per device of pipelined result `res` (a `ScheduledResult` of `graph`), what the simulation has it do, named
+    as the runtime's timelines name it (`PipelineRun.timelines`): each action "<stage><F|B><micro-batch>" from its
+    first op's start to its last op's finish, with the seconds its ops ran (the simulation may run another
+    action's ops in between), and the per-step ops (the optimizer, the division by M) as "update"; in order of
+    start."""
+    spans: dict[tuple[int, str], list[float]] = {}
+    for v in range(graph.num_nodes):
+        d, s = int(res.device[v]), int(res.stage[v])
+        if s < 0:
+            runs = [("update", float(res.start_s[v]), float(res.finish_s[v]))]
+        else:
+            kind = "B" if graph.kind[v] == "backward" else "F"
+            runs = [(f"{s}{kind}{m}", float(res.microbatch_start_s[m, v]), float(res.microbatch_finish_s[m, v]))
+                    for m in range(res.microbatch_start_s.shape[0])]
+        for what, a, b in runs:
+            if b > a:  # a view costs nothing and says nothing of when its action runs
+                span = spans.setdefault((d, what), [a, b, 0.0])
+                span[0], span[1], span[2] = min(span[0], a), max(span[1], b), span[2] + b - a
+    devices = int(res.device.max()) + 1
+    return [sorted(((w, a, b, busy) for (dd, w), (a, b, busy) in spans.items() if dd == d), key=lambda x: x[1])
+            for d in range(devices)]
+
+
+def action_totals(spans: list[Any]) -> dict[str, float]:
+    """CPU seconds of one process's step (or a simulated device's busy seconds) in its forwards (with the loss),
+    its backwards, the update, and the wall seconds it waited for sends and receives."""
+    out = {"F": 0.0, "B": 0.0, "update": 0.0, "wait": 0.0}
+    for what, a, b, seconds in spans:
+        key = what if what in ("wait", "update") else "F" if what == "loss" else "B" if what[1:2] in "BIW" else "F"
+        out[key] += (b - a) if key == "wait" else seconds
+    return out
 
 
 def _ms(s: float) -> str:
@@ -490,6 +533,24 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{_ms(c)} / {_ms(b)}" for c, b in zip(two["cpu_by_process_s"], two["simulated_busy_s"],
                                                                    strict=False))
               + f" | {two['simulated_transfers']} |")
+    print()
+    print("Pipelines action by action (`PipelineRun.timelines`): per process, the CPU ms its thread spent in the "
+          "forwards (with the loss), the backwards and the update of the median step, against the seconds the "
+          "simulation has its device's ops run in them; waits: the wall ms it waited for sends and receives (the "
+          "simulation: its device's idle ms); forwards per step: the forwards' CPU ms in the fastest and the slowest "
+          "timed step (the same work: how much the machine's speed moved during the run)")
+    print()
+    print("| model | process | forwards: measured / simulated | backwards | update | waits | forwards per step, "
+          "fastest - slowest |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for two in (r for r in rows if r["setting"] != "1 device"):
+        for proc, (real, sim) in enumerate(zip(two["measured_timeline"], two["simulated_timeline"], strict=True)):
+            m, s = action_totals(real), action_totals(sim)
+            idle = two["simulated_s"] - s["F"] - s["B"] - s["update"]
+            per_step = [action_totals(t)["F"] for t in two["timelines"][proc]]
+            print(f"| {two['model']} {two['setting']} | {proc} | "
+                  + " | ".join(f"{_ms(m[k])} / {_ms(s[k])} ({m[k] / s[k]:.2f})" for k in ("F", "B", "update"))
+                  + f" | {_ms(m['wait'])} / {_ms(idle)} | {_ms(min(per_step))} - {_ms(max(per_step))} |")
     print()
     print(f"One device, CPU ms per step by op class: simulated ({args.profile} op times, without the per-op "
           "overhead) / "

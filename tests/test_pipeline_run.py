@@ -87,6 +87,34 @@ def _export(name, model, p, stages: int, schedule: Schedule) -> dict:
     return json.loads(json.dumps(split.to_dict()))
 
 
+def timeline_holds(ran, compute: list[list[str]]) -> None:
+    """Each process's timeline of each step (`PipelineRun.timelines`) names the compute actions `compute[r]`
+    (process r's, in the order it ran them), each once, between the waits and losses, and ends with the update;
+    spans in start order within the step, CPU seconds no more than their wall seconds allow on one thread."""
+    assert len(ran.timelines) == ran.processes
+    for r, steps in enumerate(ran.timelines):
+        assert len(steps) == len(ran.step_times_s)
+        for spans, step_s in zip(steps, ran.step_times_s, strict=True):
+            names = [w for w, *_ in spans]
+            assert [w for w in names if w not in ("wait", "loss", "update")] == compute[r]
+            assert names[-1] == "update" and names.count("update") == 1
+            starts = [a for _, a, _, _ in spans]
+            assert starts == sorted(starts)
+            for _, a, b, cpu in spans:
+                assert 0 <= a <= b <= step_s + 1e-9 and 0 <= cpu <= (b - a) + 1e-3
+
+
+def single_stage_actions(stage: int, microbatches: int, kind: str, stages: int) -> list[str]:
+    """The compute actions torch's GPipe (all forwards, then all backwards) or 1F1B (a warm-up of `stages` -
+    `stage` forwards, then one backward and one forward each) runs on `stage`, as torch names them."""
+    f = [f"{stage}F{m}" for m in range(microbatches)]
+    b = [f"{stage}B{m}" for m in range(microbatches)]
+    if kind == "gpipe":
+        return f + b
+    warm = min(microbatches, stages - stage)
+    return f[:warm] + [x for k in range(microbatches - warm) for x in (b[k], f[warm + k])] + b[microbatches - warm:]
+
+
 # (stages, schedule, micro-batches): each model on 2 and 4 stages, under both schedules
 CASES = {"gpt2": [(2, "gpipe", 2), (4, "1f1b", 4)], "cnn": [(2, "1f1b", 2), (4, "gpipe", 4)]}
 
@@ -101,6 +129,7 @@ def test_pipelined_steps_match_the_unpipelined_steps(planned, case):
     assert ex.schedule == Schedule(kind, microbatches) and ex.num_stages == stages
     ran = run_pipeline(model, inputs, ex, steps=2, optimizer="sgd", return_grads=True)
     assert ran.processes == stages and len(ran.step_times_s) == 2 and ran.step_time_s > 0
+    timeline_holds(ran, [single_stage_actions(r, microbatches, kind, stages) for r in range(stages)])
     ref = copy.deepcopy(model)
     opt = torch.optim.SGD(ref.parameters(), lr=1e-2, foreach=False)  # as run_steps/the capture set it up
     loss = ref(*inputs)
@@ -248,6 +277,10 @@ def test_cli_exports_a_plan_with_its_schedule_and_runs_it(cnn_zoo, tmp_path, cap
     ran = json.loads(out)
     assert ran["processes"] == stages and ran["schedule"]["kind"] == "gpipe"
     assert ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
+    # the timed step, action by action, per process: its forwards and backwards by name (GPipe)
+    m = ran["schedule"]["microbatches"]
+    assert [[w for w, *_ in step if w not in ("wait", "loss", "update")] for [step] in ran["timelines"]] == [
+        single_stage_actions(r, m, "gpipe", stages) for r in range(stages)]
     code, out, err = _cli(["run", "--pipeline", str(export_path), "--processes", str(stages + 1)], capsys,
                           monkeypatch)
     assert code == 2 and f"runs in {stages} processes" in err

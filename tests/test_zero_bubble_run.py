@@ -26,6 +26,7 @@ from devplace.runtime.plan import load_plan
 from devplace.sim.schedule import BACKWARD, FORWARD, FULL, WEIGHT, Schedule, actions
 from devplace.zoo import tiny
 from test_parallel_run import _net
+from test_pipeline_run import timeline_holds
 
 PHASE = {"F": FORWARD, "I": BACKWARD, "W": WEIGHT, "B": FULL}
 
@@ -52,6 +53,7 @@ def _runs_like_its_step(arch: str, cluster: str, m: int, chunks: int):
     assert ran.processes == procs and len(split.devices) == procs * chunks
     for r in range(procs):
         assert _ran_order(ran.actions[r], procs) == actions(ran.schedule, procs, r)
+    timeline_holds(ran, ran.actions)  # each action timed where it ran, I and W apart
     loss, grads = accumulated_step(model, inputs)
     assert ran.losses[0] == pytest.approx(loss, rel=1e-5)
     assert set(grads) <= set(ran.grads)

@@ -968,7 +968,10 @@ class PipelineRan:
                           "measured_spread": RunResult(self.timed_s, "wall clock").spread,
                           "measured_cpu_steps_s": self.run.cpu_times_s[self.warmup:],
                           "cores_busy": self.cores_busy,
-                          "simulated_step_s": self.export.doc.get("pipelined_step_time_s")})
+                          "simulated_step_s": self.export.doc.get("pipelined_step_time_s"),
+                          # per process, per timed step: [what, start s, end s, CPU s] (`PipelineRun.timelines`)
+                          "timelines": [[[list(span) for span in step] for step in t[self.warmup:]]
+                                        for t in self.run.timelines]})
 
     def __rich__(self) -> Text:
         s, r = self.export.schedule, self.run

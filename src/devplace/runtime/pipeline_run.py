@@ -71,7 +71,8 @@ class PipelineRun:
     module, tied names included; only with `return_grads=True`), the schedule and the number of processes; and
     under the schedules torch runs from an action list (interleaved 1F1B, zero bubble, ZBV, DualPipeV), per
     process the compute actions it ran, in order, as torch writes them ("2F0": stage 2's forward of micro-batch
-    0; "I" input and "W" weight gradients, "B" a whole backward; DualPipeV's overlapped pair as its two)."""
+    0; "I" input and "W" weight gradients, "B" a whole backward; DualPipeV's overlapped pair as its two), and
+    per process and step the timeline of what it did (`timelines`)."""
 
     losses: list[float]
     step_times_s: list[float]
@@ -81,6 +82,11 @@ class PipelineRun:
     cpu_times_s: list[float] = field(default_factory=list)
     actions: list[list[str]] = field(default_factory=list)
     process_cpu_times_s: list[list[float]] = field(default_factory=list)
+    # per process, per step, what it spent the step on: (what, start, end, CPU seconds of its thread), start and
+    # end in seconds from the step's start
+    # (`_timeline`): compute actions as torch names them ("1F3", "0B2", "0I1", "0W1"), "loss", "wait" (for sends
+    # and receives to finish) and "update" (tied gradients and the optimizer)
+    timelines: list[list[list[tuple[str, float, float, float]]]] = field(default_factory=list)
 
     @property
     def step_time_s(self) -> float:
@@ -421,8 +427,11 @@ def _stage(rank: int, job: _Job) -> None:
             autocast_stage(mod, job.autocast)
         stages = [_PipelineStage(mod, i, info, torch.device("cpu"))
                   for i, (mod, info) in zip(mine, loaded, strict=True)]
+        spans: list[tuple[str, float, float, float]] = []
         sched = torch_schedule(job.schedule.kind, stages, job.schedule.microbatches,
-                               stage_loss(job.loss_fn, job.autocast), job.loss_reduction == "mean")
+                               _timed(stage_loss(job.loss_fn, job.autocast), "loss", spans),
+                               job.loss_reduction == "mean")
+        _timeline(stages, spans)
         order = getattr(sched, "pipeline_order_with_comms", None)  # what its runtime steps through, sends included
         # an overlapped action (DualPipeV's OVERLAP_F_B) as the two it runs, one after the other
         actions = ([str(x) for a in order[rank] if a.is_compute_op for x in (a.sub_actions or (a,))]
@@ -435,12 +444,15 @@ def _stage(rank: int, job: _Job) -> None:
         times: list[float] = []
         cpu_times: list[float] = []
         grads: dict[str, torch.Tensor] = {}
+        timelines: list[list[tuple[str, float, float, float]]] = []
         for step in range(job.steps):
             dist.barrier()
+            spans.clear()
             t0, c0 = time.perf_counter(), time.process_time()
             mb_losses: list[torch.Tensor] = []
             sched.step(arg_mbs=[()] * m, kwarg_mbs=job.microbatches[0] if first else [{}] * m,
                        target_mbs=[None] * m, losses=mb_losses if first or last else None, return_outputs=False)
+            t1, u1 = time.perf_counter(), time.thread_time()
             for group, names in ties:
                 if not names:
                     continue
@@ -460,15 +472,60 @@ def _stage(rank: int, job: _Job) -> None:
             else:
                 for mod, _ in loaded:
                     mod.zero_grad(set_to_none=True)
-            times.append(time.perf_counter() - t0)
+            t2 = time.perf_counter()
+            times.append(t2 - t0)
             cpu_times.append(time.process_time() - c0)
+            spans.append(("update", t1, t2, time.thread_time() - u1))
+            timelines.append([(what, a - t0, b - t0, cpu) for what, a, b, cpu in spans])
             if last:
                 total = torch.stack([v.detach() for v in mb_losses]).sum()
                 losses.append(float(total / m if job.loss_reduction == "mean" else total))
-        torch.save({"losses": losses, "times": times, "cpu_times": cpu_times, "grads": grads, "actions": actions},
-                   Path(job.folder) / f"rank{rank}.pt")
+        torch.save({"losses": losses, "times": times, "cpu_times": cpu_times, "grads": grads, "actions": actions,
+                    "timelines": timelines}, Path(job.folder) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def _timed(fn: Callable[..., Any], what: str | Callable[..., str], spans: list[tuple[str, float, float, float]]
+           ) -> Callable[..., Any]:
+    """`fn`, appending (what, start, end, thread CPU seconds) of each call to `spans` (`what` a name, or made
+    from the call's arguments)."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        out = fn(*args, **kwargs)
+        spans.append((what if isinstance(what, str) else what(*args, **kwargs), t0, time.perf_counter(),
+                      time.thread_time() - c0))
+        return out
+
+    return run
+
+
+def _timeline(stages: list[Any], spans: list[tuple[str, float, float, float]]) -> None:
+    """Record in `spans` what this process's `stages` (torch `_PipelineStage`s, made ready by `torch_schedule`)
+    compute, named as torch names the actions ("1F3": stage 1's forward of micro-batch 3; "B" a whole backward,
+    "I" input and "W" weight gradients), and each wait of the schedule for its sends and receives ("wait"): the
+    measured step, action by action, beside the simulated one. torch's schedules call the module's own
+    `_wait_batch_p2p` (a function of this process only: each stage runs in a process of its own)."""
+    from torch.distributed.pipelining import schedules
+
+    for st in stages:
+        st.forward_one_chunk = _timed(st.forward_one_chunk, _action_name(st.stage_index, "F"), spans)
+        st.backward_one_chunk = _timed(st.backward_one_chunk, _action_name(st.stage_index, "B"), spans)
+        st.backward_weight_one_chunk = _timed(st.backward_weight_one_chunk, _action_name(st.stage_index, "W"), spans)
+    wait = getattr(schedules._wait_batch_p2p, "__wrapped__", schedules._wait_batch_p2p)
+    schedules._wait_batch_p2p = _timed(wait, "wait", spans)
+    schedules._wait_batch_p2p.__wrapped__ = wait  # type: ignore[attr-defined]
+
+
+def _action_name(stage: int, kind: str) -> Callable[..., str]:
+    """The name torch gives the action of a call of `stage`'s forward ("F"), backward ("B"; "I" where it computes
+    input gradients only) or weight-gradient ("W") method: stage, kind, micro-batch."""
+
+    def name(mb: int, loss: Any = None, full_backward: bool = True, *args: Any, **kwargs: Any) -> str:
+        return f"{stage}{kind if kind != 'B' or full_backward else 'I'}{mb}"
+
+    return name
 
 
 def torch_schedule(kind: str, stages: list[Any], microbatches: int, loss: Callable[[Any, Any], torch.Tensor],
@@ -806,7 +863,8 @@ def run_pipeline(module: nn.Module, inputs: Any, export: PipelineExport | Mappin
                     grads.setdefault(first, grads[alias])
     last = stage_ranks(ex.schedule.kind, ex.num_stages, n)[-1]  # the process of the last stage, which has the loss
     return PipelineRun(results[last]["losses"], times, ex.schedule, n, grads, cpu_times,
-                       [r["actions"] for r in results], [list(r["cpu_times"]) for r in results])
+                       [r["actions"] for r in results], [list(r["cpu_times"]) for r in results],
+                       [r["timelines"] for r in results])
 
 
 def accumulated_step(module: nn.Module, inputs: tuple[torch.Tensor, ...], microbatches: int = 1

@@ -97,3 +97,32 @@ def test_cli_profile_in_step(python_package, tmp_path, capsys, monkeypatch):
     code, _, err = run_cli(["profile", "--model", f"{pkg}:factory", "--device", "cuda", "--in-step", "-o",
                             str(tmp_path / "g.json")], capsys, monkeypatch)
     assert code == 2 and "--in-step" in err and "Traceback" not in err
+
+
+def test_each_phase_of_the_graph_sums_to_what_the_phase_took(monkeypatch):
+    """The timer's window misses what happens around an op (autograd's recording, the engine), so each op's time is
+    scaled by its phase's factor; under a fake clock where every timed op takes 1 us and every phase of an
+    untimed step 1 ms, the graph's ops of each phase sum to 1 ms (unscaled: 1 us per op)."""
+    import devplace.runtime.in_step as in_step
+
+    ns, s = [0], [0.0]
+
+    def tick_ns() -> int:  # TimeEachOp reads it twice per op: every op 1 us
+        ns[0] += 500
+        return ns[0]
+
+    def tick_s() -> float:  # read at each phase's start and end: every phase 1 ms
+        s[0] += 0.001
+        return s[0]
+
+    monkeypatch.setattr(in_step.time, "thread_time_ns", tick_ns)
+    monkeypatch.setattr(in_step.time, "thread_time", tick_s)
+    module, inputs = _net()
+    graph = capture(module, inputs)
+    table = profile_in_step(graph, module, inputs, local_cpu_device(), steps=3, warmup=1, optimizer="adam")
+    assert set(table.meta["phase_factors"]) == {"forward", "backward", "update"}
+    by_kind: dict[str, float] = {}
+    for v, x in enumerate(graph.node_extra):
+        if isinstance(x.get("sig"), dict):
+            by_kind[graph.kind[v]] = by_kind.get(graph.kind[v], 0.0) + table.entries[signature_key(x["sig"])]
+    assert by_kind == pytest.approx({"forward": 1e-3, "backward": 1e-3, "optimizer": 1e-3}, rel=1e-9)

@@ -9,10 +9,18 @@ of the model (forward, loss, backward, the optimizer's step: `runtime.run.run_st
 them on one device) and, during the last `steps`, times every ATen op the step dispatches by this thread's CPU
 clock around its call (a `TorchDispatchMode`; other processes on the cores do not count), keyed by its signature
 (`capture.signature.encode_signature`, the key of the captured node it is, floats aside). A signature's entry is
-the mean of its calls in a step, the median over the steps: so that the ops of a step the graph holds sum to what
-they took in it, and a step that another process slowed (caches are shared) does not count. The timer adds about
-a microsecond to each call (reading the clock and calling the op from Python), as `profile_graph`'s does; views
-and other ops the graph folds are timed but match no node.
+the mean of its calls in a step, the median over the steps, so that a step that another process slowed (caches
+are shared) does not count; views and other ops the graph folds are timed but match no node.
+
+The timer's window sees only the kernel: not the autograd recording a forward op does above the dispatch mode,
+nor the engine's work between backward ops, and it adds its own cost and cache traffic to every op. So as many
+untimed steps again run between the timed ones (without the mode), each phase of them (forward, backward, the
+optimizer's update) timed whole, and every op's time is scaled by its phase's factor: the phase's CPU seconds in
+an untimed step over its graph ops' timed seconds in a timed step. The graph's ops of each phase then sum to what
+the phase took. On this CPU the factors were 1.5-1.9 for the forward, 1.0-1.2 for the backward and 0.7-0.9 for
+the update (a T5, batch 8 and 2); unscaled, a pipeline stage's forwards ran 1.5-1.7x their simulated time while
+the one-device step, where the phases' errors cancel, looked right (docs/performance.md, "Measured vs
+simulated"). The table's `meta["phase_factors"]` keeps them.
 
 The adds of a later micro-batch's gradients into `.grad` (a node's `accumulates`, `graph.phases`) and their
 division by M are timed the same way in as many steps again that run forward and backward twice before the update
@@ -99,11 +107,13 @@ def profile_in_step(graph: CompGraph, module: nn.Module, inputs: Any, device_spe
                         "GPU's ops with `devplace profile --device cuda` (alone, by CUDA events)")
     placed = apply_placement(module, graph, Placement.from_array(graph, [0] * graph.num_nodes), ["cpu"],
                              example_inputs=inputs)
-    seconds, calls = _timed(placed, inputs, steps=steps, warmup=warmup, optimizer=optimizer, loss_fn=loss_fn)
+    keys = {_shape_key(x["sig"]) for x in graph.node_extra if isinstance(x.get("sig"), dict)}
+    seconds, calls, factors = _timed(placed, inputs, steps=steps, warmup=warmup, optimizer=optimizer,
+                                     loss_fn=loss_fn, graph_keys=keys)
     # the adds of later micro-batches' gradients into .grad and their division by M (`graph.phases`, gradient
     # accumulation): a one-device step makes neither, so as many steps again of two passes each, timed where they run
-    added, more = _timed(placed, inputs, steps=steps, warmup=1, optimizer=optimizer, loss_fn=loss_fn,
-                         passes=SCALE_BY)  # the divisor the divisions' signatures were recorded with
+    added, more, _ = _timed(placed, inputs, steps=steps, warmup=1, optimizer=optimizer, loss_fn=loss_fn,
+                            passes=SCALE_BY)  # the divisor the divisions' signatures were recorded with
     entries: dict[str, float] = {}
     for extra in graph.node_extra:
         sig = extra.get("sig")
@@ -113,38 +123,86 @@ def profile_in_step(graph: CompGraph, module: nn.Module, inputs: Any, device_spe
                 entries[signature_key(s)] = t
     return CostTable(device_kind=device_spec.kind, entries=entries, torch=torch.__version__, warmup=warmup,
                      repeats=steps, device=device_spec,
-                     meta={"timer": IN_STEP, "statistic": "median over steps of the mean",
-                           "threads": torch.get_num_threads(), "calls": calls + more, "signatures": len(entries)})
+                     meta={"timer": IN_STEP, "statistic": "median over steps of the mean, scaled by its phase's factor",
+                           "threads": torch.get_num_threads(), "calls": calls + more, "signatures": len(entries),
+                           "phase_factors": factors})
+
+
+PHASES = ("forward", "backward", "update")
 
 
 def _timed(placed: nn.Module, inputs: Any, *, steps: int, warmup: int, optimizer: str,
-           loss_fn: Callable[[Any], torch.Tensor] | None, passes: int = 1) -> tuple[dict[str, float], int]:
+           loss_fn: Callable[[Any], torch.Tensor] | None, passes: int = 1,
+           graph_keys: set[str] | None = None) -> tuple[dict[str, float], int, dict[str, float]]:
     """Run `warmup` + `steps` steps of `passes` passes each (`run_steps`) and time every op of the last `steps`:
-    (shape key -> the median over the steps of its calls' mean in a step, the calls timed)."""
-    calls: dict[str, dict[int, list[float]]] = {}  # shape key -> step -> its calls' seconds
+    (shape key -> the median over the steps of its calls' mean in a step, the calls timed, the phase factors).
+
+    With `graph_keys` (the shape keys of the graph's nodes) as many untimed steps again run between the timed
+    ones, each phase of them (forward, loss and backward, the update) timed whole by the thread's CPU clock; an
+    op's time is then scaled by its phase's factor: the phase's CPU seconds in an untimed step over its ops'
+    timed seconds in a timed step (medians over the steps), counting only ops that are nodes of the graph, so that
+    the graph's ops of each phase sum to what the phase took. What the timer cannot see goes with them: the
+    autograd recording a forward op does above the dispatch mode, the engine's work between backward ops, the
+    timer's own cost inside its window and what it does to the caches (factors, docs/performance.md: forward
+    above 1, backward below). Without it, factors of 1."""
+    calls: dict[str, dict[int, list[tuple[float, str]]]] = {}  # shape key -> step -> its calls' (seconds, phase)
     forwards = [0]
+    now: dict[str, Any] = {"phase": "", "step": 0, "start": 0.0}  # the phase running, its step, its start
+    clock: dict[int, dict[str, float]] = {}  # untimed step -> phase -> CPU seconds
+    timed_every = 2 if graph_keys is not None else 1  # alternate: a drift in the machine's speed hits both alike
+
+    def timed(step: int) -> bool:
+        return step > warmup and (step - warmup - 1) % timed_every == 0
 
     def record(func: Any, args: Any, kwargs: Mapping[str, Any], seconds: float) -> None:
-        step = (forwards[0] - 1) // passes + 1
-        calls.setdefault(_shape_key(encode_signature(func, args, kwargs)), {}).setdefault(step, []).append(seconds)
+        key = _shape_key(encode_signature(func, args, kwargs))
+        calls.setdefault(key, {}).setdefault(now["step"], []).append((seconds, now["phase"]))
 
     timer = TimeEachOp(record)
-    timer.on = False
+    active = [False]
+
+    def switch(to: str) -> None:
+        t = time.thread_time()
+        if now["phase"] in PHASES and now["step"] > warmup and not timed(now["step"]):
+            by_phase = clock.setdefault(now["step"], {})
+            by_phase[now["phase"]] = by_phase.get(now["phase"], 0.0) + t - now["start"]
+        now.update(phase=to, start=t)
 
     def count(*_: Any) -> None:  # a step's ops (forwards, losses, backwards, update) follow its first forward's start
         forwards[0] += 1
-        timer.on = (forwards[0] - 1) // passes + 1 > warmup
+        step = (forwards[0] - 1) // passes + 1
+        if timed(step) != active[0]:  # the untimed steps run without the dispatch mode: it costs every op's call
+            timer.__enter__() if not active[0] else timer.__exit__(None, None, None)
+            active[0] = not active[0]
+        switch("forward")
+        now["step"] = step
 
-    hook = placed.register_forward_pre_hook(count)
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    hooks = [placed.register_forward_pre_hook(count), placed.register_forward_hook(lambda *_: switch("backward")),
+             register_optimizer_step_pre_hook(lambda *_: switch("update")),
+             register_optimizer_step_post_hook(lambda *_: switch("after"))]
     try:
-        with timer:
-            run_steps(placed, inputs, steps=steps, warmup=warmup, optimizer=optimizer, loss_fn=loss_fn, passes=passes)
+        run_steps(placed, inputs, steps=steps * timed_every, warmup=warmup, optimizer=optimizer, loss_fn=loss_fn,
+                  passes=passes)
     finally:
-        hook.remove()
+        if active[0]:
+            timer.__exit__(None, None, None)
+        for hook in hooks:
+            hook.remove()
+    factors = {p: 1.0 for p in PHASES}
+    if graph_keys is not None:
+        for p in PHASES:
+            real = [c[p] for c in clock.values() if p in c]
+            seen = [sum(sec for k, by_step in calls.items() if k in graph_keys for sec, ph in by_step.get(s, ())
+                        if ph == p) for s in {s for by_step in calls.values() for s in by_step}]
+            if real and seen and statistics.median(seen) > 0:
+                factors[p] = statistics.median(real) / statistics.median(seen)
     # per signature, its calls' mean in each step, the median over the steps: robust to a step that another
     # process slowed (shared caches), and the ops of a step still sum to what they took in it
-    seconds = {k: statistics.median(sum(c) / len(c) for c in by_step.values()) for k, by_step in calls.items()}
-    return seconds, sum(len(c) for v in calls.values() for c in v.values())
+    seconds = {k: statistics.median(sum(sec * factors.get(ph, 1.0) for sec, ph in c) / len(c) for c in by_step.values())
+               for k, by_step in calls.items()}
+    return seconds, sum(len(c) for v in calls.values() for c in v.values()), factors
 
 
 def merge_tables(tables: Sequence[CostTable]) -> CostTable:

@@ -413,10 +413,12 @@ def simulated_timeline(res: Any, graph: Any) -> list[list[tuple[str, float, floa
 
 def action_totals(spans: list[Any]) -> dict[str, float]:
     """CPU seconds of one process's step (or a simulated device's busy seconds) in its forwards (with the loss),
-    its backwards, the update, and the wall seconds it waited for sends and receives."""
+    its backwards, the update, and the wall seconds it spent handing sends and receives to gloo and waiting for
+    them."""
     out = {"F": 0.0, "B": 0.0, "update": 0.0, "wait": 0.0}
     for what, a, b, seconds in spans:
-        key = what if what in ("wait", "update") else "F" if what == "loss" else "B" if what[1:2] in "BIW" else "F"
+        key = ("wait" if what in ("post", "wait") else what if what == "update" else "F" if what == "loss"
+               else "B" if what[1:2] in "BIW" else "F")
         out[key] += (b - a) if key == "wait" else seconds
     return out
 

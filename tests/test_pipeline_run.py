@@ -21,7 +21,7 @@ from conftest import run_cli as _cli
 from devplace.runtime import plan
 from devplace.runtime.export import ExportError, PipelineSplit, callable_modules, pipeline_split, read_pipeline
 from devplace.runtime.module_map import placement_from_module_map
-from devplace.runtime.pipeline_run import PipelineRunError, run_pipeline
+from devplace.runtime.pipeline_run import TIMELINE_OTHER, PipelineRunError, run_pipeline
 from devplace.sim import simulate
 from devplace.sim.schedule import Schedule, ScheduleError
 
@@ -96,7 +96,7 @@ def timeline_holds(ran, compute: list[list[str]]) -> None:
         assert len(steps) == len(ran.step_times_s)
         for spans, step_s in zip(steps, ran.step_times_s, strict=True):
             names = [w for w, *_ in spans]
-            assert [w for w in names if w not in ("wait", "loss", "update")] == compute[r]
+            assert [w for w in names if w not in TIMELINE_OTHER] == compute[r]
             assert names[-1] == "update" and names.count("update") == 1
             starts = [a for _, a, _, _ in spans]
             assert starts == sorted(starts)
@@ -279,7 +279,7 @@ def test_cli_exports_a_plan_with_its_schedule_and_runs_it(cnn_zoo, tmp_path, cap
     assert ran["losses"][0] == pytest.approx(ran["reference_loss"], rel=1e-5)
     # the timed step, action by action, per process: its forwards and backwards by name (GPipe)
     m = ran["schedule"]["microbatches"]
-    assert [[w for w, *_ in step if w not in ("wait", "loss", "update")] for [step] in ran["timelines"]] == [
+    assert [[w for w, *_ in step if w not in TIMELINE_OTHER] for [step] in ran["timelines"]] == [
         single_stage_actions(r, m, "gpipe", stages) for r in range(stages)]
     code, out, err = _cli(["run", "--pipeline", str(export_path), "--processes", str(stages + 1)], capsys,
                           monkeypatch)

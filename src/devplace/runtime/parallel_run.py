@@ -55,6 +55,7 @@ from devplace.runtime.pipeline_run import (
     _tied,
     _trace,
     autocast_stage,
+    one_core_each,
     stage_loss,
     stage_ranks,
     torch_schedule,
@@ -154,7 +155,7 @@ def _process(rank: int, job: _Job) -> None:
 
     r, s = divmod(rank, job.pp)
     torch.manual_seed(job.seed)
-    torch.set_num_threads(1)  # the processes share the cores
+    one_core_each(rank, job.dp * job.pp)
     on = stage_ranks(job.schedule.kind, len(job.stages), job.pp)  # each stage's position in the pipeline
     mine = [i for i in range(len(job.stages)) if on[i] == s]
     loaded = [pickle.loads(job.stages[i]) for i in mine]

@@ -31,6 +31,7 @@ import functools
 import importlib
 import inspect
 import io
+import os
 import pickle
 import statistics
 import tempfile
@@ -51,11 +52,17 @@ from devplace.runtime.export import PipelineExport, read_pipeline
 from devplace.runtime.run import cpu_autocast
 from devplace.sim.schedule import SPLIT_KINDS, V_SHAPED, Schedule
 
-__all__ = ["PipelineRun", "PipelineRunError", "accumulated_step", "run_pipeline", "stage_ranks", "torch_schedule"]
+__all__ = ["TIMELINE_OTHER", "PipelineRun", "PipelineRunError", "accumulated_step", "one_core_each", "run_pipeline",
+           "stage_ranks", "torch_schedule"]
 
 # interleaved-1f1b and zero-bubble: V stages per process, stage s on process s mod p; zbv and dualpipev: two, in
 # a V (`stage_ranks`)
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", *V_SHAPED)
+
+
+# a timeline's spans that are not compute actions: the loss, handing sends and receives to gloo, waiting for them
+# to finish, the update (tied gradients and the optimizer)
+TIMELINE_OTHER = ("loss", "post", "wait", "update")
 
 
 class PipelineRunError(DevplaceError):
@@ -83,9 +90,8 @@ class PipelineRun:
     actions: list[list[str]] = field(default_factory=list)
     process_cpu_times_s: list[list[float]] = field(default_factory=list)
     # per process, per step, what it spent the step on: (what, start, end, CPU seconds of its thread), start and
-    # end in seconds from the step's start
-    # (`_timeline`): compute actions as torch names them ("1F3", "0B2", "0I1", "0W1"), "loss", "wait" (for sends
-    # and receives to finish) and "update" (tied gradients and the optimizer)
+    # end in seconds from the step's start (`_timeline`): compute actions as torch names them ("1F3", "0B2", "0I1",
+    # "0W1"), and the spans of `TIMELINE_OTHER`
     timelines: list[list[list[tuple[str, float, float, float]]]] = field(default_factory=list)
 
     @property
@@ -393,6 +399,21 @@ def _spawn(entry: Callable[[int, Any], None], job: Any, n: int, failed: str, uni
         raise PipelineRunError(f"{failed}: {unit} process {exc.error_index} ended{killed}{hint}") from exc
 
 
+def one_core_each(rank: int, processes: int) -> None:
+    """Run process `rank` of `processes` (a stage's, a replica's) on one thread, and on cores of its own where the
+    machine lets this process use at least one per process (Linux's `sched_setaffinity`; the cores split in
+    order): each stage on a device of its own, as simulated. Unpinned on this 2-core VM, a receive posted after
+    its sender had gone back to computing completed 3-4 ms late, against 0.14-0.46 ms pinned: the sender's gloo
+    thread, woken to send, waited for its own process's time slice (docs/performance.md, "Action by action")."""
+    torch.set_num_threads(1)
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= processes:
+        share = len(cores) // processes
+        os.sched_setaffinity(0, cores[rank * share:(rank + 1) * share])
+
+
 def _stage(rank: int, job: _Job) -> None:
     """One process of the pipeline: join the gloo group, build its stages (`stage_ranks`: stage s on process
     s mod p, or in a V), run the steps, save what the parent reads."""
@@ -403,7 +424,7 @@ def _stage(rank: int, job: _Job) -> None:
     from devplace.runtime.run import _make_optimizer
 
     torch.manual_seed(job.seed)
-    torch.set_num_threads(1)  # the processes, one per stage, share the cores
+    one_core_each(rank, job.pp)
     world = job.pp
     on = stage_ranks(job.schedule.kind, len(job.stages), world)
     mine = [s for s in range(len(job.stages)) if on[s] == rank]
@@ -504,18 +525,21 @@ def _timed(fn: Callable[..., Any], what: str | Callable[..., str], spans: list[t
 def _timeline(stages: list[Any], spans: list[tuple[str, float, float, float]]) -> None:
     """Record in `spans` what this process's `stages` (torch `_PipelineStage`s, made ready by `torch_schedule`)
     compute, named as torch names the actions ("1F3": stage 1's forward of micro-batch 3; "B" a whole backward,
-    "I" input and "W" weight gradients), and each wait of the schedule for its sends and receives ("wait"): the
-    measured step, action by action, beside the simulated one. torch's schedules call the module's own
-    `_wait_batch_p2p` (a function of this process only: each stage runs in a process of its own)."""
+    "I" input and "W" weight gradients), and each time the schedule hands its sends and receives to gloo ("post")
+    and waits for them ("wait"): the measured step, action by action, beside the simulated one. torch's schedules
+    call their module's own `_batch_p2p` and `_wait_batch_p2p`, wrapped here (in this process only: each stage
+    runs in a process of its own)."""
     from torch.distributed.pipelining import schedules
 
     for st in stages:
         st.forward_one_chunk = _timed(st.forward_one_chunk, _action_name(st.stage_index, "F"), spans)
         st.backward_one_chunk = _timed(st.backward_one_chunk, _action_name(st.stage_index, "B"), spans)
         st.backward_weight_one_chunk = _timed(st.backward_weight_one_chunk, _action_name(st.stage_index, "W"), spans)
-    wait = getattr(schedules._wait_batch_p2p, "__wrapped__", schedules._wait_batch_p2p)
-    schedules._wait_batch_p2p = _timed(wait, "wait", spans)
-    schedules._wait_batch_p2p.__wrapped__ = wait  # type: ignore[attr-defined]
+    for attr, what in (("_wait_batch_p2p", "wait"), ("_batch_p2p", "post")):
+        fn = getattr(schedules, attr)
+        fn = getattr(fn, "__wrapped__", fn)
+        setattr(schedules, attr, _timed(fn, what, spans))
+        getattr(schedules, attr).__wrapped__ = fn
 
 
 def _action_name(stage: int, kind: str) -> Callable[..., str]:

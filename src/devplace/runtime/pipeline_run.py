@@ -458,7 +458,12 @@ def _stage(rank: int, job: _Job) -> None:
         actions = ([str(x) for a in order[rank] if a.is_compute_op for x in (a.sub_actions or (a,))]
                    if order is not None else [])
         params = {(i, n): p for i, (mod, _) in zip(mine, loaded, strict=True) for n, p in mod.named_parameters()}
-        opt = _make_optimizer(job.optimizer, [p for p in params.values() if p.requires_grad])
+        # two optimizers (one per parameter: the same steps as one): the parameters of this process alone update
+        # while the tied ones' gradients are summed across processes, as simulated (an update waits for its own
+        # gradient only)
+        tied = {key for _, names in ties for key in names}
+        groups = [[p for k, p in params.items() if p.requires_grad and (k in tied) == t] for t in (False, True)]
+        opts = [_make_optimizer(job.optimizer, group) if group else None for group in groups]
         m = job.schedule.microbatches
         first, last = any(st.is_first for st in stages), any(st.is_last for st in stages)
         losses: list[float] = []
@@ -474,6 +479,7 @@ def _stage(rank: int, job: _Job) -> None:
             sched.step(arg_mbs=[()] * m, kwarg_mbs=job.microbatches[0] if first else [{}] * m,
                        target_mbs=[None] * m, losses=mb_losses if first or last else None, return_outputs=False)
             t1, u1 = time.perf_counter(), time.thread_time()
+            summing = []
             for group, names in ties:
                 if not names:
                     continue
@@ -481,18 +487,21 @@ def _stage(rank: int, job: _Job) -> None:
                 total = sum((params[n].grad if params[n].grad is not None else torch.zeros_like(params[n])
                              for n in names[1:]), start=params[names[0]].grad
                             if params[names[0]].grad is not None else torch.zeros_like(params[names[0]]))
-                if group is not None:
-                    dist.all_reduce(total, group=group)
+                summing.append((dist.all_reduce(total, group=group, async_op=True) if group is not None else None,
+                                total, names))
+            if opts[0] is not None:
+                opts[0].step()
+            for work, total, names in summing:
+                if work is not None:
+                    work.wait()
                 for n in names:
                     params[n].grad = total.clone()
             if step == 0 and job.return_grads:
                 grads = {n: p.grad.detach().clone() for (_, n), p in params.items() if p.grad is not None}
-            if opt is not None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            else:
-                for mod, _ in loaded:
-                    mod.zero_grad(set_to_none=True)
+            if opts[1] is not None:
+                opts[1].step()
+            for mod, _ in loaded:
+                mod.zero_grad(set_to_none=True)
             t2 = time.perf_counter()
             times.append(t2 - t0)
             cpu_times.append(time.process_time() - c0)

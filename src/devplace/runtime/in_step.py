@@ -19,8 +19,8 @@ optimizer's update) timed whole, and every op's time is scaled by its phase's fa
 an untimed step over its graph ops' timed seconds in a timed step. The graph's ops of each phase then sum to what
 the phase took. On this CPU the factors were 1.5-1.9 for the forward, 1.0-1.2 for the backward and 0.7-0.9 for
 the update (a T5, batch 8 and 2); unscaled, a pipeline stage's forwards ran 1.5-1.7x their simulated time while
-the one-device step, where the phases' errors cancel, looked right (docs/performance.md, "Measured vs
-simulated"). The table's `meta["phase_factors"]` keeps them.
+the one-device step, where the phases' errors cancel, looked right (docs/performance.md, "Action by action").
+The table's `meta["phase_factors"]` keeps them.
 
 The adds of a later micro-batch's gradients into `.grad` (a node's `accumulates`, `graph.phases`) and their
 division by M are timed the same way in as many steps again that run forward and backward twice before the update
@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from devplace.capture.signature import encode_signature
@@ -143,8 +144,8 @@ def _timed(placed: nn.Module, inputs: Any, *, steps: int, warmup: int, optimizer
     timed seconds in a timed step (medians over the steps), counting only ops that are nodes of the graph, so that
     the graph's ops of each phase sum to what the phase took. What the timer cannot see goes with them: the
     autograd recording a forward op does above the dispatch mode, the engine's work between backward ops, the
-    timer's own cost inside its window and what it does to the caches (factors, docs/performance.md: forward
-    above 1, backward below). Without it, factors of 1."""
+    timer's own cost inside its window and what it does to the caches (on this CPU: forward 1.5-1.9, backward
+    1.0-1.2, update 0.7-0.9). Without it, factors of 1."""
     calls: dict[str, dict[int, list[tuple[float, str]]]] = {}  # shape key -> step -> its calls' (seconds, phase)
     forwards = [0]
     now: dict[str, Any] = {"phase": "", "step": 0, "start": 0.0}  # the phase running, its step, its start
@@ -172,12 +173,13 @@ def _timed(placed: nn.Module, inputs: Any, *, steps: int, warmup: int, optimizer
         forwards[0] += 1
         step = (forwards[0] - 1) // passes + 1
         if timed(step) != active[0]:  # the untimed steps run without the dispatch mode: it costs every op's call
-            timer.__enter__() if not active[0] else timer.__exit__(None, None, None)
+            if active[0]:
+                timer.__exit__(None, None, None)
+            else:
+                timer.__enter__()
             active[0] = not active[0]
         switch("forward")
         now["step"] = step
-
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     hooks = [placed.register_forward_pre_hook(count), placed.register_forward_hook(lambda *_: switch("backward")),
              register_optimizer_step_pre_hook(lambda *_: switch("update")),

@@ -80,7 +80,8 @@ DIR, named by model, batch and micro-batch count (`capture_file`), and reads it 
 capturing: then a placer's time excludes capturing but includes reading its micro-batches' graph files and costing
 them for the cluster's device kinds (done on every run, so a changed cost model is seen); the first run fills the
 cache (its times include the captures) and the table says which. A file is used only where the model's capture
-settings match (the key hashes them); delete DIR after changing how models are captured. Every run, cached or
+settings and the capturing code match (the key hashes them: `capture_code`, devplace's capture and graph
+modules, torch's and transformers' versions); a change there makes new files beside the old. Every run, cached or
 not, places the graphs as read back from a file where it has one (a capture written and read again), so a
 cached run answers what the run that filled it answered.
 """
@@ -170,12 +171,25 @@ MODELS: dict[str, tuple[str, int]] = {
 # ---------------------------------------------------------------------------------------------- the captures
 
 
+def capture_code() -> bytes:
+    """What a capture depends on besides its settings: devplace's capture code (the files of `devplace.capture`
+    and the graph format's), torch's and transformers' versions."""
+    import torch
+    import transformers
+
+    import devplace.capture as capture_package
+    import devplace.graph as graph_package
+
+    files = [f for pkg in (capture_package, graph_package) for f in sorted(Path(pkg.__file__).parent.glob("*.py"))]
+    return b"".join([f.read_bytes() for f in files] + [torch.__version__.encode(), transformers.__version__.encode()])
+
+
 def capture_file(cache: Path, model: str, batch: int, microbatches: int) -> Path:
     """Where `--cache` keeps the capture of `model` at `batch` split into `microbatches` (1: the whole batch): the
-    name says which, a hash of the capture settings this script uses (and the graph format) keeps a file of other
-    settings from being read."""
+    name says which, and a hash of the capture settings this script uses and of the code that captures
+    (`capture_code`) keeps a file made with other settings or by other code from being read."""
     settings = repr((model, batch, microbatches, None, "adam", 0, None, False, "devplace.graph/1"))
-    digest = hashlib.sha256(settings.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(settings.encode() + capture_code()).hexdigest()[:12]
     return cache / f"{model.replace(':', '_')}-b{batch}-m{microbatches}-{digest}.json"
 
 

@@ -560,3 +560,23 @@ def test_module_level_map_alone_misses_tensors_that_accelerate_needs():
     with pytest.raises(ValueError, match="class_token"):
         check_device_map(model, partial.named(["cpu", "cpu", "cpu"]))
     assert "model.class_token" in full.mapping
+
+
+def test_peers_cache_key_follows_the_capturing_code(tmp_path, monkeypatch):
+    """benchmarks/peers.py --cache: a capture file is named by its settings and by the code that captures
+    (devplace's capture and graph modules, torch's and transformers' versions), so a changed capture is made anew
+    instead of read from an old file."""
+    import sys
+
+    spec = importlib.util.spec_from_file_location("peers", ROOT / "benchmarks" / "peers.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "peers", mod)
+    spec.loader.exec_module(mod)
+    first = mod.capture_file(tmp_path, "pkg.mod:factory", 8, 2)
+    assert first == mod.capture_file(tmp_path, "pkg.mod:factory", 8, 2) and first.parent == tmp_path
+    assert first != mod.capture_file(tmp_path, "pkg.mod:factory", 8, 4)
+    code = mod.capture_code()
+    assert torch.__version__.encode() in code and b"def capture" in code
+    monkeypatch.setattr(mod, "capture_code", lambda: code + b"# an edit")
+    assert mod.capture_file(tmp_path, "pkg.mod:factory", 8, 2) != first

@@ -23,7 +23,7 @@ from devplace.runtime.export import ExportError, PipelineSplit, callable_modules
 from devplace.runtime.module_map import placement_from_module_map
 from devplace.runtime.pipeline_run import TIMELINE_OTHER, PipelineRunError, run_pipeline
 from devplace.sim import simulate
-from devplace.sim.schedule import Schedule, ScheduleError
+from devplace.sim.schedule import FORWARD, Schedule, ScheduleError, actions
 
 BATCH = 8
 
@@ -104,15 +104,10 @@ def timeline_holds(ran, compute: list[list[str]]) -> None:
                 assert 0 <= a <= b <= step_s + 1e-9 and 0 <= cpu <= (b - a) + 1e-3
 
 
-def single_stage_actions(stage: int, microbatches: int, kind: str, stages: int) -> list[str]:
-    """The compute actions torch's GPipe (all forwards, then all backwards) or 1F1B (a warm-up of `stages` -
-    `stage` forwards, then one backward and one forward each) runs on `stage`, as torch names them."""
-    f = [f"{stage}F{m}" for m in range(microbatches)]
-    b = [f"{stage}B{m}" for m in range(microbatches)]
-    if kind == "gpipe":
-        return f + b
-    warm = min(microbatches, stages - stage)
-    return f[:warm] + [x for k in range(microbatches - warm) for x in (b[k], f[warm + k])] + b[microbatches - warm:]
+def single_stage_actions(schedule: Schedule, stages: int, stage: int) -> list[str]:
+    """The compute actions devplace simulates on `stage` of a one-chunk schedule (`sim.schedule.actions`), as torch
+    names them ("0F1", "0B1")."""
+    return [f"{stage}{'F' if phase == FORWARD else 'B'}{mb}" for phase, _, mb in actions(schedule, stages, stage)]
 
 
 # (stages, schedule, micro-batches): each model on 2 and 4 stages, under both schedules
@@ -129,7 +124,7 @@ def test_pipelined_steps_match_the_unpipelined_steps(planned, case):
     assert ex.schedule == Schedule(kind, microbatches) and ex.num_stages == stages
     ran = run_pipeline(model, inputs, ex, steps=2, optimizer="sgd", return_grads=True)
     assert ran.processes == stages and len(ran.step_times_s) == 2 and ran.step_time_s > 0
-    timeline_holds(ran, [single_stage_actions(r, microbatches, kind, stages) for r in range(stages)])
+    timeline_holds(ran, [single_stage_actions(ex.schedule, stages, r) for r in range(stages)])
     ref = copy.deepcopy(model)
     opt = torch.optim.SGD(ref.parameters(), lr=1e-2, foreach=False)  # as run_steps/the capture set it up
     loss = ref(*inputs)
@@ -280,7 +275,7 @@ def test_cli_exports_a_plan_with_its_schedule_and_runs_it(cnn_zoo, tmp_path, cap
     # the timed step, action by action, per process: its forwards and backwards by name (GPipe)
     m = ran["schedule"]["microbatches"]
     assert [[w for w, *_ in step if w not in TIMELINE_OTHER] for [step] in ran["timelines"]] == [
-        single_stage_actions(r, m, "gpipe", stages) for r in range(stages)]
+        single_stage_actions(Schedule("gpipe", m), stages, r) for r in range(stages)]
     code, out, err = _cli(["run", "--pipeline", str(export_path), "--processes", str(stages + 1)], capsys,
                           monkeypatch)
     assert code == 2 and f"runs in {stages} processes" in err

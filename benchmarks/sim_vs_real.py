@@ -357,7 +357,7 @@ def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, 
         sim2 = float(ran.export.doc["pipelined_step_time_s"])
         timed = ran.timed_s
         med = statistics.median(timed)
-        median_step = ran.warmup + sorted(range(len(timed)), key=timed.__getitem__)[len(timed) // 2]
+        median_step = sorted(range(len(timed)), key=timed.__getitem__)[len(timed) // 2]  # of the timed steps
         stages = [sum(1 for d in p2.runtime_placement.assignment.values() if d == s) for s in range(2)]
         # the stages the runtime runs (the export's split, which may move ops off the placement's cut), simulated
         split = pipeline_split(p2.graph, p2.placement, p2.cluster, schedule=p2.placement.schedule)
@@ -380,9 +380,9 @@ def run_model_case(label: str, name: str, batch: int, args: argparse.Namespace, 
                      "simulated_division_s": float(accumulation(p2.graph).scale_s.sum()) / table.device.speed
                      if m > 1 and scales_gradients(p2.graph) else 0.0,
                      "ops_per_stage": stages, "loss": ran.run.losses[0], "reference_loss": ran.reference_loss,
-                     # the median step, action by action, per process, and the simulated one per device
-                     "measured_timeline": [t[median_step] for t in ran.run.timelines],
-                     "timelines": [t[ran.warmup:] for t in ran.run.timelines],
+                     # the timed steps, action by action, per process (the median's index), and the simulated one
+                     # per device
+                     "timelines": [t[ran.warmup:] for t in ran.run.timelines], "median_step": median_step,
                      "simulated_timeline": simulated_timeline(res2, p2.graph)})
     return rows
 
@@ -546,10 +546,11 @@ def main(argv: list[str] | None = None) -> int:
           "fastest - slowest |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for two in (r for r in rows if r["setting"] != "1 device"):
-        for proc, (real, sim) in enumerate(zip(two["measured_timeline"], two["simulated_timeline"], strict=True)):
+        for proc, (steps, sim) in enumerate(zip(two["timelines"], two["simulated_timeline"], strict=True)):
+            real = steps[two["median_step"]]
             m, s = action_totals(real), action_totals(sim)
             idle = two["simulated_s"] - s["F"] - s["B"] - s["update"]
-            per_step = [action_totals(t)["F"] for t in two["timelines"][proc]]
+            per_step = [action_totals(t)["F"] for t in steps]
             print(f"| {two['model']} {two['setting']} | {proc} | "
                   + " | ".join(f"{_ms(m[k])} / {_ms(s[k])} ({m[k] / s[k]:.2f})" for k in ("F", "B", "update"))
                   + f" | {_ms(m['wait'])} / {_ms(idle)} | {_ms(min(per_step))} - {_ms(max(per_step))} |")
